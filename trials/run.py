@@ -1,0 +1,139 @@
+"""One trial: load → subset → tokenize → build → freeze → fit → record. Plain PyTorch, no Ray."""
+
+from __future__ import annotations
+
+import platform
+import random
+import resource
+import sys
+import time
+import traceback
+from collections.abc import Callable
+from importlib import metadata
+
+import numpy as np
+import torch
+
+from trials.config import EvalPoint, TrialConfig, TrialResult
+from trials.data import TaskData, load_task
+from trials.freezing import FreezeReport, freeze
+from trials.model import build_model, load_tokenizer
+from trials.precision import resolve_device, resolve_precision
+from trials.subsets import indices_digest, stratified_order, subset_indices
+from trials.tokens import eval_batches, resolve_cache_dir, tokenize_split
+from trials.train import FitContext, FitState, fit, make_schedule
+
+
+def run_trial(cfg: TrialConfig, on_eval: Callable[[EvalPoint], None] | None = None) -> TrialResult:
+    """Run one grid cell and return its result; raises on failure (the caller decides retries)."""
+    started = time.perf_counter()
+    device = resolve_device(cfg.device)
+    plan = resolve_precision(cfg.precision, device)
+    if cfg.num_threads:
+        torch.set_num_threads(cfg.num_threads)
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+
+    task = load_task(cfg.dataset, cfg.data_dir, cfg.text_column, cfg.label_column)
+    train_rows = subset_indices(task.train.labels, cfg.train_size, cfg.split_seed)
+    eval_rows = _eval_rows(task, cfg)
+    tokenizer = load_tokenizer(cfg.model)
+    cache_dir = resolve_cache_dir(cfg.cache_dir)
+    train_ids = tokenize_split(tokenizer, task.train, cfg.max_seq_length, cache_dir)
+    val_ids = tokenize_split(tokenizer, task.validation, cfg.max_seq_length, cache_dir)
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+
+    seed_everything(cfg.derived_seed)  # before build: fixes the new classifier head's init
+    model = build_model(cfg.model, task.num_labels, cfg.model_init).to(device)
+    report = freeze(model, cfg.frozen_layers)
+
+    ctx = FitContext(
+        cfg=cfg,
+        plan=plan,
+        device=device,
+        schedule=make_schedule(len(train_rows), cfg),
+        eval_batches=eval_batches(tuple(val_ids[i] for i in eval_rows), task.validation.labels[eval_rows],
+                                  cfg.eval_batch_size, pad_id),
+        on_eval=on_eval or (lambda point: None),
+    )
+    state = fit(model, tuple(train_ids[i] for i in train_rows), task.train.labels[train_rows], pad_id, ctx)
+    return _result(cfg, task, train_rows, len(eval_rows), report, state, ctx,
+                   wall_time_s=time.perf_counter() - started)
+
+
+def _eval_rows(task: TaskData, cfg: TrialConfig) -> np.ndarray:
+    n = len(task.validation)
+    if cfg.max_eval_examples is None or cfg.max_eval_examples >= n:
+        return np.arange(n)
+    # A smaller, still stratified validation sample (shrink switch), the same for every cell.
+    return np.sort(stratified_order(task.validation.labels, cfg.split_seed, cfg.max_eval_examples))
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)  # also seeds every CUDA device
+
+
+def _result(cfg, task, train_rows, n_eval, report: FreezeReport, state: FitState, ctx: FitContext,
+            wall_time_s: float) -> TrialResult:
+    best = max(state.curve, key=lambda p: p.accuracy)  # first of equals: the earliest best
+    return TrialResult(
+        trial_id=cfg.trial_id,
+        config=cfg,
+        status="ok",
+        best_val_accuracy=best.accuracy,
+        best_step=best.step,
+        best_epoch=best.epoch,
+        final_val_accuracy=state.curve[-1].accuracy,
+        majority_baseline=task.majority_baseline,
+        eval_curve=tuple(state.curve),
+        train_loss_curve=tuple(state.train_loss_curve),
+        trainable_params=report.trainable_params,
+        total_params=report.total_params,
+        train_time_s=state.train_time_s,
+        eval_time_s=state.eval_time_s,
+        wall_time_s=wall_time_s,
+        train_examples_per_s=state.step * cfg.batch_size / max(state.train_time_s, 1e-9),
+        peak_mem_mb=peak_memory_mb(ctx.device),
+        device=device_name(ctx.device),
+        precision=ctx.plan.name,
+        train_indices_digest=indices_digest(train_rows),
+        train_indices=tuple(int(i) for i in train_rows),
+        n_train=len(train_rows),
+        n_eval=n_eval,
+        versions=library_versions(),
+    )
+
+
+def failed_result(cfg: TrialConfig, exc: BaseException, wall_time_s: float | None = None) -> TrialResult:
+    """The row of a trial that raised: ``oom`` for out-of-memory, else ``failed``, with the
+    message and the last frames of the traceback."""
+    status = "oom" if isinstance(exc, torch.cuda.OutOfMemoryError) else "failed"
+    frames = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__)[-4:])
+    return TrialResult(trial_id=cfg.trial_id, config=cfg, status=status, error=f"{type(exc).__name__}: {exc}\n{frames}",
+                       wall_time_s=wall_time_s, versions=library_versions())
+
+
+def peak_memory_mb(device: torch.device) -> float:
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device) / 2**20
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux: KiB → MiB (process peak)
+
+
+def device_name(device: torch.device) -> str:
+    if device.type == "cuda":
+        return f"cuda:{torch.cuda.get_device_name(device)}"
+    return f"cpu:{platform.processor() or platform.machine()}"
+
+
+def library_versions() -> dict[str, str]:
+    versions = {"python": sys.version.split()[0]}
+    for name in ("freezesweep", "torch", "transformers", "numpy", "pyarrow", "ray"):
+        try:
+            versions[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            continue
+    if torch.version.cuda:
+        versions["cuda"] = torch.version.cuda
+    return versions

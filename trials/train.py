@@ -1,0 +1,179 @@
+"""The reference training loop: AdamW, linear warmup then linear decay to 0, evaluation every
+``eval_every_epochs``, best validation accuracy kept as *metrics*, never as a weights checkpoint.
+
+An optional checkpoint every ``checkpoint_every_epochs`` (trainable weights, optimizer, scheduler,
+RNG states, curves) lets a long trial resume where it stopped; a resumed trial follows exactly the
+path an uninterrupted one would have.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import nn
+from transformers import get_linear_schedule_with_warmup
+
+from trials import faults
+from trials.config import EvalPoint, TrialConfig
+from trials.evaluate import evaluate
+from trials.precision import PrecisionPlan
+from trials.tokens import Batch, train_batches
+
+
+@dataclass(frozen=True)
+class Schedule:
+    steps_per_epoch: int
+    total_steps: int
+    warmup_steps: int
+    eval_steps: frozenset[int]
+    checkpoint_steps: frozenset[int]
+
+
+def make_schedule(n_train: int, cfg: TrialConfig) -> Schedule:
+    steps_per_epoch = math.ceil(n_train / cfg.batch_size)
+    total = max(1, round(cfg.epochs * steps_per_epoch))
+
+    def every(epochs: float | None) -> frozenset[int]:
+        if not epochs:
+            return frozenset()
+        stride = epochs * steps_per_epoch
+        # Half-up rounding (not Python's half-even) so half epochs land evenly: 1.5 → 2, 4.5 → 5.
+        return frozenset(min(total, max(1, math.floor(i * stride + 0.5))) for i in range(1, math.ceil(total / stride) + 1))
+
+    return Schedule(
+        steps_per_epoch=steps_per_epoch,
+        total_steps=total,
+        warmup_steps=round(cfg.warmup_epochs * steps_per_epoch),
+        eval_steps=every(cfg.eval_every_epochs) | {total},  # the end is always evaluated
+        checkpoint_steps=every(cfg.checkpoint_every_epochs) - {total},
+    )
+
+
+@dataclass
+class FitState:
+    """Everything the loop carries between steps; the checkpoint is this plus the weights."""
+
+    step: int = 0
+    curve: list[EvalPoint] = field(default_factory=list)
+    train_loss_curve: list[tuple[int, float]] = field(default_factory=list)
+    loss_sum: float = 0.0
+    loss_count: int = 0
+    train_time_s: float = 0.0
+    eval_time_s: float = 0.0
+    epoch_rng: torch.Tensor | None = None  # shuffle generator state at the start of this epoch
+
+
+@dataclass(frozen=True)
+class FitContext:
+    cfg: TrialConfig
+    plan: PrecisionPlan
+    device: torch.device
+    schedule: Schedule
+    eval_batches: list[Batch]
+    on_eval: Callable[[EvalPoint], None]
+
+
+def fit(model: nn.Module, train_ids, train_labels: np.ndarray, pad_id: int, ctx: FitContext) -> FitState:
+    cfg, schedule = ctx.cfg, ctx.schedule
+    params = [p for p in model.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(params, lr=cfg.learning_rate, weight_decay=cfg.weight_decay)
+    scheduler = get_linear_schedule_with_warmup(optimizer, schedule.warmup_steps, schedule.total_steps)
+    scaler = ctx.plan.grad_scaler()
+    generator = torch.Generator().manual_seed(cfg.derived_seed)
+    state = _restore(model, optimizer, scheduler, scaler, generator, cfg) or FitState()
+    model.train()
+    while state.step < schedule.total_steps:
+        skip = state.step % schedule.steps_per_epoch  # > 0 only right after a mid-epoch restore
+        if skip == 0:
+            state.epoch_rng = generator.get_state()
+        generator.set_state(state.epoch_rng)
+        for batch in train_batches(train_ids, train_labels, cfg.batch_size, pad_id, generator)[skip:]:
+            if state.step >= schedule.total_steps:
+                break
+            started = time.perf_counter()
+            loss = _train_step(model, batch.to(ctx.device), optimizer, scheduler, scaler, params, ctx)
+            state.loss_sum, state.loss_count = state.loss_sum + loss, state.loss_count + 1
+            state.step += 1
+            state.train_time_s += time.perf_counter() - started
+            if state.step in schedule.eval_steps:
+                _evaluate_into(model, state, ctx)
+            if state.step in schedule.checkpoint_steps:
+                _save(model, optimizer, scheduler, scaler, generator, state, cfg)
+    return state
+
+
+def _train_step(model, batch: Batch, optimizer, scheduler, scaler, params, ctx: FitContext) -> float:
+    with ctx.plan.autocast():
+        logits = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits
+    loss = nn.functional.cross_entropy(logits.float(), batch.labels)
+    scaler.scale(loss).backward()
+    scaler.unscale_(optimizer)
+    torch.nn.utils.clip_grad_norm_(params, ctx.cfg.max_grad_norm)
+    scaler.step(optimizer)
+    scaler.update()
+    scheduler.step()
+    optimizer.zero_grad(set_to_none=True)
+    return loss.item()
+
+
+def _evaluate_into(model: nn.Module, state: FitState, ctx: FitContext) -> None:
+    started = time.perf_counter()
+    accuracy, loss = evaluate(model, ctx.eval_batches, ctx.plan, ctx.device)
+    state.eval_time_s += time.perf_counter() - started
+    point = EvalPoint(step=state.step, epoch=state.step / ctx.schedule.steps_per_epoch, accuracy=accuracy, loss=loss)
+    state.curve.append(point)
+    state.train_loss_curve.append((state.step, state.loss_sum / max(1, state.loss_count)))
+    state.loss_sum, state.loss_count = 0.0, 0
+    ctx.on_eval(point)
+    faults.maybe_inject(ctx.cfg, evals_done=len(state.curve))
+
+
+# --- optional checkpoints for long trials --------------------------------------------------------
+def _checkpoint_path(cfg: TrialConfig) -> Path | None:
+    if not (cfg.checkpoint_dir and cfg.checkpoint_every_epochs):
+        return None
+    return Path(cfg.checkpoint_dir) / f"{cfg.trial_id}.pt"
+
+
+def _save(model, optimizer, scheduler, scaler, generator, state: FitState, cfg: TrialConfig) -> None:
+    path = _checkpoint_path(cfg)
+    if path is None:
+        return
+    trainable = {n: p.detach().cpu() for n, p in model.named_parameters() if p.requires_grad}
+    payload = {
+        "trial_id": cfg.trial_id,
+        "weights": trainable,  # frozen weights are the pretrained ones: never written
+        "optimizer": optimizer.state_dict(),
+        "scheduler": scheduler.state_dict(),
+        "scaler": scaler.state_dict(),
+        "generator": generator.get_state(),
+        "torch_rng": torch.get_rng_state(),
+        "state": state,
+    }
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    torch.save(payload, tmp)
+    os.replace(tmp, path)
+
+
+def _restore(model, optimizer, scheduler, scaler, generator, cfg: TrialConfig) -> FitState | None:
+    path = _checkpoint_path(cfg)
+    if path is None or not path.exists():
+        return None
+    payload = torch.load(path, weights_only=False)
+    if payload["trial_id"] != cfg.trial_id:
+        return None
+    model.load_state_dict(payload["weights"], strict=False)
+    optimizer.load_state_dict(payload["optimizer"])
+    scheduler.load_state_dict(payload["scheduler"])
+    scaler.load_state_dict(payload["scaler"])
+    generator.set_state(payload["generator"])
+    torch.set_rng_state(payload["torch_rng"])
+    return payload["state"]
