@@ -14,8 +14,8 @@ from rich.table import Table
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="How many layers to freeze for the data you have: sweeps of fine-tunes into a Parquet store.")
-console = Console()
-err_console = Console(stderr=True)
+console = Console(width=None if sys.stdout.isatty() else 200)
+err_console = Console(stderr=True, soft_wrap=True)
 
 
 @app.callback()
@@ -78,6 +78,127 @@ def _print_trial(result) -> None:
         if value is not None:
             table.add_row(name, f"{value:.4f}" if isinstance(value, float) else str(value))
     console.print(table)
+
+
+StoreOpt = Annotated[Optional[str], typer.Option("--store", help="store root (default: the spec's, else ./sweeps)")]
+
+
+class OutputFormat(str, Enum):
+    table = "table"
+    csv = "csv"
+    json = "json"
+
+
+def _fail(exc: Exception) -> None:
+    err_console.print(f"[red]error:[/red] {exc}", highlight=False)
+    raise typer.Exit(2)
+
+
+def _run_launch(spec) -> None:
+    from orchestrator.launch import launch
+
+    _quiet_libraries()
+    summary = launch(spec)
+    console.print(f"sweep {spec.name}: {summary.total} cells, {summary.already_ok} already done, "
+                  f"ran {summary.ran}: {summary.ok} ok, {summary.failed} failed/oom")
+    console.print(f"store: {spec.store}/{spec.name}/results/")
+    if summary.failed:
+        raise typer.Exit(1)
+
+
+@app.command()
+def launch(
+    spec_path: Annotated[Path, typer.Argument(metavar="SPEC", help="sweep spec YAML")],
+    store: StoreOpt = None,
+    address: Annotated[Optional[str], typer.Option(help="Ray cluster address (default: RAY_ADDRESS, else a local Ray)")] = None,
+) -> None:
+    """Validate a spec, then run every cell that has no ok row yet."""
+    from orchestrator.spec import SpecError, load_spec
+
+    try:
+        spec = load_spec(spec_path, overrides={"store": store, "address": address})
+    except SpecError as exc:
+        _fail(exc)
+    _run_launch(spec)
+
+
+@app.command()
+def resume(sweep: str, store: StoreOpt = None,
+           address: Annotated[Optional[str], typer.Option(help="Ray cluster address")] = None) -> None:
+    """Run the cells of a stored sweep that have no ok row (failed ones are retried)."""
+    from orchestrator.launch import sweep_from_store
+    from orchestrator.spec import SpecError, parse_spec
+
+    try:
+        spec = sweep_from_store(sweep, store or "./sweeps")
+        spec = parse_spec({**spec.model_dump(mode="json"), "store": store or spec.store,
+                           "address": address or spec.address})
+    except SpecError as exc:
+        _fail(exc)
+    _run_launch(spec)
+
+
+def _open(sweep: str, store: Optional[str]):
+    from orchestrator.launch import sweep_from_store
+    from orchestrator.spec import SpecError
+    from results.store import ResultStore
+
+    try:
+        spec = sweep_from_store(sweep, store or "./sweeps", semantic=False)
+    except SpecError as exc:
+        _fail(exc)
+    return spec, ResultStore(store or "./sweeps", sweep)
+
+
+@app.command()
+def status(sweep: str, store: StoreOpt = None) -> None:
+    """done / failed / missing cells per axis value."""
+    from orchestrator.grid import build_grid
+    from results.query import status_table
+
+    spec, result_store = _open(sweep, store)
+    _print_frame(status_table(build_grid(spec), result_store.statuses()), OutputFormat.table, f"sweep {sweep}")
+
+
+@app.command()
+def query(sweep: str, store: StoreOpt = None,
+          sql: Annotated[str, typer.Option("--sql", help="SQL over the table `results`")] =
+          "SELECT dataset, train_size, frozen_layers, seed, status, best_val_accuracy FROM results "
+          "ORDER BY dataset, train_size, frozen_layers, seed",
+          fmt: Annotated[OutputFormat, typer.Option("--format")] = OutputFormat.table) -> None:
+    """SQL (DuckDB) over the sweep's rows."""
+    from results.query import sql as run_sql
+
+    _, result_store = _open(sweep, store)
+    try:
+        frame = run_sql(result_store, sql)
+    except Exception as exc:  # a SQL error is the user's to fix: say it plainly
+        _fail(exc)
+    _print_frame(frame, fmt, f"{sweep}: {len(frame)} rows")
+
+
+@app.command()
+def summary(sweep: str, store: StoreOpt = None,
+            fmt: Annotated[OutputFormat, typer.Option("--format")] = OutputFormat.table) -> None:
+    """Best validation accuracy per dataset × train size × frozen layers (mean, median, std, min, max)."""
+    from results.query import summary as summarize
+
+    _, result_store = _open(sweep, store)
+    _print_frame(summarize(result_store.read()), fmt, f"sweep {sweep}: best validation accuracy over seeds")
+
+
+def _print_frame(frame, fmt: OutputFormat, title: str) -> None:
+    if fmt is OutputFormat.csv:
+        print(frame.to_csv(index=False), end="")
+    elif fmt is OutputFormat.json:
+        print(frame.to_json(orient="records", default_handler=str))
+    else:
+        table = Table(title=title)
+        for column in frame.columns:
+            table.add_column(str(column), justify="right" if frame[column].dtype.kind in "if" else "left")
+        for row in frame.itertuples(index=False):
+            table.add_row(*(f"{v:.4f}" if isinstance(v, float) else str(v) for v in row))
+        console.print(table)
 
 
 def main() -> None:  # python -m orchestrator.cli

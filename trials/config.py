@@ -126,3 +126,13 @@ class TrialResult:
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
+
+
+def result_from_dict(data: dict[str, Any]) -> TrialResult:
+    """Inverse of ``TrialResult.to_dict`` (results cross Ray as plain JSON)."""
+    data = dict(data)
+    data["config"] = TrialConfig.from_dict(data["config"])
+    data["eval_curve"] = tuple(EvalPoint(**p) for p in data.get("eval_curve", ()))
+    data["train_loss_curve"] = tuple(tuple(x) for x in data.get("train_loss_curve", ()))
+    data["train_indices"] = tuple(data.get("train_indices", ()))
+    return TrialResult(**data)

@@ -143,7 +143,8 @@ def _load_from_hub(task: str) -> dict[str, pd.DataFrame]:
     return {s: ds[s].to_pandas() for s in SPLITS}
 
 
-def split_sizes(dataset: str, data_dir: str | None = None) -> dict[str, int]:
+def split_sizes(dataset: str, data_dir: str | None = None, text_column: str | None = None,
+                label_column: str | None = None) -> dict[str, int]:
     """Row counts per split, cheaply where Parquet metadata has them (spec validation uses it)."""
     data_path = resolve_data_dir(data_dir)
     if dataset.startswith("glue/") and data_path is not None:
@@ -153,5 +154,5 @@ def split_sizes(dataset: str, data_dir: str | None = None) -> dict[str, int]:
             import pyarrow.parquet as pq
 
             return {s: pq.ParquetFile(f).metadata.num_rows for s, f in files.items()}
-    task = load_task(dataset, data_dir)
+    task = load_task(dataset, data_dir, text_column, label_column)
     return {"train": len(task.train), "validation": len(task.validation)}

@@ -1,0 +1,121 @@
+"""Semantic checks of a raw spec: what needs the model, the data, the machine and the store.
+
+They read the raw mapping defensively (a value of the wrong type is pydantic's to report), so one
+run lists every problem even when some fields are malformed.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import yaml
+
+
+def semantic_problems(raw: dict[str, Any]) -> list[str]:
+    training = raw.get("training") if isinstance(raw.get("training"), dict) else {}
+    resources = raw.get("resources") if isinstance(raw.get("resources"), dict) else {}
+    data_dir = raw.get("data_dir") if isinstance(raw.get("data_dir"), str) else None
+    problems = _model_problems(raw.get("model"), _ints(raw.get("frozen_layers")))
+    problems += _data_problems(_strs(raw.get("datasets")), _ints(raw.get("train_sizes")), data_dir, training)
+    problems += _device_problems(training.get("precision"), resources.get("gpus_per_trial"), raw.get("address"))
+    problems += _store_problems(raw)
+    return problems
+
+
+def _ints(value: Any) -> list[int]:
+    return [v for v in value if isinstance(v, int) and not isinstance(v, bool)] if isinstance(value, list) else []
+
+
+def _strs(value: Any) -> list[str]:
+    return [v for v in value if isinstance(v, str)] if isinstance(value, list) else []
+
+
+def _model_problems(model: Any, frozen_layers: list[int]) -> list[str]:
+    if not isinstance(model, str) or not model:
+        return []  # missing / wrong type: reported by pydantic
+    from trials.model import ModelError, load_model_config
+
+    try:
+        layers = getattr(load_model_config(model), "num_hidden_layers", None)
+    except ModelError as exc:
+        return [f"model: {str(exc).splitlines()[0]}"]
+    too_deep = [k for k in frozen_layers if layers is not None and k > layers]
+    if too_deep:
+        return [f"frozen_layers: {too_deep} exceed the {layers} encoder layers of {model}"]
+    return []
+
+
+def _data_problems(datasets: list[str], sizes: list[int], data_dir: str | None, training: dict) -> list[str]:
+    from trials.data import DatasetError, split_sizes
+
+    problems = []
+    columns = {k: training.get(k) for k in ("text_column", "label_column") if isinstance(training.get(k), str)}
+    for dataset in dict.fromkeys(datasets):  # duplicates are pydantic's to report
+        try:
+            rows = split_sizes(dataset, data_dir, **columns)["train"]
+        except (DatasetError, OSError) as exc:
+            problems.append(f"datasets: {dataset}: {str(exc).splitlines()[0]}")
+            continue
+        too_big = [s for s in sizes if s > rows]
+        if too_big:
+            problems.append(f"train_sizes: {too_big} exceed the {rows} train rows of {dataset}")
+    return problems
+
+
+def _device_problems(precision: Any, gpus_per_trial: Any, address: Any) -> list[str]:
+    gpus = gpus_per_trial if isinstance(gpus_per_trial, (int, float)) else 0
+    problems = []
+    if precision == "fp16" and gpus <= 0:
+        problems.append("training.precision: fp16 needs GPU trials (resources.gpus_per_trial > 0); use bf16 or auto on CPU")
+    if gpus > 0 and not address:
+        import torch
+
+        if not torch.cuda.is_available():
+            problems.append(f"resources.gpus_per_trial: {gpus} GPU per trial, but this machine has no CUDA GPU "
+                            "(set it to 0, or pass --address of a cluster with GPUs)")
+    return problems
+
+
+def _store_problems(raw: dict[str, Any]) -> list[str]:
+    from results.store import ResultStore, StoreError
+
+    import re
+
+    name, store = raw.get("name"), raw.get("store", "./sweeps")
+    if not isinstance(name, str) or not isinstance(store, str) or not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]*", name):
+        return []
+    try:
+        target = ResultStore(store, name)
+        target.check_writable()
+        stored = target.read_spec()
+    except StoreError as exc:
+        return [f"store: {exc}"]
+    if stored is None:
+        return []
+    return _protocol_changes(stored, raw)
+
+
+def _protocol_changes(stored_yaml: str, raw: dict[str, Any]) -> list[str]:
+    """Rows of one sweep must be comparable: the model and the protocol may not change."""
+    from orchestrator.spec import SweepSpec
+
+    stored = yaml.safe_load(stored_yaml)
+    try:
+        old = SweepSpec.model_validate(stored).protocol()
+        new = SweepSpec.model_validate(raw).protocol()
+    except Exception:
+        return []  # the new spec's own problems are reported elsewhere
+    old_flat, new_flat = _flatten(old), _flatten(new)
+    changed = sorted(k for k in old_flat.keys() | new_flat.keys() if old_flat.get(k) != new_flat.get(k))
+    return [
+        f"{k}: changed from {old_flat.get(k)!r} to {new_flat.get(k)!r}, but sweep {raw['name']!r} already has rows "
+        "with the old protocol (start a new sweep name to compare protocols)"
+        for k in changed
+    ]
+
+
+def _flatten(d: dict, prefix: str = "") -> dict[str, Any]:
+    out = {}
+    for k, v in d.items():
+        out.update(_flatten(v, f"{prefix}{k}.") if isinstance(v, dict) else {f"{prefix}{k}": v})
+    return out

@@ -1,0 +1,142 @@
+"""Launch and resume: plan the missing cells from the store, run them through Ray Tune, write rows.
+
+The store is the source of truth: a launch runs exactly the cells of the spec that have no ``ok``
+row, so re-launching (or ``resume``) after any interruption runs nothing twice and loses nothing,
+and a grown spec runs only its new cells.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from orchestrator.grid import build_grid
+from orchestrator.progress import SweepProgress
+from orchestrator.spec import SweepSpec
+from results.store import ResultStore, result_row
+from trials.config import TrialConfig, TrialResult
+from trials.data import resolve_data_dir
+
+# Environment a trial reads, forwarded to workers on other nodes (local workers inherit it anyway).
+_FORWARDED_ENV_PREFIXES = ("FREEZESWEEP_", "HF_", "TRANSFORMERS_")
+
+
+@dataclass(frozen=True)
+class LaunchSummary:
+    total: int
+    already_ok: int
+    ran: int
+    ok: int
+    failed: int
+
+
+def plan(spec: SweepSpec, store: ResultStore) -> tuple[list[TrialConfig], list[TrialConfig]]:
+    """(all cells, cells still to run)."""
+    cells = build_grid(spec)
+    done = store.ok_ids()
+    return cells, [c for c in cells if c.trial_id not in done]
+
+
+def launch(spec: SweepSpec, show_progress: bool = True) -> LaunchSummary:
+    store = ResultStore(spec.store, spec.name)
+    if spec.data_dir is None and resolve_data_dir(None) is not None:
+        # Record where the data came from, so `resume` works without the environment variable.
+        spec = spec.model_copy(update={"data_dir": str(resolve_data_dir(None).resolve())})
+    store.clean_staging()
+    store.write_spec(spec.to_yaml())
+    cells, pending = plan(spec, store)
+    if not pending:
+        return LaunchSummary(len(cells), len(cells), 0, 0, 0)
+    threads = max(1, math.floor(spec.resources.cpus_per_trial))
+    pending = [dataclasses.replace(c, num_threads=threads) for c in pending]  # not part of the cell id
+    writer = RowWriter(spec.name, store, SweepProgress(total=len(cells), done=len(cells) - len(pending),
+                                                       enabled=show_progress))
+    with writer.progress:
+        _run_tune(spec, pending, store, writer.write)
+    return LaunchSummary(len(cells), len(cells) - len(pending), len(pending), writer.ok, writer.failed)
+
+
+class RowWriter:
+    """Driver-side sink of trial outcomes: one row per cell, ok rows final."""
+
+    def __init__(self, sweep: str, store: ResultStore, progress: SweepProgress):
+        self.sweep, self.store, self.progress = sweep, store, progress
+        self.ok_ids = store.ok_ids()
+        self.ok = self.failed = 0
+
+    def write(self, result: TrialResult, node: str | None, attempts: int) -> None:
+        if result.trial_id in self.ok_ids:
+            return  # an ok row is final: never overwritten
+        self.store.write_row(result_row(self.sweep, result, node=node, attempts=attempts))
+        if result.status == "ok":
+            self.ok_ids.add(result.trial_id)
+            self.ok += 1
+        else:
+            self.failed += 1
+        self.progress.advance(result)
+
+
+def _run_tune(spec: SweepSpec, pending: list[TrialConfig], store: ResultStore, write) -> None:
+    import ray
+    from ray import tune
+
+    from orchestrator.tune_adapter import CELL_KEY, StoreWriter, trial_config_from_ray, tune_trainable
+
+    _init_ray(spec.address)
+    os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")  # with verbose=0: no Tune tables; our bar reports
+    resources = {"cpu": spec.resources.cpus_per_trial, "gpu": spec.resources.gpus_per_trial}
+    tuner = tune.Tuner(
+        tune.with_resources(tune_trainable, resources),
+        param_space={CELL_KEY: tune.grid_search([c.to_dict() for c in pending])},
+        tune_config=tune.TuneConfig(
+            max_concurrent_trials=spec.resources.max_concurrent_trials,
+            reuse_actors=True,  # one worker process runs many trials: imports, tokenizer and token cache stay warm
+            trial_dirname_creator=lambda trial: trial_config_from_ray(trial.config).trial_id,
+        ),
+        run_config=tune.RunConfig(
+            name=spec.name,
+            storage_path=_ray_storage(store),
+            failure_config=tune.FailureConfig(max_failures=spec.resources.max_failures),
+            callbacks=[StoreWriter(write)],
+            verbose=0,
+        ),
+    )
+    tuner.fit()
+
+
+def _init_ray(address: str | None) -> None:
+    import ray
+
+    if ray.is_initialized():
+        return
+    env = {k: v for k, v in os.environ.items() if k.startswith(_FORWARDED_ENV_PREFIXES)}
+    ray.init(address=address or os.environ.get("RAY_ADDRESS") or None, include_dashboard=False,
+             log_to_driver=False, logging_level="ERROR", runtime_env={"env_vars": env} if env else None)
+
+
+def _ray_storage(store: ResultStore) -> str:
+    """Ray's experiment state lives beside a local store (never inside results/), or in the user's
+    cache for a remote one: trials report no Tune checkpoints, so it never needs shared storage."""
+    from pyarrow.fs import LocalFileSystem
+
+    if isinstance(store.fs, LocalFileSystem):
+        return f"{store.sweep_dir}/_ray"
+    from trials.tokens import resolve_cache_dir
+
+    return str(resolve_cache_dir(None) / "ray" / store.sweep)
+
+
+def sweep_from_store(name: str, store_uri: str, semantic: bool = True) -> SweepSpec:
+    """The resolved spec a sweep was launched with; ``semantic=False`` skips the checks that load
+    the model and data (inspection needs neither)."""
+    import yaml
+
+    from orchestrator.spec import SpecError, parse_spec
+
+    text = ResultStore(store_uri, name).read_spec()
+    if text is None:
+        raise SpecError([f"no sweep named {name!r} in store {store_uri!r}"], "resume")
+    return parse_spec(yaml.safe_load(text), f"{store_uri}/{name}/spec.yaml", semantic=semantic)

@@ -1,0 +1,153 @@
+"""The sweep spec: YAML → a validated ``SweepSpec``, with every problem listed in one error.
+
+Validation runs in two passes that both always run: pydantic checks shapes and ranges; the
+semantic pass checks what needs the model and the data (layer counts, split sizes, fp16 without
+GPUs, ...). Their problems are reported together, before Ray starts or the store is touched.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from trials.config import TrialConfig
+
+
+class SpecError(ValueError):
+    def __init__(self, problems: list[str], source: str = "sweep spec"):
+        self.problems = problems
+        super().__init__(f"{source}: {len(problems)} problem(s):\n" + "\n".join(f"  - {p}" for p in problems))
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class TrainingSpec(_Strict):
+    """The protocol: every cell of a sweep shares it, and it cannot change once rows exist."""
+
+    epochs: float = Field(10.0, gt=0)
+    batch_size: int = Field(16, gt=0)
+    eval_batch_size: int = Field(128, gt=0)
+    learning_rate: float = Field(5e-5, gt=0)
+    weight_decay: float = Field(0.0, ge=0)
+    warmup_epochs: float = Field(1.0, ge=0)
+    eval_every_epochs: float = Field(0.5, gt=0)
+    max_grad_norm: float = Field(1.0, gt=0)
+    precision: Literal["auto", "fp16", "bf16", "fp32"] = "auto"
+    max_eval_examples: int | None = Field(None, gt=0)
+    max_seq_length: int = Field(128, gt=0)
+    model_init: Literal["pretrained", "random"] = "pretrained"
+    method: Literal["freeze"] = "freeze"
+    text_column: str | None = None
+    label_column: str | None = None
+    checkpoint_every_epochs: float | None = Field(None, gt=0)
+
+
+class ResourcesSpec(_Strict):
+    gpus_per_trial: float = Field(0.0, ge=0, le=1, description="0: CPU trials; (0, 1]: a GPU share")
+    cpus_per_trial: float = Field(1.0, gt=0)
+    max_concurrent_trials: int | None = Field(None, gt=0)
+    max_failures: int = Field(2, ge=0, description="Ray retries of a crashed trial")
+
+
+def _unique(values: list) -> list:
+    dupes = sorted({v for v in values if values.count(v) > 1}, key=str)
+    if dupes:
+        raise ValueError(f"duplicate values {dupes}")
+    return values
+
+
+class SweepSpec(_Strict):
+    name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$", max_length=100)
+    model: str
+    datasets: list[str] = Field(min_length=1)
+    train_sizes: list[int] = Field(min_length=1)
+    frozen_layers: list[int] = Field(min_length=1)
+    seeds: list[int] = Field(min_length=1)
+    split_seed: int = 0
+    training: TrainingSpec = TrainingSpec()
+    resources: ResourcesSpec = ResourcesSpec()
+    data_dir: str | None = None
+    store: str = "./sweeps"
+    address: str | None = None
+
+    _check_unique = field_validator("datasets", "train_sizes", "frozen_layers", "seeds")(_unique)
+
+    @field_validator("train_sizes")
+    @classmethod
+    def _positive_sizes(cls, values: list[int]) -> list[int]:
+        bad = [v for v in values if v <= 0]
+        if bad:
+            raise ValueError(f"train sizes must be positive, got {bad}")
+        return values
+
+    @field_validator("frozen_layers")
+    @classmethod
+    def _layer_range(cls, values: list[int]) -> list[int]:
+        bad = [v for v in values if v < -1]
+        if bad:
+            raise ValueError(f"frozen layers must be >= -1 (-1 = embeddings only), got {bad}")
+        return values
+
+    @field_validator("seeds")
+    @classmethod
+    def _nonnegative_seeds(cls, values: list[int]) -> list[int]:
+        if any(v < 0 for v in values):
+            raise ValueError("seeds must be >= 0")
+        return values
+
+    def protocol(self) -> dict[str, Any]:
+        """What makes rows comparable: changing any of it on an existing sweep is refused."""
+        return {"model": self.model, "split_seed": self.split_seed, "training": self.training.model_dump()}
+
+    def to_yaml(self) -> str:
+        return yaml.safe_dump(self.model_dump(mode="json"), sort_keys=False)
+
+    def trial_template(self) -> dict[str, Any]:
+        """TrialConfig fields shared by every cell (the grid adds the axes)."""
+        return {"model": self.model, "split_seed": self.split_seed, "data_dir": self.data_dir,
+                **self.training.model_dump()}
+
+
+def parse_spec(raw: Any, source: str = "sweep spec", semantic: bool = True) -> SweepSpec:
+    """Validate a parsed YAML mapping; raise one SpecError naming every problem."""
+    if not isinstance(raw, dict):
+        raise SpecError([f"the spec must be a mapping of keys, got {type(raw).__name__}"], source)
+    problems: list[str] = []
+    spec = None
+    try:
+        spec = SweepSpec.model_validate(raw)
+    except ValidationError as exc:
+        problems += [_format_pydantic(err) for err in exc.errors()]
+    if semantic:
+        from orchestrator.checks import semantic_problems
+
+        problems += semantic_problems(raw)
+    if problems:
+        raise SpecError(problems, source)
+    return spec
+
+
+def load_spec(path: str | Path, overrides: dict[str, Any] | None = None, semantic: bool = True) -> SweepSpec:
+    path = Path(path)
+    try:
+        raw = yaml.safe_load(path.read_text())
+    except FileNotFoundError:
+        raise SpecError([f"no such file: {path}"], str(path)) from None
+    except yaml.YAMLError as exc:
+        raise SpecError([f"malformed YAML: {exc}".replace("\n", " ")], str(path)) from None
+    if isinstance(raw, dict) and overrides:
+        raw = {**raw, **{k: v for k, v in overrides.items() if v is not None}}
+    return parse_spec(raw, str(path), semantic=semantic)
+
+
+def _format_pydantic(err: dict) -> str:
+    where = ".".join(str(p) for p in err["loc"]) or "(top level)"
+    if err["type"] == "extra_forbidden":
+        return f"{where}: unknown key"
+    message = err["msg"].removeprefix("Value error, ")
+    return f"{where}: {message} (got {err.get('input')!r})"

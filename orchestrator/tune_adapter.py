@@ -1,0 +1,90 @@
+"""The one place where Ray Tune meets a trial.
+
+Worker side: ``tune_trainable`` turns Ray's dict into a TrialConfig (unknown keys rejected), runs
+the plain-PyTorch trial, reports each evaluation to Tune and finally the whole result as JSON.
+Driver side: ``StoreWriter`` writes each finished cell's row, so workers never touch the store.
+A crash propagates so Ray's FailureConfig retries it; an out-of-memory error does not (it would
+fail again the same way) and becomes an ``oom`` row at once.
+"""
+
+from __future__ import annotations
+
+import gc
+import json
+from collections.abc import Callable
+
+from ray import tune
+
+from trials.config import TrialConfig, TrialResult, result_from_dict
+
+CELL_KEY = "cell"
+RESULT_KEY = "freezesweep_result"
+
+
+def trial_config_from_ray(config: dict) -> TrialConfig:
+    unknown = sorted(set(config) - {CELL_KEY})
+    if unknown:
+        raise ValueError(f"unknown keys in Ray trial config: {', '.join(unknown)}")
+    return TrialConfig.from_dict(config[CELL_KEY])
+
+
+def tune_trainable(config: dict) -> None:
+    import torch
+    import transformers
+
+    from trials.run import failed_result, run_trial
+
+    transformers.logging.set_verbosity_error()
+    transformers.utils.logging.disable_progress_bar()
+    cfg = trial_config_from_ray(config)
+
+    def on_eval(point) -> None:
+        tune.report({"val_accuracy": point.accuracy, "val_loss": point.loss, "epoch": point.epoch, "step": point.step})
+
+    try:
+        result = run_trial(cfg, on_eval=on_eval)
+    except torch.cuda.OutOfMemoryError as exc:
+        result = failed_result(cfg, exc)
+        gc.collect()
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()  # give the memory back before this worker takes the next trial
+    tune.report({"val_accuracy": result.best_val_accuracy or 0.0, RESULT_KEY: json.dumps(result.to_dict(), default=str)})
+
+
+class StoreWriter(tune.Callback):
+    """Driver-side: turn each finished or finally-failed Ray trial into one stored row."""
+
+    def __init__(self, write: Callable[[TrialResult, str | None, int], None]):
+        self._write = write
+
+    def __getstate__(self) -> dict:
+        # Tune pickles its run config into tuner.pkl; the live sink (store, progress bar) stays out.
+        return {"_write": None}
+
+    def _sink(self, outcome: TrialResult, node: str | None, attempts: int) -> None:
+        if self._write is not None:
+            self._write(outcome, node, attempts)
+
+    def on_trial_result(self, iteration, trials, trial, result, **info):
+        if RESULT_KEY in result:
+            outcome = result_from_dict(json.loads(result[RESULT_KEY]))
+            self._sink(outcome, result.get("hostname"), trial.num_failures + 1)
+
+    def on_trial_error(self, iteration, trials, trial, **info):
+        from trials.run import failed_result
+
+        cfg = trial_config_from_ray(trial.config)
+        error = _trial_error(trial)
+        self._sink(failed_result(cfg, error), (trial.last_result or {}).get("hostname"),
+                    trial.num_failures)
+
+
+def _trial_error(trial) -> BaseException:
+    try:
+        error = trial.get_pickled_error() or trial.get_error()
+    except Exception as exc:  # the error file itself unreadable: still a failed row
+        error = exc
+    cause = getattr(error, "cause", None)  # RayTaskError wraps the trial's own exception
+    if isinstance(cause, BaseException):
+        return cause
+    return error if isinstance(error, BaseException) else RuntimeError(str(error))

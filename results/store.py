@@ -1,0 +1,179 @@
+"""The Parquet results store: ``<store>/<sweep>/{spec.yaml, results/<trial_id>.parquet}``.
+
+- One file per cell, named by its trial_id: a cell can never have two rows, and an ``ok`` row is
+  never overwritten (a failed row is replaced by the retry's outcome).
+- Atomic: a row is written under ``_staging/`` and then moved into ``results/`` (a rename on a
+  local disk; on object stores each object appears whole), so readers never see a partial file.
+- One fixed schema, so pandas, DuckDB (``read_parquet('…/results/*.parquet')``), Polars and
+  pyarrow read the folder as it is, with no freezesweep code.
+- Any filesystem pyarrow knows (local, ``s3://…``, …) or, failing that, fsspec.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import uuid
+from dataclasses import asdict
+from datetime import datetime, timezone
+from typing import Any
+
+import pandas as pd
+import pyarrow as pa
+import pyarrow.fs as pafs
+import pyarrow.parquet as pq
+
+from trials.config import CELL_AXES, TrialResult
+
+RESULTS_DIR, STAGING_DIR, SPEC_FILE = "results", "_staging", "spec.yaml"
+
+_CURVE = pa.list_(pa.struct([("step", pa.int64()), ("epoch", pa.float64()), ("accuracy", pa.float64()),
+                             ("loss", pa.float64())]))
+SCHEMA = pa.schema([
+    ("sweep", pa.string()), ("trial_id", pa.string()),
+    ("dataset", pa.string()), ("model", pa.string()), ("train_size", pa.int64()), ("frozen_layers", pa.int64()),
+    ("seed", pa.int64()), ("split_seed", pa.int64()), ("method", pa.string()),
+    ("status", pa.string()),
+    ("best_val_accuracy", pa.float64()), ("best_step", pa.int64()), ("best_epoch", pa.float64()),
+    ("final_val_accuracy", pa.float64()), ("majority_baseline", pa.float64()),
+    ("trainable_params", pa.int64()), ("total_params", pa.int64()),
+    ("train_time_s", pa.float64()), ("eval_time_s", pa.float64()), ("wall_time_s", pa.float64()),
+    ("train_examples_per_s", pa.float64()), ("peak_mem_mb", pa.float64()),
+    ("precision", pa.string()), ("device", pa.string()), ("node", pa.string()), ("attempts", pa.int64()),
+    ("eval_curve", _CURVE),
+    ("train_loss_curve", pa.list_(pa.struct([("step", pa.int64()), ("loss", pa.float64())]))),
+    ("train_indices_digest", pa.string()), ("train_indices", pa.list_(pa.int64())),
+    ("n_train", pa.int64()), ("n_eval", pa.int64()),
+    ("error", pa.string()), ("finished_at", pa.timestamp("us", tz="UTC")),
+    ("config", pa.string()),  # the full resolved TrialConfig, JSON
+    ("versions", pa.string()),  # library versions, JSON
+])
+
+
+class StoreError(RuntimeError):
+    pass
+
+
+def result_row(sweep: str, result: TrialResult, node: str | None = None, attempts: int | None = None) -> dict[str, Any]:
+    """Flatten a TrialResult into one row of SCHEMA."""
+    cfg = result.config
+    row = {name: getattr(result, name, None) for name in SCHEMA.names}
+    row.update({axis: getattr(cfg, axis) for axis in CELL_AXES})
+    row.update(
+        sweep=sweep, split_seed=cfg.split_seed, method=cfg.method, node=node, attempts=attempts,
+        eval_curve=[asdict(p) for p in result.eval_curve],
+        train_loss_curve=[{"step": s, "loss": loss} for s, loss in result.train_loss_curve],
+        train_indices=list(result.train_indices),
+        finished_at=datetime.now(timezone.utc),
+        config=json.dumps(cfg.to_dict(), sort_keys=True),
+        versions=json.dumps(result.versions, sort_keys=True),
+    )
+    return row
+
+
+def open_filesystem(uri: str) -> tuple[pafs.FileSystem, str]:
+    if "://" not in uri:
+        return pafs.LocalFileSystem(), os.path.abspath(os.path.expanduser(uri))
+    try:
+        return pafs.FileSystem.from_uri(uri)
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+        import fsspec
+
+        fs, path = fsspec.core.url_to_fs(uri)
+        return pafs.PyFileSystem(pafs.FSSpecHandler(fs)), path
+
+
+class ResultStore:
+    def __init__(self, uri: str, sweep: str):
+        self.uri, self.sweep = uri, sweep
+        try:
+            self.fs, root = open_filesystem(uri)
+        except Exception as exc:
+            raise StoreError(f"cannot open store {uri!r}: {exc}") from exc
+        self.sweep_dir = f"{root.rstrip('/')}/{sweep}"
+        self.results_dir = f"{self.sweep_dir}/{RESULTS_DIR}"
+        self.staging_dir = f"{self.sweep_dir}/{STAGING_DIR}"
+
+    # --- the spec -------------------------------------------------------------------------------
+    def read_spec(self) -> str | None:
+        try:
+            with self.fs.open_input_stream(f"{self.sweep_dir}/{SPEC_FILE}") as f:
+                return f.read().decode()
+        except FileNotFoundError:
+            return None
+        except OSError as exc:
+            raise StoreError(f"cannot read {self.uri}/{self.sweep}/{SPEC_FILE}: {exc}") from exc
+
+    def write_spec(self, text: str) -> None:
+        self._write_atomic(f"{self.sweep_dir}/{SPEC_FILE}", text.encode())
+
+    def exists(self) -> bool:
+        return self.fs.get_file_info(f"{self.sweep_dir}/{SPEC_FILE}").type != pafs.FileType.NotFound
+
+    def check_writable(self) -> None:
+        """Write and delete a probe file at the store's root, never inside an existing sweep; a local
+        root that does not exist yet is not created here, only its nearest existing parent checked."""
+        root = self.sweep_dir.rsplit("/", 1)[0]
+        if isinstance(self.fs, pafs.LocalFileSystem) and not os.path.isdir(root):
+            parent = root
+            while not os.path.exists(parent):
+                parent = os.path.dirname(parent)
+            if not (os.path.isdir(parent) and os.access(parent, os.W_OK | os.X_OK)):
+                raise StoreError(f"cannot create {root!r}: {parent!r} is not a writable folder")
+            return
+        probe = f"{root}/.freezesweep-probe-{uuid.uuid4().hex}"
+        try:
+            self.fs.create_dir(root, recursive=True)
+            with self.fs.open_output_stream(probe) as f:
+                f.write(b"probe")
+            self.fs.delete_file(probe)
+        except Exception as exc:
+            raise StoreError(f"cannot write to {self.uri!r}: {exc}") from exc
+
+    # --- rows -----------------------------------------------------------------------------------
+    def write_row(self, row: dict[str, Any]) -> str:
+        table = pa.Table.from_pylist([row], schema=SCHEMA)
+        sink = pa.BufferOutputStream()
+        pq.write_table(table, sink)
+        final = f"{self.results_dir}/{row['trial_id']}.parquet"
+        self._write_atomic(final, sink.getvalue().to_pybytes())
+        return final
+
+    def _write_atomic(self, final: str, payload: bytes) -> None:
+        staged = f"{self.staging_dir}/{uuid.uuid4().hex}.tmp"
+        self.fs.create_dir(self.staging_dir, recursive=True)
+        self.fs.create_dir(final.rsplit("/", 1)[0], recursive=True)
+        with self.fs.open_output_stream(staged) as f:
+            f.write(payload)
+        self.fs.move(staged, final)
+
+    def clean_staging(self) -> int:
+        """Remove leftovers of writes that a crash interrupted; they were never visible to readers."""
+        try:
+            leftovers = self.fs.get_file_info(pafs.FileSelector(self.staging_dir, allow_not_found=True))
+        except FileNotFoundError:
+            return 0
+        for info in leftovers:
+            self.fs.delete_file(info.path)
+        return len(leftovers)
+
+    def row_files(self) -> list[str]:
+        infos = self.fs.get_file_info(pafs.FileSelector(self.results_dir, allow_not_found=True))
+        return sorted(i.path for i in infos if i.path.endswith(".parquet") and i.type == pafs.FileType.File)
+
+    def read_table(self) -> pa.Table:
+        files = self.row_files()
+        if not files:
+            return SCHEMA.empty_table()
+        return pq.ParquetDataset(files, filesystem=self.fs, schema=SCHEMA).read()
+
+    def read(self) -> pd.DataFrame:
+        return self.read_table().to_pandas()
+
+    def statuses(self) -> dict[str, str]:
+        """trial_id → status of every stored row."""
+        table = self.read_table().select(["trial_id", "status"])
+        return dict(zip(table.column("trial_id").to_pylist(), table.column("status").to_pylist()))
+
+    def ok_ids(self) -> set[str]:
+        return {tid for tid, status in self.statuses().items() if status == "ok"}

@@ -1,0 +1,91 @@
+"""Invalid specs are rejected as a whole, before Ray starts, with every problem named."""
+
+import pytest
+import yaml
+
+from orchestrator.grid import build_grid
+from orchestrator.spec import SpecError, load_spec, parse_spec
+
+
+def _problems(path) -> list[str]:
+    with pytest.raises(SpecError) as info:
+        load_spec(path)
+    return info.value.problems
+
+
+BAD = {
+    "unknown top-level key": ({"colour": "red"}, "colour: unknown key"),
+    "unknown training key": ({"training": {"lr": 1}}, "training.lr: unknown key"),
+    "k above the model's layers": ({"frozen_layers": [0, 3]}, "[3] exceed the 2 encoder layers"),
+    "k below -1": ({"frozen_layers": [-2]}, "frozen layers must be >= -1"),
+    "train size above the split": ({"train_sizes": [24, 5000]}, "[5000] exceed the 240 train rows"),
+    "train size zero": ({"train_sizes": [0]}, "train sizes must be positive"),
+    "duplicate seeds": ({"seeds": [0, 0]}, "duplicate values [0]"),
+    "empty axis": ({"frozen_layers": []}, "frozen_layers: List should have at least 1 item"),
+    "GPU share above 1": ({"resources": {"gpus_per_trial": 1.5}}, "gpus_per_trial: Input should be less than or equal to 1"),
+    "negative GPU share": ({"resources": {"gpus_per_trial": -0.5}}, "gpus_per_trial: Input should be greater than or equal to 0"),
+    "unknown precision": ({"training": {"precision": "fp8"}}, "training.precision: Input should be"),
+    "fp16 on CPU": ({"training": {"precision": "fp16"}}, "fp16 needs GPU trials"),
+    "unknown dataset": ({"datasets": ["glue/mnli-nope"]}, "unknown GLUE task 'mnli-nope'"),
+    "missing model path": ({"model": "/nonexistent/model-dir"}, "model: cannot load model"),
+    "bad sweep name": ({"name": "no spaces please"}, "name: String should match pattern"),
+    "missing required key": ({"model": None}, "model: Input should be a valid string"),
+    "wrong type": ({"train_sizes": "fifty"}, "train_sizes: Input should be a valid list"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD))
+def test_each_kind_of_bad_spec_is_named(case, write_spec):
+    overrides, expected = BAD[case]
+    path = write_spec(**overrides)
+    problems = _problems(path)
+    assert any(expected in p for p in problems), problems
+
+
+def test_all_problems_in_one_error(write_spec, tmp_path):
+    path = write_spec(colour="red", frozen_layers=[-2, 3], train_sizes=[0, 5000], seeds=[1, 1],
+                      training={"precision": "fp16"}, resources={"gpus_per_trial": -1})
+    problems = _problems(path)
+    for expected in ["colour", "-2", "[3] exceed", "positive", "[5000] exceed", "duplicate", "fp16", "gpus_per_trial"]:
+        assert any(expected in p for p in problems), (expected, problems)
+    assert not (tmp_path / "store").exists()  # nothing created
+
+
+def test_malformed_yaml_and_missing_file(tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("name: [unclosed\nmodel: x")
+    assert "malformed YAML" in _problems(bad)[0]
+    assert "no such file" in _problems(tmp_path / "absent.yaml")[0]
+    scalar = tmp_path / "scalar.yaml"
+    scalar.write_text("just a string")
+    assert "must be a mapping" in _problems(scalar)[0]
+
+
+def test_unwritable_store(write_spec, tmp_path):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a folder")
+    problems = _problems(write_spec(store=str(blocker / "store")))
+    assert any(p.startswith("store:") for p in problems), problems
+
+
+def test_grid_is_deterministic_and_ids_stable(write_spec):
+    spec = load_spec(write_spec())
+    grid = build_grid(spec)
+    assert len(grid) == 4 == len({c.trial_id for c in grid})
+    assert [c.trial_id for c in grid] == [c.trial_id for c in build_grid(load_spec(write_spec()))]
+    grown = build_grid(load_spec(write_spec(seeds=[0, 1])))
+    assert {c.trial_id for c in grid} < {c.trial_id for c in grown}  # old cells keep their ids
+    assert all(c.split_seed == spec.split_seed and c.epochs == 2 for c in grid)
+
+
+def test_shipped_configs_are_valid(glue_dir, monkeypatch):
+    from tests.conftest import REPO
+
+    monkeypatch.setenv("FREEZESWEEP_DATA_DIR", str(glue_dir))
+    demo = load_spec(REPO / "configs" / "demo.yaml")
+    assert len(build_grid(demo)) == 18 and demo.model == "sentence-transformers/all-MiniLM-L6-v2"
+    reference = parse_spec(yaml.safe_load((REPO / "configs" / "reference.yaml").read_text()), semantic=False)
+    grid = build_grid(reference)
+    assert len(grid) == 350
+    assert {c.frozen_layers for c in grid} == {-1, 0, 2, 4, 8, 10, 12}
+    assert reference.training.learning_rate == 5e-5 and reference.training.precision == "fp16"

@@ -1,0 +1,112 @@
+"""A real tiny sweep through Ray: launch, kill the driver mid-way, resume, grow, refuse changes."""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import duckdb
+import pandas as pd
+import polars as pl
+import pytest
+
+from orchestrator.grid import build_grid
+from orchestrator.launch import launch
+from orchestrator.spec import SpecError, load_spec
+from results.store import ResultStore
+
+CLI = [sys.executable, "-m", "orchestrator.cli"]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _ray_once():
+    yield
+    import ray
+
+    ray.shutdown()
+
+
+def _rows(store_dir: Path, name: str) -> pd.DataFrame:
+    return pd.read_parquet(store_dir / name / "results")
+
+
+def _assert_exactly_once(spec_path):
+    spec = load_spec(spec_path)
+    rows = _rows(Path(spec.store), spec.name)
+    expected = {c.trial_id for c in build_grid(spec)}
+    assert not rows["trial_id"].duplicated().any()
+    assert set(rows["trial_id"]) == expected
+    assert (rows["status"] == "ok").all(), rows[["trial_id", "status", "error"]]
+    return rows
+
+
+def test_kill_driver_then_resume_runs_each_cell_once(write_spec, tmp_path):
+    path = write_spec("killed", train_sizes=[24, 48, 96], frozen_layers=[0, 1, 2], training={"epochs": 4},
+                      resources={"max_concurrent_trials": 1})
+    results_dir = tmp_path / "store" / "killed" / "results"
+    driver = subprocess.Popen(CLI + ["launch", str(path)], start_new_session=True,
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.time() + 240
+    while time.time() < deadline and len(list(results_dir.glob("*.parquet"))) < 2:
+        time.sleep(0.1)
+    os.killpg(driver.pid, signal.SIGKILL)  # the driver and its embedded Ray, no goodbye
+    driver.wait()
+    done_at_kill = len(list(results_dir.glob("*.parquet")))
+    assert 2 <= done_at_kill < 9, "the kill must land mid-sweep for this test to mean anything"
+
+    before = {p.name: p.stat().st_mtime_ns for p in results_dir.glob("*.parquet")}
+    resumed = subprocess.run(CLI + ["resume", "killed", "--store", str(tmp_path / "store")],
+                             capture_output=True, text=True, timeout=600)
+    assert resumed.returncode == 0, resumed.stdout[-2000:] + resumed.stderr[-3000:]
+    assert f"{done_at_kill} already done, ran {9 - done_at_kill}" in resumed.stdout
+    rows = _assert_exactly_once(path)
+    assert len(rows) == 9
+    assert {p.name: p.stat().st_mtime_ns for p in results_dir.glob("*.parquet") if p.name in before} == before
+
+
+def test_grow_by_one_seed_runs_only_new_cells(write_spec, tmp_path):
+    first = launch(load_spec(write_spec("grow")), show_progress=False)
+    assert (first.total, first.ran, first.ok) == (4, 4, 4)
+    store = tmp_path / "store" / "grow" / "results"
+    stamps = {p.name: p.stat().st_mtime_ns for p in store.glob("*.parquet")}
+
+    grown = launch(load_spec(write_spec("grow", seeds=[0, 1])), show_progress=False)
+    assert (grown.total, grown.already_ok, grown.ran, grown.ok) == (8, 4, 4, 4)
+    assert {p.name: p.stat().st_mtime_ns for p in store.glob("*.parquet") if p.name in stamps} == stamps
+    rows = _assert_exactly_once(write_spec("grow", seeds=[0, 1]))
+    assert sorted(rows["seed"].tolist()) == [0] * 4 + [1] * 4
+
+    again = launch(load_spec(write_spec("grow", seeds=[0, 1])), show_progress=False)
+    assert again.ran == 0
+
+    # The store as it is, read with no freezesweep code.
+    assert duckdb.sql(f"SELECT count(*) FROM read_parquet('{store}/*.parquet')").fetchall() == [(8,)]
+    assert pl.read_parquet(f"{store}/*.parquet").filter(pl.col("status") == "ok").height == 8
+    row = rows.iloc[0]
+    assert row["node"] and row["attempts"] == 1 and row["device"].startswith("cpu")
+    assert len(row["eval_curve"]) == 4 and '"torch"' in row["versions"]
+
+    # Changing the protocol of a sweep that has rows is refused, and nothing is touched.
+    stamps = {p.name: p.stat().st_mtime_ns for p in store.glob("*.parquet")}
+    with pytest.raises(SpecError, match="training.learning_rate: changed from 0.003 to 0.001"):
+        load_spec(write_spec("grow", seeds=[0, 1], training={"learning_rate": 0.001}))
+    assert {p.name: p.stat().st_mtime_ns for p in store.glob("*.parquet")} == stamps
+
+
+def test_cli_status_query_summary(write_spec, tmp_path):
+    path = write_spec("cli")
+    launch(load_spec(path), show_progress=False)
+    store = str(tmp_path / "store")
+    status = subprocess.run(CLI + ["status", "cli", "--store", store], capture_output=True, text=True)
+    assert status.returncode == 0 and "total" in status.stdout
+    query = subprocess.run(CLI + ["query", "cli", "--store", store, "--format", "csv", "--sql",
+                                  "SELECT frozen_layers, count(*) AS n FROM results GROUP BY 1 ORDER BY 1"],
+                           capture_output=True, text=True)
+    assert query.stdout.splitlines() == ["frozen_layers,n", "0,2", "2,2"]
+    summary = subprocess.run(CLI + ["summary", "cli", "--store", store, "--format", "json"], capture_output=True, text=True)
+    table = pd.read_json(__import__("io").StringIO(summary.stdout))
+    assert len(table) == 4 and set(table["n"]) == {1}
+    missing = subprocess.run(CLI + ["status", "nope", "--store", store], capture_output=True, text=True)
+    assert missing.returncode == 2 and "no sweep named 'nope'" in missing.stderr
