@@ -100,11 +100,15 @@ def _protocol_changes(stored_yaml: str, raw: dict[str, Any]) -> list[str]:
     from orchestrator.spec import SweepSpec
 
     stored = yaml.safe_load(stored_yaml)
+    protocol_keys = ("model", "split_seed", "training")
+    # The new protocol on its own: the stored spec's other keys stand in for the new spec's, so a
+    # protocol change is reported even when other parts of the new spec are invalid.
+    overlay = {k: v for k, v in stored.items() if k not in protocol_keys} | {k: raw[k] for k in protocol_keys if k in raw}
     try:
         old = SweepSpec.model_validate(stored).protocol()
-        new = SweepSpec.model_validate(raw).protocol()
+        new = SweepSpec.model_validate(overlay).protocol()
     except Exception:
-        return []  # the new spec's own problems are reported elsewhere
+        return []  # the new protocol's own problems are reported by pydantic
     old_flat, new_flat = _flatten(old), _flatten(new)
     changed = sorted(k for k in old_flat.keys() | new_flat.keys() if old_flat.get(k) != new_flat.get(k))
     return [

@@ -95,10 +95,17 @@ def _fail(exc: Exception) -> None:
 
 
 def _run_launch(spec) -> None:
-    from orchestrator.launch import launch
+    from orchestrator.launch import StoreUnavailable, launch
+    from results.lock import SweepLocked
 
     _quiet_libraries()
-    summary = launch(spec)
+    try:
+        summary = launch(spec)
+    except SweepLocked as exc:
+        _fail(exc)
+    except StoreUnavailable as exc:
+        err_console.print(f"[red]error:[/red] {exc}", highlight=False)
+        raise typer.Exit(3)
     console.print(f"sweep {spec.name}: {summary.total} cells, {summary.already_ok} already done, "
                   f"ran {summary.ran}: {summary.ok} ok, {summary.failed} failed/oom")
     console.print(f"store: {spec.store}/{spec.name}/results/")

@@ -16,7 +16,8 @@ from pathlib import Path
 from orchestrator.grid import build_grid
 from orchestrator.progress import SweepProgress
 from orchestrator.spec import SweepSpec
-from results.store import ResultStore, result_row
+from results.lock import SweepLock
+from results.store import ResultStore, SpoolingWriter, result_row
 from trials.config import TrialConfig, TrialResult
 from trials.data import resolve_data_dir
 
@@ -40,37 +41,63 @@ def plan(spec: SweepSpec, store: ResultStore) -> tuple[list[TrialConfig], list[T
     return cells, [c for c in cells if c.trial_id not in done]
 
 
+class StoreUnavailable(RuntimeError):
+    pass
+
+
 def launch(spec: SweepSpec, show_progress: bool = True) -> LaunchSummary:
     store = ResultStore(spec.store, spec.name)
     if spec.data_dir is None and resolve_data_dir(None) is not None:
         # Record where the data came from, so `resume` works without the environment variable.
         spec = spec.model_copy(update={"data_dir": str(resolve_data_dir(None).resolve())})
-    store.clean_staging()
-    store.write_spec(spec.to_yaml())
-    cells, pending = plan(spec, store)
-    if not pending:
-        return LaunchSummary(len(cells), len(cells), 0, 0, 0)
-    threads = max(1, math.floor(spec.resources.cpus_per_trial))
-    pending = [dataclasses.replace(c, num_threads=threads) for c in pending]  # not part of the cell id
-    writer = RowWriter(spec.name, store, SweepProgress(total=len(cells), done=len(cells) - len(pending),
-                                                       enabled=show_progress))
-    with writer.progress:
-        _run_tune(spec, pending, store, writer.write)
+    with SweepLock(store.fs, store.sweep_dir):
+        store.clean_staging()
+        sink = SpoolingWriter(store, spool_dir(store))
+        _flush_or_fail(sink)  # rows kept from a run whose store went away count as done
+        store.write_spec(spec.to_yaml())
+        cells, pending = plan(spec, store)
+        if not pending:
+            return LaunchSummary(len(cells), len(cells), 0, 0, 0)
+        threads = max(1, math.floor(spec.resources.cpus_per_trial))
+        pending = [dataclasses.replace(c, num_threads=threads) for c in pending]  # not part of the cell id
+        writer = RowWriter(spec.name, store, sink, SweepProgress(total=len(cells), done=len(cells) - len(pending),
+                                                                 enabled=show_progress))
+        with writer.progress:
+            _run_tune(spec, pending, store, writer.write)
+        _flush_or_fail(sink)
     return LaunchSummary(len(cells), len(cells) - len(pending), len(pending), writer.ok, writer.failed)
+
+
+def spool_dir(store: ResultStore) -> str:
+    import hashlib
+
+    from trials.tokens import resolve_cache_dir
+
+    key = hashlib.sha256(store.uri.encode()).hexdigest()[:12]
+    return str(resolve_cache_dir(None) / "spool" / key / store.sweep)
+
+
+def _flush_or_fail(sink: SpoolingWriter) -> None:
+    waiting = sink.flush()
+    if waiting:
+        raise StoreUnavailable(
+            f"{waiting} finished result(s) could not be written to the store ({sink.last_error}); they are kept "
+            f"in {sink.spool_dir} and will be written by the next `freezesweep resume` once the store is reachable"
+        )
 
 
 class RowWriter:
     """Driver-side sink of trial outcomes: one row per cell, ok rows final."""
 
-    def __init__(self, sweep: str, store: ResultStore, progress: SweepProgress):
-        self.sweep, self.store, self.progress = sweep, store, progress
+    def __init__(self, sweep: str, store: ResultStore, sink: SpoolingWriter, progress: SweepProgress):
+        self.sweep, self.store, self.sink, self.progress = sweep, store, sink, progress
         self.ok_ids = store.ok_ids()
         self.ok = self.failed = 0
 
     def write(self, result: TrialResult, node: str | None, attempts: int) -> None:
         if result.trial_id in self.ok_ids:
             return  # an ok row is final: never overwritten
-        self.store.write_row(result_row(self.sweep, result, node=node, attempts=attempts))
+        self.sink.write_row(result_row(self.sweep, result, node=node, attempts=attempts))
         if result.status == "ok":
             self.ok_ids.add(result.trial_id)
             self.ok += 1

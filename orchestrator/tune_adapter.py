@@ -74,17 +74,21 @@ class StoreWriter(tune.Callback):
         from trials.run import failed_result
 
         cfg = trial_config_from_ray(trial.config)
-        error = _trial_error(trial)
-        self._sink(failed_result(cfg, error), (trial.last_result or {}).get("hostname"),
-                    trial.num_failures)
+        error, trace = _trial_error(trial)
+        self._sink(failed_result(cfg, error, trace=trace), (trial.last_result or {}).get("hostname"),
+                   trial.num_failures)
 
 
-def _trial_error(trial) -> BaseException:
+def _trial_error(trial) -> tuple[BaseException, str | None]:
+    """The trial's own exception (unwrapped from Ray's) and Ray's text traceback of it."""
     try:
         error = trial.get_pickled_error() or trial.get_error()
-    except Exception as exc:  # the error file itself unreadable: still a failed row
-        error = exc
+        text = trial.get_error()
+    except Exception as exc:  # the error files themselves unreadable: still a failed row
+        return exc, None
     cause = getattr(error, "cause", None)  # RayTaskError wraps the trial's own exception
     if isinstance(cause, BaseException):
-        return cause
-    return error if isinstance(error, BaseException) else RuntimeError(str(error))
+        error = cause
+    if not isinstance(error, BaseException):
+        error = RuntimeError(str(error))
+    return error, str(text) if text is not None else None

@@ -23,6 +23,7 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
+from trials import faults
 from trials.config import CELL_AXES, TrialResult
 
 RESULTS_DIR, STAGING_DIR, SPEC_FILE = "results", "_staging", "spec.yaml"
@@ -136,15 +137,18 @@ class ResultStore:
         sink = pa.BufferOutputStream()
         pq.write_table(table, sink)
         final = f"{self.results_dir}/{row['trial_id']}.parquet"
-        self._write_atomic(final, sink.getvalue().to_pybytes())
+        self._write_atomic(final, sink.getvalue().to_pybytes(), fault_event="write")
         return final
 
-    def _write_atomic(self, final: str, payload: bytes) -> None:
+    def _write_atomic(self, final: str, payload: bytes, fault_event: str | None = None) -> None:
         staged = f"{self.staging_dir}/{uuid.uuid4().hex}.tmp"
         self.fs.create_dir(self.staging_dir, recursive=True)
         self.fs.create_dir(final.rsplit("/", 1)[0], recursive=True)
         with self.fs.open_output_stream(staged) as f:
-            f.write(payload)
+            f.write(payload[: len(payload) // 2])
+            if fault_event:
+                faults.maybe_kill_driver(fault_event)  # tests: die with half a file staged
+            f.write(payload[len(payload) // 2 :])
         self.fs.move(staged, final)
 
     def clean_staging(self) -> int:
@@ -175,5 +179,58 @@ class ResultStore:
         table = self.read_table().select(["trial_id", "status"])
         return dict(zip(table.column("trial_id").to_pylist(), table.column("status").to_pylist()))
 
+    def has_ok_row(self, trial_id: str) -> bool:
+        path = f"{self.results_dir}/{trial_id}.parquet"
+        if self.fs.get_file_info(path).type == pafs.FileType.NotFound:
+            return False
+        with self.fs.open_input_file(path) as f:
+            return pq.read_table(f, columns=["status"]).column("status")[0].as_py() == "ok"
+
     def ok_ids(self) -> set[str]:
         return {tid for tid, status in self.statuses().items() if status == "ok"}
+
+
+class SpoolingWriter:
+    """Rows go to the store; while the store is unreachable they wait in a local spool folder and
+    are flushed, oldest first, at the next write, the end of the launch, or the next launch. A
+    finished result is never dropped: what cannot be flushed is named in a clear error."""
+
+    def __init__(self, store: ResultStore, spool_dir: str):
+        self.store, self.spool_dir = store, spool_dir
+        self.last_error: Exception | None = None
+
+    def write_row(self, row: dict[str, Any]) -> bool:
+        """True when the row reached the store now; False when it was spooled."""
+        if self.flush() == 0:  # older rows first: a row never overtakes one still waiting
+            try:
+                self.store.write_row(row)
+                return True
+            except OSError as exc:
+                self.last_error = exc
+        os.makedirs(self.spool_dir, exist_ok=True)
+        tmp = os.path.join(self.spool_dir, f".{row['trial_id']}.tmp")
+        pq.write_table(pa.Table.from_pylist([row], schema=SCHEMA), tmp)
+        os.replace(tmp, os.path.join(self.spool_dir, f"{row['trial_id']}.parquet"))
+        return False
+
+    def pending(self) -> list[str]:
+        if not os.path.isdir(self.spool_dir):
+            return []
+        files = [os.path.join(self.spool_dir, n) for n in os.listdir(self.spool_dir) if n.endswith(".parquet")]
+        return sorted(files, key=os.path.getmtime)
+
+    def flush(self) -> int:
+        """Move spooled rows into the store; returns how many are still waiting."""
+        for path in self.pending():
+            table = pq.read_table(path)
+            row = table.to_pylist()[0]
+            try:
+                if row["status"] != "ok" and self.store.has_ok_row(row["trial_id"]):
+                    pass  # never overwrite an ok row with an older failure
+                else:
+                    self.store.write_row(row)
+            except OSError as exc:
+                self.last_error = exc
+                break
+            os.remove(path)
+        return len(self.pending())

@@ -106,11 +106,16 @@ def _result(cfg, task, train_rows, n_eval, report: FreezeReport, state: FitState
     )
 
 
-def failed_result(cfg: TrialConfig, exc: BaseException, wall_time_s: float | None = None) -> TrialResult:
+def failed_result(cfg: TrialConfig, exc: BaseException, wall_time_s: float | None = None,
+                  trace: str | None = None) -> TrialResult:
     """The row of a trial that raised: ``oom`` for out-of-memory, else ``failed``, with the
-    message and the last frames of the traceback."""
+    message and the last frames of the traceback (``trace``: a text traceback from elsewhere,
+    e.g. Ray's, when ``exc`` crossed a process and lost its own)."""
     status = "oom" if isinstance(exc, torch.cuda.OutOfMemoryError) else "failed"
-    frames = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__)[-4:])
+    if trace:
+        frames = "\n".join(trace.strip().splitlines()[-10:]) + "\n"
+    else:
+        frames = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__)[-4:])
     return TrialResult(trial_id=cfg.trial_id, config=cfg, status=status, error=f"{type(exc).__name__}: {exc}\n{frames}",
                        wall_time_s=wall_time_s, versions=library_versions())
 

@@ -83,9 +83,41 @@ def test_shipped_configs_are_valid(glue_dir, monkeypatch):
 
     monkeypatch.setenv("FREEZESWEEP_DATA_DIR", str(glue_dir))
     demo = load_spec(REPO / "configs" / "demo.yaml")
-    assert len(build_grid(demo)) == 18 and demo.model == "sentence-transformers/all-MiniLM-L6-v2"
+    assert len(build_grid(demo)) == 12 and demo.model == "sentence-transformers/all-MiniLM-L6-v2"
     reference = parse_spec(yaml.safe_load((REPO / "configs" / "reference.yaml").read_text()), semantic=False)
     grid = build_grid(reference)
     assert len(grid) == 350
     assert {c.frozen_layers for c in grid} == {-1, 0, 2, 4, 8, 10, 12}
     assert reference.training.learning_rate == 5e-5 and reference.training.precision == "fp16"
+
+
+def _tree(folder):
+    import hashlib
+
+    return {str(p.relative_to(folder)): (p.stat().st_mtime_ns, hashlib.sha256(p.read_bytes()).hexdigest())
+            for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def test_cli_bad_spec_on_existing_sweep_touches_nothing(write_spec, tmp_path):
+    """Many problems at once, including a protocol change: exit 2, every problem named, store unchanged."""
+    import subprocess
+    import sys
+
+    from results.store import ResultStore, result_row
+    from tests.results.test_store import _result
+
+    good = load_spec(write_spec("existing"))
+    store = ResultStore(good.store, good.name)
+    store.write_spec(good.to_yaml())
+    store.write_row(result_row("existing", _result()))
+    before = _tree(tmp_path / "store")
+
+    bad = write_spec("existing", colour="red", frozen_layers=[0, 9], seeds=[3, 3], training={"learning_rate": 1.0},
+                     resources={"gpus_per_trial": 4})
+    done = subprocess.run([sys.executable, "-m", "orchestrator.cli", "launch", str(bad)], capture_output=True, text=True)
+    assert done.returncode == 2
+    for expected in ["colour: unknown key", "[9] exceed", "duplicate values [3]", "gpus_per_trial",
+                     "training.learning_rate: changed from 0.003 to 1.0"]:
+        assert expected in done.stderr, (expected, done.stderr)
+    assert _tree(tmp_path / "store") == before
+    assert not (tmp_path / "store" / "existing" / "_ray").exists()

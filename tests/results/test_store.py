@@ -9,7 +9,7 @@ import pytest
 from orchestrator.launch import RowWriter
 from orchestrator.progress import SweepProgress
 from results.query import summary
-from results.store import SCHEMA, ResultStore, result_row
+from results.store import SCHEMA, ResultStore, SpoolingWriter, result_row
 from trials.config import EvalPoint, TrialConfig, TrialResult
 
 
@@ -41,7 +41,8 @@ def test_rows_are_readable_without_freezesweep(tmp_path):
 
 def test_one_file_per_cell_and_ok_rows_are_final(tmp_path):
     store = ResultStore(str(tmp_path), "s")
-    writer = RowWriter("s", store, SweepProgress(total=1, done=0, enabled=False))
+    writer = RowWriter("s", store, SpoolingWriter(store, str(tmp_path / "spool")),
+                       SweepProgress(total=1, done=0, enabled=False))
     writer.write(_result(status="failed"), "node-a", 2)
     assert store.statuses() == {_result().trial_id: "failed"}
     writer.write(_result(acc=0.81), "node-a", 1)  # the retry's ok replaces the failed row

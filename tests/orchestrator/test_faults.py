@@ -1,0 +1,158 @@
+"""Exactly once under faults: driver kills at five moments, dying trials, OOM, one writer."""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pandas as pd
+import pyarrow.dataset as ds
+import duckdb
+import pytest
+
+from orchestrator.grid import build_grid
+from orchestrator.launch import launch
+from orchestrator.spec import load_spec
+
+CLI = [sys.executable, "-m", "orchestrator.cli"]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _ray_once():
+    yield
+    import ray
+
+    ray.shutdown()
+
+
+def _count(results: Path) -> int:
+    return len(list(results.glob("*.parquet")))
+
+
+def _start(args, env=None) -> subprocess.Popen:
+    return subprocess.Popen(CLI + args, start_new_session=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, env={**os.environ, **(env or {})})
+
+
+def _kill_when(proc: subprocess.Popen, ready, timeout_s: float = 240) -> None:
+    deadline = time.time() + timeout_s
+    while time.time() < deadline and proc.poll() is None and not ready():
+        time.sleep(0.05)
+    assert proc.poll() is None, f"the driver ended before the kill: {proc.stderr.read()[-2000:]}"
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+
+
+def _check_store(spec_path) -> pd.DataFrame:
+    spec = load_spec(spec_path, semantic=False)
+    folder = Path(spec.store) / spec.name / "results"
+    rows = pd.read_parquet(folder)
+    assert not rows["trial_id"].duplicated().any(), "a cell has two rows"
+    assert set(rows["trial_id"]) == {c.trial_id for c in build_grid(spec)}, "a cell is missing or foreign"
+    assert (rows["status"] == "ok").all(), rows[["status", "error"]]
+    # Every file is readable by each reader on its own, and nothing half-written is visible.
+    assert ds.dataset(str(folder)).count_rows() == len(rows)
+    assert duckdb.sql(f"SELECT count(*) FROM read_parquet('{folder}/*.parquet')").fetchall() == [(len(rows),)]
+    return rows
+
+
+def test_driver_killed_at_five_moments(write_spec, tmp_path):
+    path = write_spec("kills", train_sizes=[24, 48, 96], frozen_layers=[0, 1, 2], seeds=[0, 1],
+                      training={"epochs": 3}, resources={"max_concurrent_trials": 1})
+    store = str(tmp_path / "store")
+    results = tmp_path / "store" / "kills" / "results"
+    total = 18
+    log = []
+
+    # 1. before the first trial ends
+    driver = _start(["launch", str(path)])
+    _kill_when(driver, lambda: (tmp_path / "store" / "kills" / "_ray").exists())
+    log.append(("before first result", _count(results)))
+    # 2. mid-sweep; while it runs, a second launch is refused by the lock
+    driver = _start(["resume", "kills", "--store", store])
+    _kill_when(driver, lambda: _count(results) >= 5)
+    log.append(("mid-sweep", _count(results)))
+    # 3. while a result is being written (half a file staged when the driver dies)
+    driver = _start(["resume", "kills", "--store", store], env={"FREEZESWEEP_DRIVER_FAULT": "kill-in-write@2"})
+    driver.wait(timeout=300)
+    assert driver.returncode == -signal.SIGKILL
+    try:
+        os.killpg(driver.pid, signal.SIGKILL)  # its embedded Ray
+    except ProcessLookupError:
+        pass
+    staged = list((tmp_path / "store" / "kills" / "_staging").glob("*"))
+    assert staged, "the kill should leave a half-written staged file behind"
+    log.append(("during a write", _count(results)))
+    # 4. near the end
+    driver = _start(["resume", "kills", "--store", store])
+    _kill_when(driver, lambda: _count(results) >= total - 3)  # leaves room for kill 5 below
+    log.append(("near the end", _count(results)))
+    # 5. during a resume that has little left (one more cell runs, then the kill)
+    before = _count(results)
+    driver = _start(["resume", "kills", "--store", store])
+    _kill_when(driver, lambda: _count(results) >= before + 1)
+    log.append(("during a resume", _count(results)))
+
+    done = subprocess.run(CLI + ["resume", "kills", "--store", store], capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    rows = _check_store(path)
+    assert len(rows) == total
+    assert not list((tmp_path / "store" / "kills" / "_staging").glob("*")), "leftovers were not cleaned"
+    counts = [n for _, n in log]
+    assert counts == sorted(counts) and counts[0] < counts[-1] < total, log  # kills landed mid-sweep
+    print("kills survived:", log)
+
+
+def test_second_launch_is_refused_while_running(write_spec, tmp_path):
+    path = write_spec("locked", train_sizes=[24, 48, 96], training={"epochs": 6}, resources={"max_concurrent_trials": 1})
+    lock = tmp_path / "store" / "locked" / "_lock.json"
+    first = _start(["launch", str(path)])
+    try:
+        deadline = time.time() + 120
+        while not lock.exists() and time.time() < deadline:
+            time.sleep(0.05)
+        second = subprocess.run(CLI + ["launch", str(path)], capture_output=True, text=True, timeout=120)
+        assert second.returncode == 2
+        assert f"pid {first.pid} on host" in second.stderr and "already running" in second.stderr
+    finally:
+        os.killpg(first.pid, signal.SIGKILL)
+        first.wait()
+    # The holder died without releasing: its lock is stale and is taken over.
+    assert lock.exists()
+    summary = launch(load_spec(path), show_progress=False)
+    assert summary.ok == summary.ran and not lock.exists()
+    _check_store(path)
+
+
+def test_dying_trials_are_retried_failing_ones_become_rows(write_spec, tmp_path, monkeypatch):
+    monkeypatch.setenv("FREEZESWEEP_FAULT_DIR", str(tmp_path / "faults"))
+    monkeypatch.setenv("FREEZESWEEP_FAULT", ";".join([
+        "exit@1:train_size=24,frozen_layers=0*1",    # the process dies once, then the retry succeeds
+        "crash@2:train_size=48,frozen_layers=0",     # raises on every attempt
+        "oom@1:train_size=48,frozen_layers=2",       # CUDA out of memory (simulated)
+    ]))
+    import ray
+
+    ray.shutdown()  # workers must start with the fault switch in their environment
+    path = write_spec("faulty", resources={"max_failures": 2})
+    summary = launch(load_spec(path), show_progress=False)
+    assert (summary.ran, summary.ok, summary.failed) == (4, 2, 2)
+    rows = pd.read_parquet(tmp_path / "store" / "faulty" / "results").set_index(["train_size", "frozen_layers"])
+    assert len(rows) == 4
+    retried = rows.loc[(24, 0)]
+    assert retried["status"] == "ok" and retried["attempts"] == 2
+    crashed = rows.loc[(48, 0)]
+    assert crashed["status"] == "failed" and crashed["attempts"] == 3  # 1 try + max_failures retries
+    assert "RuntimeError: injected crash" in crashed["error"] and "faults.py" in crashed["error"]
+    oom = rows.loc[(48, 2)]
+    assert oom["status"] == "oom" and oom["attempts"] == 1 and "out of memory" in oom["error"]
+    assert rows.loc[(24, 2)]["status"] == "ok"
+
+    # resume retries the failed and oom cells (the fault is gone now), and only them
+    monkeypatch.delenv("FREEZESWEEP_FAULT")
+    ray.shutdown()
+    again = launch(load_spec(path), show_progress=False)
+    assert (again.ran, again.ok) == (2, 2)
+    _check_store(path)

@@ -1,0 +1,68 @@
+import json
+import subprocess
+import sys
+import time
+
+import pyarrow.fs as pafs
+import pytest
+
+from results.lock import SweepLock, SweepLocked
+
+
+def _lock(tmp_path, **kw) -> SweepLock:
+    return SweepLock(pafs.LocalFileSystem(), str(tmp_path / "sweep"), **kw)
+
+
+def _plant(tmp_path, **holder):
+    (tmp_path / "sweep").mkdir(exist_ok=True)
+    base = {"host": "elsewhere", "pid": 1, "token": "t", "started_at": time.time(), "heartbeat_at": time.time()}
+    (tmp_path / "sweep" / "_lock.json").write_text(json.dumps({**base, **holder}))
+
+
+def test_held_lock_refuses_a_second_holder_and_is_released(tmp_path):
+    first = _lock(tmp_path).acquire()
+    other = subprocess.run([sys.executable, "-c", f"""
+import pyarrow.fs as pafs
+from results.lock import SweepLock, SweepLocked
+try:
+    SweepLock(pafs.LocalFileSystem(), {str(tmp_path / 'sweep')!r}).acquire()
+except SweepLocked as exc:
+    print(exc)
+"""], capture_output=True, text=True)
+    assert "already running" in other.stdout and f"pid {first.me.pid}" in other.stdout
+    first.release()
+    assert not (tmp_path / "sweep" / "_lock.json").exists()
+    _lock(tmp_path).acquire().release()
+
+
+def test_dead_pid_on_this_host_is_stale(tmp_path):
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    import socket
+
+    _plant(tmp_path, host=socket.gethostname(), pid=int(dead.stdout))
+    lock = _lock(tmp_path).acquire()
+    assert json.loads((tmp_path / "sweep" / "_lock.json").read_text())["token"] == lock.me.token
+    assert list((tmp_path / "sweep").glob("_lock.stale-*.json"))  # the old one kept aside, not lost
+    lock.release()
+
+
+def test_other_host_fresh_heartbeat_refused_old_heartbeat_taken_over(tmp_path):
+    _plant(tmp_path, heartbeat_at=time.time())
+    with pytest.raises(SweepLocked, match="pid 1 on host elsewhere"):
+        _lock(tmp_path, stale_after_s=60).acquire()
+    _plant(tmp_path, heartbeat_at=time.time() - 600)
+    _lock(tmp_path, stale_after_s=60).acquire().release()
+
+
+def test_torn_lock_file_is_stale(tmp_path):
+    (tmp_path / "sweep").mkdir()
+    (tmp_path / "sweep" / "_lock.json").write_text('{"host": "x", "pi')
+    _lock(tmp_path).acquire().release()
+
+
+def test_heartbeat_refreshes(tmp_path):
+    lock = _lock(tmp_path, stale_after_s=0.2).acquire()
+    first = json.loads((tmp_path / "sweep" / "_lock.json").read_text())["heartbeat_at"]
+    time.sleep(0.3)
+    assert json.loads((tmp_path / "sweep" / "_lock.json").read_text())["heartbeat_at"] > first
+    lock.release()

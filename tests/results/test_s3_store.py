@@ -1,0 +1,101 @@
+"""The store on a real S3 API (moto's server on loopback), and what happens when it goes away."""
+
+import socket
+
+import pyarrow.fs as pafs
+import pytest
+
+from orchestrator.launch import StoreUnavailable, launch, spool_dir
+from orchestrator.spec import load_spec
+from results.store import ResultStore, SpoolingWriter, result_row
+from tests.results.test_store import _result
+
+pytest.importorskip("moto")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class S3:
+    def __init__(self):
+        self.port = _free_port()
+        self.server = None
+        self.uri = f"s3://sweeps/store?endpoint_override=127.0.0.1:{self.port}&scheme=http&region=us-east-1"
+
+    def start(self):
+        from moto.server import ThreadedMotoServer
+
+        self.server = ThreadedMotoServer(ip_address="127.0.0.1", port=self.port, verbose=False)
+        self.server.start()
+
+    def stop(self):
+        if self.server is not None:
+            self.server.stop()
+            self.server = None
+
+
+@pytest.fixture
+def s3(monkeypatch):
+    for key, value in {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
+                       "AWS_DEFAULT_REGION": "us-east-1", "AWS_EC2_METADATA_DISABLED": "true"}.items():
+        monkeypatch.setenv(key, value)
+    server = S3()
+    server.start()
+    fs, _ = pafs.FileSystem.from_uri(server.uri + "&allow_bucket_creation=true")
+    fs.create_dir("sweeps")  # the bucket
+    yield server
+    server.stop()
+
+
+def test_rows_round_trip_on_s3(s3):
+    store = ResultStore(s3.uri, "remote")
+    store.check_writable()
+    for seed in range(3):
+        store.write_row(result_row("remote", _result(seed)))
+    assert len(store.read()) == 3 and store.ok_ids() == {_result(s).trial_id for s in range(3)}
+    assert store.has_ok_row(_result(0).trial_id)
+
+
+def test_unreachable_store_spools_and_flushes(s3, tmp_path):
+    store = ResultStore(s3.uri, "flaky")
+    sink = SpoolingWriter(store, str(tmp_path / "spool"))
+    assert sink.write_row(result_row("flaky", _result(0)))
+    s3.stop()
+    assert not sink.write_row(result_row("flaky", _result(1)))  # kept locally, not raised, not dropped
+    assert not sink.write_row(result_row("flaky", _result(2)))
+    assert len(sink.pending()) == 2 and isinstance(sink.last_error, OSError)
+    s3.start()  # moto keeps its state in-process: the same bucket is back
+    assert sink.flush() == 0
+    assert len(store.read()) == 3
+
+
+def test_sweep_on_s3_survives_the_store_going_away(s3, write_spec, monkeypatch):
+    import ray
+
+    from orchestrator import progress
+
+    ray.shutdown()
+    path = write_spec("s3sweep", store=s3.uri)
+    original = progress.SweepProgress.advance
+
+    def advance_then_outage(self, result):  # the store goes down right after the first stored row
+        original(self, result)
+        if self.failed == 0 and s3.server is not None:
+            s3.stop()
+
+    monkeypatch.setattr(progress.SweepProgress, "advance", advance_then_outage)
+    with pytest.raises(StoreUnavailable, match="3 finished result.*kept in"):
+        launch(load_spec(path, semantic=False), show_progress=False)
+    store = ResultStore(s3.uri, "s3sweep")
+    assert len(SpoolingWriter(store, spool_dir(store)).pending()) == 3
+
+    monkeypatch.setattr(progress.SweepProgress, "advance", original)
+    s3.start()
+    again = launch(load_spec(path), show_progress=False)
+    assert again.ran == 0  # the spooled rows were flushed first: nothing runs twice
+    rows = store.read()
+    assert len(rows) == 4 and (rows["status"] == "ok").all() and not rows["trial_id"].duplicated().any()
+    ray.shutdown()
