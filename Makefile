@@ -28,7 +28,7 @@ test: install
 	$(PY) -m pytest
 
 test-slow: install
-	$(PY) -m pytest -m "slow and not gpu"
+	$(PY) -m pytest -m "(slow or cluster) and not gpu"
 
 clean:
 	rm -rf $(VENV) sweeps .pytest_cache

@@ -106,7 +106,8 @@ def _run_launch(spec) -> None:
     except StoreUnavailable as exc:
         err_console.print(f"[red]error:[/red] {exc}", highlight=False)
         raise typer.Exit(3)
-    console.print(f"sweep {spec.name}: {summary.total} cells, {summary.already_ok} already done, "
+    recovered = f", {summary.recovered} recovered from Ray's state" if summary.recovered else ""
+    console.print(f"sweep {spec.name}: {summary.total} cells, {summary.already_ok} already done{recovered}, "
                   f"ran {summary.ran}: {summary.ok} ok, {summary.failed} failed/oom")
     console.print(f"store: {spec.store}/{spec.name}/results/")
     if summary.failed:

@@ -32,6 +32,7 @@ class LaunchSummary:
     ran: int
     ok: int
     failed: int
+    recovered: int = 0  # rows taken from Ray's experiment state instead of re-running
 
 
 def plan(spec: SweepSpec, store: ResultStore) -> tuple[list[TrialConfig], list[TrialConfig]]:
@@ -56,8 +57,10 @@ def launch(spec: SweepSpec, show_progress: bool = True) -> LaunchSummary:
         _flush_or_fail(sink)  # rows kept from a run whose store went away count as done
         store.write_spec(spec.to_yaml())
         cells, pending = plan(spec, store)
+        recovered = _recover_from_ray(store, sink, {c.trial_id for c in pending})
+        pending = [c for c in pending if c.trial_id not in recovered]
         if not pending:
-            return LaunchSummary(len(cells), len(cells), 0, 0, 0)
+            return LaunchSummary(len(cells), len(cells) - len(recovered), 0, 0, 0, recovered=len(recovered))
         threads = max(1, math.floor(spec.resources.cpus_per_trial))
         pending = [dataclasses.replace(c, num_threads=threads) for c in pending]  # not part of the cell id
         writer = RowWriter(spec.name, store, sink, SweepProgress(total=len(cells), done=len(cells) - len(pending),
@@ -65,7 +68,35 @@ def launch(spec: SweepSpec, show_progress: bool = True) -> LaunchSummary:
         with writer.progress:
             _run_tune(spec, pending, store, writer.write)
         _flush_or_fail(sink)
-    return LaunchSummary(len(cells), len(cells) - len(pending), len(pending), writer.ok, writer.failed)
+    return LaunchSummary(len(cells), len(cells) - len(pending) - len(recovered), len(pending), writer.ok,
+                         writer.failed, recovered=len(recovered))
+
+
+def _recover_from_ray(store: ResultStore, sink: SpoolingWriter, pending_ids: set[str]) -> set[str]:
+    """Cells whose final result Ray's experiment state holds but the store does not (the driver died
+    between the two): written now instead of run again. Ray's state is an optimisation only: any
+    problem reading it (absent, corrupt, another Ray version) just means those cells run again."""
+    import json
+
+    from orchestrator.tune_adapter import RESULT_KEY, tune_trainable
+    from trials.config import result_from_dict
+
+    path = _ray_storage(store) + f"/{store.sweep}"
+    recovered: set[str] = set()
+    try:
+        from ray import tune
+
+        if not pending_ids or not tune.Tuner.can_restore(path):
+            return recovered
+        for trial in tune.Tuner.restore(path, trainable=tune_trainable).get_results():
+            payload = (trial.metrics or {}).get(RESULT_KEY)
+            result = result_from_dict(json.loads(payload)) if payload else None
+            if result is not None and result.status == "ok" and result.trial_id in pending_ids:
+                sink.write_row(result_row(store.sweep, result, node=trial.metrics.get("hostname")))
+                recovered.add(result.trial_id)
+    except Exception:
+        return recovered
+    return recovered
 
 
 def spool_dir(store: ResultStore) -> str:

@@ -155,6 +155,7 @@ def _save(model, optimizer, scheduler, scaler, generator, state: FitState, cfg: 
         "scaler": scaler.state_dict(),
         "generator": generator.get_state(),
         "torch_rng": torch.get_rng_state(),
+        "cuda_rng": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None,
         "state": state,
     }
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -176,4 +177,6 @@ def _restore(model, optimizer, scheduler, scaler, generator, cfg: TrialConfig) -
     scaler.load_state_dict(payload["scaler"])
     generator.set_state(payload["generator"])
     torch.set_rng_state(payload["torch_rng"])
+    if payload.get("cuda_rng") is not None and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(payload["cuda_rng"])  # dropout masks on the GPU continue too
     return payload["state"]

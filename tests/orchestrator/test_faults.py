@@ -106,7 +106,7 @@ def test_driver_killed_at_five_moments(write_spec, tmp_path):
 
 
 def test_second_launch_is_refused_while_running(write_spec, tmp_path):
-    path = write_spec("locked", train_sizes=[24, 48, 96], training={"epochs": 6}, resources={"max_concurrent_trials": 1})
+    path = write_spec("locked", train_sizes=[24, 48, 96], training={"epochs": 12}, resources={"max_concurrent_trials": 1})
     lock = tmp_path / "store" / "locked" / "_lock.json"
     first = _start(["launch", str(path)])
     try:

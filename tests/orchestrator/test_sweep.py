@@ -81,6 +81,18 @@ def test_grow_by_one_seed_runs_only_new_cells(write_spec, tmp_path):
     again = launch(load_spec(write_spec("grow", seeds=[0, 1])), show_progress=False)
     assert again.ran == 0
 
+    # A row Ray finished but the driver never stored (it died in between): taken from Ray's
+    # experiment state through Tuner.restore, not run again.
+    newest = rows[rows["seed"] == 1]["trial_id"].iloc[0]  # run by the latest Tuner, whose state Ray keeps
+    lost = store / f"{newest}.parquet"
+    kept = pd.read_parquet(lost)
+    lost.unlink()
+    recovered = launch(load_spec(write_spec("grow", seeds=[0, 1])), show_progress=False)
+    assert (recovered.recovered, recovered.ran) == (1, 0)
+    back = pd.read_parquet(lost)
+    assert back.loc[0, "best_val_accuracy"] == kept.loc[0, "best_val_accuracy"]
+    assert list(back.loc[0, "eval_curve"]) == list(kept.loc[0, "eval_curve"])
+
     # The store as it is, read with no freezesweep code.
     assert duckdb.sql(f"SELECT count(*) FROM read_parquet('{store}/*.parquet')").fetchall() == [(8,)]
     assert pl.read_parquet(f"{store}/*.parquet").filter(pl.col("status") == "ok").height == 8

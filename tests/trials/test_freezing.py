@@ -93,3 +93,20 @@ def test_frozen_prefix_gets_no_gradient():
     layers = find_encoder_parts(model).layers
     assert all(p.grad is None for p in layers[1].parameters())
     assert all(p.grad is not None for p in layers[2].parameters())
+
+
+@pytest.mark.parametrize("k", list(range(-1, 7)))
+def test_real_minilm_counts_exact(k):
+    """The pretrained MiniLM-L6 (BERT: V=30522, H=384, I=1536, 512 positions, 6 layers)."""
+    from trials.model import build_model
+
+    model = build_model("sentence-transformers/all-MiniLM-L6-v2", 2, "pretrained")
+    v, h, i, p, layers = 30522, 384, 1536, 512, 6
+    emb = (v + p + 2) * h + 2 * h
+    layer = _bert_layer(h, i)
+    head = (h * h + h) + (h * 2 + 2)
+    total = emb + layers * layer + head
+    assert total == 22713986
+    frozen = 0 if k == 0 else emb + max(k, 0) * layer
+    report = freeze(model, k)
+    assert (report.trainable_params, report.total_params) == (total - frozen, total)

@@ -1,0 +1,163 @@
+"""Where a trial's time goes, and what the reference study's habits cost: measured side by side.
+
+    python benchmarks/trial_speed.py [--model M] [--data-dir D] [--device cpu|cuda] [--repeats N]
+
+Prints, for the same model, data and machine in one run:
+1. evaluation of the full validation split: length-sorted dynamic padding (freezesweep) vs the same
+   batches in file order vs padding every row to max_seq_length;
+2. a training step in each precision available on the device;
+3. a weights+optimizer checkpoint written at every evaluation (the study) vs none (freezesweep),
+   as seconds per evaluation and as a share of a whole trial;
+4. tokenization: from scratch vs the disk cache vs the in-process cache.
+Only ratios measured here are printed; nothing is hard-coded.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from trials import tokens
+from trials.data import load_task
+from trials.evaluate import evaluate
+from trials.model import build_model, load_tokenizer
+from trials.precision import resolve_precision
+from trials.tokens import collate, eval_batches, tokenize_split, train_batches
+
+
+def timed(fn, repeats: int) -> float:
+    """Median seconds of ``repeats`` calls after one warm-up."""
+    fn()
+    samples = []
+    for _ in range(repeats):
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
+        start = time.perf_counter()
+        fn()
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
+        samples.append(time.perf_counter() - start)
+    return statistics.median(samples)
+
+
+def row(name: str, seconds: float, baseline: float) -> None:
+    print(f"  {name:<48} {seconds * 1000:10.1f} ms   x{baseline / seconds:6.2f} vs baseline")
+
+
+def bench_eval(model, ids, labels, pad_id, plan, device, repeats) -> float:
+    print("1. evaluation of the validation split (batch 128)")
+    sorted_batches = eval_batches(ids, labels, 128, pad_id)
+    chunks = np.array_split(np.arange(len(ids)), len(sorted_batches))
+    file_order = [collate([ids[i] for i in c], labels[c], pad_id) for c in chunks]
+    padded = [collate([np.pad(ids[i], (0, 128 - len(ids[i])), constant_values=pad_id) for i in c], labels[c], pad_id)
+              for c in chunks]
+    base = timed(lambda: evaluate(model, padded, plan, device), repeats)
+    row("padded to max_seq_length=128 (baseline)", base, base)
+    row("dynamic padding, file order", timed(lambda: evaluate(model, file_order, plan, device), repeats), base)
+    ours = timed(lambda: evaluate(model, sorted_batches, plan, device), repeats)
+    row("dynamic padding, length-sorted (freezesweep)", ours, base)
+    return ours
+
+
+def bench_checkpoint(model, eval_s: float, train_step_s: float, repeats: int) -> None:
+    print("3. checkpoint at every evaluation (reference: 20 evaluations, 10 epochs)")
+    optimizer = torch.optim.AdamW(model.parameters(), lr=5e-5)
+    for p in model.parameters():  # AdamW state as after a first step: exp_avg and exp_avg_sq per weight
+        optimizer.state[p] = {"step": torch.tensor(1.0), "exp_avg": torch.zeros_like(p), "exp_avg_sq": torch.zeros_like(p)}
+    with tempfile.TemporaryDirectory() as tmp:
+        def save():
+            model.save_pretrained(tmp)
+            torch.save(optimizer.state_dict(), os.path.join(tmp, "optimizer.pt"))
+            os.sync()
+
+        save_s = timed(save, repeats)
+    for n in (50, 1000):  # the smallest and largest cells of the study
+        steps = 10 * -(-n // 16)
+        trial_s = steps * train_step_s + 20 * eval_s
+        print(f"  train size {n:>4}: trial ≈ {trial_s:7.1f} s without checkpoints, {trial_s + 20 * save_s:7.1f} s with"
+              f"   x{(trial_s + 20 * save_s) / trial_s:5.2f} slower with (one save {save_s * 1000:.0f} ms)")
+
+
+def bench_tokenize(tokenizer, split, repeats: int) -> None:
+    print(f"4. tokenization of the train split ({len(split)} rows)")
+    with tempfile.TemporaryDirectory() as tmp:
+        def cold():
+            for f in Path(tmp).rglob("*.parquet"):
+                f.unlink()
+            tokens._read_cache.cache_clear()
+            tokenize_split(tokenizer, split, 128, Path(tmp))
+
+        base = timed(cold, max(1, repeats // 2))
+        row("tokenize from scratch (baseline)", base, base)
+
+        def disk():
+            tokens._read_cache.cache_clear()
+            tokenize_split(tokenizer, split, 128, Path(tmp))
+
+        row("disk cache (another process, same machine)", timed(disk, repeats), base)
+        row("in-process cache (a reused Ray worker)", timed(lambda: tokenize_split(tokenizer, split, 128, Path(tmp)),
+                                                             repeats), base)
+
+
+def bench_precision(model_name, ids, labels, pad_id, device, repeats) -> float:
+    print("2. one training step (batch 16, nothing frozen)")
+    names = ["fp32", "bf16"] + (["fp16"] if device.type == "cuda" else [])
+    batch = train_batches(ids[:16], labels[:16], 16, pad_id, torch.Generator().manual_seed(0))[0].to(device)
+    results = {}
+    for name in names:
+        plan = resolve_precision(name, device)
+        model = build_model(model_name, 2, "pretrained").to(device)
+        opt, scaler = torch.optim.AdamW(model.parameters(), lr=5e-5), plan.grad_scaler()
+
+        def step():
+            with plan.autocast():
+                logits = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits
+            loss = torch.nn.functional.cross_entropy(logits.float(), batch.labels)
+            scaler.scale(loss).backward()
+            scaler.step(opt)
+            scaler.update()
+            opt.zero_grad(set_to_none=True)
+
+        results[name] = timed(step, repeats)
+    for name, seconds in results.items():
+        row(f"{name}" + (" (baseline)" if name == "fp32" else ""), seconds, results["fp32"])
+    return min(results.values())
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", default="sentence-transformers/all-MiniLM-L6-v2")
+    parser.add_argument("--dataset", default="glue/sst2")
+    parser.add_argument("--data-dir", default=None)
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--repeats", type=int, default=3)
+    args = parser.parse_args()
+    import transformers
+
+    transformers.logging.set_verbosity_error()
+    transformers.utils.logging.disable_progress_bar()
+    device = torch.device(args.device)
+    plan = resolve_precision("auto", device)
+    task = load_task(args.dataset, args.data_dir)
+    tokenizer = load_tokenizer(args.model)
+    with tempfile.TemporaryDirectory() as tmp:
+        val_ids = tokenize_split(tokenizer, task.validation, 128, Path(tmp))
+        train_ids = tokenize_split(tokenizer, task.train, 128, Path(tmp))
+    print(f"model {args.model} on {args.dataset}, device {device} ({plan.name} autocast), "
+          f"torch {torch.__version__}, {torch.get_num_threads()} threads\n")
+    model = build_model(args.model, task.num_labels, "pretrained").to(device)
+    eval_s = bench_eval(model, val_ids, task.validation.labels, tokenizer.pad_token_id, plan, device, args.repeats)
+    step_s = bench_precision(args.model, train_ids, task.train.labels, tokenizer.pad_token_id, device, args.repeats)
+    bench_checkpoint(model, eval_s, step_s, args.repeats)
+    bench_tokenize(tokenizer, task.train, args.repeats)
+
+
+if __name__ == "__main__":
+    main()

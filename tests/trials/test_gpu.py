@@ -1,0 +1,25 @@
+"""CUDA paths: fp16 with a GradScaler and bf16, on a real GPU (run with -m gpu where one exists)."""
+
+import dataclasses
+
+import pytest
+import torch
+
+from trials.precision import resolve_precision
+from trials.run import run_trial
+
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
+
+
+@pytest.mark.parametrize("precision", ["fp16", "bf16", "auto"])
+def test_cuda_trial_in_each_precision(tiny_trial, precision):
+    result = run_trial(dataclasses.replace(tiny_trial, precision=precision, device="cuda", epochs=4, train_size=120))
+    assert result.status == "ok" and result.device.startswith("cuda:")
+    assert result.precision == (resolve_precision(precision, torch.device("cuda")).name)
+    assert result.peak_mem_mb > 0
+    assert result.best_val_accuracy > result.majority_baseline  # it learns in every precision
+
+
+def test_fp16_scaler_is_on_and_bf16_off():
+    assert resolve_precision("fp16", torch.device("cuda")).grad_scaler().is_enabled()
+    assert not resolve_precision("bf16", torch.device("cuda")).grad_scaler().is_enabled()
