@@ -9,6 +9,7 @@ Names:
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import os
 from dataclasses import dataclass
@@ -33,7 +34,7 @@ class Split:
     texts: tuple[str, ...]
     labels: np.ndarray  # int64, 0..num_labels-1
 
-    @property
+    @functools.cached_property
     def digest(self) -> str:
         """Content hash: the tokenization cache key must change when the rows change."""
         h = hashlib.sha256()
@@ -72,9 +73,12 @@ def load_task(
     text_column: str | None = None,
     label_column: str | None = None,
 ) -> TaskData:
-    text_column = text_column or "sentence"
-    label_column = label_column or "label"
-    frames = _load_frames(dataset, resolve_data_dir(data_dir))
+    return _load_task(dataset, resolve_data_dir(data_dir), text_column or "sentence", label_column or "label")
+
+
+@functools.lru_cache(maxsize=4)  # a reused Ray worker loads a dataset once, not once per trial
+def _load_task(dataset: str, data_dir: Path | None, text_column: str, label_column: str) -> TaskData:
+    frames = _load_frames(dataset, data_dir)
     missing = [
         f"{split} split has no column {col!r} (columns: {', '.join(map(str, df.columns))})"
         for split, df in frames.items()

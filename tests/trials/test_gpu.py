@@ -13,7 +13,7 @@ pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(),
 
 @pytest.mark.parametrize("precision", ["fp16", "bf16", "auto"])
 def test_cuda_trial_in_each_precision(tiny_trial, precision):
-    result = run_trial(dataclasses.replace(tiny_trial, precision=precision, device="cuda", epochs=4, train_size=120))
+    result = run_trial(dataclasses.replace(tiny_trial, precision=precision, device="cuda", epochs=10, train_size=120))
     assert result.status == "ok" and result.device.startswith("cuda:")
     assert result.precision == (resolve_precision(precision, torch.device("cuda")).name)
     assert result.peak_mem_mb > 0

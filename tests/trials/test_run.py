@@ -39,7 +39,7 @@ def test_seed_changes_the_run_but_not_the_subset(tiny_trial):
 
 
 def test_it_learns_and_freezing_limits_trainable(tiny_trial):
-    full = run_trial(dataclasses.replace(tiny_trial, epochs=6, train_size=120))
+    full = run_trial(dataclasses.replace(tiny_trial, epochs=10, train_size=120))
     assert full.best_val_accuracy > full.majority_baseline + 0.1
     frozen = run_trial(dataclasses.replace(tiny_trial, frozen_layers=2))
     assert frozen.trainable_params < frozen.total_params == full.total_params
