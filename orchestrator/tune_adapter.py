@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import gc
 import json
+import os
 from collections.abc import Callable
 
 from ray import tune
@@ -80,15 +81,24 @@ class StoreWriter(tune.Callback):
 
 
 def _trial_error(trial) -> tuple[BaseException, str | None]:
-    """The trial's own exception (unwrapped from Ray's) and Ray's text traceback of it."""
+    """The trial's own exception (unwrapped from Ray's) and Ray's text traceback of it. Read from
+    the trial's local files, which Ray writes before calling back (its storage copy syncs later)."""
+    from ray import cloudpickle
+
+    error: object = None
+    text: str | None = None
     try:
-        error = trial.get_pickled_error() or trial.get_error()
-        text = trial.get_error()
+        if trial.pickled_error_file and os.path.exists(trial.pickled_error_file):
+            with open(trial.pickled_error_file, "rb") as f:
+                error = cloudpickle.load(f)
+        if trial.error_file and os.path.exists(trial.error_file):
+            with open(trial.error_file) as f:
+                text = f.read()
     except Exception as exc:  # the error files themselves unreadable: still a failed row
-        return exc, None
+        return exc, text
     cause = getattr(error, "cause", None)  # RayTaskError wraps the trial's own exception
     if isinstance(cause, BaseException):
         error = cause
     if not isinstance(error, BaseException):
-        error = RuntimeError(str(error))
-    return error, str(text) if text is not None else None
+        error = RuntimeError(text.strip().splitlines()[-1] if text else "trial failed (no error recorded by Ray)")
+    return error, text
