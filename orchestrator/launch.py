@@ -11,7 +11,6 @@ import dataclasses
 import math
 import os
 from dataclasses import dataclass
-from pathlib import Path
 
 from orchestrator.grid import build_grid
 from orchestrator.progress import SweepProgress
@@ -138,7 +137,6 @@ class RowWriter:
 
 
 def _run_tune(spec: SweepSpec, pending: list[TrialConfig], store: ResultStore, write) -> None:
-    import ray
     from ray import tune
 
     from orchestrator.tune_adapter import CELL_KEY, StoreWriter, trial_config_from_ray, tune_trainable

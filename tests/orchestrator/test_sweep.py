@@ -15,7 +15,6 @@ import pytest
 from orchestrator.grid import build_grid
 from orchestrator.launch import launch
 from orchestrator.spec import SpecError, load_spec
-from results.store import ResultStore
 
 CLI = [sys.executable, "-m", "orchestrator.cli"]
 

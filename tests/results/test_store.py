@@ -1,4 +1,3 @@
-import dataclasses
 
 import duckdb
 import pandas as pd
