@@ -33,7 +33,7 @@ def _quiet_libraries() -> None:
 @app.command()
 def trial(
     model: Annotated[str, typer.Option(help="hub id or local model folder")],
-    dataset: Annotated[str, typer.Option(help="glue/sst2, glue/cola, or a folder with train/validation files")],
+    dataset: Annotated[str, typer.Option(help="glue/sst2, glue/cola, a folder with train/validation files, or TRAIN,VALIDATION files")],
     train_size: Annotated[int, typer.Option()],
     frozen_layers: Annotated[int, typer.Option(help="-1 embeddings only, 0 nothing, k embeddings + first k layers")],
     seed: Annotated[int, typer.Option()] = 0,

@@ -4,7 +4,8 @@ Names:
 - ``glue/<task>`` (sst2, cola): ``<data_dir>/<task>/{train,validation}.parquet`` when that folder
   exists (``data_dir`` from the config or ``FREEZESWEEP_DATA_DIR``), else ``load_dataset("glue", task)``.
 - a local folder holding ``train.<ext>`` and ``validation.<ext>`` with ext in parquet, csv, tsv,
-  json, jsonl; ``text_column``/``label_column`` name the columns (default ``sentence``/``label``).
+  json, jsonl, or an explicit pair ``TRAIN_FILE,VALIDATION_FILE`` of such files;
+  ``text_column``/``label_column`` name the columns (default ``sentence``/``label``).
 """
 
 from __future__ import annotations
@@ -108,6 +109,13 @@ def _load_frames(dataset: str, data_dir: Path | None) -> dict[str, pd.DataFrame]
         if data_dir is not None and (data_dir / task).is_dir():
             return {s: _read_file(_find_split_file(data_dir / task, s)) for s in SPLITS}
         return _load_from_hub(task)
+    if "," in dataset:
+        files = [Path(p.strip()).expanduser() for p in dataset.split(",")]
+        missing = [str(f) for f in files if not f.is_file()]
+        if len(files) != 2 or missing or any(f.suffix.lstrip(".") not in _EXTENSIONS for f in files):
+            raise DatasetError(f"dataset {dataset!r}: expected TRAIN_FILE,VALIDATION_FILE, two existing "
+                               f"{'/'.join(_EXTENSIONS)} files" + (f" (missing: {', '.join(missing)})" if missing else ""))
+        return {s: _read_file(f) for s, f in zip(SPLITS, files)}
     folder = Path(dataset).expanduser()
     if folder.is_dir():
         return {s: _read_file(_find_split_file(folder, s)) for s in SPLITS}

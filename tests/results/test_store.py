@@ -70,3 +70,15 @@ def test_summary_over_seeds():
     assert got["n"] == 3 and got["mean"] == pytest.approx(0.8) and got["median"] == pytest.approx(0.8)
     assert got["std"] == pytest.approx(0.1) and (got["min"], got["max"]) == (0.7, 0.9)
     assert got["majority"] == 0.509
+
+
+def test_any_fsspec_filesystem_works(tmp_path):
+    """A URI pyarrow does not know (here fsspec's in-memory filesystem) goes through fsspec."""
+    store = ResultStore("memory://fsspec-store", "s")
+    store.check_writable()
+    store.write_row(result_row("s", _result(0)))
+    store.write_row(result_row("s", _result(1)))
+    assert len(store.read()) == 2 and store.has_ok_row(_result(1).trial_id)
+    store.write_spec("name: s\n")
+    assert store.read_spec() == "name: s\n"
+    assert store.clean_staging() == 0

@@ -62,3 +62,13 @@ def test_errors_name_the_problem(tmp_path):
     folder = make_toy_dataset(tmp_path / "d", n_train=5, n_val=5)
     with pytest.raises(DatasetError, match="no column 'text'.*columns: sentence, label"):
         load_task(str(folder), text_column="text")
+
+
+def test_explicit_file_pair_with_any_names(tmp_path):
+    folder = make_toy_dataset(tmp_path / "d", n_train=30, n_val=20, fmt="parquet")
+    (folder / "train.parquet").rename(tmp_path / "my-train.parquet")
+    (folder / "validation.parquet").rename(tmp_path / "dev-set.parquet")
+    task = load_task(f"{tmp_path / 'my-train.parquet'},{tmp_path / 'dev-set.parquet'}")
+    assert (len(task.train), len(task.validation)) == (30, 20)
+    with pytest.raises(DatasetError, match="missing: .*nope.csv"):
+        load_task(f"{tmp_path / 'my-train.parquet'},{tmp_path / 'nope.csv'}")
