@@ -110,6 +110,9 @@ def _run_launch(spec) -> None:
     console.print(f"sweep {spec.name}: {summary.total} cells, {summary.already_ok} already done{recovered}, "
                   f"ran {summary.ran}: {summary.ok} ok, {summary.failed} failed/oom")
     console.print(f"store: {spec.store}/{spec.name}/results/")
+    if summary.unfinished:
+        console.print(f"{summary.unfinished} cells not finished (interrupted): `freezesweep resume {spec.name}` runs them")
+        raise typer.Exit(130)
     if summary.failed:
         raise typer.Exit(1)
 

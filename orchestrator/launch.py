@@ -28,10 +28,11 @@ _FORWARDED_ENV_PREFIXES = ("FREEZESWEEP_", "HF_", "TRANSFORMERS_")
 class LaunchSummary:
     total: int
     already_ok: int
-    ran: int
+    ran: int  # trials that reached an outcome this launch (ok + failed)
     ok: int
     failed: int
     recovered: int = 0  # rows taken from Ray's experiment state instead of re-running
+    unfinished: int = 0  # planned but without an outcome (the launch was interrupted)
 
 
 def plan(spec: SweepSpec, store: ResultStore) -> tuple[list[TrialConfig], list[TrialConfig]]:
@@ -67,8 +68,9 @@ def launch(spec: SweepSpec, show_progress: bool = True) -> LaunchSummary:
         with writer.progress:
             _run_tune(spec, pending, store, writer.write)
         _flush_or_fail(sink)
-    return LaunchSummary(len(cells), len(cells) - len(pending) - len(recovered), len(pending), writer.ok,
-                         writer.failed, recovered=len(recovered))
+    outcomes = writer.ok + writer.failed
+    return LaunchSummary(len(cells), len(cells) - len(pending) - len(recovered), outcomes, writer.ok, writer.failed,
+                         recovered=len(recovered), unfinished=len(pending) - outcomes)
 
 
 def _recover_from_ray(store: ResultStore, sink: SpoolingWriter, pending_ids: set[str]) -> set[str]:

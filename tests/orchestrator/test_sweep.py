@@ -121,3 +121,23 @@ def test_cli_status_query_summary(write_spec, tmp_path):
     assert len(table) == 4 and set(table["n"]) == {1}
     missing = subprocess.run(CLI + ["status", "nope", "--store", store], capture_output=True, text=True)
     assert missing.returncode == 2 and "no sweep named 'nope'" in missing.stderr
+
+
+def test_ctrl_c_stops_cleanly_and_says_what_is_left(write_spec, tmp_path):
+    path = write_spec("interrupted", train_sizes=[24, 48, 96], frozen_layers=[0, 1, 2], training={"epochs": 8},
+                      resources={"max_concurrent_trials": 1})
+    results = tmp_path / "store" / "interrupted" / "results"
+    driver = subprocess.Popen(CLI + ["launch", str(path)], start_new_session=True, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 240
+    while time.time() < deadline and len(list(results.glob("*.parquet"))) < 2:
+        time.sleep(0.1)
+    driver.send_signal(signal.SIGINT)
+    out, _ = driver.communicate(timeout=120)
+    done = len(list(results.glob("*.parquet")))
+    assert driver.returncode == 130 and done < 9
+    assert f"{9 - done} cells not finished (interrupted)" in out
+    assert not (tmp_path / "store" / "interrupted" / "_lock.json").exists()  # released on the way out
+    resumed = launch(load_spec(path), show_progress=False)
+    assert resumed.ran == 9 - done and resumed.unfinished == 0
+    _assert_exactly_once(path)
