@@ -81,9 +81,11 @@ def _store_problems(raw: dict[str, Any]) -> list[str]:
 
     import re
 
+    from orchestrator.spec import NAME_PATTERN
+
     name, store = raw.get("name"), raw.get("store", "./sweeps")
-    if not isinstance(name, str) or not isinstance(store, str) or not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]*", name):
-        return []
+    if not isinstance(name, str) or not isinstance(store, str) or not re.match(NAME_PATTERN, name):
+        return []  # pydantic reports these; never probe a store under an invalid name
     try:
         target = ResultStore(store, name)
         target.check_writable()

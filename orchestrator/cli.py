@@ -141,7 +141,7 @@ def resume(sweep: str, store: StoreOpt = None,
     from orchestrator.spec import SpecError, parse_spec
 
     try:
-        spec = sweep_from_store(sweep, store or "./sweeps")
+        spec = sweep_from_store(sweep, store or "./sweeps", semantic=False)  # validated once, just below
         spec = parse_spec({**spec.model_dump(mode="json"), "store": store or spec.store,
                            "address": address or spec.address})
     except SpecError as exc:

@@ -35,10 +35,9 @@ class LaunchSummary:
     unfinished: int = 0  # planned but without an outcome (the launch was interrupted)
 
 
-def plan(spec: SweepSpec, store: ResultStore) -> tuple[list[TrialConfig], list[TrialConfig]]:
-    """(all cells, cells still to run)."""
+def plan(spec: SweepSpec, done: set[str]) -> tuple[list[TrialConfig], list[TrialConfig]]:
+    """(all cells, cells still to run) given the ids that already have an ok row."""
     cells = build_grid(spec)
-    done = store.ok_ids()
     return cells, [c for c in cells if c.trial_id not in done]
 
 
@@ -56,15 +55,16 @@ def launch(spec: SweepSpec, show_progress: bool = True) -> LaunchSummary:
         sink = SpoolingWriter(store, spool_dir(store))
         _flush_or_fail(sink)  # rows kept from a run whose store went away count as done
         store.write_spec(spec.to_yaml())
-        cells, pending = plan(spec, store)
+        done = store.ok_ids()
+        cells, pending = plan(spec, done)
         recovered = _recover_from_ray(store, sink, {c.trial_id for c in pending})
         pending = [c for c in pending if c.trial_id not in recovered]
         if not pending:
             return LaunchSummary(len(cells), len(cells) - len(recovered), 0, 0, 0, recovered=len(recovered))
         threads = max(1, math.floor(spec.resources.cpus_per_trial))
         pending = [dataclasses.replace(c, num_threads=threads) for c in pending]  # not part of the cell id
-        writer = RowWriter(spec.name, store, sink, SweepProgress(total=len(cells), done=len(cells) - len(pending),
-                                                                 enabled=show_progress))
+        writer = RowWriter(spec.name, sink, done | recovered,
+                           SweepProgress(total=len(cells), done=len(cells) - len(pending), enabled=show_progress))
         with writer.progress:
             _run_tune(spec, pending, store, writer.write)
         _flush_or_fail(sink)
@@ -121,9 +121,9 @@ def _flush_or_fail(sink: SpoolingWriter) -> None:
 class RowWriter:
     """Driver-side sink of trial outcomes: one row per cell, ok rows final."""
 
-    def __init__(self, sweep: str, store: ResultStore, sink: SpoolingWriter, progress: SweepProgress):
-        self.sweep, self.store, self.sink, self.progress = sweep, store, sink, progress
-        self.ok_ids = store.ok_ids()
+    def __init__(self, sweep: str, sink: SpoolingWriter, ok_ids: set[str], progress: SweepProgress):
+        self.sweep, self.sink, self.progress = sweep, sink, progress
+        self.ok_ids = set(ok_ids)
         self.ok = self.failed = 0
 
     def write(self, result: TrialResult, node: str | None, attempts: int) -> None:

@@ -15,6 +15,9 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 
 
+NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]*$"  # a sweep name is a folder name in the store
+
+
 class SpecError(ValueError):
     def __init__(self, problems: list[str], source: str = "sweep spec"):
         self.problems = problems
@@ -61,7 +64,7 @@ def _unique(values: list) -> list:
 
 
 class SweepSpec(_Strict):
-    name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$", max_length=100)
+    name: str = Field(pattern=NAME_PATTERN, max_length=100)
     model: str
     datasets: list[str] = Field(min_length=1)
     train_sizes: list[int] = Field(min_length=1)

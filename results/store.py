@@ -165,18 +165,19 @@ class ResultStore:
         infos = self.fs.get_file_info(pafs.FileSelector(self.results_dir, allow_not_found=True))
         return sorted(i.path for i in infos if i.path.endswith(".parquet") and i.type == pafs.FileType.File)
 
-    def read_table(self) -> pa.Table:
+    def read_table(self, columns: list[str] | None = None) -> pa.Table:
         files = self.row_files()
         if not files:
-            return SCHEMA.empty_table()
-        return pq.ParquetDataset(files, filesystem=self.fs, schema=SCHEMA).read()
+            empty = SCHEMA.empty_table()
+            return empty.select(columns) if columns else empty
+        return pq.ParquetDataset(files, filesystem=self.fs, schema=SCHEMA).read(columns=columns)
 
     def read(self) -> pd.DataFrame:
         return self.read_table().to_pandas()
 
     def statuses(self) -> dict[str, str]:
         """trial_id → status of every stored row."""
-        table = self.read_table().select(["trial_id", "status"])
+        table = self.read_table(columns=["trial_id", "status"])  # not the curves and indices
         return dict(zip(table.column("trial_id").to_pylist(), table.column("status").to_pylist()))
 
     def has_ok_row(self, trial_id: str) -> bool:

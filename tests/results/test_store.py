@@ -40,7 +40,7 @@ def test_rows_are_readable_without_freezesweep(tmp_path):
 
 def test_one_file_per_cell_and_ok_rows_are_final(tmp_path):
     store = ResultStore(str(tmp_path), "s")
-    writer = RowWriter("s", store, SpoolingWriter(store, str(tmp_path / "spool")),
+    writer = RowWriter("s", SpoolingWriter(store, str(tmp_path / "spool")), store.ok_ids(),
                        SweepProgress(total=1, done=0, enabled=False))
     writer.write(_result(status="failed"), "node-a", 2)
     assert store.statuses() == {_result().trial_id: "failed"}
