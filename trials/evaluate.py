@@ -15,14 +15,17 @@ def evaluate(model: nn.Module, batches: list[Batch], plan: PrecisionPlan, device
     """(accuracy, mean cross-entropy) over all rows; restores the model's train/eval mode."""
     was_training = model.training
     model.eval()
-    correct, loss_sum, count = 0, 0.0, 0
+    # Sums stay on the device and are read once at the end: no host sync per batch.
+    correct = torch.zeros((), dtype=torch.long, device=device)
+    loss_sum = torch.zeros((), dtype=torch.float64, device=device)
+    count = 0
     for batch in batches:
         batch = batch.to(device)
         with plan.autocast():
             logits = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits
         logits = logits.float()
-        loss_sum += F.cross_entropy(logits, batch.labels, reduction="sum").item()
-        correct += (logits.argmax(-1) == batch.labels).sum().item()
+        loss_sum += F.cross_entropy(logits, batch.labels, reduction="sum").double()
+        correct += (logits.argmax(-1) == batch.labels).sum()
         count += len(batch.labels)
     model.train(was_training)
-    return correct / count, loss_sum / count
+    return correct.item() / count, loss_sum.item() / count

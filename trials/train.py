@@ -8,6 +8,7 @@ path an uninterrupted one would have.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 import time
@@ -63,7 +64,7 @@ class FitState:
     step: int = 0
     curve: list[EvalPoint] = field(default_factory=list)
     train_loss_curve: list[tuple[int, float]] = field(default_factory=list)
-    loss_sum: float = 0.0
+    loss_sum: float | torch.Tensor = 0.0  # a device tensor while training: read once per evaluation
     loss_count: int = 0
     train_time_s: float = 0.0
     eval_time_s: float = 0.0
@@ -89,6 +90,7 @@ def fit(model: nn.Module, train_ids, train_labels: np.ndarray, pad_id: int, ctx:
     generator = torch.Generator().manual_seed(cfg.derived_seed)
     state = _restore(model, optimizer, scheduler, scaler, generator, cfg) or FitState()
     model.train()
+    segment_started = time.perf_counter()  # train time is counted per segment between evaluations
     while state.step < schedule.total_steps:
         skip = state.step % schedule.steps_per_epoch  # > 0 only right after a mid-epoch restore
         if skip == 0:
@@ -97,19 +99,26 @@ def fit(model: nn.Module, train_ids, train_labels: np.ndarray, pad_id: int, ctx:
         for batch in train_batches(train_ids, train_labels, cfg.batch_size, pad_id, generator)[skip:]:
             if state.step >= schedule.total_steps:
                 break
-            started = time.perf_counter()
             loss = _train_step(model, batch.to(ctx.device), optimizer, scheduler, scaler, params, ctx)
             state.loss_sum, state.loss_count = state.loss_sum + loss, state.loss_count + 1
             state.step += 1
-            state.train_time_s += time.perf_counter() - started
-            if state.step in schedule.eval_steps:
-                _evaluate_into(model, state, ctx)
-            if state.step in schedule.checkpoint_steps:
-                _save(model, optimizer, scheduler, scaler, generator, state, cfg)
+            if state.step in schedule.eval_steps or state.step in schedule.checkpoint_steps:
+                _synchronize(ctx.device)  # queued GPU work belongs to training, not to what follows
+                state.train_time_s += time.perf_counter() - segment_started
+                if state.step in schedule.eval_steps:
+                    _evaluate_into(model, state, ctx)
+                if state.step in schedule.checkpoint_steps:
+                    _save(model, optimizer, scheduler, scaler, generator, state, cfg)
+                segment_started = time.perf_counter()
     return state
 
 
-def _train_step(model, batch: Batch, optimizer, scheduler, scaler, params, ctx: FitContext) -> float:
+def _synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _train_step(model, batch: Batch, optimizer, scheduler, scaler, params, ctx: FitContext) -> torch.Tensor:
     with ctx.plan.autocast():
         logits = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits
     loss = nn.functional.cross_entropy(logits.float(), batch.labels)
@@ -120,7 +129,7 @@ def _train_step(model, batch: Batch, optimizer, scheduler, scaler, params, ctx: 
     scaler.update()
     scheduler.step()
     optimizer.zero_grad(set_to_none=True)
-    return loss.item()
+    return loss.detach().double()  # no .item(): a per-step host sync would stall the GPU
 
 
 def _evaluate_into(model: nn.Module, state: FitState, ctx: FitContext) -> None:
@@ -129,7 +138,7 @@ def _evaluate_into(model: nn.Module, state: FitState, ctx: FitContext) -> None:
     state.eval_time_s += time.perf_counter() - started
     point = EvalPoint(step=state.step, epoch=state.step / ctx.schedule.steps_per_epoch, accuracy=accuracy, loss=loss)
     state.curve.append(point)
-    state.train_loss_curve.append((state.step, state.loss_sum / max(1, state.loss_count)))
+    state.train_loss_curve.append((state.step, float(state.loss_sum) / max(1, state.loss_count)))
     state.loss_sum, state.loss_count = 0.0, 0
     ctx.on_eval(point)
     faults.maybe_inject(ctx.cfg, evals_done=len(state.curve))
@@ -156,7 +165,7 @@ def _save(model, optimizer, scheduler, scaler, generator, state: FitState, cfg: 
         "generator": generator.get_state(),
         "torch_rng": torch.get_rng_state(),
         "cuda_rng": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None,
-        "state": state,
+        "state": dataclasses.replace(state, loss_sum=float(state.loss_sum)),  # no device tensor in the file
     }
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp")
