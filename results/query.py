@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections import Counter
+
 import duckdb
 import pandas as pd
 
@@ -30,25 +32,19 @@ def summary(df: pd.DataFrame) -> pd.DataFrame:
     return table.reset_index().sort_values(SUMMARY_KEYS, ignore_index=True)
 
 
+STATUS_AXES = ("dataset", "train_size", "frozen_layers", "seed")
+OUTCOMES = ("done", "failed", "missing")
+
+
 def status_table(cells: list, statuses: dict[str, str]) -> pd.DataFrame:
-    """done / failed / missing counts per value of each axis (and in total)."""
-    rows = []
+    """done / failed / missing counts per value of each axis (in the spec's order) and in total."""
+    counts: dict[tuple[str, str], Counter] = {}
     for cfg in cells:
         state = statuses.get(cfg.trial_id)
         outcome = "done" if state == "ok" else "missing" if state is None else "failed"
-        for axis in ("dataset", "train_size", "frozen_layers", "seed"):
-            rows.append({"axis": axis, "value": str(getattr(cfg, axis)), "outcome": outcome})
-        rows.append({"axis": "total", "value": "", "outcome": outcome})
-    if not rows:
-        return pd.DataFrame(columns=["axis", "value", "done", "failed", "missing"])
-    table = pd.crosstab([pd.Series([r["axis"] for r in rows], name="axis"),
-                         pd.Series([r["value"] for r in rows], name="value")],
-                        pd.Series([r["outcome"] for r in rows], name="outcome"))
-    for column in ("done", "failed", "missing"):
-        if column not in table:
-            table[column] = 0
-    order = {"dataset": 0, "train_size": 1, "frozen_layers": 2, "seed": 3, "total": 4}
-    table = table[["done", "failed", "missing"]].reset_index()
-    table["_o"] = table["axis"].map(order)
-    table["_v"] = pd.to_numeric(table["value"], errors="coerce")
-    return table.sort_values(["_o", "_v", "value"]).drop(columns=["_o", "_v"]).reset_index(drop=True)
+        for key in [(axis, str(getattr(cfg, axis))) for axis in STATUS_AXES] + [("total", "")]:
+            counts.setdefault(key, Counter())[outcome] += 1
+    order = STATUS_AXES + ("total",)
+    keys = sorted(counts, key=lambda key: order.index(key[0]))  # stable: grid order within an axis
+    return pd.DataFrame([{"axis": a, "value": v, **{o: counts[a, v][o] for o in OUTCOMES}} for a, v in keys],
+                        columns=["axis", "value", *OUTCOMES])

@@ -225,10 +225,8 @@ class SpoolingWriter:
         for path in self.pending():
             table = pq.read_table(path)
             row = table.to_pylist()[0]
-            try:
-                if row["status"] != "ok" and self.store.has_ok_row(row["trial_id"]):
-                    pass  # never overwrite an ok row with an older failure
-                else:
+            try:  # an older failure never overwrites an ok row
+                if row["status"] == "ok" or not self.store.has_ok_row(row["trial_id"]):
                     self.store.write_row(row)
             except OSError as exc:
                 self.last_error = exc

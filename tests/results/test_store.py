@@ -82,3 +82,17 @@ def test_any_fsspec_filesystem_works(tmp_path):
     store.write_spec("name: s\n")
     assert store.read_spec() == "name: s\n"
     assert store.clean_staging() == 0
+
+
+def test_status_table_counts_per_axis_in_spec_order():
+    from results.query import status_table
+
+    cells = [TrialConfig(dataset="glue/sst2", model="m", train_size=n, frozen_layers=k, seed=0)
+             for n in (200, 50) for k in (-1, 4)]
+    statuses = {cells[0].trial_id: "ok", cells[1].trial_id: "failed", cells[2].trial_id: "oom"}
+    table = status_table(cells, statuses).set_index(["axis", "value"])
+    assert list(table.loc["train_size"].index) == ["200", "50"]  # the spec's order, not sorted
+    assert table.loc[("train_size", "200")].tolist() == [1, 1, 0]
+    assert table.loc[("train_size", "50")].tolist() == [0, 1, 1]
+    assert table.loc[("frozen_layers", "-1")].tolist() == [1, 1, 0]
+    assert table.loc[("total", "")].tolist() == [1, 2, 1]
