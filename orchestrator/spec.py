@@ -56,6 +56,14 @@ class ResourcesSpec(_Strict):
     max_failures: int = Field(2, ge=0, description="Ray retries of a crashed trial")
 
 
+# Smallest allowed value of each integer axis, and the rule as the error states it.
+_AXIS_MINIMA = {
+    "train_sizes": (1, "train sizes must be positive"),
+    "frozen_layers": (-1, "frozen layers must be >= -1 (-1 = embeddings only)"),
+    "seeds": (0, "seeds must be >= 0"),
+}
+
+
 def _unique(values: list) -> list:
     dupes = sorted({v for v in values if values.count(v) > 1}, key=str)
     if dupes:
@@ -79,27 +87,13 @@ class SweepSpec(_Strict):
 
     _check_unique = field_validator("datasets", "train_sizes", "frozen_layers", "seeds")(_unique)
 
-    @field_validator("train_sizes")
+    @field_validator("train_sizes", "frozen_layers", "seeds")
     @classmethod
-    def _positive_sizes(cls, values: list[int]) -> list[int]:
-        bad = [v for v in values if v <= 0]
+    def _axis_ranges(cls, values: list[int], info) -> list[int]:
+        lowest, rule = _AXIS_MINIMA[info.field_name]
+        bad = [v for v in values if v < lowest]
         if bad:
-            raise ValueError(f"train sizes must be positive, got {bad}")
-        return values
-
-    @field_validator("frozen_layers")
-    @classmethod
-    def _layer_range(cls, values: list[int]) -> list[int]:
-        bad = [v for v in values if v < -1]
-        if bad:
-            raise ValueError(f"frozen layers must be >= -1 (-1 = embeddings only), got {bad}")
-        return values
-
-    @field_validator("seeds")
-    @classmethod
-    def _nonnegative_seeds(cls, values: list[int]) -> list[int]:
-        if any(v < 0 for v in values):
-            raise ValueError("seeds must be >= 0")
+            raise ValueError(f"{rule}, got {bad}")
         return values
 
     def protocol(self) -> dict[str, Any]:
