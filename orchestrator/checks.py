@@ -106,6 +106,10 @@ def _protocol_changes(stored_yaml: str, raw: dict[str, Any]) -> list[str]:
     # The new protocol on its own: the stored spec's other keys stand in for the new spec's, so a
     # protocol change is reported even when other parts of the new spec are invalid.
     overlay = {k: v for k, v in stored.items() if k not in protocol_keys} | {k: raw[k] for k in protocol_keys if k in raw}
+    # "auto" is resolved on the trials' hardware at launch, which refuses a mismatch naming both.
+    training = overlay.get("training") if isinstance(overlay.get("training"), dict) else {}
+    if training.get("precision", "auto") == "auto":
+        overlay["training"] = {**training, "precision": (stored.get("training") or {}).get("precision", "auto")}
     try:
         old = SweepSpec.model_validate(stored).protocol()
         new = SweepSpec.model_validate(overlay).protocol()

@@ -50,6 +50,7 @@ def trial(
     """Run one trial locally, without Ray, and print its result."""
     _quiet_libraries()
     from trials.config import TrialConfig
+    from trials.precision import PrecisionError, resolve_config
     from trials.run import failed_result, run_trial
 
     overrides = {"epochs": epochs} if epochs is not None else {}
@@ -57,6 +58,10 @@ def trial(
                       split_seed=split_seed, data_dir=data_dir, max_eval_examples=max_eval_examples,
                       precision=precision, model_init=model_init, text_column=text_column,
                       label_column=label_column, **overrides)
+    try:
+        cfg = resolve_config(cfg)  # "auto" → what this machine runs natively; the row names it
+    except PrecisionError as exc:
+        _fail(exc)
     try:
         result = run_trial(cfg)
     except Exception as exc:  # the same row a sweep would store, and a failing exit code
@@ -96,12 +101,13 @@ def _fail(exc: Exception) -> None:
 
 def _run_launch(spec) -> None:
     from orchestrator.launch import StoreUnavailable, launch
+    from orchestrator.spec import SpecError
     from results.lock import SweepLocked
 
     _quiet_libraries()
     try:
         summary = launch(spec)
-    except SweepLocked as exc:
+    except (SweepLocked, SpecError) as exc:
         _fail(exc)
     except StoreUnavailable as exc:
         err_console.print(f"[red]error:[/red] {exc}", highlight=False)

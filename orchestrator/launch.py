@@ -12,13 +12,15 @@ import math
 import os
 from dataclasses import dataclass
 
+from orchestrator import driver_faults
 from orchestrator.grid import build_grid
 from orchestrator.progress import SweepProgress
-from orchestrator.spec import SweepSpec
+from orchestrator.rows import result_row
+from orchestrator.spec import SpecError, SweepSpec
 from results.lock import SweepLock
-from results.store import ResultStore, SpoolingWriter, result_row
+from results.store import ResultStore, SpoolingWriter
 from trials.config import TrialConfig, TrialResult
-from trials.data import resolve_data_dir
+from trials.data import resolve_cache_dir, resolve_data_dir
 
 # Environment a trial reads, forwarded to workers on other nodes (local workers inherit it anyway).
 _FORWARDED_ENV_PREFIXES = ("FREEZESWEEP_", "HF_", "TRANSFORMERS_")
@@ -46,11 +48,13 @@ class StoreUnavailable(RuntimeError):
 
 
 def launch(spec: SweepSpec, show_progress: bool = True) -> LaunchSummary:
-    store = ResultStore(spec.store, spec.name)
+    store = ResultStore(spec.store, spec.name, mid_write=driver_faults.in_write)
     if spec.data_dir is None and resolve_data_dir(None) is not None:
         # Record where the data came from, so `resume` works without the environment variable.
         spec = spec.model_copy(update={"data_dir": str(resolve_data_dir(None).resolve())})
+    requested, spec = spec.training.precision, resolve_sweep_precision(spec)
     with SweepLock(store.fs, store.sweep_dir):
+        _check_stored_precision(store, spec, requested)
         store.clean_staging()
         sink = SpoolingWriter(store, spool_dir(store))
         _flush_or_fail(sink)  # rows kept from a run whose store went away count as done
@@ -61,8 +65,7 @@ def launch(spec: SweepSpec, show_progress: bool = True) -> LaunchSummary:
         pending = [c for c in pending if c.trial_id not in recovered]
         if not pending:
             return LaunchSummary(len(cells), len(cells) - len(recovered), 0, 0, 0, recovered=len(recovered))
-        threads = max(1, math.floor(spec.resources.cpus_per_trial))
-        pending = [dataclasses.replace(c, num_threads=threads) for c in pending]  # not part of the cell id
+        pending = [_machine_fields(c, spec, store) for c in pending]
         writer = RowWriter(spec.name, sink, done | recovered,
                            SweepProgress(total=len(cells), done=len(cells) - len(pending), enabled=show_progress))
         with writer.progress:
@@ -71,6 +74,66 @@ def launch(spec: SweepSpec, show_progress: bool = True) -> LaunchSummary:
     outcomes = writer.ok + writer.failed
     return LaunchSummary(len(cells), len(cells) - len(pending) - len(recovered), outcomes, writer.ok, writer.failed,
                          recovered=len(recovered), unfinished=len(pending) - outcomes)
+
+
+def resolve_sweep_precision(spec: SweepSpec) -> SweepSpec:
+    """``auto`` decided once for the whole sweep, on the kind of device its trials get: this
+    machine's CPU or GPU in the embedded Ray, a probe task with the trials' resources on a cluster."""
+    if spec.training.precision != "auto":
+        return spec
+    device_type = "cuda" if spec.resources.gpus_per_trial > 0 else "cpu"
+    if spec.address or os.environ.get("RAY_ADDRESS"):
+        import ray
+
+        _init_ray(spec.address)
+        probe = ray.remote(num_cpus=spec.resources.cpus_per_trial, num_gpus=spec.resources.gpus_per_trial)(_auto_precision)
+        precision = ray.get(probe.remote(device_type))
+    else:
+        precision = _auto_precision(device_type)
+    return spec.model_copy(update={"training": spec.training.model_copy(update={"precision": precision})})
+
+
+def _auto_precision(device_type: str) -> str:
+    from trials.precision import auto_precision
+
+    return auto_precision(device_type)
+
+
+def _check_stored_precision(store: ResultStore, spec: SweepSpec, requested: str) -> None:
+    """An ``auto`` sweep continued on other hardware must not mix precisions: refuse, naming both."""
+    import yaml
+
+    text = store.read_spec()
+    stored = ((yaml.safe_load(text) or {}).get("training") or {}).get("precision", "auto") if text else None
+    if stored in (None, "auto") or stored == spec.training.precision:
+        return
+    raise SpecError([
+        f"training.precision: {requested} resolves to {spec.training.precision} here, but sweep {spec.name!r} was "
+        f"run in {stored} (set training.precision: {stored} to continue it in {stored}, or start a new sweep name)"
+    ], f"{store.uri}/{spec.name}")
+
+
+def _machine_fields(cell: TrialConfig, spec: SweepSpec, store: ResultStore) -> TrialConfig:
+    """How and where a cell runs (none of it is identity): threads, and where its checkpoints go."""
+    threads = max(1, math.floor(spec.resources.cpus_per_trial))
+    checkpoints = local_state_dir(store, "checkpoints") if spec.training.checkpoint_every_epochs else None
+    return dataclasses.replace(cell, num_threads=threads, checkpoint_dir=checkpoints)
+
+
+def local_state_dir(store: ResultStore, what: str) -> str:
+    """A folder beside a local store (never inside results/), or in the user's cache for a remote one."""
+    from pyarrow.fs import LocalFileSystem
+
+    if isinstance(store.fs, LocalFileSystem):
+        return f"{store.sweep_dir}/_{what}"
+    return _cache_dir(store, what)
+
+
+def _cache_dir(store: ResultStore, what: str) -> str:
+    import hashlib
+
+    key = hashlib.sha256(store.uri.encode()).hexdigest()[:12]
+    return str(resolve_cache_dir(None) / what / key / store.sweep)
 
 
 def _recover_from_ray(store: ResultStore, sink: SpoolingWriter, pending_ids: set[str]) -> set[str]:
@@ -101,12 +164,8 @@ def _recover_from_ray(store: ResultStore, sink: SpoolingWriter, pending_ids: set
 
 
 def spool_dir(store: ResultStore) -> str:
-    import hashlib
-
-    from trials.tokens import resolve_cache_dir
-
-    key = hashlib.sha256(store.uri.encode()).hexdigest()[:12]
-    return str(resolve_cache_dir(None) / "spool" / key / store.sweep)
+    """Always on this machine: it holds rows while the store (local or remote) is unreachable."""
+    return _cache_dir(store, "spool")
 
 
 def _flush_or_fail(sink: SpoolingWriter) -> None:
@@ -176,15 +235,8 @@ def _init_ray(address: str | None) -> None:
 
 
 def _ray_storage(store: ResultStore) -> str:
-    """Ray's experiment state lives beside a local store (never inside results/), or in the user's
-    cache for a remote one: trials report no Tune checkpoints, so it never needs shared storage."""
-    from pyarrow.fs import LocalFileSystem
-
-    if isinstance(store.fs, LocalFileSystem):
-        return f"{store.sweep_dir}/_ray"
-    from trials.tokens import resolve_cache_dir
-
-    return str(resolve_cache_dir(None) / "ray" / store.sweep)
+    """Ray's experiment state: trials report no Tune checkpoints, so it needs no shared storage."""
+    return local_state_dir(store, "ray")
 
 
 def sweep_from_store(name: str, store_uri: str, semantic: bool = True) -> SweepSpec:

@@ -13,8 +13,6 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-
-
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]*$"  # a sweep name is a folder name in the store
 
 
@@ -38,6 +36,7 @@ class TrainingSpec(_Strict):
     weight_decay: float = Field(0.0, ge=0)
     warmup_epochs: float = Field(1.0, ge=0)
     eval_every_epochs: float = Field(0.5, gt=0)
+    eval_at_end: bool = Field(False, description="also evaluate after the last step (the reference does not)")
     max_grad_norm: float = Field(1.0, gt=0)
     precision: Literal["auto", "fp16", "bf16", "fp32"] = "auto"
     max_eval_examples: int | None = Field(None, gt=0)

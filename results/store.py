@@ -11,20 +11,15 @@
 
 from __future__ import annotations
 
-import json
 import os
 import uuid
-from dataclasses import asdict
-from datetime import datetime, timezone
+from collections.abc import Callable
 from typing import Any
 
 import pandas as pd
 import pyarrow as pa
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
-
-from trials import faults
-from trials.config import CELL_AXES, TrialResult
 
 RESULTS_DIR, STAGING_DIR, SPEC_FILE = "results", "_staging", "spec.yaml"
 
@@ -44,6 +39,7 @@ SCHEMA = pa.schema([
     ("eval_curve", _CURVE),
     ("train_loss_curve", pa.list_(pa.struct([("step", pa.int64()), ("loss", pa.float64())]))),
     ("train_indices_digest", pa.string()), ("train_indices", pa.list_(pa.int64())),
+    ("resumed_from_step", pa.int64()),
     ("n_train", pa.int64()), ("n_eval", pa.int64()),
     ("error", pa.string()), ("finished_at", pa.timestamp("us", tz="UTC")),
     ("config", pa.string()),  # the full resolved TrialConfig, JSON
@@ -53,23 +49,6 @@ SCHEMA = pa.schema([
 
 class StoreError(RuntimeError):
     pass
-
-
-def result_row(sweep: str, result: TrialResult, node: str | None = None, attempts: int | None = None) -> dict[str, Any]:
-    """Flatten a TrialResult into one row of SCHEMA."""
-    cfg = result.config
-    row = {name: getattr(result, name, None) for name in SCHEMA.names}
-    row.update({axis: getattr(cfg, axis) for axis in CELL_AXES})
-    row.update(
-        sweep=sweep, split_seed=cfg.split_seed, method=cfg.method, node=node, attempts=attempts,
-        eval_curve=[asdict(p) for p in result.eval_curve],
-        train_loss_curve=[{"step": s, "loss": loss} for s, loss in result.train_loss_curve],
-        train_indices=list(result.train_indices),
-        finished_at=datetime.now(timezone.utc),
-        config=json.dumps(cfg.to_dict(), sort_keys=True),
-        versions=json.dumps(result.versions, sort_keys=True),
-    )
-    return row
 
 
 def open_filesystem(uri: str) -> tuple[pafs.FileSystem, str]:
@@ -85,8 +64,10 @@ def open_filesystem(uri: str) -> tuple[pafs.FileSystem, str]:
 
 
 class ResultStore:
-    def __init__(self, uri: str, sweep: str):
-        self.uri, self.sweep = uri, sweep
+    """``mid_write``: called with half of a row's file staged (the driver's fault switch in tests)."""
+
+    def __init__(self, uri: str, sweep: str, mid_write: Callable[[], None] | None = None):
+        self.uri, self.sweep, self.mid_write = uri, sweep, mid_write
         try:
             self.fs, root = open_filesystem(uri)
         except Exception as exc:
@@ -137,17 +118,17 @@ class ResultStore:
         sink = pa.BufferOutputStream()
         pq.write_table(table, sink)
         final = f"{self.results_dir}/{row['trial_id']}.parquet"
-        self._write_atomic(final, sink.getvalue().to_pybytes(), fault_event="write")
+        self._write_atomic(final, sink.getvalue().to_pybytes(), mid_write=self.mid_write)
         return final
 
-    def _write_atomic(self, final: str, payload: bytes, fault_event: str | None = None) -> None:
+    def _write_atomic(self, final: str, payload: bytes, mid_write: Callable[[], None] | None = None) -> None:
         staged = f"{self.staging_dir}/{uuid.uuid4().hex}.tmp"
         self.fs.create_dir(self.staging_dir, recursive=True)
         self.fs.create_dir(final.rsplit("/", 1)[0], recursive=True)
         with self.fs.open_output_stream(staged) as f:
             f.write(payload[: len(payload) // 2])
-            if fault_event:
-                faults.maybe_kill_driver(fault_event)  # tests: die with half a file staged
+            if mid_write is not None:
+                mid_write()  # tests: the driver dies with half a file staged
             f.write(payload[len(payload) // 2 :])
         self.fs.move(staged, final)
 

@@ -47,12 +47,14 @@ def minilm_tokenizer():
 
 
 def _save_tiny(path: Path, config, tokenizer) -> str:
-    from transformers import AutoModelForSequenceClassification
+    """The base model only, like a real pretrained checkpoint: the classifier head is new in every
+    trial, initialised from the trial's seed."""
+    from transformers import AutoModel
 
     import torch
 
     torch.manual_seed(0)
-    AutoModelForSequenceClassification.from_config(config).save_pretrained(path)
+    AutoModel.from_config(config).save_pretrained(path)
     tokenizer.save_pretrained(path)
     return str(path)
 
@@ -110,11 +112,11 @@ def toy_dataset(tmp_path_factory) -> str:
 
 @pytest.fixture
 def tiny_trial(tiny_bert, toy_dataset):
-    """A TrialConfig that runs in about a second on CPU."""
+    """A TrialConfig that runs in about a second on CPU (fp32: the same numbers on every CPU)."""
     from trials.config import TrialConfig
 
     return TrialConfig(dataset=toy_dataset, model=tiny_bert, train_size=48, frozen_layers=0, seed=0, epochs=2,
-                       learning_rate=3e-3, eval_batch_size=32, num_threads=1)
+                       learning_rate=3e-3, eval_batch_size=32, num_threads=1, precision="fp32")
 
 
 @pytest.fixture
@@ -129,7 +131,8 @@ def write_spec(tmp_path, tiny_bert, toy_dataset):
             "train_sizes": [24, 48],
             "frozen_layers": [0, 2],
             "seeds": [0],
-            "training": {"epochs": 2, "learning_rate": 0.003, "eval_batch_size": 32},
+            # fp32: the same numbers on every CPU (one test sweeps with precision auto)
+            "training": {"epochs": 2, "learning_rate": 0.003, "eval_batch_size": 32, "precision": "fp32"},
             "resources": {"cpus_per_trial": 1, "max_failures": 1},
             "store": str(tmp_path / "store"),
         }

@@ -1,8 +1,17 @@
 """The one typed, frozen input of a trial, and the one output.
 
 A `TrialConfig` is a grid cell (dataset, model, train size, frozen layers, seed) plus the protocol
-that every cell of a sweep shares. Its `trial_id` hashes exactly the fields that change the result,
-so the same cell always gets the same id and the same derived RNG seed.
+that every cell of a sweep shares.
+
+Identity: `trial_id` hashes exactly the fields named in `IDENTITY_FIELDS` (in that order), plus each
+field of `LATER_FIELDS` only when it differs from the default it was added with. So a field added
+later never re-keys a stored sweep: its rows were made at that field's default, and their ids stay.
+Fields that say where things live or how the machine is used are not identity at all.
+
+Seeds are paired: the RNG seed of a trial (`derived_seed`) is a function of (seed, split_seed,
+dataset, model) only, so cells that differ in frozen layers or train size share the classifier-head
+initialisation and the batch-order stream (common random numbers): a contrast across k at fixed n
+then sees no head-init noise.
 """
 
 from __future__ import annotations
@@ -13,13 +22,28 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-# Fields that only say *where* things live or how much the machine is used: they never change what a
-# trial computes, so they stay out of the cell hash (moving a data dir must not re-run a sweep).
-_NOT_HASHED = frozenset(
-    {"data_dir", "cache_dir", "checkpoint_dir", "checkpoint_every_epochs", "num_threads", "device"}
+# The identity of a cell, pinned on 2026-11-21 (tests/trials/test_identity.py holds ids as literals).
+# Never add to or reorder this tuple: a new field goes into LATER_FIELDS with the default that
+# reproduces the behaviour rows had before it existed.
+IDENTITY_FIELDS = (
+    "dataset", "model", "model_init", "train_size", "frozen_layers", "seed", "split_seed",
+    "text_column", "label_column", "max_eval_examples", "max_seq_length",
+    "epochs", "batch_size", "learning_rate", "weight_decay", "warmup_epochs", "eval_every_epochs",
+    "max_grad_norm", "precision",
 )
-# The axes of the grid; every other hashed field is the sweep's protocol.
+# Fields hashed only when not at these defaults (the behaviour of every row made before they existed).
+LATER_FIELDS: dict[str, Any] = {"method": "freeze", "eval_at_end": False}
+# How the work is done and where things live: never identity (moving a data dir re-runs nothing).
+MACHINE_FIELDS = ("eval_batch_size", "data_dir", "cache_dir", "checkpoint_dir", "checkpoint_every_epochs",
+                  "num_threads", "device")
+# What the RNG seed derives from: not frozen_layers, train_size or the protocol (paired seeds).
+SEED_FIELDS = ("seed", "split_seed", "dataset", "model")
+# The axes of the grid; every other identity field is the sweep's protocol.
 CELL_AXES = ("dataset", "model", "train_size", "frozen_layers", "seed")
+
+
+def _digest(values: dict[str, Any]) -> str:
+    return hashlib.sha256(json.dumps(values, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
 @dataclass(frozen=True)
@@ -41,14 +65,15 @@ class TrialConfig:
     model_init: str = "pretrained"  # "random": same architecture, fresh weights (a control)
     epochs: float = 10.0
     batch_size: int = 16
-    eval_batch_size: int = 128
     learning_rate: float = 5e-5
     weight_decay: float = 0.0
     warmup_epochs: float = 1.0
     eval_every_epochs: float = 0.5
+    eval_at_end: bool = False  # the reference never forces an evaluation at the last step
     max_grad_norm: float = 1.0
-    precision: str = "auto"  # auto | fp16 | bf16 | fp32
-    # --- where things live / machine use (not part of the cell hash) ---
+    precision: str = "auto"  # auto | fp16 | bf16 | fp32; resolved (never "auto") before it is hashed
+    # --- how the work is done, where things live (not identity) ---
+    eval_batch_size: int = 128  # length-sorted, masked batches: the batch size changes speed, not results
     data_dir: str | None = None
     cache_dir: str | None = None
     checkpoint_dir: str | None = None
@@ -57,23 +82,29 @@ class TrialConfig:
     device: str = "auto"  # auto | cpu | cuda | cuda:N
 
     # ----------------------------------------------------------------------------------------
-    def hashed_fields(self) -> dict[str, Any]:
-        return {k: v for k, v in dataclasses.asdict(self).items() if k not in _NOT_HASHED}
+    def identity(self) -> dict[str, Any]:
+        """The fields that make a cell what it is (see the module docstring)."""
+        if self.precision == "auto":
+            raise ValueError("resolve precision 'auto' before asking for a cell's identity "
+                             "(trials.precision.resolve_config): ids must name the precision actually used")
+        values = {name: getattr(self, name) for name in IDENTITY_FIELDS}
+        values.update({name: getattr(self, name) for name, default in LATER_FIELDS.items()
+                       if getattr(self, name) != default})
+        return values
 
     @property
     def trial_id(self) -> str:
-        blob = json.dumps(self.hashed_fields(), sort_keys=True, default=str)
-        return hashlib.sha256(blob.encode()).hexdigest()[:16]
+        return _digest(self.identity())
 
     @property
     def derived_seed(self) -> int:
-        """The RNG seed of this cell: a pure function of the cell and protocol, so two runs of the
-        same cell draw the same classifier init, dropout masks and batch order."""
-        return int(self.trial_id, 16) % (2**31 - 1)
+        """The RNG seed of this trial: shared by every cell with the same (seed, split_seed, dataset,
+        model), so those cells draw the same head initialisation and batch-order stream."""
+        return int(_digest({name: getattr(self, name) for name in SEED_FIELDS}), 16) % (2**31 - 1)
 
     def protocol(self) -> dict[str, Any]:
-        """The hashed fields that are not grid axes: what every row of a sweep must share."""
-        return {k: v for k, v in self.hashed_fields().items() if k not in CELL_AXES}
+        """The identity fields that are not grid axes: what every row of a sweep must share."""
+        return {k: v for k, v in self.identity().items() if k not in CELL_AXES}
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -118,6 +149,7 @@ class TrialResult:
     device: str | None = None
     precision: str | None = None  # the resolved one (never "auto")
     train_indices_digest: str | None = None
+    resumed_from_step: int | None = None  # > 0 when a retry continued from a trial checkpoint
     train_indices: tuple[int, ...] = ()
     n_train: int | None = None
     n_eval: int | None = None

@@ -20,6 +20,7 @@ import numpy as np
 import pandas as pd
 
 DATA_DIR_ENV = "FREEZESWEEP_DATA_DIR"
+CACHE_DIR_ENV = "FREEZESWEEP_CACHE_DIR"
 GLUE_TASKS = {"sst2": "sentence", "cola": "sentence"}  # single-sentence binary tasks
 SPLITS = ("train", "validation")
 _EXTENSIONS = ("parquet", "csv", "tsv", "jsonl", "json")
@@ -66,6 +67,12 @@ class TaskData:
 def resolve_data_dir(data_dir: str | None) -> Path | None:
     value = data_dir or os.environ.get(DATA_DIR_ENV)
     return Path(value).expanduser() if value else None
+
+
+def resolve_cache_dir(cache_dir: str | None) -> Path:
+    """Where token caches, spools and remote stores' local state live."""
+    value = cache_dir or os.environ.get(CACHE_DIR_ENV) or Path.home() / ".cache" / "freezesweep"
+    return Path(value).expanduser()
 
 
 def load_task(

@@ -22,8 +22,6 @@ from trials.config import TrialConfig
 
 FAULT_ENV = "FREEZESWEEP_FAULT"
 FAULT_DIR_ENV = "FREEZESWEEP_FAULT_DIR"
-DRIVER_FAULT_ENV = "FREEZESWEEP_DRIVER_FAULT"  # "kill-in-write@N": SIGKILL the driver mid N-th row write
-_driver_events: dict[str, int] = {}
 
 
 def maybe_inject(cfg: TrialConfig, evals_done: int) -> None:
@@ -74,14 +72,3 @@ def _fire(kind: str, cfg: TrialConfig) -> None:
     if kind == "oom":
         raise torch.cuda.OutOfMemoryError(f"CUDA out of memory ({message})")
     os._exit(17)
-
-
-def maybe_kill_driver(event: str) -> None:
-    """Tests only: SIGKILL this (driver) process at the N-th ``event`` (e.g. half-way through a row write)."""
-    spec = os.environ.get(DRIVER_FAULT_ENV)
-    if not spec:
-        return
-    _driver_events[event] = _driver_events.get(event, 0) + 1
-    kind, _, nth = spec.partition("@")
-    if kind == f"kill-in-{event}" and _driver_events[event] == int(nth or 1):
-        os.kill(os.getpid(), 9)

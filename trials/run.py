@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import platform
 import random
+import re
 import resource
 import sys
 import time
@@ -15,24 +16,24 @@ import numpy as np
 import torch
 
 from trials.config import EvalPoint, TrialConfig, TrialResult
-from trials.data import TaskData, load_task
+from trials.data import TaskData, load_task, resolve_cache_dir
 from trials.freezing import FreezeReport, freeze
 from trials.model import build_model, load_tokenizer
-from trials.precision import resolve_device, resolve_precision
+from trials.precision import resolve_config, resolve_device, resolve_precision
 from trials.subsets import indices_digest, stratified_order, subset_indices
-from trials.tokens import eval_batches, resolve_cache_dir, tokenize_split
+from trials.tokens import eval_batches, tokenize_split
 from trials.train import FitContext, FitState, fit, make_schedule
 
 
 def run_trial(cfg: TrialConfig, on_eval: Callable[[EvalPoint], None] | None = None) -> TrialResult:
     """Run one grid cell and return its result; raises on failure (the caller decides retries)."""
     started = time.perf_counter()
+    cfg = resolve_config(cfg)  # the id and the row name the precision actually used
     device = resolve_device(cfg.device)
     plan = resolve_precision(cfg.precision, device)
     if cfg.num_threads:
         torch.set_num_threads(cfg.num_threads)
-    if device.type == "cuda":
-        torch.cuda.reset_peak_memory_stats(device)
+    reset_peak_memory(device)
 
     task = load_task(cfg.dataset, cfg.data_dir, cfg.text_column, cfg.label_column)
     train_rows = subset_indices(task.train.labels, cfg.train_size, cfg.split_seed)
@@ -43,8 +44,7 @@ def run_trial(cfg: TrialConfig, on_eval: Callable[[EvalPoint], None] | None = No
     val_ids = tokenize_split(tokenizer, task.validation, cfg.max_seq_length, cache_dir)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
 
-    seed_everything(cfg.derived_seed)  # before build: fixes the new classifier head's init
-    model = build_model(cfg.model, task.num_labels, cfg.model_init).to(device)
+    model = initial_model(cfg, task.num_labels).to(device)
     report = freeze(model, cfg.frozen_layers)
 
     ctx = FitContext(
@@ -67,6 +67,13 @@ def _eval_rows(task: TaskData, cfg: TrialConfig) -> np.ndarray:
         return np.arange(n)
     # A smaller, still stratified validation sample (shrink switch), the same for every cell.
     return np.sort(stratified_order(task.validation.labels, cfg.split_seed, cfg.max_eval_examples))
+
+
+def initial_model(cfg: TrialConfig, num_labels: int):
+    """The model before training. Seeded with the paired seed first, so every cell with the same
+    (seed, split_seed, dataset, model) starts from the same classifier head, whatever k or n."""
+    seed_everything(cfg.derived_seed)
+    return build_model(cfg.model, num_labels, cfg.model_init)
 
 
 def seed_everything(seed: int) -> None:
@@ -99,6 +106,7 @@ def _result(cfg, task, train_rows, n_eval, report: FreezeReport, state: FitState
         device=device_name(ctx.device),
         precision=ctx.plan.name,
         train_indices_digest=indices_digest(train_rows),
+        resumed_from_step=state.resumed_from_step,
         train_indices=tuple(int(i) for i in train_rows),
         n_train=len(train_rows),
         n_eval=n_eval,
@@ -120,10 +128,26 @@ def failed_result(cfg: TrialConfig, exc: BaseException, wall_time_s: float | Non
                        wall_time_s=wall_time_s, versions=library_versions())
 
 
+def reset_peak_memory(device: torch.device) -> None:
+    """Start this trial's peak from now: a reused worker's earlier trials must not count."""
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+        return
+    try:  # Linux >= 4.0: writing 5 to clear_refs resets the process's peak RSS (VmHWM), see proc(5)
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+    except OSError:
+        pass  # elsewhere the peak is the process's since it started
+
+
 def peak_memory_mb(device: torch.device) -> float:
     if device.type == "cuda":
         return torch.cuda.max_memory_allocated(device) / 2**20
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux: KiB → MiB (process peak)
+    try:
+        with open("/proc/self/status") as f:
+            return int(re.search(r"VmHWM:\s+(\d+) kB", f.read()).group(1)) / 1024  # peak RSS since the reset
+    except (OSError, AttributeError):
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux: KiB → MiB (process peak)
 
 
 def device_name(device: torch.device) -> str:

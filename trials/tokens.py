@@ -21,13 +21,7 @@ import torch
 
 from trials.data import Split
 
-CACHE_DIR_ENV = "FREEZESWEEP_CACHE_DIR"
 _PROBE = "The quick brown fox can't jump over 12 lazy dogs, can it? Ünïcödé!"
-
-
-def resolve_cache_dir(cache_dir: str | None) -> Path:
-    value = cache_dir or os.environ.get(CACHE_DIR_ENV) or Path.home() / ".cache" / "freezesweep"
-    return Path(value).expanduser()
 
 
 def tokenizer_fingerprint(tokenizer) -> str:

@@ -37,22 +37,33 @@ class Schedule:
     checkpoint_steps: frozenset[int]
 
 
+def steps_for(epochs: float, n_train: int, batch_size: int) -> int:
+    """Optimizer steps in ``epochs`` epochs, counted from the float epoch length as HF Trainer does
+    (``eval_steps``/``warmup_steps`` given in epochs): ``ceil(epochs * n_train / batch_size)``."""
+    return max(1, math.ceil(epochs * n_train / batch_size))
+
+
 def make_schedule(n_train: int, cfg: TrialConfig) -> Schedule:
+    """The reference study's schedule (HF Trainer): ``total = ceil(epochs * ceil(n / batch))`` steps;
+    evaluate when ``step % eval_every == 0`` with ``eval_every = ceil(eval_every_epochs * n / batch)``,
+    never forcing an evaluation at the end (``eval_at_end`` adds one); warmup
+    ``ceil(warmup_epochs * n / batch)`` steps. n = 50, 100, 200, 500, 1000 at batch 16, 10 epochs,
+    half-epoch evaluation → 20, 17, 18, 20, 19 evaluations."""
     steps_per_epoch = math.ceil(n_train / cfg.batch_size)
-    total = max(1, round(cfg.epochs * steps_per_epoch))
+    total = max(1, math.ceil(cfg.epochs * steps_per_epoch))
 
     def every(epochs: float | None) -> frozenset[int]:
         if not epochs:
             return frozenset()
-        stride = epochs * steps_per_epoch
-        # Half-up rounding (not Python's half-even) so half epochs land evenly: 1.5 → 2, 4.5 → 5.
-        return frozenset(min(total, max(1, math.floor(i * stride + 0.5))) for i in range(1, math.ceil(total / stride) + 1))
+        return frozenset(range(steps_for(epochs, n_train, cfg.batch_size), total + 1,
+                               steps_for(epochs, n_train, cfg.batch_size)))
 
     return Schedule(
         steps_per_epoch=steps_per_epoch,
         total_steps=total,
-        warmup_steps=round(cfg.warmup_epochs * steps_per_epoch),
-        eval_steps=every(cfg.eval_every_epochs) | {total},  # the end is always evaluated
+        warmup_steps=math.ceil(cfg.warmup_epochs * n_train / cfg.batch_size),
+        # A trial shorter than one evaluation interval is still evaluated once, at its end.
+        eval_steps=(every(cfg.eval_every_epochs) | ({total} if cfg.eval_at_end else frozenset())) or frozenset({total}),
         checkpoint_steps=every(cfg.checkpoint_every_epochs) - {total},
     )
 
@@ -69,6 +80,7 @@ class FitState:
     train_time_s: float = 0.0
     eval_time_s: float = 0.0
     epoch_rng: torch.Tensor | None = None  # shuffle generator state at the start of this epoch
+    resumed_from_step: int | None = None  # set when this run continued from a checkpoint
 
 
 @dataclass(frozen=True)
@@ -110,6 +122,7 @@ def fit(model: nn.Module, train_ids, train_labels: np.ndarray, pad_id: int, ctx:
                 if state.step in schedule.checkpoint_steps:
                     _save(model, optimizer, scheduler, scaler, generator, state, cfg)
                 segment_started = time.perf_counter()
+    _discard_checkpoint(cfg)  # finished: a retry of this cell has nothing to resume
     return state
 
 
@@ -188,4 +201,10 @@ def _restore(model, optimizer, scheduler, scaler, generator, cfg: TrialConfig) -
     torch.set_rng_state(payload["torch_rng"])
     if payload.get("cuda_rng") is not None and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(payload["cuda_rng"])  # dropout masks on the GPU continue too
-    return payload["state"]
+    return dataclasses.replace(payload["state"], resumed_from_step=payload["state"].step)
+
+
+def _discard_checkpoint(cfg: TrialConfig) -> None:
+    path = _checkpoint_path(cfg)
+    if path is not None:
+        path.unlink(missing_ok=True)

@@ -156,3 +156,32 @@ def test_dying_trials_are_retried_failing_ones_become_rows(write_spec, tmp_path,
     again = launch(load_spec(path), show_progress=False)
     assert (again.ran, again.ok) == (2, 2)
     _check_store(path)
+
+
+def test_trial_killed_after_its_checkpoint_resumes_from_it(write_spec, tmp_path, monkeypatch):
+    """checkpoint_every_epochs in a sweep: the process dies after the checkpoint at step 3; Ray's retry
+    continues from it and ends exactly where an uninterrupted run ends."""
+    from trials.config import TrialConfig
+    from trials.run import run_trial
+
+    monkeypatch.setenv("FREEZESWEEP_FAULT_DIR", str(tmp_path / "faults"))
+    # 48 rows, batch 16: 3 steps an epoch, 12 in all; evaluations at 2, 4, 6, …; checkpoints at 3, 6, 9.
+    # The 3rd evaluation (step 6) comes before step 6's checkpoint, so the retry resumes from step 3.
+    monkeypatch.setenv("FREEZESWEEP_FAULT", "exit@3*1")
+    import ray
+
+    ray.shutdown()  # workers must start with the fault switch in their environment
+    path = write_spec("ckpt", train_sizes=[48], frozen_layers=[0], training={"epochs": 4, "checkpoint_every_epochs": 1,
+                                                                           "precision": "fp32"})
+    summary = launch(load_spec(path), show_progress=False)
+    assert (summary.ran, summary.ok) == (1, 1)
+    row = pd.read_parquet(tmp_path / "store" / "ckpt" / "results").iloc[0]
+    assert row["status"] == "ok" and row["attempts"] == 2 and row["resumed_from_step"] == 3
+    assert not list((tmp_path / "store" / "ckpt" / "_checkpoints").glob("*")), "a finished trial leaves no checkpoint"
+
+    monkeypatch.delenv("FREEZESWEEP_FAULT")
+    cell = TrialConfig.from_dict({**__import__("json").loads(row["config"]), "checkpoint_dir": None})
+    uninterrupted = run_trial(cell)
+    assert [p["step"] for p in row["eval_curve"]] == [2, 4, 6, 8, 10, 12]
+    assert [(p["step"], p["accuracy"], p["loss"]) for p in row["eval_curve"]] == \
+        [(p.step, p.accuracy, p.loss) for p in uninterrupted.eval_curve]

@@ -103,7 +103,8 @@ def test_cli_bad_spec_on_existing_sweep_touches_nothing(write_spec, tmp_path):
     import subprocess
     import sys
 
-    from results.store import ResultStore, result_row
+    from orchestrator.rows import result_row
+    from results.store import ResultStore
     from tests.results.test_store import _result
 
     good = load_spec(write_spec("existing"))
@@ -121,3 +122,30 @@ def test_cli_bad_spec_on_existing_sweep_touches_nothing(write_spec, tmp_path):
         assert expected in done.stderr, (expected, done.stderr)
     assert _tree(tmp_path / "store") == before
     assert not (tmp_path / "store" / "existing" / "_ray").exists()
+
+
+def test_auto_resolving_elsewhere_is_refused_naming_both(write_spec, tmp_path, monkeypatch):
+    """An auto sweep run in fp32 (an AVX2-only CPU) and relaunched where auto means bf16: refused before
+    any trial, nothing in the store touched; `resume` keeps the stored precision."""
+    from orchestrator import launch as launch_module
+    from orchestrator.rows import result_row
+    from results.store import ResultStore
+    from tests.results.test_store import _result
+
+    monkeypatch.setattr(launch_module, "_auto_precision", lambda device_type: "fp32")
+    auto = {"training": {"precision": "auto"}}
+    first = launch_module.resolve_sweep_precision(load_spec(write_spec("moved", **auto)))
+    assert first.training.precision == "fp32" and all(c.precision == "fp32" for c in build_grid(first))
+    store = ResultStore(first.store, first.name)
+    store.write_spec(first.to_yaml())
+    store.write_row(result_row("moved", _result()))
+    before = _tree(tmp_path / "store")
+
+    monkeypatch.setattr(launch_module, "_auto_precision", lambda device_type: "bf16")
+    again = load_spec(write_spec("moved", **auto))  # validation defers the auto check to the launch
+    with pytest.raises(SpecError) as info:
+        launch_module.launch(again, show_progress=False)
+    assert "training.precision: auto resolves to bf16 here, but sweep 'moved' was run in fp32" in str(info.value)
+    assert _tree(tmp_path / "store") == before
+    with pytest.raises(SpecError, match="changed from 'fp32' to 'bf16'"):  # an explicit change is named at once
+        load_spec(write_spec("moved", training={"precision": "bf16"}))

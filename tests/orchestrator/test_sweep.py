@@ -97,7 +97,9 @@ def test_grow_by_one_seed_runs_only_new_cells(write_spec, tmp_path):
     assert pl.read_parquet(f"{store}/*.parquet").filter(pl.col("status") == "ok").height == 8
     row = rows.iloc[0]
     assert row["node"] and row["attempts"] == 1 and row["device"].startswith("cpu")
-    assert len(row["eval_curve"]) == 4 and '"torch"' in row["versions"]
+    assert '"torch"' in row["versions"]
+    # the reference schedule, 2 epochs: n=24 → every ceil(0.5*24/16)=1 of 4 steps; n=48 → every 2 of 6
+    assert {n: len(curve) for n, curve in zip(rows["train_size"], rows["eval_curve"])} == {24: 4, 48: 3}
 
     # Changing the protocol of a sweep that has rows is refused, and nothing is touched.
     stamps = {p.name: p.stat().st_mtime_ns for p in store.glob("*.parquet")}
@@ -107,9 +109,15 @@ def test_grow_by_one_seed_runs_only_new_cells(write_spec, tmp_path):
 
 
 def test_cli_status_query_summary(write_spec, tmp_path):
-    path = write_spec("cli")
+    """Also the one sweep with precision auto: resolved once, stored resolved, named in every row."""
+    from trials.precision import auto_precision
+
+    path = write_spec("cli", training={"precision": "auto"})
     launch(load_spec(path), show_progress=False)
     store = str(tmp_path / "store")
+    stored = load_spec(tmp_path / "store" / "cli" / "spec.yaml", semantic=False)
+    rows = pd.read_parquet(tmp_path / "store" / "cli" / "results")
+    assert stored.training.precision == auto_precision("cpu") == rows["precision"].unique().item()
     status = subprocess.run(CLI + ["status", "cli", "--store", store], capture_output=True, text=True)
     assert status.returncode == 0 and "total" in status.stdout
     query = subprocess.run(CLI + ["query", "cli", "--store", store, "--format", "csv", "--sql",

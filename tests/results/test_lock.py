@@ -62,7 +62,10 @@ def test_torn_lock_file_is_stale(tmp_path):
 
 def test_heartbeat_refreshes(tmp_path):
     lock = _lock(tmp_path, stale_after_s=0.2).acquire()
-    first = json.loads((tmp_path / "sweep" / "_lock.json").read_text())["heartbeat_at"]
-    time.sleep(0.3)
-    assert json.loads((tmp_path / "sweep" / "_lock.json").read_text())["heartbeat_at"] > first
+    beat = lambda: json.loads((tmp_path / "sweep" / "_lock.json").read_text())["heartbeat_at"]  # noqa: E731
+    first, deadline = beat(), time.monotonic() + 10
+    while beat() == first and time.monotonic() < deadline:  # wait for the file to change, not a fixed time
+        time.sleep(0.01)
+    assert beat() > first
     lock.release()
+    assert not (tmp_path / "sweep" / "_lock.json").exists()

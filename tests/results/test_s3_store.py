@@ -7,7 +7,8 @@ import pytest
 
 from orchestrator.launch import StoreUnavailable, launch, spool_dir
 from orchestrator.spec import load_spec
-from results.store import ResultStore, SpoolingWriter, result_row
+from orchestrator.rows import result_row
+from results.store import ResultStore, SpoolingWriter
 from tests.results.test_store import _result
 
 pytest.importorskip("moto")

@@ -8,12 +8,13 @@ import pytest
 from orchestrator.launch import RowWriter
 from orchestrator.progress import SweepProgress
 from results.query import summary
-from results.store import SCHEMA, ResultStore, SpoolingWriter, result_row
+from orchestrator.rows import result_row
+from results.store import SCHEMA, ResultStore, SpoolingWriter
 from trials.config import EvalPoint, TrialConfig, TrialResult
 
 
 def _result(seed=0, status="ok", acc=0.8, train_size=50):
-    cfg = TrialConfig(dataset="glue/sst2", model="m", train_size=train_size, frozen_layers=2, seed=seed)
+    cfg = TrialConfig(dataset="glue/sst2", model="m", train_size=train_size, frozen_layers=2, seed=seed, precision="fp32")
     if status != "ok":
         return TrialResult(trial_id=cfg.trial_id, config=cfg, status=status, error="boom")
     curve = (EvalPoint(2, 0.5, acc - 0.1, 0.6), EvalPoint(4, 1.0, acc, 0.5))
@@ -87,7 +88,7 @@ def test_any_fsspec_filesystem_works(tmp_path):
 def test_status_table_counts_per_axis_in_spec_order():
     from results.query import status_table
 
-    cells = [TrialConfig(dataset="glue/sst2", model="m", train_size=n, frozen_layers=k, seed=0)
+    cells = [TrialConfig(dataset="glue/sst2", model="m", train_size=n, frozen_layers=k, seed=0, precision="fp32")
              for n in (200, 50) for k in (-1, 4)]
     statuses = {cells[0].trial_id: "ok", cells[1].trial_id: "failed", cells[2].trial_id: "oom"}
     table = status_table(cells, statuses).set_index(["axis", "value"])

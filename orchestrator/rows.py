@@ -1,0 +1,28 @@
+"""A trial's result as one row of the store's schema (driver side: it knows both packages)."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict
+from datetime import datetime, timezone
+from typing import Any
+
+from results.store import SCHEMA
+from trials.config import CELL_AXES, TrialResult
+
+
+def result_row(sweep: str, result: TrialResult, node: str | None = None, attempts: int | None = None) -> dict[str, Any]:
+    """Flatten a TrialResult into one row of ``results.store.SCHEMA``."""
+    cfg = result.config
+    row = {name: getattr(result, name, None) for name in SCHEMA.names}
+    row.update({axis: getattr(cfg, axis) for axis in CELL_AXES})
+    row.update(
+        sweep=sweep, split_seed=cfg.split_seed, method=cfg.method, node=node, attempts=attempts,
+        eval_curve=[asdict(p) for p in result.eval_curve],
+        train_loss_curve=[{"step": s, "loss": loss} for s, loss in result.train_loss_curve],
+        train_indices=list(result.train_indices),
+        finished_at=datetime.now(timezone.utc),
+        config=json.dumps(cfg.to_dict(), sort_keys=True),
+        versions=json.dumps(result.versions, sort_keys=True),
+    )
+    return row
