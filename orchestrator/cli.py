@@ -218,6 +218,29 @@ def _print_frame(frame, fmt: OutputFormat, title: str) -> None:
         console.print(table)
 
 
+@app.command()
+def report(
+    sweeps: Annotated[list[str], typer.Argument(metavar="SWEEP...", help="one or more sweeps, side by side")],
+    out: Annotated[Path, typer.Option("--out", help="folder for index.html, report.md and figures/")],
+    store: StoreOpt = None,
+    tolerance: Annotated[float, typer.Option(help="accuracy below full fine-tuning that still counts as as good")]
+    = 0.01,
+) -> None:
+    """The decision (how many layers to freeze per train size), figures, paired statistics: an HTML report."""
+    from orchestrator.grid import build_grid
+    from results.query import status_table
+    from results.report import SweepRows, write_report
+
+    inputs = []
+    for name in sweeps:  # the grid says what is missing; results/ itself knows nothing of specs
+        spec, result_store = _open(name, store)
+        inputs.append(SweepRows.from_store(result_store, status_table(build_grid(spec), result_store.statuses())))
+    built = write_report(inputs, str(out), tolerance)
+    for line in [*built.decisions["sentence"], *built.completeness]:
+        console.print(line, highlight=False, soft_wrap=True)
+    console.print(f"report: {out / 'index.html'} (and report.md)")
+
+
 def main() -> None:  # python -m orchestrator.cli
     app()
 

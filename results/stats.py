@@ -1,0 +1,154 @@
+"""The statistics behind the report: paired contrasts against full fine-tuning, retained quality,
+costs and their frontier, and the decision "how many layers can I freeze for my data size".
+
+Seeds are paired: a trial's RNG seed derives from (seed, split_seed, dataset, model) only, so the runs
+of one seed at different k share head init and batch order. acc_k − acc_0 per seed cancels that
+seed's luck, and its CI is narrower than the unpaired one; every contrast here is matched on seed
+within (sweep, dataset, train size). k = -1 freezes the embeddings only, 0 nothing (full fine-tuning,
+the baseline), k ≥ 1 the embeddings and the first k layers.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+
+import numpy as np
+import pandas as pd
+from scipy import stats
+
+from results.query import cell_means, paired_by_seed
+
+CONFIDENCE = 0.95
+TOLERANCE = 0.01  # how much accuracy below full fine-tuning still counts as "as good"
+RETAINED_TARGET = 0.9  # the paper's "90 % of the quality"
+BOOTSTRAP_RESAMPLES = 9999
+BOOTSTRAP_SEED = 0  # fixed: the same rows give the same report
+GROUP = ["sweep", "dataset", "train_size"]  # one decision each
+COSTS = ["trainable_params", "train_time_s", "peak_mem_mb"]
+SAVED = {"trainable_params": "params_saved_pct", "train_time_s": "time_saved_pct", "peak_mem_mb": "mem_saved_pct"}
+NAN = float("nan")
+
+
+def freeze_depth(k: int) -> float:
+    """How much of the model k freezes, for ordering and plotting: 0 (nothing) < -1 (embeddings,
+    drawn as half a layer) < 1 < 2 < …"""
+    return 0.5 if k == -1 else float(k)
+
+
+def largest_k(ks) -> int | None:
+    ks = list(ks)
+    return max(ks, key=freeze_depth) if ks else None
+
+
+# --- intervals ----------------------------------------------------------------------------------
+def mean_interval(values) -> tuple[float, float, float]:
+    """Mean and its Student-t CI. Seeds are few, so t, not a normal or a bootstrap, which would be
+    far too narrow with 2–5 values; fewer than two values give no interval."""
+    values = np.asarray(values, dtype=float)
+    mean = float(values.mean()) if len(values) else NAN
+    if len(values) < 2:
+        return mean, NAN, NAN
+    sem = float(stats.sem(values))
+    if sem == 0:
+        return mean, mean, mean
+    low, high = stats.t.interval(CONFIDENCE, len(values) - 1, loc=mean, scale=sem)
+    return mean, float(low), float(high)
+
+
+def welch_interval(a, b) -> tuple[float, float]:
+    """CI of mean(a) − mean(b) as if the runs were independent (Welch): the unpaired comparison."""
+    if min(len(a), len(b)) < 2:
+        return NAN, NAN
+    with warnings.catch_warnings():  # identical values: scipy warns and returns nan, which we keep
+        warnings.simplefilter("ignore", RuntimeWarning)
+        ci = stats.ttest_ind(a, b, equal_var=False).confidence_interval(CONFIDENCE)
+    return float(ci.low), float(ci.high)
+
+
+# --- paired contrasts ---------------------------------------------------------------------------
+def paired_contrasts(rows: pd.DataFrame) -> pd.DataFrame:
+    """Per (sweep, dataset, train size, k ≠ 0): acc_k − acc_0 matched on seed, its mean and CI, the
+    unpaired CI over the same runs, and how much narrower the paired one is."""
+    pairs = paired_by_seed(rows)
+    pairs = pairs[pairs["frozen_layers"] != 0]
+    records = [_contrast(key, cell) for key, cell in pairs.groupby([*GROUP, "frozen_layers"])]
+    columns = [*GROUP, "frozen_layers", "pairs", "acc_k", "acc_0", "mean_diff", "ci_low", "ci_high",
+               "unpaired_ci_low", "unpaired_ci_high", "narrower_pct"]
+    return pd.DataFrame(records, columns=columns)
+
+
+def _contrast(key: tuple, cell: pd.DataFrame) -> dict:
+    acc_k, acc_0 = cell["best_val_accuracy"].to_numpy(), cell["best_val_accuracy_base"].to_numpy()
+    mean, low, high = mean_interval(acc_k - acc_0)
+    unpaired_low, unpaired_high = welch_interval(acc_k, acc_0)
+    unpaired_width = unpaired_high - unpaired_low
+    narrower = 100 * (1 - (high - low) / unpaired_width) if unpaired_width > 0 else NAN
+    return dict(zip([*GROUP, "frozen_layers"], key), pairs=len(cell), acc_k=acc_k.mean(), acc_0=acc_0.mean(),
+                mean_diff=mean, ci_low=low, ci_high=high, unpaired_ci_low=unpaired_low,
+                unpaired_ci_high=unpaired_high, narrower_pct=narrower)
+
+
+# --- retained quality ---------------------------------------------------------------------------
+def retained_ratio(acc_k, acc_0, majority: float, axis: int = -1):
+    """(acc_k − majority) / (acc_0 − majority) on the means: the share of full fine-tuning's gain
+    over always answering the majority class that k keeps."""
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return (np.mean(acc_k, axis=axis) - majority) / (np.mean(acc_0, axis=axis) - majority)
+
+
+def retained_quality(rows: pd.DataFrame) -> pd.DataFrame:
+    """Per (sweep, dataset, train size, k ≠ 0): retained quality over the paired seeds with a
+    bootstrap CI (seeds resampled as pairs)."""
+    pairs = paired_by_seed(rows)
+    pairs = pairs[pairs["frozen_layers"] != 0]
+    records = []
+    for key, cell in pairs.groupby([*GROUP, "frozen_layers"]):
+        acc_k, acc_0 = cell["best_val_accuracy"].to_numpy(), cell["best_val_accuracy_base"].to_numpy()
+        majority = float(cell["majority_baseline"].mean())
+        low, high = _bootstrap_retained(acc_k, acc_0, majority)
+        records.append(dict(zip([*GROUP, "frozen_layers"], key), pairs=len(cell), majority=majority,
+                            retained=float(retained_ratio(acc_k, acc_0, majority)), ci_low=low, ci_high=high))
+    columns = [*GROUP, "frozen_layers", "pairs", "majority", "retained", "ci_low", "ci_high"]
+    return pd.DataFrame(records, columns=columns)
+
+
+def _bootstrap_retained(acc_k: np.ndarray, acc_0: np.ndarray, majority: float) -> tuple[float, float]:
+    if len(acc_k) < 2:
+        return NAN, NAN
+    with warnings.catch_warnings():  # all-equal seeds: a degenerate (zero-width) interval is the answer
+        warnings.simplefilter("ignore")
+        # percentile, not the default BCa: BCa's jackknife is unstable with a handful of seeds
+        result = stats.bootstrap((acc_k, acc_0), lambda k, z, axis=-1: retained_ratio(k, z, majority, axis),
+                                 paired=True, vectorized=True, method="percentile", confidence_level=CONFIDENCE,
+                                 n_resamples=BOOTSTRAP_RESAMPLES, rng=np.random.default_rng(BOOTSTRAP_SEED))
+    return float(result.confidence_interval.low), float(result.confidence_interval.high)
+
+
+def largest_k_retaining(retained: pd.DataFrame, target: float = RETAINED_TARGET) -> pd.DataFrame:
+    """Per (sweep, dataset, train size): the largest k whose retained quality is ≥ target."""
+    keeps = retained[retained["retained"] >= target]
+    best = keeps.groupby(GROUP)["frozen_layers"].agg(largest_k)
+    return best.rename("k_retaining_90").reset_index()
+
+
+# --- costs --------------------------------------------------------------------------------------
+def costs(rows: pd.DataFrame) -> pd.DataFrame:
+    """Per cell: mean accuracy and cost over seeds, each cost's saving against k = 0 of the same
+    (sweep, dataset, train size) in %, and whether the cell is on the accuracy-vs-train-time frontier."""
+    table = cell_means(rows, ["best_val_accuracy", *COSTS])
+    base = table[table["frozen_layers"] == 0].set_index(GROUP)[COSTS]
+    aligned = base.reindex(pd.MultiIndex.from_frame(table[GROUP]))
+    for cost, saved in SAVED.items():
+        table[saved] = 100 * (1 - table[cost].to_numpy() / aligned[cost].to_numpy())
+    table["on_frontier"] = False
+    for _, cell in table.groupby(GROUP):
+        table.loc[cell.index, "on_frontier"] = _on_frontier(cell)
+    return table
+
+
+def _on_frontier(cell: pd.DataFrame) -> pd.Series:
+    """Pareto frontier: no other k is at least as fast and more accurate."""
+    ordered = cell.sort_values(["train_time_s", "best_val_accuracy"], ascending=[True, False])
+    best_before = ordered["best_val_accuracy"].cummax().shift(fill_value=-math.inf)
+    return (ordered["best_val_accuracy"] > best_before).reindex(cell.index)

@@ -1,0 +1,206 @@
+"""The report from stores with known rows: the decision sentence, the tables, the retained quality and
+the paired contrasts against values computed by hand; the CLI; a real headless Chromium rendering."""
+
+import math
+import re
+import shutil
+import subprocess
+import sys
+
+import numpy as np
+import pandas as pd
+import pytest
+from scipy.stats import t
+
+from results.report import SweepRows, build_report, write_report
+from results.store import SCHEMA, ResultStore
+from tests.conftest import REPO
+
+T_975_DF2 = 4.302652729911275  # Student t quantile 0.975 with 2 degrees of freedom (tables)
+MAJORITY = 0.5
+# n = 100, seeds 0, 1, 2: accuracy per k. k = 3 is 0.002 below full fine-tuning with a tight spread
+# (qualifies); k = 6 is 0.05 below; k = -1 is level on average but noisy (its CI is too wide).
+ACC_100 = {0: [0.80, 0.85, 0.90], 3: [0.798, 0.847, 0.899], 6: [0.75, 0.78, 0.87], -1: [0.80, 0.86, 0.89]}
+COST_100 = {0: (1000, 10.0, 400.0), 3: (250, 6.0, 300.0), 6: (10, 4.0, 250.0), -1: (900, 9.0, 390.0)}
+
+
+def row(sweep="s", dataset="d", n=100, k=0, seed=0, acc=None, status="ok", cost=(None, None, None), **extra):
+    params, time_s, mem_mb = cost
+    return {name: None for name in SCHEMA.names} | dict(
+        sweep=sweep, trial_id=f"{sweep}-{dataset}-{n}-{k}-{seed}", dataset=dataset, train_size=n, frozen_layers=k,
+        seed=seed, status=status, best_val_accuracy=acc, majority_baseline=MAJORITY, trainable_params=params,
+        train_time_s=time_s, peak_mem_mb=mem_mb) | extra
+
+
+def known_rows(sweep="s") -> list[dict]:
+    rows = [row(sweep, k=k, seed=seed, acc=acc, cost=COST_100[k])
+            for k, accs in ACC_100.items() for seed, acc in enumerate(accs)]
+    rows.append(row(sweep, k=6, seed=3, status="failed", error="CUDA out of memory"))
+    rows += [row(sweep, n=20, k=0, acc=0.7, cost=(1000, 2.0, 400.0)),  # one paired seed: no CI
+             row(sweep, n=20, k=3, acc=0.7, cost=(250, 1.0, 300.0))]
+    rows.append(row(sweep, n=50, k=3, acc=0.75, cost=(250, 3.0, 300.0)))  # no k = 0 at n = 50
+    return rows
+
+
+@pytest.fixture
+def store_rows(tmp_path) -> ResultStore:
+    store = ResultStore(str(tmp_path / "store"), "s")
+    for r in known_rows():
+        store.write_row(r)
+    return store
+
+
+def test_paired_contrasts_match_hand_computed_t_intervals(store_rows):
+    contrasts = build_report([SweepRows.from_store(store_rows)]).contrasts.set_index(["train_size", "frozen_layers"])
+    k3 = contrasts.loc[(100, 3)]
+    half = T_975_DF2 * 0.001 / math.sqrt(3)  # diffs -0.002, -0.003, -0.001: sd 0.001
+    assert k3["pairs"] == 3 and k3["mean_diff"] == pytest.approx(-0.002)
+    assert (k3["ci_low"], k3["ci_high"]) == pytest.approx((-0.002 - half, -0.002 + half))
+    k6 = contrasts.loc[(100, 6)]  # diffs -0.05, -0.07, -0.03: sd 0.02; the failed seed 3 plays no part
+    assert k6["pairs"] == 3 and k6["ci_low"] == pytest.approx(-0.05 - T_975_DF2 * 0.02 / math.sqrt(3))
+    # Unpaired (Welch) over the same runs, by its formula: far wider, because seed luck is shared.
+    a, b = np.array(ACC_100[3]), np.array(ACC_100[0])
+    va, vb = a.var(ddof=1) / 3, b.var(ddof=1) / 3
+    df = (va + vb) ** 2 / (va**2 / 2 + vb**2 / 2)
+    unpaired_half = t.ppf(0.975, df) * math.sqrt(va + vb)
+    assert k3["unpaired_ci_high"] - k3["unpaired_ci_low"] == pytest.approx(2 * unpaired_half)
+    assert k3["narrower_pct"] == pytest.approx(100 * (1 - half / unpaired_half))
+    assert k3["narrower_pct"] > 97
+    assert math.isnan(contrasts.loc[(20, 3), "ci_low"])  # one pair: no interval
+    assert 50 not in contrasts.index.get_level_values(0)  # nothing to pair with
+
+
+def test_retained_quality_and_its_bootstrap_interval(store_rows):
+    retained = build_report([SweepRows.from_store(store_rows)]).retained.set_index(["train_size", "frozen_layers"])
+    k3 = retained.loc[(100, 3)]
+    assert k3["retained"] == pytest.approx((0.848 - 0.5) / (0.85 - 0.5))
+    # Resampling 3 seeds as pairs, each all-one-seed resample has probability 1/27 > 2.5 %, and a ratio of
+    # means lies between the per-seed ratios: the percentile CI spans exactly the per-seed extremes.
+    per_seed = [(ak - 0.5) / (a0 - 0.5) for ak, a0 in zip(ACC_100[3], ACC_100[0])]
+    assert (k3["ci_low"], k3["ci_high"]) == pytest.approx((min(per_seed), max(per_seed)))
+    assert retained.loc[(100, 6), "retained"] == pytest.approx((0.8 - 0.5) / 0.35)  # 0.857: below 90 %
+    assert retained.loc[(100, -1), "retained"] == pytest.approx(1.0)
+
+
+def test_decision_sentences_and_table(store_rows):
+    report = build_report([SweepRows.from_store(store_rows)])
+    decisions = report.decisions.set_index("train_size")
+    assert decisions.loc[100, "sentence"] == (
+        "d, n = 100: freeze the embeddings and the first 3 layers (k = 3) — accuracy 0.848 vs 0.850 with full "
+        "fine-tuning, paired difference -0.002 (95 % CI -0.004 to +0.000, 3 seeds), within the 0.01 tolerance; "
+        "it trains with 75 % fewer trainable parameters, 40 % less train time and 25 % less peak memory.")
+    assert decisions.loc[100, "frozen_layers"] == 3 and decisions.loc[100, "k_retaining_90"] == 3
+    assert decisions.loc[100, ["params_saved_pct", "time_saved_pct", "mem_saved_pct"]] \
+        .tolist() == pytest.approx([75.0, 40.0, 25.0])
+    assert decisions.loc[20, "sentence"] == (
+        "d, n = 20: no k can be shown to be within 0.01 of full fine-tuning with 95 % confidence (1 paired seed; "
+        "a confidence interval needs at least 2): fine-tune every layer, or add seeds.")
+    assert decisions.loc[50, "sentence"] == (
+        "d, n = 50: no full fine-tuning (k = 0) runs to compare with (none in the store), so no decision.")
+
+
+def test_a_tighter_tolerance_admits_no_k_and_names_the_closest(store_rows):
+    decisions = build_report([SweepRows.from_store(store_rows)], tolerance=0.001).decisions.set_index("train_size")
+    assert decisions.loc[100, "sentence"] == (  # k = 3 has the highest CI low: -0.0045 (k = -1: -0.025)
+        "d, n = 100: no k can be shown to be within 0.001 of full fine-tuning with 95 % confidence (3 paired seeds); "
+        "the closest, k = 3, differs by -0.002 (95 % CI -0.004 to +0.000): fine-tune every layer, or add seeds.")
+    assert pd.isna(decisions.loc[100, "frozen_layers"])
+
+
+def test_a_looser_tolerance_admits_a_larger_k(store_rows):
+    decisions = build_report([SweepRows.from_store(store_rows)], tolerance=0.1).decisions.set_index("train_size")
+    assert decisions.loc[100, "frozen_layers"] == 6  # CI low -0.0997 ≥ -0.1
+    assert "within the 0.1 tolerance" in decisions.loc[100, "sentence"]
+
+
+def test_costs_savings_and_frontier(store_rows):
+    costs = build_report([SweepRows.from_store(store_rows)]).costs
+    at_100 = costs[costs["train_size"] == 100].set_index("frozen_layers")
+    assert at_100.loc[6, "time_saved_pct"] == pytest.approx(60.0)
+    assert at_100.loc[-1, "params_saved_pct"] == pytest.approx(10.0)
+    # mean accuracy / train time: k6 0.800/4 s, k3 0.848/6 s, k-1 0.850/9 s, k0 0.850/10 s (not faster)
+    assert at_100["on_frontier"].to_dict() == {-1: True, 0: False, 3: True, 6: True}
+
+
+def test_report_files_tables_and_completeness(store_rows, tmp_path):
+    status = pd.DataFrame([{"axis": "frozen_layers", "value": "6", "done": 3, "failed": 1, "missing": 0},
+                           {"axis": "total", "value": "", "done": 14, "failed": 1, "missing": 2}])
+    write_report([SweepRows.from_store(store_rows, status)], str(tmp_path / "out"))
+    markdown = (tmp_path / "out" / "report.md").read_text()
+    page = (tmp_path / "out" / "index.html").read_text()
+    assert "s: INCOMPLETE — 14 of 17 cells done, 1 failed, 2 missing (not run yet, or running now)" in markdown
+    assert "CUDA out of memory" in markdown and "CUDA out of memory" in page
+    decision_row = ["d", "100", "3", "3", "0.8500", "0.8480", "-0.0020", "-0.0045", "0.0005", "75.0", "40.0", "25.0",
+                    "3"]
+    assert decision_row in markdown_rows(markdown)
+    assert "largest k keeping ≥ 90 % is k = 3" in markdown
+    assert re.search(r"Pairing makes the CI \d+ % narrower", page)
+    assert len(re.findall(r'<img [^>]*src="data:image/png;base64,', page)) == 5
+    assert not re.search(r"https?://", page)  # self-contained: nothing fetched from anywhere
+    assert sorted(p.name for p in (tmp_path / "out" / "figures").iterdir()) == \
+        ["accuracy.png", "contrasts.png", "cost.png", "heatmap.png", "retained.png"]
+
+
+def markdown_rows(markdown: str) -> list[list[str]]:
+    return [[cell.strip() for cell in line.strip("|").split("|")] for line in markdown.splitlines()
+            if line.startswith("|")]
+
+
+def test_two_sweeps_side_by_side(tmp_path):
+    stores = []
+    for name in ("base", "large"):
+        stores.append(ResultStore(str(tmp_path), name))
+        for r in known_rows(name):
+            stores[-1].write_row(r)
+    report = build_report([SweepRows.from_store(s) for s in stores])
+    sentences = report.decisions["sentence"].tolist()
+    assert len(sentences) == 6 and sentences[0].startswith("base · d, n = 20: ")
+    assert any(s.startswith("large · d, n = 100: freeze the embeddings and the first 3 layers") for s in sentences)
+    assert set(report.appendix["sweep"]) == {"base", "large"}
+
+
+def test_a_sweep_with_nothing_finished_still_reports(tmp_path):
+    store = ResultStore(str(tmp_path), "s")
+    store.write_row(row(k=0, status="failed", error="boom"))
+    status = pd.DataFrame([{"axis": "total", "value": "", "done": 0, "failed": 1, "missing": 3}])
+    report = write_report([SweepRows.from_store(store, status)], str(tmp_path / "out"))
+    assert report.decisions.empty and report.figures == {}
+    assert "0 of 4 cells done, 1 failed, 3 missing" in (tmp_path / "out" / "index.html").read_text()
+
+
+def test_cli_report_names_what_is_missing(tmp_path):
+    from orchestrator.grid import build_grid
+    from orchestrator.spec import SweepSpec, TrainingSpec
+
+    spec = SweepSpec(name="s", model="m", datasets=["d"], train_sizes=[100], frozen_layers=[0, 3], seeds=[0, 1, 2, 3],
+                     training=TrainingSpec(precision="fp32"), store=str(tmp_path))
+    store = ResultStore(str(tmp_path), "s")
+    store.write_spec(spec.to_yaml())
+    for cfg in build_grid(spec):
+        if cfg.seed < 3:  # seed 3 has not run yet
+            store.write_row(row(k=cfg.frozen_layers, seed=cfg.seed, acc=ACC_100[cfg.frozen_layers][cfg.seed],
+                                cost=COST_100[cfg.frozen_layers], trial_id=cfg.trial_id))
+    done = subprocess.run([sys.executable, "-m", "orchestrator.cli", "report", "s", "--store", str(tmp_path),
+                           "--out", str(tmp_path / "out")], capture_output=True, text=True, cwd=REPO)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "d, n = 100: freeze the embeddings and the first 3 layers (k = 3)" in done.stdout
+    assert "s: INCOMPLETE — 6 of 8 cells done, 0 failed, 2 missing" in done.stdout
+    assert "paired difference -0.002" in (tmp_path / "out" / "report.md").read_text()
+
+
+@pytest.mark.skipif(shutil.which("chromium") is None, reason="Debian's chromium is not installed")
+def test_chromium_renders_the_figures(store_rows, tmp_path):
+    from PIL import Image
+
+    write_report([SweepRows.from_store(store_rows)], str(tmp_path / "out"))
+    shot = tmp_path / "shot.png"
+    subprocess.run(["chromium", "--headless", "--no-sandbox", "--disable-gpu", f"--screenshot={shot}",
+                    "--window-size=1200,2400", (tmp_path / "out" / "index.html").as_uri()],
+                   capture_output=True, timeout=120, check=True)
+    pixels = np.asarray(Image.open(shot).convert("RGB"))
+    assert pixels.shape[:2] == (2400, 1200)
+    # The decision's text and table sit on top; the figures below it are what a broken <img> would lose:
+    # a rendered matplotlib figure has many colours (viridis, antialiased lines and text).
+    lower = pixels[800:].reshape(-1, 3)
+    assert len(np.unique(lower, axis=0)) > 500
+    assert (lower != 255).any(axis=1).mean() > 0.05  # not a white page
