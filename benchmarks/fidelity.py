@@ -41,7 +41,9 @@ def parse_args() -> argparse.Namespace:
 
 
 def run_sweep(args: argparse.Namespace, layers: int) -> pd.DataFrame:
-    from orchestrator.launch import launch
+    """The ok rows of this subset of the grid (a sweep of that name may hold more cells)."""
+    from orchestrator.grid import build_grid
+    from orchestrator.launch import launch, resolve_sweep_precision
     from orchestrator.spec import parse_spec
     from results.store import ResultStore
 
@@ -55,8 +57,9 @@ def run_sweep(args: argparse.Namespace, layers: int) -> pd.DataFrame:
     }, "fidelity benchmark")
     summary = launch(spec)
     print(f"sweep {name}: {summary.total} cells, {summary.already_ok} already done, ran {summary.ran}")
+    cells = {c.trial_id for c in build_grid(resolve_sweep_precision(spec))}
     rows = ResultStore(args.store, name).read()
-    return rows[rows["status"] == "ok"]
+    return rows[(rows["status"] == "ok") & rows["trial_id"].isin(cells)]
 
 
 def beside_reference(ours: pd.DataFrame) -> pd.DataFrame:
@@ -76,15 +79,16 @@ def qualitative_checks(table: pd.DataFrame, layers: int) -> list[tuple[str, bool
         small, large = cells["train_size"].min(), cells["train_size"].max()
         majority = float(cells["majority"].iloc[0])
         ks = sorted(cells["frozen_layers"].unique())
-        gains = {k: mean[large, k] - mean[small, k] for k in ks}
-        checks.append((f"{dataset}: more data helps (n={small} → {large}, every k except all frozen)",
-                       all(g > 0 for k, g in gains.items() if k != layers),
-                       ", ".join(f"k={k}: {g:+.3f}" for k, g in gains.items())))
-        if layers in ks:
+        gains = {k: mean[large, k] - mean[small, k] for k in ks if (large, k) in mean and (small, k) in mean}
+        if small < large:
+            checks.append((f"{dataset}: more data helps (n={small} → {large}, every k except all frozen)",
+                           all(g > 0 for k, g in gains.items() if k != layers),
+                           ", ".join(f"k={k}: {g:+.3f}" for k, g in gains.items())))
+        if (small, layers) in mean:
             gap = mean[small, layers] - majority
             checks.append((f"{dataset}: everything frozen (k={layers}) is near majority at n={small}",
                            gap <= NEAR_MAJORITY, f"{mean[small, layers]:.3f} vs majority {majority:.3f} ({gap:+.3f})"))
-        if 0 in ks and layers // 2 in ks:
+        if (large, 0) in mean and (large, layers // 2) in mean:
             cost = mean[large, 0] - mean[large, layers // 2]
             checks.append((f"{dataset}: freezing half (k={layers // 2}) costs little at n={large}",
                            cost <= HALF_FROZEN_COST, f"{mean[large, layers // 2]:.3f} vs {mean[large, 0]:.3f} at k=0 "
@@ -100,8 +104,13 @@ def main() -> None:
     from trials.model import load_model_config
 
     transformers.logging.set_verbosity_error()
+    from orchestrator.spec import SpecError
+
     layers = load_model_config(args.model).num_hidden_layers
-    rows = run_sweep(args, layers)
+    try:
+        rows = run_sweep(args, layers)
+    except SpecError as exc:
+        raise SystemExit(f"error: {exc}") from None
     table = beside_reference(summary(rows))
     pd.set_option("display.width", 200)
     pd.set_option("display.max_rows", 200)

@@ -76,6 +76,13 @@ def launch(spec: SweepSpec, show_progress: bool = True) -> LaunchSummary:
                          recovered=len(recovered), unfinished=len(pending) - outcomes)
 
 
+# A stored spec with precision "auto" was written before ids named the resolved precision and before
+# the reference schedule and paired seeds: its rows cannot be continued under the same ids.
+OLD_SWEEP = ("this sweep was made by a freezesweep before 0.2 (other evaluation schedule, seeds and cell ids): "
+             "its rows stay readable, but it cannot be continued; launch the spec under a new sweep name")
+PROBE_TIMEOUT_S = 300
+
+
 def resolve_sweep_precision(spec: SweepSpec) -> SweepSpec:
     """``auto`` decided once for the whole sweep, on the kind of device its trials get: this
     machine's CPU or GPU in the embedded Ray, a probe task with the trials' resources on a cluster."""
@@ -87,7 +94,12 @@ def resolve_sweep_precision(spec: SweepSpec) -> SweepSpec:
 
         _init_ray(spec.address)
         probe = ray.remote(num_cpus=spec.resources.cpus_per_trial, num_gpus=spec.resources.gpus_per_trial)(_auto_precision)
-        precision = ray.get(probe.remote(device_type))
+        try:
+            precision = ray.get(probe.remote(device_type), timeout=PROBE_TIMEOUT_S)
+        except ray.exceptions.GetTimeoutError:
+            raise SpecError([f"resources: no node of the cluster ran a probe with {spec.resources.cpus_per_trial} CPU and "
+                             f"{spec.resources.gpus_per_trial} GPU within {PROBE_TIMEOUT_S} s (are there such nodes?), "
+                             "so precision auto could not be resolved"], "launch") from None
     else:
         precision = _auto_precision(device_type)
     return spec.model_copy(update={"training": spec.training.model_copy(update={"precision": precision})})
@@ -105,8 +117,10 @@ def _check_stored_precision(store: ResultStore, spec: SweepSpec, requested: str)
 
     text = store.read_spec()
     stored = ((yaml.safe_load(text) or {}).get("training") or {}).get("precision", "auto") if text else None
-    if stored in (None, "auto") or stored == spec.training.precision:
+    if stored is None or stored == spec.training.precision:
         return
+    if stored == "auto":
+        raise SpecError([OLD_SWEEP], f"{store.uri}/{spec.name}")
     raise SpecError([
         f"training.precision: {requested} resolves to {spec.training.precision} here, but sweep {spec.name!r} was "
         f"run in {stored} (set training.precision: {stored} to continue it in {stored}, or start a new sweep name)"

@@ -96,8 +96,12 @@ class SweepSpec(_Strict):
         return values
 
     def protocol(self) -> dict[str, Any]:
-        """What makes rows comparable: changing any of it on an existing sweep is refused."""
-        return {"model": self.model, "split_seed": self.split_seed, "training": self.training.model_dump()}
+        """What makes rows comparable: changing any of it on an existing sweep is refused. How the work
+        is done (checkpoints, evaluation batch size) may change: it is not part of a cell's identity."""
+        from trials.config import MACHINE_FIELDS
+
+        training = {k: v for k, v in self.training.model_dump().items() if k not in MACHINE_FIELDS}
+        return {"model": self.model, "split_seed": self.split_seed, "training": training}
 
     def to_yaml(self) -> str:
         return yaml.safe_dump(self.model_dump(mode="json"), sort_keys=False)

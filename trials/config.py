@@ -23,15 +23,15 @@ from dataclasses import dataclass, field
 from typing import Any
 
 # The identity of a cell, pinned on 2026-11-21 (tests/trials/test_identity.py holds ids as literals).
-# Never add to or reorder this tuple: a new field goes into LATER_FIELDS with the default that
-# reproduces the behaviour rows had before it existed.
+# Never add to or reorder this tuple: a new field goes into LATER_FIELDS.
 IDENTITY_FIELDS = (
     "dataset", "model", "model_init", "train_size", "frozen_layers", "seed", "split_seed",
     "text_column", "label_column", "max_eval_examples", "max_seq_length",
     "epochs", "batch_size", "learning_rate", "weight_decay", "warmup_epochs", "eval_every_epochs",
     "max_grad_norm", "precision",
 )
-# Fields hashed only when not at these defaults (the behaviour of every row made before they existed).
+# Fields hashed only when not at these defaults. A field added after the ids were pinned goes here,
+# with the default that reproduces what rows made before it did, so their ids stay.
 LATER_FIELDS: dict[str, Any] = {"method": "freeze", "eval_at_end": False}
 # How the work is done and where things live: never identity (moving a data dir re-runs nothing).
 MACHINE_FIELDS = ("eval_batch_size", "data_dir", "cache_dir", "checkpoint_dir", "checkpoint_every_epochs",
@@ -87,7 +87,9 @@ class TrialConfig:
         if self.precision == "auto":
             raise ValueError("resolve precision 'auto' before asking for a cell's identity "
                              "(trials.precision.resolve_config): ids must name the precision actually used")
-        values = {name: getattr(self, name) for name in IDENTITY_FIELDS}
+        # 10 and 10.0 epochs are one protocol: float fields hash as floats whatever the caller passed.
+        values = {name: float(v) if name in _FLOAT_FIELDS and isinstance(v, int) else v
+                  for name, v in ((name, getattr(self, name)) for name in IDENTITY_FIELDS)}
         values.update({name: getattr(self, name) for name, default in LATER_FIELDS.items()
                        if getattr(self, name) != default})
         return values
@@ -117,6 +119,9 @@ class TrialConfig:
         if unknown:
             raise ValueError(f"unknown TrialConfig keys: {', '.join(unknown)}")
         return cls(**data)
+
+
+_FLOAT_FIELDS = frozenset(f.name for f in dataclasses.fields(TrialConfig) if f.type in ("float", "float | None"))
 
 
 @dataclass(frozen=True)

@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
+import platform
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -26,6 +27,8 @@ PRECISIONS = ("auto", "fp16", "bf16", "fp32")
 _DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": None}
 # cpuinfo flags (torch.cpu.get_capabilities) of the x86 ISAs with bf16 instructions.
 _X86_BF16_FLAGS = ("avx512_bf16", "amx_bf16", "avx_ne_convert")
+_ARM_BF16_FLAGS = ("bf16", "sve_bf16")  # cpuinfo / Linux names of Arm's BF16 extension
+_X86 = ("x86_64", "amd64", "x86", "i686")
 
 
 class PrecisionError(ValueError):
@@ -59,10 +62,29 @@ def resolve_device(device: str) -> torch.device:
 
 def cpu_has_native_bf16(capabilities: Mapping[str, Any] | None = None) -> bool:
     """True where the CPU executes bf16 in hardware (``capabilities``: cpuinfo flags, for tests)."""
-    caps = torch.cpu.get_capabilities() if capabilities is None else capabilities
-    if any(flag in caps for flag in _X86_BF16_FLAGS):  # an x86 CPU: cpuinfo lists these flags
+    caps = cpu_capabilities() if capabilities is None else capabilities
+    architecture = str(caps.get("architecture", "")).lower()
+    if architecture in _X86 or any(flag in caps for flag in _X86_BF16_FLAGS):
         return any(bool(caps.get(flag)) for flag in _X86_BF16_FLAGS)
-    return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())  # ARM: oneDNN checks the bf16 extension
+    if any(flag in caps for flag in _ARM_BF16_FLAGS):  # Arm: the BF16 extension (FEAT_BF16)
+        return any(bool(caps.get(flag)) for flag in _ARM_BF16_FLAGS)
+    check = getattr(torch.ops.mkldnn, "_is_mkldnn_bf16_supported", None)  # oneDNN's own view, if built in
+    try:
+        return bool(check()) if check is not None and architecture not in _X86 else False
+    except RuntimeError:
+        return False
+
+
+def cpu_capabilities() -> Mapping[str, Any]:
+    """cpuinfo's flags as torch reports them; on a torch without that call, the kernel's (Linux)."""
+    if hasattr(torch.cpu, "get_capabilities"):
+        return torch.cpu.get_capabilities()
+    try:
+        with open("/proc/cpuinfo") as f:
+            flags = next((line.split(":", 1)[1].split() for line in f if line.startswith(("flags", "Features"))), [])
+    except OSError:
+        flags = []
+    return {"architecture": platform.machine(), **{flag: True for flag in flags}}
 
 
 def cuda_has_native_bf16(capability: tuple[int, int]) -> bool:

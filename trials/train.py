@@ -40,7 +40,12 @@ class Schedule:
 def steps_for(epochs: float, n_train: int, batch_size: int) -> int:
     """Optimizer steps in ``epochs`` epochs, counted from the float epoch length as HF Trainer does
     (``eval_steps``/``warmup_steps`` given in epochs): ``ceil(epochs * n_train / batch_size)``."""
-    return max(1, math.ceil(epochs * n_train / batch_size))
+    return max(1, _ceil(epochs * n_train / batch_size))
+
+
+def _ceil(x: float) -> int:
+    """ceil that ignores float noise: 1.1 * 800 / 16 is 55.000000000000014, which is 55 steps, not 56."""
+    return math.ceil(round(x, 9))
 
 
 def make_schedule(n_train: int, cfg: TrialConfig) -> Schedule:
@@ -50,7 +55,7 @@ def make_schedule(n_train: int, cfg: TrialConfig) -> Schedule:
     ``ceil(warmup_epochs * n / batch)`` steps. n = 50, 100, 200, 500, 1000 at batch 16, 10 epochs,
     half-epoch evaluation → 20, 17, 18, 20, 19 evaluations."""
     steps_per_epoch = math.ceil(n_train / cfg.batch_size)
-    total = max(1, math.ceil(cfg.epochs * steps_per_epoch))
+    total = max(1, _ceil(cfg.epochs * steps_per_epoch))
 
     def every(epochs: float | None) -> frozenset[int]:
         if not epochs:
@@ -61,7 +66,7 @@ def make_schedule(n_train: int, cfg: TrialConfig) -> Schedule:
     return Schedule(
         steps_per_epoch=steps_per_epoch,
         total_steps=total,
-        warmup_steps=math.ceil(cfg.warmup_epochs * n_train / cfg.batch_size),
+        warmup_steps=_ceil(cfg.warmup_epochs * n_train / cfg.batch_size),
         # A trial shorter than one evaluation interval is still evaluated once, at its end.
         eval_steps=(every(cfg.eval_every_epochs) | ({total} if cfg.eval_at_end else frozenset())) or frozenset({total}),
         checkpoint_steps=every(cfg.checkpoint_every_epochs) - {total},

@@ -149,3 +149,24 @@ def test_auto_resolving_elsewhere_is_refused_naming_both(write_spec, tmp_path, m
     assert _tree(tmp_path / "store") == before
     with pytest.raises(SpecError, match="changed from 'fp32' to 'bf16'"):  # an explicit change is named at once
         load_spec(write_spec("moved", training={"precision": "bf16"}))
+    # How the work is done is not protocol: checkpoints and the evaluation batch may change.
+    load_spec(write_spec("moved", training={"precision": "fp32", "checkpoint_every_epochs": 1, "eval_batch_size": 8}))
+
+
+def test_a_sweep_from_before_pinned_ids_is_refused_not_rerun(write_spec, tmp_path):
+    """A stored spec with precision auto (written before ids named the resolved precision)."""
+    import subprocess
+    import sys
+
+    from orchestrator.launch import launch
+    from results.store import ResultStore
+
+    old = yaml.safe_load(write_spec("old", training={"precision": "auto"}).read_text())
+    store = ResultStore(old["store"], "old")
+    store.write_spec(yaml.safe_dump(old))
+    with pytest.raises(SpecError, match="made by a freezesweep before 0.2"):
+        launch(load_spec(write_spec("old", training={"precision": "auto"})), show_progress=False)
+    status = subprocess.run([sys.executable, "-m", "orchestrator.cli", "status", "old", "--store", old["store"]],
+                            capture_output=True, text=True)
+    assert status.returncode == 2 and "made by a freezesweep before 0.2" in status.stderr
+    assert not (tmp_path / "store" / "old" / "results").exists()

@@ -118,6 +118,7 @@ def test_cli_status_query_summary(write_spec, tmp_path):
     stored = load_spec(tmp_path / "store" / "cli" / "spec.yaml", semantic=False)
     rows = pd.read_parquet(tmp_path / "store" / "cli" / "results")
     assert stored.training.precision == auto_precision("cpu") == rows["precision"].unique().item()
+    assert launch(load_spec(path), show_progress=False).ran == 0  # auto again, same machine: nothing to redo
     status = subprocess.run(CLI + ["status", "cli", "--store", store], capture_output=True, text=True)
     assert status.returncode == 0 and "total" in status.stdout
     query = subprocess.run(CLI + ["query", "cli", "--store", store, "--format", "csv", "--sql",

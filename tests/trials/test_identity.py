@@ -53,6 +53,11 @@ def test_machine_fields_are_not_identity():
     assert moved.trial_id == cfg.trial_id
 
 
+def test_ints_in_float_fields_hash_as_floats():
+    cfg = PINNED[0][0]
+    assert dataclasses.replace(cfg, epochs=10, warmup_epochs=1, weight_decay=0).trial_id == cfg.trial_id
+
+
 def test_auto_precision_is_never_hashed():
     with pytest.raises(ValueError, match="resolve precision 'auto'"):
         _ = dataclasses.replace(PINNED[0][0], precision="auto").trial_id

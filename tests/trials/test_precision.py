@@ -20,6 +20,9 @@ AVX512_NO_BF16 = {**AVX2_ONLY, "avx512_f": True, "avx512_bw": True, "avx512_vl":
     ({**AVX512_NO_BF16, "avx512_bf16": True}, True),  # e.g. Zen 4, Cooper Lake
     ({**AVX2_ONLY, "amx_bf16": True}, True),  # Sapphire Rapids
     ({**AVX2_ONLY, "avx_ne_convert": True}, True),
+    ({"architecture": "x86_64"}, False),  # no flags known: not native
+    ({"architecture": "aarch64", "bf16": False}, False),  # e.g. Graviton 2 / Neoverse N1
+    ({"architecture": "aarch64", "bf16": True}, True),  # Graviton 3, Apple M2 and later
 ])
 def test_cpu_native_bf16_from_the_isa(caps, native):
     assert cpu_has_native_bf16(caps) is native
@@ -64,8 +67,9 @@ def test_resolve_config_only_touches_auto(cpu_caps, tiny_trial):
     cpu_caps(AVX2_ONLY)
     assert resolve_config(dataclasses.replace(tiny_trial, precision="auto")).precision == "fp32"
     assert resolve_config(dataclasses.replace(tiny_trial, precision="bf16")).precision == "bf16"
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the error of a machine without CUDA")
+def test_cuda_requested_without_cuda_is_a_clear_error(tiny_trial):
     with pytest.raises(PrecisionError, match="CUDA is not available"):
-        if not torch.cuda.is_available():
-            resolve_config(dataclasses.replace(tiny_trial, precision="auto", device="cuda"))
-        else:
-            raise PrecisionError("CUDA is not available (skipped: this machine has one)")
+        resolve_config(dataclasses.replace(tiny_trial, precision="auto", device="cuda"))

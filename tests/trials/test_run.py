@@ -135,3 +135,10 @@ def test_cpu_peak_memory_is_per_trial(tiny_trial):
     del ballast
     second = run_trial(tiny_trial).peak_mem_mb
     assert second < first + 200, (first, second)
+
+
+def test_step_counts_ignore_float_noise():
+    from trials.train import steps_for
+
+    assert 1.1 * 800 / 16 > 55 and steps_for(1.1, 800, 16) == 55  # not 56
+    assert steps_for(0.5, 50, 16) == 2 and steps_for(0.5, 1000, 16) == 32
