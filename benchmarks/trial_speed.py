@@ -8,7 +8,8 @@ Prints, for the same model, data and machine in one run:
 2. a training step in each precision available on the device;
 3. a weights+optimizer checkpoint written at every evaluation (the study) vs none (freezesweep),
    as seconds per evaluation and as a share of a whole trial;
-4. tokenization: from scratch vs the disk cache vs the in-process cache.
+4. tokenization: from scratch vs the disk cache vs the in-process cache;
+5. evaluation with the frozen layers' output cached (trials/eval_cache.py) vs the full model, per k.
 Only ratios measured here are printed; nothing is hard-coded.
 """
 
@@ -131,6 +132,23 @@ def bench_precision(model_name, ids, labels, pad_id, device, repeats) -> float:
     return min(results.values())
 
 
+def bench_eval_cache(model, ids, labels, pad_id, plan, device, repeats) -> None:
+    from trials.eval_cache import matches_full_model, prefix_states
+    from trials.freezing import find_encoder_parts
+
+    layers = len(find_encoder_parts(model).layers)
+    print(f"5. evaluation with the frozen prefix cached ({layers}-layer model, batch 128, length-sorted)")
+    batches = eval_batches(ids, labels, 128, pad_id)
+    full = timed(lambda: evaluate(model, batches, plan, device), repeats)
+    row("full model (k = 0, or no cache)", full, full)
+    for k in sorted({1, layers // 2, layers}):
+        prefix = prefix_states(model, batches, plan, device, k, ("bench",))
+        assert matches_full_model(model, batches[0], prefix, plan, device), "the cached path must be exact"
+        same = evaluate(model, batches, plan, device, prefix) == evaluate(model, batches, plan, device)
+        row(f"k = {k}: layers {k + 1}..{layers} and the head" + ("" if same else " (NOT EXACT)"),
+            timed(lambda: evaluate(model, batches, plan, device, prefix), repeats), full)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default="sentence-transformers/all-MiniLM-L6-v2")
@@ -138,6 +156,8 @@ def main() -> None:
     parser.add_argument("--data-dir", default=None)
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--only", type=int, nargs="+", choices=range(1, 6), default=range(1, 6),
+                        help="sections to run (3 needs 1 and 2)")
     args = parser.parse_args()
     import transformers
 
@@ -153,10 +173,17 @@ def main() -> None:
     print(f"model {args.model} on {args.dataset}, device {device} ({plan.name} autocast), "
           f"torch {torch.__version__}, {torch.get_num_threads()} threads\n")
     model = build_model(args.model, task.num_labels, "pretrained").to(device)
-    eval_s = bench_eval(model, val_ids, task.validation.labels, tokenizer.pad_token_id, plan, device, args.repeats)
-    step_s = bench_precision(args.model, train_ids, task.train.labels, tokenizer.pad_token_id, device, args.repeats)
-    bench_checkpoint(model, eval_s, step_s, args.repeats)
-    bench_tokenize(tokenizer, task.train, args.repeats)
+    pad, labels, only = tokenizer.pad_token_id, task.validation.labels, set(args.only)
+    if only & {1, 3}:
+        eval_s = bench_eval(model, val_ids, labels, pad, plan, device, args.repeats)
+    if only & {2, 3}:
+        step_s = bench_precision(args.model, train_ids, task.train.labels, pad, device, args.repeats)
+    if 3 in only:
+        bench_checkpoint(model, eval_s, step_s, args.repeats)
+    if 4 in only:
+        bench_tokenize(tokenizer, task.train, args.repeats)
+    if 5 in only:
+        bench_eval_cache(model, val_ids, labels, pad, plan, device, args.repeats)
 
 
 if __name__ == "__main__":

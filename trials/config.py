@@ -34,7 +34,7 @@ IDENTITY_FIELDS = (
 # with the default that reproduces what rows made before it did, so their ids stay.
 LATER_FIELDS: dict[str, Any] = {"method": "freeze", "eval_at_end": False}
 # How the work is done and where things live: never identity (moving a data dir re-runs nothing).
-MACHINE_FIELDS = ("eval_batch_size", "data_dir", "cache_dir", "checkpoint_dir", "checkpoint_every_epochs",
+MACHINE_FIELDS = ("eval_batch_size", "eval_cache", "data_dir", "cache_dir", "checkpoint_dir", "checkpoint_every_epochs",
                   "num_threads", "device")
 # What the RNG seed derives from: not frozen_layers, train_size or the protocol (paired seeds).
 SEED_FIELDS = ("seed", "split_seed", "dataset", "model")
@@ -74,6 +74,7 @@ class TrialConfig:
     precision: str = "auto"  # auto | fp16 | bf16 | fp32; resolved (never "auto") before it is hashed
     # --- how the work is done, where things live (not identity) ---
     eval_batch_size: int = 128  # length-sorted, masked batches: the batch size changes speed, not results
+    eval_cache: bool = True  # reuse the frozen layers' evaluation output (exact: checked per trial)
     data_dir: str | None = None
     cache_dir: str | None = None
     checkpoint_dir: str | None = None
@@ -155,6 +156,7 @@ class TrialResult:
     precision: str | None = None  # the resolved one (never "auto")
     train_indices_digest: str | None = None
     resumed_from_step: int | None = None  # > 0 when a retry continued from a trial checkpoint
+    eval_cached_layers: int | None = None  # evaluation reused the cached output of this many frozen layers
     train_indices: tuple[int, ...] = ()
     n_train: int | None = None
     n_eval: int | None = None

@@ -17,6 +17,7 @@ import torch
 
 from trials.config import EvalPoint, TrialConfig, TrialResult
 from trials.data import TaskData, load_task, resolve_cache_dir
+from trials.eval_cache import PrefixStates, matches_full_model, prefix_states
 from trials.freezing import FreezeReport, freeze
 from trials.model import build_model, load_tokenizer
 from trials.precision import resolve_config, resolve_device, resolve_precision
@@ -47,18 +48,31 @@ def run_trial(cfg: TrialConfig, on_eval: Callable[[EvalPoint], None] | None = No
     model = initial_model(cfg, task.num_labels).to(device)
     report = freeze(model, cfg.frozen_layers)
 
+    batches = eval_batches(tuple(val_ids[i] for i in eval_rows), task.validation.labels[eval_rows],
+                           cfg.eval_batch_size, pad_id)
     ctx = FitContext(
         cfg=cfg,
         plan=plan,
         device=device,
         schedule=make_schedule(len(train_rows), cfg),
-        eval_batches=eval_batches(tuple(val_ids[i] for i in eval_rows), task.validation.labels[eval_rows],
-                                  cfg.eval_batch_size, pad_id),
+        eval_batches=batches,
+        eval_prefix=_eval_prefix(cfg, model, batches, plan, device, (task.validation.digest, indices_digest(eval_rows))),
         on_eval=on_eval or (lambda point: None),
     )
     state = fit(model, tuple(train_ids[i] for i in train_rows), task.train.labels[train_rows], pad_id, ctx)
     return _result(cfg, task, train_rows, len(eval_rows), report, state, ctx,
                    wall_time_s=time.perf_counter() - started)
+
+
+def _eval_prefix(cfg: TrialConfig, model, batches, plan, device, rows_key: tuple) -> PrefixStates | None:
+    """The cached output of the frozen layers for evaluation, when it is exact: pretrained weights
+    (a random init differs per seed), at least one frozen layer, and bit-identical to the full model
+    on the first batch."""
+    if not (cfg.eval_cache and cfg.model_init == "pretrained" and cfg.frozen_layers >= 1):
+        return None
+    key = (cfg.model, *rows_key, cfg.eval_batch_size, cfg.max_seq_length)
+    prefix = prefix_states(model, batches, plan, device, cfg.frozen_layers, key)
+    return prefix if matches_full_model(model, batches[0], prefix, plan, device) else None
 
 
 def _eval_rows(task: TaskData, cfg: TrialConfig) -> np.ndarray:
@@ -107,6 +121,7 @@ def _result(cfg, task, train_rows, n_eval, report: FreezeReport, state: FitState
         precision=ctx.plan.name,
         train_indices_digest=indices_digest(train_rows),
         resumed_from_step=state.resumed_from_step,
+        eval_cached_layers=ctx.eval_prefix.layer if ctx.eval_prefix is not None else None,
         train_indices=tuple(int(i) for i in train_rows),
         n_train=len(train_rows),
         n_eval=n_eval,

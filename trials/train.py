@@ -23,6 +23,7 @@ from transformers import get_linear_schedule_with_warmup
 
 from trials import faults
 from trials.config import EvalPoint, TrialConfig
+from trials.eval_cache import PrefixStates
 from trials.evaluate import evaluate
 from trials.precision import PrecisionPlan
 from trials.tokens import Batch, train_batches
@@ -96,6 +97,7 @@ class FitContext:
     schedule: Schedule
     eval_batches: list[Batch]
     on_eval: Callable[[EvalPoint], None]
+    eval_prefix: PrefixStates | None = None  # the frozen layers' cached output (trials/eval_cache.py)
 
 
 def fit(model: nn.Module, train_ids, train_labels: np.ndarray, pad_id: int, ctx: FitContext) -> FitState:
@@ -152,7 +154,7 @@ def _train_step(model, batch: Batch, optimizer, scheduler, scaler, params, ctx: 
 
 def _evaluate_into(model: nn.Module, state: FitState, ctx: FitContext) -> None:
     started = time.perf_counter()
-    accuracy, loss = evaluate(model, ctx.eval_batches, ctx.plan, ctx.device)
+    accuracy, loss = evaluate(model, ctx.eval_batches, ctx.plan, ctx.device, ctx.eval_prefix)
     state.eval_time_s += time.perf_counter() - started
     point = EvalPoint(step=state.step, epoch=state.step / ctx.schedule.steps_per_epoch, accuracy=accuracy, loss=loss)
     state.curve.append(point)

@@ -1,0 +1,66 @@
+"""The evaluation cache is exact: cached and uncached evaluation give identical accuracies and losses."""
+
+import dataclasses
+
+import pytest
+import torch
+
+from trials import eval_cache
+from trials.eval_cache import PrefixStates, matches_full_model, prefix_states, starting_at
+from trials.run import run_trial
+
+
+@pytest.fixture(autouse=True)
+def _empty_cache():
+    eval_cache._STATES.clear()
+    yield
+    eval_cache._STATES.clear()
+
+
+@pytest.mark.parametrize("model_fixture,k", [("tiny_bert", 1), ("tiny_bert", 2), ("tiny_roberta", 1),
+                                             ("tiny_roberta", 3)])
+def test_cached_and_uncached_evaluation_are_identical_in_fp32(request, tiny_trial, model_fixture, k):
+    cfg = dataclasses.replace(tiny_trial, model=request.getfixturevalue(model_fixture), frozen_layers=k, epochs=3)
+    uncached = run_trial(dataclasses.replace(cfg, eval_cache=False))
+    cached = run_trial(cfg)
+    assert uncached.eval_cached_layers is None and cached.eval_cached_layers == k
+    assert [(p.step, p.accuracy, p.loss) for p in cached.eval_curve] == \
+        [(p.step, p.accuracy, p.loss) for p in uncached.eval_curve]
+    assert cached.train_loss_curve == uncached.train_loss_curve  # training is untouched
+    again = run_trial(dataclasses.replace(cfg, seed=1))  # a later trial of the worker reuses the states
+    assert again.eval_cached_layers == k and len(eval_cache._STATES) == 1
+
+
+def test_nothing_frozen_or_random_init_is_never_cached(tiny_trial):
+    assert run_trial(tiny_trial).eval_cached_layers is None  # k = 0: every layer trains
+    assert run_trial(dataclasses.replace(tiny_trial, frozen_layers=-1)).eval_cached_layers is None
+    assert run_trial(dataclasses.replace(tiny_trial, frozen_layers=1, model_init="random")).eval_cached_layers is None
+    assert not eval_cache._STATES
+
+
+def test_wrong_states_are_caught_by_the_check(tiny_trial):
+    """The per-trial check is what makes the cache safe: states that are off by a little fail it."""
+    import tempfile
+    from pathlib import Path
+
+    from trials.data import load_task
+    from trials.model import load_tokenizer
+    from trials.precision import resolve_precision
+    from trials.run import initial_model
+    from trials.tokens import eval_batches, tokenize_split
+
+    task = load_task(tiny_trial.dataset)
+    tokenizer = load_tokenizer(tiny_trial.model)
+    ids = tokenize_split(tokenizer, task.validation, 128, Path(tempfile.mkdtemp()))
+    batches = eval_batches(ids, task.validation.labels, 32, tokenizer.pad_token_id)
+    model = initial_model(tiny_trial, task.num_labels)
+    plan, device = resolve_precision("fp32", torch.device("cpu")), torch.device("cpu")
+    prefix = prefix_states(model, batches, plan, device, 1, ("key",))
+    assert matches_full_model(model, batches[0], prefix, plan, device)
+    nudged = PrefixStates(1, tuple(s * (1 + 1e-6) for s in prefix.states), prefix.tuple_output)
+    assert not matches_full_model(model, batches[0], nudged, plan, device)
+    original = model.base_model.encoder.layer
+    with starting_at(model, prefix):  # the injector, then the one trained layer of two
+        assert isinstance(model.base_model.encoder.layer[0], eval_cache._Injector)
+        assert model.base_model.encoder.layer[1] is original[1] and len(model.base_model.encoder.layer) == 2
+    assert model.base_model.encoder.layer is original  # restored
