@@ -145,7 +145,8 @@ def bench_eval_cache(model, ids, labels, pad_id, plan, device, repeats) -> None:
         prefix = prefix_states(model, batches, plan, device, k, ("bench",))
         assert matches_full_model(model, batches[0], prefix, plan, device), "the cached path must be exact"
         same = evaluate(model, batches, plan, device, prefix) == evaluate(model, batches, plan, device)
-        row(f"k = {k}: layers {k + 1}..{layers} and the head" + ("" if same else " (NOT EXACT)"),
+        runs = f"layers {k + 1}..{layers} and the head" if k < layers else "the head only"
+        row(f"k = {k}: {runs}" + ("" if same else " (NOT EXACT)"),
             timed(lambda: evaluate(model, batches, plan, device, prefix), repeats), full)
 
 
