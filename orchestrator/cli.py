@@ -156,14 +156,12 @@ def resume(sweep: str, store: StoreOpt = None,
 
 
 def _open(sweep: str, store: Optional[str]):
-    from orchestrator.launch import OLD_SWEEP, sweep_from_store
+    from orchestrator.launch import sweep_from_store
     from orchestrator.spec import SpecError
     from results.store import ResultStore
 
     try:
         spec = sweep_from_store(sweep, store or "./sweeps", semantic=False)
-        if spec.training.precision == "auto":  # stored unresolved: written by an older freezesweep
-            raise SpecError([OLD_SWEEP], sweep)
     except SpecError as exc:
         _fail(exc)
     return spec, ResultStore(store or "./sweeps", sweep)

@@ -263,4 +263,8 @@ def sweep_from_store(name: str, store_uri: str, semantic: bool = True) -> SweepS
     text = ResultStore(store_uri, name).read_spec()
     if text is None:
         raise SpecError([f"no sweep named {name!r} in store {store_uri!r}"], "resume")
-    return parse_spec(yaml.safe_load(text), f"{store_uri}/{name}/spec.yaml", semantic=semantic)
+    source = f"{store_uri}/{name}/spec.yaml"
+    spec = parse_spec(yaml.safe_load(text), source, semantic=semantic)
+    if spec.training.precision == "auto":  # stored unresolved: written by a freezesweep before 0.2
+        raise SpecError([OLD_SWEEP], source)
+    return spec

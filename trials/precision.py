@@ -70,7 +70,7 @@ def cpu_has_native_bf16(capabilities: Mapping[str, Any] | None = None) -> bool:
         return any(bool(caps.get(flag)) for flag in _ARM_BF16_FLAGS)
     check = getattr(torch.ops.mkldnn, "_is_mkldnn_bf16_supported", None)  # oneDNN's own view, if built in
     try:
-        return bool(check()) if check is not None and architecture not in _X86 else False
+        return bool(check()) if check is not None else False
     except RuntimeError:
         return False
 

@@ -61,8 +61,8 @@ def make_schedule(n_train: int, cfg: TrialConfig) -> Schedule:
     def every(epochs: float | None) -> frozenset[int]:
         if not epochs:
             return frozenset()
-        return frozenset(range(steps_for(epochs, n_train, cfg.batch_size), total + 1,
-                               steps_for(epochs, n_train, cfg.batch_size)))
+        stride = steps_for(epochs, n_train, cfg.batch_size)
+        return frozenset(range(stride, total + 1, stride))
 
     return Schedule(
         steps_per_epoch=steps_per_epoch,

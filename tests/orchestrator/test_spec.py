@@ -166,7 +166,8 @@ def test_a_sweep_from_before_pinned_ids_is_refused_not_rerun(write_spec, tmp_pat
     store.write_spec(yaml.safe_dump(old))
     with pytest.raises(SpecError, match="made by a freezesweep before 0.2"):
         launch(load_spec(write_spec("old", training={"precision": "auto"})), show_progress=False)
-    status = subprocess.run([sys.executable, "-m", "orchestrator.cli", "status", "old", "--store", old["store"]],
-                            capture_output=True, text=True)
-    assert status.returncode == 2 and "made by a freezesweep before 0.2" in status.stderr
+    for command in ("status", "resume"):  # every path that reads a stored spec says the same
+        done = subprocess.run([sys.executable, "-m", "orchestrator.cli", command, "old", "--store", old["store"]],
+                              capture_output=True, text=True)
+        assert done.returncode == 2 and "made by a freezesweep before 0.2" in done.stderr, (command, done.stderr)
     assert not (tmp_path / "store" / "old" / "results").exists()
