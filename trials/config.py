@@ -32,7 +32,7 @@ IDENTITY_FIELDS = (
 )
 # Fields hashed only when not at these defaults. A field added after the ids were pinned goes here,
 # with the default that reproduces what rows made before it did, so their ids stay.
-LATER_FIELDS: dict[str, Any] = {"method": "freeze", "eval_at_end": False}
+LATER_FIELDS: dict[str, Any] = {"method": "freeze", "eval_at_end": False, "train_cache": False}
 # How the work is done and where things live: never identity (moving a data dir re-runs nothing).
 MACHINE_FIELDS = ("eval_batch_size", "eval_cache", "data_dir", "cache_dir", "checkpoint_dir", "checkpoint_every_epochs",
                   "num_threads", "device")
@@ -72,8 +72,9 @@ class TrialConfig:
     eval_at_end: bool = False  # the reference never forces an evaluation at the last step
     max_grad_norm: float = 1.0
     precision: str = "auto"  # auto | fp16 | bf16 | fp32; resolved (never "auto") before it is hashed
+    train_cache: bool = False  # opt-in deviation: frozen layers without dropout, run once (trials/train_cache.py)
     # --- how the work is done, where things live (not identity) ---
-    eval_batch_size: int = 128  # length-sorted, masked batches: the batch size changes speed, not results
+    eval_batch_size: int = 64  # length-sorted, masked batches: the batch size changes speed, not results
     eval_cache: bool = True  # reuse the frozen layers' evaluation output (exact: checked per trial)
     data_dir: str | None = None
     cache_dir: str | None = None
@@ -157,6 +158,7 @@ class TrialResult:
     train_indices_digest: str | None = None
     resumed_from_step: int | None = None  # > 0 when a retry continued from a trial checkpoint
     eval_cached_layers: int | None = None  # evaluation reused the cached output of this many frozen layers
+    train_cached_layers: int | None = None  # training started above this many cached frozen layers (opt-in)
     train_indices: tuple[int, ...] = ()
     n_train: int | None = None
     n_eval: int | None = None

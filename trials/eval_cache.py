@@ -4,7 +4,9 @@ In evaluation every frozen layer runs in eval mode (no dropout) on the same inpu
 pretrained weights, so for a given (model, validation rows, batching, precision, device) the hidden
 states entering layer k are the same in every trial that freezes k layers, at every evaluation. They
 are computed once per worker process and reused: an evaluation then runs only the embeddings (cheap),
-layers k+1..L and the head. A trial checks the cached path against the full model on its first batch
+layers k+1..L and the head. The states after layer j also serve every k > j: a miss at k starts from
+the deepest cached j < k and runs only layers j+1..k (and never the layers above k), so the whole
+grid's prefixes cost one pass of the pretrained model over the validation set per worker. A trial checks the cached path against the full model on its first batch
 and falls back to the full model if they differ by a single bit (e.g. an architecture whose encoder
 does not simply loop over its layers).
 
@@ -22,12 +24,13 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from trials.freezing import find_encoder_parts
+from trials.freezing import EncoderParts, find_encoder_parts
 from trials.precision import PrecisionPlan
 from trials.tokens import Batch
 
 _MAX_ENTRIES = 8  # (dataset, k, ...) entries kept per worker process: a few MB to a few hundred MB each
 _STATES: OrderedDict[tuple, "PrefixStates"] = OrderedDict()
+_EXACT: dict[tuple, bool] = {}  # the check's verdict per entry: it depends on the prefix, not on the trial
 
 
 @dataclass(frozen=True)
@@ -48,22 +51,42 @@ class _Injector(nn.Module):
         return (self.states,) if self.tuple_output else self.states
 
 
+def exact_prefix(model: nn.Module, batches: list[Batch], plan: PrecisionPlan, device: torch.device,
+                 layer: int, key: tuple) -> PrefixStates | None:
+    """The cached states for ``key`` if the cached path is bit-identical to the full model (checked
+    once per entry: the frozen prefix, the batches and the code path are the same in every trial
+    that shares the entry; the trained layers above it start from the same weights), else None."""
+    prefix = prefix_states(model, batches, plan, device, layer, key)
+    full_key = (*key, plan.name, str(device), layer)
+    if full_key not in _EXACT:
+        _EXACT[full_key] = matches_full_model(model, batches[0], prefix, plan, device)
+    return prefix if _EXACT[full_key] else None
+
+
 def prefix_states(model: nn.Module, batches: list[Batch], plan: PrecisionPlan, device: torch.device,
                   layer: int, key: tuple) -> PrefixStates:
     """The cached states for ``key`` (computed with ``model``'s pretrained prefix on a miss)."""
-    key = (*key, layer, plan.name, str(device))
-    if key in _STATES:
-        _STATES.move_to_end(key)
-        return _STATES[key]
-    _STATES[key] = _compute(model, batches, plan, device, layer)
+    base_key = (*key, plan.name, str(device))
+    if (*base_key, layer) in _STATES:
+        _STATES.move_to_end((*base_key, layer))
+        return _STATES[(*base_key, layer)]
+    below = [j for j in range(layer - 1, 0, -1) if (*base_key, j) in _STATES]
+    start = _STATES[(*base_key, below[0])] if below else None
+    _STATES[(*base_key, layer)] = _compute(model, batches, plan, device, layer, start)
     while len(_STATES) > _MAX_ENTRIES:
-        _STATES.popitem(last=False)
-    return _STATES[key]
+        _EXACT.pop(_STATES.popitem(last=False)[0], None)
+    return _STATES[(*base_key, layer)]
+
+
+class _Stop(Exception):
+    """Raised by the capture hook: nothing above the captured layer needs to run."""
 
 
 @torch.inference_mode()
 def _compute(model: nn.Module, batches: list[Batch], plan: PrecisionPlan, device: torch.device,
-             layer: int) -> PrefixStates:
+             layer: int, start: PrefixStates | None = None) -> PrefixStates:
+    """The output of layer ``layer`` (1-based count of frozen layers) for every batch, from the
+    embeddings or, with ``start``, from the cached states entering layer ``start.layer``."""
     layers = find_encoder_parts(model).layers
     captured: list[torch.Tensor] = []
     tuple_output = []
@@ -71,15 +94,19 @@ def _compute(model: nn.Module, batches: list[Batch], plan: PrecisionPlan, device
     def keep_output(module, args, output):  # the last frozen layer's output is what enters `layer`
         tuple_output.append(isinstance(output, tuple))
         captured.append((output[0] if isinstance(output, tuple) else output).detach().clone())
+        raise _Stop
 
     handle = layers[layer - 1].register_forward_hook(keep_output)
     was_training = model.training
     model.eval()
     try:
-        for batch in batches:
-            batch = batch.to(device)
-            with plan.autocast():
-                model(input_ids=batch.input_ids, attention_mask=batch.attention_mask)
+        with starting_at(model, start.layer, start.tuple_output) if start else contextlib.nullcontext() as injector:
+            for i, batch in enumerate(batches):
+                batch = batch.to(device)
+                if injector is not None:
+                    injector.states = start.states[i]
+                with plan.autocast(), contextlib.suppress(_Stop):
+                    model(input_ids=batch.input_ids, attention_mask=batch.attention_mask)
     finally:
         handle.remove()
         model.train(was_training)
@@ -87,14 +114,15 @@ def _compute(model: nn.Module, batches: list[Batch], plan: PrecisionPlan, device
 
 
 @contextlib.contextmanager
-def starting_at(model: nn.Module, prefix: PrefixStates):
-    """Within the block, the model's encoder starts at ``prefix.layer`` fed by the injector."""
-    parts = find_encoder_parts(model)
+def starting_at(model: nn.Module, layer: int, tuple_output: bool, parts: EncoderParts | None = None):
+    """Within the block, the model's encoder starts at layer ``layer`` (0-based), fed by the
+    injector the block receives: set its ``states`` before each forward pass."""
+    parts = parts or find_encoder_parts(model)
     base = getattr(model, "base_model", model)
     container_name, _, attribute = parts.layers_name.rpartition(".")
     container = base.get_submodule(container_name) if container_name else base
-    injector = _Injector(prefix.tuple_output)
-    setattr(container, attribute, nn.ModuleList([injector, *parts.layers[prefix.layer:]]))
+    injector = _Injector(tuple_output)
+    setattr(container, attribute, nn.ModuleList([injector, *parts.layers[layer:]]))
     try:
         yield injector
     finally:
@@ -112,7 +140,7 @@ def matches_full_model(model: nn.Module, batch: Batch, prefix: PrefixStates, pla
     try:
         with plan.autocast():
             full = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits
-            with starting_at(model, prefix) as injector:
+            with starting_at(model, prefix.layer, prefix.tuple_output) as injector:
                 injector.states = prefix.states[0]
                 cached = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits
     finally:

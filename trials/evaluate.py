@@ -24,7 +24,7 @@ def evaluate(model: nn.Module, batches: list[Batch], plan: PrecisionPlan, device
     correct = torch.zeros((), dtype=torch.long, device=device)
     loss_sum = torch.zeros((), dtype=torch.float64, device=device)
     count = 0
-    with starting_at(model, prefix) if prefix is not None else contextlib.nullcontext() as injector:
+    with starting_at(model, prefix.layer, prefix.tuple_output) if prefix is not None else contextlib.nullcontext() as injector:
         for i, batch in enumerate(batches):
             batch = batch.to(device)
             if injector is not None:

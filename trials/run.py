@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import platform
 import random
 import re
@@ -9,6 +10,7 @@ import resource
 import sys
 import time
 import traceback
+from collections import OrderedDict
 from collections.abc import Callable
 from importlib import metadata
 
@@ -17,12 +19,13 @@ import torch
 
 from trials.config import EvalPoint, TrialConfig, TrialResult
 from trials.data import TaskData, load_task, resolve_cache_dir
-from trials.eval_cache import PrefixStates, matches_full_model, prefix_states
+from trials.eval_cache import PrefixStates, exact_prefix
 from trials.freezing import FreezeReport, freeze
 from trials.model import build_model, load_tokenizer
 from trials.precision import resolve_config, resolve_device, resolve_precision
 from trials.subsets import indices_digest, stratified_order, subset_indices
 from trials.tokens import eval_batches, tokenize_split
+from trials.train_cache import TrainPrefix, train_prefix
 from trials.train import FitContext, FitState, fit, make_schedule
 
 
@@ -38,7 +41,7 @@ def run_trial(cfg: TrialConfig, on_eval: Callable[[EvalPoint], None] | None = No
 
     task = load_task(cfg.dataset, cfg.data_dir, cfg.text_column, cfg.label_column)
     train_rows = subset_indices(task.train.labels, cfg.train_size, cfg.split_seed)
-    eval_rows = _eval_rows(task, cfg)
+    val_rows = eval_rows(task, cfg)
     tokenizer = load_tokenizer(cfg.model)
     cache_dir = resolve_cache_dir(cfg.cache_dir)
     train_ids = tokenize_split(tokenizer, task.train, cfg.max_seq_length, cache_dir)
@@ -48,7 +51,7 @@ def run_trial(cfg: TrialConfig, on_eval: Callable[[EvalPoint], None] | None = No
     model = initial_model(cfg, task.num_labels).to(device)
     report = freeze(model, cfg.frozen_layers)
 
-    batches = eval_batches(tuple(val_ids[i] for i in eval_rows), task.validation.labels[eval_rows],
+    batches = eval_batches(tuple(val_ids[i] for i in val_rows), task.validation.labels[val_rows],
                            cfg.eval_batch_size, pad_id)
     ctx = FitContext(
         cfg=cfg,
@@ -56,11 +59,12 @@ def run_trial(cfg: TrialConfig, on_eval: Callable[[EvalPoint], None] | None = No
         device=device,
         schedule=make_schedule(len(train_rows), cfg),
         eval_batches=batches,
-        eval_prefix=_eval_prefix(cfg, model, batches, plan, device, (task.validation.digest, indices_digest(eval_rows))),
+        eval_prefix=_eval_prefix(cfg, model, batches, plan, device, (task.validation.digest, indices_digest(val_rows))),
+        train_prefix=_train_prefix(cfg, model, train_ids, train_rows, plan, device, task.train.digest),
         on_eval=on_eval or (lambda point: None),
     )
     state = fit(model, tuple(train_ids[i] for i in train_rows), task.train.labels[train_rows], pad_id, ctx)
-    return _result(cfg, task, train_rows, len(eval_rows), report, state, ctx,
+    return _result(cfg, task, train_rows, len(val_rows), report, state, ctx,
                    wall_time_s=time.perf_counter() - started)
 
 
@@ -71,11 +75,20 @@ def _eval_prefix(cfg: TrialConfig, model, batches, plan, device, rows_key: tuple
     if not (cfg.eval_cache and cfg.model_init == "pretrained" and cfg.frozen_layers >= 1):
         return None
     key = (cfg.model, *rows_key, cfg.eval_batch_size, cfg.max_seq_length)
-    prefix = prefix_states(model, batches, plan, device, cfg.frozen_layers, key)
-    return prefix if matches_full_model(model, batches[0], prefix, plan, device) else None
+    return exact_prefix(model, batches, plan, device, cfg.frozen_layers, key)
 
 
-def _eval_rows(task: TaskData, cfg: TrialConfig) -> np.ndarray:
+def _train_prefix(cfg: TrialConfig, model, train_ids, train_rows, plan, device, split_digest: str) -> TrainPrefix | None:
+    """The opt-in training cache (a deviation from the reference, see trials/train_cache.py)."""
+    if not (cfg.train_cache and cfg.frozen_layers >= 1):
+        return None
+    weights = "pretrained" if cfg.model_init == "pretrained" else f"random-{cfg.derived_seed}"  # per-seed weights
+    key = (cfg.model, weights, split_digest, cfg.max_seq_length)
+    return train_prefix(model, [train_ids[i] for i in train_rows], train_rows, plan, device, cfg.frozen_layers, key)
+
+
+def eval_rows(task: TaskData, cfg: TrialConfig) -> np.ndarray:
+    """The validation rows a cell is evaluated on: all of them, or the shrink switch's sample."""
     n = len(task.validation)
     if cfg.max_eval_examples is None or cfg.max_eval_examples >= n:
         return np.arange(n)
@@ -83,17 +96,43 @@ def _eval_rows(task: TaskData, cfg: TrialConfig) -> np.ndarray:
     return np.sort(stratified_order(task.validation.labels, cfg.split_seed, cfg.max_eval_examples))
 
 
+_MAX_TEMPLATES = 2  # initial models kept per worker process (a base-size model is ~0.5 GB in fp32)
+_TEMPLATES: OrderedDict[tuple, tuple[torch.nn.Module, tuple]] = OrderedDict()
+
+
 def initial_model(cfg: TrialConfig, num_labels: int):
     """The model before training. Seeded with the paired seed first, so every cell with the same
-    (seed, split_seed, dataset, model) starts from the same classifier head, whatever k or n."""
+    (seed, split_seed, dataset, model) starts from the same classifier head, whatever k or n.
+
+    Built once per worker for each such (model, init, labels, seed) and copied per trial: the copy,
+    and the RNG state restored beside it, are bit for bit what building it again would give, minus
+    the load (or the random initialisation of a whole model, ~1.4 s for a base-size one on a CPU)."""
+    key = (cfg.model, cfg.model_init, num_labels, cfg.derived_seed)
     seed_everything(cfg.derived_seed)
-    return build_model(cfg.model, num_labels, cfg.model_init)
+    if key not in _TEMPLATES:
+        _TEMPLATES[key] = (build_model(cfg.model, num_labels, cfg.model_init), _host_rng_states())
+        while len(_TEMPLATES) > _MAX_TEMPLATES:
+            _TEMPLATES.popitem(last=False)
+    _TEMPLATES.move_to_end(key)
+    template, states = _TEMPLATES[key]
+    _set_host_rng_states(states)  # as if the model had just been built (dropout draws continue from here)
+    return copy.deepcopy(template)
 
 
 def seed_everything(seed: int) -> None:
     random.seed(seed)
     np.random.seed(seed)
     torch.manual_seed(seed)  # also seeds every CUDA device
+
+
+def _host_rng_states() -> tuple:
+    return random.getstate(), np.random.get_state(), torch.get_rng_state()
+
+
+def _set_host_rng_states(states: tuple) -> None:
+    random.setstate(states[0])
+    np.random.set_state(states[1])
+    torch.set_rng_state(states[2])  # models are built on the CPU: the CUDA generators are as seeded
 
 
 def _result(cfg, task, train_rows, n_eval, report: FreezeReport, state: FitState, ctx: FitContext,
@@ -122,6 +161,7 @@ def _result(cfg, task, train_rows, n_eval, report: FreezeReport, state: FitState
         train_indices_digest=indices_digest(train_rows),
         resumed_from_step=state.resumed_from_step,
         eval_cached_layers=ctx.eval_prefix.layer if ctx.eval_prefix is not None else None,
+        train_cached_layers=ctx.train_prefix.layer if ctx.train_prefix is not None else None,
         train_indices=tuple(int(i) for i in train_rows),
         n_train=len(train_rows),
         n_eval=n_eval,

@@ -7,6 +7,7 @@ Files are written to a temporary name and renamed, so concurrent trials never re
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import hashlib
 import os
@@ -59,9 +60,11 @@ class Batch:
     input_ids: torch.Tensor
     attention_mask: torch.Tensor
     labels: torch.Tensor
+    positions: np.ndarray | None = None  # training batches: the rows' positions in the train subset
 
     def to(self, device: torch.device) -> "Batch":
-        return Batch(*(t.to(device, non_blocking=True) for t in (self.input_ids, self.attention_mask, self.labels)))
+        return Batch(*(t.to(device, non_blocking=True) for t in (self.input_ids, self.attention_mask, self.labels)),
+                     positions=self.positions)
 
 
 def collate(ids: list[np.ndarray], labels: np.ndarray, pad_id: int) -> Batch:
@@ -91,6 +94,6 @@ def train_batches(
     """One epoch of shuffled batches; the generator (seeded from the cell) fixes the order."""
     order = torch.randperm(len(ids), generator=generator).numpy()
     return [
-        collate([ids[i] for i in order[s : s + batch_size]], labels[order[s : s + batch_size]], pad_id)
-        for s in range(0, len(order), batch_size)
+        dataclasses.replace(collate([ids[i] for i in chunk], labels[chunk], pad_id), positions=chunk)
+        for chunk in (order[s : s + batch_size] for s in range(0, len(order), batch_size))
     ]

@@ -27,6 +27,7 @@ from trials.eval_cache import PrefixStates
 from trials.evaluate import evaluate
 from trials.precision import PrecisionPlan
 from trials.tokens import Batch, train_batches
+from trials.train_cache import TrainPrefix, feed, training_from
 
 
 @dataclass(frozen=True)
@@ -98,12 +99,15 @@ class FitContext:
     eval_batches: list[Batch]
     on_eval: Callable[[EvalPoint], None]
     eval_prefix: PrefixStates | None = None  # the frozen layers' cached output (trials/eval_cache.py)
+    train_prefix: TrainPrefix | None = None  # opt-in, not the reference's semantics (trials/train_cache.py)
 
 
 def fit(model: nn.Module, train_ids, train_labels: np.ndarray, pad_id: int, ctx: FitContext) -> FitState:
     cfg, schedule = ctx.cfg, ctx.schedule
     params = [p for p in model.parameters() if p.requires_grad]
-    optimizer = torch.optim.AdamW(params, lr=cfg.learning_rate, weight_decay=cfg.weight_decay)
+    # Fused AdamW on CUDA: one kernel for all parameters instead of several per tensor (same update rule).
+    optimizer = torch.optim.AdamW(params, lr=cfg.learning_rate, weight_decay=cfg.weight_decay,
+                                  fused=ctx.device.type == "cuda")
     scheduler = get_linear_schedule_with_warmup(optimizer, schedule.warmup_steps, schedule.total_steps)
     scaler = ctx.plan.grad_scaler()
     generator = torch.Generator().manual_seed(cfg.derived_seed)
@@ -118,7 +122,10 @@ def fit(model: nn.Module, train_ids, train_labels: np.ndarray, pad_id: int, ctx:
         for batch in train_batches(train_ids, train_labels, cfg.batch_size, pad_id, generator)[skip:]:
             if state.step >= schedule.total_steps:
                 break
-            loss = _train_step(model, batch.to(ctx.device), optimizer, scheduler, scaler, params, ctx)
+            with training_from(ctx.train_prefix, model) as injector:  # the opt-in training cache, if any
+                batch = batch.to(ctx.device)
+                feed(injector, ctx.train_prefix, batch)
+                loss = _train_step(model, batch, optimizer, scheduler, scaler, params, ctx)
             state.loss_sum, state.loss_count = state.loss_sum + loss, state.loss_count + 1
             state.step += 1
             if state.step in schedule.eval_steps or state.step in schedule.checkpoint_steps:

@@ -13,8 +13,10 @@ from trials.run import run_trial
 @pytest.fixture(autouse=True)
 def _empty_cache():
     eval_cache._STATES.clear()
+    eval_cache._EXACT.clear()
     yield
     eval_cache._STATES.clear()
+    eval_cache._EXACT.clear()
 
 
 @pytest.mark.parametrize("model_fixture,k", [("tiny_bert", 1), ("tiny_bert", 2), ("tiny_roberta", 1),
@@ -38,8 +40,7 @@ def test_nothing_frozen_or_random_init_is_never_cached(tiny_trial):
     assert not eval_cache._STATES
 
 
-def test_wrong_states_are_caught_by_the_check(tiny_trial):
-    """The per-trial check is what makes the cache safe: states that are off by a little fail it."""
+def _setup(cfg):
     import tempfile
     from pathlib import Path
 
@@ -49,18 +50,39 @@ def test_wrong_states_are_caught_by_the_check(tiny_trial):
     from trials.run import initial_model
     from trials.tokens import eval_batches, tokenize_split
 
-    task = load_task(tiny_trial.dataset)
-    tokenizer = load_tokenizer(tiny_trial.model)
+    task = load_task(cfg.dataset)
+    tokenizer = load_tokenizer(cfg.model)
     ids = tokenize_split(tokenizer, task.validation, 128, Path(tempfile.mkdtemp()))
     batches = eval_batches(ids, task.validation.labels, 32, tokenizer.pad_token_id)
-    model = initial_model(tiny_trial, task.num_labels)
-    plan, device = resolve_precision("fp32", torch.device("cpu")), torch.device("cpu")
+    model = initial_model(cfg, task.num_labels)
+    return model, batches, resolve_precision("fp32", torch.device("cpu")), torch.device("cpu")
+
+
+def test_wrong_states_are_caught_by_the_check(tiny_trial):
+    """The per-trial check is what makes the cache safe: states that are off by a little fail it."""
+    model, batches, plan, device = _setup(tiny_trial)
     prefix = prefix_states(model, batches, plan, device, 1, ("key",))
     assert matches_full_model(model, batches[0], prefix, plan, device)
     nudged = PrefixStates(1, tuple(s * (1 + 1e-6) for s in prefix.states), prefix.tuple_output)
     assert not matches_full_model(model, batches[0], nudged, plan, device)
     original = model.base_model.encoder.layer
-    with starting_at(model, prefix):  # the injector, then the one trained layer of two
+    with starting_at(model, prefix.layer, prefix.tuple_output):  # the injector, then the one trained layer of two
         assert isinstance(model.base_model.encoder.layer[0], eval_cache._Injector)
         assert model.base_model.encoder.layer[1] is original[1] and len(model.base_model.encoder.layer) == 2
     assert model.base_model.encoder.layer is original  # restored
+
+
+def test_a_deeper_prefix_starts_from_a_cached_shallower_one_and_runs_no_layer_twice(tiny_trial, tiny_roberta):
+    model, batches, plan, device = _setup(dataclasses.replace(tiny_trial, model=tiny_roberta))
+    layers = model.base_model.encoder.layer
+    direct = eval_cache._compute(model, batches, plan, device, 2)
+    prefix_states(model, batches, plan, device, 1, ("key",))
+    calls = [0, 0, 0]
+    hooks = [layer.register_forward_hook(lambda m, a, o, i=i: calls.__setitem__(i, calls[i] + 1))
+             for i, layer in enumerate(layers)]
+    chained = prefix_states(model, batches, plan, device, 2, ("key",))
+    for hook in hooks:
+        hook.remove()
+    assert calls == [0, len(batches), 0]  # only layer 2: layer 1 came from the cache, layer 3 is never needed
+    assert all(torch.equal(a, b) for a, b in zip(chained.states, direct.states))
+    assert matches_full_model(model, batches[0], chained, plan, device)

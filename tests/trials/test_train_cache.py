@@ -1,0 +1,68 @@
+"""The opt-in training cache: off by default; on, it trains exactly what a model whose frozen layers
+have no dropout trains, and a cell's result does not depend on what ran before it in the worker."""
+
+import dataclasses
+
+import numpy as np
+import pytest
+
+from tests.conftest import _save_tiny
+from trials import train_cache
+from trials.run import run_trial
+
+
+@pytest.fixture(autouse=True)
+def _empty_cache():
+    train_cache._ROWS.clear()
+    yield
+    train_cache._ROWS.clear()
+
+
+@pytest.fixture(scope="module")
+def tiny_bert_no_dropout(tmp_path_factory, minilm_tokenizer) -> str:
+    """Without dropout the frozen layers are deterministic in training too, so the cached path must
+    train the same model as the uncached one (up to float rounding of per-row vs padded batches)."""
+    from transformers import BertConfig
+
+    config = BertConfig(vocab_size=len(minilm_tokenizer), hidden_size=32, num_hidden_layers=3, num_attention_heads=2,
+                        intermediate_size=64, max_position_embeddings=128, hidden_dropout_prob=0.0,
+                        attention_probs_dropout_prob=0.0)
+    return _save_tiny(tmp_path_factory.mktemp("tiny-bert-no-dropout"), config, minilm_tokenizer)
+
+
+def test_off_by_default_and_part_of_the_identity(tiny_trial):
+    cfg = dataclasses.replace(tiny_trial, frozen_layers=1)
+    assert run_trial(cfg).train_cached_layers is None and not train_cache._ROWS
+    assert dataclasses.replace(cfg, train_cache=True).trial_id != cfg.trial_id
+    assert dataclasses.replace(cfg, train_cache=False).trial_id == cfg.trial_id
+
+
+@pytest.mark.parametrize("k", [1, 2])
+def test_cached_training_equals_training_without_dropout_in_the_frozen_layers(tiny_trial, tiny_bert_no_dropout, k):
+    cfg = dataclasses.replace(tiny_trial, model=tiny_bert_no_dropout, frozen_layers=k, epochs=3)
+    plain = run_trial(cfg)
+    cached = run_trial(dataclasses.replace(cfg, train_cache=True))
+    assert plain.train_cached_layers is None and cached.train_cached_layers == k
+    np.testing.assert_allclose([loss for _, loss in cached.train_loss_curve],
+                               [loss for _, loss in plain.train_loss_curve], rtol=1e-4)
+    np.testing.assert_allclose([p.loss for p in cached.eval_curve], [p.loss for p in plain.eval_curve], rtol=1e-4)
+
+
+def test_with_dropout_the_cache_is_a_real_deviation(tiny_trial):
+    cfg = dataclasses.replace(tiny_trial, frozen_layers=1, epochs=3)
+    plain, cached = run_trial(cfg), run_trial(dataclasses.replace(cfg, train_cache=True))
+    assert plain.train_loss_curve != cached.train_loss_curve
+
+
+def test_nested_subsets_share_rows_and_history_does_not_change_a_result(tiny_trial):
+    cfg = dataclasses.replace(tiny_trial, frozen_layers=1, train_cache=True, train_size=24)
+    fresh = run_trial(cfg)
+    (entry,) = train_cache._ROWS.values()
+    assert len(entry.rows) == 24
+    run_trial(dataclasses.replace(cfg, train_size=48))  # a superset: only its 24 new rows are computed
+    assert len(entry.rows) == 48
+    train_cache._ROWS.clear()
+    run_trial(dataclasses.replace(cfg, train_size=48))
+    after_bigger = run_trial(cfg)  # served entirely from rows another cell computed
+    assert after_bigger.train_loss_curve == fresh.train_loss_curve
+    assert [p.loss for p in after_bigger.eval_curve] == [p.loss for p in fresh.eval_curve]
