@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import dataclasses
 import platform
 import random
 import re
@@ -53,17 +54,25 @@ def run_trial(cfg: TrialConfig, on_eval: Callable[[EvalPoint], None] | None = No
 
     batches = eval_batches(tuple(val_ids[i] for i in val_rows), task.validation.labels[val_rows],
                            cfg.eval_batch_size, pad_id)
+    # Filling the caches is evaluation and training work (once per worker), not per-trial overhead.
+    eval_started = time.perf_counter()
+    eval_prefix = _eval_prefix(cfg, model, batches, plan, device, (task.validation.digest, indices_digest(val_rows)))
+    train_started = time.perf_counter()
+    train_prefix = _train_prefix(cfg, model, train_ids, train_rows, plan, device, task.train.digest)
+    fit_started = time.perf_counter()
     ctx = FitContext(
         cfg=cfg,
         plan=plan,
         device=device,
         schedule=make_schedule(len(train_rows), cfg),
         eval_batches=batches,
-        eval_prefix=_eval_prefix(cfg, model, batches, plan, device, (task.validation.digest, indices_digest(val_rows))),
-        train_prefix=_train_prefix(cfg, model, train_ids, train_rows, plan, device, task.train.digest),
+        eval_prefix=eval_prefix,
+        train_prefix=train_prefix,
         on_eval=on_eval or (lambda point: None),
     )
     state = fit(model, tuple(train_ids[i] for i in train_rows), task.train.labels[train_rows], pad_id, ctx)
+    state = dataclasses.replace(state, eval_time_s=state.eval_time_s + train_started - eval_started,
+                                train_time_s=state.train_time_s + fit_started - train_started)
     return _result(cfg, task, train_rows, len(val_rows), report, state, ctx,
                    wall_time_s=time.perf_counter() - started)
 

@@ -105,9 +105,10 @@ class FitContext:
 def fit(model: nn.Module, train_ids, train_labels: np.ndarray, pad_id: int, ctx: FitContext) -> FitState:
     cfg, schedule = ctx.cfg, ctx.schedule
     params = [p for p in model.parameters() if p.requires_grad]
-    # Fused AdamW on CUDA: one kernel for all parameters instead of several per tensor (same update rule).
-    optimizer = torch.optim.AdamW(params, lr=cfg.learning_rate, weight_decay=cfg.weight_decay,
-                                  fused=ctx.device.type == "cuda")
+    # Fused AdamW (CPU and CUDA since torch 2.4): one vectorised kernel instead of a Python loop of
+    # per-tensor ops, the same update rule; what HF Trainer uses too (optim "adamw_torch_fused").
+    # Measured on one CPU core, MiniLM-L6 with nothing frozen: 0.35 -> 0.26 s per step.
+    optimizer = torch.optim.AdamW(params, lr=cfg.learning_rate, weight_decay=cfg.weight_decay, fused=True)
     scheduler = get_linear_schedule_with_warmup(optimizer, schedule.warmup_steps, schedule.total_steps)
     scaler = ctx.plan.grad_scaler()
     generator = torch.Generator().manual_seed(cfg.derived_seed)
@@ -151,7 +152,7 @@ def _train_step(model, batch: Batch, optimizer, scheduler, scaler, params, ctx: 
     loss = nn.functional.cross_entropy(logits.float(), batch.labels)
     scaler.scale(loss).backward()
     scaler.unscale_(optimizer)
-    torch.nn.utils.clip_grad_norm_(params, ctx.cfg.max_grad_norm)
+    torch.nn.utils.clip_grad_norm_(params, ctx.cfg.max_grad_norm, foreach=True)
     scaler.step(optimizer)
     scaler.update()
     scheduler.step()
