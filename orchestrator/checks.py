@@ -6,6 +6,7 @@ run lists every problem even when some fields are malformed.
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import yaml
@@ -17,7 +18,8 @@ def semantic_problems(raw: dict[str, Any]) -> list[str]:
     data_dir = raw.get("data_dir") if isinstance(raw.get("data_dir"), str) else None
     problems = _model_problems(raw.get("model"), _ints(raw.get("frozen_layers")))
     problems += _data_problems(_strs(raw.get("datasets")), _ints(raw.get("train_sizes")), data_dir, training)
-    problems += _device_problems(training.get("precision"), resources.get("gpus_per_trial"), raw.get("address"))
+    problems += _device_problems(training.get("precision"), resources.get("gpus_per_trial"),
+                                 resources.get("cpus_per_trial"), raw.get("address") or os.environ.get("RAY_ADDRESS"))
     problems += _store_problems(raw)
     return problems
 
@@ -62,18 +64,46 @@ def _data_problems(datasets: list[str], sizes: list[int], data_dir: str | None, 
     return problems
 
 
-def _device_problems(precision: Any, gpus_per_trial: Any, address: Any) -> list[str]:
+def _device_problems(precision: Any, gpus_per_trial: Any, cpus_per_trial: Any, address: str | None) -> list[str]:
+    """Resources are checked where the trials will run: the cluster's nodes when there is an address
+    (spec, --address or RAY_ADDRESS), else this machine's CUDA."""
     gpus = gpus_per_trial if isinstance(gpus_per_trial, (int, float)) else 0
+    cpus = cpus_per_trial if isinstance(cpus_per_trial, (int, float)) else 1
     problems = []
     if precision == "fp16" and gpus <= 0:
         problems.append("training.precision: fp16 needs GPU trials (resources.gpus_per_trial > 0); use bf16 or auto on CPU")
-    if gpus > 0 and not address:
+    if address:
+        return problems + _cluster_problems(address, cpus, gpus)
+    if gpus > 0:
         import torch
 
         if not torch.cuda.is_available():
             problems.append(f"resources.gpus_per_trial: {gpus} GPU per trial, but this machine has no CUDA GPU "
                             "(set it to 0, or pass --address of a cluster with GPUs)")
     return problems
+
+
+def _cluster_problems(address: str, cpus: float, gpus: float) -> list[str]:
+    """A trial runs on one node: some alive node must hold its CPUs and GPUs."""
+    try:
+        nodes = cluster_nodes(address)
+    except Exception as exc:  # unreachable cluster: one problem, named, instead of a traceback
+        return [f"address: cannot reach the Ray cluster at {address!r}: {type(exc).__name__}: {exc}"]
+    if any(n.get("CPU", 0) >= cpus and n.get("GPU", 0) >= gpus for n in nodes):
+        return []
+    has = "; ".join(f"{n.get('CPU', 0):g} CPU, {n.get('GPU', 0):g} GPU" for n in nodes) or "no alive node"
+    return [f"resources: a trial needs {cpus:g} CPU and {gpus:g} GPU on one node, but no node of the cluster at "
+            f"{address!r} has them (its nodes: {has})"]
+
+
+def cluster_nodes(address: str) -> list[dict[str, float]]:
+    """The total resources of each alive node of the cluster (connecting this driver to it)."""
+    import ray
+
+    from orchestrator.launch import _init_ray
+
+    _init_ray(address)
+    return [node["Resources"] for node in ray.nodes() if node.get("Alive")]
 
 
 def _store_problems(raw: dict[str, Any]) -> list[str]:

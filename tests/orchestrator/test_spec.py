@@ -171,3 +171,34 @@ def test_a_sweep_from_before_pinned_ids_is_refused_not_rerun(write_spec, tmp_pat
                               capture_output=True, text=True)
         assert done.returncode == 2 and "made by a freezesweep before 0.2" in done.stderr, (command, done.stderr)
     assert not (tmp_path / "store" / "old" / "results").exists()
+
+
+def test_with_a_cluster_address_resources_are_checked_against_its_nodes(write_spec, monkeypatch):
+    """A CPU head node with GPU workers (RAY_ADDRESS set, nothing in the spec): a GPU share is fine
+    when some node has a GPU; a request no single node can hold is refused, listing the nodes."""
+    from orchestrator import checks
+
+    monkeypatch.setenv("RAY_ADDRESS", "ray://head:10001")
+    monkeypatch.setattr(checks, "cluster_nodes", lambda address: [{"CPU": 4.0}, {"CPU": 16.0, "GPU": 1.0}])
+    load_spec(write_spec("on-cluster", resources={"gpus_per_trial": 0.25, "cpus_per_trial": 4}))
+    with pytest.raises(SpecError) as refused:
+        load_spec(write_spec("too-big", resources={"gpus_per_trial": 1, "cpus_per_trial": 32}))
+    message = str(refused.value)
+    assert "32 CPU and 1 GPU on one node" in message and "ray://head:10001" in message
+    assert "4 CPU, 0 GPU; 16 CPU, 1 GPU" in message
+
+    def unreachable(address):
+        raise ConnectionError("connection refused")
+
+    monkeypatch.setattr(checks, "cluster_nodes", unreachable)
+    with pytest.raises(SpecError, match="cannot reach the Ray cluster at 'ray://head:10001'"):
+        load_spec(write_spec("gone"))
+
+
+def test_without_an_address_a_gpu_share_needs_a_local_gpu(write_spec, monkeypatch):
+    import torch
+
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(SpecError, match="this machine has no CUDA GPU"):
+        load_spec(write_spec("local-gpu", resources={"gpus_per_trial": 0.5}))
