@@ -30,7 +30,7 @@ test: install
 test-slow: install
 	$(PY) -m pytest -m "(slow or cluster) and not gpu"
 
-# The speed benchmark: the reference loop (HF Trainer) and freezesweep on the same 16 cells (~45 min on 2 cores).
+# The speed benchmark: the reference loop (HF Trainer) and freezesweep on the same 16 cells (~55 min on 2 cores).
 bench: install
 	$(PY) -m pip install -q -e '.[bench]'
 	$(PY) benchmarks/grid_speed.py --train-cache

@@ -4,9 +4,10 @@
 # or datasets, and no network: the trial engine runs there without Ray (grid_speed.py --engine local).
 #
 #   bash benchmarks/gpu_check.sh prepare      # here, once: fills .devcarry/ (git-ignored, ~8 MB)
-#   device run, carry [".devcarry"], one part per call (each fits the 10-minute limit):
-#     bash benchmarks/gpu_check.sh tests      # the CUDA tests (fp16 + GradScaler, bf16, auto by capability)
-#     bash benchmarks/gpu_check.sh pack       # the GPU grid without a baseline, 1/4/8 trial processes per GPU
+#   device run, carry [".devcarry"], one part per call (each should fit the 10-minute limit):
+#     bash benchmarks/gpu_check.sh tests      # the CUDA tests (precisions, caches, fused AdamW)
+#     bash benchmarks/gpu_check.sh pack 8     # the GPU grid, no baseline, 8 trial processes on the GPU
+#                                             # (then 4 and 1 for the packing comparison, time allowing)
 #     bash benchmarks/gpu_check.sh baseline   # HF Trainer vs freezesweep on a subset of the same cells
 #
 # The GPU grid: a base-size encoder (BERT-base shape, random initialisation: fine for speed), real SST-2
@@ -55,12 +56,11 @@ tests|pack|baseline)
     python3 -m pytest -q -m gpu tests/trials/test_gpu.py -p no:cacheprovider 2>&1 | tee "$LOGS/gpu_tests.log"
     ;;
   pack)
-    for workers in 1 4 8; do
-      echo "== $workers trial processes on the GPU"
-      python3 benchmarks/grid_speed.py "${GRID[@]}" --train-sizes 50 100 200 500 1000 \
-        --frozen-layers -1 0 2 4 8 10 12 --seeds 0 --skip-baseline --workers "$workers" \
-        --out "$LOGS/pack_$workers.json" 2>&1 | grep -v "^glue/" | tee "$LOGS/pack_$workers.log"
-    done
+    workers=${2:-8}
+    echo "== $workers trial processes on the GPU"
+    python3 benchmarks/grid_speed.py "${GRID[@]}" --train-sizes 50 100 200 500 1000 \
+      --frozen-layers -1 0 2 4 8 10 12 --seeds 0 --skip-baseline --workers "$workers" \
+      --out "$LOGS/pack_$workers.json" 2>&1 | grep -v "^glue/" | tee "$LOGS/pack_$workers.log"
     ;;
   baseline)
     python3 benchmarks/grid_speed.py "${GRID[@]}" --train-sizes 50 1000 --frozen-layers 0 12 --seeds 0 \

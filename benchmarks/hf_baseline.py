@@ -25,14 +25,14 @@ import numpy as np
 import torch
 import pandas as pd
 import transformers
-from transformers import (AutoModelForSequenceClassification, AutoTokenizer, DataCollatorWithPadding, Trainer,
+from transformers import (AutoTokenizer, DataCollatorWithPadding, Trainer,
                           TrainerCallback, TrainingArguments, set_seed)
 from transformers.trainer_callback import PrinterCallback
 
 from trials.config import TrialConfig
 from trials.data import load_task
 from trials.freezing import freeze
-from trials.model import resolve_model_path
+from trials.model import build_model, resolve_model_path
 from trials.run import eval_rows
 from trials.subsets import subset_indices
 from trials.train import steps_for
@@ -68,6 +68,15 @@ class _Clock(TrainerCallback):
         self.save_s += time.perf_counter() - self._eval_ended
 
 
+class _NoFinalEvaluation(TrainerCallback):
+    """transformers 5 evaluates (and saves) at the last step even off the evaluation stride; the
+    reference's Trainer did not (its 18 evaluations at n = 200). Runs after DefaultFlowCallback."""
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if state.global_step == state.max_steps and state.global_step % args.eval_steps:
+            control.should_evaluate = control.should_save = False
+
+
 def _accuracy(prediction) -> dict[str, float]:
     return {"accuracy": float((np.argmax(prediction.predictions, -1) == prediction.label_ids).mean())}
 
@@ -93,7 +102,7 @@ def run_baseline_trial(cfg: TrialConfig, precision: str) -> BaselineResult:
 
     train, validation = tokenized("train", rows), tokenized("validation", eval_rows(task, cfg))
     set_seed(cfg.derived_seed)  # the same new head as freezesweep's cell
-    model = AutoModelForSequenceClassification.from_pretrained(path, num_labels=task.num_labels)
+    model = build_model(cfg.model, task.num_labels, cfg.model_init)  # from_pretrained, or a random init
     freeze(model, cfg.frozen_layers)
     every = steps_for(cfg.eval_every_epochs, cfg.train_size, cfg.batch_size)
     out = Path(tempfile.mkdtemp(prefix="hf-baseline-"))
@@ -110,7 +119,7 @@ def run_baseline_trial(cfg: TrialConfig, precision: str) -> BaselineResult:
     clock = _Clock()
     trainer = Trainer(model=model, args=args, train_dataset=train, eval_dataset=validation,
                       data_collator=DataCollatorWithPadding(tokenizer), processing_class=tokenizer,
-                      compute_metrics=_accuracy, callbacks=[clock])
+                      compute_metrics=_accuracy, callbacks=[_NoFinalEvaluation(), clock])
     trainer.remove_callback(PrinterCallback)  # no metrics dict printed per evaluation
     try:
         trainer.train()

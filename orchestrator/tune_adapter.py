@@ -33,7 +33,7 @@ def tune_trainable(config: dict) -> None:
     import torch
     import transformers
 
-    from trials.run import failed_result, run_trial
+    from trials.run import clear_caches, failed_result, run_trial
 
     transformers.logging.set_verbosity_error()
     transformers.utils.logging.disable_progress_bar()
@@ -46,6 +46,7 @@ def tune_trainable(config: dict) -> None:
         result = run_trial(cfg, on_eval=on_eval)
     except torch.cuda.OutOfMemoryError as exc:
         result = failed_result(cfg, exc)
+        clear_caches()  # cached states and models may sit on the GPU beside the trials packed there
         gc.collect()
         if torch.cuda.is_available():
             torch.cuda.empty_cache()  # give the memory back before this worker takes the next trial

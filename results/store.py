@@ -40,7 +40,7 @@ SCHEMA = pa.schema([
     ("train_loss_curve", pa.list_(pa.struct([("step", pa.int64()), ("loss", pa.float64())]))),
     ("train_indices_digest", pa.string()), ("train_indices", pa.list_(pa.int64())),
     ("resumed_from_step", pa.int64()), ("eval_cached_layers", pa.int64()),
-    ("train_cached_layers", pa.int64()),
+    ("train_cached_layers", pa.int64()), ("cache_fill_time_s", pa.float64()),
     ("n_train", pa.int64()), ("n_eval", pa.int64()),
     ("error", pa.string()), ("finished_at", pa.timestamp("us", tz="UTC")),
     ("config", pa.string()),  # the full resolved TrialConfig, JSON

@@ -46,7 +46,7 @@ def minilm_tokenizer():
     return load_tokenizer(MINILM)
 
 
-def _save_tiny(path: Path, config, tokenizer) -> str:
+def save_tiny(path: Path, config, tokenizer) -> str:
     """The base model only, like a real pretrained checkpoint: the classifier head is new in every
     trial, initialised from the trial's seed."""
     from transformers import AutoModel
@@ -65,7 +65,7 @@ def tiny_bert(tmp_path_factory, minilm_tokenizer) -> str:
 
     config = BertConfig(vocab_size=len(minilm_tokenizer), hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
                         intermediate_size=64, max_position_embeddings=128)
-    return _save_tiny(tmp_path_factory.mktemp("tiny-bert"), config, minilm_tokenizer)
+    return save_tiny(tmp_path_factory.mktemp("tiny-bert"), config, minilm_tokenizer)
 
 
 @pytest.fixture(scope="session")
@@ -74,7 +74,7 @@ def tiny_roberta(tmp_path_factory, minilm_tokenizer) -> str:
 
     config = RobertaConfig(vocab_size=len(minilm_tokenizer), hidden_size=32, num_hidden_layers=3, num_attention_heads=2,
                            intermediate_size=64, max_position_embeddings=140, pad_token_id=minilm_tokenizer.pad_token_id)
-    return _save_tiny(tmp_path_factory.mktemp("tiny-roberta"), config, minilm_tokenizer)
+    return save_tiny(tmp_path_factory.mktemp("tiny-roberta"), config, minilm_tokenizer)
 
 
 def make_toy_dataset(folder: Path, n_train: int = 240, n_val: int = 60, fmt: str = "csv", seed: int = 0,

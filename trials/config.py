@@ -75,7 +75,7 @@ class TrialConfig:
     train_cache: bool = False  # opt-in deviation: frozen layers without dropout, run once (trials/train_cache.py)
     # --- how the work is done, where things live (not identity) ---
     eval_batch_size: int = 64  # length-sorted, masked batches: the batch size changes speed, not results
-    eval_cache: bool = True  # reuse the frozen layers' evaluation output (exact: checked per trial)
+    eval_cache: bool = True  # reuse the frozen layers' evaluation output (exact: checked per cache entry)
     data_dir: str | None = None
     cache_dir: str | None = None
     checkpoint_dir: str | None = None
@@ -93,8 +93,12 @@ class TrialConfig:
         values = {name: float(v) if name in _FLOAT_FIELDS and isinstance(v, int) else v
                   for name, v in ((name, getattr(self, name)) for name in IDENTITY_FIELDS)}
         values.update({name: getattr(self, name) for name, default in LATER_FIELDS.items()
-                       if getattr(self, name) != default})
+                       if getattr(self, name) != default and not self._inert(name)})
         return values
+
+    def _inert(self, name: str) -> bool:
+        """A later field that cannot change this cell's result: hashing it would re-run identical work."""
+        return name == "train_cache" and self.frozen_layers < 1  # nothing frozen above the embeddings to cache
 
     @property
     def trial_id(self) -> str:
@@ -159,6 +163,7 @@ class TrialResult:
     resumed_from_step: int | None = None  # > 0 when a retry continued from a trial checkpoint
     eval_cached_layers: int | None = None  # evaluation reused the cached output of this many frozen layers
     train_cached_layers: int | None = None  # training started above this many cached frozen layers (opt-in)
+    cache_fill_time_s: float | None = None  # filling this worker's caches for this cell (0 when they were warm)
     train_indices: tuple[int, ...] = ()
     n_train: int | None = None
     n_eval: int | None = None

@@ -5,10 +5,11 @@ pretrained weights, so for a given (model, validation rows, batching, precision,
 states entering layer k are the same in every trial that freezes k layers, at every evaluation. They
 are computed once per worker process and reused: an evaluation then runs only the embeddings (cheap),
 layers k+1..L and the head. The states after layer j also serve every k > j: a miss at k starts from
-the deepest cached j < k and runs only layers j+1..k (and never the layers above k), so the whole
-grid's prefixes cost one pass of the pretrained model over the validation set per worker. A trial checks the cached path against the full model on its first batch
-and falls back to the full model if they differ by a single bit (e.g. an architecture whose encoder
-does not simply loop over its layers).
+the deepest cached j < k and runs only layers j+1..k (and never the layers above k): met in ascending
+order, a grid's prefixes cost one pass of the pretrained model over the validation set per worker.
+Each entry is checked once against the full model on the first batch; an entry that differs by a
+single bit (e.g. an architecture whose encoder does not simply loop over its layers) is dropped and
+its trials evaluate the full model.
 
 How: the encoder's ``ModuleList`` of layers is swapped, for the duration of an evaluation, for
 ``[injector, layer_k+1, …, layer_L]``; the injector ignores the hidden states it is given and returns
@@ -53,20 +54,32 @@ class _Injector(nn.Module):
 
 def exact_prefix(model: nn.Module, batches: list[Batch], plan: PrecisionPlan, device: torch.device,
                  layer: int, key: tuple) -> PrefixStates | None:
-    """The cached states for ``key`` if the cached path is bit-identical to the full model (checked
-    once per entry: the frozen prefix, the batches and the code path are the same in every trial
-    that shares the entry; the trained layers above it start from the same weights), else None."""
+    """The cached states for ``key`` if the cached path is bit-identical to the full model, else
+    None. Checked once per entry: every trial sharing it feeds the same states through the same code
+    path, and identical states give identical logits whatever the trained layers' weights."""
     prefix = prefix_states(model, batches, plan, device, layer, key)
     full_key = (*key, plan.name, str(device), layer)
     if full_key not in _EXACT:
         _EXACT[full_key] = matches_full_model(model, batches[0], prefix, plan, device)
+        if not _EXACT[full_key]:
+            _STATES.pop(full_key, None)  # never a starting point for deeper prefixes
     return prefix if _EXACT[full_key] else None
+
+
+def clear() -> None:
+    """Drop every cached state (e.g. after a CUDA out-of-memory error: they may live on the GPU)."""
+    _STATES.clear()
+    _EXACT.clear()
+
+
+def entries() -> int:
+    return len(_STATES)
 
 
 def prefix_states(model: nn.Module, batches: list[Batch], plan: PrecisionPlan, device: torch.device,
                   layer: int, key: tuple) -> PrefixStates:
     """The cached states for ``key`` (computed with ``model``'s pretrained prefix on a miss)."""
-    base_key = (*key, plan.name, str(device))
+    base_key = (*key, plan.name, str(device))  # the entry's key ends with the layer
     if (*base_key, layer) in _STATES:
         _STATES.move_to_end((*base_key, layer))
         return _STATES[(*base_key, layer)]

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import copy
-import dataclasses
 import platform
 import random
 import re
@@ -20,6 +19,7 @@ import torch
 
 from trials.config import EvalPoint, TrialConfig, TrialResult
 from trials.data import TaskData, load_task, resolve_cache_dir
+from trials import eval_cache, train_cache
 from trials.eval_cache import PrefixStates, exact_prefix
 from trials.freezing import FreezeReport, freeze
 from trials.model import build_model, load_tokenizer
@@ -54,12 +54,11 @@ def run_trial(cfg: TrialConfig, on_eval: Callable[[EvalPoint], None] | None = No
 
     batches = eval_batches(tuple(val_ids[i] for i in val_rows), task.validation.labels[val_rows],
                            cfg.eval_batch_size, pad_id)
-    # Filling the caches is evaluation and training work (once per worker), not per-trial overhead.
-    eval_started = time.perf_counter()
+    fill_started = time.perf_counter()  # the caches' first fill in this worker: recorded on its own
     eval_prefix = _eval_prefix(cfg, model, batches, plan, device, (task.validation.digest, indices_digest(val_rows)))
-    train_started = time.perf_counter()
     train_prefix = _train_prefix(cfg, model, train_ids, train_rows, plan, device, task.train.digest)
-    fit_started = time.perf_counter()
+    _synchronize(device)
+    cache_fill_time_s = time.perf_counter() - fill_started
     ctx = FitContext(
         cfg=cfg,
         plan=plan,
@@ -71,10 +70,8 @@ def run_trial(cfg: TrialConfig, on_eval: Callable[[EvalPoint], None] | None = No
         on_eval=on_eval or (lambda point: None),
     )
     state = fit(model, tuple(train_ids[i] for i in train_rows), task.train.labels[train_rows], pad_id, ctx)
-    state = dataclasses.replace(state, eval_time_s=state.eval_time_s + train_started - eval_started,
-                                train_time_s=state.train_time_s + fit_started - train_started)
     return _result(cfg, task, train_rows, len(val_rows), report, state, ctx,
-                   wall_time_s=time.perf_counter() - started)
+                   wall_time_s=time.perf_counter() - started, cache_fill_time_s=cache_fill_time_s)
 
 
 def _eval_prefix(cfg: TrialConfig, model, batches, plan, device, rows_key: tuple) -> PrefixStates | None:
@@ -113,9 +110,10 @@ def initial_model(cfg: TrialConfig, num_labels: int):
     """The model before training. Seeded with the paired seed first, so every cell with the same
     (seed, split_seed, dataset, model) starts from the same classifier head, whatever k or n.
 
-    Built once per worker for each such (model, init, labels, seed) and copied per trial: the copy,
-    and the RNG state restored beside it, are bit for bit what building it again would give, minus
-    the load (or the random initialisation of a whole model, ~1.4 s for a base-size one on a CPU)."""
+    The last two such (model, init, labels, seed) built in this worker are kept and copied per trial:
+    the copy, and the RNG state restored beside it, are bit for bit what building it again would
+    give, minus the load (or the random initialisation of a whole model, ~1.4 s for a base-size one
+    on a CPU). It pays where a worker meets the cells of one seed in a row (a one-seed grid)."""
     key = (cfg.model, cfg.model_init, num_labels, cfg.derived_seed)
     seed_everything(cfg.derived_seed)
     if key not in _TEMPLATES:
@@ -126,6 +124,18 @@ def initial_model(cfg: TrialConfig, num_labels: int):
     template, states = _TEMPLATES[key]
     _set_host_rng_states(states)  # as if the model had just been built (dropout draws continue from here)
     return copy.deepcopy(template)
+
+
+def clear_caches() -> None:
+    """Drop this process's caches (evaluation and training states, initial models), e.g. after a
+    CUDA out-of-memory error, so the memory they hold goes back to the trials packed beside it."""
+    eval_cache.clear()
+    train_cache.clear()
+    _TEMPLATES.clear()
+
+
+def template_count() -> int:
+    return len(_TEMPLATES)
 
 
 def seed_everything(seed: int) -> None:
@@ -145,7 +155,7 @@ def _set_host_rng_states(states: tuple) -> None:
 
 
 def _result(cfg, task, train_rows, n_eval, report: FreezeReport, state: FitState, ctx: FitContext,
-            wall_time_s: float) -> TrialResult:
+            wall_time_s: float, cache_fill_time_s: float) -> TrialResult:
     best = max(state.curve, key=lambda p: p.accuracy)  # first of equals: the earliest best
     return TrialResult(
         trial_id=cfg.trial_id,
@@ -163,6 +173,7 @@ def _result(cfg, task, train_rows, n_eval, report: FreezeReport, state: FitState
         train_time_s=state.train_time_s,
         eval_time_s=state.eval_time_s,
         wall_time_s=wall_time_s,
+        cache_fill_time_s=cache_fill_time_s,
         train_examples_per_s=state.step * cfg.batch_size / max(state.train_time_s, 1e-9),
         peak_mem_mb=peak_memory_mb(ctx.device),
         device=device_name(ctx.device),
@@ -190,6 +201,11 @@ def failed_result(cfg: TrialConfig, exc: BaseException, wall_time_s: float | Non
         frames = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__)[-4:])
     return TrialResult(trial_id=cfg.trial_id, config=cfg, status=status, error=f"{type(exc).__name__}: {exc}\n{frames}",
                        wall_time_s=wall_time_s, versions=library_versions())
+
+
+def _synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
 
 
 def reset_peak_memory(device: torch.device) -> None:

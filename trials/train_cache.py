@@ -30,7 +30,9 @@ from trials.freezing import EncoderParts, find_encoder_parts
 from trials.precision import PrecisionPlan
 from trials.tokens import Batch
 
-_MAX_ENTRIES = 4  # (model, split, k, precision, device) entries per worker process
+# (model, split, k, precision, device) entries per worker process: a grid's k values all fit, so the
+# nested train sizes of each k share rows (an entry holds at most the largest subset's rows).
+_MAX_ENTRIES = 8
 
 
 @dataclass
@@ -101,6 +103,15 @@ def _run_prefix(model, parts: EncoderParts, todo: list, entry: _Entry, plan: Pre
     finally:
         handle.remove()
         model.train(was_training)
+
+
+def clear() -> None:
+    _ROWS.clear()
+
+
+def entries() -> list[int]:
+    """The number of cached rows of each entry (most recently used last)."""
+    return [len(entry.rows) for entry in _ROWS.values()]
 
 
 def training_from(prefix: TrainPrefix | None, model: nn.Module):

@@ -12,11 +12,9 @@ from trials.run import run_trial
 
 @pytest.fixture(autouse=True)
 def _empty_cache():
-    eval_cache._STATES.clear()
-    eval_cache._EXACT.clear()
+    eval_cache.clear()
     yield
-    eval_cache._STATES.clear()
-    eval_cache._EXACT.clear()
+    eval_cache.clear()
 
 
 @pytest.mark.parametrize("model_fixture,k", [("tiny_bert", 1), ("tiny_bert", 2), ("tiny_roberta", 1),
@@ -30,14 +28,15 @@ def test_cached_and_uncached_evaluation_are_identical_in_fp32(request, tiny_tria
         [(p.step, p.accuracy, p.loss) for p in uncached.eval_curve]
     assert cached.train_loss_curve == uncached.train_loss_curve  # training is untouched
     again = run_trial(dataclasses.replace(cfg, seed=1))  # a later trial of the worker reuses the states
-    assert again.eval_cached_layers == k and len(eval_cache._STATES) == 1
+    assert [p.accuracy for p in again.eval_curve] != [] and again.status == "ok"
+    assert again.eval_cached_layers == k and eval_cache.entries() == 1
 
 
 def test_nothing_frozen_or_random_init_is_never_cached(tiny_trial):
     assert run_trial(tiny_trial).eval_cached_layers is None  # k = 0: every layer trains
     assert run_trial(dataclasses.replace(tiny_trial, frozen_layers=-1)).eval_cached_layers is None
     assert run_trial(dataclasses.replace(tiny_trial, frozen_layers=1, model_init="random")).eval_cached_layers is None
-    assert not eval_cache._STATES
+    assert eval_cache.entries() == 0
 
 
 def _setup(cfg):
@@ -75,7 +74,7 @@ def test_wrong_states_are_caught_by_the_check(tiny_trial):
 def test_a_deeper_prefix_starts_from_a_cached_shallower_one_and_runs_no_layer_twice(tiny_trial, tiny_roberta):
     model, batches, plan, device = _setup(dataclasses.replace(tiny_trial, model=tiny_roberta))
     layers = model.base_model.encoder.layer
-    direct = eval_cache._compute(model, batches, plan, device, 2)
+    direct = prefix_states(model, batches, plan, device, 2, ("direct",))  # from the embeddings: no k=1 under this key
     prefix_states(model, batches, plan, device, 1, ("key",))
     calls = [0, 0, 0]
     hooks = [layer.register_forward_hook(lambda m, a, o, i=i: calls.__setitem__(i, calls[i] + 1))
@@ -86,3 +85,25 @@ def test_a_deeper_prefix_starts_from_a_cached_shallower_one_and_runs_no_layer_tw
     assert calls == [0, len(batches), 0]  # only layer 2: layer 1 came from the cache, layer 3 is never needed
     assert all(torch.equal(a, b) for a, b in zip(chained.states, direct.states))
     assert matches_full_model(model, batches[0], chained, plan, device)
+
+
+def test_the_exactness_check_runs_once_per_cache_entry(tiny_trial, monkeypatch):
+    from trials import eval_cache as module
+
+    checks = []
+    real = module.matches_full_model
+    monkeypatch.setattr(module, "matches_full_model", lambda *a: checks.append(a) or real(*a))
+    cfg = dataclasses.replace(tiny_trial, frozen_layers=1)
+    run_trial(cfg)
+    run_trial(dataclasses.replace(cfg, seed=1))  # same entry: no second check
+    assert len(checks) == 1
+    run_trial(dataclasses.replace(cfg, frozen_layers=2))  # another layer: another entry, another check
+    assert len(checks) == 2
+
+
+def test_an_entry_that_fails_the_check_is_not_used_or_chained_from(tiny_trial, monkeypatch):
+    from trials import eval_cache as module
+
+    monkeypatch.setattr(module, "matches_full_model", lambda *a: False)
+    result = run_trial(dataclasses.replace(tiny_trial, frozen_layers=1))
+    assert result.eval_cached_layers is None and module.entries() == 0

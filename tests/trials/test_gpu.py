@@ -29,3 +29,16 @@ def test_fp16_scaler_scales_and_bf16_does_not():
     fp16 = resolve_precision("fp16", torch.device("cuda")).grad_scaler()
     assert fp16.is_enabled() and fp16.scale(torch.ones((), device="cuda")).item() > 1
     assert not resolve_precision("bf16", torch.device("cuda")).grad_scaler().is_enabled()
+
+
+def test_cuda_evaluation_cache_training_cache_and_fused_adamw(tiny_trial):
+    """The caches' CUDA paths: the evaluation cache (chained, early-stopped prefix; its bit-exactness
+    check on the GPU), the opt-in training cache, a template copied then moved to the GPU."""
+    cfg = dataclasses.replace(tiny_trial, device="cuda", precision="fp32", frozen_layers=1, epochs=3)
+    plain = run_trial(dataclasses.replace(cfg, eval_cache=False))
+    cached = run_trial(cfg)
+    assert plain.eval_cached_layers is None and cached.eval_cached_layers == 1
+    assert [p.loss for p in cached.eval_curve] == pytest.approx([p.loss for p in plain.eval_curve], rel=1e-5)
+    with_train_cache = run_trial(dataclasses.replace(cfg, train_cache=True))
+    assert with_train_cache.train_cached_layers == 1 and with_train_cache.status == "ok"
+    assert with_train_cache.peak_mem_mb > 0

@@ -6,16 +6,16 @@ import dataclasses
 import numpy as np
 import pytest
 
-from tests.conftest import _save_tiny
+from tests.conftest import save_tiny
 from trials import train_cache
 from trials.run import run_trial
 
 
 @pytest.fixture(autouse=True)
 def _empty_cache():
-    train_cache._ROWS.clear()
+    train_cache.clear()
     yield
-    train_cache._ROWS.clear()
+    train_cache.clear()
 
 
 @pytest.fixture(scope="module")
@@ -27,14 +27,16 @@ def tiny_bert_no_dropout(tmp_path_factory, minilm_tokenizer) -> str:
     config = BertConfig(vocab_size=len(minilm_tokenizer), hidden_size=32, num_hidden_layers=3, num_attention_heads=2,
                         intermediate_size=64, max_position_embeddings=128, hidden_dropout_prob=0.0,
                         attention_probs_dropout_prob=0.0)
-    return _save_tiny(tmp_path_factory.mktemp("tiny-bert-no-dropout"), config, minilm_tokenizer)
+    return save_tiny(tmp_path_factory.mktemp("tiny-bert-no-dropout"), config, minilm_tokenizer)
 
 
 def test_off_by_default_and_part_of_the_identity(tiny_trial):
     cfg = dataclasses.replace(tiny_trial, frozen_layers=1)
-    assert run_trial(cfg).train_cached_layers is None and not train_cache._ROWS
+    assert run_trial(cfg).train_cached_layers is None and train_cache.entries() == []
     assert dataclasses.replace(cfg, train_cache=True).trial_id != cfg.trial_id
-    assert dataclasses.replace(cfg, train_cache=False).trial_id == cfg.trial_id
+    nothing_frozen = dataclasses.replace(cfg, frozen_layers=0)  # the flag cannot change such a cell: same id
+    assert dataclasses.replace(nothing_frozen, train_cache=True).trial_id == nothing_frozen.trial_id
+    assert run_trial(dataclasses.replace(nothing_frozen, train_cache=True)).train_cached_layers is None
 
 
 @pytest.mark.parametrize("k", [1, 2])
@@ -57,11 +59,10 @@ def test_with_dropout_the_cache_is_a_real_deviation(tiny_trial):
 def test_nested_subsets_share_rows_and_history_does_not_change_a_result(tiny_trial):
     cfg = dataclasses.replace(tiny_trial, frozen_layers=1, train_cache=True, train_size=24)
     fresh = run_trial(cfg)
-    (entry,) = train_cache._ROWS.values()
-    assert len(entry.rows) == 24
+    assert train_cache.entries() == [24]
     run_trial(dataclasses.replace(cfg, train_size=48))  # a superset: only its 24 new rows are computed
-    assert len(entry.rows) == 48
-    train_cache._ROWS.clear()
+    assert train_cache.entries() == [48]
+    train_cache.clear()
     run_trial(dataclasses.replace(cfg, train_size=48))
     after_bigger = run_trial(cfg)  # served entirely from rows another cell computed
     assert after_bigger.train_loss_curve == fresh.train_loss_curve
