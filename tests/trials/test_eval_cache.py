@@ -86,3 +86,14 @@ def test_a_deeper_prefix_starts_from_a_cached_shallower_one_and_runs_no_layer_tw
     assert calls == [0, len(batches), 0]  # only layer 2: layer 1 came from the cache, layer 3 is never needed
     assert all(torch.equal(a, b) for a, b in zip(chained.states, direct.states))
     assert matches_full_model(model, batches[0], chained, plan, device)
+
+
+def test_the_cache_is_exact_on_sentence_pairs(tiny_trial, toy_pairs):
+    """The cached prefix is computed with the pairs' segment ids: without them it would not match the full
+    model, the check would refuse it, and eval_cached_layers would be None."""
+    cfg = dataclasses.replace(tiny_trial, dataset=toy_pairs, text_column="sentence1", text_pair_column="sentence2",
+                              frozen_layers=1, epochs=3)
+    uncached = run_trial(dataclasses.replace(cfg, eval_cache=False))
+    cached = run_trial(cfg)
+    assert cached.eval_cached_layers == 1
+    assert cached.eval_curve == uncached.eval_curve  # every metric and the loss, bit for bit
