@@ -30,7 +30,7 @@ from trials.data import load_task
 from trials.evaluate import evaluate
 from trials.model import build_model, load_tokenizer
 from trials.precision import resolve_precision
-from trials.tokens import collate, eval_batches, tokenize_split, train_batches
+from trials.tokens import Tokens, collate, eval_batches, tokenize_split, train_batches
 
 
 def timed(fn, repeats: int) -> float:
@@ -55,10 +55,11 @@ def row(name: str, seconds: float, baseline: float) -> None:
 def bench_eval(model, ids, labels, pad_id, plan, device, repeats) -> float:
     print("1. evaluation of the validation split (batch 128)")
     sorted_batches = eval_batches(ids, labels, 128, pad_id)
+    rows = ids.input_ids
     chunks = np.array_split(np.arange(len(ids)), len(sorted_batches))
-    file_order = [collate([ids[i] for i in c], labels[c], pad_id) for c in chunks]
-    padded = [collate([np.pad(ids[i], (0, 128 - len(ids[i])), constant_values=pad_id) for i in c], labels[c], pad_id)
-              for c in chunks]
+    file_order = [collate(ids.select(c), labels[c], pad_id) for c in chunks]
+    padded = [collate(Tokens(tuple(np.pad(rows[i], (0, 128 - len(rows[i])), constant_values=pad_id) for i in c)),
+                      labels[c], pad_id) for c in chunks]
     base = timed(lambda: evaluate(model, padded, plan, device), repeats)
     row("padded to max_seq_length=128 (baseline)", base, base)
     row("dynamic padding, file order", timed(lambda: evaluate(model, file_order, plan, device), repeats), base)
@@ -110,7 +111,7 @@ def bench_tokenize(tokenizer, split, repeats: int) -> None:
 def bench_precision(model_name, ids, labels, pad_id, device, repeats) -> float:
     print("2. one training step (batch 16, nothing frozen)")
     names = ["fp32", "bf16"] + (["fp16"] if device.type == "cuda" else [])
-    batch = train_batches(ids[:16], labels[:16], 16, pad_id, torch.Generator().manual_seed(0))[0].to(device)
+    batch = train_batches(ids.select(range(16)), labels[:16], 16, pad_id, torch.Generator().manual_seed(0))[0].to(device)
     results = {}
     for name in names:
         plan = resolve_precision(name, device)
@@ -119,7 +120,7 @@ def bench_precision(model_name, ids, labels, pad_id, device, repeats) -> float:
 
         def step():
             with plan.autocast():
-                logits = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits
+                logits = model(**batch.model_inputs()).logits
             loss = torch.nn.functional.cross_entropy(logits.float(), batch.labels)
             scaler.scale(loss).backward()
             scaler.step(opt)

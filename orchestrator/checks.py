@@ -9,8 +9,6 @@ from __future__ import annotations
 import os
 from typing import Any
 
-import yaml
-
 
 def semantic_problems(raw: dict[str, Any]) -> list[str]:
     training = raw.get("training") if isinstance(raw.get("training"), dict) else {}
@@ -48,19 +46,32 @@ def _model_problems(model: Any, frozen_layers: list[int]) -> list[str]:
 
 
 def _data_problems(datasets: list[str], sizes: list[int], data_dir: str | None, training: dict) -> list[str]:
-    from trials.data import DatasetError, split_sizes
+    """Per dataset: it loads, its columns exist, its labels fit its shape, the train sizes fit its
+    train split, and the metric chosen to select the best evaluation is one the task has."""
+    from trials.data import DatasetError, describe_task, shape_words
+    from trials.metrics import METRICS
 
     problems = []
-    columns = {k: training.get(k) for k in ("text_column", "label_column") if isinstance(training.get(k), str)}
+    columns = {k: training.get(k) for k in ("text_column", "text_pair_column", "label_column")
+               if isinstance(training.get(k), str)}
+    chosen = training.get("select_metric")
     for dataset in dict.fromkeys(datasets):  # duplicates are pydantic's to report
         try:
-            rows = split_sizes(dataset, data_dir, **columns)["train"]
+            shape = describe_task(dataset, data_dir, **columns)
         except (DatasetError, OSError) as exc:
-            problems.append(f"datasets: {dataset}: {str(exc).splitlines()[0]}")
+            each = getattr(exc, "problems", None) or [str(exc).splitlines()[0]]
+            problems += [f"datasets: {dataset}: {p}" for p in each]
             continue
-        too_big = [s for s in sizes if s > rows]
+        too_big = [s for s in sizes if s > shape.rows["train"]]
         if too_big:
-            problems.append(f"train_sizes: {too_big} exceed the {rows} train rows of {dataset}")
+            problems.append(f"train_sizes: {too_big} exceed the {shape.rows['train']} train rows of {dataset}")
+        metric = chosen.get(dataset) if isinstance(chosen, dict) else chosen
+        if metric in METRICS and metric not in shape.metrics:  # an unknown name is pydantic's to report
+            problems.append(f"training.select_metric: {metric} does not fit {dataset} ({shape_words(shape)})")
+    if isinstance(chosen, dict):
+        strays = [d for d in chosen if d not in datasets]
+        if strays:
+            problems.append(f"training.select_metric: {', '.join(strays)} not among the datasets")
     return problems
 
 
@@ -129,9 +140,9 @@ def _store_problems(raw: dict[str, Any]) -> list[str]:
 
 def _protocol_changes(stored_yaml: str, raw: dict[str, Any]) -> list[str]:
     """Rows of one sweep must be comparable: the model and the protocol may not change."""
-    from orchestrator.spec import SweepSpec
+    from orchestrator.spec import SweepSpec, read_stored_spec
 
-    stored = yaml.safe_load(stored_yaml)
+    stored = read_stored_spec(stored_yaml)
     protocol_keys = ("model", "split_seed", "training")
     # The new protocol on its own: the stored spec's other keys stand in for the new spec's, so a
     # protocol change is reported even when other parts of the new spec are invalid.
@@ -140,11 +151,17 @@ def _protocol_changes(stored_yaml: str, raw: dict[str, Any]) -> list[str]:
     training = overlay.get("training") if isinstance(overlay.get("training"), dict) else {}
     if training.get("precision", "auto") == "auto":
         overlay["training"] = {**training, "precision": (stored.get("training") or {}).get("precision", "auto")}
+    # select_metric is compared per dataset, on the datasets both specs have (a grown spec may add some).
+    new_datasets = raw.get("datasets") if isinstance(raw.get("datasets"), list) else []
+    common = [d for d in stored.get("datasets") or [] if d in new_datasets]
     try:
-        old = SweepSpec.model_validate(stored).protocol()
-        new = SweepSpec.model_validate(overlay).protocol()
+        old = SweepSpec.model_validate({**stored, "datasets": common or stored["datasets"]}).protocol()
+        new = SweepSpec.model_validate({**overlay, "datasets": common or stored["datasets"]}).protocol()
     except Exception:
         return []  # the new protocol's own problems are reported by pydantic
+    if not common:
+        for protocol in (old, new):
+            protocol["training"].pop("select_metric")
     old_flat, new_flat = _flatten(old), _flatten(new)
     changed = sorted(k for k in old_flat.keys() | new_flat.keys() if old_flat.get(k) != new_flat.get(k))
     return [

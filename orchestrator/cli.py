@@ -33,7 +33,8 @@ def _quiet_libraries() -> None:
 @app.command()
 def trial(
     model: Annotated[str, typer.Option(help="hub id or local model folder")],
-    dataset: Annotated[str, typer.Option(help="glue/sst2, glue/cola, a folder with train/validation files, or TRAIN,VALIDATION files")],
+    dataset: Annotated[str, typer.Option(help="glue/<task> (sst2, cola, rte, mrpc, stsb, qnli, mnli, qqp), a folder with "
+                                               "train/validation files, or TRAIN,VALIDATION files")],
     train_size: Annotated[int, typer.Option()],
     frozen_layers: Annotated[int, typer.Option(help="-1 embeddings only, 0 nothing, k embeddings + first k layers")],
     seed: Annotated[int, typer.Option()] = 0,
@@ -44,23 +45,29 @@ def trial(
     precision: Annotated[str, typer.Option(help="auto | fp16 | bf16 | fp32")] = "auto",
     model_init: Annotated[str, typer.Option(help="pretrained | random")] = "pretrained",
     text_column: Annotated[Optional[str], typer.Option()] = None,
+    text_pair_column: Annotated[Optional[str], typer.Option(help="second text of a sentence pair")] = None,
     label_column: Annotated[Optional[str], typer.Option()] = None,
+    select_metric: Annotated[Optional[str], typer.Option(
+        help="picks the best evaluation (default: the task's official metric)")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="print the full result as JSON")] = False,
 ) -> None:
     """Run one trial locally, without Ray, and print its result."""
     _quiet_libraries()
     from trials.config import TrialConfig
+    from trials.data import DatasetError, official_metric
     from trials.precision import PrecisionError, resolve_config
     from trials.run import failed_result, run_trial
 
     overrides = {"epochs": epochs} if epochs is not None else {}
-    cfg = TrialConfig(dataset=dataset, model=model, train_size=train_size, frozen_layers=frozen_layers, seed=seed,
-                      split_seed=split_seed, data_dir=data_dir, max_eval_examples=max_eval_examples,
-                      precision=precision, model_init=model_init, text_column=text_column,
-                      label_column=label_column, **overrides)
     try:
+        select_metric = select_metric or official_metric(dataset, data_dir, text_column, label_column, text_pair_column)
+        cfg = TrialConfig(dataset=dataset, model=model, train_size=train_size, frozen_layers=frozen_layers, seed=seed,
+                          split_seed=split_seed, data_dir=data_dir, max_eval_examples=max_eval_examples,
+                          precision=precision, model_init=model_init, text_column=text_column,
+                          text_pair_column=text_pair_column, label_column=label_column, select_metric=select_metric,
+                          **overrides)
         cfg = resolve_config(cfg)  # "auto" → what this machine runs natively; the row names it
-    except PrecisionError as exc:
+    except (PrecisionError, DatasetError) as exc:
         _fail(exc)
     try:
         result = run_trial(cfg)
@@ -75,13 +82,15 @@ def trial(
 
 def _print_trial(result) -> None:
     table = Table(title=f"trial {result.trial_id}", show_header=False)
-    fields = ["status", "best_val_accuracy", "best_epoch", "final_val_accuracy", "majority_baseline",
-              "trainable_params", "total_params", "train_time_s", "eval_time_s", "wall_time_s",
-              "train_examples_per_s", "peak_mem_mb", "device", "precision", "train_indices_digest", "error"]
+    fields = ["status", "select_metric", "best_val_score", "best_epoch", "final_val_score", "baseline_score",
+              "best_val_accuracy", "majority_baseline", "trainable_params", "total_params", "train_time_s",
+              "eval_time_s", "wall_time_s", "train_examples_per_s", "peak_mem_mb", "device", "precision", "train_indices_digest", "error"]
     for name in fields:
         value = getattr(result, name)
         if value is not None:
             table.add_row(name, f"{value:.4f}" if isinstance(value, float) else str(value))
+    for name, value in result.best_val_metrics.items():  # every metric of the task at the best evaluation
+        table.add_row(f"best_val_{name}", f"{value:.4f}")
     console.print(table)
 
 
@@ -180,7 +189,7 @@ def status(sweep: str, store: StoreOpt = None) -> None:
 @app.command()
 def query(sweep: str, store: StoreOpt = None,
           sql: Annotated[str, typer.Option("--sql", help="SQL over the table `results`")] =
-          "SELECT dataset, train_size, frozen_layers, seed, status, best_val_accuracy FROM results "
+          "SELECT dataset, train_size, frozen_layers, seed, status, select_metric, best_val_score FROM results "
           "ORDER BY dataset, train_size, frozen_layers, seed",
           fmt: Annotated[OutputFormat, typer.Option("--format")] = OutputFormat.table) -> None:
     """SQL (DuckDB) over the sweep's rows."""
@@ -196,12 +205,20 @@ def query(sweep: str, store: StoreOpt = None,
 
 @app.command()
 def summary(sweep: str, store: StoreOpt = None,
+            metric: Annotated[Optional[str], typer.Option(help="another recorded metric (accuracy, f1, matthews, "
+                                                          "pearson, spearman) at the best evaluation")] = None,
             fmt: Annotated[OutputFormat, typer.Option("--format")] = OutputFormat.table) -> None:
-    """Best validation accuracy per dataset × train size × frozen layers (mean, median, std, min, max)."""
+    """The selected metric at the best evaluation per dataset × train size × frozen layers (mean, median, std, min, max)."""
+    from results.query import read_rows
     from results.query import summary as summarize
 
     _, result_store = _open(sweep, store)
-    _print_frame(summarize(result_store.read()), fmt, f"sweep {sweep}: best validation accuracy over seeds")
+    try:
+        table = summarize(read_rows(result_store, columns=None), metric=metric)
+    except ValueError as exc:
+        _fail(exc)
+    what = metric or "the selected metric"
+    _print_frame(table, fmt, f"sweep {sweep}: {what} at the best evaluation, over seeds")
 
 
 def _print_frame(frame, fmt: OutputFormat, title: str) -> None:

@@ -53,6 +53,9 @@ def launch(spec: SweepSpec, show_progress: bool = True) -> LaunchSummary:
         # Record where the data came from, so `resume` works without the environment variable.
         spec = spec.model_copy(update={"data_dir": str(resolve_data_dir(None).resolve())})
     requested, spec = spec.training.precision, resolve_sweep_precision(spec)
+    # Stored resolved, per dataset: status and report never need the data to know a cell's metric.
+    resolved = spec.training.model_copy(update={"select_metric": spec.select_metrics()})
+    spec = spec.model_copy(update={"training": resolved})
     with SweepLock(store.fs, store.sweep_dir):
         _check_stored_precision(store, spec, requested)
         store.clean_staging()
@@ -256,15 +259,13 @@ def _ray_storage(store: ResultStore) -> str:
 def sweep_from_store(name: str, store_uri: str, semantic: bool = True) -> SweepSpec:
     """The resolved spec a sweep was launched with; ``semantic=False`` skips the checks that load
     the model and data (inspection needs neither)."""
-    import yaml
-
-    from orchestrator.spec import SpecError, parse_spec
+    from orchestrator.spec import SpecError, parse_spec, read_stored_spec
 
     text = ResultStore(store_uri, name).read_spec()
     if text is None:
         raise SpecError([f"no sweep named {name!r} in store {store_uri!r}"], "resume")
     source = f"{store_uri}/{name}/spec.yaml"
-    spec = parse_spec(yaml.safe_load(text), source, semantic=semantic)
+    spec = parse_spec(read_stored_spec(text), source, semantic=semantic)
     if spec.training.precision == "auto":  # stored unresolved: written by a freezesweep before 0.2
         raise SpecError([OLD_SWEEP], source)
     return spec

@@ -9,6 +9,7 @@ from typing import Any
 
 from results.store import SCHEMA
 from trials.config import CELL_AXES, TrialResult
+from trials.metrics import METRICS
 
 
 def result_row(sweep: str, result: TrialResult, node: str | None = None, attempts: int | None = None) -> dict[str, Any]:
@@ -16,6 +17,9 @@ def result_row(sweep: str, result: TrialResult, node: str | None = None, attempt
     cfg = result.config
     row = {name: getattr(result, name, None) for name in SCHEMA.names}
     row.update({axis: getattr(cfg, axis) for axis in CELL_AXES})
+    # best_val_accuracy is the result's own field; the other metrics come from the best evaluation's.
+    row.update({f"best_val_{m}": result.best_val_metrics.get(m) for m in METRICS if m != "accuracy"})
+    row.update({f"baseline_{m}": result.baseline_metrics.get(m) for m in METRICS})
     row.update(
         sweep=sweep, split_seed=cfg.split_seed, method=cfg.method, node=node, attempts=attempts,
         eval_curve=[asdict(p) for p in result.eval_curve],

@@ -45,10 +45,25 @@ class TrainingSpec(_Strict):
     model_init: Literal["pretrained", "random"] = "pretrained"
     method: Literal["freeze"] = "freeze"
     text_column: str | None = None
+    text_pair_column: str | None = Field(None, description="second text of a sentence pair (GLUE pair tasks: theirs)")
     label_column: str | None = None
+    select_metric: str | dict[str, str] | None = Field(
+        None, description="the metric that picks each trial's best evaluation: one name for every dataset, or "
+        "{dataset: name}; unset: each task's official metric (a launch stores the resolved {dataset: name})")
     checkpoint_every_epochs: float | None = Field(None, gt=0)
     train_cache: bool = Field(False, description="opt-in deviation from the reference: frozen layers run once, "
                               "without dropout, and training starts above them (trials/train_cache.py)")
+
+    @field_validator("select_metric")
+    @classmethod
+    def _known_metrics(cls, value: str | dict[str, str] | None) -> str | dict[str, str] | None:
+        from trials.metrics import METRICS
+
+        names = [value] if isinstance(value, str) else list((value or {}).values())
+        unknown = [name for name in names if name not in METRICS]
+        if unknown:
+            raise ValueError(f"unknown metric {', '.join(map(repr, unknown))} (known: {', '.join(METRICS)})")
+        return value
 
 
 class ResourcesSpec(_Strict):
@@ -104,15 +119,27 @@ class SweepSpec(_Strict):
         from trials.config import MACHINE_FIELDS
 
         training = {k: v for k, v in self.training.model_dump().items() if k not in MACHINE_FIELDS}
+        training["select_metric"] = self.select_metrics()  # resolved: "official" and a name may mean the same
         return {"model": self.model, "split_seed": self.split_seed, "training": training}
+
+    def select_metrics(self) -> dict[str, str]:
+        """Per dataset, the metric that picks a trial's best evaluation: the spec's, else the task's official one."""
+        from trials.data import official_metric
+
+        chosen, t = self.training.select_metric, self.training
+        if isinstance(chosen, str):
+            return dict.fromkeys(self.datasets, chosen)
+        return {d: (chosen or {}).get(d) or official_metric(d, self.data_dir, t.text_column, t.label_column,
+                                                           t.text_pair_column)
+                for d in self.datasets}
 
     def to_yaml(self) -> str:
         return yaml.safe_dump(self.model_dump(mode="json"), sort_keys=False)
 
     def trial_template(self) -> dict[str, Any]:
-        """TrialConfig fields shared by every cell (the grid adds the axes)."""
-        return {"model": self.model, "split_seed": self.split_seed, "data_dir": self.data_dir,
-                **self.training.model_dump()}
+        """TrialConfig fields shared by every cell (the grid adds the axes and each dataset's select_metric)."""
+        training = {k: v for k, v in self.training.model_dump().items() if k != "select_metric"}
+        return {"model": self.model, "split_seed": self.split_seed, "data_dir": self.data_dir, **training}
 
 
 def parse_spec(raw: Any, source: str = "sweep spec", semantic: bool = True) -> SweepSpec:
@@ -132,6 +159,21 @@ def parse_spec(raw: Any, source: str = "sweep spec", semantic: bool = True) -> S
     if problems:
         raise SpecError(problems, source)
     return spec
+
+
+# Rows of a sweep stored before select_metric existed picked their best evaluation by accuracy.
+LEGACY_SELECT_METRIC = "accuracy"
+
+
+def read_stored_spec(text: str) -> Any:
+    """A stored spec.yaml as a mapping. One written before ``select_metric`` existed has no such key;
+    it reads as accuracy (what its rows used), not as the official metric a new spec defaults to, so
+    the sweep resumes with its cell ids unchanged."""
+    raw = yaml.safe_load(text)
+    training = (raw.get("training") or {}) if isinstance(raw, dict) else None
+    if isinstance(training, dict) and "select_metric" not in training:
+        raw = {**raw, "training": {**training, "select_metric": LEGACY_SELECT_METRIC}}
+    return raw
 
 
 def load_spec(path: str | Path, overrides: dict[str, Any] | None = None, semantic: bool = True) -> SweepSpec:

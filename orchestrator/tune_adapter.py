@@ -40,7 +40,8 @@ def tune_trainable(config: dict) -> None:
     cfg = trial_config_from_ray(config)
 
     def on_eval(point) -> None:
-        tune.report({"val_accuracy": point.accuracy, "val_loss": point.loss, "epoch": point.epoch, "step": point.step})
+        metrics = {f"val_{name}": value for name, value in point.metrics().items()}
+        tune.report({**metrics, "val_loss": point.loss, "epoch": point.epoch, "step": point.step})
 
     try:
         result = run_trial(cfg, on_eval=on_eval)
@@ -50,7 +51,7 @@ def tune_trainable(config: dict) -> None:
         gc.collect()
         if torch.cuda.is_available():
             torch.cuda.empty_cache()  # give the memory back before this worker takes the next trial
-    tune.report({"val_accuracy": result.best_val_accuracy or 0.0, RESULT_KEY: json.dumps(result.to_dict(), default=str)})
+    tune.report({"val_score": result.best_val_score or 0.0, RESULT_KEY: json.dumps(result.to_dict(), default=str)})
 
 
 class StoreWriter(tune.Callback):

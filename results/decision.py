@@ -1,8 +1,9 @@
-"""The decision: per sweep, dataset and train size, the largest k whose accuracy is not worse than full
+"""The decision: per sweep, dataset and train size, the largest k whose selected metric (each row's
+``select_metric``: accuracy, Matthews, F1, Pearson, …) is not worse than full
 fine-tuning beyond a tolerance with 95 % confidence, and what freezing it saves — one sentence each.
 
 The rule: among k ≠ 0, the largest (by how much it freezes) whose paired mean difference
-acc_k − acc_0 has a CI lower bound ≥ −tolerance. With few seeds the CI is wide, and then no k
+score_k − score_0 has a CI lower bound ≥ −tolerance. With few seeds the CI is wide, and then no k
 qualifies: the sentence says so rather than guessing.
 """
 
@@ -15,7 +16,7 @@ import pandas as pd
 from results.query import ok_rows
 from results.stats import GROUP, TOLERANCE, largest_k, largest_k_retaining
 
-DECISION_COLUMNS = [*GROUP, "baseline_seeds", "frozen_layers", "acc_0", "acc_k", "mean_diff", "ci_low", "ci_high",
+DECISION_COLUMNS = [*GROUP, "metric", "baseline_seeds", "frozen_layers", "score_0", "score_k", "mean_diff", "ci_low", "ci_high",
                     "params_saved_pct", "time_saved_pct", "mem_saved_pct", "k_retaining_90",
                     "sentence"]
 
@@ -39,7 +40,8 @@ def decide(rows: pd.DataFrame, contrasts: pd.DataFrame, retained: pd.DataFrame, 
 
 def _decide_one(key: tuple, cell: pd.DataFrame, contrasts: pd.DataFrame, costs: pd.DataFrame,
                 tolerance: float) -> dict:
-    record = dict(zip(GROUP, key), baseline_seeds=int((cell["frozen_layers"] == 0).sum()))
+    record = dict(zip(GROUP, key), metric=cell["select_metric"].iloc[0],
+                  baseline_seeds=int((cell["frozen_layers"] == 0).sum()))
     mine = contrasts[(contrasts[GROUP] == pd.Series(dict(zip(GROUP, key)))).all(axis=1)]
     record["max_pairs"] = int(mine["pairs"].max()) if len(mine) else 0
     qualifying = mine[mine["ci_low"] >= -tolerance]  # a nan bound (one seed) never qualifies
@@ -49,7 +51,7 @@ def _decide_one(key: tuple, cell: pd.DataFrame, contrasts: pd.DataFrame, costs: 
         record["closest"] = mine.loc[mine["ci_low"].idxmax()] if mine["ci_low"].notna().any() else None
         return record
     chosen = qualifying[qualifying["frozen_layers"] == k].iloc[0]
-    record.update(pairs=int(chosen["pairs"]), acc_k=chosen["acc_k"], acc_0=chosen["acc_0"],
+    record.update(pairs=int(chosen["pairs"]), score_k=chosen["score_k"], score_0=chosen["score_0"],
                   mean_diff=chosen["mean_diff"], ci_low=chosen["ci_low"], ci_high=chosen["ci_high"])
     cost = costs.set_index([*GROUP, "frozen_layers"]).loc[(*key, k)]
     for column in ["params_saved_pct", "time_saved_pct", "mem_saved_pct"]:
@@ -79,7 +81,7 @@ def sentence(record: dict, tolerance: float, planned_ks: set[int] | None = None)
                _change(record["mem_saved_pct"], "less", "more", "peak memory")]
     savings = [s for s in savings if s]
     saves = f"; it trains with {_join(savings)}" if savings else ""
-    return (f"freeze {_what(record['frozen_layers'])} — accuracy {record['acc_k']:.3f} vs {record['acc_0']:.3f} "
+    return (f"freeze {_what(record['frozen_layers'])} — {record['metric']} {record['score_k']:.3f} vs {record['score_0']:.3f} "
             f"with full fine-tuning, paired difference {record['mean_diff']:+.3f} "
             f"(95 % CI {record['ci_low']:+.3f} to {record['ci_high']:+.3f}, {record['pairs']} seeds), within the "
             f"{tolerance:g} tolerance{saves}.")

@@ -13,7 +13,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
-from results.query import ok_rows  # noqa: E402
+from results.query import BASELINE, SCORE, ok_rows  # noqa: E402
 from results.stats import RETAINED_TARGET, freeze_depth  # noqa: E402
 
 PANEL_IN = (4.2, 3.2)  # one panel's width and height, inches
@@ -57,8 +57,14 @@ def _title(ax, sweep: str, dataset: str, many_sweeps: bool) -> None:
     ax.set_title(f"{sweep}: {dataset}" if many_sweeps else dataset, fontsize=10)
 
 
+def _metric_of(names: pd.Series) -> str:
+    """The selected metric's name for a panel's label (one per dataset; old rows: accuracy)."""
+    return " / ".join(sorted(names.dropna().unique())) or "score"
+
+
 def accuracy_vs_frozen(rows: pd.DataFrame) -> bytes:
-    """The reference study's figure: every run a dot, the mean over seeds a line, the majority dashed."""
+    """The reference study's figure: every run a dot, the mean over seeds a line, the baseline dashed
+    (the selected metric of the majority class, or of the mean score for regression)."""
     ok = ok_rows(rows)
     keys = sorted(ok.groupby(["sweep", "dataset"]).groups)
     fig, axes = _panels(keys)
@@ -68,21 +74,21 @@ def accuracy_vs_frozen(rows: pd.DataFrame) -> bytes:
         panel = ok[(ok["sweep"] == sweep) & (ok["dataset"] == dataset)]
         for n, runs in panel.groupby("train_size"):
             x = runs["frozen_layers"].map(freeze_depth)
-            ax.scatter(x + jitter.uniform(-0.08, 0.08, len(x)), runs["best_val_accuracy"], s=14, alpha=0.6,
+            ax.scatter(x + jitter.uniform(-0.08, 0.08, len(x)), runs[SCORE], s=14, alpha=0.6,
                        color=colours[n])
-            means = runs.groupby("frozen_layers")["best_val_accuracy"].mean()
+            means = runs.groupby("frozen_layers")[SCORE].mean()
             order = sorted(means.index, key=freeze_depth)
             ax.plot([freeze_depth(k) for k in order], means[order], color=colours[n], label=f"n = {n}")
-        ax.axhline(panel["majority_baseline"].mean(), color="grey", linestyle="--", label="majority")
+        ax.axhline(panel[BASELINE].mean(), color="grey", linestyle="--", label="constant baseline")
         _k_axis(ax, panel["frozen_layers"])
-        ax.set_ylabel("best validation accuracy")
+        ax.set_ylabel(f"best validation {_metric_of(panel['select_metric'])}")
         _title(ax, sweep, dataset, many)
         ax.legend(fontsize=8)
     return to_png(fig)
 
 
 def accuracy_heatmap(appendix: pd.DataFrame) -> bytes:
-    """Mean accuracy over train size × frozen layers, a panel per (sweep, dataset); blank = no run."""
+    """Mean selected metric over train size × frozen layers, a panel per (sweep, dataset); blank = no run."""
     keys = sorted(appendix.groupby(["sweep", "dataset"]).groups)
     fig, axes = _panels(keys)
     many = appendix["sweep"].nunique() > 1
@@ -100,7 +106,7 @@ def accuracy_heatmap(appendix: pd.DataFrame) -> bytes:
         ax.set_xlabel("frozen layers k")
         ax.set_ylabel("train size n")
         _title(ax, sweep, dataset, many)
-        fig.colorbar(image, ax=ax, label="mean accuracy")
+        fig.colorbar(image, ax=ax, label=f"mean {_metric_of(panel['metric'])}")
     return to_png(fig)
 
 
@@ -133,7 +139,7 @@ def retained_plot(retained: pd.DataFrame) -> bytes:
 
 
 def contrast_plot(contrasts: pd.DataFrame, tolerance: float) -> bytes:
-    return interval_plot(contrasts, "mean_diff", "acc_k − acc_0, paired (95 % CI)", 0.0, tolerance)
+    return interval_plot(contrasts, "mean_diff", "score_k − score_0, paired (95 % CI)", 0.0, tolerance)
 
 
 COST_PANELS = [("trainable_params", "trainable parameters"), ("train_time_s", "train time (s)"),
@@ -141,7 +147,7 @@ COST_PANELS = [("trainable_params", "trainable parameters"), ("train_time_s", "t
 
 
 def cost_plot(costs: pd.DataFrame) -> bytes:
-    """Per (sweep, dataset) a row: each cost against k, then accuracy against train time with the
+    """Per (sweep, dataset) a row: each cost against k, then the selected metric against train time with the
     frontier (the cells no other k beats on both) drawn as a line."""
     keys = sorted(costs.groupby(["sweep", "dataset"]).groups)
     fig, axes = plt.subplots(len(keys), 4, figsize=(PANEL_IN[0] * 4, PANEL_IN[1] * len(keys)), squeeze=False)
@@ -164,12 +170,12 @@ def cost_plot(costs: pd.DataFrame) -> bytes:
 
 
 def _frontier(ax, cell: pd.DataFrame, colour, n: int) -> None:
-    ax.scatter(cell["train_time_s"], cell["best_val_accuracy"], color=colour, s=18)
+    ax.scatter(cell["train_time_s"], cell[SCORE], color=colour, s=18)
     for _, point in cell.iterrows():
-        ax.annotate(f"k={point['frozen_layers']}", (point["train_time_s"], point["best_val_accuracy"]),
+        ax.annotate(f"k={point['frozen_layers']}", (point["train_time_s"], point[SCORE]),
                     fontsize=7, xytext=(3, 3), textcoords="offset points")
     front = cell[cell["on_frontier"]].sort_values("train_time_s")
-    ax.plot(front["train_time_s"], front["best_val_accuracy"], color=colour, label=f"n = {n} frontier")
+    ax.plot(front["train_time_s"], front[SCORE], color=colour, label=f"n = {n} frontier")
     ax.set_xlabel("train time (s)")
-    ax.set_ylabel("mean accuracy")
+    ax.set_ylabel("mean best score (selected metric)")
     ax.legend(fontsize=8)

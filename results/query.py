@@ -1,6 +1,11 @@
 """Questions asked of a sweep's store: SQL (DuckDB), the summary table, per-axis status, and the
 per-cell aggregates the report builds on. One place aggregates rows: ``summary``, ``query``,
-``status`` and ``report`` all read and group through the functions here."""
+``status`` and ``report`` all read and group through the functions here.
+
+Every row names the metric that picked its best evaluation (``select_metric``) and holds its value
+there (``best_val_score``) and the constant baseline's (``baseline_score``); that is what summaries
+and the report show. Rows stored before these columns existed picked by accuracy: they read as such.
+"""
 
 from __future__ import annotations
 
@@ -9,45 +14,73 @@ from collections import Counter
 import duckdb
 import pandas as pd
 
-from results.store import ResultStore
+from results.store import METRICS, ResultStore
 
 SUMMARY_KEYS = ["dataset", "train_size", "frozen_layers"]
 CELL_KEYS = ["sweep", *SUMMARY_KEYS]  # a cell across sweeps: the report compares sweeps side by side
 SUMMARY_STATS = ["n", "mean", "median", "std", "min", "max"]
+SCORE, BASELINE = "best_val_score", "baseline_score"  # the selected metric's, in every row
 # What the report reads: not the curves or train indices, which dominate a row's size.
 REPORT_COLUMNS = ["sweep", "trial_id", "dataset", "model", "train_size", "frozen_layers", "seed", "method",
-                  "status", "best_val_accuracy", "majority_baseline", "trainable_params", "total_params",
-                  "train_time_s", "eval_time_s", "wall_time_s", "peak_mem_mb", "precision", "device", "node",
-                  "error"]
+                  "status", "select_metric", SCORE, BASELINE, "best_val_accuracy", "majority_baseline",
+                  "trainable_params", "total_params", "train_time_s", "eval_time_s", "wall_time_s", "peak_mem_mb",
+                  "precision", "device", "node", "error"]
+# Rows stored before select_metric existed: their selected metric was accuracy (column ← legacy column).
+LEGACY_METRIC = "accuracy"
+_LEGACY = {SCORE: "best_val_accuracy", "final_val_score": "final_val_accuracy", BASELINE: "majority_baseline",
+           "baseline_accuracy": "majority_baseline"}
 
 
 def sql(store: ResultStore, query: str = "SELECT * FROM results") -> pd.DataFrame:
-    """Run SQL over the store; the rows are the table ``results``."""
+    """Run SQL over the store; the rows are the table ``results`` (old rows read as picked by accuracy)."""
     con = duckdb.connect()
-    con.register("results", store.read_table())
+    con.register("stored", store.read_table())
+    legacy = "select_metric IS NULL"
+    filled = [f"CASE WHEN {legacy} THEN {old} ELSE {new} END AS {new}" for new, old in _LEGACY.items()]
+    filled.append(f"coalesce(select_metric, '{LEGACY_METRIC}') AS select_metric")
+    con.execute(f"CREATE VIEW results AS SELECT * REPLACE ({', '.join(filled)}) FROM stored")
     return con.execute(query).df()
+
+
+def with_selected_metric(df: pd.DataFrame) -> pd.DataFrame:
+    """``df`` with the selected-metric columns filled in for rows stored before they existed."""
+    df = df.copy()
+    if "select_metric" not in df:
+        df["select_metric"] = None
+    legacy = df["select_metric"].isna()
+    df.loc[legacy, "select_metric"] = LEGACY_METRIC
+    for new, old in _LEGACY.items():
+        if old in df:
+            current = df[new] if new in df else pd.Series(float("nan"), index=df.index)
+            df[new] = current.where(~legacy, df[old])
+    return df
 
 
 def read_rows(store: ResultStore, columns: list[str] | None = REPORT_COLUMNS) -> pd.DataFrame:
     """The sweep's rows as a DataFrame (only ``columns``; None: all of them)."""
-    return store.read_table(columns=columns).to_pandas()
+    return with_selected_metric(store.read_table(columns=columns).to_pandas())
 
 
 def ok_rows(df: pd.DataFrame) -> pd.DataFrame:
-    """Finished trials only: failed and oom rows carry no accuracy or cost."""
+    """Finished trials only: failed and oom rows carry no metrics or cost."""
     return df[df["status"] == "ok"]
 
 
-def summary(df: pd.DataFrame, keys: list[str] = SUMMARY_KEYS) -> pd.DataFrame:
+def summary(df: pd.DataFrame, keys: list[str] = SUMMARY_KEYS, metric: str | None = None) -> pd.DataFrame:
     """Per dataset × train size × frozen layers over ok rows: n and mean, median, std, min, max of the
-    best validation accuracy (the layout of the reference study's appendix), with the majority."""
-    ok = ok_rows(df)
+    selected metric at the best evaluation (``metric``: another recorded one, at that same evaluation;
+    the layout of the reference study's appendix), with the constant baseline's value."""
+    if metric is not None and metric not in METRICS:
+        raise ValueError(f"unknown metric {metric!r} (known: {', '.join(METRICS)})")
+    ok = with_selected_metric(ok_rows(df))
     if ok.empty:
-        return pd.DataFrame(columns=keys + SUMMARY_STATS + ["majority"])
+        return pd.DataFrame(columns=keys + ["metric"] + SUMMARY_STATS + ["baseline"])
+    score, baseline = (SCORE, BASELINE) if metric is None else (f"best_val_{metric}", f"baseline_{metric}")
+    ok = ok.assign(metric=ok["select_metric"] if metric is None else metric)
     grouped = ok.groupby(keys)
-    table = grouped["best_val_accuracy"].agg(["count", "mean", "median", "std", "min", "max"])
-    table = table.rename(columns={"count": "n"})
-    table["majority"] = grouped["majority_baseline"].first()
+    table = grouped[score].agg(["count", "mean", "median", "std", "min", "max"]).rename(columns={"count": "n"})
+    table.insert(0, "metric", grouped["metric"].first())
+    table["baseline"] = grouped[baseline].first()
     return table.reset_index().sort_values(keys, ignore_index=True)
 
 
@@ -63,10 +96,10 @@ def cell_means(df: pd.DataFrame, columns: list[str], keys: list[str] = CELL_KEYS
 def paired_by_seed(df: pd.DataFrame, baseline_k: int = 0) -> pd.DataFrame:
     """Each ok row beside the baseline row (k = ``baseline_k``) of the same sweep, dataset, train size
     and seed: seeds are paired, so the two runs share head init and batch order. Columns: the row's
-    own plus ``<column>_base`` for accuracy and cost; cells without a baseline row drop out."""
+    own plus ``<column>_base`` for the selected metric and cost; cells without a baseline row drop out."""
     ok = ok_rows(df)
     base = ok[ok["frozen_layers"] == baseline_k]
-    paired_columns = ["best_val_accuracy", "trainable_params", "train_time_s", "peak_mem_mb"]
+    paired_columns = [SCORE, "trainable_params", "train_time_s", "peak_mem_mb"]
     base = base[["sweep", "dataset", "train_size", "seed", *paired_columns]]
     return ok.merge(base, on=["sweep", "dataset", "train_size", "seed"], suffixes=("", "_base"))
 

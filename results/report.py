@@ -110,21 +110,23 @@ def _sections(report: Report, sweeps: list[SweepRows], tolerance: float) -> list
     many = len(sweeps) > 1
     return [
         _decision_section(report, tolerance, many),
-        Section("Accuracy against frozen layers",
-                ["Every run is a dot, the mean over seeds a line, the majority-class baseline dashed."],
+        Section("Selected metric against frozen layers",
+                ["Each row's selected metric (accuracy unless the sweep chose another, e.g. CoLA's Matthews "
+                 "correlation): every run is a dot, the mean over seeds a line, the constant baseline (majority class, "
+                 "or mean score for regression) dashed."],
                 figure="accuracy"),
-        Section("Mean accuracy: train size × frozen layers", figure="heatmap"),
+        Section("Mean selected metric: train size × frozen layers", figure="heatmap"),
         _retained_section(report, many),
         _contrast_section(report, tolerance, many),
         _cost_section(report, many),
         _completeness_section(sweeps, report.completeness),
-        Section("Appendix: best validation accuracy per cell over seeds", [],
+        Section("Appendix: the selected metric at the best evaluation, per cell over seeds", [],
                 [_shown(report.appendix, many)]),
     ]
 
 
 def _decision_section(report: Report, tolerance: float, many: bool) -> Section:
-    intro = (f"Per dataset and train size, the largest k whose paired accuracy difference to full fine-tuning "
+    intro = (f"Per dataset and train size, the largest k whose paired difference in the selected metric to full fine-tuning "
              f"(k = 0) has a 95 % CI lower bound ≥ −{tolerance:g}, and what freezing it saves against k = 0.")
     table = report.decisions.drop(columns=["sentence"])
     return Section("The decision", [intro, *report.decisions["sentence"]], [_shown(table, many)])
@@ -134,7 +136,7 @@ def _retained_section(report: Report, many: bool) -> Section:
     keeps = largest_k_retaining(report.retained)
     lines = [f"{_where(r, many)}: largest k keeping ≥ 90 % is k = {int(r['k_retaining_90'])}"
              for _, r in keeps.iterrows()]
-    intro = ("Retained quality (acc_k − majority) / (acc_0 − majority) on the paired seeds' means, with a "
+    intro = ("Retained quality (score_k − baseline) / (score_0 − baseline) on the paired seeds' means, with a "
              "bootstrap 95 % CI (seeds resampled as pairs).")
     return Section("Retained quality", [intro, *lines], [_shown(report.retained, many)], "retained")
 
@@ -142,7 +144,7 @@ def _retained_section(report: Report, many: bool) -> Section:
 def _contrast_section(report: Report, tolerance: float, many: bool) -> Section:
     c = report.contrasts.dropna(subset=["narrower_pct"])
     how_much = _narrower_line(c["narrower_pct"]) if len(c) else "Too few paired seeds to compare CIs."
-    intro = (f"acc_k − acc_0 per seed (seeds are paired: same head init and batch order), its mean and Student-t "
+    intro = (f"score_k − score_0 per seed (seeds are paired: same head init and batch order), its mean and Student-t "
              f"95 % CI; the shaded band is ±{tolerance:g}.")
     return Section("Paired contrasts against full fine-tuning", [intro, how_much], [_shown(report.contrasts, many)],
                    "contrasts")
@@ -160,7 +162,7 @@ def _narrower_line(narrower_pct: pd.Series) -> str:
 
 def _cost_section(report: Report, many: bool) -> Section:
     return Section("Cost", ["Means over seeds; savings are against k = 0 of the same train size. The frontier: "
-                            "cells no other k beats on both accuracy and train time."],
+                            "cells no other k beats on both the selected metric and train time."],
                    [_shown(report.costs, many)], "cost")
 
 

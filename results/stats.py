@@ -2,7 +2,7 @@
 costs and their frontier, and the decision "how many layers can I freeze for my data size".
 
 Seeds are paired: a trial's RNG seed derives from (seed, split_seed, dataset, model) only, so the runs
-of one seed at different k share head init and batch order. acc_k − acc_0 per seed cancels that
+of one seed at different k share head init and batch order. score_k − score_0 per seed cancels that
 seed's luck, and its CI is narrower than the unpaired one; every contrast here is matched on seed
 within (sweep, dataset, train size). k = -1 freezes the embeddings only, 0 nothing (full fine-tuning,
 the baseline), k ≥ 1 the embeddings and the first k layers.
@@ -17,10 +17,10 @@ import numpy as np
 import pandas as pd
 from scipy import stats
 
-from results.query import cell_means, paired_by_seed
+from results.query import BASELINE, SCORE, cell_means, paired_by_seed
 
 CONFIDENCE = 0.95
-TOLERANCE = 0.01  # how much accuracy below full fine-tuning still counts as "as good"
+TOLERANCE = 0.01  # how much of the selected metric below full fine-tuning still counts as "as good"
 RETAINED_TARGET = 0.9  # the paper's "90 % of the quality"
 BOOTSTRAP_RESAMPLES = 9999
 BOOTSTRAP_SEED = 0  # fixed: the same rows give the same report
@@ -68,33 +68,33 @@ def welch_interval(a, b) -> tuple[float, float]:
 
 # --- paired contrasts ---------------------------------------------------------------------------
 def paired_contrasts(rows: pd.DataFrame) -> pd.DataFrame:
-    """Per (sweep, dataset, train size, k ≠ 0): acc_k − acc_0 matched on seed, its mean and CI, the
+    """Per (sweep, dataset, train size, k ≠ 0): score_k − score_0 matched on seed, its mean and CI, the
     unpaired CI over the same runs, and how much narrower the paired one is."""
     pairs = paired_by_seed(rows)
     pairs = pairs[pairs["frozen_layers"] != 0]
     records = [_contrast(key, cell) for key, cell in pairs.groupby([*GROUP, "frozen_layers"])]
-    columns = [*GROUP, "frozen_layers", "pairs", "acc_k", "acc_0", "mean_diff", "ci_low", "ci_high",
+    columns = [*GROUP, "frozen_layers", "pairs", "score_k", "score_0", "mean_diff", "ci_low", "ci_high",
                "unpaired_ci_low", "unpaired_ci_high", "narrower_pct"]
     return pd.DataFrame(records, columns=columns)
 
 
 def _contrast(key: tuple, cell: pd.DataFrame) -> dict:
-    acc_k, acc_0 = cell["best_val_accuracy"].to_numpy(), cell["best_val_accuracy_base"].to_numpy()
-    mean, low, high = mean_interval(acc_k - acc_0)
-    unpaired_low, unpaired_high = welch_interval(acc_k, acc_0)
+    score_k, score_0 = cell[SCORE].to_numpy(), cell[SCORE + "_base"].to_numpy()
+    mean, low, high = mean_interval(score_k - score_0)
+    unpaired_low, unpaired_high = welch_interval(score_k, score_0)
     unpaired_width = unpaired_high - unpaired_low
     narrower = 100 * (1 - (high - low) / unpaired_width) if unpaired_width > 0 else NAN
-    return dict(zip([*GROUP, "frozen_layers"], key), pairs=len(cell), acc_k=acc_k.mean(), acc_0=acc_0.mean(),
+    return dict(zip([*GROUP, "frozen_layers"], key), pairs=len(cell), score_k=score_k.mean(), score_0=score_0.mean(),
                 mean_diff=mean, ci_low=low, ci_high=high, unpaired_ci_low=unpaired_low,
                 unpaired_ci_high=unpaired_high, narrower_pct=narrower)
 
 
 # --- retained quality ---------------------------------------------------------------------------
-def retained_ratio(acc_k, acc_0, majority: float, axis: int = -1):
-    """(acc_k − majority) / (acc_0 − majority) on the means: the share of full fine-tuning's gain
-    over always answering the majority class that k keeps."""
+def retained_ratio(score_k, score_0, baseline: float, axis: int = -1):
+    """(score_k − baseline) / (score_0 − baseline) on the means: the share of full fine-tuning's gain
+    over a constant answer (the majority class, or the mean score for regression) that k keeps."""
     with np.errstate(divide="ignore", invalid="ignore"):
-        return (np.mean(acc_k, axis=axis) - majority) / (np.mean(acc_0, axis=axis) - majority)
+        return (np.mean(score_k, axis=axis) - baseline) / (np.mean(score_0, axis=axis) - baseline)
 
 
 def retained_quality(rows: pd.DataFrame) -> pd.DataFrame:
@@ -104,22 +104,22 @@ def retained_quality(rows: pd.DataFrame) -> pd.DataFrame:
     pairs = pairs[pairs["frozen_layers"] != 0]
     records = []
     for key, cell in pairs.groupby([*GROUP, "frozen_layers"]):
-        acc_k, acc_0 = cell["best_val_accuracy"].to_numpy(), cell["best_val_accuracy_base"].to_numpy()
-        majority = float(cell["majority_baseline"].mean())
-        low, high = _bootstrap_retained(acc_k, acc_0, majority)
-        records.append(dict(zip([*GROUP, "frozen_layers"], key), pairs=len(cell), majority=majority,
-                            retained=float(retained_ratio(acc_k, acc_0, majority)), ci_low=low, ci_high=high))
-    columns = [*GROUP, "frozen_layers", "pairs", "majority", "retained", "ci_low", "ci_high"]
+        score_k, score_0 = cell[SCORE].to_numpy(), cell[SCORE + "_base"].to_numpy()
+        baseline = float(cell[BASELINE].mean())
+        low, high = _bootstrap_retained(score_k, score_0, baseline)
+        records.append(dict(zip([*GROUP, "frozen_layers"], key), pairs=len(cell), baseline=baseline,
+                            retained=float(retained_ratio(score_k, score_0, baseline)), ci_low=low, ci_high=high))
+    columns = [*GROUP, "frozen_layers", "pairs", "baseline", "retained", "ci_low", "ci_high"]
     return pd.DataFrame(records, columns=columns)
 
 
-def _bootstrap_retained(acc_k: np.ndarray, acc_0: np.ndarray, majority: float) -> tuple[float, float]:
-    if len(acc_k) < 2:
+def _bootstrap_retained(score_k: np.ndarray, score_0: np.ndarray, baseline: float) -> tuple[float, float]:
+    if len(score_k) < 2:
         return NAN, NAN
     with warnings.catch_warnings():  # all-equal seeds: a degenerate (zero-width) interval is the answer
         warnings.simplefilter("ignore")
         # percentile, not the default BCa: BCa's jackknife is unstable with a handful of seeds
-        result = stats.bootstrap((acc_k, acc_0), lambda k, z, axis=-1: retained_ratio(k, z, majority, axis),
+        result = stats.bootstrap((score_k, score_0), lambda k, z, axis=-1: retained_ratio(k, z, baseline, axis),
                                  paired=True, vectorized=True, method="percentile", confidence_level=CONFIDENCE,
                                  n_resamples=BOOTSTRAP_RESAMPLES, rng=np.random.default_rng(BOOTSTRAP_SEED))
     return float(result.confidence_interval.low), float(result.confidence_interval.high)
@@ -134,9 +134,9 @@ def largest_k_retaining(retained: pd.DataFrame, target: float = RETAINED_TARGET)
 
 # --- costs --------------------------------------------------------------------------------------
 def costs(rows: pd.DataFrame) -> pd.DataFrame:
-    """Per cell: mean accuracy and cost over seeds, each cost's saving against k = 0 of the same
-    (sweep, dataset, train size) in %, and whether the cell is on the accuracy-vs-train-time frontier."""
-    table = cell_means(rows, ["best_val_accuracy", *COSTS])
+    """Per cell: mean selected metric and cost over seeds, each cost's saving against k = 0 of the same
+    (sweep, dataset, train size) in %, and whether the cell is on the metric-vs-train-time frontier."""
+    table = cell_means(rows, [SCORE, *COSTS])
     base = table[table["frozen_layers"] == 0].set_index(GROUP)[COSTS]
     aligned = base.reindex(pd.MultiIndex.from_frame(table[GROUP]))
     for cost, saved in SAVED.items():
@@ -149,6 +149,6 @@ def costs(rows: pd.DataFrame) -> pd.DataFrame:
 
 def _on_frontier(cell: pd.DataFrame) -> pd.Series:
     """Pareto frontier: no other k is at least as fast and more accurate."""
-    ordered = cell.sort_values(["train_time_s", "best_val_accuracy"], ascending=[True, False])
-    best_before = ordered["best_val_accuracy"].cummax().shift(fill_value=-math.inf)
-    return (ordered["best_val_accuracy"] > best_before).reindex(cell.index)
+    ordered = cell.sort_values(["train_time_s", SCORE], ascending=[True, False])
+    best_before = ordered[SCORE].cummax().shift(fill_value=-math.inf)
+    return (ordered[SCORE] > best_before).reindex(cell.index)

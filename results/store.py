@@ -23,8 +23,10 @@ import pyarrow.parquet as pq
 
 RESULTS_DIR, STAGING_DIR, SPEC_FILE = "results", "_staging", "spec.yaml"
 
+# Every metric a row can hold (trials.metrics.METRICS; a test checks the two agree): a task records its own.
+METRICS = ("accuracy", "f1", "matthews", "pearson", "spearman")
 _CURVE = pa.list_(pa.struct([("step", pa.int64()), ("epoch", pa.float64()), ("accuracy", pa.float64()),
-                             ("loss", pa.float64())]))
+                             ("loss", pa.float64()), *((m, pa.float64()) for m in METRICS[1:])]))
 SCHEMA = pa.schema([
     ("sweep", pa.string()), ("trial_id", pa.string()),
     ("dataset", pa.string()), ("model", pa.string()), ("train_size", pa.int64()), ("frozen_layers", pa.int64()),
@@ -32,6 +34,12 @@ SCHEMA = pa.schema([
     ("status", pa.string()),
     ("best_val_accuracy", pa.float64()), ("best_step", pa.int64()), ("best_epoch", pa.float64()),
     ("final_val_accuracy", pa.float64()), ("majority_baseline", pa.float64()),
+    # The metric that picked the best evaluation, its value there and at the end, and the constant
+    # baseline's (majority class / train mean); then every metric at the best evaluation and of the baseline.
+    ("select_metric", pa.string()), ("best_val_score", pa.float64()), ("final_val_score", pa.float64()),
+    ("baseline_score", pa.float64()),
+    *((f"best_val_{m}", pa.float64()) for m in METRICS[1:]),  # best_val_accuracy is above
+    *((f"baseline_{m}", pa.float64()) for m in METRICS),
     ("trainable_params", pa.int64()), ("total_params", pa.int64()),
     ("train_time_s", pa.float64()), ("eval_time_s", pa.float64()), ("wall_time_s", pa.float64()),
     ("train_examples_per_s", pa.float64()), ("peak_mem_mb", pa.float64()),

@@ -105,6 +105,45 @@ def make_toy_dataset(folder: Path, n_train: int = 240, n_val: int = 60, fmt: str
     return folder
 
 
+def make_toy_pair_dataset(folder: Path, n_train: int = 160, n_val: int = 40, regression: bool = False,
+                          seed: int = 0) -> Path:
+    """A learnable sentence-pair toy task (Parquet, GLUE's column names): the label is whether the second
+    sentence carries the first one's sentiment (classification), or a 0-5 score of how much of it it
+    carries (regression: float labels)."""
+    rng = random.Random(seed)
+    good, bad = ["great", "lovely", "superb", "fine", "happy"], ["awful", "bad", "poor", "dull", "sad"]
+    filler = ["the", "movie", "was", "a", "plot", "and", "really", "story", "it", "quite"]
+
+    def sentence(words: list[str]) -> str:
+        return " ".join(rng.sample(filler, 3) + words)
+
+    def rows(n):
+        out = []
+        for _ in range(n):
+            first = rng.choice([good, bad])
+            agree = rng.randint(0, 5)  # how many of the second sentence's 5 mood words match the first's
+            second = [rng.choice(first) for _ in range(agree)] + [rng.choice(bad if first is good else good)
+                                                                  for _ in range(5 - agree)]
+            label = float(agree) + (rng.random() - 0.5) * 0.2 if regression else int(agree >= 3)
+            out.append({"sentence1": sentence([rng.choice(first)]), "sentence2": sentence(second), "label": label})
+        return pd.DataFrame(out)
+
+    folder.mkdir(parents=True, exist_ok=True)
+    for split, n in (("train", n_train), ("validation", n_val)):
+        rows(n).to_parquet(folder / f"{split}.parquet")
+    return folder
+
+
+@pytest.fixture(scope="session")
+def toy_pairs(tmp_path_factory) -> str:
+    return str(make_toy_pair_dataset(tmp_path_factory.mktemp("toy-pairs")))
+
+
+@pytest.fixture(scope="session")
+def toy_scores(tmp_path_factory) -> str:
+    return str(make_toy_pair_dataset(tmp_path_factory.mktemp("toy-scores"), regression=True))
+
+
 @pytest.fixture(scope="session")
 def toy_dataset(tmp_path_factory) -> str:
     return str(make_toy_dataset(tmp_path_factory.mktemp("toy")))

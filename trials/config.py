@@ -22,6 +22,8 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
+from trials.metrics import METRICS
+
 # The identity of a cell, pinned on 2026-11-21 (tests/trials/test_identity.py holds ids as literals).
 # Never add to or reorder this tuple: a new field goes into LATER_FIELDS.
 IDENTITY_FIELDS = (
@@ -31,8 +33,10 @@ IDENTITY_FIELDS = (
     "max_grad_norm", "precision",
 )
 # Fields hashed only when not at these defaults. A field added after the ids were pinned goes here,
-# with the default that reproduces what rows made before it did, so their ids stay.
-LATER_FIELDS: dict[str, Any] = {"method": "freeze", "eval_at_end": False, "train_cache": False}
+# with the default that reproduces what rows made before it did, so their ids stay (every row made
+# before select_metric picked its best evaluation by accuracy, and had no second text).
+LATER_FIELDS: dict[str, Any] = {"method": "freeze", "eval_at_end": False, "train_cache": False,
+                                "text_pair_column": None, "select_metric": "accuracy"}
 # How the work is done and where things live: never identity (moving a data dir re-runs nothing).
 MACHINE_FIELDS = ("eval_batch_size", "eval_cache", "data_dir", "cache_dir", "checkpoint_dir", "checkpoint_every_epochs",
                   "num_threads", "device")
@@ -56,7 +60,8 @@ class TrialConfig:
     seed: int = 0
     # --- data and subsets ---
     split_seed: int = 0
-    text_column: str | None = None  # None: the dataset's own default ("sentence" for GLUE)
+    text_column: str | None = None  # None: the dataset's own default (GLUE's, else "sentence")
+    text_pair_column: str | None = None  # None: the GLUE task's second text (e.g. "sentence2"), else single sentences
     label_column: str | None = None
     max_eval_examples: int | None = None  # None: the full validation split, as in the reference
     max_seq_length: int = 128
@@ -70,6 +75,7 @@ class TrialConfig:
     warmup_epochs: float = 1.0
     eval_every_epochs: float = 0.5
     eval_at_end: bool = False  # the reference never forces an evaluation at the last step
+    select_metric: str = "accuracy"  # picks the best evaluation; the spec resolves the task's official one
     max_grad_norm: float = 1.0
     precision: str = "auto"  # auto | fp16 | bf16 | fp32; resolved (never "auto") before it is hashed
     train_cache: bool = False  # opt-in deviation: frozen layers without dropout, run once (trials/train_cache.py)
@@ -132,10 +138,20 @@ _FLOAT_FIELDS = frozenset(f.name for f in dataclasses.fields(TrialConfig) if f.t
 
 @dataclass(frozen=True)
 class EvalPoint:
+    """One evaluation: every metric of the task (trials/metrics.py; the others stay None)."""
+
     step: int
     epoch: float
-    accuracy: float
-    loss: float
+    accuracy: float | None  # None for regression
+    loss: float  # mean cross-entropy, or mean squared error for regression
+    f1: float | None = None
+    matthews: float | None = None
+    pearson: float | None = None
+    spearman: float | None = None
+
+    def metrics(self) -> dict[str, float]:
+        """The metrics this evaluation has, by name."""
+        return {name: getattr(self, name) for name in METRICS if getattr(self, name) is not None}
 
 
 @dataclass(frozen=True)
@@ -143,11 +159,17 @@ class TrialResult:
     trial_id: str
     config: TrialConfig
     status: str  # ok | failed | oom
-    best_val_accuracy: float | None = None
+    best_val_accuracy: float | None = None  # accuracy at the best evaluation (None for regression)
     best_step: int | None = None
     best_epoch: float | None = None
     final_val_accuracy: float | None = None
-    majority_baseline: float | None = None
+    majority_baseline: float | None = None  # accuracy of always answering the majority class (None for regression)
+    select_metric: str | None = None  # the metric that picked the best evaluation (config.select_metric)
+    best_val_score: float | None = None  # that metric at the best evaluation
+    final_val_score: float | None = None  # that metric at the last evaluation
+    baseline_score: float | None = None  # that metric of the constant baseline (majority class / train mean)
+    best_val_metrics: dict[str, float] = field(default_factory=dict)  # every metric at the best evaluation
+    baseline_metrics: dict[str, float] = field(default_factory=dict)  # every metric of the constant baseline
     eval_curve: tuple[EvalPoint, ...] = ()
     train_loss_curve: tuple[tuple[int, float], ...] = ()  # (step, mean loss since previous eval)
     trainable_params: int | None = None

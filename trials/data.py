@@ -1,11 +1,15 @@
 """Datasets by name: GLUE tasks from local Parquet files or the Hugging Face hub, or any local file pair.
 
 Names:
-- ``glue/<task>`` (sst2, cola): ``<data_dir>/<task>/{train,validation}.parquet`` when that folder
-  exists (``data_dir`` from the config or ``FREEZESWEEP_DATA_DIR``), else ``load_dataset("glue", task)``.
+- ``glue/<task>`` (sst2, cola, rte, mrpc, stsb, qnli, mnli, qqp): ``<data_dir>/<task>/{train,validation}.parquet``
+  when that folder exists (``data_dir`` from the config or ``FREEZESWEEP_DATA_DIR``), else
+  ``load_dataset("glue", task)`` (MNLI: its matched validation split). Each task knows its text
+  columns, its shape and its official metrics (``GLUE_TASKS``).
 - a local folder holding ``train.<ext>`` and ``validation.<ext>`` with ext in parquet, csv, tsv,
   json, jsonl, or an explicit pair ``TRAIN_FILE,VALIDATION_FILE`` of such files;
-  ``text_column``/``label_column`` name the columns (default ``sentence``/``label``).
+  ``text_column``/``text_pair_column``/``label_column`` name the columns (default ``sentence``/none/
+  ``label``). A local file whose train labels are floats is a regression task (one output, MSE);
+  any other label is a class (string labels are mapped to ids in sorted order).
 """
 
 from __future__ import annotations
@@ -19,22 +23,61 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from trials.metrics import REGRESSION_METRICS, compute_metrics, describe_shape, task_metrics
+
 DATA_DIR_ENV = "FREEZESWEEP_DATA_DIR"
 CACHE_DIR_ENV = "FREEZESWEEP_CACHE_DIR"
-GLUE_TASKS = {"sst2": "sentence", "cola": "sentence"}  # single-sentence binary tasks
 SPLITS = ("train", "validation")
 _EXTENSIONS = ("parquet", "csv", "tsv", "jsonl", "json")
 
 
+@dataclass(frozen=True)
+class GlueTask:
+    text_column: str
+    text_pair_column: str | None  # None: a single-sentence task
+    num_labels: int  # 1: regression
+    official_metrics: tuple[str, ...]  # GLUE's; the first picks the best evaluation unless the spec says otherwise
+    validation_split: str = "validation"  # the hub's name of it
+
+
+GLUE_TASKS = {
+    "sst2": GlueTask("sentence", None, 2, ("accuracy",)),
+    "cola": GlueTask("sentence", None, 2, ("matthews",)),
+    "rte": GlueTask("sentence1", "sentence2", 2, ("accuracy",)),
+    "mrpc": GlueTask("sentence1", "sentence2", 2, ("f1", "accuracy")),
+    "stsb": GlueTask("sentence1", "sentence2", 1, REGRESSION_METRICS),
+    "qnli": GlueTask("question", "sentence", 2, ("accuracy",)),
+    "mnli": GlueTask("premise", "hypothesis", 3, ("accuracy",), "validation_matched"),
+    "qqp": GlueTask("question1", "question2", 2, ("f1", "accuracy")),
+}
+
+
 class DatasetError(ValueError):
-    pass
+    """``problems``: each problem on its own, where there are several (spec validation lists them)."""
+
+    def __init__(self, message: str, problems: list[str] | None = None):
+        super().__init__(message)
+        self.problems = problems or []
+
+
+@dataclass(frozen=True)
+class Columns:
+    text: str
+    pair: str | None
+    label: str
+
+    def named(self) -> dict[str, str]:
+        """role → column, for the columns in use (errors name the spec key to change)."""
+        roles = {"text_column": self.text, "text_pair_column": self.pair, "label_column": self.label}
+        return {role: column for role, column in roles.items() if column}
 
 
 @dataclass(frozen=True)
 class Split:
     name: str
     texts: tuple[str, ...]
-    labels: np.ndarray  # int64, 0..num_labels-1
+    labels: np.ndarray  # int64 class ids 0..num_labels-1, or float32 scores (regression)
+    pairs: tuple[str, ...] | None = None  # each row's second text (sentence-pair tasks)
 
     @functools.cached_property
     def digest(self) -> str:
@@ -43,7 +86,13 @@ class Split:
         for text in self.texts:
             h.update(text.encode())
             h.update(b"\0")
-        h.update(self.labels.astype(np.int64).tobytes())
+        for text in self.pairs or ():  # absent for single sentences: their digests are as before
+            h.update(text.encode())
+            h.update(b"\1")
+        if self.labels.dtype.kind == "f":
+            h.update(self.labels.astype(np.float64).tobytes())
+        else:
+            h.update(self.labels.astype(np.int64).tobytes())
         return h.hexdigest()[:16]
 
     def __len__(self) -> int:
@@ -55,13 +104,46 @@ class TaskData:
     dataset: str
     train: Split
     validation: Split
-    num_labels: int
+    num_labels: int  # the model's outputs: 1 for regression
+    regression: bool = False
+    official_metrics: tuple[str, ...] = ("accuracy",)
 
     @property
-    def majority_baseline(self) -> float:
-        """Accuracy of always predicting the most frequent validation label."""
+    def metrics(self) -> tuple[str, ...]:
+        return task_metrics(self.regression, self.num_labels)
+
+    @property
+    def majority_baseline(self) -> float | None:
+        """Accuracy of always predicting the most frequent validation label (None for regression)."""
+        if self.regression:
+            return None
         counts = np.bincount(self.validation.labels, minlength=self.num_labels)
         return float(counts.max() / counts.sum())
+
+    def baseline_metrics(self) -> dict[str, float]:
+        """Every metric of a constant prediction on the validation split: the majority class (the
+        majority baseline) for classification; the train labels' mean for regression (its
+        correlations are 0.0 by definition, see trials/metrics.py)."""
+        if self.regression:
+            constant = float(self.train.labels.astype(np.float64).mean())
+        else:
+            constant = int(np.argmax(np.bincount(self.validation.labels, minlength=self.num_labels)))
+        predictions = np.full(len(self.validation), constant)
+        return compute_metrics(predictions, self.validation.labels, self.regression, self.num_labels)
+
+
+@dataclass(frozen=True)
+class TaskShape:
+    """What spec validation needs to know of a dataset, read as cheaply as its files allow."""
+
+    rows: dict[str, int]
+    regression: bool
+    num_labels: int
+    official_metrics: tuple[str, ...]
+
+    @property
+    def metrics(self) -> tuple[str, ...]:
+        return task_metrics(self.regression, self.num_labels)
 
 
 def resolve_data_dir(data_dir: str | None) -> Path | None:
@@ -75,47 +157,109 @@ def resolve_cache_dir(cache_dir: str | None) -> Path:
     return Path(value).expanduser()
 
 
-def load_task(
-    dataset: str,
-    data_dir: str | None = None,
-    text_column: str | None = None,
-    label_column: str | None = None,
-) -> TaskData:
-    return _load_task(dataset, resolve_data_dir(data_dir), text_column or "sentence", label_column or "label")
+def glue_task(dataset: str) -> GlueTask | None:
+    """The GLUE task a ``glue/<task>`` name means (None for local files); unknown tasks are errors."""
+    if not dataset.startswith("glue/"):
+        return None
+    task = dataset.split("/", 1)[1]
+    if task not in GLUE_TASKS:
+        raise DatasetError(f"unknown GLUE task {task!r}; known: {', '.join(sorted(GLUE_TASKS))}")
+    return GLUE_TASKS[task]
+
+
+def task_columns(dataset: str, text_column: str | None = None, label_column: str | None = None,
+                 text_pair_column: str | None = None) -> Columns:
+    """The columns a trial reads: the given ones, else the GLUE task's, else sentence / none / label."""
+    glue = glue_task(dataset)
+    return Columns(text=text_column or (glue.text_column if glue else "sentence"),
+                   pair=text_pair_column or (glue.text_pair_column if glue else None),
+                   label=label_column or "label")
+
+
+def load_task(dataset: str, data_dir: str | None = None, text_column: str | None = None,
+              label_column: str | None = None, text_pair_column: str | None = None) -> TaskData:
+    columns = task_columns(dataset, text_column, label_column, text_pair_column)
+    return _load_task(dataset, resolve_data_dir(data_dir), columns)
 
 
 @functools.lru_cache(maxsize=4)  # a reused Ray worker loads a dataset once, not once per trial
-def _load_task(dataset: str, data_dir: Path | None, text_column: str, label_column: str) -> TaskData:
+def _load_task(dataset: str, data_dir: Path | None, columns: Columns) -> TaskData:
     frames = _load_frames(dataset, data_dir)
-    missing = [
-        f"{split} split has no column {col!r} (columns: {', '.join(map(str, df.columns))})"
-        for split, df in frames.items()
-        for col in (text_column, label_column)
-        if col not in df.columns
-    ]
-    if missing:
-        raise DatasetError(f"dataset {dataset!r}: " + "; ".join(missing))
-    label_values = sorted(set(frames["train"][label_column]) | set(frames["validation"][label_column]))
-    label_index = {value: i for i, value in enumerate(label_values)}
+    problems = _column_problems({s: list(map(str, df.columns)) for s, df in frames.items()}, columns)
+    if problems:
+        raise DatasetError(f"dataset {dataset!r}: " + "; ".join(problems), problems)
+    regression, problems = _label_shape(dataset, columns.label,
+                                        {s: pd.api.types.is_float_dtype(df[columns.label]) for s, df in frames.items()})
+    if problems:
+        raise DatasetError(f"dataset {dataset!r}: " + "; ".join(problems), problems)
+    labels = _encode_labels({s: df[columns.label] for s, df in frames.items()}, regression)
     splits = {
-        name: Split(
-            name=name,
-            texts=tuple(str(t) for t in df[text_column]),
-            labels=np.asarray([label_index[v] for v in df[label_column]], dtype=np.int64),
-        )
+        name: Split(name=name, texts=tuple(str(t) for t in df[columns.text]), labels=labels[name],
+                    pairs=tuple(str(t) for t in df[columns.pair]) if columns.pair else None)
         for name, df in frames.items()
     }
-    return TaskData(dataset, splits["train"], splits["validation"], num_labels=len(label_values))
+    num_labels = 1 if regression else len(set(labels["train"]) | set(labels["validation"]))
+    return TaskData(dataset, splits["train"], splits["validation"], num_labels=num_labels, regression=regression,
+                    official_metrics=_official_metrics(dataset, regression))
+
+
+def _column_problems(split_columns: dict[str, list[str]], columns: Columns) -> list[str]:
+    """One problem per missing column, naming the splits that lack it and the spec key that names it."""
+    problems = []
+    for role, column in columns.named().items():
+        lacking = [split for split, names in split_columns.items() if column not in names]
+        if lacking:
+            names = split_columns[lacking[0]]
+            problems.append(f"no column {column!r} ({role}) in the {' and '.join(lacking)} split "
+                            f"(columns: {', '.join(names)})")
+    return problems
+
+
+def _label_shape(dataset: str, label_column: str, float_labels: dict[str, bool]) -> tuple[bool, list[str]]:
+    """(regression?, problems): a GLUE task's shape is known; a local file is a regression task
+    when its train labels are floats. Float labels on a classification task are an error."""
+    glue = glue_task(dataset)
+    regression = glue.num_labels == 1 if glue else float_labels["train"]
+    floats = [split for split, is_float in float_labels.items() if is_float]
+    if regression or not floats:
+        return regression, []
+    why = "" if glue else " (a local dataset is a regression task only when its train labels are floats)"
+    return regression, [f"label column {label_column!r} holds floats in the {' and '.join(floats)} split, but "
+                        f"{dataset} is a classification task{why}"]
+
+
+def _encode_labels(labels: dict[str, pd.Series], regression: bool) -> dict[str, np.ndarray]:
+    if regression:
+        return {split: series.to_numpy(dtype=np.float32) for split, series in labels.items()}
+    values = sorted(set(labels["train"]) | set(labels["validation"]))
+    index = {value: i for i, value in enumerate(values)}
+    return {split: np.asarray([index[v] for v in series], dtype=np.int64) for split, series in labels.items()}
+
+
+def _official_metrics(dataset: str, regression: bool) -> tuple[str, ...]:
+    glue = glue_task(dataset)
+    if glue is not None:
+        return glue.official_metrics
+    return REGRESSION_METRICS if regression else ("accuracy",)
+
+
+def official_metric(dataset: str, data_dir: str | None = None, text_column: str | None = None,
+                    label_column: str | None = None, text_pair_column: str | None = None) -> str:
+    """The metric that picks a trial's best evaluation unless the spec names one: GLUE's official
+    one (no data read), else accuracy, or Pearson for a regression file (its labels are read)."""
+    glue = glue_task(dataset)
+    if glue is not None:
+        return glue.official_metrics[0]
+    return describe_task(dataset, data_dir, text_column, label_column, text_pair_column).official_metrics[0]
 
 
 def _load_frames(dataset: str, data_dir: Path | None) -> dict[str, pd.DataFrame]:
-    if dataset.startswith("glue/"):
+    glue = glue_task(dataset)
+    if glue is not None:
         task = dataset.split("/", 1)[1]
-        if task not in GLUE_TASKS:
-            raise DatasetError(f"unknown GLUE task {task!r}; known: {', '.join(sorted(GLUE_TASKS))}")
         if data_dir is not None and (data_dir / task).is_dir():
-            return {s: _read_file(_find_split_file(data_dir / task, s)) for s in SPLITS}
-        return _load_from_hub(task)
+            return {s: _read_file(f) for s, f in _glue_files(data_dir / task, glue).items()}
+        return _load_from_hub(task, glue)
     if "," in dataset:
         files = [Path(p.strip()).expanduser() for p in dataset.split(",")]
         missing = [str(f) for f in files if not f.is_file()]
@@ -130,6 +274,15 @@ def _load_frames(dataset: str, data_dir: Path | None) -> dict[str, pd.DataFrame]
         f"unknown dataset {dataset!r}: use glue/<task> ({', '.join(sorted(GLUE_TASKS))}) or a folder "
         f"holding train and validation files ({', '.join(_EXTENSIONS)})"
     )
+
+
+def _glue_files(folder: Path, glue: GlueTask) -> dict[str, Path]:
+    """A local GLUE copy: ``validation.*``, or the hub's split name (MNLI's ``validation_matched.*``)."""
+    names = dict.fromkeys((glue.validation_split, "validation"))
+    for name in names:
+        if any((folder / f"{name}.{ext}").is_file() for ext in _EXTENSIONS):
+            return {"train": _find_split_file(folder, "train"), "validation": _find_split_file(folder, name)}
+    return {s: _find_split_file(folder, s) for s in SPLITS}  # raises, naming what is missing
 
 
 def _find_split_file(folder: Path, split: str) -> Path:
@@ -149,7 +302,7 @@ def _read_file(path: Path) -> pd.DataFrame:
     return pd.read_json(path, lines=suffix == "jsonl")
 
 
-def _load_from_hub(task: str) -> dict[str, pd.DataFrame]:
+def _load_from_hub(task: str, glue: GlueTask) -> dict[str, pd.DataFrame]:
     try:
         import datasets
 
@@ -159,19 +312,41 @@ def _load_from_hub(task: str) -> dict[str, pd.DataFrame]:
             f"glue/{task}: no local copy (set data_dir or {DATA_DIR_ENV} to a folder holding "
             f"{task}/train.parquet and {task}/validation.parquet) and the hub failed: {exc}"
         ) from exc
-    return {s: ds[s].to_pandas() for s in SPLITS}
+    return {"train": ds["train"].to_pandas(), "validation": ds[glue.validation_split].to_pandas()}
 
 
-def split_sizes(dataset: str, data_dir: str | None = None, text_column: str | None = None,
-                label_column: str | None = None) -> dict[str, int]:
-    """Row counts per split, cheaply where Parquet metadata has them (spec validation uses it)."""
-    data_path = resolve_data_dir(data_dir)
-    if dataset.startswith("glue/") and data_path is not None:
-        task_dir = data_path / dataset.split("/", 1)[1]
-        files = {s: _find_split_file(task_dir, s) for s in SPLITS} if task_dir.is_dir() else {}
-        if files and all(f.suffix == ".parquet" for f in files.values()):
-            import pyarrow.parquet as pq
+def describe_task(dataset: str, data_dir: str | None = None, text_column: str | None = None,
+                  label_column: str | None = None, text_pair_column: str | None = None) -> TaskShape:
+    """Rows per split and the task's shape; raises DatasetError naming every problem (missing
+    columns, float labels on a classification task). Local GLUE Parquet files are read from their
+    metadata alone (spec validation runs this per dataset); anything else is loaded."""
+    columns = task_columns(dataset, text_column, label_column, text_pair_column)
+    glue, data_path = glue_task(dataset), resolve_data_dir(data_dir)
+    task_dir = data_path / dataset.split("/", 1)[1] if glue and data_path else None
+    if task_dir is not None and task_dir.is_dir():
+        files = _glue_files(task_dir, glue)
+        if all(f.suffix == ".parquet" for f in files.values()):
+            return _parquet_shape(dataset, files, columns, glue)
+    task = load_task(dataset, data_dir, text_column, label_column, text_pair_column)
+    return TaskShape({"train": len(task.train), "validation": len(task.validation)}, task.regression,
+                     task.num_labels, task.official_metrics)
 
-            return {s: pq.ParquetFile(f).metadata.num_rows for s, f in files.items()}
-    task = load_task(dataset, data_dir, text_column, label_column)
-    return {"train": len(task.train), "validation": len(task.validation)}
+
+def _parquet_shape(dataset: str, files: dict[str, Path], columns: Columns, glue: GlueTask) -> TaskShape:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    schemas = {s: pq.read_schema(f) for s, f in files.items()}
+    problems = _column_problems({s: schema.names for s, schema in schemas.items()}, columns)
+    floats = {s: columns.label in schema.names and pa.types.is_floating(schema.field(columns.label).type)
+              for s, schema in schemas.items()}
+    regression, label_problems = _label_shape(dataset, columns.label, floats)
+    if problems or label_problems:
+        raise DatasetError(f"dataset {dataset!r}: " + "; ".join(problems + label_problems), problems + label_problems)
+    rows = {s: pq.ParquetFile(f).metadata.num_rows for s, f in files.items()}
+    return TaskShape(rows, regression, glue.num_labels, glue.official_metrics)
+
+
+def shape_words(shape: TaskShape) -> str:
+    """E.g. "a regression task: pearson, spearman" (what fits it), for errors."""
+    return f"{describe_shape(shape.regression, shape.num_labels)}: {', '.join(shape.metrics)}"

@@ -119,7 +119,7 @@ def _compute(model: nn.Module, batches: list[Batch], plan: PrecisionPlan, device
                 if injector is not None:
                     injector.states = start.states[i]
                 with plan.autocast(), contextlib.suppress(_Stop):
-                    model(input_ids=batch.input_ids, attention_mask=batch.attention_mask)
+                    model(**batch.model_inputs())
     finally:
         handle.remove()
         model.train(was_training)
@@ -152,10 +152,10 @@ def matches_full_model(model: nn.Module, batch: Batch, prefix: PrefixStates, pla
     batch = batch.to(device)
     try:
         with plan.autocast():
-            full = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits
+            full = model(**batch.model_inputs()).logits
             with starting_at(model, prefix.layer, prefix.tuple_output) as injector:
                 injector.states = prefix.states[0]
-                cached = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits
+                cached = model(**batch.model_inputs()).logits
     finally:
         model.train(was_training)
     return torch.equal(full, cached)

@@ -1,4 +1,7 @@
-"""One trial: load → subset → tokenize → build → freeze → fit → record. Plain PyTorch, no Ray."""
+"""One trial: load → subset → tokenize → build → freeze → fit → record. Plain PyTorch, no Ray.
+
+The best evaluation is the one with the highest ``select_metric``; the row records every metric there.
+"""
 
 from __future__ import annotations
 
@@ -18,10 +21,11 @@ import numpy as np
 import torch
 
 from trials.config import EvalPoint, TrialConfig, TrialResult
-from trials.data import TaskData, load_task, resolve_cache_dir
 from trials import eval_cache, train_cache
+from trials.data import TaskData, load_task, resolve_cache_dir
 from trials.eval_cache import PrefixStates, exact_prefix
 from trials.freezing import FreezeReport, freeze
+from trials.metrics import describe_shape
 from trials.model import build_model, load_tokenizer
 from trials.precision import resolve_config, resolve_device, resolve_precision
 from trials.subsets import indices_digest, stratified_order, subset_indices
@@ -40,7 +44,8 @@ def run_trial(cfg: TrialConfig, on_eval: Callable[[EvalPoint], None] | None = No
         torch.set_num_threads(cfg.num_threads)
     reset_peak_memory(device)
 
-    task = load_task(cfg.dataset, cfg.data_dir, cfg.text_column, cfg.label_column)
+    task = load_task(cfg.dataset, cfg.data_dir, cfg.text_column, cfg.label_column, cfg.text_pair_column)
+    check_select_metric(cfg, task)
     train_rows = subset_indices(task.train.labels, cfg.train_size, cfg.split_seed)
     val_rows = eval_rows(task, cfg)
     tokenizer = load_tokenizer(cfg.model)
@@ -52,8 +57,7 @@ def run_trial(cfg: TrialConfig, on_eval: Callable[[EvalPoint], None] | None = No
     model = initial_model(cfg, task.num_labels).to(device)
     report = freeze(model, cfg.frozen_layers)
 
-    batches = eval_batches(tuple(val_ids[i] for i in val_rows), task.validation.labels[val_rows],
-                           cfg.eval_batch_size, pad_id)
+    batches = eval_batches(val_ids.select(val_rows), task.validation.labels[val_rows], cfg.eval_batch_size, pad_id)
     fill_started = time.perf_counter()  # the caches' first fill in this worker: recorded on its own
     eval_prefix = _eval_prefix(cfg, model, batches, plan, device, (task.validation.digest, indices_digest(val_rows)))
     train_prefix = _train_prefix(cfg, model, train_ids, train_rows, plan, device, task.train.digest)
@@ -69,7 +73,7 @@ def run_trial(cfg: TrialConfig, on_eval: Callable[[EvalPoint], None] | None = No
         train_prefix=train_prefix,
         on_eval=on_eval or (lambda point: None),
     )
-    state = fit(model, tuple(train_ids[i] for i in train_rows), task.train.labels[train_rows], pad_id, ctx)
+    state = fit(model, train_ids.select(train_rows), task.train.labels[train_rows], pad_id, ctx)
     return _result(cfg, task, train_rows, len(val_rows), report, state, ctx,
                    wall_time_s=time.perf_counter() - started, cache_fill_time_s=cache_fill_time_s)
 
@@ -90,7 +94,14 @@ def _train_prefix(cfg: TrialConfig, model, train_ids, train_rows, plan, device, 
         return None
     weights = "pretrained" if cfg.model_init == "pretrained" else f"random-{cfg.derived_seed}"  # per-seed weights
     key = (cfg.model, weights, split_digest, cfg.max_seq_length)
-    return train_prefix(model, [train_ids[i] for i in train_rows], train_rows, plan, device, cfg.frozen_layers, key)
+    return train_prefix(model, train_ids.select(train_rows), train_rows, plan, device, cfg.frozen_layers, key)
+
+
+def check_select_metric(cfg: TrialConfig, task: TaskData) -> None:
+    """A metric the task does not have cannot pick its best evaluation (the spec checks this first)."""
+    if cfg.select_metric not in task.metrics:
+        raise ValueError(f"select_metric {cfg.select_metric!r} does not fit {cfg.dataset} "
+                         f"({describe_shape(task.regression, task.num_labels)}: {', '.join(task.metrics)})")
 
 
 def eval_rows(task: TaskData, cfg: TrialConfig) -> np.ndarray:
@@ -156,7 +167,9 @@ def _set_host_rng_states(states: tuple) -> None:
 
 def _result(cfg, task, train_rows, n_eval, report: FreezeReport, state: FitState, ctx: FitContext,
             wall_time_s: float, cache_fill_time_s: float) -> TrialResult:
-    best = max(state.curve, key=lambda p: p.accuracy)  # first of equals: the earliest best
+    metric = cfg.select_metric
+    best = max(state.curve, key=lambda p: getattr(p, metric))  # first of equals: the earliest best
+    baseline = task.baseline_metrics()
     return TrialResult(
         trial_id=cfg.trial_id,
         config=cfg,
@@ -166,6 +179,12 @@ def _result(cfg, task, train_rows, n_eval, report: FreezeReport, state: FitState
         best_epoch=best.epoch,
         final_val_accuracy=state.curve[-1].accuracy,
         majority_baseline=task.majority_baseline,
+        select_metric=metric,
+        best_val_score=getattr(best, metric),
+        final_val_score=getattr(state.curve[-1], metric),
+        baseline_score=baseline[metric],
+        best_val_metrics=best.metrics(),
+        baseline_metrics=baseline,
         eval_curve=tuple(state.curve),
         train_loss_curve=tuple(state.train_loss_curve),
         trainable_params=report.trainable_params,
@@ -200,7 +219,7 @@ def failed_result(cfg: TrialConfig, exc: BaseException, wall_time_s: float | Non
     else:
         frames = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__)[-4:])
     return TrialResult(trial_id=cfg.trial_id, config=cfg, status=status, error=f"{type(exc).__name__}: {exc}\n{frames}",
-                       wall_time_s=wall_time_s, versions=library_versions())
+                       select_metric=cfg.select_metric, wall_time_s=wall_time_s, versions=library_versions())
 
 
 def _synchronize(device: torch.device) -> None:

@@ -5,6 +5,10 @@ size n is its first n entries. So every subset contains each smaller one (nestin
 every prefix keeps each label's count within one of ``n * fraction_in_split`` (stratification),
 whatever sizes a sweep asks for. The trial seed plays no part: every seed of a cell sees the same
 examples, and only the fine-tune's randomness varies.
+
+Regression scores (float labels) are stratified by score bins: ``SCORE_BINS`` bins of equal
+frequency over the split's scores (quantiles, so a skewed score distribution still fills every bin),
+so each subset spans the whole score range in the split's proportions.
 """
 
 from __future__ import annotations
@@ -13,14 +17,25 @@ import hashlib
 
 import numpy as np
 
+SCORE_BINS = 5  # regression strata: at n = 50, ten rows per bin
+
 
 class SubsetError(ValueError):
     pass
 
 
+def strata(labels: np.ndarray) -> np.ndarray:
+    """What is stratified: the class ids, or for float scores their quantile bin (0..SCORE_BINS-1)."""
+    labels = np.asarray(labels)
+    if labels.dtype.kind != "f":
+        return labels
+    edges = np.quantile(labels, np.arange(1, SCORE_BINS) / SCORE_BINS)
+    return np.searchsorted(edges, labels, side="right")
+
+
 def stratified_order(labels: np.ndarray, split_seed: int, length: int | None = None) -> np.ndarray:
     """The first ``length`` positions (default all) of the stratified order of ``labels``."""
-    labels = np.asarray(labels)
+    labels = strata(labels)
     length = len(labels) if length is None else length
     if length > len(labels):
         raise SubsetError(f"train size {length} is larger than the split ({len(labels)} rows)")

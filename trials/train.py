@@ -1,5 +1,6 @@
 """The reference training loop: AdamW, linear warmup then linear decay to 0, evaluation every
-``eval_every_epochs``, best validation accuracy kept as *metrics*, never as a weights checkpoint.
+``eval_every_epochs``, every evaluation's metrics kept (the best is picked from them afterwards),
+never a weights checkpoint. The loss is the task's: cross-entropy, or MSE for regression.
 
 An optional checkpoint every ``checkpoint_every_epochs`` (trainable weights, optimizer, scheduler,
 RNG states, curves) lets a long trial resume where it stopped; a resumed trial follows exactly the
@@ -24,9 +25,9 @@ from transformers import get_linear_schedule_with_warmup
 from trials import faults
 from trials.config import EvalPoint, TrialConfig
 from trials.eval_cache import PrefixStates
-from trials.evaluate import evaluate
+from trials.evaluate import evaluate, task_loss
 from trials.precision import PrecisionPlan
-from trials.tokens import Batch, train_batches
+from trials.tokens import Batch, Tokens, train_batches
 from trials.train_cache import TrainPrefix, feed, training_from
 
 
@@ -102,7 +103,7 @@ class FitContext:
     train_prefix: TrainPrefix | None = None  # opt-in, not the reference's semantics (trials/train_cache.py)
 
 
-def fit(model: nn.Module, train_ids, train_labels: np.ndarray, pad_id: int, ctx: FitContext) -> FitState:
+def fit(model: nn.Module, train_ids: Tokens, train_labels: np.ndarray, pad_id: int, ctx: FitContext) -> FitState:
     cfg, schedule = ctx.cfg, ctx.schedule
     params = [p for p in model.parameters() if p.requires_grad]
     # Fused AdamW (CPU and CUDA since torch 2.4): one vectorised kernel instead of a Python loop of
@@ -148,8 +149,8 @@ def _synchronize(device: torch.device) -> None:
 
 def _train_step(model, batch: Batch, optimizer, scheduler, scaler, params, ctx: FitContext) -> torch.Tensor:
     with ctx.plan.autocast():
-        logits = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits
-    loss = nn.functional.cross_entropy(logits.float(), batch.labels)
+        logits = model(**batch.model_inputs()).logits
+    loss = task_loss(logits, batch.labels)
     scaler.scale(loss).backward()
     scaler.unscale_(optimizer)
     torch.nn.utils.clip_grad_norm_(params, ctx.cfg.max_grad_norm, foreach=True)
@@ -162,9 +163,10 @@ def _train_step(model, batch: Batch, optimizer, scheduler, scaler, params, ctx: 
 
 def _evaluate_into(model: nn.Module, state: FitState, ctx: FitContext) -> None:
     started = time.perf_counter()
-    accuracy, loss = evaluate(model, ctx.eval_batches, ctx.plan, ctx.device, ctx.eval_prefix)
+    metrics, loss = evaluate(model, ctx.eval_batches, ctx.plan, ctx.device, ctx.eval_prefix)
     state.eval_time_s += time.perf_counter() - started
-    point = EvalPoint(step=state.step, epoch=state.step / ctx.schedule.steps_per_epoch, accuracy=accuracy, loss=loss)
+    point = EvalPoint(step=state.step, epoch=state.step / ctx.schedule.steps_per_epoch, loss=loss,
+                      **{"accuracy": None, **metrics})
     state.curve.append(point)
     state.train_loss_curve.append((state.step, float(state.loss_sum) / max(1, state.loss_count)))
     state.loss_sum, state.loss_count = 0.0, 0

@@ -28,7 +28,7 @@ from torch import nn
 from trials.eval_cache import starting_at
 from trials.freezing import EncoderParts, find_encoder_parts
 from trials.precision import PrecisionPlan
-from trials.tokens import Batch
+from trials.tokens import Batch, Tokens, collate
 
 # (model, split, k, precision, device) entries per worker process: a grid's k values all fit, so the
 # nested train sizes of each k share rows (an entry holds at most the largest subset's rows).
@@ -60,17 +60,17 @@ class TrainPrefix:
         return out
 
 
-def train_prefix(model: nn.Module, train_ids, train_rows: np.ndarray, plan: PrecisionPlan, device: torch.device,
-                 layer: int, key: tuple) -> TrainPrefix:
+def train_prefix(model: nn.Module, train_ids: Tokens, train_rows: np.ndarray, plan: PrecisionPlan,
+                 device: torch.device, layer: int, key: tuple) -> TrainPrefix:
     """The frozen prefix's output for each row of the subset (``train_rows``: their indices in the
     split, ``train_ids``: their tokens, in the same order); computed for rows not yet cached."""
     key = (*key, layer, plan.name, str(device))
     entry = _ROWS.setdefault(key, _Entry())
     _ROWS.move_to_end(key)
     parts = find_encoder_parts(model)
-    todo = [(int(r), ids) for r, ids in zip(train_rows, train_ids) if int(r) not in entry.rows]
+    todo = [(int(r), position) for position, r in enumerate(train_rows) if int(r) not in entry.rows]
     if todo:
-        _run_prefix(model, parts, todo, entry, plan, device, layer)
+        _run_prefix(model, parts, train_ids, todo, entry, plan, device, layer)
     while len(_ROWS) > _MAX_ENTRIES:
         _ROWS.popitem(last=False)
     return TrainPrefix(layer=layer, states=tuple(entry.rows[int(r)] for r in train_rows),
@@ -82,8 +82,8 @@ class _Stop(Exception):
 
 
 @torch.inference_mode()
-def _run_prefix(model, parts: EncoderParts, todo: list, entry: _Entry, plan: PrecisionPlan, device: torch.device,
-                layer: int) -> None:
+def _run_prefix(model, parts: EncoderParts, tokens: Tokens, todo: list, entry: _Entry, plan: PrecisionPlan,
+                device: torch.device, layer: int) -> None:
     captured: list[torch.Tensor] = []
 
     def keep(module, args, output):
@@ -95,10 +95,10 @@ def _run_prefix(model, parts: EncoderParts, todo: list, entry: _Entry, plan: Pre
     was_training = model.training
     model.eval()  # no dropout: the deviation this cache is
     try:
-        for row, ids in todo:
-            input_ids = torch.as_tensor(np.asarray(ids, dtype=np.int64)).unsqueeze(0).to(device)
+        for row, position in todo:
+            alone = collate(tokens.select([position]), np.zeros(1, dtype=np.int64), pad_id=0).to(device)  # no padding
             with plan.autocast(), contextlib.suppress(_Stop):
-                model(input_ids=input_ids, attention_mask=torch.ones_like(input_ids))
+                model(**alone.model_inputs())  # segment ids too, for sentence pairs
             entry.rows[row] = captured.pop()
     finally:
         handle.remove()

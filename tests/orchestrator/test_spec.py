@@ -1,7 +1,10 @@
 """Invalid specs are rejected as a whole, before Ray starts, with every problem named."""
 
+import pandas as pd
 import pytest
 import yaml
+
+from tests.conftest import make_toy_pair_dataset
 
 from orchestrator.grid import build_grid
 from orchestrator.spec import SpecError, load_spec, parse_spec
@@ -31,6 +34,11 @@ BAD = {
     "bad sweep name": ({"name": "no spaces please"}, "name: String should match pattern"),
     "missing required key": ({"model": None}, "model: Input should be a valid string"),
     "wrong type": ({"train_sizes": "fifty"}, "train_sizes: Input should be a valid list"),
+    "unknown metric": ({"training": {"select_metric": "acc"}}, "training.select_metric: unknown metric 'acc' (known: "),
+    "metric that does not fit": ({"training": {"select_metric": "pearson"}},
+                                 "training.select_metric: pearson does not fit"),
+    "metric for a dataset not swept": ({"training": {"select_metric": {"glue/mrpc": "f1"}}},
+                                       "training.select_metric: glue/mrpc not among the datasets"),
 }
 
 
@@ -202,3 +210,82 @@ def test_without_an_address_a_gpu_share_needs_a_local_gpu(write_spec, monkeypatc
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     with pytest.raises(SpecError, match="this machine has no CUDA GPU"):
         load_spec(write_spec("local-gpu", resources={"gpus_per_trial": 0.5}))
+
+
+def test_task_shapes_are_checked_one_clear_error_each(write_spec, toy_dataset, tmp_path):
+    """A GLUE pair task whose files lack the second sentence and hold float labels, and a metric that a
+    classification task does not have: every problem named once, in one error, before anything runs."""
+    rte = make_toy_pair_dataset(tmp_path / "glue" / "rte", regression=True)
+    for split in ("train", "validation"):
+        path = rte / f"{split}.parquet"
+        pd.read_parquet(path).drop(columns=["sentence2"]).to_parquet(path)
+    path = write_spec(datasets=[toy_dataset, "glue/rte"], data_dir=str(tmp_path / "glue"),
+                      training={"select_metric": {toy_dataset: "spearman"}})
+    problems = _problems(path)
+    expected = ["datasets: glue/rte: no column 'sentence2' (text_pair_column) in the train and validation split",
+                "datasets: glue/rte: label column 'label' holds floats in the train and validation split, but glue/rte "
+                "is a classification task",
+                f"training.select_metric: spearman does not fit {toy_dataset} (a 2-class classification task: "
+                "accuracy, f1, matthews)"]
+    for line in expected:
+        assert sum(p.startswith(line) for p in problems) == 1, (line, problems)
+    assert len(problems) == 3, problems
+
+
+def test_select_metric_defaults_to_each_tasks_official_one(write_spec, toy_dataset, toy_scores, glue_dir):
+    from trials.config import TrialConfig
+
+    spec = load_spec(write_spec(datasets=["glue/sst2", "glue/cola", "glue/stsb", "glue/mrpc", toy_dataset],
+                                train_sizes=[24], frozen_layers=[0], data_dir=str(glue_dir)))
+    metrics = {c.dataset: c.select_metric for c in build_grid(spec)}
+    assert metrics == {"glue/sst2": "accuracy", "glue/cola": "matthews", "glue/stsb": "pearson", "glue/mrpc": "f1",
+                       toy_dataset: "accuracy"}
+    local = load_spec(write_spec(datasets=[toy_scores], train_sizes=[24],
+                                 training={"text_column": "sentence1", "text_pair_column": "sentence2"}))
+    assert [c.select_metric for c in build_grid(local)] == ["pearson", "pearson"]  # float labels: regression
+    sst2 = next(c for c in build_grid(spec) if c.dataset == "glue/sst2")
+    before = TrialConfig(**{k: v for k, v in sst2.to_dict().items() if k != "select_metric"})  # as made before
+    assert sst2.trial_id == before.trial_id  # SST-2's official metric is accuracy: its ids are unchanged
+    chosen = load_spec(write_spec(datasets=["glue/sst2", "glue/cola"], train_sizes=[24], data_dir=str(glue_dir),
+                                  training={"select_metric": {"glue/cola": "accuracy"}}))
+    assert {c.dataset: c.select_metric for c in build_grid(chosen)} == {"glue/sst2": "accuracy", "glue/cola": "accuracy"}
+
+
+def test_shipped_configs_keep_their_metric(glue_dir, monkeypatch):
+    """The demo (SST-2) selects accuracy by default; the reference study says accuracy for SST-2 and CoLA."""
+    from tests.conftest import REPO
+
+    monkeypatch.setenv("FREEZESWEEP_DATA_DIR", str(glue_dir))
+    assert {c.select_metric for c in build_grid(load_spec(REPO / "configs" / "demo.yaml"))} == {"accuracy"}
+    reference = parse_spec(yaml.safe_load((REPO / "configs" / "reference.yaml").read_text()), semantic=False)
+    assert {c.select_metric for c in build_grid(reference)} == {"accuracy"}
+
+
+def _store_legacy_spec(spec_path, tmp_path) -> str:
+    """A spec.yaml as a launch before select_metric existed stored it: no such key."""
+    from results.store import ResultStore
+
+    raw = yaml.safe_load(spec_path.read_text())
+    raw["training"].pop("select_metric", None)
+    ResultStore(raw["store"], raw["name"]).write_spec(yaml.safe_dump(raw))
+    return raw["store"]
+
+
+def test_a_sweep_stored_before_select_metric_reads_as_accuracy(write_spec, tmp_path, glue_dir):
+    """Its rows picked by accuracy: resumed, its cells keep their ids; relaunching the spec where the default
+    now means another metric (CoLA: Matthews) is a protocol change, named per dataset; SST-2 is not."""
+    from orchestrator.launch import sweep_from_store
+
+    axes = {"datasets": ["glue/sst2", "glue/cola"], "train_sizes": [24], "data_dir": str(glue_dir)}
+    store = _store_legacy_spec(write_spec("legacy", **axes), tmp_path)
+    stored = sweep_from_store("legacy", store)
+    assert stored.training.select_metric == "accuracy"
+    as_before = load_spec(write_spec("elsewhere", **axes, training={"select_metric": "accuracy"}))
+    assert [c.trial_id for c in build_grid(stored)] == [c.trial_id for c in build_grid(as_before)]
+    with pytest.raises(SpecError) as info:
+        load_spec(write_spec("legacy", **axes))  # no select_metric: CoLA's official Matthews
+    assert [p for p in info.value.problems if "select_metric" in p] == [
+        "training.select_metric.glue/cola: changed from 'accuracy' to 'matthews', but sweep 'legacy' already has rows "
+        "with the old protocol (start a new sweep name to compare protocols)"]
+    load_spec(write_spec("legacy", **axes, training={"select_metric": "accuracy"}))  # what the rows used: accepted
+    load_spec(write_spec("legacy", **{**axes, "datasets": ["glue/sst2"]}))  # SST-2's default is accuracy: accepted

@@ -130,7 +130,7 @@ def test_report_files_tables_and_completeness(store_rows, tmp_path):
     page = (tmp_path / "out" / "index.html").read_text()
     assert "s: INCOMPLETE — 14 of 17 cells done, 1 failed, 2 missing (not run yet, or running now)" in markdown
     assert "CUDA out of memory" in markdown and "CUDA out of memory" in page
-    decision_row = ["d", "100", "3", "3", "0.8500", "0.8480", "-0.0020", "-0.0045", "0.0005", "75.0", "40.0", "25.0",
+    decision_row = ["d", "100", "accuracy", "3", "3", "0.8500", "0.8480", "-0.0020", "-0.0045", "0.0005", "75.0", "40.0", "25.0",
                     "3"]
     assert decision_row in markdown_rows(markdown)
     assert "largest k keeping ≥ 90 % is k = 3" in markdown
@@ -173,7 +173,8 @@ def test_cli_report_names_what_is_missing(tmp_path):
     from orchestrator.spec import SweepSpec, TrainingSpec
 
     spec = SweepSpec(name="s", model="m", datasets=["d"], train_sizes=[100], frozen_layers=[0, 3], seeds=[0, 1, 2, 3],
-                     training=TrainingSpec(precision="fp32"), store=str(tmp_path))
+                     training=TrainingSpec(precision="fp32", select_metric="accuracy"),  # resolved, as a launch stores it
+                     store=str(tmp_path))
     store = ResultStore(str(tmp_path), "s")
     store.write_spec(spec.to_yaml())
     for cfg in build_grid(spec):
@@ -204,3 +205,21 @@ def test_chromium_renders_the_figures(store_rows, tmp_path):
     lower = pixels[800:].reshape(-1, 3)
     assert len(np.unique(lower, axis=0)) > 500
     assert (lower != 255).any(axis=1).mean() > 0.05  # not a white page
+
+
+def test_the_report_shows_each_rows_selected_metric(tmp_path):
+    """An STS-B sweep selects Pearson: the decision, contrasts and retained quality are on Pearson (the mean
+    prediction's 0.0 is the baseline), not on accuracy, which regression rows do not have."""
+    store = ResultStore(str(tmp_path / "store"), "sts")
+    for k, scores in {0: [0.80, 0.85, 0.90], 3: [0.798, 0.847, 0.899]}.items():
+        for seed, score in enumerate(scores):
+            store.write_row(row("sts", dataset="stsb", k=k, seed=seed, acc=None, majority_baseline=None,
+                                select_metric="pearson", best_val_score=score, baseline_score=0.0,
+                                best_val_pearson=score, cost=COST_100[k]))
+    report = build_report([SweepRows.from_store(store)])
+    (decision,) = report.decisions.to_dict("records")
+    assert decision["metric"] == "pearson" and decision["frozen_layers"] == 3
+    assert "— pearson 0.848 vs 0.850 with full fine-tuning" in decision["sentence"]
+    retained = report.retained.iloc[0]
+    assert retained["baseline"] == 0.0 and retained["retained"] == pytest.approx(0.848 / 0.85)
+    assert report.appendix.set_index("frozen_layers").loc[3, "metric"] == "pearson"

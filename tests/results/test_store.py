@@ -35,7 +35,7 @@ def test_rows_are_readable_without_freezesweep(tmp_path):
     assert pl.read_parquet(f"{folder}/*.parquet").height == 4
     assert ds.dataset(folder).to_table().schema.equals(SCHEMA)
     row = store.read().set_index("seed").loc[0]
-    assert list(row["eval_curve"][1].values()) == [4, 1.0, 0.7, 0.5] and list(row["train_indices"]) == [1, 5, 9]
+    assert list(row["eval_curve"][1].values())[:4] == [4, 1.0, 0.7, 0.5] and list(row["train_indices"]) == [1, 5, 9]
     assert not list((tmp_path / "s" / "_staging").iterdir())  # nothing left behind
 
 
@@ -70,7 +70,7 @@ def test_summary_over_seeds():
     got = table.iloc[0]
     assert got["n"] == 3 and got["mean"] == pytest.approx(0.8) and got["median"] == pytest.approx(0.8)
     assert got["std"] == pytest.approx(0.1) and (got["min"], got["max"]) == (0.7, 0.9)
-    assert got["majority"] == 0.509
+    assert got["baseline"] == 0.509 and got["metric"] == "accuracy"  # a row with no select_metric picked by accuracy
 
 
 def test_any_fsspec_filesystem_works(tmp_path):
@@ -97,3 +97,66 @@ def test_status_table_counts_per_axis_in_spec_order():
     assert table.loc[("train_size", "50")].tolist() == [0, 1, 1]
     assert table.loc[("frozen_layers", "-1")].tolist() == [1, 1, 0]
     assert table.loc[("total", "")].tolist() == [1, 2, 1]
+
+
+def _scored(seed: int, metric: str, score: float, dataset: str = "glue/stsb") -> TrialResult:
+    cfg = TrialConfig(dataset=dataset, model="m", train_size=50, frozen_layers=2, seed=seed, precision="fp32",
+                      select_metric=metric)
+    best = {"pearson": score, "spearman": score - 0.05} if metric == "pearson" else {"accuracy": 0.7, "matthews": score}
+    point = EvalPoint(4, 1.0, best.get("accuracy"), 0.5, **{k: v for k, v in best.items() if k != "accuracy"})
+    baseline = {"pearson": 0.0, "spearman": 0.0} if metric == "pearson" else {"accuracy": 0.69, "matthews": 0.0}
+    return TrialResult(trial_id=cfg.trial_id, config=cfg, status="ok", best_val_accuracy=best.get("accuracy"),
+                       select_metric=metric, best_val_score=score, baseline_score=0.0, best_val_metrics=best,
+                       baseline_metrics=baseline, eval_curve=(point,), majority_baseline=baseline.get("accuracy"))
+
+
+def test_rows_record_every_metric_and_the_selected_one(tmp_path):
+    store = ResultStore(str(tmp_path), "s")
+    for seed, score in enumerate([0.80, 0.84]):
+        store.write_row(result_row("s", _scored(seed, "pearson", score)))
+    store.write_row(result_row("s", _scored(0, "matthews", 0.4, dataset="glue/cola")))
+    rows = store.read().set_index(["dataset", "seed"])
+    stsb = rows.loc[("glue/stsb", 1)]
+    assert (stsb["select_metric"], stsb["best_val_score"], stsb["best_val_pearson"]) == ("pearson", 0.84, 0.84)
+    assert stsb["best_val_spearman"] == pytest.approx(0.79) and pd.isna(stsb["best_val_accuracy"])
+    assert (stsb["baseline_pearson"], stsb["baseline_score"]) == (0.0, 0.0)
+    assert stsb["eval_curve"][0]["pearson"] == 0.84 and stsb["eval_curve"][0]["accuracy"] is None
+    cola = rows.loc[("glue/cola", 0)]
+    assert (cola["best_val_matthews"], cola["best_val_accuracy"], cola["baseline_accuracy"]) == (0.4, 0.7, 0.69)
+
+    table = summary(store.read()).set_index("dataset")
+    assert table.loc["glue/stsb", "metric"] == "pearson" and table.loc["glue/stsb", "mean"] == pytest.approx(0.82)
+    assert table.loc["glue/cola", "metric"] == "matthews" and table.loc["glue/cola", "baseline"] == 0.0
+    spearman = summary(store.read(), metric="spearman").set_index("dataset")
+    assert spearman.loc["glue/stsb", "mean"] == pytest.approx(0.77) and spearman.loc["glue/stsb", "metric"] == "spearman"
+    accuracy = summary(store.read(), metric="accuracy").set_index("dataset")
+    assert accuracy.loc["glue/cola", "mean"] == 0.7 and accuracy.loc["glue/cola", "baseline"] == 0.69
+    with pytest.raises(ValueError, match="unknown metric 'mse'"):
+        summary(store.read(), metric="mse")
+
+
+def test_rows_stored_before_select_metric_read_as_accuracy(tmp_path):
+    """An old row file lacks the new columns (and the curve's new fields): it reads as picked by accuracy,
+    in SQL, in the summary and in the report's rows."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from results.query import read_rows, sql
+
+    store = ResultStore(str(tmp_path), "old")
+    row = result_row("old", _result(acc=0.75))
+    old_names = [n for n in SCHEMA.names if n not in {"select_metric", "best_val_score", "final_val_score",
+                                                      "baseline_score"} and not n.startswith("baseline_")
+                 and n not in {"best_val_f1", "best_val_matthews", "best_val_pearson", "best_val_spearman"}]
+    old_schema = pa.schema([SCHEMA.field(n) for n in old_names])
+    (tmp_path / "old" / "results").mkdir(parents=True)
+    pq.write_table(pa.Table.from_pylist([{n: row[n] for n in old_names}], schema=old_schema),
+                   tmp_path / "old" / "results" / f"{row['trial_id']}.parquet")
+    store.write_row(result_row("old", _scored(1, "pearson", 0.9)))  # a new row beside it
+    got = sql(store, "SELECT dataset, select_metric, best_val_score, baseline_score, baseline_accuracy FROM results "
+                     "ORDER BY dataset").values.tolist()
+    assert got[0] == ["glue/sst2", "accuracy", 0.75, 0.509, 0.509]
+    assert got[1][:4] == ["glue/stsb", "pearson", 0.9, 0.0]
+    rows = read_rows(store).set_index("dataset")
+    assert (rows.loc["glue/sst2", "select_metric"], rows.loc["glue/sst2", "best_val_score"]) == ("accuracy", 0.75)
+    assert summary(store.read()).set_index("dataset").loc["glue/sst2", "mean"] == 0.75

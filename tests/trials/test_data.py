@@ -1,7 +1,10 @@
 import pytest
 
-from tests.conftest import make_toy_dataset, needs_glue
-from trials.data import DatasetError, load_task, split_sizes
+import numpy as np
+from sklearn.metrics import f1_score
+
+from tests.conftest import make_toy_dataset, make_toy_pair_dataset, needs_glue
+from trials.data import DatasetError, describe_task, load_task, official_metric
 
 
 @needs_glue
@@ -11,7 +14,7 @@ def test_real_glue_from_local_parquet(dataset, rows, majority, glue_dir):
     assert (len(task.train), len(task.validation)) == rows
     assert task.num_labels == 2
     assert task.majority_baseline == pytest.approx(majority, abs=5e-4)
-    assert split_sizes(dataset, str(glue_dir)) == {"train": rows[0], "validation": rows[1]}
+    assert describe_task(dataset, str(glue_dir)).rows == {"train": rows[0], "validation": rows[1]}
 
 
 @needs_glue
@@ -72,3 +75,63 @@ def test_explicit_file_pair_with_any_names(tmp_path):
     assert (len(task.train), len(task.validation)) == (30, 20)
     with pytest.raises(DatasetError, match="missing: .*nope.csv"):
         load_task(f"{tmp_path / 'my-train.parquet'},{tmp_path / 'nope.csv'}")
+
+
+@needs_glue
+@pytest.mark.parametrize("dataset,rows,official", [("glue/rte", (2490, 277), "accuracy"),
+                                                   ("glue/mrpc", (3668, 408), "f1"),
+                                                   ("glue/stsb", (5749, 1500), "pearson")])
+def test_real_sentence_pair_tasks(dataset, rows, official, glue_dir):
+    task = load_task(dataset, str(glue_dir))
+    assert (len(task.train), len(task.validation)) == rows
+    assert task.train.pairs is not None and len(task.train.pairs) == rows[0] and task.train.pairs[0] != task.train.texts[0]
+    assert task.official_metrics[0] == official == official_metric(dataset)
+    shape = describe_task(dataset, str(glue_dir))  # from Parquet metadata alone
+    assert (shape.rows, shape.regression, shape.metrics) == ({"train": rows[0], "validation": rows[1]},
+                                                             task.regression, task.metrics)
+
+
+@needs_glue
+def test_baselines_of_each_task(glue_dir):
+    """The majority class for classification (accuracy, F1, Matthews of answering it everywhere); the train
+    mean for STS-B, whose correlations with a constant are 0 by definition."""
+    for dataset in ("glue/sst2", "glue/cola", "glue/rte", "glue/mrpc"):
+        task = load_task(dataset, str(glue_dir))
+        labels = task.validation.labels
+        majority = np.bincount(labels).argmax()
+        baseline = task.baseline_metrics()
+        assert baseline["accuracy"] == task.majority_baseline == pytest.approx(np.mean(labels == majority))
+        assert baseline["matthews"] == 0.0  # a constant answer carries no information
+        assert baseline["f1"] == pytest.approx(f1_score(labels, np.full(len(labels), majority)))
+    mrpc = load_task("glue/mrpc", str(glue_dir)).baseline_metrics()  # majority "equivalent" (1): F1 = 2p / (1 + p)
+    assert mrpc["accuracy"] == pytest.approx(279 / 408) and mrpc["f1"] == pytest.approx(2 * 279 / 408 / (1 + 279 / 408))
+    assert load_task("glue/rte", str(glue_dir)).majority_baseline == pytest.approx(146 / 277)
+    stsb = load_task("glue/stsb", str(glue_dir))
+    assert stsb.regression and stsb.num_labels == 1 and stsb.majority_baseline is None
+    assert stsb.train.labels.dtype == np.float32 and stsb.train.labels.min() == 0 and stsb.train.labels.max() == 5
+    assert stsb.baseline_metrics() == {"pearson": 0.0, "spearman": 0.0}
+
+
+def test_local_pairs_and_float_labels(tmp_path):
+    pairs = make_toy_pair_dataset(tmp_path / "pairs")
+    task = load_task(str(pairs), text_column="sentence1", text_pair_column="sentence2")
+    assert task.train.pairs is not None and not task.regression and task.metrics == ("accuracy", "f1", "matthews")
+    single = load_task(str(pairs), text_column="sentence1")
+    assert single.train.pairs is None and single.train.digest != task.train.digest  # the second text is content
+    scores = load_task(str(make_toy_pair_dataset(tmp_path / "scores", regression=True)), text_column="sentence1",
+                       text_pair_column="sentence2")
+    assert scores.regression and scores.num_labels == 1 and scores.official_metrics == ("pearson", "spearman")
+    assert scores.train.labels.dtype == np.float32
+    with pytest.raises(DatasetError, match="no column 'second' \\(text_pair_column\\) in the train and validation split"):
+        load_task(str(pairs), text_column="sentence1", text_pair_column="second")
+
+
+def test_float_labels_on_a_classification_task_are_an_error(tmp_path):
+    folder = make_toy_pair_dataset(tmp_path / "rte", regression=True)  # a GLUE classification task's name, float labels
+    with pytest.raises(DatasetError, match="holds floats in the train and validation split, but glue/rte is a "
+                                           "classification task") as info:
+        describe_task("glue/rte", str(tmp_path))
+    assert len(info.value.problems) == 1
+    with pytest.raises(DatasetError, match="glue/rte is a classification task"):
+        load_task("glue/rte", str(tmp_path))
+    assert folder.is_dir()

@@ -107,3 +107,14 @@ def test_an_entry_that_fails_the_check_is_not_used_or_chained_from(tiny_trial, m
     monkeypatch.setattr(module, "matches_full_model", lambda *a: False)
     result = run_trial(dataclasses.replace(tiny_trial, frozen_layers=1))
     assert result.eval_cached_layers is None and module.entries() == 0
+
+
+def test_the_cache_is_exact_on_sentence_pairs(tiny_trial, toy_pairs):
+    """The cached prefix is computed with the pairs' segment ids: without them it would not match the full
+    model, the check would refuse it, and eval_cached_layers would be None."""
+    cfg = dataclasses.replace(tiny_trial, dataset=toy_pairs, text_column="sentence1", text_pair_column="sentence2",
+                              frozen_layers=1, epochs=3)
+    uncached = run_trial(dataclasses.replace(cfg, eval_cache=False))
+    cached = run_trial(cfg)
+    assert cached.eval_cached_layers == 1
+    assert cached.eval_curve == uncached.eval_curve  # every metric and the loss, bit for bit

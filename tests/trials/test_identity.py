@@ -46,6 +46,16 @@ def test_later_fields_key_only_off_their_default():
     assert dataclasses.replace(cfg, method="lora").trial_id != cfg.trial_id
 
 
+def test_pairs_and_metric_selection_key_only_off_their_defaults():
+    """Rows made before select_metric existed picked by accuracy: that default keeps their ids (and SST-2's
+    official metric is accuracy, so a new SST-2 sweep keeps them too); another metric is another cell."""
+    cfg = PINNED[0][0]
+    assert dataclasses.replace(cfg, select_metric="accuracy", text_pair_column=None).trial_id == cfg.trial_id
+    assert dataclasses.replace(cfg, select_metric="matthews").trial_id != cfg.trial_id
+    assert dataclasses.replace(cfg, text_pair_column="sentence2").trial_id != cfg.trial_id
+    assert dataclasses.replace(cfg, select_metric="matthews").derived_seed == cfg.derived_seed  # still paired
+
+
 def test_machine_fields_are_not_identity():
     cfg = PINNED[0][0]
     moved = dataclasses.replace(cfg, data_dir="/data", cache_dir="/c", checkpoint_dir="/ck", checkpoint_every_epochs=1.0,

@@ -142,3 +142,60 @@ def test_step_counts_ignore_float_noise():
 
     assert 1.1 * 800 / 16 > 55 and steps_for(1.1, 800, 16) == 55  # not 56
     assert steps_for(0.5, 50, 16) == 2 and steps_for(0.5, 1000, 16) == 32
+
+
+def _pairs(cfg, dataset, **changes):
+    return dataclasses.replace(cfg, dataset=dataset, text_column="sentence1", text_pair_column="sentence2", **changes)
+
+
+def test_a_sentence_pair_regression_trial_selects_by_pearson(tiny_trial, toy_scores):
+    result = run_trial(_pairs(tiny_trial, toy_scores, select_metric="pearson", train_size=64, epochs=3))
+    assert result.status == "ok" and result.select_metric == "pearson"
+    assert result.best_val_accuracy is None and result.majority_baseline is None
+    assert all(p.accuracy is None and p.pearson is not None for p in result.eval_curve)
+    best = max(result.eval_curve, key=lambda p: p.pearson)
+    assert (result.best_step, result.best_val_score) == (best.step, best.pearson)
+    assert result.best_val_metrics == {"pearson": best.pearson, "spearman": best.spearman}
+    assert result.final_val_score == result.eval_curve[-1].pearson
+    assert result.baseline_metrics == {"pearson": 0.0, "spearman": 0.0} and result.baseline_score == 0.0
+    assert result.trainable_params == result.total_params  # one output: a 32 → 1 head
+    with pytest.raises(ValueError, match="select_metric 'accuracy' does not fit .* \\(a regression task: pearson, spearman\\)"):
+        run_trial(_pairs(tiny_trial, toy_scores, select_metric="accuracy"))
+
+
+def test_classification_rows_hold_every_metric_and_select_by_the_chosen_one(tiny_trial, toy_pairs):
+    by_mcc = run_trial(_pairs(tiny_trial, toy_pairs, select_metric="matthews", epochs=3))
+    assert set(by_mcc.best_val_metrics) == {"accuracy", "f1", "matthews"}
+    best = max(by_mcc.eval_curve, key=lambda p: p.matthews)
+    assert by_mcc.best_val_score == best.matthews and by_mcc.best_val_accuracy == best.accuracy
+    assert by_mcc.baseline_metrics["matthews"] == 0.0 and by_mcc.baseline_metrics["accuracy"] == by_mcc.majority_baseline
+    by_accuracy = run_trial(_pairs(tiny_trial, toy_pairs, epochs=3))
+    assert by_accuracy.eval_curve == by_mcc.eval_curve  # the metric picks among the same evaluations
+    assert by_accuracy.best_val_score == max(p.accuracy for p in by_accuracy.eval_curve)
+
+
+def test_segment_ids_reach_the_model_on_every_path(tiny_trial, toy_pairs, monkeypatch):
+    """Training steps, evaluation, the evaluation cache's prefix and its check, the training cache's rows:
+    every forward pass of a pair task on a BERT-like model carries the second segment's ids."""
+    from trials import eval_cache, run as run_module, train_cache
+
+    seen = []
+    original = run_module.initial_model
+
+    def hooked(cfg, num_labels):
+        model = original(cfg, num_labels)
+        model.base_model.embeddings.register_forward_pre_hook(
+            lambda module, args, kwargs: seen.append(kwargs.get("token_type_ids")), with_kwargs=True)
+        return model
+
+    monkeypatch.setattr(run_module, "initial_model", hooked)
+    eval_cache._STATES.clear()
+    eval_cache._EXACT.clear()
+    train_cache._ROWS.clear()
+    result = run_trial(_pairs(tiny_trial, toy_pairs, frozen_layers=1, train_cache=True))
+    assert result.eval_cached_layers == 1 and result.train_cached_layers == 1
+    assert len(seen) > result.n_train  # one pass per train row for the training cache, and all the rest
+    assert all(t is not None and int(t.max()) == 1 for t in seen)
+    eval_cache._STATES.clear()
+    eval_cache._EXACT.clear()
+    train_cache._ROWS.clear()

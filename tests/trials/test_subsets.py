@@ -47,3 +47,35 @@ def test_bad_sizes_are_errors(size):
     labels = np.array([0, 1] * 500)
     with pytest.raises(SubsetError):
         subset_indices(labels, size, 0)
+
+
+def _bin_counts_follow_the_split(scores: np.ndarray, sizes) -> None:
+    from trials.subsets import SCORE_BINS, strata
+
+    bins = strata(scores)
+    fraction = np.bincount(bins, minlength=SCORE_BINS) / len(bins)
+    previous = set()
+    for size in sizes:
+        rows = subset_indices(scores, size, split_seed=0)
+        assert previous <= set(rows), f"{size} does not contain the smaller subset"
+        counts = np.bincount(bins[rows], minlength=SCORE_BINS)
+        assert np.all(np.abs(counts - size * fraction) <= 1), (size, counts, size * fraction)
+        previous = set(rows)
+
+
+def test_regression_subsets_are_stratified_by_score_bins():
+    """Skewed scores: equal-frequency bins, each holding a fifth of the split, and every nested subset
+    keeps each bin's share within one row; a plain random draw would not."""
+    from trials.subsets import SCORE_BINS, strata
+
+    scores = np.random.default_rng(0).exponential(1.0, 2000).astype(np.float32)
+    assert np.all(np.bincount(strata(scores), minlength=SCORE_BINS) == 2000 // SCORE_BINS)
+    _bin_counts_follow_the_split(scores, SIZES)
+    low = subset_indices(scores, 50, 0)
+    assert scores[low].min() < np.quantile(scores, 0.2) and scores[low].max() > np.quantile(scores, 0.8)
+
+
+@needs_glue
+def test_real_stsb_subsets_span_the_score_range(glue_dir):
+    scores = load_task("glue/stsb", str(glue_dir)).train.labels
+    _bin_counts_follow_the_split(scores, SIZES)

@@ -1,8 +1,9 @@
 import numpy as np
+import pytest
 import torch
 
 from trials.data import Split
-from trials.tokens import eval_batches, tokenize_split, train_batches
+from trials.tokens import Tokens, collate, eval_batches, tokenize_split, train_batches
 
 
 class CountingTokenizer:
@@ -27,14 +28,15 @@ def test_tokenization_is_cached_on_disk(minilm_tokenizer, tmp_path):
     second = tokenize_split(counting, split, 16, tmp_path)
     assert counting.calls == 1
     assert len(list((tmp_path / "tokens").glob("*.parquet"))) == 1
-    assert [a.tolist() for a in first] == [b.tolist() for b in second]
+    assert [a.tolist() for a in first.input_ids] == [b.tolist() for b in second.input_ids]
+    assert first.token_type_ids is None  # single sentences: the model's default segment 0
     changed = Split("train", ("a good film", "a bad one", "not fine"), np.array([1, 0, 1]))
     tokenize_split(counting, changed, 16, tmp_path)
     assert counting.calls == 2  # new content, new entry
 
 
 def test_dynamic_padding_and_length_sorted_eval():
-    ids = tuple(np.arange(1, n + 1) for n in (5, 2, 9, 3, 7, 4))
+    ids = Tokens(tuple(np.arange(1, n + 1) for n in (5, 2, 9, 3, 7, 4)))
     labels = np.arange(6) % 2
     batches = eval_batches(ids, labels, batch_size=2, pad_id=0)
     widths = [b.input_ids.shape[1] for b in batches]
@@ -44,3 +46,39 @@ def test_dynamic_padding_and_length_sorted_eval():
     assert [len(b.labels) for b in train] == [4, 2]
     for b in train:  # each batch pads to its own longest row only
         assert b.input_ids.shape[1] == int(b.attention_mask.sum(1).max())
+
+
+PAIRS = Split("validation", ("A man is playing a guitar on the stage tonight.", "Short one.", "word " * 60),
+              np.array([1, 0, 1]), pairs=("Someone plays music.", "A rather longer second sentence " * 8, "tail"))
+
+
+def test_pairs_are_the_tokenizers_own_pair_encoding(minilm_tokenizer, tmp_path):
+    tokens = tokenize_split(minilm_tokenizer, PAIRS, 32, tmp_path)
+    for i, (a, b) in enumerate(zip(PAIRS.texts, PAIRS.pairs)):
+        expected = minilm_tokenizer(a, b, truncation="longest_first", max_length=32)
+        assert tokens.input_ids[i].tolist() == expected["input_ids"]
+        assert tokens.token_type_ids[i].tolist() == expected["token_type_ids"]
+        assert 0 in expected["token_type_ids"] and 1 in expected["token_type_ids"]  # both segments kept tokens
+    assert max(len(x) for x in tokens.input_ids) == 32  # truncated, longest first
+    batch = collate(tokens, PAIRS.labels, minilm_tokenizer.pad_token_id)
+    assert set(batch.model_inputs()) == {"input_ids", "attention_mask", "token_type_ids"}
+    assert batch.token_type_ids.shape == batch.input_ids.shape
+    assert int(batch.token_type_ids[batch.attention_mask == 0].abs().sum()) == 0  # padding is segment 0, masked
+
+
+def test_a_tokenizer_without_segment_ids_gives_the_model_none(minilm_tokenizer, tmp_path):
+    """RoBERTa's tokenizer has no token_type_ids among its model inputs; its model must get none."""
+    import copy
+
+    roberta_like = copy.deepcopy(minilm_tokenizer)
+    roberta_like.model_input_names = ["input_ids", "attention_mask"]
+    tokens = tokenize_split(roberta_like, PAIRS, 32, tmp_path)
+    assert tokens.token_type_ids is None
+    assert tokens.input_ids[0].tolist() == roberta_like(PAIRS.texts[0], PAIRS.pairs[0], truncation="longest_first",
+                                                        max_length=32)["input_ids"]
+    assert set(collate(tokens, PAIRS.labels, 0).model_inputs()) == {"input_ids", "attention_mask"}
+
+
+def test_regression_labels_stay_floats():
+    batch = collate(Tokens((np.array([1, 2]), np.array([3]))), np.array([4.75, 0.2], dtype=np.float32), 0)
+    assert batch.labels.dtype == torch.float32 and batch.labels.tolist() == pytest.approx([4.75, 0.2])
