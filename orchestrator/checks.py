@@ -6,18 +6,19 @@ run lists every problem even when some fields are malformed.
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 
 def semantic_problems(raw: dict[str, Any]) -> list[str]:
+    from orchestrator.launch import cluster_address
+
     training = raw.get("training") if isinstance(raw.get("training"), dict) else {}
     resources = raw.get("resources") if isinstance(raw.get("resources"), dict) else {}
     data_dir = raw.get("data_dir") if isinstance(raw.get("data_dir"), str) else None
     problems = _model_problems(raw.get("model"), _ints(raw.get("frozen_layers")))
     problems += _data_problems(_strs(raw.get("datasets")), _ints(raw.get("train_sizes")), data_dir, training)
     problems += _device_problems(training.get("precision"), resources.get("gpus_per_trial"),
-                                 resources.get("cpus_per_trial"), raw.get("address") or os.environ.get("RAY_ADDRESS"))
+                                 resources.get("cpus_per_trial"), cluster_address(raw.get("address")))
     problems += _store_problems(raw)
     return problems
 

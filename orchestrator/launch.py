@@ -92,7 +92,7 @@ def resolve_sweep_precision(spec: SweepSpec) -> SweepSpec:
     if spec.training.precision != "auto":
         return spec
     device_type = "cuda" if spec.resources.gpus_per_trial > 0 else "cpu"
-    if spec.address or os.environ.get("RAY_ADDRESS"):
+    if cluster_address(spec.address):
         import ray
 
         _init_ray(spec.address)
@@ -241,13 +241,18 @@ def _run_tune(spec: SweepSpec, pending: list[TrialConfig], store: ResultStore, w
     tuner.fit()
 
 
+def cluster_address(address: str | None) -> str | None:
+    """The Ray cluster a sweep runs on: the spec's or --address, else RAY_ADDRESS, else None (a local Ray)."""
+    return address or os.environ.get("RAY_ADDRESS") or None
+
+
 def _init_ray(address: str | None) -> None:
     import ray
 
     if ray.is_initialized():
         return
     env = {k: v for k, v in os.environ.items() if k.startswith(_FORWARDED_ENV_PREFIXES)}
-    ray.init(address=address or os.environ.get("RAY_ADDRESS") or None, include_dashboard=False,
+    ray.init(address=cluster_address(address), include_dashboard=False,
              log_to_driver=False, logging_level="ERROR", runtime_env={"env_vars": env} if env else None)
 
 

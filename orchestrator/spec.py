@@ -13,6 +13,8 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from trials.config import LATER_FIELDS
+
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]*$"  # a sweep name is a folder name in the store
 
 
@@ -161,8 +163,9 @@ def parse_spec(raw: Any, source: str = "sweep spec", semantic: bool = True) -> S
     return spec
 
 
-# Rows of a sweep stored before select_metric existed picked their best evaluation by accuracy.
-LEGACY_SELECT_METRIC = "accuracy"
+# Rows of a sweep stored before select_metric existed picked their best evaluation by accuracy: the
+# default TrialConfig gives the field for exactly that reason.
+LEGACY_SELECT_METRIC = LATER_FIELDS["select_metric"]
 
 
 def read_stored_spec(text: str) -> Any:

@@ -44,6 +44,8 @@ def sql(store: ResultStore, query: str = "SELECT * FROM results") -> pd.DataFram
 
 def with_selected_metric(df: pd.DataFrame) -> pd.DataFrame:
     """``df`` with the selected-metric columns filled in for rows stored before they existed."""
+    if "select_metric" in df and df["select_metric"].notna().all():
+        return df  # nothing old in it (already filled, or all new rows)
     df = df.copy()
     if "select_metric" not in df:
         df["select_metric"] = None

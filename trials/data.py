@@ -115,11 +115,9 @@ class TaskData:
     @property
     def majority_baseline(self) -> float | None:
         """Accuracy of always predicting the most frequent validation label (None for regression)."""
-        if self.regression:
-            return None
-        counts = np.bincount(self.validation.labels, minlength=self.num_labels)
-        return float(counts.max() / counts.sum())
+        return None if self.regression else self.baseline_metrics["accuracy"]
 
+    @functools.cached_property
     def baseline_metrics(self) -> dict[str, float]:
         """Every metric of a constant prediction on the validation split: the majority class (the
         majority baseline) for classification; the train labels' mean for regression (its
@@ -336,14 +334,15 @@ def _parquet_shape(dataset: str, files: dict[str, Path], columns: Columns, glue:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    schemas = {s: pq.read_schema(f) for s, f in files.items()}
+    opened = {s: pq.ParquetFile(f) for s, f in files.items()}  # schema and row count from the footer only
+    schemas = {s: file.schema_arrow for s, file in opened.items()}
     problems = _column_problems({s: schema.names for s, schema in schemas.items()}, columns)
     floats = {s: columns.label in schema.names and pa.types.is_floating(schema.field(columns.label).type)
               for s, schema in schemas.items()}
     regression, label_problems = _label_shape(dataset, columns.label, floats)
     if problems or label_problems:
         raise DatasetError(f"dataset {dataset!r}: " + "; ".join(problems + label_problems), problems + label_problems)
-    rows = {s: pq.ParquetFile(f).metadata.num_rows for s, f in files.items()}
+    rows = {s: file.metadata.num_rows for s, file in opened.items()}
     return TaskShape(rows, regression, glue.num_labels, glue.official_metrics)
 
 

@@ -91,39 +91,74 @@ def prefix_states(model: nn.Module, batches: list[Batch], plan: PrecisionPlan, d
     return _STATES[(*base_key, layer)]
 
 
-class _Stop(Exception):
-    """Raised by the capture hook: nothing above the captured layer needs to run."""
-
-
 @torch.inference_mode()
 def _compute(model: nn.Module, batches: list[Batch], plan: PrecisionPlan, device: torch.device,
              layer: int, start: PrefixStates | None = None) -> PrefixStates:
     """The output of layer ``layer`` (1-based count of frozen layers) for every batch, from the
     embeddings or, with ``start``, from the cached states entering layer ``start.layer``."""
-    layers = find_encoder_parts(model).layers
-    captured: list[torch.Tensor] = []
-    tuple_output = []
+    parts = find_encoder_parts(model)
+    captured, tuple_output = [], False
+    with eval_mode(model), starting_at(model, start.layer, start.tuple_output, parts) if start \
+            else contextlib.nullcontext() as injector:
+        for i, batch in enumerate(batches):
+            if injector is not None:
+                injector.states = start.states[i]
+            states, tuple_output = output_of(model, parts.layers[layer - 1], batch.to(device), plan)
+            captured.append(states)
+    return PrefixStates(layer=layer, states=tuple(captured), tuple_output=tuple_output)
 
-    def keep_output(module, args, output):  # the last frozen layer's output is what enters `layer`
-        tuple_output.append(isinstance(output, tuple))
+
+class _Stop(Exception):
+    """Raised by the capture hook: nothing above the captured layer needs to run."""
+
+
+def output_of(model: nn.Module, module: nn.Module, batch: Batch, plan: PrecisionPlan) -> tuple[torch.Tensor, bool]:
+    """``module``'s output for ``batch`` (and whether it returns a tuple); the forward pass stops
+    there. The caller sets inference and eval mode."""
+    captured = []
+
+    def keep(module, args, output):
         captured.append((output[0] if isinstance(output, tuple) else output).detach().clone())
+        captured.append(isinstance(output, tuple))
         raise _Stop
 
-    handle = layers[layer - 1].register_forward_hook(keep_output)
+    handle = module.register_forward_hook(keep)
+    try:
+        with plan.autocast(), contextlib.suppress(_Stop):
+            model(**batch.model_inputs())
+    finally:
+        handle.remove()
+    return captured[0], captured[1]
+
+
+@contextlib.contextmanager
+def eval_mode(model: nn.Module):
+    """The model in eval mode within the block, its own mode restored after."""
     was_training = model.training
     model.eval()
     try:
-        with starting_at(model, start.layer, start.tuple_output) if start else contextlib.nullcontext() as injector:
-            for i, batch in enumerate(batches):
-                batch = batch.to(device)
-                if injector is not None:
-                    injector.states = start.states[i]
-                with plan.autocast(), contextlib.suppress(_Stop):
-                    model(**batch.model_inputs())
+        yield model
     finally:
-        handle.remove()
         model.train(was_training)
-    return PrefixStates(layer=layer, states=tuple(captured), tuple_output=bool(tuple_output and tuple_output[0]))
+
+
+def injected_layers(parts: EncoderParts, layer: int, tuple_output: bool) -> tuple[_Injector, nn.ModuleList]:
+    """``[injector, layer_k+1, …, layer_L]``: the list that stands in for the encoder's layers."""
+    injector = _Injector(tuple_output)
+    return injector, nn.ModuleList([injector, *parts.layers[layer:]])
+
+
+@contextlib.contextmanager
+def layers_swapped(model: nn.Module, parts: EncoderParts, layers: nn.ModuleList):
+    """Within the block, the encoder runs ``layers`` instead of its own."""
+    base = getattr(model, "base_model", model)
+    container_name, _, attribute = parts.layers_name.rpartition(".")
+    container = base.get_submodule(container_name) if container_name else base
+    setattr(container, attribute, layers)
+    try:
+        yield
+    finally:
+        setattr(container, attribute, parts.layers)
 
 
 @contextlib.contextmanager
@@ -131,15 +166,9 @@ def starting_at(model: nn.Module, layer: int, tuple_output: bool, parts: Encoder
     """Within the block, the model's encoder starts at layer ``layer`` (0-based), fed by the
     injector the block receives: set its ``states`` before each forward pass."""
     parts = parts or find_encoder_parts(model)
-    base = getattr(model, "base_model", model)
-    container_name, _, attribute = parts.layers_name.rpartition(".")
-    container = base.get_submodule(container_name) if container_name else base
-    injector = _Injector(tuple_output)
-    setattr(container, attribute, nn.ModuleList([injector, *parts.layers[layer:]]))
-    try:
+    injector, layers = injected_layers(parts, layer, tuple_output)
+    with layers_swapped(model, parts, layers):
         yield injector
-    finally:
-        setattr(container, attribute, parts.layers)
 
 
 @torch.inference_mode()
@@ -147,15 +176,10 @@ def matches_full_model(model: nn.Module, batch: Batch, prefix: PrefixStates, pla
                        device: torch.device) -> bool:
     """True when the cached path gives bit-identical logits to the full model on ``batch`` (the
     first evaluation batch, whose states are ``prefix.states[0]``)."""
-    was_training = model.training
-    model.eval()
     batch = batch.to(device)
-    try:
-        with plan.autocast():
-            full = model(**batch.model_inputs()).logits
-            with starting_at(model, prefix.layer, prefix.tuple_output) as injector:
-                injector.states = prefix.states[0]
-                cached = model(**batch.model_inputs()).logits
-    finally:
-        model.train(was_training)
+    with eval_mode(model), plan.autocast():
+        full = model(**batch.model_inputs()).logits
+        with starting_at(model, prefix.layer, prefix.tuple_output) as injector:
+            injector.states = prefix.states[0]
+            cached = model(**batch.model_inputs()).logits
     return torch.equal(full, cached)

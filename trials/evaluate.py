@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from trials.eval_cache import PrefixStates, starting_at
+from trials.eval_cache import PrefixStates, eval_mode, starting_at
 from trials.metrics import compute_metrics
 from trials.precision import PrecisionPlan
 from trials.tokens import Batch
@@ -27,12 +27,11 @@ def evaluate(model: nn.Module, batches: list[Batch], plan: PrecisionPlan, device
              prefix: PrefixStates | None = None) -> tuple[dict[str, float], float]:
     """(every metric of the task, mean loss) over all rows; restores the model's train/eval mode.
     With ``prefix``, the frozen layers are not run: their cached output is fed to the first trained one."""
-    was_training = model.training
-    model.eval()
     # Everything stays on the device and is read once at the end: no host sync per batch.
     loss_sum = torch.zeros((), dtype=torch.float64, device=device)
     predicted, truth = [], []
-    with starting_at(model, prefix.layer, prefix.tuple_output) if prefix is not None else contextlib.nullcontext() as injector:
+    with eval_mode(model), starting_at(model, prefix.layer, prefix.tuple_output) if prefix is not None \
+            else contextlib.nullcontext() as injector:
         for i, batch in enumerate(batches):
             batch = batch.to(device)
             if injector is not None:
@@ -43,7 +42,6 @@ def evaluate(model: nn.Module, batches: list[Batch], plan: PrecisionPlan, device
             loss_sum += task_loss(logits, batch.labels, reduction="sum").double()
             predicted.append(logits.squeeze(-1) if batch.labels.is_floating_point() else logits.argmax(-1))
             truth.append(batch.labels)
-    model.train(was_training)
     labels = torch.cat(truth).cpu().numpy()
     metrics = compute_metrics(torch.cat(predicted).cpu().numpy(), labels, regression=labels.dtype.kind == "f",
                               num_labels=logits.shape[-1])

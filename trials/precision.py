@@ -114,3 +114,9 @@ def resolve_config(cfg):
     if cfg.precision != "auto":
         return cfg
     return dataclasses.replace(cfg, precision=resolve_precision("auto", resolve_device(cfg.device)).name)
+
+
+def synchronize(device: torch.device) -> None:
+    """Wait for queued GPU work (so a timer stops at the work's end, not its launch); no-op on CPU."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)

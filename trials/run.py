@@ -27,7 +27,7 @@ from trials.eval_cache import PrefixStates, exact_prefix
 from trials.freezing import FreezeReport, freeze
 from trials.metrics import describe_shape
 from trials.model import build_model, load_tokenizer
-from trials.precision import resolve_config, resolve_device, resolve_precision
+from trials.precision import resolve_config, resolve_device, resolve_precision, synchronize
 from trials.subsets import indices_digest, stratified_order, subset_indices
 from trials.tokens import eval_batches, tokenize_split
 from trials.train_cache import TrainPrefix, train_prefix
@@ -57,11 +57,13 @@ def run_trial(cfg: TrialConfig, on_eval: Callable[[EvalPoint], None] | None = No
     model = initial_model(cfg, task.num_labels).to(device)
     report = freeze(model, cfg.frozen_layers)
 
-    batches = eval_batches(val_ids.select(val_rows), task.validation.labels[val_rows], cfg.eval_batch_size, pad_id)
+    batches = [b.to(device) for b in eval_batches(val_ids.select(val_rows), task.validation.labels[val_rows],
+                                                  cfg.eval_batch_size, pad_id)]  # on the device once, for every evaluation
+    train_tokens = train_ids.select(train_rows)
     fill_started = time.perf_counter()  # the caches' first fill in this worker: recorded on its own
     eval_prefix = _eval_prefix(cfg, model, batches, plan, device, (task.validation.digest, indices_digest(val_rows)))
-    train_prefix = _train_prefix(cfg, model, train_ids, train_rows, plan, device, task.train.digest)
-    _synchronize(device)
+    train_prefix = _train_prefix(cfg, model, train_tokens, train_rows, plan, device, task.train.digest)
+    synchronize(device)
     cache_fill_time_s = time.perf_counter() - fill_started
     ctx = FitContext(
         cfg=cfg,
@@ -73,7 +75,7 @@ def run_trial(cfg: TrialConfig, on_eval: Callable[[EvalPoint], None] | None = No
         train_prefix=train_prefix,
         on_eval=on_eval or (lambda point: None),
     )
-    state = fit(model, train_ids.select(train_rows), task.train.labels[train_rows], pad_id, ctx)
+    state = fit(model, train_tokens, task.train.labels[train_rows], pad_id, ctx)
     return _result(cfg, task, train_rows, len(val_rows), report, state, ctx,
                    wall_time_s=time.perf_counter() - started, cache_fill_time_s=cache_fill_time_s)
 
@@ -88,13 +90,13 @@ def _eval_prefix(cfg: TrialConfig, model, batches, plan, device, rows_key: tuple
     return exact_prefix(model, batches, plan, device, cfg.frozen_layers, key)
 
 
-def _train_prefix(cfg: TrialConfig, model, train_ids, train_rows, plan, device, split_digest: str) -> TrainPrefix | None:
+def _train_prefix(cfg: TrialConfig, model, train_tokens, train_rows, plan, device, split_digest: str) -> TrainPrefix | None:
     """The opt-in training cache (a deviation from the reference, see trials/train_cache.py)."""
     if not (cfg.train_cache and cfg.frozen_layers >= 1):
         return None
     weights = "pretrained" if cfg.model_init == "pretrained" else f"random-{cfg.derived_seed}"  # per-seed weights
     key = (cfg.model, weights, split_digest, cfg.max_seq_length)
-    return train_prefix(model, train_ids.select(train_rows), train_rows, plan, device, cfg.frozen_layers, key)
+    return train_prefix(model, train_tokens, train_rows, plan, device, cfg.frozen_layers, key)
 
 
 def check_select_metric(cfg: TrialConfig, task: TaskData) -> None:
@@ -169,7 +171,7 @@ def _result(cfg, task, train_rows, n_eval, report: FreezeReport, state: FitState
             wall_time_s: float, cache_fill_time_s: float) -> TrialResult:
     metric = cfg.select_metric
     best = max(state.curve, key=lambda p: getattr(p, metric))  # first of equals: the earliest best
-    baseline = task.baseline_metrics()
+    baseline = task.baseline_metrics
     return TrialResult(
         trial_id=cfg.trial_id,
         config=cfg,
@@ -220,11 +222,6 @@ def failed_result(cfg: TrialConfig, exc: BaseException, wall_time_s: float | Non
         frames = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__)[-4:])
     return TrialResult(trial_id=cfg.trial_id, config=cfg, status=status, error=f"{type(exc).__name__}: {exc}\n{frames}",
                        select_metric=cfg.select_metric, wall_time_s=wall_time_s, versions=library_versions())
-
-
-def _synchronize(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
 
 
 def reset_peak_memory(device: torch.device) -> None:

@@ -9,6 +9,7 @@ path an uninterrupted one would have.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
 import os
@@ -26,9 +27,9 @@ from trials import faults
 from trials.config import EvalPoint, TrialConfig
 from trials.eval_cache import PrefixStates
 from trials.evaluate import evaluate, task_loss
-from trials.precision import PrecisionPlan
+from trials.precision import PrecisionPlan, synchronize
 from trials.tokens import Batch, Tokens, train_batches
-from trials.train_cache import TrainPrefix, feed, training_from
+from trials.train_cache import TrainPrefix
 
 
 @dataclass(frozen=True)
@@ -124,14 +125,13 @@ def fit(model: nn.Module, train_ids: Tokens, train_labels: np.ndarray, pad_id: i
         for batch in train_batches(train_ids, train_labels, cfg.batch_size, pad_id, generator)[skip:]:
             if state.step >= schedule.total_steps:
                 break
-            with training_from(ctx.train_prefix, model) as injector:  # the opt-in training cache, if any
-                batch = batch.to(ctx.device)
-                feed(injector, ctx.train_prefix, batch)
-                loss = _train_step(model, batch, optimizer, scheduler, scaler, params, ctx)
+            batch = batch.to(ctx.device)
+            with ctx.train_prefix.feeding(model, batch) if ctx.train_prefix else contextlib.nullcontext():
+                loss = _train_step(model, batch, optimizer, scheduler, scaler, params, ctx)  # opt-in cache: above k
             state.loss_sum, state.loss_count = state.loss_sum + loss, state.loss_count + 1
             state.step += 1
             if state.step in schedule.eval_steps or state.step in schedule.checkpoint_steps:
-                _synchronize(ctx.device)  # queued GPU work belongs to training, not to what follows
+                synchronize(ctx.device)  # queued GPU work belongs to training, not to what follows
                 state.train_time_s += time.perf_counter() - segment_started
                 if state.step in schedule.eval_steps:
                     _evaluate_into(model, state, ctx)
@@ -140,11 +140,6 @@ def fit(model: nn.Module, train_ids: Tokens, train_labels: np.ndarray, pad_id: i
                 segment_started = time.perf_counter()
     _discard_checkpoint(cfg)  # finished: a retry of this cell has nothing to resume
     return state
-
-
-def _synchronize(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
 
 
 def _train_step(model, batch: Batch, optimizer, scheduler, scaler, params, ctx: FitContext) -> torch.Tensor:

@@ -25,7 +25,9 @@ import numpy as np
 import torch
 from torch import nn
 
-from trials.eval_cache import starting_at
+from torch.nn.utils.rnn import pad_sequence
+
+from trials.eval_cache import eval_mode, injected_layers, layers_swapped, output_of
 from trials.freezing import EncoderParts, find_encoder_parts
 from trials.precision import PrecisionPlan
 from trials.tokens import Batch, Tokens, collate
@@ -48,16 +50,17 @@ _ROWS: OrderedDict[tuple, _Entry] = OrderedDict()
 class TrainPrefix:
     layer: int  # the states enter layer ``layer`` (0-based): the first layer that trains
     states: tuple[torch.Tensor, ...]  # per position in the train subset: [tokens, hidden], on the device
-    tuple_output: bool
     parts: EncoderParts
+    injector: nn.Module  # built once per trial with the list it heads: a step only swaps them in
+    layers: nn.ModuleList
 
-    def batch_states(self, positions: np.ndarray, width: int) -> torch.Tensor:
-        """The states of a batch's rows, zero-padded to the batch's width (padding is masked)."""
-        rows = [self.states[p] for p in positions]
-        out = rows[0].new_zeros((len(rows), width, rows[0].shape[-1]))
-        for i, row in enumerate(rows):
-            out[i, : len(row)] = row
-        return out
+    @contextlib.contextmanager
+    def feeding(self, model: nn.Module, batch: Batch):
+        """Within the block, ``model`` starts above the frozen layers, fed this batch's cached states
+        (zero-padded to the batch's width, which is its longest row's: padding is masked)."""
+        self.injector.states = pad_sequence([self.states[p] for p in batch.positions], batch_first=True)
+        with layers_swapped(model, self.parts, self.layers):
+            yield
 
 
 def train_prefix(model: nn.Module, train_ids: Tokens, train_rows: np.ndarray, plan: PrecisionPlan,
@@ -70,39 +73,22 @@ def train_prefix(model: nn.Module, train_ids: Tokens, train_rows: np.ndarray, pl
     parts = find_encoder_parts(model)
     todo = [(int(r), position) for position, r in enumerate(train_rows) if int(r) not in entry.rows]
     if todo:
-        _run_prefix(model, parts, train_ids, todo, entry, plan, device, layer)
+        _run_prefix(model, parts.layers[layer - 1], train_ids, todo, entry, plan, device)
     while len(_ROWS) > _MAX_ENTRIES:
         _ROWS.popitem(last=False)
-    return TrainPrefix(layer=layer, states=tuple(entry.rows[int(r)] for r in train_rows),
-                       tuple_output=entry.tuple_output, parts=parts)
-
-
-class _Stop(Exception):
-    """Raised by the capture hook: nothing above the last frozen layer needs to run."""
+    injector, layers = injected_layers(parts, layer, entry.tuple_output)
+    return TrainPrefix(layer=layer, states=tuple(entry.rows[int(r)] for r in train_rows), parts=parts,
+                       injector=injector, layers=layers)
 
 
 @torch.inference_mode()
-def _run_prefix(model, parts: EncoderParts, tokens: Tokens, todo: list, entry: _Entry, plan: PrecisionPlan,
-                device: torch.device, layer: int) -> None:
-    captured: list[torch.Tensor] = []
-
-    def keep(module, args, output):
-        entry.tuple_output = isinstance(output, tuple)
-        captured.append((output[0] if isinstance(output, tuple) else output)[0].detach().clone())
-        raise _Stop
-
-    handle = parts.layers[layer - 1].register_forward_hook(keep)
-    was_training = model.training
-    model.eval()  # no dropout: the deviation this cache is
-    try:
+def _run_prefix(model, last_frozen: nn.Module, tokens: Tokens, todo: list, entry: _Entry, plan: PrecisionPlan,
+                device: torch.device) -> None:
+    with eval_mode(model):  # no dropout: the deviation this cache is
         for row, position in todo:
             alone = collate(tokens.select([position]), np.zeros(1, dtype=np.int64), pad_id=0).to(device)  # no padding
-            with plan.autocast(), contextlib.suppress(_Stop):
-                model(**alone.model_inputs())  # segment ids too, for sentence pairs
-            entry.rows[row] = captured.pop()
-    finally:
-        handle.remove()
-        model.train(was_training)
+            states, entry.tuple_output = output_of(model, last_frozen, alone, plan)  # segment ids too, for pairs
+            entry.rows[row] = states[0]
 
 
 def clear() -> None:
@@ -112,15 +98,3 @@ def clear() -> None:
 def entries() -> list[int]:
     """The number of cached rows of each entry (most recently used last)."""
     return [len(entry.rows) for entry in _ROWS.values()]
-
-
-def training_from(prefix: TrainPrefix | None, model: nn.Module):
-    """A context in which training steps start at ``prefix.layer`` (a no-op without a prefix)."""
-    if prefix is None:
-        return contextlib.nullcontext()
-    return starting_at(model, prefix.layer, prefix.tuple_output, prefix.parts)
-
-
-def feed(injector, prefix: TrainPrefix | None, batch: Batch) -> None:
-    if prefix is not None:
-        injector.states = prefix.batch_states(batch.positions, batch.input_ids.shape[1]).to(batch.input_ids.device)

@@ -99,17 +99,17 @@ def test_baselines_of_each_task(glue_dir):
         task = load_task(dataset, str(glue_dir))
         labels = task.validation.labels
         majority = np.bincount(labels).argmax()
-        baseline = task.baseline_metrics()
+        baseline = task.baseline_metrics
         assert baseline["accuracy"] == task.majority_baseline == pytest.approx(np.mean(labels == majority))
         assert baseline["matthews"] == 0.0  # a constant answer carries no information
         assert baseline["f1"] == pytest.approx(f1_score(labels, np.full(len(labels), majority)))
-    mrpc = load_task("glue/mrpc", str(glue_dir)).baseline_metrics()  # majority "equivalent" (1): F1 = 2p / (1 + p)
+    mrpc = load_task("glue/mrpc", str(glue_dir)).baseline_metrics  # majority "equivalent" (1): F1 = 2p / (1 + p)
     assert mrpc["accuracy"] == pytest.approx(279 / 408) and mrpc["f1"] == pytest.approx(2 * 279 / 408 / (1 + 279 / 408))
     assert load_task("glue/rte", str(glue_dir)).majority_baseline == pytest.approx(146 / 277)
     stsb = load_task("glue/stsb", str(glue_dir))
     assert stsb.regression and stsb.num_labels == 1 and stsb.majority_baseline is None
     assert stsb.train.labels.dtype == np.float32 and stsb.train.labels.min() == 0 and stsb.train.labels.max() == 5
-    assert stsb.baseline_metrics() == {"pearson": 0.0, "spearman": 0.0}
+    assert stsb.baseline_metrics == {"pearson": 0.0, "spearman": 0.0}
 
 
 def test_local_pairs_and_float_labels(tmp_path):
