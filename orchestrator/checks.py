@@ -15,7 +15,7 @@ def semantic_problems(raw: dict[str, Any]) -> list[str]:
     training = raw.get("training") if isinstance(raw.get("training"), dict) else {}
     resources = raw.get("resources") if isinstance(raw.get("resources"), dict) else {}
     data_dir = raw.get("data_dir") if isinstance(raw.get("data_dir"), str) else None
-    problems = _model_problems(raw.get("model"), _ints(raw.get("frozen_layers")))
+    problems = _model_problems(raw)
     problems += _data_problems(_strs(raw.get("datasets")), _ints(raw.get("train_sizes")), data_dir, training)
     problems += _device_problems(training.get("precision"), resources.get("gpus_per_trial"),
                                  resources.get("cpus_per_trial"), cluster_address(raw.get("address")))
@@ -31,18 +31,48 @@ def _strs(value: Any) -> list[str]:
     return [v for v in value if isinstance(v, str)] if isinstance(value, list) else []
 
 
-def _model_problems(model: Any, frozen_layers: list[int]) -> list[str]:
-    if not isinstance(model, str) or not model:
-        return []  # missing / wrong type: reported by pydantic
+def _model_problems(raw: dict[str, Any]) -> list[str]:
+    """Per model: it loads, the frozen layers fit its depth, and (when LoRA is swept) the LoRA
+    targets exist in its layers."""
     from trials.model import ModelError, load_model_config
 
+    models = raw.get("models", raw.get("model"))
+    models = [models] if isinstance(models, str) else _strs(models)
+    methods = _strs(raw.get("methods")) or ["freeze"]
+    lora = raw.get("lora") if isinstance(raw.get("lora"), dict) else {}
+    targets = lora.get("targets") if isinstance(lora.get("targets"), list) else None
+    problems = []
+    for model in dict.fromkeys(m for m in models if m):  # missing / wrong type: reported by pydantic
+        try:
+            layers = getattr(load_model_config(model), "num_hidden_layers", None)
+        except ModelError as exc:
+            problems.append(f"model: {str(exc).splitlines()[0]}")
+            continue
+        too_deep = [k for k in _ints(raw.get("frozen_layers")) if layers is not None and k > layers]
+        if too_deep and "freeze" in methods:
+            problems.append(f"frozen_layers: {too_deep} exceed the {layers} encoder layers of {model} "
+                            "('all' freezes every layer of each model)")
+        if "lora" in methods:
+            problems += [f"lora.targets: {model}: {p}" for p in lora_problems(model, _strs(targets) or None)]
+    return problems
+
+
+def lora_problems(model: str, targets: list[str] | None) -> list[str]:
+    """LoRA targets that do not exist in ``model``'s layers (its structure, built without weights)."""
+    import torch
+    from transformers import AutoModelForSequenceClassification
+
+    from trials.lora import LoraError, attention_projections, target_problems
+    from trials.model import load_model_config
+
+    with torch.device("meta"):  # the module tree only: no memory, no weights read
+        skeleton = AutoModelForSequenceClassification.from_config(load_model_config(model))
+    if targets:
+        return target_problems(skeleton, tuple(targets))
     try:
-        layers = getattr(load_model_config(model), "num_hidden_layers", None)
-    except ModelError as exc:
-        return [f"model: {str(exc).splitlines()[0]}"]
-    too_deep = [k for k in frozen_layers if layers is not None and k > layers]
-    if too_deep:
-        return [f"frozen_layers: {too_deep} exceed the {layers} encoder layers of {model}"]
+        attention_projections(skeleton)  # the default targets must exist too
+    except LoraError as exc:
+        return [str(exc)]
     return []
 
 
@@ -140,11 +170,11 @@ def _store_problems(raw: dict[str, Any]) -> list[str]:
 
 
 def _protocol_changes(stored_yaml: str, raw: dict[str, Any]) -> list[str]:
-    """Rows of one sweep must be comparable: the model and the protocol may not change."""
+    """Rows of one sweep must be comparable: the protocol may not change (axes may grow)."""
     from orchestrator.spec import SweepSpec, read_stored_spec
 
     stored = read_stored_spec(stored_yaml)
-    protocol_keys = ("model", "split_seed", "training")
+    protocol_keys = ("split_seed", "training", "lora", "probe")
     # The new protocol on its own: the stored spec's other keys stand in for the new spec's, so a
     # protocol change is reported even when other parts of the new spec are invalid.
     overlay = {k: v for k, v in stored.items() if k not in protocol_keys} | {k: raw[k] for k in protocol_keys if k in raw}

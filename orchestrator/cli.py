@@ -36,7 +36,10 @@ def trial(
     dataset: Annotated[str, typer.Option(help="glue/<task> (sst2, cola, rte, mrpc, stsb, qnli, mnli, qqp), a folder with "
                                                "train/validation files, or TRAIN,VALIDATION files")],
     train_size: Annotated[int, typer.Option()],
-    frozen_layers: Annotated[int, typer.Option(help="-1 embeddings only, 0 nothing, k embeddings + first k layers")],
+    frozen_layers: Annotated[Optional[int], typer.Option(
+        help="freeze: -1 embeddings only, 0 nothing, k embeddings + first k layers")] = None,
+    method: Annotated[str, typer.Option(help="freeze | lora | probe")] = "freeze",
+    lora_rank: Annotated[Optional[int], typer.Option(help="lora: the adapters' rank")] = None,
     seed: Annotated[int, typer.Option()] = 0,
     split_seed: Annotated[int, typer.Option()] = 0,
     epochs: Annotated[Optional[float], typer.Option()] = None,
@@ -56,18 +59,21 @@ def trial(
     from trials.config import TrialConfig
     from trials.data import DatasetError, official_metric
     from trials.precision import PrecisionError, resolve_config
-    from trials.run import failed_result, run_trial
+    from orchestrator.spec import method_fields
+    from trials.run import check_method, failed_result, run_trial
 
     overrides = {"epochs": epochs} if epochs is not None else {}
     try:
         select_metric = select_metric or official_metric(dataset, data_dir, text_column, label_column, text_pair_column)
         cfg = TrialConfig(dataset=dataset, model=model, train_size=train_size, frozen_layers=frozen_layers, seed=seed,
+                          method=method, lora_rank=lora_rank, **method_fields(method),
                           split_seed=split_seed, data_dir=data_dir, max_eval_examples=max_eval_examples,
                           precision=precision, model_init=model_init, text_column=text_column,
                           text_pair_column=text_pair_column, label_column=label_column, select_metric=select_metric,
                           **overrides)
         cfg = resolve_config(cfg)  # "auto" → what this machine runs natively; the row names it
-    except (PrecisionError, DatasetError) as exc:
+        check_method(cfg)
+    except (PrecisionError, DatasetError, ValueError) as exc:
         _fail(exc)
     try:
         result = run_trial(cfg)
@@ -189,8 +195,8 @@ def status(sweep: str, store: StoreOpt = None) -> None:
 @app.command()
 def query(sweep: str, store: StoreOpt = None,
           sql: Annotated[str, typer.Option("--sql", help="SQL over the table `results`")] =
-          "SELECT dataset, train_size, frozen_layers, seed, status, select_metric, best_val_score FROM results "
-          "ORDER BY dataset, train_size, frozen_layers, seed",
+          "SELECT dataset, model, method, train_size, frozen_layers, lora_rank, seed, status, select_metric, "
+          "best_val_score FROM results ORDER BY dataset, model, method, train_size, frozen_layers, lora_rank, seed",
           fmt: Annotated[OutputFormat, typer.Option("--format")] = OutputFormat.table) -> None:
     """SQL (DuckDB) over the sweep's rows."""
     from results.query import sql as run_sql
@@ -208,7 +214,8 @@ def summary(sweep: str, store: StoreOpt = None,
             metric: Annotated[Optional[str], typer.Option(help="another recorded metric (accuracy, f1, matthews, "
                                                           "pearson, spearman) at the best evaluation")] = None,
             fmt: Annotated[OutputFormat, typer.Option("--format")] = OutputFormat.table) -> None:
-    """The selected metric at the best evaluation per dataset × train size × frozen layers (mean, median, std, min, max)."""
+    """The selected metric at the best evaluation per dataset × train size × frozen layers (mean, median, std, min,
+    max); with several models or methods, per model and method too (a LoRA cell by its rank, a probe on its own)."""
     from results.query import read_rows
     from results.query import summary as summarize
 

@@ -20,7 +20,7 @@ class SweepProgress:
     def advance(self, result: TrialResult) -> None:
         self.failed += result.status != "ok"
         cfg = result.config
-        last = f"{cfg.dataset} n={cfg.train_size} k={cfg.frozen_layers} s={cfg.seed} {result.status}"
+        last = f"{cfg.dataset} n={cfg.train_size} {cfg.variant()} s={cfg.seed} {result.status}"
         if result.best_val_score is not None:
             last += f" {result.select_metric}={result.best_val_score:.3f}"
         self._progress.update(self._task, advance=1, failed=self.failed, last=last)

@@ -21,7 +21,8 @@ def result_row(sweep: str, result: TrialResult, node: str | None = None, attempt
     row.update({f"best_val_{m}": result.best_val_metrics.get(m) for m in METRICS if m != "accuracy"})
     row.update({f"baseline_{m}": result.baseline_metrics.get(m) for m in METRICS})
     row.update(
-        sweep=sweep, split_seed=cfg.split_seed, method=cfg.method, node=node, attempts=attempts,
+        sweep=sweep, split_seed=cfg.split_seed, lora_alpha=cfg.lora_alpha, lora_dropout=cfg.lora_dropout,
+        lora_targets=list(result.lora_targets) or None, node=node, attempts=attempts,
         eval_curve=[asdict(p) for p in result.eval_curve],
         train_loss_curve=[{"step": s, "loss": loss} for s, loss in result.train_loss_curve],
         train_indices=list(result.train_indices),

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from trials.config import LATER_FIELDS
 
@@ -45,7 +45,6 @@ class TrainingSpec(_Strict):
     max_eval_examples: int | None = Field(None, gt=0)
     max_seq_length: int = Field(128, gt=0)
     model_init: Literal["pretrained", "random"] = "pretrained"
-    method: Literal["freeze"] = "freeze"
     text_column: str | None = None
     text_pair_column: str | None = Field(None, description="second text of a sentence pair (GLUE pair tasks: theirs)")
     label_column: str | None = None
@@ -68,6 +67,24 @@ class TrainingSpec(_Strict):
         return value
 
 
+class LoraSpec(_Strict):
+    """LoRA's settings, shared by every lora cell (its rank is an axis: ``lora_ranks``)."""
+
+    alpha: float = Field(16.0, gt=0, description="updates are scaled by alpha / rank (peft's examples: 16 at rank 8)")
+    dropout: float = Field(0.1, ge=0, lt=1, description="dropout on the adapters' input")
+    targets: list[str] | None = Field(None, min_length=1, description="module names (or dotted suffixes) inside "
+                                      "each encoder layer; unset: the layer's attention projections")
+
+
+class ProbeSpec(_Strict):
+    """The logistic-regression probe's settings, shared by every probe cell."""
+
+    pooling: Literal["auto", "mean", "first"] = Field("auto", description="auto: the model's own pooling "
+                                                      "(sentence-transformers config), else mean")
+    folds: int = Field(5, ge=2, description="cross-validation folds on the train subset (fewer when a class has fewer rows)")
+    cs: int = Field(10, ge=1, description="regularisation strengths tried, log-spaced over 1e-4 … 1e4")
+
+
 class ResourcesSpec(_Strict):
     gpus_per_trial: float = Field(0.0, ge=0, le=1, description="0: CPU trials; (0, 1]: a GPU share")
     cpus_per_trial: float = Field(1.0, gt=0)
@@ -78,9 +95,12 @@ class ResourcesSpec(_Strict):
 # Smallest allowed value of each integer axis, and the rule as the error states it.
 _AXIS_MINIMA = {
     "train_sizes": (1, "train sizes must be positive"),
-    "frozen_layers": (-1, "frozen layers must be >= -1 (-1 = embeddings only)"),
+    "frozen_layers": (-1, "frozen layers must be >= -1 (-1 = embeddings only) or 'all'"),
+    "lora_ranks": (1, "LoRA ranks must be positive"),
     "seeds": (0, "seeds must be >= 0"),
 }
+# Each method's own axis: crossed with that method's cells only.
+METHOD_AXES = {"freeze": "frozen_layers", "lora": "lora_ranks"}
 
 
 def _unique(values: list) -> list:
@@ -92,37 +112,75 @@ def _unique(values: list) -> list:
 
 class SweepSpec(_Strict):
     name: str = Field(pattern=NAME_PATTERN, max_length=100)
-    model: str
+    model: str | list[str] = Field(description="a model, or a list of them (also spelled `models:`): an axis")
     datasets: list[str] = Field(min_length=1)
     train_sizes: list[int] = Field(min_length=1)
-    frozen_layers: list[int] = Field(min_length=1)
+    methods: list[Literal["freeze", "lora", "probe"]] = Field(["freeze"], min_length=1)
+    frozen_layers: list[int | Literal["all"]] = Field([], description="freeze's axis; 'all': every layer of each model")
+    lora_ranks: list[int] = Field([], description="lora's axis")
     seeds: list[int] = Field(min_length=1)
     split_seed: int = 0
     training: TrainingSpec = TrainingSpec()
+    lora: LoraSpec = LoraSpec()
+    probe: ProbeSpec = ProbeSpec()
     resources: ResourcesSpec = ResourcesSpec()
     data_dir: str | None = None
     store: str = "./sweeps"
     address: str | None = None
 
-    _check_unique = field_validator("datasets", "train_sizes", "frozen_layers", "seeds")(_unique)
+    _check_unique = field_validator("datasets", "train_sizes", "methods", "frozen_layers", "lora_ranks", "seeds")(_unique)
 
-    @field_validator("train_sizes", "frozen_layers", "seeds")
+    @model_validator(mode="before")
     @classmethod
-    def _axis_ranges(cls, values: list[int], info) -> list[int]:
+    def _aliases(cls, raw: Any) -> Any:
+        return spec_aliases(raw)
+
+    @field_validator("model", mode="before")
+    @classmethod
+    def _models(cls, value: Any) -> Any:
+        # One message, not pydantic's one per member of the union
+        if not (isinstance(value, str) or (isinstance(value, list) and all(isinstance(v, str) for v in value))):
+            raise ValueError("should be a model name (hub id or folder) or a list of them")
+        if isinstance(value, list):
+            if not value:
+                raise ValueError("the list of models is empty")
+            _unique(value)
+        return value
+
+    @field_validator("train_sizes", "frozen_layers", "lora_ranks", "seeds")
+    @classmethod
+    def _axis_ranges(cls, values: list, info) -> list:
         lowest, rule = _AXIS_MINIMA[info.field_name]
-        bad = [v for v in values if v < lowest]
+        bad = [v for v in values if isinstance(v, int) and v < lowest]
         if bad:
             raise ValueError(f"{rule}, got {bad}")
         return values
 
+    @model_validator(mode="after")
+    def _method_axes(self) -> "SweepSpec":
+        """A method's axis is given exactly when the method is swept (no axis crossed with a method it
+        does not apply to); all problems in one message."""
+        problems = [f"{axis} is empty, but methods has {method}" for method, axis in METHOD_AXES.items()
+                    if method in self.methods and not getattr(self, axis)]
+        problems += [f"{axis} is set, but methods has no {method}" for method, axis in METHOD_AXES.items()
+                     if method not in self.methods and getattr(self, axis)]
+        if problems:
+            raise ValueError("; ".join(problems))
+        return self
+
+    def models(self) -> list[str]:
+        return [self.model] if isinstance(self.model, str) else list(self.model)
+
     def protocol(self) -> dict[str, Any]:
         """What makes rows comparable: changing any of it on an existing sweep is refused. How the work
-        is done (checkpoints, evaluation batch size) may change: it is not part of a cell's identity."""
+        is done (checkpoints, evaluation batch size) may change: it is not part of a cell's identity.
+        Axes (models, datasets, sizes, methods, their own axes, seeds) may grow: new cells, new ids."""
         from trials.config import MACHINE_FIELDS
 
         training = {k: v for k, v in self.training.model_dump().items() if k not in MACHINE_FIELDS}
         training["select_metric"] = self.select_metrics()  # resolved: "official" and a name may mean the same
-        return {"model": self.model, "split_seed": self.split_seed, "training": training}
+        return {"split_seed": self.split_seed, "training": training, "lora": self.lora.model_dump(),
+                "probe": self.probe.model_dump()}
 
     def select_metrics(self) -> dict[str, str]:
         """Per dataset, the metric that picks a trial's best evaluation: the spec's, else the task's official one."""
@@ -139,9 +197,40 @@ class SweepSpec(_Strict):
         return yaml.safe_dump(self.model_dump(mode="json"), sort_keys=False)
 
     def trial_template(self) -> dict[str, Any]:
-        """TrialConfig fields shared by every cell (the grid adds the axes and each dataset's select_metric)."""
+        """TrialConfig fields shared by every cell (the grid adds the axes, each method's own fields
+        and each dataset's select_metric)."""
         training = {k: v for k, v in self.training.model_dump().items() if k != "select_metric"}
-        return {"model": self.model, "split_seed": self.split_seed, "data_dir": self.data_dir, **training}
+        return {"split_seed": self.split_seed, "data_dir": self.data_dir, **training}
+
+    def method_fields(self, method: str) -> dict[str, Any]:
+        return method_fields(method, self.lora, self.probe)
+
+
+def method_fields(method: str, lora: LoraSpec = LoraSpec(), probe: ProbeSpec = ProbeSpec()) -> dict[str, Any]:
+    """The TrialConfig fields of ``method`` shared by its cells (its axis aside)."""
+    if method == "lora":
+        targets = tuple(lora.targets) if lora.targets else None
+        return {"lora_alpha": lora.alpha, "lora_dropout": lora.dropout, "lora_targets": targets}
+    if method == "probe":
+        return {"probe_pooling": probe.pooling, "probe_folds": probe.folds, "probe_cs": probe.cs}
+    return {}
+
+
+def spec_aliases(raw: Any) -> Any:
+    """Spellings a spec may use: ``models:`` for a list of models, and ``training.method`` (specs
+    written before the methods axis, stored ones included) for ``methods: [that one]``."""
+    if not isinstance(raw, dict):
+        return raw
+    raw = dict(raw)
+    if "models" in raw:
+        if raw.get("model") is not None:
+            raise ValueError("give model or models, not both")
+        raw["model"] = raw.pop("models")
+    training = raw.get("training")
+    if isinstance(training, dict) and "method" in training:
+        raw["training"] = {k: v for k, v in training.items() if k != "method"}
+        raw.setdefault("methods", [training["method"]])
+    return raw
 
 
 def parse_spec(raw: Any, source: str = "sweep spec", semantic: bool = True) -> SweepSpec:
@@ -197,4 +286,6 @@ def _format_pydantic(err: dict) -> str:
     if err["type"] == "extra_forbidden":
         return f"{where}: unknown key"
     message = err["msg"].removeprefix("Value error, ")
+    if not err["loc"]:  # a check across keys: its message names them (the input is the whole spec)
+        return message
     return f"{where}: {message} (got {err.get('input')!r})"

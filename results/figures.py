@@ -179,3 +179,31 @@ def _frontier(ax, cell: pd.DataFrame, colour, n: int) -> None:
     ax.set_xlabel("train time (s)")
     ax.set_ylabel("mean best score (selected metric)")
     ax.legend(fontsize=8)
+
+
+METHOD_COLOURS = {"freeze": "tab:blue", "lora": "tab:orange", "probe": "tab:green"}
+SIZE_MARKERS = "osD^vP*X"
+
+
+def methods_plot(table: pd.DataFrame) -> bytes:
+    """Methods on one accuracy-versus-cost chart per (sweep, dataset): each variant's mean selected
+    metric against its mean wall time per trial (log scale), a colour per method, a marker per train size."""
+    keys = sorted(table.groupby(["sweep", "dataset"]).groups)
+    fig, axes = _panels(keys)
+    many = table["sweep"].nunique() > 1
+    markers = {n: SIZE_MARKERS[i % len(SIZE_MARKERS)] for i, n in enumerate(sorted(table["train_size"].unique()))}
+    for (sweep, dataset), ax in axes.items():
+        panel = table[(table["sweep"] == sweep) & (table["dataset"] == dataset)]
+        for (method, n), points in panel.groupby(["method", "train_size"]):
+            ax.scatter(points["wall_time_s"], points["score"], color=METHOD_COLOURS.get(method, "tab:gray"),
+                       marker=markers[n], s=28, label=f"{method}, n = {n}")
+            best = points[points["best_in_method"]]
+            for _, point in best.iterrows():
+                ax.annotate(point["variant"], (point["wall_time_s"], point["score"]), fontsize=7,
+                            xytext=(3, 3), textcoords="offset points")
+        ax.set_xscale("log")
+        ax.set_xlabel("wall time per trial (s, log)")
+        ax.set_ylabel("mean best score (selected metric)")
+        ax.legend(fontsize=7)
+        _title(ax, sweep, dataset, many)
+    return to_png(fig)

@@ -16,12 +16,15 @@ import pandas as pd
 
 from results.store import METRICS, ResultStore
 
-SUMMARY_KEYS = ["dataset", "train_size", "frozen_layers"]
-CELL_KEYS = ["sweep", *SUMMARY_KEYS]  # a cell across sweeps: the report compares sweeps side by side
+SUMMARY_KEYS = ["dataset", "model", "method", "train_size", "frozen_layers", "lora_rank"]
+# Shown only where they tell rows apart (_SHOWN_WHEN): a one-model freeze sweep's summary is dataset × n × k.
+OPTIONAL_KEYS = ("model", "method", "lora_rank")
+CELL_KEYS = ["sweep", "dataset", "train_size", "frozen_layers"]  # a freeze cell across sweeps (the report)
+METHOD_AXES = ("frozen_layers", "lora_rank")  # each method's own axis: null on other methods' rows
 SUMMARY_STATS = ["n", "mean", "median", "std", "min", "max"]
 SCORE, BASELINE = "best_val_score", "baseline_score"  # the selected metric's, in every row
 # What the report reads: not the curves or train indices, which dominate a row's size.
-REPORT_COLUMNS = ["sweep", "trial_id", "dataset", "model", "train_size", "frozen_layers", "seed", "method",
+REPORT_COLUMNS = ["sweep", "trial_id", "dataset", "model", "train_size", "frozen_layers", "seed", "method", "lora_rank",
                   "status", "select_metric", SCORE, BASELINE, "best_val_accuracy", "majority_baseline",
                   "trainable_params", "total_params", "train_time_s", "eval_time_s", "wall_time_s", "peak_mem_mb",
                   "precision", "device", "node", "error"]
@@ -60,7 +63,24 @@ def with_selected_metric(df: pd.DataFrame) -> pd.DataFrame:
 
 def read_rows(store: ResultStore, columns: list[str] | None = REPORT_COLUMNS) -> pd.DataFrame:
     """The sweep's rows as a DataFrame (only ``columns``; None: all of them)."""
-    return with_selected_metric(store.read_table(columns=columns).to_pandas())
+    return with_methods(with_selected_metric(store.read_table(columns=columns).to_pandas()))
+
+
+def with_methods(df: pd.DataFrame) -> pd.DataFrame:
+    """Method axes as nullable integers (null where the axis does not apply, not a float NaN), and
+    rows stored before the method column existed as the freeze rows they are."""
+    df = df.copy()
+    df["method"] = df["method"].fillna("freeze") if "method" in df else "freeze"
+    for axis in METHOD_AXES:
+        if axis in df:
+            df[axis] = df[axis].astype("Int64")
+    return df
+
+
+def freeze_rows(df: pd.DataFrame) -> pd.DataFrame:
+    """The rows of the freeze method, its frozen_layers as plain integers (what the layer analysis reads)."""
+    freeze = df[df["method"].fillna("freeze") == "freeze"] if "method" in df else df
+    return freeze.astype({"frozen_layers": "int64"})
 
 
 def ok_rows(df: pd.DataFrame) -> pd.DataFrame:
@@ -74,16 +94,28 @@ def summary(df: pd.DataFrame, keys: list[str] = SUMMARY_KEYS, metric: str | None
     the layout of the reference study's appendix), with the constant baseline's value."""
     if metric is not None and metric not in METRICS:
         raise ValueError(f"unknown metric {metric!r} (known: {', '.join(METRICS)})")
-    ok = with_selected_metric(ok_rows(df))
+    ok = with_methods(with_selected_metric(ok_rows(df)))
+    keys = [k for k in keys if k in ok or k not in OPTIONAL_KEYS]  # rows from before an optional key existed
     if ok.empty:
-        return pd.DataFrame(columns=keys + ["metric"] + SUMMARY_STATS + ["baseline"])
+        return pd.DataFrame(columns=_shown_keys(ok, keys) + ["metric"] + SUMMARY_STATS + ["baseline"])
     score, baseline = (SCORE, BASELINE) if metric is None else (f"best_val_{metric}", f"baseline_{metric}")
     ok = ok.assign(metric=ok["select_metric"] if metric is None else metric)
-    grouped = ok.groupby(keys)
+    grouped = ok.groupby(keys, dropna=False)  # a method's missing axis is a key value too
     table = grouped[score].agg(["count", "mean", "median", "std", "min", "max"]).rename(columns={"count": "n"})
     table.insert(0, "metric", grouped["metric"].first())
     table["baseline"] = grouped[baseline].first()
-    return table.reset_index().sort_values(keys, ignore_index=True)
+    table = table.reset_index().sort_values(keys, ignore_index=True, na_position="first")
+    return table.drop(columns=[k for k in keys if k not in _shown_keys(ok, keys)])
+
+
+_SHOWN_WHEN = {"model": lambda column: column.nunique() > 1,  # more than one model
+               "method": lambda column: (column != "freeze").any(),  # a method beyond freezing
+               "lora_rank": lambda column: column.notna().any()}  # LoRA rows
+
+
+def _shown_keys(ok: pd.DataFrame, keys: list[str]) -> list[str]:
+    """``keys`` without the optional ones that tell none of these rows apart."""
+    return [k for k in keys if k not in OPTIONAL_KEYS or (k in ok and _SHOWN_WHEN[k](ok[k]))]
 
 
 def cell_means(df: pd.DataFrame, columns: list[str], keys: list[str] = CELL_KEYS) -> pd.DataFrame:
@@ -106,17 +138,20 @@ def paired_by_seed(df: pd.DataFrame, baseline_k: int = 0) -> pd.DataFrame:
     return ok.merge(base, on=["sweep", "dataset", "train_size", "seed"], suffixes=("", "_base"))
 
 
-STATUS_AXES = ("dataset", "train_size", "frozen_layers", "seed")
+STATUS_AXES = ("model", "dataset", "method", "train_size", "frozen_layers", "lora_rank", "seed")
 OUTCOMES = ("done", "failed", "missing")
 
 
 def status_table(cells: list, statuses: dict[str, str]) -> pd.DataFrame:
     """done / failed / missing counts per value of each axis (in the spec's order) and in total."""
     counts: dict[tuple[str, str], Counter] = {}
+    axes = [a for a in STATUS_AXES if a not in ("model", "method") or len({getattr(c, a) for c in cells}) > 1]
     for cfg in cells:
         state = statuses.get(cfg.trial_id)
         outcome = "done" if state == "ok" else "missing" if state is None else "failed"
-        for key in [(axis, str(getattr(cfg, axis))) for axis in STATUS_AXES] + [("total", "")]:
+        # An axis that does not apply to the cell's method (None) is not counted under it.
+        values = [(axis, str(getattr(cfg, axis))) for axis in axes if getattr(cfg, axis) is not None]
+        for key in values + [("total", "")]:
             counts.setdefault(key, Counter())[outcome] += 1
     order = STATUS_AXES + ("total",)
     keys = sorted(counts, key=lambda key: order.index(key[0]))  # stable: grid order within an axis

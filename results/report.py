@@ -17,8 +17,9 @@ import pandas as pd
 
 from results import figures
 from results.decision import decide
-from results.query import CELL_KEYS, read_rows, summary
-from results.stats import GROUP, TOLERANCE, costs, largest_k_retaining, paired_contrasts, retained_quality
+from results.query import CELL_KEYS, freeze_rows, read_rows, summary, with_methods
+from results.stats import (GROUP, TOLERANCE, costs, largest_k_retaining, method_comparison, paired_contrasts,
+                           retained_quality)
 from results.store import ResultStore
 
 
@@ -56,19 +57,36 @@ class Report:
     completeness: list[str]  # a line per sweep: complete, or what is failed and missing
     sections: list[Section]
     figures: dict[str, bytes]
+    methods: pd.DataFrame | None = None  # the methods side by side (None: the rows are freeze rows only)
 
 
 def build_report(sweeps: list[SweepRows], tolerance: float = TOLERANCE) -> Report:
-    rows = pd.concat([s.rows for s in sweeps], ignore_index=True)
-    contrasts, retained, cost = paired_contrasts(rows), retained_quality(rows), costs(rows)
+    """The layer analysis reads the freeze rows; the methods comparison reads every row. A sweep of
+    several models is analysed per model (its rows are labelled "sweep · model")."""
+    rows = per_model(with_methods(pd.concat([s.rows for s in sweeps], ignore_index=True)))
+    layers = freeze_rows(rows)
+    contrasts, retained, cost = paired_contrasts(layers), retained_quality(layers), costs(layers)
     planned = {s.name: {int(v) for v in _axis(s.status, "frozen_layers")} for s in sweeps if s.status is not None}
-    decisions = decide(rows, contrasts, retained, cost, tolerance, planned)
-    appendix = summary(rows, CELL_KEYS)
-    figs = _figures(rows, appendix, retained, contrasts, cost, tolerance)
+    planned.update({label: planned[sweep] for label, sweep in zip(rows["sweep"], rows["sweep_name"]) if sweep in planned})
+    decisions = decide(layers, contrasts, retained, cost, tolerance, planned)
+    appendix = summary(layers, CELL_KEYS)
+    methods = method_comparison(rows) if (rows["method"] != "freeze").any() else None
+    figs = _figures(layers, appendix, retained, contrasts, cost, tolerance)
+    if methods is not None and not methods.empty:
+        figs["methods"] = figures.methods_plot(methods)
     completeness = [_completeness_line(s) for s in sweeps]
-    report = Report(decisions, contrasts, retained, cost, appendix, completeness, [], figs)
+    report = Report(decisions, contrasts, retained, cost, appendix, completeness, [], figs, methods)
     report.sections = _sections(report, sweeps, tolerance)
     return report
+
+
+def per_model(rows: pd.DataFrame) -> pd.DataFrame:
+    """Rows of a sweep with several models carry "sweep · model" as their sweep: every analysis
+    groups by sweep, so each model gets its own decisions, panels and tables."""
+    rows = rows.assign(sweep_name=rows["sweep"])
+    several = rows.groupby("sweep")["model"].transform("nunique") > 1
+    rows.loc[several, "sweep"] = rows.loc[several, "sweep"] + " · " + rows.loc[several, "model"].str.split("/").str[-1]
+    return rows
 
 
 def _axis(status: pd.DataFrame, axis: str) -> list[str]:
@@ -119,6 +137,7 @@ def _sections(report: Report, sweeps: list[SweepRows], tolerance: float) -> list
         _retained_section(report, many),
         _contrast_section(report, tolerance, many),
         _cost_section(report, many),
+        *([_methods_section(report, many)] if report.methods is not None else []),
         _completeness_section(sweeps, report.completeness),
         Section("Appendix: the selected metric at the best evaluation, per cell over seeds", [],
                 [_shown(report.appendix, many)]),
@@ -166,6 +185,20 @@ def _cost_section(report: Report, many: bool) -> Section:
                    [_shown(report.costs, many)], "cost")
 
 
+def _methods_section(report: Report, many: bool) -> Section:
+    table = report.methods
+    intro = ("Freezing, LoRA and a logistic-regression probe on frozen features, on the same subsets and seeds: each "
+             "variant's mean selected metric over seeds (Student-t 95 % CI) and mean cost per trial. Per train size, "
+             "each method's best variant:")
+    lines = []
+    for _, cell in table.groupby(GROUP):
+        best = cell[cell["best_in_method"]].sort_values("score", ascending=False)
+        lines.append(f"{_where(cell.iloc[0], many)}: " + "; ".join(
+            f"{b['variant']} {b['score']:.3f}" + ("" if pd.isna(b["wall_time_s"]) else f" in {b['wall_time_s']:.0f} s")
+            for _, b in best.iterrows()))
+    return Section("Methods side by side", [intro, *lines], [_shown(table, many)], "methods")
+
+
 def _completeness_section(sweeps: list[SweepRows], lines: list[str]) -> Section:
     tables = []
     for s in sweeps:
@@ -175,7 +208,8 @@ def _completeness_section(sweeps: list[SweepRows], lines: list[str]) -> Section:
                 tables.append(gaps.assign(sweep=s.name)[["sweep", *s.status.columns]])
         failed = s.rows[s.rows["status"] != "ok"]
         if len(failed):
-            tables.append(failed[[*GROUP, "frozen_layers", "seed", "status", "error"]]
+            shown = [*GROUP, *(c for c in ("method", "frozen_layers", "lora_rank") if c in failed), "seed", "status", "error"]
+            tables.append(failed[shown]
                           .assign(error=failed["error"].fillna("").str.slice(0, 100)))
     return Section("Completeness", lines, tables)
 
@@ -221,7 +255,7 @@ def _format_for(column: str, values: pd.Series) -> str | None:
         return "{:.1f}"
     if column.endswith("_mb") or column.endswith("params"):
         return "{:,.0f}"
-    if column in ("frozen_layers", "k_retaining_90"):
+    if column in ("frozen_layers", "k_retaining_90", "lora_rank"):
         return "{:.0f}"  # nullable: pandas holds them as floats once a None joins
     if values.dtype.kind == "f":
         return "{:.4f}"

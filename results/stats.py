@@ -17,7 +17,7 @@ import numpy as np
 import pandas as pd
 from scipy import stats
 
-from results.query import BASELINE, SCORE, cell_means, paired_by_seed
+from results.query import BASELINE, SCORE, cell_means, ok_rows, paired_by_seed
 
 CONFIDENCE = 0.95
 TOLERANCE = 0.01  # how much of the selected metric below full fine-tuning still counts as "as good"
@@ -152,3 +152,40 @@ def _on_frontier(cell: pd.DataFrame) -> pd.Series:
     ordered = cell.sort_values(["train_time_s", SCORE], ascending=[True, False])
     best_before = ordered[SCORE].cummax().shift(fill_value=-math.inf)
     return (ordered[SCORE] > best_before).reindex(cell.index)
+
+
+# --- methods side by side -----------------------------------------------------------------------
+METHOD_COSTS = ["trainable_params", "wall_time_s", "peak_mem_mb"]
+METHOD_ORDER = {"freeze": 0, "lora": 1, "probe": 2}
+
+
+def variant_label(method: str, frozen_layers, lora_rank) -> str:
+    """A method with its own axis value: "freeze k=2", "lora r=8", "probe"."""
+    if method == "freeze":
+        return f"freeze k={int(frozen_layers)}"
+    if method == "lora":
+        return f"lora r={int(lora_rank)}"
+    return method
+
+
+def method_comparison(rows: pd.DataFrame) -> pd.DataFrame:
+    """Per (sweep, dataset, train size), every method variant (each frozen-layers value, each LoRA
+    rank, the probe): the mean selected metric over seeds with its Student-t 95 % CI, and mean costs
+    (wall time: a cell's whole cost, cache fills included). ``best_in_method``: the method's best variant there."""
+    ok = ok_rows(rows)
+    columns = [*GROUP, "method", "variant", "seeds", "score", "ci_low", "ci_high", *METHOD_COSTS, "best_in_method"]
+    if ok.empty:
+        return pd.DataFrame(columns=columns)
+    ranks = ok["lora_rank"] if "lora_rank" in ok else [None] * len(ok)  # rows from before LoRA existed
+    ok = ok.assign(variant=[variant_label(m, k, r) for m, k, r in zip(ok["method"], ok["frozen_layers"], ranks)])
+    records = []
+    for key, cell in ok.groupby([*GROUP, "method", "variant"], sort=False):
+        mean, low, high = mean_interval(cell[SCORE])
+        first = cell.iloc[0]  # within a method: by frozen depth, or by rank
+        depth = freeze_depth(first["frozen_layers"]) if key[-2] == "freeze" else first.get("lora_rank")
+        records.append(dict(zip([*GROUP, "method", "variant"], key), seeds=len(cell), score=mean, ci_low=low,
+                            ci_high=high, **{c: float(cell[c].mean()) for c in METHOD_COSTS},
+                            _method=METHOD_ORDER.get(key[-2], len(METHOD_ORDER)), _depth=0 if pd.isna(depth) else depth))
+    table = pd.DataFrame(records)
+    table["best_in_method"] = table["score"] == table.groupby([*GROUP, "method"])["score"].transform("max")
+    return table.sort_values([*GROUP, "_method", "_depth"], ignore_index=True)[columns]

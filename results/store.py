@@ -31,6 +31,10 @@ SCHEMA = pa.schema([
     ("sweep", pa.string()), ("trial_id", pa.string()),
     ("dataset", pa.string()), ("model", pa.string()), ("train_size", pa.int64()), ("frozen_layers", pa.int64()),
     ("seed", pa.int64()), ("split_seed", pa.int64()), ("method", pa.string()),
+    # A method's own parameters (null on other methods' rows): LoRA's rank (an axis), scale, dropout and
+    # the module names adapted in each layer; the probe's pooling and the C cross-validation chose.
+    ("lora_rank", pa.int64()), ("lora_alpha", pa.float64()), ("lora_dropout", pa.float64()),
+    ("lora_targets", pa.list_(pa.string())), ("probe_pooling", pa.string()), ("probe_c", pa.float64()),
     ("status", pa.string()),
     ("best_val_accuracy", pa.float64()), ("best_step", pa.int64()), ("best_epoch", pa.float64()),
     ("final_val_accuracy", pa.float64()), ("majority_baseline", pa.float64()),

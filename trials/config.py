@@ -36,14 +36,23 @@ IDENTITY_FIELDS = (
 # with the default that reproduces what rows made before it did, so their ids stay (every row made
 # before select_metric picked its best evaluation by accuracy, and had no second text).
 LATER_FIELDS: dict[str, Any] = {"method": "freeze", "eval_at_end": False, "train_cache": False,
-                                "text_pair_column": None, "select_metric": "accuracy"}
+                                "text_pair_column": None, "select_metric": "accuracy",
+                                # the methods beyond freezing (trials/lora.py, trials/probe.py): unset on freeze cells
+                                "lora_rank": None, "lora_alpha": None, "lora_dropout": None, "lora_targets": None,
+                                "probe_pooling": None, "probe_folds": None, "probe_cs": None}
 # How the work is done and where things live: never identity (moving a data dir re-runs nothing).
 MACHINE_FIELDS = ("eval_batch_size", "eval_cache", "data_dir", "cache_dir", "checkpoint_dir", "checkpoint_every_epochs",
                   "num_threads", "device")
 # What the RNG seed derives from: not frozen_layers, train_size or the protocol (paired seeds).
 SEED_FIELDS = ("seed", "split_seed", "dataset", "model")
-# The axes of the grid; every other identity field is the sweep's protocol.
-CELL_AXES = ("dataset", "model", "train_size", "frozen_layers", "seed")
+# The axes of the grid; every other identity field is the sweep's protocol. An axis that does not
+# apply to a cell's method is None there (frozen_layers of a LoRA or probe cell, lora_rank of others).
+CELL_AXES = ("dataset", "model", "method", "train_size", "frozen_layers", "lora_rank", "seed")
+METHODS = ("freeze", "lora", "probe")
+# Per method, the method's own fields: set on its cells, None on every other cell.
+METHOD_FIELDS = {"freeze": ("frozen_layers",),
+                 "lora": ("lora_rank", "lora_alpha", "lora_dropout", "lora_targets"),
+                 "probe": ("probe_pooling", "probe_folds", "probe_cs")}
 
 
 def _digest(values: dict[str, Any]) -> str:
@@ -56,7 +65,7 @@ class TrialConfig:
     dataset: str
     model: str
     train_size: int
-    frozen_layers: int
+    frozen_layers: int | None  # None: a method without the axis (lora, probe)
     seed: int = 0
     # --- data and subsets ---
     split_seed: int = 0
@@ -66,7 +75,14 @@ class TrialConfig:
     max_eval_examples: int | None = None  # None: the full validation split, as in the reference
     max_seq_length: int = 128
     # --- the protocol (reference defaults) ---
-    method: str = "freeze"  # room for "lora" / "probe" without changing the cell hash of old rows
+    method: str = "freeze"  # freeze | lora | probe (METHODS); "freeze" is what every row made before methods did
+    lora_rank: int | None = None  # lora: the adapters' rank r
+    lora_alpha: float | None = None  # lora: the scale alpha (updates are scaled by alpha / r)
+    lora_dropout: float | None = None  # lora: dropout on the adapters' input
+    lora_targets: tuple[str, ...] | None = None  # lora: module names in each layer; None: its attention projections
+    probe_pooling: str | None = None  # probe: auto | mean | first (auto: the model's own, else mean)
+    probe_folds: int | None = None  # probe: cross-validation folds on the train subset
+    probe_cs: int | None = None  # probe: regularisation strengths tried, log-spaced over 1e-4 … 1e4
     model_init: str = "pretrained"  # "random": same architecture, fresh weights (a control)
     epochs: float = 10.0
     batch_size: int = 16
@@ -89,6 +105,10 @@ class TrialConfig:
     num_threads: int | None = None
     device: str = "auto"  # auto | cpu | cuda | cuda:N
 
+    def __post_init__(self):
+        if isinstance(self.lora_targets, list):  # from JSON (Ray's trial config): a tuple, so configs compare equal
+            object.__setattr__(self, "lora_targets", tuple(self.lora_targets))
+
     # ----------------------------------------------------------------------------------------
     def identity(self) -> dict[str, Any]:
         """The fields that make a cell what it is (see the module docstring)."""
@@ -96,15 +116,21 @@ class TrialConfig:
             raise ValueError("resolve precision 'auto' before asking for a cell's identity "
                              "(trials.precision.resolve_config): ids must name the precision actually used")
         # 10 and 10.0 epochs are one protocol: float fields hash as floats whatever the caller passed.
-        values = {name: float(v) if name in _FLOAT_FIELDS and isinstance(v, int) else v
-                  for name, v in ((name, getattr(self, name)) for name in IDENTITY_FIELDS)}
-        values.update({name: getattr(self, name) for name, default in LATER_FIELDS.items()
-                       if getattr(self, name) != default and not self._inert(name)})
-        return values
+        names = [*IDENTITY_FIELDS, *(name for name, default in LATER_FIELDS.items()
+                                     if getattr(self, name) != default and not self._inert(name))]
+        return {name: float(v) if name in _FLOAT_FIELDS and isinstance(v, int) and not isinstance(v, bool) else v
+                for name, v in ((name, getattr(self, name)) for name in names)}
 
     def _inert(self, name: str) -> bool:
         """A later field that cannot change this cell's result: hashing it would re-run identical work."""
-        return name == "train_cache" and self.frozen_layers < 1  # nothing frozen above the embeddings to cache
+        # nothing frozen above the embeddings to cache (and no frozen layers at all outside freeze)
+        return name == "train_cache" and (self.method != "freeze" or self.frozen_layers < 1)
+
+    def variant(self) -> str:
+        """The method with its own axis value, for progress lines and tables: "k=3", "lora r=8", "probe"."""
+        if self.method == "freeze":
+            return f"k={self.frozen_layers}"
+        return f"lora r={self.lora_rank}" if self.method == "lora" else self.method
 
     @property
     def trial_id(self) -> str:
@@ -186,6 +212,9 @@ class TrialResult:
     eval_cached_layers: int | None = None  # evaluation reused the cached output of this many frozen layers
     train_cached_layers: int | None = None  # training started above this many cached frozen layers (opt-in)
     cache_fill_time_s: float | None = None  # filling this worker's caches for this cell (0 when they were warm)
+    lora_targets: tuple[str, ...] = ()  # lora: the module names adapted in each layer (resolved)
+    probe_pooling: str | None = None  # probe: the pooling used (auto resolved)
+    probe_c: float | None = None  # probe: the inverse regularisation strength cross-validation chose
     train_indices: tuple[int, ...] = ()
     n_train: int | None = None
     n_eval: int | None = None
@@ -203,4 +232,5 @@ def result_from_dict(data: dict[str, Any]) -> TrialResult:
     data["eval_curve"] = tuple(EvalPoint(**p) for p in data.get("eval_curve", ()))
     data["train_loss_curve"] = tuple(tuple(x) for x in data.get("train_loss_curve", ()))
     data["train_indices"] = tuple(data.get("train_indices", ()))
+    data["lora_targets"] = tuple(data.get("lora_targets", ()))
     return TrialResult(**data)

@@ -31,7 +31,7 @@ class EncoderParts:
 
 @dataclass(frozen=True)
 class FreezeReport:
-    frozen_layers: int
+    frozen_layers: int | None  # None: another method (LoRA) that freezes no layer count
     num_layers: int
     trainable_params: int
     total_params: int

@@ -51,6 +51,11 @@ def _metric(name: str, labels: np.ndarray, predictions: np.ndarray) -> float:
     return _correlation(name, labels, predictions)
 
 
+def metric_value(name: str, labels: np.ndarray, predictions: np.ndarray) -> float:
+    """One metric (``name`` of METRICS) of class ids or scores against the labels."""
+    return _metric(name, np.asarray(labels), np.asarray(predictions))
+
+
 def compute_metrics(predictions: np.ndarray, labels: np.ndarray, regression: bool, num_labels: int) -> dict[str, float]:
     """Every metric of the task: ``predictions`` are class ids (classification) or scores (regression)."""
     predictions, labels = np.asarray(predictions), np.asarray(labels)

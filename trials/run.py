@@ -6,6 +6,7 @@ The best evaluation is the one with the highest ``select_metric``; the row recor
 from __future__ import annotations
 
 import copy
+import dataclasses
 import platform
 import random
 import re
@@ -15,21 +16,23 @@ import time
 import traceback
 from collections import OrderedDict
 from collections.abc import Callable
+from dataclasses import dataclass
 from importlib import metadata
 
 import numpy as np
 import torch
 
-from trials.config import EvalPoint, TrialConfig, TrialResult
-from trials import eval_cache, train_cache
+from trials.config import METHOD_FIELDS, METHODS, EvalPoint, TrialConfig, TrialResult
+from trials import eval_cache, probe, train_cache
 from trials.data import TaskData, load_task, resolve_cache_dir
 from trials.eval_cache import PrefixStates, exact_prefix
-from trials.freezing import FreezeReport, freeze
-from trials.metrics import describe_shape
-from trials.model import build_model, load_tokenizer
-from trials.precision import resolve_config, resolve_device, resolve_precision, synchronize
+from trials.freezing import FreezeReport, find_encoder_parts, freeze
+from trials.lora import apply_lora
+from trials.metrics import METRICS, compute_metrics, describe_shape
+from trials.model import build_model, load_tokenizer, resolve_model_path
+from trials.precision import PrecisionPlan, resolve_config, resolve_device, resolve_precision, synchronize
 from trials.subsets import indices_digest, stratified_order, subset_indices
-from trials.tokens import eval_batches, tokenize_split
+from trials.tokens import Batch, Tokens, eval_batches, tokenize_split
 from trials.train_cache import TrainPrefix, train_prefix
 from trials.train import FitContext, FitState, fit, make_schedule
 
@@ -38,6 +41,7 @@ def run_trial(cfg: TrialConfig, on_eval: Callable[[EvalPoint], None] | None = No
     """Run one grid cell and return its result; raises on failure (the caller decides retries)."""
     started = time.perf_counter()
     cfg = resolve_config(cfg)  # the id and the row name the precision actually used
+    check_method(cfg)
     device = resolve_device(cfg.device)
     plan = resolve_precision(cfg.precision, device)
     if cfg.num_threads:
@@ -55,13 +59,16 @@ def run_trial(cfg: TrialConfig, on_eval: Callable[[EvalPoint], None] | None = No
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
 
     model = initial_model(cfg, task.num_labels).to(device)
-    report = freeze(model, cfg.frozen_layers)
-
     batches = [b.to(device) for b in eval_batches(val_ids.select(val_rows), task.validation.labels[val_rows],
                                                   cfg.eval_batch_size, pad_id)]  # on the device once, for every evaluation
     train_tokens = train_ids.select(train_rows)
+    data = TrialData(task, train_rows, train_tokens, batches, (task.validation.digest, indices_digest(val_rows)))
+    if cfg.method == "probe":
+        return _probe_trial(cfg, model, data, plan, device, started)
+    report, lora_targets = adapt(model, cfg)
+
     fill_started = time.perf_counter()  # the caches' first fill in this worker: recorded on its own
-    eval_prefix = _eval_prefix(cfg, model, batches, plan, device, (task.validation.digest, indices_digest(val_rows)))
+    eval_prefix = _eval_prefix(cfg, model, batches, plan, device, data.val_key)
     train_prefix = _train_prefix(cfg, model, train_tokens, train_rows, plan, device, task.train.digest)
     synchronize(device)
     cache_fill_time_s = time.perf_counter() - fill_started
@@ -76,27 +83,102 @@ def run_trial(cfg: TrialConfig, on_eval: Callable[[EvalPoint], None] | None = No
         on_eval=on_eval or (lambda point: None),
     )
     state = fit(model, train_tokens, task.train.labels[train_rows], pad_id, ctx)
-    return _result(cfg, task, train_rows, len(val_rows), report, state, ctx,
-                   wall_time_s=time.perf_counter() - started, cache_fill_time_s=cache_fill_time_s)
+    result = _result(cfg, task, train_rows, len(val_rows), report, state, device, plan, (eval_prefix, train_prefix),
+                     wall_time_s=time.perf_counter() - started, cache_fill_time_s=cache_fill_time_s)
+    return dataclasses.replace(result, lora_targets=lora_targets)
+
+
+def _probe_trial(cfg: TrialConfig, model, data: TrialData, plan: PrecisionPlan, device: torch.device,
+                 started: float) -> TrialResult:
+    """Features of the frozen model (cached) → C by cross-validation on the train subset → the
+    validation set scored once (trials/probe.py)."""
+    task, layers = data.task, len(find_encoder_parts(model).layers)
+    fill_started = time.perf_counter()
+    val_states = eval_cache.prefix_states(model, data.batches, plan, device, layers, _eval_key(cfg, data.val_key))
+    train_states = train_prefix(model, data.train_tokens, data.train_rows, plan, device, layers,
+                                _train_key(cfg, task.train.digest))
+    synchronize(device)
+    fill_s = time.perf_counter() - fill_started
+    pooling = probe.resolve_pooling(cfg.probe_pooling, resolve_model_path(cfg.model))
+
+    fit_started = time.perf_counter()
+    fitted = probe.select_and_fit(probe.train_features(train_states.states, pooling), task.train.labels[data.train_rows],
+                                  task.regression, cfg.select_metric, cfg.probe_folds, cfg.probe_cs, cfg.seed)
+    eval_started = time.perf_counter()
+    features, labels = probe.validation_features(val_states, data.batches, pooling)
+    metrics = compute_metrics(fitted.predictor.predict(features), labels, task.regression, task.num_labels)
+    loss = probe.validation_loss(fitted, features, labels, task.regression, task.num_labels)
+    point = EvalPoint(step=0, epoch=0.0, loss=loss, **{name: metrics.get(name) for name in METRICS})
+    state = FitState(curve=[point], train_time_s=eval_started - fit_started,
+                     eval_time_s=time.perf_counter() - eval_started)
+    params = FreezeReport(frozen_layers=None, num_layers=layers, trainable_params=fitted.trainable_params,
+                          total_params=sum(p.numel() for p in model.base_model.parameters()) + fitted.trainable_params)
+    result = _result(cfg, task, data.train_rows, len(labels), params, state, device, plan, (None, None),
+                     wall_time_s=time.perf_counter() - started, cache_fill_time_s=fill_s)
+    return dataclasses.replace(result, probe_pooling=pooling, probe_c=fitted.c, train_examples_per_s=None,
+                               eval_cached_layers=layers, train_cached_layers=layers)
+
+
+@dataclass(frozen=True)
+class TrialData:
+    """What a trial reads, once loaded: the task, its train subset (split indices and tokens) and the
+    validation batches (on the device) with the key that names those rows for the caches."""
+
+    task: TaskData
+    train_rows: np.ndarray
+    train_tokens: Tokens
+    batches: list[Batch]
+    val_key: tuple
+
+
+def check_method(cfg: TrialConfig) -> None:
+    """A cell carries its method's own fields and no other method's (the grid builds them so)."""
+    if cfg.method not in METHODS:
+        raise ValueError(f"unknown method {cfg.method!r} (known: {', '.join(METHODS)})")
+    missing = [name for name in METHOD_FIELDS[cfg.method] if getattr(cfg, name) is None and name != "lora_targets"]
+    foreign = [name for method, names in METHOD_FIELDS.items() if method != cfg.method for name in names
+               if getattr(cfg, name) is not None]
+    if missing or foreign:
+        raise ValueError(f"a {cfg.method} cell needs {', '.join(missing) or 'nothing more'} and takes no "
+                         f"{', '.join(foreign) or 'other method fields'}")
+
+
+def adapt(model, cfg: TrialConfig) -> tuple[FreezeReport, tuple[str, ...]]:
+    """Make the model's trainable part what the method says: frozen layers, or LoRA adapters."""
+    if cfg.method == "lora":
+        return apply_lora(model, cfg.lora_rank, cfg.lora_alpha, cfg.lora_dropout, cfg.lora_targets)
+    return freeze(model, cfg.frozen_layers), ()
+
+
+def _weights(cfg: TrialConfig) -> str:
+    """What the model's weights are, for cache keys: random ones differ per seed."""
+    return "pretrained" if cfg.model_init == "pretrained" else f"random-{cfg.derived_seed}"
+
+
+def _eval_key(cfg: TrialConfig, rows_key: tuple) -> tuple:
+    """The evaluation cache's key: freeze cells (pretrained only) and probe cells share entries."""
+    key = (cfg.model, *rows_key, cfg.eval_batch_size, cfg.max_seq_length)
+    return key if cfg.model_init == "pretrained" else (*key, _weights(cfg))
+
+
+def _train_key(cfg: TrialConfig, split_digest: str) -> tuple:
+    return (cfg.model, _weights(cfg), split_digest, cfg.max_seq_length)
 
 
 def _eval_prefix(cfg: TrialConfig, model, batches, plan, device, rows_key: tuple) -> PrefixStates | None:
     """The cached output of the frozen layers for evaluation, when it is exact: pretrained weights
     (a random init differs per seed), at least one frozen layer, and bit-identical to the full model
     on the first batch."""
-    if not (cfg.eval_cache and cfg.model_init == "pretrained" and cfg.frozen_layers >= 1):
+    if not (cfg.eval_cache and cfg.method == "freeze" and cfg.model_init == "pretrained" and cfg.frozen_layers >= 1):
         return None
-    key = (cfg.model, *rows_key, cfg.eval_batch_size, cfg.max_seq_length)
-    return exact_prefix(model, batches, plan, device, cfg.frozen_layers, key)
+    return exact_prefix(model, batches, plan, device, cfg.frozen_layers, _eval_key(cfg, rows_key))
 
 
 def _train_prefix(cfg: TrialConfig, model, train_tokens, train_rows, plan, device, split_digest: str) -> TrainPrefix | None:
     """The opt-in training cache (a deviation from the reference, see trials/train_cache.py)."""
-    if not (cfg.train_cache and cfg.frozen_layers >= 1):
+    if not (cfg.train_cache and cfg.method == "freeze" and cfg.frozen_layers >= 1):
         return None
-    weights = "pretrained" if cfg.model_init == "pretrained" else f"random-{cfg.derived_seed}"  # per-seed weights
-    key = (cfg.model, weights, split_digest, cfg.max_seq_length)
-    return train_prefix(model, train_tokens, train_rows, plan, device, cfg.frozen_layers, key)
+    return train_prefix(model, train_tokens, train_rows, plan, device, cfg.frozen_layers, _train_key(cfg, split_digest))
 
 
 def check_select_metric(cfg: TrialConfig, task: TaskData) -> None:
@@ -167,8 +249,9 @@ def _set_host_rng_states(states: tuple) -> None:
     torch.set_rng_state(states[2])  # models are built on the CPU: the CUDA generators are as seeded
 
 
-def _result(cfg, task, train_rows, n_eval, report: FreezeReport, state: FitState, ctx: FitContext,
-            wall_time_s: float, cache_fill_time_s: float) -> TrialResult:
+def _result(cfg, task, train_rows, n_eval, report: FreezeReport, state: FitState, device: torch.device,
+            plan: PrecisionPlan, cached: tuple[PrefixStates | None, TrainPrefix | None], wall_time_s: float,
+            cache_fill_time_s: float) -> TrialResult:
     metric = cfg.select_metric
     best = max(state.curve, key=lambda p: getattr(p, metric))  # first of equals: the earliest best
     baseline = task.baseline_metrics
@@ -196,13 +279,13 @@ def _result(cfg, task, train_rows, n_eval, report: FreezeReport, state: FitState
         wall_time_s=wall_time_s,
         cache_fill_time_s=cache_fill_time_s,
         train_examples_per_s=state.step * cfg.batch_size / max(state.train_time_s, 1e-9),
-        peak_mem_mb=peak_memory_mb(ctx.device),
-        device=device_name(ctx.device),
-        precision=ctx.plan.name,
+        peak_mem_mb=peak_memory_mb(device),
+        device=device_name(device),
+        precision=plan.name,
         train_indices_digest=indices_digest(train_rows),
         resumed_from_step=state.resumed_from_step,
-        eval_cached_layers=ctx.eval_prefix.layer if ctx.eval_prefix is not None else None,
-        train_cached_layers=ctx.train_prefix.layer if ctx.train_prefix is not None else None,
+        eval_cached_layers=cached[0].layer if cached[0] is not None else None,
+        train_cached_layers=cached[1].layer if cached[1] is not None else None,
         train_indices=tuple(int(i) for i in train_rows),
         n_train=len(train_rows),
         n_eval=n_eval,

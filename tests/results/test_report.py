@@ -223,3 +223,51 @@ def test_the_report_shows_each_rows_selected_metric(tmp_path):
     retained = report.retained.iloc[0]
     assert retained["baseline"] == 0.0 and retained["retained"] == pytest.approx(0.848 / 0.85)
     assert report.appendix.set_index("frozen_layers").loc[3, "metric"] == "pearson"
+
+
+def method_rows(sweep="s") -> list[dict]:
+    """known_rows plus LoRA (rank 8) and probe rows at n = 100 on the same seeds."""
+    rows = known_rows(sweep)
+    for seed, (lora_acc, probe_acc) in enumerate([(0.82, 0.78), (0.84, 0.78), (0.86, 0.79)]):
+        rows.append(row(sweep, k=None, seed=seed, acc=lora_acc, cost=(50, 8.0, 350.0), method="lora", lora_rank=8,
+                        trial_id=f"{sweep}-lora-{seed}", wall_time_s=9.0))
+        rows.append(row(sweep, k=None, seed=seed, acc=probe_acc, cost=(33, 0.1, 200.0), method="probe",
+                        trial_id=f"{sweep}-probe-{seed}", wall_time_s=1.0))
+    return rows
+
+
+def test_methods_side_by_side_and_the_layer_analysis_unchanged(tmp_path, store_rows):
+    store = ResultStore(str(tmp_path / "methods"), "s")
+    for r in method_rows():
+        store.write_row(r | {"method": r.get("method") or "freeze"})
+    report = build_report([SweepRows.from_store(store)])
+    freeze_only = build_report([SweepRows.from_store(store_rows)])
+    pd.testing.assert_frame_equal(report.decisions, freeze_only.decisions)  # LoRA/probe rows are not "k" rows
+    pd.testing.assert_frame_equal(report.contrasts, freeze_only.contrasts)
+    table = report.methods[report.methods["train_size"] == 100].set_index("variant")
+    # freeze by how much it freezes (0, then the embeddings only, then layers), LoRA by rank, then the probe
+    assert list(table.index) == ["freeze k=0", "freeze k=-1", "freeze k=3", "freeze k=6", "lora r=8", "probe"]
+    assert table.loc["lora r=8", "score"] == pytest.approx(0.84) and table.loc["probe", "seeds"] == 3
+    lo, hi = table.loc["lora r=8", ["ci_low", "ci_high"]]
+    assert (lo, hi) == pytest.approx((0.84 - T_975_DF2 * 0.02 / math.sqrt(3), 0.84 + T_975_DF2 * 0.02 / math.sqrt(3)))
+    freeze = table[table["method"] == "freeze"]
+    assert freeze["best_in_method"].tolist() == (freeze["score"] == freeze["score"].max()).tolist()
+    assert not table.loc["freeze k=6", "best_in_method"] and table.loc[["lora r=8", "probe"], "best_in_method"].all()
+    section = next(s for s in report.sections if s.title == "Methods side by side")
+    line = next(p for p in section.paragraphs if p.startswith("d, n = 100:"))
+    assert re.fullmatch(r"d, n = 100: freeze k=(0|-1) 0\.850; lora r=8 0\.840 in 9 s; probe 0\.783 in 1 s", line), line
+    assert "methods" in report.figures and report.figures["methods"].startswith(b"\x89PNG")
+
+
+def test_summary_shows_methods_and_their_own_axes():
+    from results.query import summary
+
+    table = summary(pd.DataFrame([r | {"method": r.get("method") or "freeze"} for r in method_rows()]))
+    assert list(table.columns[:5]) == ["dataset", "method", "train_size", "frozen_layers", "lora_rank"]
+    at_100 = table[table["train_size"] == 100]
+    shown = [[m, None if pd.isna(k) else int(k), None if pd.isna(r) else int(r)]
+             for m, k, r in at_100[["method", "frozen_layers", "lora_rank"]].values]
+    assert shown == [["freeze", -1, None], ["freeze", 0, None], ["freeze", 3, None], ["freeze", 6, None],
+                     ["lora", None, 8], ["probe", None, None]]
+    freeze_only = summary(pd.DataFrame(known_rows()))
+    assert list(freeze_only.columns[:3]) == ["dataset", "train_size", "frozen_layers"]  # as before methods

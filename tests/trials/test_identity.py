@@ -33,7 +33,7 @@ def test_every_field_is_classified():
     fields = [f.name for f in dataclasses.fields(TrialConfig)]
     classified = list(IDENTITY_FIELDS) + list(LATER_FIELDS) + list(MACHINE_FIELDS)
     assert sorted(classified) == sorted(fields) and len(set(classified)) == len(classified)
-    assert set(CELL_AXES) <= set(IDENTITY_FIELDS) and set(SEED_FIELDS) <= set(IDENTITY_FIELDS)
+    assert set(CELL_AXES) <= set(IDENTITY_FIELDS) | set(LATER_FIELDS) and set(SEED_FIELDS) <= set(IDENTITY_FIELDS)
     cfg = PINNED[0][0]
     for name, default in LATER_FIELDS.items():
         assert getattr(cfg, name) == default  # the dataclass default is the one rows were made with
