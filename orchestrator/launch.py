@@ -56,7 +56,8 @@ def launch(spec: SweepSpec, show_progress: bool = True) -> LaunchSummary:
     # Stored resolved, per dataset: status and report never need the data to know a cell's metric.
     resolved = spec.training.model_copy(update={"select_metric": spec.select_metrics()})
     spec = spec.model_copy(update={"training": resolved})
-    with SweepLock(store.fs, store.sweep_dir):
+    with SweepLock(store.fs, store.sweep_dir, uri=store.uri) as lock:
+        store.guard = lock.check  # a driver that lost the sweep to another stops writing, saying why
         _check_stored_precision(store, spec, requested)
         store.clean_staging()
         sink = SpoolingWriter(store, spool_dir(store))
@@ -72,7 +73,11 @@ def launch(spec: SweepSpec, show_progress: bool = True) -> LaunchSummary:
         writer = RowWriter(spec.name, sink, done | recovered,
                            SweepProgress(total=len(cells), done=len(cells) - len(pending), enabled=show_progress))
         with writer.progress:
-            _run_tune(spec, pending, store, writer.write)
+            try:
+                _run_tune(spec, pending, store, writer.write, stop_if=lock.raise_if_lost)
+            except Exception:
+                lock.raise_if_lost()  # Tune wraps what a callback raised in a TuneError: say why, plainly
+                raise
         _flush_or_fail(sink)
     outcomes = writer.ok + writer.failed
     return LaunchSummary(len(cells), len(cells) - len(pending) - len(recovered), outcomes, writer.ok, writer.failed,
@@ -214,7 +219,7 @@ class RowWriter:
         self.progress.advance(result)
 
 
-def _run_tune(spec: SweepSpec, pending: list[TrialConfig], store: ResultStore, write) -> None:
+def _run_tune(spec: SweepSpec, pending: list[TrialConfig], store: ResultStore, write, stop_if=None) -> None:
     from ray import tune
 
     from orchestrator.tune_adapter import CELL_KEY, StoreWriter, trial_config_from_ray, tune_trainable
@@ -234,7 +239,7 @@ def _run_tune(spec: SweepSpec, pending: list[TrialConfig], store: ResultStore, w
             name=spec.name,
             storage_path=_ray_storage(store),
             failure_config=tune.FailureConfig(max_failures=spec.resources.max_failures),
-            callbacks=[StoreWriter(write)],
+            callbacks=[StoreWriter(write, stop_if)],
             verbose=0,
         ),
     )

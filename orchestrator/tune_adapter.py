@@ -55,14 +55,23 @@ def tune_trainable(config: dict) -> None:
 
 
 class StoreWriter(tune.Callback):
-    """Driver-side: turn each finished or finally-failed Ray trial into one stored row."""
+    """Driver-side: turn each finished or finally-failed Ray trial into one stored row.
+    ``stop_if``: called at every step of Tune's loop; what it raises ends the run (the sweep's lock
+    lost to another driver: no trial keeps running for rows that could not be written)."""
 
-    def __init__(self, write: Callable[[TrialResult, str | None, int], None]):
-        self._write = write
+    _stop_if: Callable[[], None] | None = None  # also for instances unpickled from an older tuner.pkl
+
+    def __init__(self, write: Callable[[TrialResult, str | None, int], None],
+                 stop_if: Callable[[], None] | None = None):
+        self._write, self._stop_if = write, stop_if
 
     def __getstate__(self) -> dict:
         # Tune pickles its run config into tuner.pkl; the live sink (store, progress bar) stays out.
-        return {"_write": None}
+        return {"_write": None, "_stop_if": None}
+
+    def on_step_begin(self, iteration, trials, **info):
+        if self._stop_if is not None:
+            self._stop_if()  # raised out of Tuner.fit: Tune stops its trials (TuneController.step)
 
     def _sink(self, outcome: TrialResult, node: str | None, attempts: int) -> None:
         if self._write is not None:

@@ -77,10 +77,12 @@ def open_filesystem(uri: str) -> tuple[pafs.FileSystem, str]:
 
 
 class ResultStore:
-    """``mid_write``: called with half of a row's file staged (the driver's fault switch in tests)."""
+    """``mid_write``: called with half of a row's file staged (the driver's fault switch in tests).
+    ``guard``: called before every write; raises to stop it (the sweep's lock check, ``SweepLock.check``)."""
 
     def __init__(self, uri: str, sweep: str, mid_write: Callable[[], None] | None = None):
         self.uri, self.sweep, self.mid_write = uri, sweep, mid_write
+        self.guard: Callable[[], None] | None = None
         try:
             self.fs, root = open_filesystem(uri)
         except Exception as exc:
@@ -135,6 +137,8 @@ class ResultStore:
         return final
 
     def _write_atomic(self, final: str, payload: bytes, mid_write: Callable[[], None] | None = None) -> None:
+        if self.guard is not None:
+            self.guard()
         staged = f"{self.staging_dir}/{uuid.uuid4().hex}.tmp"
         self.fs.create_dir(self.staging_dir, recursive=True)
         self.fs.create_dir(final.rsplit("/", 1)[0], recursive=True)
@@ -195,18 +199,25 @@ class SpoolingWriter:
         self.last_error: Exception | None = None
 
     def write_row(self, row: dict[str, Any]) -> bool:
-        """True when the row reached the store now; False when it was spooled."""
-        if self.flush() == 0:  # older rows first: a row never overtakes one still waiting
-            try:
+        """True when the row reached the store now; False when it was spooled. Anything but an
+        ``OSError`` (e.g. the sweep's lock was lost) is raised, with the row spooled first."""
+        try:
+            if self.flush() == 0:  # older rows first: a row never overtakes one still waiting
                 self.store.write_row(row)
                 return True
-            except OSError as exc:
-                self.last_error = exc
+        except OSError as exc:
+            self.last_error = exc
+        except Exception:  # e.g. the sweep's lock was lost: the finished row is kept, not dropped
+            self._spool(row)
+            raise
+        self._spool(row)
+        return False
+
+    def _spool(self, row: dict[str, Any]) -> None:
         os.makedirs(self.spool_dir, exist_ok=True)
         tmp = os.path.join(self.spool_dir, f".{row['trial_id']}.tmp")
         pq.write_table(pa.Table.from_pylist([row], schema=SCHEMA), tmp)
         os.replace(tmp, os.path.join(self.spool_dir, f"{row['trial_id']}.parquet"))
-        return False
 
     def pending(self) -> list[str]:
         if not os.path.isdir(self.spool_dir):

@@ -1,27 +1,41 @@
-import json
 import os
+import signal
 import subprocess
 import sys
-from importlib import resources
 from pathlib import Path
 
-import jsonschema
 import pandas as pd
 import pytest
-import yaml
 
 from tests.conftest import REPO
 
 CLUSTER = REPO / "cluster"
 
 
-def test_aws_cluster_config_matches_rays_schema():
-    schema = json.loads((resources.files("ray") / "autoscaler" / "ray-schema.json").read_text())
-    config = yaml.safe_load((CLUSTER / "aws-gpu.yaml").read_text())
-    jsonschema.validate(config, schema)
-    assert config["available_node_types"]["gpu_worker"]["resources"]["GPU"] == 1
-    assert all("RAY_AUTH_MODE=token" in c for c in config["head_start_ray_commands"] + config["worker_start_ray_commands"]
-               if "ray start" in c)
+def test_stop_ends_this_clusters_processes_only(tmp_path):
+    """`stop` ends the processes that name this cluster's folder, never another Ray on the machine
+    (stand-ins with Ray's process names: no Ray is started)."""
+    folder = tmp_path / "ours"
+    idle = "import signal; signal.pause()"  # a stand-in process: waits for the signal that ends it
+
+    def stand_in(*args: str) -> subprocess.Popen:
+        return subprocess.Popen([sys.executable, "-c", idle, *args])
+
+    ours = [stand_in("raylet", f"--session_dir={folder}/session_1"), stand_in("gcs_server", f"--log_dir={folder}/session_1/logs"),
+            stand_in("dashboard.py", f"--temp-dir={folder}/")]
+    theirs = [stand_in("raylet", f"--session_dir={tmp_path}/ours2/session_1"),  # a folder whose name starts like ours
+              stand_in("gcs_server", f"--log_dir={tmp_path}/theirs/session_1/logs")]
+    try:
+        env = {**os.environ, "RAY_CLUSTER_DIR": str(folder), "RAY_STOP_GRACE_S": "10"}
+        done = subprocess.run([str(CLUSTER / "local-cluster.sh"), "stop"], env=env, capture_output=True, text=True,
+                              timeout=60)
+        assert done.returncode == 0, done.stderr
+        assert [p.wait(timeout=30) for p in ours] == [-signal.SIGTERM] * 3  # ended, gracefully
+        assert [p.poll() for p in theirs] == [None, None]  # another Ray on the machine keeps running
+    finally:
+        for p in ours + theirs:
+            p.kill()
+            p.wait()
 
 
 @pytest.mark.cluster

@@ -6,7 +6,10 @@ import time
 import pyarrow.fs as pafs
 import pytest
 
-from results.lock import SweepLock, SweepLocked
+from orchestrator.rows import result_row
+from results.lock import LockLost, SweepLock, SweepLocked
+from results.store import ResultStore
+from tests.results.test_store import _result
 
 
 def _lock(tmp_path, **kw) -> SweepLock:
@@ -16,7 +19,9 @@ def _lock(tmp_path, **kw) -> SweepLock:
 def _plant(tmp_path, **holder):
     (tmp_path / "sweep").mkdir(exist_ok=True)
     base = {"host": "elsewhere", "pid": 1, "token": "t", "started_at": time.time(), "heartbeat_at": time.time()}
-    (tmp_path / "sweep" / "_lock.json").write_text(json.dumps({**base, **holder}))
+    staged = tmp_path / "sweep" / "_lock.planted"
+    staged.write_text(json.dumps({**base, **holder}))
+    staged.replace(tmp_path / "sweep" / "_lock.json")  # whole, as a heartbeat running beside it must see it
 
 
 def test_held_lock_refuses_a_second_holder_and_is_released(tmp_path):
@@ -69,3 +74,28 @@ def test_heartbeat_refreshes(tmp_path):
     assert beat() > first
     lock.release()
     assert not (tmp_path / "sweep" / "_lock.json").exists()
+
+
+def test_lost_lock_stops_store_writes(tmp_path):
+    store = ResultStore(str(tmp_path), "sweep")
+    lock = SweepLock(store.fs, store.sweep_dir, stale_after_s=60).acquire()
+    store.guard = lock.check
+    store.write_row(result_row("sweep", _result(0)))
+    _plant(tmp_path)  # another driver took the sweep over
+    with pytest.raises(LockLost, match="now held by pid 1 on host elsewhere"):
+        store.write_row(result_row("sweep", _result(1)))
+    assert store.ok_ids() == {_result(0).trial_id}
+    lock.release()
+    assert json.loads((tmp_path / "sweep" / "_lock.json").read_text())["token"] == "t"
+
+
+def test_heartbeat_notices_a_takeover(tmp_path):
+    lock = _lock(tmp_path, stale_after_s=60).acquire()
+    _plant(tmp_path)
+    # One beat, called here: on a local disk a beat is read-compare-rename, so a takeover landing
+    # inside a running beat would race it (S3's conditional beat has no such window: test_s3_lock).
+    assert lock._beat_once() is False
+    with pytest.raises(LockLost, match="pid 1 on host elsewhere"):
+        lock.raise_if_lost()
+    assert json.loads((tmp_path / "sweep" / "_lock.json").read_text())["token"] == "t"
+    lock.release()

@@ -1,54 +1,14 @@
 """The store on a real S3 API (moto's server on loopback), and what happens when it goes away."""
 
-import socket
-
-import pyarrow.fs as pafs
 import pytest
 
 from orchestrator.launch import StoreUnavailable, launch, spool_dir
 from orchestrator.spec import load_spec
 from orchestrator.rows import result_row
+from results.lock import LockLost
 from results.store import ResultStore, SpoolingWriter
+from tests.results.test_s3_lock import plant_holder, read_holder
 from tests.results.test_store import _result
-
-pytest.importorskip("moto")
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class S3:
-    def __init__(self):
-        self.port = _free_port()
-        self.server = None
-        self.uri = f"s3://sweeps/store?endpoint_override=127.0.0.1:{self.port}&scheme=http&region=us-east-1"
-
-    def start(self):
-        from moto.server import ThreadedMotoServer
-
-        self.server = ThreadedMotoServer(ip_address="127.0.0.1", port=self.port, verbose=False)
-        self.server.start()
-
-    def stop(self):
-        if self.server is not None:
-            self.server.stop()
-            self.server = None
-
-
-@pytest.fixture
-def s3(monkeypatch):
-    for key, value in {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
-                       "AWS_DEFAULT_REGION": "us-east-1", "AWS_EC2_METADATA_DISABLED": "true"}.items():
-        monkeypatch.setenv(key, value)
-    server = S3()
-    server.start()
-    fs, _ = pafs.FileSystem.from_uri(server.uri + "&allow_bucket_creation=true")
-    fs.create_dir("sweeps")  # the bucket
-    yield server
-    server.stop()
 
 
 def test_rows_round_trip_on_s3(s3):
@@ -99,4 +59,29 @@ def test_sweep_on_s3_survives_the_store_going_away(s3, write_spec, monkeypatch):
     assert again.ran == 0  # the spooled rows were flushed first: nothing runs twice
     rows = store.read()
     assert len(rows) == 4 and (rows["status"] == "ok").all() and not rows["trial_id"].duplicated().any()
+    ray.shutdown()
+
+
+def test_sweep_whose_lock_is_taken_over_stops_writing(s3, write_spec, monkeypatch):
+    """Another driver takes the sweep over (this one was presumed dead) after the first stored row:
+    the next row is not written to the store, and the launch ends saying why."""
+    import ray
+
+    from orchestrator import progress
+
+    ray.shutdown()
+    path = write_spec("taken", store=s3.uri, resources={"max_concurrent_trials": 1})
+    store = ResultStore(s3.uri, "taken")
+    original = progress.SweepProgress.advance
+
+    def advance_then_takeover(self, result):
+        original(self, result)
+        plant_holder(store, pid=4242, host="elsewhere")
+
+    monkeypatch.setattr(progress.SweepProgress, "advance", advance_then_takeover)
+    with pytest.raises(LockLost, match="now held by pid 4242 on host elsewhere.*stopped writing"):
+        launch(load_spec(path, semantic=False), show_progress=False)
+    assert len(store.read()) == 1  # the row written before the takeover, none after
+    assert len(SpoolingWriter(store, spool_dir(store)).pending()) == 1  # the finished result is kept locally
+    assert read_holder(store)["pid"] == 4242  # the loser did not delete the new holder's lock
     ray.shutdown()
