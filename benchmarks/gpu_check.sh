@@ -9,6 +9,8 @@
 #     bash benchmarks/gpu_check.sh pack 8     # the GPU grid, no baseline, 8 trial processes on the GPU
 #                                             # (then 4 and 1 for the packing comparison, time allowing)
 #     bash benchmarks/gpu_check.sh baseline   # HF Trainer vs freezesweep on a subset of the same cells
+#     bash benchmarks/gpu_check.sh probe      # gpus_per_trial auto's measurement alone: one trial of the
+#                                             # GPU grid's shape, its peak memory and the packing it picks
 #
 # The GPU grid: a base-size encoder (BERT-base shape, random initialisation: fine for speed), real SST-2
 # and CoLA, the reference protocol; `pack` runs one seed (70 cells), so the 350-trial grid is 5x its
@@ -44,7 +46,7 @@ for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json
 EOF
   du -sh "$CARRY"
   ;;
-tests|pack|baseline)
+tests|pack|baseline|probe)
   [ -d "$CARRY/glue" ] || { echo "run 'bash benchmarks/gpu_check.sh prepare' here first and carry $CARRY" >&2; exit 2; }
   export PYTHONPATH="$PWD/$CARRY/site" FREEZESWEEP_DATA_DIR="$PWD/$CARRY/glue" HF_HUB_OFFLINE=1 PYTHONUNBUFFERED=1
   nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
@@ -53,7 +55,16 @@ tests|pack|baseline)
         --engine local --eval-batch-size 512)
   case "$1" in
   tests)
-    python3 -m pytest -q -m gpu tests/trials/test_gpu.py -p no:cacheprovider 2>&1 | tee "$LOGS/gpu_tests.log"
+    python3 -m pytest -q -m gpu tests/trials/test_gpu.py tests/trials/test_oom.py tests/trials/test_memory_probe.py \
+      -p no:cacheprovider 2>&1 | tee "$LOGS/gpu_tests.log"
+    ;;
+  probe)
+    # The grid's fewest frozen layers (-1) is its largest footprint; the same batch sizes as `pack`.
+    for precision in auto fp32; do
+      python3 -m trials.memory_probe --model "$CARRY/bert-base-random" --model-init random --batch-size 16 \
+        --max-seq-length 128 --eval-batch-size 512 --frozen-layers -1 --precision $precision --json \
+        2>&1 | tee -a "$LOGS/probe.log"
+    done
     ;;
   pack)
     workers=${2:-8}
@@ -69,7 +80,7 @@ tests|pack|baseline)
   esac
   ;;
 *)
-  echo "usage: bash benchmarks/gpu_check.sh prepare|tests|pack|baseline" >&2
+  echo "usage: bash benchmarks/gpu_check.sh prepare|tests|pack|baseline|probe" >&2
   exit 2
   ;;
 esac

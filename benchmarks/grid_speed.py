@@ -161,10 +161,10 @@ def _through_processes(cells, args) -> list[dict]:
 
 
 def _one_trial(cell) -> dict:
-    from trials.run import failed_result, run_trial
+    from trials.run import failed_result, run_trial_or_oom
 
     try:
-        result = run_trial(cell)
+        result = run_trial_or_oom(cell)  # out of GPU memory: a row, and the memory back before the next trial
     except Exception as exc:  # a failure is a row, not a crash of the benchmark
         result = failed_result(cell, exc)
     return result.to_dict()

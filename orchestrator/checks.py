@@ -106,26 +106,32 @@ def _data_problems(datasets: list[str], sizes: list[int], data_dir: str | None, 
     return problems
 
 
+# ``gpus_per_trial: auto`` measures one trial on a whole GPU (trials/memory_probe.py): it needs one.
+_AUTO = "resources.gpus_per_trial: auto measures a trial's memory on a GPU"
+
+
 def _device_problems(precision: Any, gpus_per_trial: Any, cpus_per_trial: Any, address: str | None) -> list[str]:
     """Resources are checked where the trials will run: the cluster's nodes when there is an address
     (spec, --address or RAY_ADDRESS), else this machine's CUDA."""
-    gpus = gpus_per_trial if isinstance(gpus_per_trial, (int, float)) else 0
+    auto = gpus_per_trial == "auto"
+    gpus = 1 if auto else gpus_per_trial if isinstance(gpus_per_trial, (int, float)) else 0
     cpus = cpus_per_trial if isinstance(cpus_per_trial, (int, float)) else 1
     problems = []
     if precision == "fp16" and gpus <= 0:
         problems.append("training.precision: fp16 needs GPU trials (resources.gpus_per_trial > 0); use bf16 or auto on CPU")
     if address:
-        return problems + _cluster_problems(address, cpus, gpus)
+        return problems + _cluster_problems(address, cpus, gpus, auto)
     if gpus > 0:
         import torch
 
         if not torch.cuda.is_available():
-            problems.append(f"resources.gpus_per_trial: {gpus} GPU per trial, but this machine has no CUDA GPU "
-                            "(set it to 0, or pass --address of a cluster with GPUs)")
+            needs = _AUTO if auto else f"resources.gpus_per_trial: {gpus} GPU per trial"
+            problems.append(f"{needs}, but this machine has no CUDA GPU (set a share, 0 for CPU trials, or pass "
+                            "--address of a cluster with GPUs)")
     return problems
 
 
-def _cluster_problems(address: str, cpus: float, gpus: float) -> list[str]:
+def _cluster_problems(address: str, cpus: float, gpus: float, auto: bool = False) -> list[str]:
     """A trial runs on one node: some alive node must hold its CPUs and GPUs."""
     try:
         nodes = cluster_nodes(address)
@@ -134,8 +140,9 @@ def _cluster_problems(address: str, cpus: float, gpus: float) -> list[str]:
     if any(n.get("CPU", 0) >= cpus and n.get("GPU", 0) >= gpus for n in nodes):
         return []
     has = "; ".join(f"{n.get('CPU', 0):g} CPU, {n.get('GPU', 0):g} GPU" for n in nodes) or "no alive node"
-    return [f"resources: a trial needs {cpus:g} CPU and {gpus:g} GPU on one node, but no node of the cluster at "
-            f"{address!r} has them (its nodes: {has})"]
+    needs = f"{_AUTO} ({cpus:g} CPU and 1 GPU on one node)" if auto else \
+        f"resources: a trial needs {cpus:g} CPU and {gpus:g} GPU on one node"
+    return [f"{needs}, but no node of the cluster at {address!r} has them (its nodes: {has})"]
 
 
 def cluster_nodes(address: str) -> list[dict[str, float]]:

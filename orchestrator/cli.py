@@ -128,8 +128,12 @@ def _run_launch(spec) -> None:
         err_console.print(f"[red]error:[/red] {exc}", highlight=False)
         raise typer.Exit(3)
     recovered = f", {summary.recovered} recovered from Ray's state" if summary.recovered else ""
+    if summary.gpu_packing:
+        console.print(summary.gpu_packing, highlight=False)
+    retried = f" ({summary.oom_retried} run again with twice the GPU share after running out of memory)" \
+        if summary.oom_retried else ""
     console.print(f"sweep {spec.name}: {summary.total} cells, {summary.already_ok} already done{recovered}, "
-                  f"ran {summary.ran}: {summary.ok} ok, {summary.failed} failed/oom")
+                  f"ran {summary.ran}: {summary.ok} ok, {summary.failed} failed/oom{retried}")
     console.print(f"store: {spec.store}/{spec.name}/results/")
     if summary.unfinished:
         console.print(f"{summary.unfinished} cells not finished (interrupted): `freezesweep resume {spec.name}` runs them")
@@ -184,12 +188,16 @@ def _open(sweep: str, store: Optional[str]):
 
 @app.command()
 def status(sweep: str, store: StoreOpt = None) -> None:
-    """done / failed / missing cells per axis value."""
+    """done / failed / missing cells per axis value, and the nodes (Ray node ids) the rows ran on."""
     from orchestrator.grid import build_grid
-    from results.query import status_table
+    from results.query import NODE_COLUMNS, placement, status_table
 
     spec, result_store = _open(sweep, store)
     _print_frame(status_table(build_grid(spec), result_store.statuses()), OutputFormat.table, f"sweep {sweep}")
+    rows = result_store.read_table(columns=NODE_COLUMNS).to_pandas()
+    if len(rows):
+        nodes, gpus = placement(rows), rows["gpu_uuid"].nunique()  # nunique skips nulls (CPU rows)
+        _print_frame(nodes, OutputFormat.table, f"rows ran on {len(nodes)} node(s), {gpus} GPU(s)")
 
 
 @app.command()

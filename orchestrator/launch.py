@@ -3,11 +3,19 @@
 The store is the source of truth: a launch runs exactly the cells of the spec that have no ``ok``
 row, so re-launching (or ``resume``) after any interruption runs nothing twice and loses nothing,
 and a grown spec runs only its new cells.
+
+Out of GPU memory: a cell whose trial ran out of memory while sharing a GPU is run once more in the
+same launch with twice the share (half as many trials per GPU). Its ``oom`` row is written at once
+and the retry's row replaces it (one file per cell, moved into place whole), so the store holds
+exactly one row per cell at every moment: a driver that dies in between leaves the ``oom`` row, and
+``resume`` runs the cell again. A retry that runs out of memory too leaves an ``oom`` row at the
+larger share; both kinds of retry row say ``oom_retry``.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import os
 from dataclasses import dataclass
@@ -35,6 +43,8 @@ class LaunchSummary:
     failed: int
     recovered: int = 0  # rows taken from Ray's experiment state instead of re-running
     unfinished: int = 0  # planned but without an outcome (the launch was interrupted)
+    oom_retried: int = 0  # cells run again with twice the GPU share after running out of memory
+    gpu_packing: str | None = None  # what gpus_per_trial auto measured and chose
 
 
 def plan(spec: SweepSpec, done: set[str]) -> tuple[list[TrialConfig], list[TrialConfig]]:
@@ -69,19 +79,47 @@ def launch(spec: SweepSpec, show_progress: bool = True) -> LaunchSummary:
         pending = [c for c in pending if c.trial_id not in recovered]
         if not pending:
             return LaunchSummary(len(cells), len(cells) - len(recovered), 0, 0, 0, recovered=len(recovered))
+        # the probe measures the most memory-hungry freeze depth swept (LoRA and probe cells need less than k = 0)
+        spec, packing = resolve_gpus_per_trial(spec, min((k for k in spec.frozen_layers if k != "all"), default=0))
         pending = [_machine_fields(c, spec, store) for c in pending]
         writer = RowWriter(spec.name, sink, done | recovered,
                            SweepProgress(total=len(cells), done=len(cells) - len(pending), enabled=show_progress))
         with writer.progress:
             try:
                 _run_tune(spec, pending, store, writer.write, stop_if=lock.raise_if_lost)
+                retried = _retry_ooms_with_more_memory(spec, pending, store, writer, stop_if=lock.raise_if_lost)
             except Exception:
                 lock.raise_if_lost()  # Tune wraps what a callback raised in a TuneError: say why, plainly
                 raise
         _flush_or_fail(sink)
     outcomes = writer.ok + writer.failed
     return LaunchSummary(len(cells), len(cells) - len(pending) - len(recovered), outcomes, writer.ok, writer.failed,
-                         recovered=len(recovered), unfinished=len(pending) - outcomes)
+                         recovered=len(recovered), unfinished=len(pending) - outcomes, oom_retried=retried,
+                         gpu_packing=packing)
+
+
+def roomier(spec: SweepSpec) -> SweepSpec | None:
+    """The spec with twice the GPU share per trial (at most a whole GPU); None when trials do not
+    share GPUs (CPU trials, or a whole GPU each: nothing to give them)."""
+    share = spec.resources.gpus_per_trial
+    if not 0 < share < 1:
+        return None
+    resources = spec.resources.model_copy(update={"gpus_per_trial": min(1.0, 2 * share)})
+    return spec.model_copy(update={"resources": resources})
+
+
+def _retry_ooms_with_more_memory(spec: SweepSpec, pending: list[TrialConfig], store: ResultStore,
+                                 writer: "RowWriter", stop_if=None) -> int:
+    """Run once more, with twice the GPU share, the cells that ran out of memory in this launch (see
+    the module's docstring for the rows). Not after an interruption: a cell without an outcome
+    means the run was stopped, and ``resume`` picks everything up."""
+    more = roomier(spec)
+    oom = [c for c in pending if writer.outcomes.get(c.trial_id) == "oom"]
+    if more is None or not oom or any(c.trial_id not in writer.outcomes for c in pending):
+        return 0
+    _run_tune(more, oom, store, functools.partial(writer.write, oom_retry=True), experiment=f"{spec.name}-oom-retry",
+              stop_if=stop_if)
+    return len(oom)
 
 
 # A stored spec with precision "auto" was written before ids named the resolved precision and before
@@ -96,17 +134,18 @@ def resolve_sweep_precision(spec: SweepSpec) -> SweepSpec:
     machine's CPU or GPU in the embedded Ray, a probe task with the trials' resources on a cluster."""
     if spec.training.precision != "auto":
         return spec
-    device_type = "cuda" if spec.resources.gpus_per_trial > 0 else "cpu"
+    gpus = gpu_request(spec)
+    device_type = "cuda" if gpus > 0 else "cpu"
     if cluster_address(spec.address):
         import ray
 
         _init_ray(spec.address)
-        probe = ray.remote(num_cpus=spec.resources.cpus_per_trial, num_gpus=spec.resources.gpus_per_trial)(_auto_precision)
+        probe = ray.remote(num_cpus=spec.resources.cpus_per_trial, num_gpus=gpus)(_auto_precision)
         try:
             precision = ray.get(probe.remote(device_type), timeout=PROBE_TIMEOUT_S)
         except ray.exceptions.GetTimeoutError:
             raise SpecError([f"resources: no node of the cluster ran a probe with {spec.resources.cpus_per_trial} CPU and "
-                             f"{spec.resources.gpus_per_trial} GPU within {PROBE_TIMEOUT_S} s (are there such nodes?), "
+                             f"{gpus} GPU within {PROBE_TIMEOUT_S} s (are there such nodes?), "
                              "so precision auto could not be resolved"], "launch") from None
     else:
         precision = _auto_precision(device_type)
@@ -117,6 +156,50 @@ def _auto_precision(device_type: str) -> str:
     from trials.precision import auto_precision
 
     return auto_precision(device_type)
+
+
+def gpu_request(spec: SweepSpec) -> float:
+    """The GPU a trial asks for: its share, or for ``auto`` (not measured yet) a whole GPU."""
+    share = spec.resources.gpus_per_trial
+    return 1.0 if share == "auto" else share
+
+
+def resolve_gpus_per_trial(spec: SweepSpec, frozen_layers: int) -> tuple[SweepSpec, str | None]:
+    """``auto``: one trial with ``frozen_layers`` (the sweep's fewest: the largest footprint) measured
+    on a GPU where the trials run (a Ray task holding a whole GPU, in a worker process that exits after
+    it, so the memory it took goes back), then as many trials per GPU as fit (trials/memory_probe.py).
+    Measured per launch, not stored: a resume on other GPUs measures again. Returns the spec with the
+    share, and what was measured in words."""
+    if spec.resources.gpus_per_trial != "auto":
+        return spec, None
+    import ray
+
+    t = spec.training
+    _init_ray(spec.address)
+    task = ray.remote(num_cpus=spec.resources.cpus_per_trial, num_gpus=1, max_calls=1)(_memory_probe)
+    shape = dict(batch_size=t.batch_size, max_seq_length=t.max_seq_length, model_init=t.model_init,
+                 eval_batch_size=t.eval_batch_size, precision=t.precision, frozen_layers=frozen_layers)
+    try:  # one probe per model; the sweep packs as densely as its hungriest model allows
+        probes = ray.get([task.remote(model=model, **shape) for model in spec.models()], timeout=PROBE_TIMEOUT_S)
+        probe = min(probes, key=lambda p: 1 / p.gpus_per_trial)
+    except ray.exceptions.GetTimeoutError:
+        raise SpecError([f"resources.gpus_per_trial: auto: no node ran the memory probe (1 GPU, "
+                         f"{spec.resources.cpus_per_trial} CPU) within {PROBE_TIMEOUT_S} s"], "launch") from None
+    except ray.exceptions.RayTaskError as exc:
+        cause = exc.cause if isinstance(exc.cause, BaseException) else exc
+        first_line = (str(cause).splitlines() or [""])[0]
+        raise SpecError([f"resources.gpus_per_trial: auto: measuring one trial on a GPU failed: "
+                         f"{type(cause).__name__}: {first_line}"], "launch") from None
+    from trials.memory_probe import describe
+
+    resources = spec.resources.model_copy(update={"gpus_per_trial": probe.gpus_per_trial})
+    return spec.model_copy(update={"resources": resources}), f"gpus_per_trial auto: {describe(probe)}"
+
+
+def _memory_probe(**kwargs):
+    from trials.memory_probe import probe
+
+    return probe(**kwargs)
 
 
 def _check_stored_precision(store: ResultStore, spec: SweepSpec, requested: str) -> None:
@@ -164,7 +247,7 @@ def _recover_from_ray(store: ResultStore, sink: SpoolingWriter, pending_ids: set
     problem reading it (absent, corrupt, another Ray version) just means those cells run again."""
     import json
 
-    from orchestrator.tune_adapter import RESULT_KEY, tune_trainable
+    from orchestrator.tune_adapter import RESULT_KEY, last_placement, tune_trainable
     from trials.config import result_from_dict
 
     path = _ray_storage(store) + f"/{store.sweep}"
@@ -178,7 +261,9 @@ def _recover_from_ray(store: ResultStore, sink: SpoolingWriter, pending_ids: set
             payload = (trial.metrics or {}).get(RESULT_KEY)
             result = result_from_dict(json.loads(payload)) if payload else None
             if result is not None and result.status == "ok" and result.trial_id in pending_ids:
-                sink.write_row(result_row(store.sweep, result, node=trial.metrics.get("hostname")))
+                # State written before rows were placed has no placement in the result: Ray's host and IP.
+                placement = {**last_placement(trial.metrics), **result.placement}
+                sink.write_row(result_row(store.sweep, dataclasses.replace(result, placement=placement)))
                 recovered.add(result.trial_id)
     except Exception:
         return recovered
@@ -205,21 +290,29 @@ class RowWriter:
     def __init__(self, sweep: str, sink: SpoolingWriter, ok_ids: set[str], progress: SweepProgress):
         self.sweep, self.sink, self.progress = sweep, sink, progress
         self.ok_ids = set(ok_ids)
-        self.ok = self.failed = 0
+        self.outcomes: dict[str, str] = {}  # trial_id -> status of the row this launch wrote last
 
-    def write(self, result: TrialResult, node: str | None, attempts: int) -> None:
+    @property
+    def ok(self) -> int:
+        return sum(status == "ok" for status in self.outcomes.values())
+
+    @property
+    def failed(self) -> int:
+        return len(self.outcomes) - self.ok
+
+    def write(self, result: TrialResult, attempts: int, oom_retry: bool = False) -> None:
         if result.trial_id in self.ok_ids:
             return  # an ok row is final: never overwritten
-        self.sink.write_row(result_row(self.sweep, result, node=node, attempts=attempts))
+        self.sink.write_row(result_row(self.sweep, result, attempts=attempts, oom_retry=oom_retry))
+        replaced = self.outcomes.get(result.trial_id)  # a retry's row replaces this launch's oom row
+        self.outcomes[result.trial_id] = result.status
         if result.status == "ok":
             self.ok_ids.add(result.trial_id)
-            self.ok += 1
-        else:
-            self.failed += 1
-        self.progress.advance(result)
+        self.progress.advance(result, replaces=replaced)
 
 
-def _run_tune(spec: SweepSpec, pending: list[TrialConfig], store: ResultStore, write, stop_if=None) -> None:
+def _run_tune(spec: SweepSpec, pending: list[TrialConfig], store: ResultStore, write,
+              experiment: str | None = None, stop_if=None) -> None:
     from ray import tune
 
     from orchestrator.tune_adapter import CELL_KEY, StoreWriter, trial_config_from_ray, tune_trainable
@@ -236,7 +329,7 @@ def _run_tune(spec: SweepSpec, pending: list[TrialConfig], store: ResultStore, w
             trial_dirname_creator=lambda trial: trial_config_from_ray(trial.config).trial_id,
         ),
         run_config=tune.RunConfig(
-            name=spec.name,
+            name=experiment or spec.name,  # the retry of OOMs has its own: resume recovers from the main one
             storage_path=_ray_storage(store),
             failure_config=tune.FailureConfig(max_failures=spec.resources.max_failures),
             callbacks=[StoreWriter(write, stop_if)],

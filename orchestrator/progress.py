@@ -17,13 +17,15 @@ class SweepProgress:
         )
         self._task = self._progress.add_task("trials", total=total, completed=done, failed=0, last="-")
 
-    def advance(self, result: TrialResult) -> None:
-        self.failed += result.status != "ok"
+    def advance(self, result: TrialResult, replaces: str | None = None) -> None:
+        """A cell's outcome; ``replaces``: the status of this cell's earlier row in this launch (its
+        retry's row replaces it: the cell is counted once)."""
+        self.failed += (result.status != "ok") - (replaces not in (None, "ok"))
         cfg = result.config
         last = f"{cfg.dataset} n={cfg.train_size} {cfg.variant()} s={cfg.seed} {result.status}"
         if result.best_val_score is not None:
             last += f" {result.select_metric}={result.best_val_score:.3f}"
-        self._progress.update(self._task, advance=1, failed=self.failed, last=last)
+        self._progress.update(self._task, advance=0 if replaces else 1, failed=self.failed, last=last)
 
     def __enter__(self) -> "SweepProgress":
         self._progress.__enter__()

@@ -86,10 +86,26 @@ class ProbeSpec(_Strict):
 
 
 class ResourcesSpec(_Strict):
-    gpus_per_trial: float = Field(0.0, ge=0, le=1, description="0: CPU trials; (0, 1]: a GPU share")
+    gpus_per_trial: float | Literal["auto"] = Field(
+        0.0, description="0: CPU trials; (0, 1]: a GPU share; auto: measure one trial's GPU memory at launch and "
+        "pack as many per GPU as fit (trials/memory_probe.py)")
     cpus_per_trial: float = Field(1.0, gt=0)
     max_concurrent_trials: int | None = Field(None, gt=0)
     max_failures: int = Field(2, ge=0, description="Ray retries of a crashed trial")
+
+    @field_validator("gpus_per_trial", mode="before")
+    @classmethod
+    def _share_or_auto(cls, value: Any) -> Any:
+        # One message per problem, at the field itself (a union's own errors name each member type).
+        if value == "auto":
+            return value
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ValueError("a GPU share in [0, 1], or auto")
+        if value < 0:
+            raise ValueError("Input should be greater than or equal to 0")
+        if value > 1:
+            raise ValueError("Input should be less than or equal to 1")
+        return value
 
 
 # Smallest allowed value of each integer axis, and the rule as the error states it.

@@ -4,15 +4,20 @@ Worker side: ``tune_trainable`` turns Ray's dict into a TrialConfig (unknown key
 the plain-PyTorch trial, reports each evaluation to Tune and finally the whole result as JSON.
 Driver side: ``StoreWriter`` writes each finished cell's row, so workers never touch the store.
 A crash propagates so Ray's FailureConfig retries it; an out-of-memory error does not (it would
-fail again the same way) and becomes an ``oom`` row at once.
+fail again the same way at the same density) and becomes an ``oom`` row at once, after the worker
+has given the memory back; the launch retries such cells once with a larger GPU share.
+
+Every row says where it ran: Ray's node id and IP and the trial's GPU share (gathered here, the one
+place that meets Ray) beside the host and CUDA device the trial saw (trials/placement.py).
 """
 
 from __future__ import annotations
 
-import gc
+import dataclasses
 import json
 import os
 from collections.abc import Callable
+from typing import Any
 
 from ray import tune
 
@@ -20,6 +25,7 @@ from trials.config import TrialConfig, TrialResult, result_from_dict
 
 CELL_KEY = "cell"
 RESULT_KEY = "freezesweep_result"
+PLACEMENT_KEY = "freezesweep_placement"  # in every report, so a trial whose process dies is placed too
 
 
 def trial_config_from_ray(config: dict) -> TrialConfig:
@@ -30,28 +36,43 @@ def trial_config_from_ray(config: dict) -> TrialConfig:
 
 
 def tune_trainable(config: dict) -> None:
-    import torch
     import transformers
 
-    from trials.run import clear_caches, failed_result, run_trial
+    from trials import faults
+    from trials.placement import where
+    from trials.precision import resolve_device
+    from trials.run import run_trial_or_oom
 
     transformers.logging.set_verbosity_error()
     transformers.utils.logging.disable_progress_bar()
     cfg = trial_config_from_ray(config)
+    placement = {**where(resolve_device(cfg.device)), **ray_placement()}
+    faults.set_gpu_share(placement["gpus_per_trial"])
+    placed = json.dumps(placement)
 
     def on_eval(point) -> None:
         metrics = {f"val_{name}": value for name, value in point.metrics().items()}
-        tune.report({**metrics, "val_loss": point.loss, "epoch": point.epoch, "step": point.step})
+        tune.report({**metrics, "val_loss": point.loss, "epoch": point.epoch, "step": point.step,
+                     PLACEMENT_KEY: placed})
 
-    try:
-        result = run_trial(cfg, on_eval=on_eval)
-    except torch.cuda.OutOfMemoryError as exc:
-        result = failed_result(cfg, exc)
-        clear_caches()  # cached states and models may sit on the GPU beside the trials packed there
-        gc.collect()
-        if torch.cuda.is_available():
-            torch.cuda.empty_cache()  # give the memory back before this worker takes the next trial
-    tune.report({"val_score": result.best_val_score or 0.0, RESULT_KEY: json.dumps(result.to_dict(), default=str)})
+    result = run_trial_or_oom(cfg, on_eval=on_eval)  # an OOM is a row; other errors go to Ray's retries
+    result = dataclasses.replace(result, placement={**result.placement, **placement})
+    tune.report({"val_score": result.best_val_score or 0.0, RESULT_KEY: json.dumps(result.to_dict(), default=str),
+                 PLACEMENT_KEY: placed})
+
+
+def ray_placement() -> dict[str, Any]:
+    """What Ray knows of this trial's place: its node (ids are unique per node even when several
+    nodes share a host), the node's IP, and the GPU share the trial was scheduled with (0 on CPU
+    trials) with the number of trials that share packs on one GPU."""
+    import ray
+
+    from trials.placement import trials_per_gpu
+
+    context = ray.get_runtime_context()
+    share = float(context.get_assigned_resources().get("GPU", 0.0))
+    return {"node_id": context.get_node_id(), "node_ip": ray.util.get_node_ip_address(),
+            "gpus_per_trial": share, "trials_per_gpu": trials_per_gpu(share)}
 
 
 class StoreWriter(tune.Callback):
@@ -61,8 +82,7 @@ class StoreWriter(tune.Callback):
 
     _stop_if: Callable[[], None] | None = None  # also for instances unpickled from an older tuner.pkl
 
-    def __init__(self, write: Callable[[TrialResult, str | None, int], None],
-                 stop_if: Callable[[], None] | None = None):
+    def __init__(self, write: Callable[[TrialResult, int], None], stop_if: Callable[[], None] | None = None):
         self._write, self._stop_if = write, stop_if
 
     def __getstate__(self) -> dict:
@@ -73,22 +93,30 @@ class StoreWriter(tune.Callback):
         if self._stop_if is not None:
             self._stop_if()  # raised out of Tuner.fit: Tune stops its trials (TuneController.step)
 
-    def _sink(self, outcome: TrialResult, node: str | None, attempts: int) -> None:
+    def _sink(self, outcome: TrialResult, attempts: int) -> None:
         if self._write is not None:
-            self._write(outcome, node, attempts)
+            self._write(outcome, attempts)
 
     def on_trial_result(self, iteration, trials, trial, result, **info):
         if RESULT_KEY in result:
             outcome = result_from_dict(json.loads(result[RESULT_KEY]))
-            self._sink(outcome, result.get("hostname"), trial.num_failures + 1)
+            self._sink(outcome, trial.num_failures + 1)
 
     def on_trial_error(self, iteration, trials, trial, **info):
         from trials.run import failed_result
 
         cfg = trial_config_from_ray(trial.config)
         error, trace = _trial_error(trial)
-        self._sink(failed_result(cfg, error, trace=trace), (trial.last_result or {}).get("hostname"),
-                   trial.num_failures)
+        placement = last_placement(trial.last_result or {})
+        self._sink(failed_result(cfg, error, trace=trace, placement=placement), trial.num_failures)
+
+
+def last_placement(last: dict) -> dict[str, Any]:
+    """Where a failed trial last reported from: our placement, else the host and IP Ray adds to every
+    result; nothing when it died before its first report."""
+    if PLACEMENT_KEY in last:
+        return json.loads(last[PLACEMENT_KEY])
+    return {key: last[key] for key in ("hostname", "node_ip") if last.get(key)}
 
 
 def _trial_error(trial) -> tuple[BaseException, str | None]:

@@ -138,6 +138,25 @@ def paired_by_seed(df: pd.DataFrame, baseline_k: int = 0) -> pd.DataFrame:
     return ok.merge(base, on=["sweep", "dataset", "train_size", "seed"], suffixes=("", "_base"))
 
 
+# Where rows ran. A node is a Ray node id: two nodes on one host are two nodes. Rows stored before
+# node ids existed name only their host (``node``): they count as one node per host.
+NODE_COLUMNS = ["node_id", "node_ip", "hostname", "node", "gpu_uuid", "status"]
+
+
+def placement(df: pd.DataFrame) -> pd.DataFrame:
+    """Per node: its IP and host, the rows it ran (ok and not), and the distinct GPUs they used."""
+    columns = ["node", "node_ip", "hostname", "rows", "ok", "gpus"]
+    if df.empty:
+        return pd.DataFrame(columns=columns)
+    legacy = df["node"].map(lambda host: None if pd.isna(host) else f"host {host}")
+    df = df.assign(node=df["node_id"].fillna(legacy).fillna("unknown"), hostname=df["hostname"].fillna(df["node"]),
+                   ok=df["status"] == "ok")
+    grouped = df.groupby("node", sort=True)
+    table = pd.DataFrame({"node_ip": grouped["node_ip"].first(), "hostname": grouped["hostname"].first(),
+                          "rows": grouped.size(), "ok": grouped["ok"].sum(), "gpus": grouped["gpu_uuid"].nunique()})
+    return table.reset_index()[columns]
+
+
 STATUS_AXES = ("model", "dataset", "method", "train_size", "frozen_layers", "lora_rank", "seed")
 OUTCOMES = ("done", "failed", "missing")
 

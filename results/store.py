@@ -27,6 +27,10 @@ RESULTS_DIR, STAGING_DIR, SPEC_FILE = "results", "_staging", "spec.yaml"
 METRICS = ("accuracy", "f1", "matthews", "pearson", "spearman")
 _CURVE = pa.list_(pa.struct([("step", pa.int64()), ("epoch", pa.float64()), ("accuracy", pa.float64()),
                              ("loss", pa.float64()), *((m, pa.float64()) for m in METRICS[1:])]))
+PLACEMENT_TYPES = {"node_id": pa.string(), "node_ip": pa.string(), "hostname": pa.string(), "gpu_index": pa.int64(),
+                   "gpu_name": pa.string(), "gpu_uuid": pa.string(), "gpus_per_trial": pa.float64(),
+                   "trials_per_gpu": pa.int64()}
+PLACEMENT_COLUMNS = tuple(PLACEMENT_TYPES)
 SCHEMA = pa.schema([
     ("sweep", pa.string()), ("trial_id", pa.string()),
     ("dataset", pa.string()), ("model", pa.string()), ("train_size", pa.int64()), ("frozen_layers", pa.int64()),
@@ -48,6 +52,11 @@ SCHEMA = pa.schema([
     ("train_time_s", pa.float64()), ("eval_time_s", pa.float64()), ("wall_time_s", pa.float64()),
     ("train_examples_per_s", pa.float64()), ("peak_mem_mb", pa.float64()),
     ("precision", pa.string()), ("device", pa.string()), ("node", pa.string()), ("attempts", pa.int64()),
+    # Where it ran (rows stored before these columns read them as null): Ray's node (two nodes on one
+    # host differ here, not in ``node``, the host's name), the CUDA device (null on CPU), the GPU share
+    # the trial was scheduled with and how many trials that share packs per GPU, and whether the row
+    # is the retry at the larger share of a cell that ran out of GPU memory.
+    *PLACEMENT_TYPES.items(), ("oom_retry", pa.bool_()),
     ("eval_curve", _CURVE),
     ("train_loss_curve", pa.list_(pa.struct([("step", pa.int64()), ("loss", pa.float64())]))),
     ("train_indices_digest", pa.string()), ("train_indices", pa.list_(pa.int64())),

@@ -220,6 +220,9 @@ class TrialResult:
     n_eval: int | None = None
     error: str | None = None
     versions: dict[str, str] = field(default_factory=dict)
+    # Where it ran: host and CUDA device (trials/placement.py), plus the scheduler's node and GPU share
+    # (orchestrator/tune_adapter.py); the store's columns of the same names.
+    placement: dict[str, Any] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

@@ -2,7 +2,9 @@
 
 ``FREEZESWEEP_FAULT`` holds rules separated by ``;``, each ``KIND@N[:MATCH][*TIMES]``:
 - KIND: ``crash`` (raise RuntimeError), ``exit`` (kill the trial's own process, as a segfault or the
-  kernel's OOM killer would), ``oom`` (raise ``torch.cuda.OutOfMemoryError``, also on CPU);
+  kernel's OOM killer would), ``oom`` (raise ``torch.cuda.OutOfMemoryError``, also on CPU), or
+  ``oom<S`` (the same, only while the trial's GPU share is below S: a trial that fits once it has
+  S of a GPU; the share is the one its scheduler gave it, ``set_gpu_share``, else 0);
 - N: fire after the N-th evaluation;
 - MATCH: ``key=value,...`` over TrialConfig fields, or a trial_id prefix; all trials when absent;
 - TIMES: fire at most this many times per trial (needs ``FREEZESWEEP_FAULT_DIR``, where the count
@@ -22,6 +24,13 @@ from trials.config import TrialConfig
 
 FAULT_ENV = "FREEZESWEEP_FAULT"
 FAULT_DIR_ENV = "FREEZESWEEP_FAULT_DIR"
+_gpu_share = 0.0  # the running trial's GPU share; this process runs one trial at a time
+
+
+def set_gpu_share(share: float | None) -> None:
+    """The GPU share the scheduler gave the trial about to run (the Ray adapter sets it)."""
+    global _gpu_share
+    _gpu_share = share or 0.0
 
 
 def maybe_inject(cfg: TrialConfig, evals_done: int) -> None:
@@ -29,18 +38,28 @@ def maybe_inject(cfg: TrialConfig, evals_done: int) -> None:
     if not spec:
         return
     for rule in filter(None, (r.strip() for r in spec.split(";"))):
-        kind, after, match, times = _parse(rule)
-        if after == evals_done and _matches(cfg, match) and _take_shot(cfg, rule, times):
+        kind, below, after, match, times = _parse(rule)
+        if after == evals_done and _gpu_share < below and _matches(cfg, match) and _take_shot(cfg, rule, times):
             _fire(kind, cfg)
 
 
-def _parse(rule: str) -> tuple[str, int, str, int | None]:
+def _parse(rule: str) -> tuple[str, float, int, str, int | None]:
     rule, _, times = rule.partition("*")
     head, _, match = rule.partition(":")
     kind, _, after = head.partition("@")
-    if kind not in ("crash", "exit", "oom") or not after.isdigit():
-        raise ValueError(f"bad {FAULT_ENV} rule {rule!r}: expected KIND@N[:MATCH][*TIMES]")
-    return kind, int(after), match, int(times) if times else None
+    kind, bounded, below = kind.partition("<")
+    bad_bound = bounded and (kind != "oom" or not _is_share(below))
+    if kind not in ("crash", "exit", "oom") or not after.isdigit() or bad_bound:
+        raise ValueError(f"bad {FAULT_ENV} rule {rule!r}: expected KIND@N[:MATCH][*TIMES], KIND crash, exit, oom "
+                         "or oom<SHARE")
+    return kind, float(below) if bounded else float("inf"), int(after), match, int(times) if times else None
+
+
+def _is_share(text: str) -> bool:
+    try:
+        return 0 < float(text) <= 1
+    except ValueError:
+        return False
 
 
 def _matches(cfg: TrialConfig, match: str) -> bool:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import gc
 import platform
 import random
 import re
@@ -30,6 +31,8 @@ from trials.freezing import FreezeReport, find_encoder_parts, freeze
 from trials.lora import apply_lora
 from trials.metrics import METRICS, compute_metrics, describe_shape
 from trials.model import build_model, load_tokenizer, resolve_model_path
+from trials.oom import catch_oom, is_oom
+from trials.placement import where
 from trials.precision import PrecisionPlan, resolve_config, resolve_device, resolve_precision, synchronize
 from trials.subsets import indices_digest, stratified_order, subset_indices
 from trials.tokens import Batch, Tokens, eval_batches, tokenize_split
@@ -290,21 +293,47 @@ def _result(cfg, task, train_rows, n_eval, report: FreezeReport, state: FitState
         n_train=len(train_rows),
         n_eval=n_eval,
         versions=library_versions(),
+        placement=where(ctx.device),
     )
 
 
 def failed_result(cfg: TrialConfig, exc: BaseException, wall_time_s: float | None = None,
-                  trace: str | None = None) -> TrialResult:
-    """The row of a trial that raised: ``oom`` for out-of-memory, else ``failed``, with the
-    message and the last frames of the traceback (``trace``: a text traceback from elsewhere,
-    e.g. Ray's, when ``exc`` crossed a process and lost its own)."""
-    status = "oom" if isinstance(exc, torch.cuda.OutOfMemoryError) else "failed"
+                  trace: str | None = None, placement: dict | None = None) -> TrialResult:
+    """The row of a trial that raised: ``oom`` for out-of-memory (whichever CUDA call ran out,
+    trials/oom.py), else ``failed``, with the message and the last frames of the traceback
+    (``trace``: a text traceback from elsewhere, e.g. Ray's, when ``exc`` crossed a process and
+    lost its own); ``placement``: where it ran, when known."""
+    status = "oom" if is_oom(exc) else "failed"
     if trace:
         frames = "\n".join(trace.strip().splitlines()[-10:]) + "\n"
     else:
         frames = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__)[-4:])
     return TrialResult(trial_id=cfg.trial_id, config=cfg, status=status, error=f"{type(exc).__name__}: {exc}\n{frames}",
-                       select_metric=cfg.select_metric, wall_time_s=wall_time_s, versions=library_versions())
+                       select_metric=cfg.select_metric, wall_time_s=wall_time_s, versions=library_versions(),
+                       placement=placement or {})
+
+
+def run_trial_or_oom(cfg: TrialConfig, on_eval: Callable[[EvalPoint], None] | None = None) -> TrialResult:
+    """``run_trial``, except that running out of GPU memory gives the cell's ``oom`` row, after this
+    process has given the memory back (so the next trial it takes starts clean). Other errors
+    propagate: whoever runs the trial decides on retries."""
+    return catch_oom(lambda: run_trial(cfg, on_eval),
+                     lambda exc: failed_result(cfg, exc, placement=where(resolve_device(cfg.device))),
+                     free=free_memory)
+
+
+def free_memory() -> None:
+    """Give this process's memory back: its caches (states and initial models may sit on the GPU
+    beside the trials packed there), then reference cycles, then the CUDA allocator's unused blocks
+    (only where CUDA is in use: initialising it here would cost a context for nothing)."""
+    clear_caches()
+    gc.collect()
+    _empty_cuda_cache()
+
+
+def _empty_cuda_cache() -> None:
+    if torch.cuda.is_initialized():
+        torch.cuda.empty_cache()
 
 
 def reset_peak_memory(device: torch.device) -> None:

@@ -55,3 +55,7 @@ def test_sweep_on_a_two_node_cluster_packs_trials_per_gpu(write_spec, tmp_path):
         subprocess.run([script, "stop"], env=env, capture_output=True)
     rows = pd.read_parquet(tmp_path / "store" / "clustered" / "results")
     assert len(rows) == 4 and (rows["status"] == "ok").all()
+    # Two Ray nodes on one host: the trials ran on the GPU node, named by its node id (the host name
+    # is the same for both nodes), two trials per (fake) GPU.
+    assert rows["node_id"].notna().all() and rows["node_id"].nunique() == 1 and rows["hostname"].nunique() == 1
+    assert (rows["gpus_per_trial"] == 0.5).all() and (rows["trials_per_gpu"] == 2).all()

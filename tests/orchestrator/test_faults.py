@@ -14,7 +14,7 @@ import pytest
 
 from orchestrator.grid import build_grid
 from orchestrator.launch import launch
-from orchestrator.spec import load_spec
+from orchestrator.spec import SpecError, load_spec
 
 CLI = [sys.executable, "-m", "orchestrator.cli"]
 
@@ -156,6 +156,46 @@ def test_dying_trials_are_retried_failing_ones_become_rows(write_spec, tmp_path,
     again = launch(load_spec(path), show_progress=False)
     assert (again.ran, again.ok) == (2, 2)
     _check_store(path)
+
+
+def test_oom_while_sharing_a_gpu_is_retried_once_with_twice_the_share(write_spec, tmp_path, monkeypatch):
+    """Four trials per (fake) GPU: one cell fits at half a GPU, one fits nowhere. Each is run once more
+    at twice the share; one row per cell at the end, the retries' rows marked with the share they ran
+    at. Fake GPUs: Ray schedules by the label, the trials run on the CPU."""
+    import ray
+
+    monkeypatch.setenv("FREEZESWEEP_FAULT", ";".join([
+        "oom<0.5@1:train_size=48,frozen_layers=2",  # out of memory at 0.25 of a GPU, fits at 0.5
+        "oom<1@1:train_size=24,frozen_layers=2",    # out of memory at 0.25 and at 0.5
+    ]))
+    ray.shutdown()  # workers must start with the fault switch in their environment, and a GPU to share
+    ray.init(num_cpus=2, num_gpus=1, include_dashboard=False, log_to_driver=False, logging_level="ERROR")
+    try:
+        path = write_spec("packed", resources={"gpus_per_trial": 0.25})
+        summary = launch(load_spec(path, semantic=False), show_progress=False)  # validation: no real GPU here
+        assert (summary.ran, summary.ok, summary.failed, summary.oom_retried) == (4, 3, 1, 2)
+        rows = pd.read_parquet(tmp_path / "store" / "packed" / "results").set_index(["train_size", "frozen_layers"])
+        assert len(rows) == 4 and rows["trial_id"].is_unique
+        fits = rows.loc[(48, 2)]
+        assert (fits["status"], fits["oom_retry"], fits["gpus_per_trial"], fits["trials_per_gpu"]) == \
+            ("ok", True, 0.5, 2)
+        never = rows.loc[(24, 2)]
+        assert (never["status"], never["oom_retry"], never["gpus_per_trial"]) == ("oom", True, 0.5)
+        assert "out of memory" in never["error"]
+        first_pass = rows.loc[[(24, 0), (48, 0)]]
+        assert (first_pass["status"] == "ok").all() and not first_pass["oom_retry"].any()
+        assert (first_pass["gpus_per_trial"] == 0.25).all() and (first_pass["trials_per_gpu"] == 4).all()
+        assert rows["node_id"].notna().all() and rows["gpu_uuid"].isna().all()  # placed; no real GPU used
+
+        # gpus_per_trial auto measures one trial on a GPU the cluster holds: the Ray task gets a (fake)
+        # GPU, finds no CUDA there, and the launch says so in one line before any trial runs.
+        auto = write_spec("auto", resources={"gpus_per_trial": "auto"})
+        with pytest.raises(SpecError, match="resources.gpus_per_trial: auto: measuring one trial on a GPU failed: "
+                                            "PrecisionError: device 'cuda' requested but CUDA is not available"):
+            launch(load_spec(auto, semantic=False), show_progress=False)
+        assert not (tmp_path / "store" / "auto" / "results").exists()
+    finally:
+        ray.shutdown()
 
 
 def test_trial_killed_after_its_checkpoint_resumes_from_it(write_spec, tmp_path, monkeypatch):

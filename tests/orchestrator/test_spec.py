@@ -204,6 +204,33 @@ def test_with_a_cluster_address_resources_are_checked_against_its_nodes(write_sp
         load_spec(write_spec("gone"))
 
 
+def test_gpus_per_trial_auto_needs_a_gpu_to_measure_on(write_spec, monkeypatch):
+    """auto is accepted where a GPU exists (here or on a node of the cluster), and is one clear
+    problem where none does; a share that is neither a number nor auto is named too."""
+    import torch
+
+    from orchestrator import checks
+
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    problems = _problems(write_spec("no-gpu", resources={"gpus_per_trial": "auto"}))
+    assert [p for p in problems if "gpus_per_trial" in p] == [
+        "resources.gpus_per_trial: auto measures a trial's memory on a GPU, but this machine has no CUDA GPU (set a "
+        "share, 0 for CPU trials, or pass --address of a cluster with GPUs)"]
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert load_spec(write_spec("gpu-here", resources={"gpus_per_trial": "auto"})).resources.gpus_per_trial == "auto"
+
+    monkeypatch.setenv("RAY_ADDRESS", "ray://head:10001")
+    monkeypatch.setattr(checks, "cluster_nodes", lambda address: [{"CPU": 4.0}, {"CPU": 16.0}])
+    problems = _problems(write_spec("cpu-cluster", resources={"gpus_per_trial": "auto"}))
+    assert any(p.startswith("resources.gpus_per_trial: auto measures a trial's memory on a GPU (1 CPU and 1 GPU on "
+                            "one node), but no node of the cluster at 'ray://head:10001' has them") for p in problems)
+    monkeypatch.setattr(checks, "cluster_nodes", lambda address: [{"CPU": 4.0}, {"CPU": 16.0, "GPU": 1.0}])
+    load_spec(write_spec("gpu-cluster", resources={"gpus_per_trial": "auto"}))
+    assert "resources.gpus_per_trial: a GPU share in [0, 1], or auto (got 'half')" in \
+        _problems(write_spec("typo", resources={"gpus_per_trial": "half"}))
+
+
 def test_without_an_address_a_gpu_share_needs_a_local_gpu(write_spec, monkeypatch):
     import torch
 

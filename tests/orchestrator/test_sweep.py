@@ -90,6 +90,7 @@ def test_grow_by_one_seed_runs_only_new_cells(write_spec, tmp_path):
     assert (recovered.recovered, recovered.ran) == (1, 0)
     back = pd.read_parquet(lost)
     assert back.loc[0, "best_val_accuracy"] == kept.loc[0, "best_val_accuracy"]
+    assert back.loc[0, "node_id"] == kept.loc[0, "node_id"] and back.loc[0, "gpus_per_trial"] == 0
     assert list(back.loc[0, "eval_curve"]) == list(kept.loc[0, "eval_curve"])
 
     # The store as it is, read with no freezesweep code.
@@ -97,6 +98,16 @@ def test_grow_by_one_seed_runs_only_new_cells(write_spec, tmp_path):
     assert pl.read_parquet(f"{store}/*.parquet").filter(pl.col("status") == "ok").height == 8
     row = rows.iloc[0]
     assert row["node"] and row["attempts"] == 1 and row["device"].startswith("cpu")
+    # Where every row ran: the embedded Ray's one node, this host; CPU trials name no GPU and share none.
+    import socket
+
+    import ray
+
+    assert set(rows["node_id"]) == {ray.get_runtime_context().get_node_id()}
+    assert set(rows["node_ip"]) == {ray.util.get_node_ip_address()}
+    assert set(rows["hostname"]) == set(rows["node"]) == {socket.gethostname()}
+    assert rows["gpu_uuid"].isna().all() and rows["gpu_index"].isna().all() and rows["trials_per_gpu"].isna().all()
+    assert (rows["gpus_per_trial"] == 0).all() and not rows["oom_retry"].any()
     assert '"torch"' in row["versions"]
     # the reference schedule, 2 epochs: n=24 → every ceil(0.5*24/16)=1 of 4 steps; n=48 → every 2 of 6
     assert {n: len(curve) for n, curve in zip(rows["train_size"], rows["eval_curve"])} == {24: 4, 48: 3}
@@ -121,6 +132,7 @@ def test_cli_status_query_summary(write_spec, tmp_path):
     assert launch(load_spec(path), show_progress=False).ran == 0  # auto again, same machine: nothing to redo
     status = subprocess.run(CLI + ["status", "cli", "--store", store], capture_output=True, text=True)
     assert status.returncode == 0 and "total" in status.stdout
+    assert "rows ran on 1 node(s), 0 GPU(s)" in status.stdout  # counted by Ray node id
     query = subprocess.run(CLI + ["query", "cli", "--store", store, "--format", "csv", "--sql",
                                   "SELECT frozen_layers, count(*) AS n FROM results GROUP BY 1 ORDER BY 1"],
                            capture_output=True, text=True)

@@ -1,4 +1,6 @@
 
+from dataclasses import replace
+
 import duckdb
 import pandas as pd
 import polars as pl
@@ -9,7 +11,7 @@ from orchestrator.launch import RowWriter
 from orchestrator.progress import SweepProgress
 from results.query import summary
 from orchestrator.rows import result_row
-from results.store import SCHEMA, ResultStore, SpoolingWriter
+from results.store import PLACEMENT_COLUMNS, SCHEMA, ResultStore, SpoolingWriter
 from trials.config import EvalPoint, TrialConfig, TrialResult
 
 
@@ -43,13 +45,63 @@ def test_one_file_per_cell_and_ok_rows_are_final(tmp_path):
     store = ResultStore(str(tmp_path), "s")
     writer = RowWriter("s", SpoolingWriter(store, str(tmp_path / "spool")), store.ok_ids(),
                        SweepProgress(total=1, done=0, enabled=False))
-    writer.write(_result(status="failed"), "node-a", 2)
+    writer.write(_result(status="failed"), 2)
     assert store.statuses() == {_result().trial_id: "failed"}
-    writer.write(_result(acc=0.81), "node-a", 1)  # the retry's ok replaces the failed row
-    writer.write(_result(acc=0.99), "node-b", 1)  # a second ok for the same cell is ignored
+    writer.write(_result(acc=0.81), 1)  # the retry's ok replaces the failed row
+    writer.write(_result(acc=0.99), 1)  # a second ok for the same cell is ignored
     df = store.read()
     assert len(df) == 1 and df.loc[0, "status"] == "ok" and df.loc[0, "best_val_accuracy"] == 0.81
-    assert (writer.ok, writer.failed) == (1, 1)
+    assert (writer.ok, writer.failed) == (1, 0)  # outcomes are per cell: its last row's
+
+
+def test_an_oom_row_is_replaced_by_its_retry_and_the_cell_counted_once(tmp_path):
+    """The launch's retry with a larger GPU share (orchestrator/launch.py): at every moment one file
+    for the cell; the final row is the retry's, marked, with the share it ran at."""
+    store = ResultStore(str(tmp_path), "s")
+    progress = SweepProgress(total=2, done=0, enabled=False)
+    writer = RowWriter("s", SpoolingWriter(store, str(tmp_path / "spool")), set(), progress)
+    packed = {"node_id": "n1", "hostname": "h", "gpus_per_trial": 0.25, "trials_per_gpu": 4}
+    writer.write(replace(_result(status="oom"), placement=packed), 1)
+    writer.write(_result(seed=1, status="failed"), 3)
+    assert store.statuses() == {_result().trial_id: "oom", _result(seed=1).trial_id: "failed"}
+    assert (writer.ok, writer.failed, progress.failed) == (0, 2, 2)
+    roomier = {**packed, "gpus_per_trial": 0.5, "trials_per_gpu": 2}
+    writer.write(replace(_result(acc=0.8), placement=roomier), 1, oom_retry=True)
+    rows = store.read().set_index("seed")
+    assert len(rows) == 2 and len(list((tmp_path / "s" / "results").glob("*.parquet"))) == 2
+    retried = rows.loc[0]
+    assert (retried["status"], retried["oom_retry"], retried["gpus_per_trial"], retried["trials_per_gpu"]) == \
+        ("ok", True, 0.5, 2)
+    assert not rows.loc[1, "oom_retry"]
+    assert (writer.ok, writer.failed, progress.failed) == (1, 1, 1)
+
+
+def test_old_stores_read_and_append_with_the_placement_columns(tmp_path):
+    """A row file written before node ids and GPUs were recorded reads with those columns null beside
+    new rows; nodes are counted by Ray node id (two nodes on one host are two), old rows by host."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from results.query import NODE_COLUMNS, placement
+
+    store = ResultStore(str(tmp_path), "s")
+    old = {**result_row("s", _result(seed=0)), "node": "old-host"}
+    old_names = [n for n in SCHEMA.names if n not in PLACEMENT_COLUMNS and n != "oom_retry"]
+    (tmp_path / "s" / "results").mkdir(parents=True)
+    old_schema = pa.schema([SCHEMA.field(n) for n in old_names])
+    pq.write_table(pa.Table.from_pylist([{n: old[n] for n in old_names}], schema=old_schema),
+                   tmp_path / "s" / "results" / f"{old['trial_id']}.parquet")
+    for seed, node in ((1, "n1"), (2, "n2"), (3, "n2")):  # two Ray nodes on one host
+        where = {"node_id": node, "node_ip": "10.0.0.5", "hostname": "gpu-host", "gpu_index": seed % 2,
+                 "gpu_name": "H100", "gpu_uuid": f"GPU-{node}-{seed % 2}", "gpus_per_trial": 0.5, "trials_per_gpu": 2}
+        store.write_row(result_row("s", replace(_result(seed=seed), placement=where), attempts=1))
+    rows = store.read().set_index("seed")
+    assert rows.loc[0, "node"] == "old-host" and pd.isna(rows.loc[0, "node_id"]) and pd.isna(rows.loc[0, "gpu_index"])
+    assert (rows.loc[1, "node_id"], rows.loc[1, "node"], rows.loc[1, "gpu_index"]) == ("n1", "gpu-host", 1)
+    nodes = placement(store.read_table(columns=NODE_COLUMNS).to_pandas()).set_index("node")
+    assert sorted(nodes.index) == ["host old-host", "n1", "n2"]
+    assert nodes.loc["n2", "rows"] == 2 and nodes.loc["n2", "gpus"] == 2 and nodes.loc["n2", "hostname"] == "gpu-host"
+    assert nodes.loc["host old-host", "hostname"] == "old-host" and nodes.loc["host old-host", "gpus"] == 0
 
 
 def test_leftover_partial_writes_are_invisible_and_cleaned(tmp_path):

@@ -1,0 +1,178 @@
+"""How many trials fit on one GPU: measure one trial's peak GPU memory, then pack (plain PyTorch).
+
+``resources.gpus_per_trial: auto`` in a spec runs ``probe`` on a GPU of the cluster (a Ray task
+holding a whole GPU, orchestrator/launch.py); alone, on any machine with torch and transformers:
+
+    python -m trials.memory_probe --model M --batch-size 16 --max-seq-length 128 [--eval-batch-size 64]
+
+What is measured: a few real training steps (forward, backward, clipped fused AdamW step, in the
+trial's precision, as trials/train.py runs them) on batches of ``batch_size`` rows padded to
+``max_seq_length`` (the longest a batch can be, so the worst case), then one evaluation batch of
+``eval_batch_size`` rows of that length, with the fewest frozen layers of the sweep (the most
+gradients and optimizer state). A trial process costs the allocator's peak *reserved* memory (what it
+holds back from the other processes, not only what its tensors used) plus what the process holds
+outside the allocator (the CUDA context and libraries' workspaces, measured as the device's used
+memory minus the allocator's reservation). Not measured: the evaluation cache (the frozen layers'
+outputs over the validation set, kept on the device by each worker; it grows with the validation
+set): the margin, and the launch's retry of an out-of-memory trial at twice the share, cover it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from dataclasses import asdict, dataclass
+
+import torch
+
+# A sane bound, not a measured optimum: past a handful of processes a GPU time-slices them, each pays
+# its own CUDA context, and each needs its own CPU cores (benchmarks/gpu_check.sh pack compares 1, 4, 8).
+MAX_TRIALS_PER_GPU = 8
+MARGIN = 0.2  # of the GPU's memory left free: allocator fragmentation, longer batches, the evaluation cache
+_RAY_RESOLUTION = 10_000  # Ray keeps resource quantities in 1/10000 units (ray._raylet.RESOURCE_UNIT_SCALING)
+
+
+@dataclass(frozen=True)
+class MemoryProbe:
+    peak_reserved_mib: float  # the allocator's peak reservation over the steps and the evaluation batch
+    outside_allocator_mib: float  # CUDA context and library workspaces (0 on a CPU)
+    gpu_total_mib: float | None  # None on a CPU
+    gpu_name: str | None
+    precision: str
+    trials_per_gpu: int | None
+    gpus_per_trial: float | None
+
+    @property
+    def per_trial_mib(self) -> float:
+        return self.peak_reserved_mib + self.outside_allocator_mib
+
+
+def packing(per_trial_mib: float, gpu_total_mib: float, margin: float = MARGIN,
+            max_per_gpu: int = MAX_TRIALS_PER_GPU) -> tuple[int, float]:
+    """(trials per GPU, gpus_per_trial): as many trials as fit in (1 - margin) of the GPU, at least 1
+    (one that does not fit still gets a GPU of its own) and at most ``max_per_gpu``. The share is 1/n
+    rounded down to Ray's resolution, so n of them fit on one GPU (1/3 -> 0.3333)."""
+    if per_trial_mib <= 0 or gpu_total_mib <= 0 or not 0 <= margin < 1:
+        raise ValueError(f"cannot pack {per_trial_mib} MiB trials on a {gpu_total_mib} MiB GPU with margin {margin}")
+    fits = math.floor(gpu_total_mib * (1 - margin) / per_trial_mib)
+    n = max(1, min(max_per_gpu, fits))
+    return n, math.floor(_RAY_RESOLUTION / n) / _RAY_RESOLUTION
+
+
+def probe(model: str, batch_size: int, max_seq_length: int, eval_batch_size: int = 64, precision: str = "auto",
+          frozen_layers: int = 0, model_init: str = "pretrained", num_labels: int = 2, steps: int = 3,
+          device: str = "cuda", margin: float = MARGIN, max_per_gpu: int = MAX_TRIALS_PER_GPU) -> MemoryProbe:
+    """Measure one trial (``device="cpu"`` runs the same steps for tests and reports the process's
+    peak RSS, with no packing) and pick the packing."""
+    from trials.freezing import freeze
+    from trials.model import build_model
+    from trials.precision import resolve_device, resolve_precision
+
+    target = resolve_device(device)
+    plan = resolve_precision(precision, target)
+    torch.manual_seed(0)
+    net = build_model(model, num_labels, model_init)
+    freeze(net, frozen_layers)
+    peak, outside = _measure(net, plan, target, batch_size, max_seq_length, eval_batch_size, steps)
+    if target.type != "cuda":
+        return MemoryProbe(peak, outside, None, None, plan.name, None, None)
+    props = torch.cuda.get_device_properties(target)
+    total = props.total_memory / 2**20
+    n, share = packing(peak + outside, total, margin, max_per_gpu)
+    return MemoryProbe(peak, outside, total, props.name, plan.name, n, share)
+
+
+def _measure(net, plan, device: torch.device, batch_size: int, max_seq_length: int, eval_batch_size: int,
+             steps: int) -> tuple[float, float]:
+    """(peak MiB, MiB outside the allocator) of moving the model to ``device`` and running the steps."""
+    from trials.run import peak_memory_mb, reset_peak_memory
+
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+    reset_peak_memory(device)
+    net.to(device)
+    _run_steps(net, plan, device, batch_size, max_seq_length, eval_batch_size, steps)
+    if device.type != "cuda":
+        return peak_memory_mb(device), 0.0
+    torch.cuda.synchronize(device)
+    free, total = torch.cuda.mem_get_info(device)
+    outside = max(0.0, (total - free - torch.cuda.memory_reserved(device)) / 2**20)
+    return torch.cuda.max_memory_reserved(device) / 2**20, outside
+
+
+def _run_steps(net, plan, device: torch.device, batch_size: int, max_seq_length: int, eval_batch_size: int,
+               steps: int) -> None:
+    """Training steps as trials/train.py takes them, then one evaluation batch as trials/evaluate.py."""
+    from trials.evaluate import evaluate, task_loss
+
+    vocab, labels = net.config.vocab_size, net.config.num_labels
+    generator = torch.Generator().manual_seed(0)
+    params = [p for p in net.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(params, lr=1e-5, fused=True)  # its state is part of a trial's footprint
+    scaler = plan.grad_scaler()
+    net.train()
+    for _ in range(steps):
+        batch = _batch(batch_size, max_seq_length, vocab, labels, generator).to(device)
+        with plan.autocast():
+            logits = net(**batch.model_inputs()).logits
+        scaler.scale(task_loss(logits, batch.labels)).backward()
+        scaler.unscale_(optimizer)
+        torch.nn.utils.clip_grad_norm_(params, 1.0, foreach=True)
+        scaler.step(optimizer)
+        scaler.update()
+        optimizer.zero_grad(set_to_none=True)
+    evaluate(net, [_batch(eval_batch_size, max_seq_length, vocab, labels, generator).to(device)], plan, device)
+
+
+def _batch(rows: int, length: int, vocab: int, num_labels: int, generator: torch.Generator):
+    """``rows`` random token sequences of exactly ``length`` tokens (no padding: the worst case)."""
+    from trials.tokens import Batch
+
+    ids = torch.randint(vocab, (rows, length), generator=generator)
+    labels = torch.arange(rows) % num_labels if num_labels > 1 else torch.rand(rows, generator=generator) * 5
+    return Batch(input_ids=ids, attention_mask=torch.ones_like(ids), labels=labels)
+
+
+def describe(result: MemoryProbe) -> str:
+    if result.gpu_total_mib is None:
+        return (f"one trial: the process's peak RSS {result.peak_reserved_mib:.0f} MiB ({result.precision}) "
+                "on the CPU (no packing)")
+    return (f"one trial: peak {result.peak_reserved_mib:.0f} MiB reserved + {result.outside_allocator_mib:.0f} MiB "
+            f"outside the allocator = {result.per_trial_mib:.0f} MiB ({result.precision}) on {result.gpu_name} "
+            f"({result.gpu_total_mib:.0f} MiB): {result.trials_per_gpu} trials per GPU, "
+            f"gpus_per_trial {result.gpus_per_trial:g}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description="Measure one trial's peak GPU memory and pick gpus_per_trial.")
+    parser.add_argument("--model", required=True, help="hub id or local model folder")
+    parser.add_argument("--batch-size", type=int, default=16)
+    parser.add_argument("--max-seq-length", type=int, default=128)
+    parser.add_argument("--eval-batch-size", type=int, default=64)
+    parser.add_argument("--precision", default="auto", choices=["auto", "fp16", "bf16", "fp32"])
+    parser.add_argument("--frozen-layers", type=int, default=0, help="the sweep's fewest (the largest footprint)")
+    parser.add_argument("--model-init", default="pretrained", choices=["pretrained", "random"])
+    parser.add_argument("--num-labels", type=int, default=2)
+    parser.add_argument("--steps", type=int, default=3)
+    parser.add_argument("--margin", type=float, default=MARGIN)
+    parser.add_argument("--max-per-gpu", type=int, default=MAX_TRIALS_PER_GPU)
+    parser.add_argument("--device", default="cuda", help="cuda, cuda:N (cpu: the same steps, peak RSS, no packing)")
+    parser.add_argument("--json", action="store_true", help="print the measurement as JSON")
+    args = vars(parser.parse_args(argv))
+    as_json = args.pop("json")
+    if args["device"].startswith("cuda") and not torch.cuda.is_available():
+        print("error: no CUDA GPU here: the probe measures GPU memory", file=sys.stderr)
+        return 2
+    import transformers
+
+    transformers.logging.set_verbosity_error()  # the new head's "missing weights" report is expected
+    transformers.utils.logging.disable_progress_bar()
+    result = probe(**args)
+    print(json.dumps({**asdict(result), "per_trial_mib": result.per_trial_mib}) if as_json else describe(result))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
