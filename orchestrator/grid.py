@@ -17,7 +17,7 @@ def build_grid(spec: SweepSpec) -> list[TrialConfig]:
     template, metrics = spec.trial_template(), spec.select_metrics()
     return [
         TrialConfig(model=model, dataset=dataset, train_size=size, seed=seed, select_metric=metrics[dataset],
-                    **variant, **template)
+                    **{**template, **variant})  # a method's own settings win (e.g. lora.learning_rate)
         for model in spec.models()
         for dataset, size in itertools.product(spec.datasets, spec.train_sizes)
         for variant in method_variants(spec, model)

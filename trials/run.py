@@ -293,7 +293,7 @@ def _result(cfg, task, train_rows, n_eval, report: FreezeReport, state: FitState
         n_train=len(train_rows),
         n_eval=n_eval,
         versions=library_versions(),
-        placement=where(ctx.device),
+        placement=where(device),
     )
 
 

@@ -28,6 +28,10 @@ def test_method_axes_are_not_crossed_with_other_methods(write_spec):
     probe = [c for c in cells if c.method == "probe"]
     assert len(probe) == 4 and all(c.frozen_layers is None and c.lora_rank is None for c in probe)
     assert {c.probe_pooling for c in probe} == {"auto"}
+    assert {c.learning_rate for c in cells} == {0.003}  # the protocol's, unless LoRA sets its own
+    faster = build_grid(load_spec(write_spec(methods=["freeze", "lora"], frozen_layers=[0], lora_ranks=[8],
+                                             lora={"learning_rate": 5e-4})))
+    assert {(c.method, c.learning_rate) for c in faster} == {("freeze", 0.003), ("lora", 5e-4)}
 
 
 def test_a_sweep_from_before_methods_resumes_with_its_ids(write_spec, tmp_path):
