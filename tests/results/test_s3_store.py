@@ -42,8 +42,8 @@ def test_sweep_on_s3_survives_the_store_going_away(s3, write_spec, monkeypatch):
     path = write_spec("s3sweep", store=s3.uri)
     original = progress.SweepProgress.advance
 
-    def advance_then_outage(self, result):  # the store goes down right after the first stored row
-        original(self, result)
+    def advance_then_outage(self, result, **kwargs):  # the store goes down right after the first stored row
+        original(self, result, **kwargs)
         if self.failed == 0 and s3.server is not None:
             s3.stop()
 
@@ -74,8 +74,8 @@ def test_sweep_whose_lock_is_taken_over_stops_writing(s3, write_spec, monkeypatc
     store = ResultStore(s3.uri, "taken")
     original = progress.SweepProgress.advance
 
-    def advance_then_takeover(self, result):
-        original(self, result)
+    def advance_then_takeover(self, result, **kwargs):
+        original(self, result, **kwargs)
         plant_holder(store, pid=4242, host="elsewhere")
 
     monkeypatch.setattr(progress.SweepProgress, "advance", advance_then_takeover)
