@@ -36,7 +36,12 @@ def _model_problems(raw: dict[str, Any]) -> list[str]:
     targets exist in its layers."""
     from trials.model import ModelError, load_model_config
 
-    models = raw.get("models", raw.get("model"))
+    from orchestrator.spec import spec_aliases
+
+    try:
+        models = spec_aliases(raw).get("model")
+    except ValueError:
+        return []  # model and models both given: pydantic reports it
     models = [models] if isinstance(models, str) else _strs(models)
     methods = _strs(raw.get("methods")) or ["freeze"]
     lora = raw.get("lora") if isinstance(raw.get("lora"), dict) else {}
@@ -192,6 +197,8 @@ def _protocol_changes(stored_yaml: str, raw: dict[str, Any]) -> list[str]:
     # select_metric is compared per dataset, on the datasets both specs have (a grown spec may add some).
     new_datasets = raw.get("datasets") if isinstance(raw.get("datasets"), list) else []
     common = [d for d in stored.get("datasets") or [] if d in new_datasets]
+    if not common:  # nothing to compare select_metric on: leave it out, never resolve it from the data
+        stored, overlay = (_without_select_metric(s) for s in (stored, overlay))
     try:
         old = SweepSpec.model_validate({**stored, "datasets": common or stored["datasets"]}).protocol()
         new = SweepSpec.model_validate({**overlay, "datasets": common or stored["datasets"]}).protocol()
@@ -207,6 +214,12 @@ def _protocol_changes(stored_yaml: str, raw: dict[str, Any]) -> list[str]:
         "with the old protocol (start a new sweep name to compare protocols)"
         for k in changed
     ]
+
+
+def _without_select_metric(raw: dict[str, Any]) -> dict[str, Any]:
+    """``raw`` with one metric for every dataset, so its protocol needs no data to resolve."""
+    training = raw.get("training") if isinstance(raw.get("training"), dict) else {}
+    return {**raw, "training": {**training, "select_metric": "accuracy"}}
 
 
 def _flatten(d: dict, prefix: str = "") -> dict[str, Any]:

@@ -95,8 +95,9 @@ def _print_trial(result) -> None:
         value = getattr(result, name)
         if value is not None:
             table.add_row(name, f"{value:.4f}" if isinstance(value, float) else str(value))
-    for name, value in result.best_val_metrics.items():  # every metric of the task at the best evaluation
-        table.add_row(f"best_val_{name}", f"{value:.4f}")
+    for name, value in result.best_val_metrics.items():  # the task's other metrics at the best evaluation
+        if name != "accuracy":  # best_val_accuracy is above
+            table.add_row(f"best_val_{name}", f"{value:.4f}")
     console.print(table)
 
 
@@ -193,8 +194,9 @@ def status(sweep: str, store: StoreOpt = None) -> None:
     from results.query import NODE_COLUMNS, placement, status_table
 
     spec, result_store = _open(sweep, store)
-    _print_frame(status_table(build_grid(spec), result_store.statuses()), OutputFormat.table, f"sweep {sweep}")
-    rows = result_store.read_table(columns=NODE_COLUMNS).to_pandas()
+    rows = result_store.read_table(columns=["trial_id", *NODE_COLUMNS]).to_pandas()  # one read: statuses and nodes
+    statuses = dict(zip(rows["trial_id"], rows["status"]))
+    _print_frame(status_table(build_grid(spec), statuses), OutputFormat.table, f"sweep {sweep}")
     if len(rows):
         nodes, gpus = placement(rows), rows["gpu_uuid"].nunique()  # nunique skips nulls (CPU rows)
         _print_frame(nodes, OutputFormat.table, f"rows ran on {len(nodes)} node(s), {gpus} GPU(s)")
@@ -224,12 +226,12 @@ def summary(sweep: str, store: StoreOpt = None,
             fmt: Annotated[OutputFormat, typer.Option("--format")] = OutputFormat.table) -> None:
     """The selected metric at the best evaluation per dataset × train size × frozen layers (mean, median, std, min,
     max); with several models or methods, per model and method too (a LoRA cell by its rank, a probe on its own)."""
-    from results.query import read_rows
+    from results.query import SUMMARY_COLUMNS, read_rows
     from results.query import summary as summarize
 
     _, result_store = _open(sweep, store)
     try:
-        table = summarize(read_rows(result_store, columns=None), metric=metric)
+        table = summarize(read_rows(result_store, columns=SUMMARY_COLUMNS), metric=metric)
     except ValueError as exc:
         _fail(exc)
     what = metric or "the selected metric"

@@ -15,12 +15,13 @@ def build_grid(spec: SweepSpec) -> list[TrialConfig]:
     rank, probe cells neither. Ids are content hashes, so adding a value to any axis leaves every
     existing cell's id unchanged (a freeze cell's id is what it was before methods existed)."""
     template, metrics = spec.trial_template(), spec.select_metrics()
+    variants = {model: method_variants(spec, model) for model in spec.models()}
     return [
         TrialConfig(model=model, dataset=dataset, train_size=size, seed=seed, select_metric=metrics[dataset],
                     **{**template, **variant})  # a method's own settings win (e.g. lora.learning_rate)
         for model in spec.models()
         for dataset, size in itertools.product(spec.datasets, spec.train_sizes)
-        for variant in method_variants(spec, model)
+        for variant in variants[model]
         for seed in spec.seeds
     ]
 

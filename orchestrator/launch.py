@@ -79,8 +79,7 @@ def launch(spec: SweepSpec, show_progress: bool = True) -> LaunchSummary:
         pending = [c for c in pending if c.trial_id not in recovered]
         if not pending:
             return LaunchSummary(len(cells), len(cells) - len(recovered), 0, 0, 0, recovered=len(recovered))
-        # the probe measures the most memory-hungry freeze depth swept (LoRA and probe cells need less than k = 0)
-        spec, packing = resolve_gpus_per_trial(spec, min((k for k in spec.frozen_layers if k != "all"), default=0))
+        spec, packing = resolve_gpus_per_trial(spec, hungriest_frozen_layers(pending))
         pending = [_machine_fields(c, spec, store) for c in pending]
         writer = RowWriter(spec.name, sink, done | recovered,
                            SweepProgress(total=len(cells), done=len(cells) - len(pending), enabled=show_progress))
@@ -96,6 +95,14 @@ def launch(spec: SweepSpec, show_progress: bool = True) -> LaunchSummary:
     return LaunchSummary(len(cells), len(cells) - len(pending) - len(recovered), outcomes, writer.ok, writer.failed,
                          recovered=len(recovered), unfinished=len(pending) - outcomes, oom_retried=retried,
                          gpu_packing=packing)
+
+
+def hungriest_frozen_layers(cells: list[TrialConfig]) -> int:
+    """The freeze depth whose trial needs the most memory: nothing frozen (0) beats the embeddings
+    alone (-1), which beats k layers; a LoRA cell backpropagates through every layer, as k = 0 does
+    (the probe trains no layer at all)."""
+    ks = {0 if c.method == "lora" else c.frozen_layers for c in cells if c.method != "probe"}
+    return 0 if 0 in ks or not ks else (-1 if -1 in ks else min(ks))
 
 
 def roomier(spec: SweepSpec) -> SweepSpec | None:
@@ -181,7 +188,7 @@ def resolve_gpus_per_trial(spec: SweepSpec, frozen_layers: int) -> tuple[SweepSp
                  eval_batch_size=t.eval_batch_size, precision=t.precision, frozen_layers=frozen_layers)
     try:  # one probe per model; the sweep packs as densely as its hungriest model allows
         probes = ray.get([task.remote(model=model, **shape) for model in spec.models()], timeout=PROBE_TIMEOUT_S)
-        probe = min(probes, key=lambda p: 1 / p.gpus_per_trial)
+        probe = max(probes, key=lambda p: p.gpus_per_trial)
     except ray.exceptions.GetTimeoutError:
         raise SpecError([f"resources.gpus_per_trial: auto: no node ran the memory probe (1 GPU, "
                          f"{spec.resources.cpus_per_trial} CPU) within {PROBE_TIMEOUT_S} s"], "launch") from None

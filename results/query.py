@@ -28,6 +28,8 @@ REPORT_COLUMNS = ["sweep", "trial_id", "dataset", "model", "train_size", "frozen
                   "status", "select_metric", SCORE, BASELINE, "best_val_accuracy", "majority_baseline",
                   "trainable_params", "total_params", "train_time_s", "eval_time_s", "wall_time_s", "peak_mem_mb",
                   "precision", "device", "node", "error"]
+# What summary reads: every metric at the best evaluation and of the baseline, no curves.
+SUMMARY_COLUMNS = list(dict.fromkeys(REPORT_COLUMNS + [f"{kind}_{m}" for kind in ("best_val", "baseline") for m in METRICS]))
 # Rows stored before select_metric existed: their selected metric was accuracy (column ← legacy column).
 LEGACY_METRIC = "accuracy"
 _LEGACY = {SCORE: "best_val_accuracy", "final_val_score": "final_val_accuracy", BASELINE: "majority_baseline",

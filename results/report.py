@@ -76,7 +76,8 @@ def build_report(sweeps: list[SweepRows], tolerance: float = TOLERANCE) -> Repor
         figs["methods"] = figures.methods_plot(methods)
     completeness = [_completeness_line(s) for s in sweeps]
     report = Report(decisions, contrasts, retained, cost, appendix, completeness, [], figs, methods)
-    report.sections = _sections(report, sweeps, tolerance)
+    # several sweeps, or one of several models: every table and sentence names its "sweep · model"
+    report.sections = _sections(report, sweeps, tolerance, many=rows["sweep"].nunique() > 1)
     return report
 
 
@@ -85,7 +86,7 @@ def per_model(rows: pd.DataFrame) -> pd.DataFrame:
     groups by sweep, so each model gets its own decisions, panels and tables."""
     rows = rows.assign(sweep_name=rows["sweep"])
     several = rows.groupby("sweep")["model"].transform("nunique") > 1
-    rows.loc[several, "sweep"] = rows.loc[several, "sweep"] + " · " + rows.loc[several, "model"].str.split("/").str[-1]
+    rows.loc[several, "sweep"] = rows.loc[several, "sweep"] + " · " + rows.loc[several, "model"]
     return rows
 
 
@@ -124,8 +125,7 @@ def _write(path: str, payload: bytes) -> None:
 
 
 # --- sections -------------------------------------------------------------------------------------
-def _sections(report: Report, sweeps: list[SweepRows], tolerance: float) -> list[Section]:
-    many = len(sweeps) > 1
+def _sections(report: Report, sweeps: list[SweepRows], tolerance: float, many: bool) -> list[Section]:
     return [
         _decision_section(report, tolerance, many),
         Section("Selected metric against frozen layers",

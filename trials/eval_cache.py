@@ -57,8 +57,10 @@ def exact_prefix(model: nn.Module, batches: list[Batch], plan: PrecisionPlan, de
     """The cached states for ``key`` if the cached path is bit-identical to the full model, else
     None. Checked once per entry: every trial sharing it feeds the same states through the same code
     path, and identical states give identical logits whatever the trained layers' weights."""
-    prefix = prefix_states(model, batches, plan, device, layer, key)
     full_key = (*key, plan.name, str(device), layer)
+    if _EXACT.get(full_key) is False:
+        return None  # failed once: never computed (nor kept, nor chained from) again
+    prefix = prefix_states(model, batches, plan, device, layer, key)
     if full_key not in _EXACT:
         _EXACT[full_key] = matches_full_model(model, batches[0], prefix, plan, device)
         if not _EXACT[full_key]:

@@ -17,10 +17,6 @@ from torch import nn
 
 from trials.freezing import FreezeReport, find_encoder_parts
 
-DEFAULT_ALPHA = 16.0  # peft's sequence-classification examples: r = 8, alpha = 16, dropout = 0.1
-DEFAULT_DROPOUT = 0.1
-
-
 class LoraError(ValueError):
     pass
 

@@ -39,7 +39,8 @@ def is_oom(exc: BaseException) -> bool:
         seen.add(id(exc))
         if isinstance(exc, torch.cuda.OutOfMemoryError) or _OOM_MESSAGE.search(str(exc)):
             return True
-        exc = exc.__cause__ or exc.__context__
+        # an explicit cause, or the error being handled when this one was raised (unless suppressed)
+        exc = exc.__cause__ or (None if exc.__suppress_context__ else exc.__context__)
     return False
 
 
@@ -59,7 +60,7 @@ def catch_oom(run: Callable[[], T], on_oom: Callable[[BaseException], T], free: 
     has let go of the exception, ``free()`` gives the memory back. Other errors propagate."""
     try:
         return run()
-    except BaseException as exc:
+    except Exception as exc:  # never an interrupt or an exit: those end the worker as they should
         if not is_oom(exc):
             raise
         outcome = on_oom(exc)

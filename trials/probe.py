@@ -34,11 +34,6 @@ from trials.eval_cache import PrefixStates
 from trials.metrics import metric_value
 from trials.tokens import Batch
 
-POOLINGS = ("auto", "mean", "first")
-DEFAULT_FOLDS = 5
-DEFAULT_CS = 10  # scikit-learn's LogisticRegressionCV default: 10 values, log-spaced over 1e-4 … 1e4
-
-
 class ProbeError(ValueError):
     pass
 
@@ -85,7 +80,6 @@ class ProbeFit:
     c: float  # the chosen inverse regularisation strength
     predictor: Any  # the refit scikit-learn pipeline (scaler + linear model)
     trainable_params: int  # the linear model's coefficients and intercepts
-    cv_score: float  # the chosen C's mean cross-validation score on the train subset
 
 
 def select_and_fit(features: np.ndarray, labels: np.ndarray, regression: bool, metric: str, folds: int,
@@ -102,7 +96,7 @@ def select_and_fit(features: np.ndarray, labels: np.ndarray, regression: bool, m
     c = float(grid[search.best_index_])  # GridSearchCV keeps the first best: the smallest C of a tie
     model = search.best_estimator_[-1]
     params = int(model.coef_.size + np.size(model.intercept_))
-    return ProbeFit(c=c, predictor=search.best_estimator_, trainable_params=params, cv_score=float(search.best_score_))
+    return ProbeFit(c=c, predictor=search.best_estimator_, trainable_params=params)
 
 
 def _estimator(regression: bool, grid: np.ndarray):

@@ -317,6 +317,7 @@ def run_trial_or_oom(cfg: TrialConfig, on_eval: Callable[[EvalPoint], None] | No
     """``run_trial``, except that running out of GPU memory gives the cell's ``oom`` row, after this
     process has given the memory back (so the next trial it takes starts clean). Other errors
     propagate: whoever runs the trial decides on retries."""
+    cfg = resolve_config(cfg)  # the oom row's id names the precision actually used
     return catch_oom(lambda: run_trial(cfg, on_eval),
                      lambda exc: failed_result(cfg, exc, placement=where(resolve_device(cfg.device))),
                      free=free_memory)

@@ -30,7 +30,8 @@ _PROBE = "The quick brown fox can't jump over 12 lazy dogs, can it? Ünïcödé!
 
 def tokenizer_fingerprint(tokenizer) -> str:
     probe = tokenizer(_PROBE)["input_ids"]
-    blob = f"{type(tokenizer).__name__}|{len(tokenizer)}|{probe}"
+    # model_input_names decides whether segment ids are stored
+    blob = f"{type(tokenizer).__name__}|{len(tokenizer)}|{probe}|{tuple(tokenizer.model_input_names)}"
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 

@@ -104,9 +104,15 @@ def test_the_exactness_check_runs_once_per_cache_entry(tiny_trial, monkeypatch):
 def test_an_entry_that_fails_the_check_is_not_used_or_chained_from(tiny_trial, monkeypatch):
     from trials import eval_cache as module
 
-    monkeypatch.setattr(module, "matches_full_model", lambda *a: False)
+    checks, computed = [], []
+    monkeypatch.setattr(module, "matches_full_model", lambda *a: checks.append(1) or False)
+    real_compute = module._compute
+    monkeypatch.setattr(module, "_compute", lambda *a, **k: computed.append(a[4]) or real_compute(*a, **k))
+    module.clear()
     result = run_trial(dataclasses.replace(tiny_trial, frozen_layers=1))
     assert result.eval_cached_layers is None and module.entries() == 0
+    again = run_trial(dataclasses.replace(tiny_trial, frozen_layers=1, seed=1))  # the same entry: refused at once
+    assert again.eval_cached_layers is None and module.entries() == 0 and checks == computed == [1]
 
 
 def test_the_cache_is_exact_on_sentence_pairs(tiny_trial, toy_pairs):

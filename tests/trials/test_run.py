@@ -6,7 +6,7 @@ import torch
 
 from trials.config import TrialConfig
 from trials.precision import PrecisionError, resolve_precision
-from trials.run import failed_result, run_trial
+from trials.run import clear_caches, failed_result, run_trial
 from trials.train import make_schedule
 
 
@@ -177,7 +177,7 @@ def test_classification_rows_hold_every_metric_and_select_by_the_chosen_one(tiny
 def test_segment_ids_reach_the_model_on_every_path(tiny_trial, toy_pairs, monkeypatch):
     """Training steps, evaluation, the evaluation cache's prefix and its check, the training cache's rows:
     every forward pass of a pair task on a BERT-like model carries the second segment's ids."""
-    from trials import eval_cache, run as run_module, train_cache
+    from trials import run as run_module
 
     seen = []
     original = run_module.initial_model
@@ -189,13 +189,9 @@ def test_segment_ids_reach_the_model_on_every_path(tiny_trial, toy_pairs, monkey
         return model
 
     monkeypatch.setattr(run_module, "initial_model", hooked)
-    eval_cache._STATES.clear()
-    eval_cache._EXACT.clear()
-    train_cache._ROWS.clear()
+    clear_caches()
     result = run_trial(_pairs(tiny_trial, toy_pairs, frozen_layers=1, train_cache=True))
     assert result.eval_cached_layers == 1 and result.train_cached_layers == 1
     assert len(seen) > result.n_train  # one pass per train row for the training cache, and all the rest
     assert all(t is not None and int(t.max()) == 1 for t in seen)
-    eval_cache._STATES.clear()
-    eval_cache._EXACT.clear()
-    train_cache._ROWS.clear()
+    clear_caches()

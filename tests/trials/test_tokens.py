@@ -9,6 +9,7 @@ from trials.tokens import Tokens, collate, eval_batches, tokenize_split, train_b
 class CountingTokenizer:
     def __init__(self, inner):
         self.inner, self.calls = inner, 0
+        self.model_input_names = inner.model_input_names
 
     def __len__(self):
         return len(self.inner)
