@@ -9,7 +9,9 @@ Prints, for the same model, data and machine in one run:
 3. a weights+optimizer checkpoint written at every evaluation (the study) vs none (freezesweep),
    as seconds per evaluation and as a share of a whole trial;
 4. tokenization: from scratch vs the disk cache vs the in-process cache;
-5. evaluation with the frozen layers' output cached (trials/eval_cache.py) vs the full model, per k.
+5. evaluation with the frozen layers' output cached (trials/eval_cache.py) vs the full model, per k;
+6. the last layer computed for the head's token only (trials/first_token.py), in evaluation and
+   training, and training batches packed without their padding (trials/packing.py).
 Only ratios measured here are printed; nothing is hard-coded.
 """
 
@@ -151,6 +153,51 @@ def bench_eval_cache(model, ids, labels, pad_id, plan, device, repeats) -> None:
             timed(lambda: evaluate(model, batches, plan, device, prefix), repeats), full)
 
 
+def bench_unpadded(model_name, train_ids, val_ids, train_labels, val_labels, pad_id, plan, device, repeats) -> None:
+    """The last layer past attention for the head's token only (trials/first_token.py) and training
+    batches without padding (trials/packing.py), on the real validation split and one epoch of
+    n = 200 training batches, nothing frozen; the attention implementation as trials use it."""
+    from trials.evaluate import task_loss
+    from trials.first_token import narrowed
+    from trials.model import attention_for
+    from trials.packing import PaddedFeed, training_feed
+
+    print("6. the last layer for the head's token only, training batches packed (nothing frozen)")
+    model = build_model(model_name, 2, "pretrained").to(device)
+    rows = np.arange(200)
+    epoch = train_batches(train_ids.select(rows), train_labels[rows], 16, pad_id, torch.Generator().manual_seed(0))
+    print(f"  training batches: {np.mean([b.input_ids.numel() for b in epoch]):.0f} positions, "
+          f"{np.mean([int(b.attention_mask.sum()) for b in epoch]):.0f} tokens on average")
+    val = eval_batches(val_ids, val_labels, 64, pad_id)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=5e-5, fused=True)
+
+    def train_epoch(feed):
+        model.train()
+        for batch in epoch:
+            batch = feed.prepare(batch).to(device)
+            with plan.autocast():
+                loss = task_loss(feed.logits(model, batch), batch.labels)
+            loss.backward()
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+
+    base_eval = timed(lambda: evaluate(model, val, plan, device), repeats)
+    base_train = timed(lambda: train_epoch(PaddedFeed()), repeats)
+    attention_for(model, device)
+    reader, feed = training_feed(model, epoch[0].to(device), ("bench",))
+    if reader is None:
+        print("  this model does not qualify (its head reads more than the first token)")
+        return
+    print(f"  validation pass ({len(val)} batches of 64), attention {model.config._attn_implementation}")
+    row("full last layer, default attention (baseline)", base_eval, base_eval)
+    with narrowed(model, reader):
+        row("last layer for the head's token only", timed(lambda: evaluate(model, val, plan, device), repeats), base_eval)
+        print(f"  one epoch of training ({len(epoch)} steps)")
+        row("padded, full last layer, default attention (baseline)", base_train, base_train)
+        row("padded, last layer narrowed", timed(lambda: train_epoch(PaddedFeed()), repeats), base_train)
+        row("packed, last layer narrowed (freezesweep)", timed(lambda: train_epoch(feed), repeats), base_train)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default="sentence-transformers/all-MiniLM-L6-v2")
@@ -158,7 +205,7 @@ def main() -> None:
     parser.add_argument("--data-dir", default=None)
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--only", type=int, nargs="+", choices=range(1, 6), default=range(1, 6),
+    parser.add_argument("--only", type=int, nargs="+", choices=range(1, 7), default=range(1, 7),
                         help="sections to run (3 needs 1 and 2)")
     args = parser.parse_args()
     import transformers
@@ -186,6 +233,8 @@ def main() -> None:
         bench_tokenize(tokenizer, task.train, args.repeats)
     if 5 in only:
         bench_eval_cache(model, val_ids, labels, pad, plan, device, args.repeats)
+    if 6 in only:
+        bench_unpadded(args.model, train_ids, val_ids, task.train.labels, labels, pad, plan, device, args.repeats)
 
 
 if __name__ == "__main__":

@@ -41,7 +41,7 @@ LATER_FIELDS: dict[str, Any] = {"method": "freeze", "eval_at_end": False, "train
                                 "lora_rank": None, "lora_alpha": None, "lora_dropout": None, "lora_targets": None,
                                 "probe_pooling": None, "probe_folds": None, "probe_cs": None}
 # How the work is done and where things live: never identity (moving a data dir re-runs nothing).
-MACHINE_FIELDS = ("eval_batch_size", "eval_cache", "data_dir", "cache_dir", "checkpoint_dir", "checkpoint_every_epochs",
+MACHINE_FIELDS = ("eval_batch_size", "eval_cache", "narrow_last_layer", "pack_training", "data_dir", "cache_dir", "checkpoint_dir", "checkpoint_every_epochs",
                   "num_threads", "device")
 # What the RNG seed derives from: not frozen_layers, train_size or the protocol (paired seeds).
 SEED_FIELDS = ("seed", "split_seed", "dataset", "model")
@@ -98,6 +98,8 @@ class TrialConfig:
     # --- how the work is done, where things live (not identity) ---
     eval_batch_size: int = 64  # length-sorted, masked batches: the batch size changes speed, not results
     eval_cache: bool = True  # reuse the frozen layers' evaluation output (exact: checked per cache entry)
+    narrow_last_layer: bool = True  # the last layer past attention for the head's token only (trials/first_token.py)
+    pack_training: bool = True  # training batches without their padding (trials/packing.py)
     data_dir: str | None = None
     cache_dir: str | None = None
     checkpoint_dir: str | None = None

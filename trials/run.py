@@ -24,18 +24,20 @@ import numpy as np
 import torch
 
 from trials.config import METHOD_FIELDS, METHODS, EvalPoint, TrialConfig, TrialResult
-from trials import eval_cache, probe, train_cache
+from trials import eval_cache, first_token, packing, probe, train_cache
 from trials.data import TaskData, load_task, resolve_cache_dir
 from trials.eval_cache import PrefixStates, exact_prefix
+from trials.first_token import Reader
 from trials.freezing import FreezeReport, find_encoder_parts, freeze
 from trials.lora import apply_lora
 from trials.metrics import METRICS, compute_metrics, describe_shape
-from trials.model import build_model, load_tokenizer, resolve_model_path
+from trials.model import attention_for, build_model, load_tokenizer, resolve_model_path
 from trials.oom import catch_oom, is_oom
+from trials.packing import PackedFeed, PaddedFeed, training_feed
 from trials.placement import where
 from trials.precision import PrecisionPlan, resolve_config, resolve_device, resolve_precision, synchronize
 from trials.subsets import indices_digest, stratified_order, subset_indices
-from trials.tokens import Batch, Tokens, eval_batches, tokenize_split
+from trials.tokens import Batch, Tokens, collate, eval_batches, tokenize_split
 from trials.train_cache import TrainPrefix, train_prefix
 from trials.train import FitContext, FitState, fit, make_schedule
 
@@ -61,7 +63,7 @@ def run_trial(cfg: TrialConfig, on_eval: Callable[[EvalPoint], None] | None = No
     val_ids = tokenize_split(tokenizer, task.validation, cfg.max_seq_length, cache_dir)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
 
-    model = initial_model(cfg, task.num_labels).to(device)
+    model = attention_for(initial_model(cfg, task.num_labels).to(device), device)
     batches = [b.to(device) for b in eval_batches(val_ids.select(val_rows), task.validation.labels[val_rows],
                                                   cfg.eval_batch_size, pad_id)]  # on the device once, for every evaluation
     train_tokens = train_ids.select(train_rows)
@@ -75,6 +77,7 @@ def run_trial(cfg: TrialConfig, on_eval: Callable[[EvalPoint], None] | None = No
     train_prefix = _train_prefix(cfg, model, train_tokens, train_rows, plan, device, task.train.digest)
     synchronize(device)
     cache_fill_time_s = time.perf_counter() - fill_started
+    reader, feed = _training_feed(cfg, model, data, pad_id, device, packed=train_prefix is None)
     ctx = FitContext(
         cfg=cfg,
         plan=plan,
@@ -84,8 +87,10 @@ def run_trial(cfg: TrialConfig, on_eval: Callable[[EvalPoint], None] | None = No
         eval_prefix=eval_prefix,
         train_prefix=train_prefix,
         on_eval=on_eval or (lambda point: None),
+        feed=feed,
     )
-    state = fit(model, train_tokens, task.train.labels[train_rows], pad_id, ctx)
+    with first_token.only_first_token(model, reader):
+        state = fit(model, train_tokens, task.train.labels[train_rows], pad_id, ctx)
     result = _result(cfg, task, train_rows, len(val_rows), report, state, device, plan, (eval_prefix, train_prefix),
                      wall_time_s=time.perf_counter() - started, cache_fill_time_s=cache_fill_time_s)
     return dataclasses.replace(result, lora_targets=lora_targets)
@@ -177,6 +182,17 @@ def _eval_prefix(cfg: TrialConfig, model, batches, plan, device, rows_key: tuple
     return exact_prefix(model, batches, plan, device, cfg.frozen_layers, _eval_key(cfg, rows_key))
 
 
+def _training_feed(cfg: TrialConfig, model, data: TrialData, pad_id: int, device: torch.device,
+                   packed: bool) -> tuple[Reader | None, PaddedFeed | PackedFeed]:
+    """The last layer narrowed to the head's token, training batches packed: each where exact for this
+    model (checked on the first training rows; the opt-in training cache feeds padded states)."""
+    rows = np.arange(min(8, len(data.train_rows)))
+    check = collate(data.train_tokens.select(rows), data.task.train.labels[data.train_rows[rows]], pad_id).to(device)
+    every_layer_frozen = cfg.method == "freeze" and cfg.frozen_layers == len(find_encoder_parts(model).layers)
+    return training_feed(model, check, (cfg.model, type(model).__qualname__), cfg.narrow_last_layer,
+                         cfg.pack_training and packed, narrow_evaluation=not every_layer_frozen)
+
+
 def _train_prefix(cfg: TrialConfig, model, train_tokens, train_rows, plan, device, split_digest: str) -> TrainPrefix | None:
     """The opt-in training cache (a deviation from the reference, see trials/train_cache.py)."""
     if not (cfg.train_cache and cfg.method == "freeze" and cfg.frozen_layers >= 1):
@@ -229,6 +245,8 @@ def clear_caches() -> None:
     CUDA out-of-memory error, so the memory they hold goes back to the trials packed beside it."""
     eval_cache.clear()
     train_cache.clear()
+    first_token.clear()
+    packing.clear()
     _TEMPLATES.clear()
 
 

@@ -27,6 +27,7 @@ from trials import faults
 from trials.config import EvalPoint, TrialConfig
 from trials.eval_cache import PrefixStates
 from trials.evaluate import evaluate, task_loss
+from trials.packing import PackedFeed, PaddedFeed
 from trials.precision import PrecisionPlan, synchronize
 from trials.tokens import Batch, Tokens, train_batches
 from trials.train_cache import TrainPrefix
@@ -101,6 +102,7 @@ class FitContext:
     eval_batches: list[Batch]
     on_eval: Callable[[EvalPoint], None]
     eval_prefix: PrefixStates | None = None  # the frozen layers' cached output (trials/eval_cache.py)
+    feed: PaddedFeed | PackedFeed = PaddedFeed()  # padded or packed training batches (trials/packing.py)
     train_prefix: TrainPrefix | None = None  # opt-in, not the reference's semantics (trials/train_cache.py)
 
 
@@ -125,7 +127,7 @@ def fit(model: nn.Module, train_ids: Tokens, train_labels: np.ndarray, pad_id: i
         for batch in train_batches(train_ids, train_labels, cfg.batch_size, pad_id, generator)[skip:]:
             if state.step >= schedule.total_steps:
                 break
-            batch = batch.to(ctx.device)
+            batch = ctx.feed.prepare(batch).to(ctx.device)
             with ctx.train_prefix.feeding(model, batch) if ctx.train_prefix else contextlib.nullcontext():
                 loss = _train_step(model, batch, optimizer, scheduler, scaler, params, ctx)  # opt-in cache: above k
             state.loss_sum, state.loss_count = state.loss_sum + loss, state.loss_count + 1
@@ -144,7 +146,7 @@ def fit(model: nn.Module, train_ids: Tokens, train_labels: np.ndarray, pad_id: i
 
 def _train_step(model, batch: Batch, optimizer, scheduler, scaler, params, ctx: FitContext) -> torch.Tensor:
     with ctx.plan.autocast():
-        logits = model(**batch.model_inputs()).logits
+        logits = ctx.feed.logits(model, batch)
     loss = task_loss(logits, batch.labels)
     scaler.scale(loss).backward()
     scaler.unscale_(optimizer)
