@@ -20,7 +20,7 @@ import math
 import os
 from dataclasses import dataclass
 
-from orchestrator import driver_faults
+from orchestrator import driver_faults, local_files
 from orchestrator.grid import build_grid
 from orchestrator.progress import SweepProgress
 from orchestrator.rows import result_row
@@ -30,8 +30,12 @@ from results.store import ResultStore, SpoolingWriter
 from trials.config import TrialConfig, TrialResult
 from trials.data import resolve_cache_dir, resolve_data_dir
 
-# Environment a trial reads, forwarded to workers on other nodes (local workers inherit it anyway).
+# Environment a trial reads, forwarded to workers on other nodes (local workers inherit it anyway)...
 _FORWARDED_ENV_PREFIXES = ("FREEZESWEEP_", "HF_", "TRANSFORMERS_")
+# ...except the driver's folders: a node has its own caches, and the data dir is in the spec (its
+# files shipped or checked on every node).
+_DRIVER_PATH_ENV = frozenset({"FREEZESWEEP_DATA_DIR", "FREEZESWEEP_CACHE_DIR", "HF_HOME", "HF_HUB_CACHE",
+                              "HF_DATASETS_CACHE", "HF_TOKEN_PATH", "TRANSFORMERS_CACHE"})
 
 
 @dataclass(frozen=True)
@@ -62,6 +66,9 @@ def launch(spec: SweepSpec, show_progress: bool = True) -> LaunchSummary:
     if spec.data_dir is None and resolve_data_dir(None) is not None:
         # Record where the data came from, so `resume` works without the environment variable.
         spec = spec.model_copy(update={"data_dir": str(resolve_data_dir(None).resolve())})
+    if cluster_address(spec.address):
+        _init_ray(spec.address)
+        local_files.preflight(spec)  # every node has what its trials open, before anything is written
     requested, spec = spec.training.precision, resolve_sweep_precision(spec)
     # Stored resolved, per dataset: status and report never need the data to know a cell's metric.
     resolved = spec.training.model_copy(update={"select_metric": spec.select_metrics()})
@@ -79,14 +86,16 @@ def launch(spec: SweepSpec, show_progress: bool = True) -> LaunchSummary:
         pending = [c for c in pending if c.trial_id not in recovered]
         if not pending:
             return LaunchSummary(len(cells), len(cells) - len(recovered), 0, 0, 0, recovered=len(recovered))
-        spec, packing = resolve_gpus_per_trial(spec, hungriest_frozen_layers(pending))
+        shipment = _ship(spec)
+        spec, packing = resolve_gpus_per_trial(spec, hungriest_frozen_layers(pending), shipment)
         pending = [_machine_fields(c, spec, store) for c in pending]
         writer = RowWriter(spec.name, sink, done | recovered,
                            SweepProgress(total=len(cells), done=len(cells) - len(pending), enabled=show_progress))
         with writer.progress:
             try:
-                _run_tune(spec, pending, store, writer.write, stop_if=lock.raise_if_lost)
-                retried = _retry_ooms_with_more_memory(spec, pending, store, writer, stop_if=lock.raise_if_lost)
+                _run_tune(spec, pending, store, writer.write, stop_if=lock.raise_if_lost, shipment=shipment)
+                retried = _retry_ooms_with_more_memory(spec, pending, store, writer, stop_if=lock.raise_if_lost,
+                                                       shipment=shipment)
             except Exception:
                 lock.raise_if_lost()  # Tune wraps what a callback raised in a TuneError: say why, plainly
                 raise
@@ -116,7 +125,7 @@ def roomier(spec: SweepSpec) -> SweepSpec | None:
 
 
 def _retry_ooms_with_more_memory(spec: SweepSpec, pending: list[TrialConfig], store: ResultStore,
-                                 writer: "RowWriter", stop_if=None) -> int:
+                                 writer: "RowWriter", stop_if=None, shipment=None) -> int:
     """Run once more, with twice the GPU share, the cells that ran out of memory in this launch (see
     the module's docstring for the rows). Not after an interruption: a cell without an outcome
     means the run was stopped, and ``resume`` picks everything up."""
@@ -125,7 +134,7 @@ def _retry_ooms_with_more_memory(spec: SweepSpec, pending: list[TrialConfig], st
     if more is None or not oom or any(c.trial_id not in writer.outcomes for c in pending):
         return 0
     _run_tune(more, oom, store, functools.partial(writer.write, oom_retry=True), experiment=f"{spec.name}-oom-retry",
-              stop_if=stop_if)
+              stop_if=stop_if, shipment=shipment)
     return len(oom)
 
 
@@ -171,7 +180,8 @@ def gpu_request(spec: SweepSpec) -> float:
     return 1.0 if share == "auto" else share
 
 
-def resolve_gpus_per_trial(spec: SweepSpec, frozen_layers: int) -> tuple[SweepSpec, str | None]:
+def resolve_gpus_per_trial(spec: SweepSpec, frozen_layers: int,
+                           shipment: local_files.Shipment | None = None) -> tuple[SweepSpec, str | None]:
     """``auto``: one trial with ``frozen_layers`` (the sweep's fewest: the largest footprint) measured
     on a GPU where the trials run (a Ray task holding a whole GPU, in a worker process that exits after
     it, so the memory it took goes back), then as many trials per GPU as fit (trials/memory_probe.py).
@@ -187,7 +197,8 @@ def resolve_gpus_per_trial(spec: SweepSpec, frozen_layers: int) -> tuple[SweepSp
     shape = dict(batch_size=t.batch_size, max_seq_length=t.max_seq_length, model_init=t.model_init,
                  eval_batch_size=t.eval_batch_size, precision=t.precision, frozen_layers=frozen_layers)
     try:  # one probe per model; the sweep packs as densely as its hungriest model allows
-        probes = ray.get([task.remote(model=model, **shape) for model in spec.models()], timeout=PROBE_TIMEOUT_S)
+        probes = ray.get([task.remote(model=model, shipment=shipment, **shape) for model in spec.models()],
+                         timeout=PROBE_TIMEOUT_S)
         probe = max(probes, key=lambda p: p.gpus_per_trial)
     except ray.exceptions.GetTimeoutError:
         raise SpecError([f"resources.gpus_per_trial: auto: no node ran the memory probe (1 GPU, "
@@ -203,10 +214,18 @@ def resolve_gpus_per_trial(spec: SweepSpec, frozen_layers: int) -> tuple[SweepSp
     return spec.model_copy(update={"resources": resources}), f"gpus_per_trial auto: {describe(probe)}"
 
 
-def _memory_probe(**kwargs):
+def _memory_probe(model: str, shipment: local_files.Shipment | None = None, **kwargs):
     from trials.memory_probe import probe
 
-    return probe(**kwargs)
+    return probe(model=shipment.model_files(model) if shipment else model, **kwargs)
+
+
+def _ship(spec: SweepSpec) -> local_files.Shipment | None:
+    """The spec's local files in Ray's object store, when trials get them that way (local_files.mode)."""
+    if local_files.mode(spec) != "ship":
+        return None
+    _init_ray(spec.address)
+    return local_files.pack(spec)
 
 
 def _check_stored_precision(store: ResultStore, spec: SweepSpec, requested: str) -> None:
@@ -319,7 +338,7 @@ class RowWriter:
 
 
 def _run_tune(spec: SweepSpec, pending: list[TrialConfig], store: ResultStore, write,
-              experiment: str | None = None, stop_if=None) -> None:
+              experiment: str | None = None, stop_if=None, shipment: local_files.Shipment | None = None) -> None:
     from ray import tune
 
     from orchestrator.tune_adapter import CELL_KEY, StoreWriter, trial_config_from_ray, tune_trainable
@@ -328,7 +347,8 @@ def _run_tune(spec: SweepSpec, pending: list[TrialConfig], store: ResultStore, w
     os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")  # with verbose=0: no Tune tables; our bar reports
     resources = {"cpu": spec.resources.cpus_per_trial, "gpu": spec.resources.gpus_per_trial}
     tuner = tune.Tuner(
-        tune.with_resources(tune_trainable, resources),
+        # with_parameters: the shipment's listing goes to the object store once, not into every trial's config
+        tune.with_resources(tune.with_parameters(tune_trainable, shipment=shipment), resources),
         param_space={CELL_KEY: tune.grid_search([c.to_dict() for c in pending])},
         tune_config=tune.TuneConfig(
             max_concurrent_trials=spec.resources.max_concurrent_trials,
@@ -356,7 +376,7 @@ def _init_ray(address: str | None) -> None:
 
     if ray.is_initialized():
         return
-    env = {k: v for k, v in os.environ.items() if k.startswith(_FORWARDED_ENV_PREFIXES)}
+    env = {k: v for k, v in os.environ.items() if k.startswith(_FORWARDED_ENV_PREFIXES) and k not in _DRIVER_PATH_ENV}
     ray.init(address=cluster_address(address), include_dashboard=False,
              log_to_driver=False, logging_level="ERROR", runtime_env={"env_vars": env} if env else None)
 

@@ -143,6 +143,10 @@ class SweepSpec(_Strict):
     probe: ProbeSpec = ProbeSpec()
     resources: ResourcesSpec = ResourcesSpec()
     data_dir: str | None = None
+    local_files: Literal["auto", "ship", "node_local"] = Field(
+        "auto", description="how trials on other nodes get the spec's local data files and model folders: ship = "
+        "the driver sends them through Ray's object store; node_local = every node has them at the same paths "
+        "(checked on every node before the first trial); auto = ship on a cluster (orchestrator/local_files.py)")
     store: str = "./sweeps"
     address: str | None = None
 

@@ -1,7 +1,8 @@
 """The one place where Ray Tune meets a trial.
 
-Worker side: ``tune_trainable`` turns Ray's dict into a TrialConfig (unknown keys rejected), runs
-the plain-PyTorch trial, reports each evaluation to Tune and finally the whole result as JSON.
+Worker side: ``tune_trainable`` turns Ray's dict into a TrialConfig (unknown keys rejected), points
+it at this node's copies of the files the driver shipped (orchestrator/local_files.py), runs the
+plain-PyTorch trial, reports each evaluation to Tune and finally the whole result as JSON.
 Driver side: ``StoreWriter`` writes each finished cell's row, so workers never touch the store.
 A crash propagates so Ray's FailureConfig retries it; an out-of-memory error does not (it would
 fail again the same way at the same density) and becomes an ``oom`` row at once, after the worker
@@ -21,6 +22,7 @@ from typing import Any
 
 from ray import tune
 
+from orchestrator.local_files import Shipment
 from trials.config import TrialConfig, TrialResult, result_from_dict
 
 CELL_KEY = "cell"
@@ -35,7 +37,7 @@ def trial_config_from_ray(config: dict) -> TrialConfig:
     return TrialConfig.from_dict(config[CELL_KEY])
 
 
-def tune_trainable(config: dict) -> None:
+def tune_trainable(config: dict, shipment: Shipment | None = None) -> None:
     import transformers
 
     from trials import faults
@@ -46,6 +48,7 @@ def tune_trainable(config: dict) -> None:
     transformers.logging.set_verbosity_error()
     transformers.utils.logging.disable_progress_bar()
     cfg = trial_config_from_ray(config)
+    local = shipment.place(cfg) if shipment else cfg
     placement = {**where(resolve_device(cfg.device)), **ray_placement()}
     faults.set_gpu_share(placement["gpus_per_trial"])
     placed = json.dumps(placement)
@@ -55,8 +58,10 @@ def tune_trainable(config: dict) -> None:
         tune.report({**metrics, "val_loss": point.loss, "epoch": point.epoch, "step": point.step,
                      PLACEMENT_KEY: placed})
 
-    result = run_trial_or_oom(cfg, on_eval=on_eval)  # an OOM is a row; other errors go to Ray's retries
-    result = dataclasses.replace(result, placement={**result.placement, **placement})
+    result = run_trial_or_oom(local, on_eval=on_eval)  # an OOM is a row; other errors go to Ray's retries
+    # The row names the files as the spec does, not this node's temporary copies of them.
+    sent = dataclasses.replace(result.config, dataset_files=cfg.dataset_files, model_dir=cfg.model_dir)
+    result = dataclasses.replace(result, config=sent, placement={**result.placement, **placement})
     tune.report({"val_score": result.best_val_score or 0.0, RESULT_KEY: json.dumps(result.to_dict(), default=str),
                  PLACEMENT_KEY: placed})
 

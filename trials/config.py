@@ -41,8 +41,8 @@ LATER_FIELDS: dict[str, Any] = {"method": "freeze", "eval_at_end": False, "train
                                 "lora_rank": None, "lora_alpha": None, "lora_dropout": None, "lora_targets": None,
                                 "probe_pooling": None, "probe_folds": None, "probe_cs": None}
 # How the work is done and where things live: never identity (moving a data dir re-runs nothing).
-MACHINE_FIELDS = ("eval_batch_size", "eval_cache", "narrow_last_layer", "pack_training", "data_dir", "cache_dir", "checkpoint_dir", "checkpoint_every_epochs",
-                  "num_threads", "device")
+MACHINE_FIELDS = ("eval_batch_size", "eval_cache", "narrow_last_layer", "pack_training", "data_dir", "cache_dir",
+                  "checkpoint_dir", "checkpoint_every_epochs", "num_threads", "device", "dataset_files", "model_dir")
 # What the RNG seed derives from: not frozen_layers, train_size or the protocol (paired seeds).
 SEED_FIELDS = ("seed", "split_seed", "dataset", "model")
 # The axes of the grid; every other identity field is the sweep's protocol. An axis that does not
@@ -106,10 +106,19 @@ class TrialConfig:
     checkpoint_every_epochs: float | None = None
     num_threads: int | None = None
     device: str = "auto"  # auto | cpu | cuda | cuda:N
+    # Where this node holds files the driver shipped (orchestrator/local_files.py); None: the dataset's
+    # and model's own paths. The (train, validation) files, and the model's folder.
+    dataset_files: tuple[str, str] | None = None
+    model_dir: str | None = None
 
     def __post_init__(self):
-        if isinstance(self.lora_targets, list):  # from JSON (Ray's trial config): a tuple, so configs compare equal
-            object.__setattr__(self, "lora_targets", tuple(self.lora_targets))
+        for name in ("lora_targets", "dataset_files"):  # from JSON (Ray's trial config): tuples, so configs compare equal
+            if isinstance(getattr(self, name), list):
+                object.__setattr__(self, name, tuple(getattr(self, name)))
+
+    def model_files(self) -> str:
+        """Where the model is loaded from: this node's copy of a shipped folder, else ``model`` itself."""
+        return self.model_dir or self.model
 
     # ----------------------------------------------------------------------------------------
     def identity(self) -> dict[str, Any]:

@@ -2,9 +2,11 @@
 
 Names:
 - ``glue/<task>`` (sst2, cola, rte, mrpc, stsb, qnli, mnli, qqp): ``<data_dir>/<task>/{train,validation}.parquet``
-  when that folder exists (``data_dir`` from the config or ``FREEZESWEEP_DATA_DIR``), else
-  ``load_dataset("glue", task)`` (MNLI: its matched validation split). Each task knows its text
-  columns, its shape and its official metrics (``GLUE_TASKS``).
+  when a data dir is named (``data_dir`` from the config or ``FREEZESWEEP_DATA_DIR``), else
+  ``load_dataset("glue", task)`` (MNLI: its matched validation split). A named data dir without the
+  task is an error naming the folder, never a reason to go to the hub: the rows would come from
+  other data under the same trial_id. Each task knows its text columns, its shape and its official
+  metrics (``GLUE_TASKS``).
 - a local folder holding ``train.<ext>`` and ``validation.<ext>`` with ext in parquet, csv, tsv,
   json, jsonl, or an explicit pair ``TRAIN_FILE,VALIDATION_FILE`` of such files;
   ``text_column``/``text_pair_column``/``label_column`` name the columns (default ``sentence``/none/
@@ -175,14 +177,18 @@ def task_columns(dataset: str, text_column: str | None = None, label_column: str
 
 
 def load_task(dataset: str, data_dir: str | None = None, text_column: str | None = None,
-              label_column: str | None = None, text_pair_column: str | None = None) -> TaskData:
+              label_column: str | None = None, text_pair_column: str | None = None,
+              files: tuple[str, str] | None = None) -> TaskData:
+    """``files``: the (train, validation) files to read, where this node holds them (the driver
+    shipped them); None: the ones ``dataset`` and ``data_dir`` name (``split_files``)."""
     columns = task_columns(dataset, text_column, label_column, text_pair_column)
-    return _load_task(dataset, resolve_data_dir(data_dir), columns)
+    return _load_task(dataset, resolve_data_dir(data_dir), columns, tuple(files) if files else None)
 
 
 @functools.lru_cache(maxsize=4)  # a reused Ray worker loads a dataset once, not once per trial
-def _load_task(dataset: str, data_dir: Path | None, columns: Columns) -> TaskData:
-    frames = _load_frames(dataset, data_dir)
+def _load_task(dataset: str, data_dir: Path | None, columns: Columns, files: tuple[str, str] | None) -> TaskData:
+    paths = dict(zip(SPLITS, map(Path, files))) if files else split_files(dataset, data_dir)
+    frames = _load_from_hub(dataset) if paths is None else {s: _read_file(f) for s, f in paths.items()}
     problems = _column_problems({s: list(map(str, df.columns)) for s, df in frames.items()}, columns)
     if problems:
         raise DatasetError(f"dataset {dataset!r}: " + "; ".join(problems), problems)
@@ -251,23 +257,31 @@ def official_metric(dataset: str, data_dir: str | None = None, text_column: str 
     return describe_task(dataset, data_dir, text_column, label_column, text_pair_column).official_metrics[0]
 
 
-def _load_frames(dataset: str, data_dir: Path | None) -> dict[str, pd.DataFrame]:
+def split_files(dataset: str, data_dir: str | Path | None = None) -> dict[str, Path] | None:
+    """The train and validation files ``dataset`` is read from on this machine, or None for a GLUE
+    task with no data dir (config or ``FREEZESWEEP_DATA_DIR``): the hub. A local path that is named
+    but missing raises DatasetError naming it: it never falls back to the hub."""
     glue = glue_task(dataset)
     if glue is not None:
-        task = dataset.split("/", 1)[1]
-        if data_dir is not None and (data_dir / task).is_dir():
-            return {s: _read_file(f) for s, f in _glue_files(data_dir / task, glue).items()}
-        return _load_from_hub(task, glue)
+        root = resolve_data_dir(str(data_dir) if data_dir else None)
+        if root is None:
+            return None
+        folder = root / dataset.split("/", 1)[1]
+        if not folder.is_dir():
+            raise DatasetError(f"{dataset}: no folder {folder} in data_dir {root} (a named data dir is never "
+                               f"replaced by the hub: add the task there, or name no data_dir and no {DATA_DIR_ENV} "
+                               "to read GLUE from the hub)")
+        return _glue_files(folder, glue)
     if "," in dataset:
         files = [Path(p.strip()).expanduser() for p in dataset.split(",")]
         missing = [str(f) for f in files if not f.is_file()]
         if len(files) != 2 or missing or any(f.suffix.lstrip(".") not in _EXTENSIONS for f in files):
             raise DatasetError(f"dataset {dataset!r}: expected TRAIN_FILE,VALIDATION_FILE, two existing "
                                f"{'/'.join(_EXTENSIONS)} files" + (f" (missing: {', '.join(missing)})" if missing else ""))
-        return {s: _read_file(f) for s, f in zip(SPLITS, files)}
+        return dict(zip(SPLITS, files))
     folder = Path(dataset).expanduser()
     if folder.is_dir():
-        return {s: _read_file(_find_split_file(folder, s)) for s in SPLITS}
+        return {s: _find_split_file(folder, s) for s in SPLITS}
     raise DatasetError(
         f"unknown dataset {dataset!r}: use glue/<task> ({', '.join(sorted(GLUE_TASKS))}) or a folder "
         f"holding train and validation files ({', '.join(_EXTENSIONS)})"
@@ -300,14 +314,15 @@ def _read_file(path: Path) -> pd.DataFrame:
     return pd.read_json(path, lines=suffix == "jsonl")
 
 
-def _load_from_hub(task: str, glue: GlueTask) -> dict[str, pd.DataFrame]:
+def _load_from_hub(dataset: str) -> dict[str, pd.DataFrame]:
+    glue, task = glue_task(dataset), dataset.split("/", 1)[1]
     try:
         import datasets
 
         ds = datasets.load_dataset("glue", task)
     except Exception as exc:  # offline, hub down, ...: say where local files would be looked for
         raise DatasetError(
-            f"glue/{task}: no local copy (set data_dir or {DATA_DIR_ENV} to a folder holding "
+            f"glue/{task}: no data dir named (set data_dir or {DATA_DIR_ENV} to a folder holding "
             f"{task}/train.parquet and {task}/validation.parquet) and the hub failed: {exc}"
         ) from exc
     return {"train": ds["train"].to_pandas(), "validation": ds[glue.validation_split].to_pandas()}

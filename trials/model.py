@@ -19,10 +19,14 @@ class ModelError(ValueError):
 
 def resolve_model_path(model: str) -> str:
     """A local folder as it is; a hub id shipped by an installed package to that package's folder;
-    any other hub id unchanged (transformers then uses its cache or the hub)."""
+    any other hub id unchanged (transformers then uses its cache or the hub). A name that can only be
+    a folder (``names_folder``) but is none here raises ModelError naming it, rather than going to
+    the hub with it."""
     path = Path(model).expanduser()
     if path.is_dir():
         return str(path)
+    if names_folder(model):
+        raise ModelError(f"model folder {model} does not exist on this machine")
     package = OFFLINE_PACKAGES.get(model)
     if package is not None:
         try:
@@ -30,6 +34,12 @@ def resolve_model_path(model: str) -> str:
         except ModuleNotFoundError:
             pass  # not installed: fall through to the hub
     return model
+
+
+def names_folder(model: str) -> bool:
+    """Whether ``model`` can only be a local folder: a hub id is ``name`` or ``owner/name``, and its
+    parts never start with a dot (so ``/x``, ``~/x``, ``./x``, ``a/b/c`` are folders)."""
+    return model.startswith(("/", "~", ".")) or model.count("/") > 1 or "\\" in model
 
 
 @functools.lru_cache(maxsize=8)

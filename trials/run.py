@@ -53,11 +53,12 @@ def run_trial(cfg: TrialConfig, on_eval: Callable[[EvalPoint], None] | None = No
         torch.set_num_threads(cfg.num_threads)
     reset_peak_memory(device)
 
-    task = load_task(cfg.dataset, cfg.data_dir, cfg.text_column, cfg.label_column, cfg.text_pair_column)
+    task = load_task(cfg.dataset, cfg.data_dir, cfg.text_column, cfg.label_column, cfg.text_pair_column,
+                     files=cfg.dataset_files)
     check_select_metric(cfg, task)
     train_rows = subset_indices(task.train.labels, cfg.train_size, cfg.split_seed)
     val_rows = eval_rows(task, cfg)
-    tokenizer = load_tokenizer(cfg.model)
+    tokenizer = load_tokenizer(cfg.model_files())
     cache_dir = resolve_cache_dir(cfg.cache_dir)
     train_ids = tokenize_split(tokenizer, task.train, cfg.max_seq_length, cache_dir)
     val_ids = tokenize_split(tokenizer, task.validation, cfg.max_seq_length, cache_dir)
@@ -107,7 +108,7 @@ def _probe_trial(cfg: TrialConfig, model, data: TrialData, plan: PrecisionPlan, 
                                 _train_key(cfg, task.train.digest))
     synchronize(device)
     fill_s = time.perf_counter() - fill_started
-    pooling = probe.resolve_pooling(cfg.probe_pooling, resolve_model_path(cfg.model))
+    pooling = probe.resolve_pooling(cfg.probe_pooling, resolve_model_path(cfg.model_files()))
 
     fit_started = time.perf_counter()
     fitted = probe.select_and_fit(probe.train_features(train_states.states, pooling), task.train.labels[data.train_rows],
@@ -231,7 +232,7 @@ def initial_model(cfg: TrialConfig, num_labels: int):
     key = (cfg.model, cfg.model_init, num_labels, cfg.derived_seed)
     seed_everything(cfg.derived_seed)
     if key not in _TEMPLATES:
-        _TEMPLATES[key] = (build_model(cfg.model, num_labels, cfg.model_init), _host_rng_states())
+        _TEMPLATES[key] = (build_model(cfg.model_files(), num_labels, cfg.model_init), _host_rng_states())
         while len(_TEMPLATES) > _MAX_TEMPLATES:
             _TEMPLATES.popitem(last=False)
     _TEMPLATES.move_to_end(key)

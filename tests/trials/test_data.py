@@ -23,7 +23,9 @@ def test_data_dir_from_environment(glue_dir, monkeypatch):
     assert len(load_task("glue/cola").validation) == 1043
 
 
-def test_hub_fallback_is_tried_and_explained(monkeypatch, tmp_path):
+def test_hub_is_tried_and_explained_only_without_a_data_dir(monkeypatch, tmp_path):
+    """No data dir named: the hub, and its failure explained. A named data dir without the task is
+    an error naming the folder: the hub is never asked (its rows would carry the same trial_id)."""
     import datasets
 
     calls = []
@@ -35,7 +37,13 @@ def test_hub_fallback_is_tried_and_explained(monkeypatch, tmp_path):
     monkeypatch.setattr(datasets, "load_dataset", offline)
     monkeypatch.delenv("FREEZESWEEP_DATA_DIR", raising=False)
     with pytest.raises(DatasetError, match="FREEZESWEEP_DATA_DIR"):
-        load_task("glue/sst2", data_dir=str(tmp_path))  # a data dir without sst2/ → hub
+        load_task("glue/sst2")
+    assert calls == [("glue", "sst2")]
+    with pytest.raises(DatasetError, match=f"no folder {tmp_path / 'cola'} in data_dir {tmp_path}"):
+        load_task("glue/cola", data_dir=str(tmp_path))
+    monkeypatch.setenv("FREEZESWEEP_DATA_DIR", str(tmp_path / "gone"))
+    with pytest.raises(DatasetError, match=f"no folder {tmp_path / 'gone' / 'cola'}"):
+        describe_task("glue/cola")
     assert calls == [("glue", "sst2")]
 
 
