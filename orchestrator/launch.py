@@ -204,10 +204,8 @@ def resolve_gpus_per_trial(spec: SweepSpec, frozen_layers: int,
         raise SpecError([f"resources.gpus_per_trial: auto: no node ran the memory probe (1 GPU, "
                          f"{spec.resources.cpus_per_trial} CPU) within {PROBE_TIMEOUT_S} s"], "launch") from None
     except ray.exceptions.RayTaskError as exc:
-        cause = exc.cause if isinstance(exc.cause, BaseException) else exc
-        first_line = (str(cause).splitlines() or [""])[0]
         raise SpecError([f"resources.gpus_per_trial: auto: measuring one trial on a GPU failed: "
-                         f"{type(cause).__name__}: {first_line}"], "launch") from None
+                         f"{local_files.first_line(exc)}"], "launch") from None
     from trials.memory_probe import describe
 
     resources = spec.resources.model_copy(update={"gpus_per_trial": probe.gpus_per_trial})

@@ -60,9 +60,10 @@ class ShippedFolder:
         """Driver side: each file into the object store once (``files``: relative path -> where it is here)."""
         import ray
 
-        listing = sorted((name, file_digest(path)) for name, path in files.items())
+        blobs = {name: path.read_bytes() for name, path in files.items()}  # read once: hashed and shipped
+        listing = sorted((name, hashlib.sha256(blob).hexdigest()) for name, blob in blobs.items())
         digest = hashlib.sha256(json.dumps(listing).encode()).hexdigest()[:32]
-        return cls(digest, {name: ray.put(path.read_bytes()) for name, path in files.items()})
+        return cls(digest, {name: ray.put(blob) for name, blob in blobs.items()})
 
     def materialise(self, root: Path) -> Path:
         """Worker side: ``root/<digest>``, written on first use. The files go to a staging folder that
@@ -207,7 +208,7 @@ def check_nodes(needs: NodeNeeds, timeout_s: float = PREFLIGHT_TIMEOUT_S) -> lis
         try:
             lacks = ray.get(ref)
         except Exception as exc:  # e.g. freezesweep not installed there: the task cannot even load
-            lacks = [f"cannot run freezesweep's check: {_first_line(exc)}"]
+            lacks = [f"cannot run freezesweep's check: {first_line(exc)}"]
         if lacks:
             problems.append(f"node {_node_name(asked[ref])} lacks: " + "; ".join(lacks))
     for ref in late:
@@ -233,7 +234,8 @@ def _node_name(node: dict) -> str:
     return f"{node['NodeID'][:12]} ({node.get('NodeManagerAddress')}, {node.get('NodeManagerHostname')})"
 
 
-def _first_line(exc: BaseException) -> str:
+def first_line(exc: BaseException) -> str:
+    """``Type: first line`` of an exception, a Ray task's own one unwrapped."""
     cause = getattr(exc, "cause", None)  # a RayTaskError wraps the task's own exception
     cause = cause if isinstance(cause, BaseException) else exc
     return f"{type(cause).__name__}: {(str(cause).splitlines() or [''])[0]}"

@@ -12,7 +12,7 @@ How: within ``narrowed(model, reader)``, a forward pre-hook on the last layer's 
 module (``attention.output``, called as (attention context, residual input) in the BERT family)
 narrows both inputs to position 0; the layer then returns ``[batch, 1, hidden]`` and the head's
 ``[:, 0]`` reads the same vector the full layer would give. Whether a model qualifies is measured,
-not assumed: once per (model, class) and process, its logits with and without the hook on a real
+not assumed: once per (model, class) and process (trials/packing.py ``training_feed``), its logits with and without the hook on a real
 batch, in fp32, must agree to float rounding; a head that reads other positions (mean pooling, the
 last token) or a layer built otherwise fails that check, and the model runs in full.
 
@@ -32,9 +32,6 @@ from torch import nn
 from trials.eval_cache import eval_mode
 from trials.freezing import find_encoder_parts
 from trials.tokens import Batch
-
-_VERDICTS: dict[tuple, bool] = {}  # per (model, class): the check depends on the architecture only
-
 
 def _attention_output(model: nn.Module) -> nn.Module | None:
     """The last layer's attention-output module, where the architecture has one."""
@@ -67,10 +64,11 @@ class Reader:
 
 
 @contextlib.contextmanager
-def narrowed(model: nn.Module, reader: Reader | None = None):
-    """Within the block, the last layer computes its position-wise part for the head's token only."""
-    target = _attention_output(model)
-    handle = target.register_forward_pre_hook(reader or Reader()) if target is not None else None
+def narrowed(model: nn.Module, reader: Reader | None):
+    """Within the block, the last layer computes its position-wise part for the head's token only
+    (nothing changes where there is no reader: the model does not qualify, or narrowing is off)."""
+    target = _attention_output(model) if reader is not None else None
+    handle = target.register_forward_pre_hook(reader) if target is not None else None
     try:
         yield
     finally:
@@ -79,29 +77,17 @@ def narrowed(model: nn.Module, reader: Reader | None = None):
 
 
 @torch.no_grad()
-def qualifies(model: nn.Module, batch: Batch, key: tuple) -> bool:
-    """True when narrowing leaves the model's logits unchanged on ``batch`` (fp32, eval mode, the
-    first 8 rows). Measured once per ``key`` and process."""
-    if key not in _VERDICTS:
-        _VERDICTS[key] = _attention_output(model) is not None and _same_logits(model, batch)
-    return _VERDICTS[key]
-
-
-def _same_logits(model: nn.Module, batch: Batch) -> bool:
-    inputs = {name: value[:8] for name, value in batch.model_inputs().items()}
+def narrowing_agrees(model: nn.Module, batch: Batch) -> bool:
+    """True when narrowing leaves the model's logits on ``batch`` unchanged (fp32, eval mode)."""
+    if _attention_output(model) is None:
+        return False
     with eval_mode(model):
-        full = model(**inputs).logits.float()
-        with narrowed(model):
-            narrow = model(**inputs).logits.float()
+        full = model(**batch.model_inputs()).logits
+        with narrowed(model, Reader()):
+            narrow = model(**batch.model_inputs()).logits
+    return logits_agree(full, narrow)
+
+
+def logits_agree(full: torch.Tensor, other: torch.Tensor) -> bool:
     # fp32 rounding of a different matrix shape is ~1e-7 relative; a head reading other positions is off by far more
-    return full.shape == narrow.shape and torch.allclose(full, narrow, rtol=1e-4, atol=1e-5)
-
-
-def only_first_token(model: nn.Module, reader: Reader | None):
-    """``narrowed(model, reader)``, or a no-op context where there is no reader (the model does not
-    qualify, or narrowing is off)."""
-    return narrowed(model, reader) if reader is not None else contextlib.nullcontext()
-
-
-def clear() -> None:
-    _VERDICTS.clear()
+    return full.shape == other.shape and torch.allclose(full.float(), other.float(), rtol=1e-4, atol=1e-5)

@@ -27,11 +27,12 @@ from dataclasses import asdict, dataclass
 
 import torch
 
+from trials.placement import share_for
+
 # A sane bound, not a measured optimum: past a handful of processes a GPU time-slices them, each pays
 # its own CUDA context, and each needs its own CPU cores (benchmarks/gpu_check.sh pack compares 1, 4, 8).
 MAX_TRIALS_PER_GPU = 8
 MARGIN = 0.2  # of the GPU's memory left free: allocator fragmentation, longer batches, the evaluation cache
-_RAY_RESOLUTION = 10_000  # Ray keeps resource quantities in 1/10000 units (ray._raylet.RESOURCE_UNIT_SCALING)
 
 
 @dataclass(frozen=True)
@@ -58,7 +59,7 @@ def packing(per_trial_mib: float, gpu_total_mib: float, margin: float = MARGIN,
         raise ValueError(f"cannot pack {per_trial_mib} MiB trials on a {gpu_total_mib} MiB GPU with margin {margin}")
     fits = math.floor(gpu_total_mib * (1 - margin) / per_trial_mib)
     n = max(1, min(max_per_gpu, fits))
-    return n, math.floor(_RAY_RESOLUTION / n) / _RAY_RESOLUTION
+    return n, share_for(n)
 
 
 def probe(model: str, batch_size: int, max_seq_length: int, eval_batch_size: int = 64, precision: str = "auto",

@@ -32,7 +32,7 @@ from trials.eval_cache import eval_mode
 from trials.first_token import Reader
 from trials.tokens import Batch
 
-_VERDICTS: dict[tuple, bool] = {}
+_VERDICTS: dict[tuple, tuple[bool, bool]] = {}  # (narrowing exact, packing exact) per (model, class)
 
 
 @dataclass(frozen=True)
@@ -105,33 +105,30 @@ class PackedFeed:
 def training_feed(model: nn.Module, batch: Batch, key: tuple, narrow: bool = True, packed: bool = True,
                   narrow_evaluation: bool = True) -> tuple[Reader | None, PaddedFeed | PackedFeed]:
     """The last layer's reader (None: the model runs in full) and how training batches are fed,
-    each only where ``batch`` (a few training rows, on the model's device) shows it exact."""
-    if not (narrow and first_token.qualifies(model, batch, key)):
+    each only where ``batch`` (a few training rows, on the model's device) shows it exact; the
+    verdicts are measured once per ``key`` (they depend on the architecture only) and process."""
+    if key not in _VERDICTS:
+        narrows = first_token.narrowing_agrees(model, batch)
+        _VERDICTS[key] = (narrows, narrows and _packing_agrees(model, batch))
+    narrows, packs = _VERDICTS[key]
+    if not (narrow and narrows):
         return None, PaddedFeed()
     reader = Reader(narrow_evaluation)
-    if packed and _packs(model, batch, key, reader):
-        return reader, PackedFeed(reader, position_offset(model))
-    return reader, PaddedFeed()
+    return reader, PackedFeed(reader, position_offset(model)) if packed and packs else PaddedFeed()
 
 
 @torch.no_grad()
-def _packs(model: nn.Module, batch: Batch, key: tuple, reader: Reader) -> bool:
-    if key not in _VERDICTS:
-        _VERDICTS[key] = _same_logits(model, batch, reader)
-    return _VERDICTS[key]
-
-
-def _same_logits(model: nn.Module, batch: Batch, reader: Reader) -> bool:
-    feed = PackedFeed(reader, position_offset(model))
+def _packing_agrees(model: nn.Module, batch: Batch) -> bool:
+    feed = PackedFeed(Reader(), position_offset(model))
     packed = feed.prepare(batch.to(torch.device("cpu"))).to(batch.input_ids.device)
     with eval_mode(model):
-        padded = model(**batch.model_inputs()).logits.float()
+        padded = model(**batch.model_inputs()).logits
         try:
-            with first_token.narrowed(model, reader):
-                unpadded = feed.logits(model, packed).float()
+            with first_token.narrowed(model, feed.reader):
+                unpadded = feed.logits(model, packed)
         except (RuntimeError, ValueError, TypeError, IndexError):  # a model that takes no 4D mask or position ids
             return False
-    return padded.shape == unpadded.shape and torch.allclose(padded, unpadded, rtol=1e-4, atol=1e-5)
+    return first_token.logits_agree(padded, unpadded)
 
 
 def clear() -> None:

@@ -14,9 +14,9 @@ from typing import Any
 import torch
 
 # Ray keeps resource quantities in fixed point, 1/10000 of a unit (ray._raylet.RESOURCE_UNIT_SCALING,
-# checked in ray/_common/ray_option_utils.py): a share of 1/3 is 0.3333, and this tolerance keeps
+# checked in ray/_common/ray_option_utils.py): a share of 1/3 is 0.3333, and one unit of tolerance keeps
 # floor(1 / 0.3333) at 3.
-_SHARE_TOLERANCE = 1e-4
+RAY_RESOLUTION = 10_000
 
 
 def where(device: torch.device) -> dict[str, Any]:
@@ -50,9 +50,15 @@ def _uuid(props) -> str | None:
     return text if text.startswith(("GPU-", "MIG-")) else f"GPU-{text}"
 
 
+def share_for(n: int) -> float:
+    """The GPU share that packs ``n`` trials on one GPU: 1/n rounded down to Ray's resolution (1/3 ->
+    0.3333), the inverse of ``trials_per_gpu``."""
+    return math.floor(RAY_RESOLUTION / n) / RAY_RESOLUTION
+
+
 def trials_per_gpu(gpus_per_trial: float | None) -> int | None:
     """How many trials the scheduler packs on one GPU at this share (floor(1 / share)); None for
     CPU trials (no share)."""
     if not gpus_per_trial or gpus_per_trial <= 0:
         return None
-    return max(1, math.floor(1 / gpus_per_trial + _SHARE_TOLERANCE))
+    return max(1, math.floor(1 / gpus_per_trial + 1 / RAY_RESOLUTION))

@@ -71,8 +71,10 @@ def validation_features(prefix: PrefixStates, batches: list[Batch], pooling: str
 
 
 def train_features(row_states: tuple[torch.Tensor, ...], pooling: str) -> np.ndarray:
-    """Features of the train subset, in its order (each row's states are its own, unpadded)."""
-    return np.concatenate([pooled(s, None, pooling) for s in row_states])
+    """Features of the train subset, in its order (each row's states are its own, unpadded): pooled on
+    the device, copied to the host once."""
+    rows = [s[0] if pooling == "first" else s.float().mean(0) for s in row_states]
+    return torch.stack(rows).float().cpu().numpy()
 
 
 @dataclass(frozen=True)

@@ -90,7 +90,7 @@ def run_trial(cfg: TrialConfig, on_eval: Callable[[EvalPoint], None] | None = No
         on_eval=on_eval or (lambda point: None),
         feed=feed,
     )
-    with first_token.only_first_token(model, reader):
+    with first_token.narrowed(model, reader):
         state = fit(model, train_tokens, task.train.labels[train_rows], pad_id, ctx)
     result = _result(cfg, task, train_rows, len(val_rows), report, state, device, plan, (eval_prefix, train_prefix),
                      wall_time_s=time.perf_counter() - started, cache_fill_time_s=cache_fill_time_s)
@@ -246,7 +246,6 @@ def clear_caches() -> None:
     CUDA out-of-memory error, so the memory they hold goes back to the trials packed beside it."""
     eval_cache.clear()
     train_cache.clear()
-    first_token.clear()
     packing.clear()
     _TEMPLATES.clear()
 

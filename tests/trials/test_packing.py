@@ -18,10 +18,8 @@ from trials.tokens import collate, tokenize_split
 
 @pytest.fixture(autouse=True)
 def _fresh_verdicts():
-    first_token.clear()
     packing.clear()
     yield
-    first_token.clear()
     packing.clear()
 
 
