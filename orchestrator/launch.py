@@ -10,6 +10,12 @@ and the retry's row replaces it (one file per cell, moved into place whole), so 
 exactly one row per cell at every moment: a driver that dies in between leaves the ``oom`` row, and
 ``resume`` runs the cell again. A retry that runs out of memory too leaves an ``oom`` row at the
 larger share; both kinds of retry row say ``oom_retry``.
+
+Preemption: a trial whose process or node dies is run again by Ray (``max_failures``) and, with
+``checkpoint_every_epochs``, continues from its last checkpoint, which Ray keeps in its storage
+(``ray_storage``): on a cluster with a remote store, the sweep's ``_ray`` folder there, which every
+node reaches, so the retry may run on any node. Its row is written once, when it finishes: one row
+per cell still.
 """
 
 from __future__ import annotations
@@ -18,7 +24,10 @@ import dataclasses
 import functools
 import math
 import os
+import sys
 from dataclasses import dataclass
+
+import pyarrow.fs as pafs
 
 from orchestrator import driver_faults, local_files
 from orchestrator.grid import build_grid
@@ -82,13 +91,17 @@ def launch(spec: SweepSpec, show_progress: bool = True) -> LaunchSummary:
         store.write_spec(spec.to_yaml())
         done = store.ok_ids()
         cells, pending = plan(spec, done)
-        recovered = _recover_from_ray(store, sink, {c.trial_id for c in pending})
+        storage = ray_storage(store, cluster=cluster_address(spec.address) is not None)
+        recovered = _recover_from_ray(storage, store, sink, {c.trial_id for c in pending})
         pending = [c for c in pending if c.trial_id not in recovered]
         if not pending:
             return LaunchSummary(len(cells), len(cells) - len(recovered), 0, 0, 0, recovered=len(recovered))
         shipment = _ship(spec)
         spec, packing = resolve_gpus_per_trial(spec, hungriest_frozen_layers(pending), shipment)
-        pending = [_machine_fields(c, spec, store) for c in pending]
+        pending = [_machine_fields(c, spec) for c in pending]
+        notice = checkpoint_storage_warning(spec, storage)
+        if notice:
+            print(f"warning: {notice}", file=sys.stderr)
         writer = RowWriter(spec.name, sink, done | recovered,
                            SweepProgress(total=len(cells), done=len(cells) - len(pending), enabled=show_progress))
         with writer.progress:
@@ -242,20 +255,47 @@ def _check_stored_precision(store: ResultStore, spec: SweepSpec, requested: str)
     ], f"{store.uri}/{spec.name}")
 
 
-def _machine_fields(cell: TrialConfig, spec: SweepSpec, store: ResultStore) -> TrialConfig:
-    """How and where a cell runs (none of it is identity): threads, and where its checkpoints go."""
-    threads = max(1, math.floor(spec.resources.cpus_per_trial))
-    checkpoints = local_state_dir(store, "checkpoints") if spec.training.checkpoint_every_epochs else None
-    return dataclasses.replace(cell, num_threads=threads, checkpoint_dir=checkpoints)
+def _machine_fields(cell: TrialConfig, spec: SweepSpec) -> TrialConfig:
+    """How a cell runs (not identity): threads. Its checkpoints go where the Ray adapter puts them
+    (tune_adapter.ray_checkpoints: Ray's storage, below)."""
+    return dataclasses.replace(cell, num_threads=max(1, math.floor(spec.resources.cpus_per_trial)))
 
 
-def local_state_dir(store: ResultStore, what: str) -> str:
-    """A folder beside a local store (never inside results/), or in the user's cache for a remote one."""
-    from pyarrow.fs import LocalFileSystem
+@dataclass(frozen=True)
+class RayStorage:
+    """Where Ray keeps a sweep's experiment state and trial checkpoints (``RunConfig.storage_path``)."""
 
-    if isinstance(store.fs, LocalFileSystem):
-        return f"{store.sweep_dir}/_{what}"
-    return _cache_dir(store, what)
+    path: str  # on ``filesystem``; a local path when that is None
+    filesystem: pafs.FileSystem | None  # the store's own (its credentials, endpoint) for a remote store
+    shared: bool  # every node reaches it: a trial whose node dies resumes on another from its checkpoint
+
+
+def ray_storage(store: ResultStore, cluster: bool) -> RayStorage:
+    """On a cluster with a remote store (s3://, gs://, …): ``<store>/<sweep>/_ray``, storage every node
+    reaches, so trial checkpoints outlive their node (Ray gets the store's own filesystem: its
+    credentials and endpoint). A local store: its ``<sweep>/_ray`` folder on the driver's disk, which
+    other nodes reach only when it is a network filesystem mounted at the same path on each (nothing
+    here can tell). The embedded Ray with a remote store: the driver's cache, as before clusters
+    mattered: one machine needs nothing shared, and a store outage then slows no Ray sync."""
+    if isinstance(store.fs, pafs.LocalFileSystem):
+        return RayStorage(f"{store.sweep_dir}/_ray", None, shared=False)
+    if cluster:
+        return RayStorage(f"{store.sweep_dir}/_ray", store.fs, shared=True)
+    return RayStorage(_cache_dir(store, "ray"), None, shared=False)
+
+
+def checkpoint_storage_warning(spec: SweepSpec, storage: RayStorage) -> str | None:
+    """A warning, not an error, for a cluster sweep that checkpoints into a local store: the folder may
+    well be a shared filesystem (NFS), which the driver cannot tell, and where it is not, trials on
+    other nodes run on without checkpoints (tune_adapter) and the rows are as good: only a trial
+    whose node dies starts over instead of resuming."""
+    if not (spec.training.checkpoint_every_epochs and cluster_address(spec.address) and not storage.shared):
+        return None
+    return (f"training.checkpoint_every_epochs on a cluster with the local store {spec.store!r}: Ray keeps trial "
+            f"checkpoints in {storage.path} on this machine's disk, which trials on other nodes can write only if "
+            "it is a shared filesystem mounted at that path on every node; elsewhere they run without checkpoints, "
+            "and a trial whose node dies starts over. A remote store (s3://…, gs://…) keeps them where every "
+            "node reaches them.")
 
 
 def _cache_dir(store: ResultStore, what: str) -> str:
@@ -265,7 +305,8 @@ def _cache_dir(store: ResultStore, what: str) -> str:
     return str(resolve_cache_dir(None) / what / key / store.sweep)
 
 
-def _recover_from_ray(store: ResultStore, sink: SpoolingWriter, pending_ids: set[str]) -> set[str]:
+def _recover_from_ray(storage: RayStorage, store: ResultStore, sink: SpoolingWriter,
+                      pending_ids: set[str]) -> set[str]:
     """Cells whose final result Ray's experiment state holds but the store does not (the driver died
     between the two): written now instead of run again. Ray's state is an optimisation only: any
     problem reading it (absent, corrupt, another Ray version) just means those cells run again."""
@@ -274,14 +315,15 @@ def _recover_from_ray(store: ResultStore, sink: SpoolingWriter, pending_ids: set
     from orchestrator.tune_adapter import RESULT_KEY, last_placement, tune_trainable
     from trials.config import result_from_dict
 
-    path = _ray_storage(store) + f"/{store.sweep}"
+    path = f"{storage.path}/{store.sweep}"
     recovered: set[str] = set()
     try:
         from ray import tune
 
-        if not pending_ids or not tune.Tuner.can_restore(path):
+        if not pending_ids or not tune.Tuner.can_restore(path, storage_filesystem=storage.filesystem):
             return recovered
-        for trial in tune.Tuner.restore(path, trainable=tune_trainable).get_results():
+        restored = tune.Tuner.restore(path, trainable=tune_trainable, storage_filesystem=storage.filesystem)
+        for trial in restored.get_results():
             payload = (trial.metrics or {}).get(RESULT_KEY)
             result = result_from_dict(json.loads(payload)) if payload else None
             if result is not None and result.status == "ok" and result.trial_id in pending_ids:
@@ -344,6 +386,7 @@ def _run_tune(spec: SweepSpec, pending: list[TrialConfig], store: ResultStore, w
     _init_ray(spec.address)
     os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")  # with verbose=0: no Tune tables; our bar reports
     resources = {"cpu": spec.resources.cpus_per_trial, "gpu": spec.resources.gpus_per_trial}
+    storage = ray_storage(store, cluster=cluster_address(spec.address) is not None)
     tuner = tune.Tuner(
         # with_parameters: the shipment's listing goes to the object store once, not into every trial's config
         tune.with_resources(tune.with_parameters(tune_trainable, shipment=shipment), resources),
@@ -355,13 +398,24 @@ def _run_tune(spec: SweepSpec, pending: list[TrialConfig], store: ResultStore, w
         ),
         run_config=tune.RunConfig(
             name=experiment or spec.name,  # the retry of OOMs has its own: resume recovers from the main one
-            storage_path=_ray_storage(store),
+            storage_path=storage.path,
+            storage_filesystem=storage.filesystem,
+            # A trial whose process or node dies is run again, from its last checkpoint when it has one
+            # (tune_adapter.ray_checkpoints); only the latest is kept, and none once the trial is over.
             failure_config=tune.FailureConfig(max_failures=spec.resources.max_failures),
+            checkpoint_config=tune.CheckpointConfig(num_to_keep=1),
             callbacks=[StoreWriter(write, stop_if)],
             verbose=0,
         ),
     )
-    tuner.fit()
+    try:
+        tuner.fit()
+    except OSError:
+        # Once the trials are over Ray reads its experiment state back (a result grid the launch does
+        # not use): a remote store gone by then fails that read, though every outcome has reached the
+        # spool already. The launch's flush then says what is kept where, as it does for rows.
+        if not storage.shared:
+            raise
 
 
 def cluster_address(address: str | None) -> str | None:
@@ -377,11 +431,6 @@ def _init_ray(address: str | None) -> None:
     env = {k: v for k, v in os.environ.items() if k.startswith(_FORWARDED_ENV_PREFIXES) and k not in _DRIVER_PATH_ENV}
     ray.init(address=cluster_address(address), include_dashboard=False,
              log_to_driver=False, logging_level="ERROR", runtime_env={"env_vars": env} if env else None)
-
-
-def _ray_storage(store: ResultStore) -> str:
-    """Ray's experiment state: trials report no Tune checkpoints, so it needs no shared storage."""
-    return local_state_dir(store, "ray")
 
 
 def sweep_from_store(name: str, store_uri: str, semantic: bool = True) -> SweepSpec:

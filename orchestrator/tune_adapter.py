@@ -10,14 +10,22 @@ has given the memory back; the launch retries such cells once with a larger GPU 
 
 Every row says where it ran: Ray's node id and IP and the trial's GPU share (gathered here, the one
 place that meets Ray) beside the host and CUDA device the trial saw (trials/placement.py).
+
+Checkpoints (``checkpoint_every_epochs``) are Ray's: each one the trial saves is handed to Tune, which
+copies it to the sweep's Ray storage (launch.ray_storage); a retry, on whatever node, starts from the
+latest; the driver deletes it once the trial is over.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
-from collections.abc import Callable
+import shutil
+import sys
+from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 from ray import tune
@@ -28,6 +36,7 @@ from trials.config import TrialConfig, TrialResult, result_from_dict
 CELL_KEY = "cell"
 RESULT_KEY = "freezesweep_result"
 PLACEMENT_KEY = "freezesweep_placement"  # in every report, so a trial whose process dies is placed too
+CHECKPOINT_ERROR_KEY = "freezesweep_checkpoint_error"  # Ray's storage refused a checkpoint from this node
 
 
 def trial_config_from_ray(config: dict) -> TrialConfig:
@@ -58,12 +67,64 @@ def tune_trainable(config: dict, shipment: Shipment | None = None) -> None:
         tune.report({**metrics, "val_loss": point.loss, "epoch": point.epoch, "step": point.step,
                      PLACEMENT_KEY: placed})
 
-    result = run_trial_or_oom(local, on_eval=on_eval)  # an OOM is a row; other errors go to Ray's retries
-    # The row names the files as the spec does, not this node's temporary copies of them.
-    sent = dataclasses.replace(result.config, dataset_files=cfg.dataset_files, model_dir=cfg.model_dir)
+    with ray_checkpoints(local, placed) as local:
+        result = run_trial_or_oom(local, on_eval=on_eval)  # an OOM is a row; other errors go to Ray's retries
+    # The row names the files as the spec does, not this node's temporary copies of them, and no
+    # checkpoint folder (gone with the trial).
+    sent = dataclasses.replace(result.config, dataset_files=cfg.dataset_files, model_dir=cfg.model_dir,
+                               checkpoint_dir=None)
     result = dataclasses.replace(result, config=sent, placement={**result.placement, **placement})
     tune.report({"val_score": result.best_val_score or 0.0, RESULT_KEY: json.dumps(result.to_dict(), default=str),
                  PLACEMENT_KEY: placed})
+
+
+@contextlib.contextmanager
+def ray_checkpoints(cfg: TrialConfig, placed: str) -> Iterator[TrialConfig]:
+    """The trial's config with its checkpoints in a folder on this node, first filled from Ray's
+    latest checkpoint of the trial when this is a retry (the earlier attempt may have run on a node
+    that is gone); each checkpoint the trial saves goes to Ray at once."""
+    if not cfg.checkpoint_every_epochs:
+        yield cfg
+        return
+    import ray
+
+    from trials.train import checkpoint_listener
+
+    # In Ray's temp folder of the node, named by Ray's id of the trial (unique per run, the same for
+    # its retries): an attempt whose process died leaves its folder behind, and the next attempt
+    # on this node starts by clearing it.
+    context = tune.get_context()
+    folder = (Path(ray.get_runtime_context().get_temp_dir()) / "freezesweep-checkpoints" /
+              f"{context.get_experiment_name()}-{context.get_trial_id()}")
+    shutil.rmtree(folder, ignore_errors=True)
+    folder.mkdir(parents=True)
+    try:
+        latest = tune.get_checkpoint()
+        if latest is not None:
+            latest.to_directory(str(folder))
+        with checkpoint_listener(_RayCheckpoints(str(folder), placed)):
+            yield dataclasses.replace(cfg, checkpoint_dir=str(folder))
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+class _RayCheckpoints:
+    """Hands the folder to Ray after each save (Tune copies it to its storage before returning). When
+    Ray's storage cannot be written from this node (a local store on a machine of its own), the trial
+    runs on without checkpoints rather than failing: they only save work, the row is the same. The
+    driver is told, once (StoreWriter)."""
+
+    def __init__(self, folder: str, placed: str):
+        self.folder, self.placed, self.refused = folder, placed, False
+
+    def __call__(self, path) -> None:
+        if self.refused:
+            return
+        try:
+            tune.report({PLACEMENT_KEY: self.placed}, checkpoint=tune.Checkpoint.from_directory(self.folder))
+        except Exception as exc:  # raised while copying to storage, before anything was reported
+            self.refused = True
+            tune.report({PLACEMENT_KEY: self.placed, CHECKPOINT_ERROR_KEY: f"{type(exc).__name__}: {exc}"[:500]})
 
 
 def ray_placement() -> dict[str, Any]:
@@ -86,6 +147,7 @@ class StoreWriter(tune.Callback):
     lost to another driver: no trial keeps running for rows that could not be written)."""
 
     _stop_if: Callable[[], None] | None = None  # also for instances unpickled from an older tuner.pkl
+    _told_checkpoint_error = False
 
     def __init__(self, write: Callable[[TrialResult, int], None], stop_if: Callable[[], None] | None = None):
         self._write, self._stop_if = write, stop_if
@@ -106,6 +168,14 @@ class StoreWriter(tune.Callback):
         if RESULT_KEY in result:
             outcome = result_from_dict(json.loads(result[RESULT_KEY]))
             self._sink(outcome, trial.num_failures + 1)
+        if CHECKPOINT_ERROR_KEY in result and not self._told_checkpoint_error:
+            self._told_checkpoint_error = True
+            where = json.loads(result.get(PLACEMENT_KEY, "{}")).get("node_ip", "a node")
+            print(f"warning: trials on {where} cannot save checkpoints to Ray's storage "
+                  f"({result[CHECKPOINT_ERROR_KEY]}); they run on without them", file=sys.stderr)
+
+    def on_trial_complete(self, iteration, trials, trial, **info):
+        _drop_checkpoint(trial)
 
     def on_trial_error(self, iteration, trials, trial, **info):
         from trials.run import failed_result
@@ -114,6 +184,19 @@ class StoreWriter(tune.Callback):
         error, trace = _trial_error(trial)
         placement = last_placement(trial.last_result or {})
         self._sink(failed_result(cfg, error, trace=trace, placement=placement), trial.num_failures)
+        _drop_checkpoint(trial)  # Ray's retries are spent: a later launch starts the cell afresh
+
+
+def _drop_checkpoint(trial) -> None:
+    """A trial that is over needs its checkpoint no more (Ray keeps only the latest, which would
+    otherwise stay in storage for good: the trainable weights and the optimizer's state)."""
+    checkpoint = trial.checkpoint
+    if checkpoint is None:
+        return
+    try:
+        checkpoint.filesystem.delete_dir(checkpoint.path)
+    except Exception:  # already gone, or storage unreachable for now: only space is lost, not the sweep
+        pass
 
 
 def last_placement(last: dict) -> dict[str, Any]:

@@ -2,9 +2,10 @@
 
 ``FREEZESWEEP_FAULT`` holds rules separated by ``;``, each ``KIND@N[:MATCH][*TIMES]``:
 - KIND: ``crash`` (raise RuntimeError), ``exit`` (kill the trial's own process, as a segfault or the
-  kernel's OOM killer would), ``oom`` (raise ``torch.cuda.OutOfMemoryError``, also on CPU), or
+  kernel's OOM killer would), ``oom`` (raise ``torch.cuda.OutOfMemoryError``, also on CPU),
   ``oom<S`` (the same, only while the trial's GPU share is below S: a trial that fits once it has
-  S of a GPU; the share is the one its scheduler gave it, ``set_gpu_share``, else 0);
+  S of a GPU; the share is the one its scheduler gave it, ``set_gpu_share``, else 0), or ``hang``
+  (block until the process is killed: a long trial caught mid-run, whose node a test then stops);
 - N: fire after the N-th evaluation;
 - MATCH: ``key=value,...`` over TrialConfig fields, or a trial_id prefix; all trials when absent;
 - TIMES: fire at most this many times per trial (needs ``FREEZESWEEP_FAULT_DIR``, where the count
@@ -16,6 +17,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import threading
 from pathlib import Path
 
 import torch
@@ -49,9 +51,9 @@ def _parse(rule: str) -> tuple[str, float, int, str, int | None]:
     kind, _, after = head.partition("@")
     kind, bounded, below = kind.partition("<")
     bad_bound = bounded and (kind != "oom" or not _is_share(below))
-    if kind not in ("crash", "exit", "oom") or not after.isdigit() or bad_bound:
-        raise ValueError(f"bad {FAULT_ENV} rule {rule!r}: expected KIND@N[:MATCH][*TIMES], KIND crash, exit, oom "
-                         "or oom<SHARE")
+    if kind not in ("crash", "exit", "oom", "hang") or not after.isdigit() or bad_bound:
+        raise ValueError(f"bad {FAULT_ENV} rule {rule!r}: expected KIND@N[:MATCH][*TIMES], KIND crash, exit, oom, "
+                         "oom<SHARE or hang")
     return kind, float(below) if bounded else float("inf"), int(after), match, int(times) if times else None
 
 
@@ -90,4 +92,6 @@ def _fire(kind: str, cfg: TrialConfig) -> None:
         raise RuntimeError(message)
     if kind == "oom":
         raise torch.cuda.OutOfMemoryError(f"CUDA out of memory ({message})")
+    if kind == "hang":
+        threading.Event().wait()  # nothing sets it: only the end of the process ends the trial
     os._exit(17)

@@ -172,6 +172,21 @@ def _evaluate_into(model: nn.Module, state: FitState, ctx: FitContext) -> None:
 
 
 # --- optional checkpoints for long trials --------------------------------------------------------
+_on_saved: Callable[[Path], None] | None = None  # this process runs one trial at a time
+
+
+@contextlib.contextmanager
+def checkpoint_listener(listener: Callable[[Path], None]):
+    """Within the block, ``listener`` gets each checkpoint file right after it is saved: whoever runs
+    the trial keeps a copy where a retry on another machine finds it (the Ray adapter hands it to Ray)."""
+    global _on_saved
+    previous, _on_saved = _on_saved, listener
+    try:
+        yield
+    finally:
+        _on_saved = previous
+
+
 def _checkpoint_path(cfg: TrialConfig) -> Path | None:
     if not (cfg.checkpoint_dir and cfg.checkpoint_every_epochs):
         return None
@@ -198,6 +213,8 @@ def _save(model, optimizer, scheduler, scaler, generator, state: FitState, cfg: 
     tmp = path.with_suffix(".tmp")
     torch.save(payload, tmp)
     os.replace(tmp, path)
+    if _on_saved is not None:
+        _on_saved(path)
 
 
 def _restore(model, optimizer, scheduler, scaler, generator, cfg: TrialConfig) -> FitState | None:

@@ -200,7 +200,8 @@ def test_oom_while_sharing_a_gpu_is_retried_once_with_twice_the_share(write_spec
 
 def test_trial_killed_after_its_checkpoint_resumes_from_it(write_spec, tmp_path, monkeypatch):
     """checkpoint_every_epochs in a sweep: the process dies after the checkpoint at step 3; Ray's retry
-    continues from it and ends exactly where an uninterrupted run ends."""
+    continues from it (Ray's copy: a retry may run on another node) and ends exactly where an
+    uninterrupted run ends."""
     from trials.config import TrialConfig
     from trials.run import run_trial
 
@@ -217,7 +218,10 @@ def test_trial_killed_after_its_checkpoint_resumes_from_it(write_spec, tmp_path,
     assert (summary.ran, summary.ok) == (1, 1)
     row = pd.read_parquet(tmp_path / "store" / "ckpt" / "results").iloc[0]
     assert row["status"] == "ok" and row["attempts"] == 2 and row["resumed_from_step"] == 3
-    assert not list((tmp_path / "store" / "ckpt" / "_checkpoints").glob("*")), "a finished trial leaves no checkpoint"
+    # The retry started from Ray's copy of the checkpoint, in the sweep's Ray storage; once the trial
+    # was over the driver deleted it.
+    trial_dir = tmp_path / "store" / "ckpt" / "_ray" / "ckpt" / row["trial_id"]
+    assert trial_dir.is_dir() and not list(trial_dir.glob("checkpoint_*")), "a finished trial leaves no checkpoint"
 
     monkeypatch.delenv("FREEZESWEEP_FAULT")
     cell = TrialConfig.from_dict({**__import__("json").loads(row["config"]), "checkpoint_dir": None})
