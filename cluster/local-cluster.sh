@@ -122,6 +122,7 @@ case "${1:-}" in
     ;;
   kill-worker)
     [ -n "${2:-}" ] || { echo "usage: $0 kill-worker NAME" >&2; exit 2; }
+    [[ $2 =~ ^[A-Za-z0-9_-]+$ ]] || { echo "worker name: letters, digits, - and _ only" >&2; exit 2; }
     mapfile -t pids < <(everything "$DIR/$2")
     [ ${#pids[@]} -gt 0 ] || { echo "no worker node $2 in $DIR" >&2; exit 1; }
     kill -KILL "${pids[@]}" 2>/dev/null || true  # all at once: nothing of the node gets to say goodbye

@@ -27,17 +27,17 @@ import os
 import sys
 from dataclasses import dataclass
 
-import pyarrow.fs as pafs
-
 from orchestrator import driver_faults, local_files
 from orchestrator.grid import build_grid
 from orchestrator.progress import SweepProgress
+from orchestrator.ray_storage import (RayStorage, checkpoint_storage_warning, drop_checkpoints,
+                                      earlier_checkpoints, ray_storage, store_cache_dir)
 from orchestrator.rows import result_row
 from orchestrator.spec import SpecError, SweepSpec
 from results.lock import SweepLock
 from results.store import ResultStore, SpoolingWriter
 from trials.config import TrialConfig, TrialResult
-from trials.data import resolve_cache_dir, resolve_data_dir
+from trials.data import resolve_data_dir
 
 # Environment a trial reads, forwarded to workers on other nodes (local workers inherit it anyway)...
 _FORWARDED_ENV_PREFIXES = ("FREEZESWEEP_", "HF_", "TRANSFORMERS_")
@@ -91,7 +91,7 @@ def launch(spec: SweepSpec, show_progress: bool = True) -> LaunchSummary:
         store.write_spec(spec.to_yaml())
         done = store.ok_ids()
         cells, pending = plan(spec, done)
-        storage = ray_storage(store, cluster=cluster_address(spec.address) is not None)
+        storage = _ray_storage(spec, store)
         recovered = _recover_from_ray(storage, store, sink, {c.trial_id for c in pending})
         pending = [c for c in pending if c.trial_id not in recovered]
         if not pending:
@@ -99,7 +99,7 @@ def launch(spec: SweepSpec, show_progress: bool = True) -> LaunchSummary:
         shipment = _ship(spec)
         spec, packing = resolve_gpus_per_trial(spec, hungriest_frozen_layers(pending), shipment)
         pending = [_machine_fields(c, spec) for c in pending]
-        notice = checkpoint_storage_warning(spec, storage)
+        notice = checkpoint_storage_warning(spec, storage, on_cluster=cluster_address(spec.address) is not None)
         if notice:
             print(f"warning: {notice}", file=sys.stderr)
         writer = RowWriter(spec.name, sink, done | recovered,
@@ -261,48 +261,8 @@ def _machine_fields(cell: TrialConfig, spec: SweepSpec) -> TrialConfig:
     return dataclasses.replace(cell, num_threads=max(1, math.floor(spec.resources.cpus_per_trial)))
 
 
-@dataclass(frozen=True)
-class RayStorage:
-    """Where Ray keeps a sweep's experiment state and trial checkpoints (``RunConfig.storage_path``)."""
-
-    path: str  # on ``filesystem``; a local path when that is None
-    filesystem: pafs.FileSystem | None  # the store's own (its credentials, endpoint) for a remote store
-    shared: bool  # every node reaches it: a trial whose node dies resumes on another from its checkpoint
-
-
-def ray_storage(store: ResultStore, cluster: bool) -> RayStorage:
-    """On a cluster with a remote store (s3://, gs://, …): ``<store>/<sweep>/_ray``, storage every node
-    reaches, so trial checkpoints outlive their node (Ray gets the store's own filesystem: its
-    credentials and endpoint). A local store: its ``<sweep>/_ray`` folder on the driver's disk, which
-    other nodes reach only when it is a network filesystem mounted at the same path on each (nothing
-    here can tell). The embedded Ray with a remote store: the driver's cache, as before clusters
-    mattered: one machine needs nothing shared, and a store outage then slows no Ray sync."""
-    if isinstance(store.fs, pafs.LocalFileSystem):
-        return RayStorage(f"{store.sweep_dir}/_ray", None, shared=False)
-    if cluster:
-        return RayStorage(f"{store.sweep_dir}/_ray", store.fs, shared=True)
-    return RayStorage(_cache_dir(store, "ray"), None, shared=False)
-
-
-def checkpoint_storage_warning(spec: SweepSpec, storage: RayStorage) -> str | None:
-    """A warning, not an error, for a cluster sweep that checkpoints into a local store: the folder may
-    well be a shared filesystem (NFS), which the driver cannot tell, and where it is not, trials on
-    other nodes run on without checkpoints (tune_adapter) and the rows are as good: only a trial
-    whose node dies starts over instead of resuming."""
-    if not (spec.training.checkpoint_every_epochs and cluster_address(spec.address) and not storage.shared):
-        return None
-    return (f"training.checkpoint_every_epochs on a cluster with the local store {spec.store!r}: Ray keeps trial "
-            f"checkpoints in {storage.path} on this machine's disk, which trials on other nodes can write only if "
-            "it is a shared filesystem mounted at that path on every node; elsewhere they run without checkpoints, "
-            "and a trial whose node dies starts over. A remote store (s3://…, gs://…) keeps them where every "
-            "node reaches them.")
-
-
-def _cache_dir(store: ResultStore, what: str) -> str:
-    import hashlib
-
-    key = hashlib.sha256(store.uri.encode()).hexdigest()[:12]
-    return str(resolve_cache_dir(None) / what / key / store.sweep)
+def _ray_storage(spec: SweepSpec, store: ResultStore) -> RayStorage:
+    return ray_storage(store, cluster=cluster_address(spec.address) is not None)
 
 
 def _recover_from_ray(storage: RayStorage, store: ResultStore, sink: SpoolingWriter,
@@ -338,7 +298,7 @@ def _recover_from_ray(storage: RayStorage, store: ResultStore, sink: SpoolingWri
 
 def spool_dir(store: ResultStore) -> str:
     """Always on this machine: it holds rows while the store (local or remote) is unreachable."""
-    return _cache_dir(store, "spool")
+    return store_cache_dir(store, "spool")
 
 
 def _flush_or_fail(sink: SpoolingWriter) -> None:
@@ -386,10 +346,20 @@ def _run_tune(spec: SweepSpec, pending: list[TrialConfig], store: ResultStore, w
     _init_ray(spec.address)
     os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")  # with verbose=0: no Tune tables; our bar reports
     resources = {"cpu": spec.resources.cpus_per_trial, "gpu": spec.resources.gpus_per_trial}
-    storage = ray_storage(store, cluster=cluster_address(spec.address) is not None)
+    storage = _ray_storage(spec, store)
+    name = experiment or spec.name  # the retry of OOMs has its own: resume recovers from the main one
+    # An earlier launch's driver died while some of these cells ran: each starts from its last checkpoint.
+    earlier = earlier_checkpoints(storage, name, {c.trial_id for c in pending}) \
+        if spec.training.checkpoint_every_epochs else {}
+    outcomes: set[str] = set()
+
+    def write_outcome(result, attempts, **kwargs) -> None:
+        write(result, attempts, **kwargs)
+        outcomes.add(result.trial_id)
+
     tuner = tune.Tuner(
-        # with_parameters: the shipment's listing goes to the object store once, not into every trial's config
-        tune.with_resources(tune.with_parameters(tune_trainable, shipment=shipment), resources),
+        # with_parameters: what every trial may need goes to the object store once, not into each one's config
+        tune.with_resources(tune.with_parameters(tune_trainable, shipment=shipment, earlier=earlier), resources),
         param_space={CELL_KEY: tune.grid_search([c.to_dict() for c in pending])},
         tune_config=tune.TuneConfig(
             max_concurrent_trials=spec.resources.max_concurrent_trials,
@@ -397,25 +367,29 @@ def _run_tune(spec: SweepSpec, pending: list[TrialConfig], store: ResultStore, w
             trial_dirname_creator=lambda trial: trial_config_from_ray(trial.config).trial_id,
         ),
         run_config=tune.RunConfig(
-            name=experiment or spec.name,  # the retry of OOMs has its own: resume recovers from the main one
+            name=name,
             storage_path=storage.path,
             storage_filesystem=storage.filesystem,
             # A trial whose process or node dies is run again, from its last checkpoint when it has one
             # (tune_adapter.ray_checkpoints); only the latest is kept, and none once the trial is over.
             failure_config=tune.FailureConfig(max_failures=spec.resources.max_failures),
             checkpoint_config=tune.CheckpointConfig(num_to_keep=1),
-            callbacks=[StoreWriter(write, stop_if)],
+            callbacks=[StoreWriter(write_outcome, stop_if,
+                                   trial_over=functools.partial(drop_checkpoints, storage, name))],
             verbose=0,
         ),
     )
     try:
         tuner.fit()
-    except OSError:
+    except OSError as exc:
         # Once the trials are over Ray reads its experiment state back (a result grid the launch does
         # not use): a remote store gone by then fails that read, though every outcome has reached the
         # spool already. The launch's flush then says what is kept where, as it does for rows.
-        if not storage.shared:
+        # Any other OSError (storage unreachable from the start, a spool write failing) propagates.
+        if not (storage.shared and {c.trial_id for c in pending} <= outcomes):
             raise
+        print(f"warning: Ray could not read its state back from {storage.path} after the last trial ({exc}); "
+              "every trial's outcome is kept", file=sys.stderr)
 
 
 def cluster_address(address: str | None) -> str | None:

@@ -12,8 +12,9 @@ Every row says where it ran: Ray's node id and IP and the trial's GPU share (gat
 place that meets Ray) beside the host and CUDA device the trial saw (trials/placement.py).
 
 Checkpoints (``checkpoint_every_epochs``) are Ray's: each one the trial saves is handed to Tune, which
-copies it to the sweep's Ray storage (launch.ray_storage); a retry, on whatever node, starts from the
-latest; the driver deletes it once the trial is over.
+copies it to the sweep's Ray storage (orchestrator/ray_storage.py); a retry, on whatever node, starts
+from the latest, and a cell's first attempt from the one an earlier launch left (its driver died); the
+driver deletes them once the trial is over.
 """
 
 from __future__ import annotations
@@ -46,7 +47,9 @@ def trial_config_from_ray(config: dict) -> TrialConfig:
     return TrialConfig.from_dict(config[CELL_KEY])
 
 
-def tune_trainable(config: dict, shipment: Shipment | None = None) -> None:
+def tune_trainable(config: dict, shipment: Shipment | None = None, earlier: dict | None = None) -> None:
+    """One Ray trial. ``shipment``: the files the driver shipped; ``earlier``: an earlier launch's last
+    checkpoint of some cells (``tune.Checkpoint`` by trial id)."""
     import transformers
 
     from trials import faults
@@ -67,8 +70,9 @@ def tune_trainable(config: dict, shipment: Shipment | None = None) -> None:
         tune.report({**metrics, "val_loss": point.loss, "epoch": point.epoch, "step": point.step,
                      PLACEMENT_KEY: placed})
 
-    with ray_checkpoints(local, placed) as local:
-        result = run_trial_or_oom(local, on_eval=on_eval)  # an OOM is a row; other errors go to Ray's retries
+    with ray_checkpoints(local, placed, (earlier or {}).get(cfg.trial_id)) as (local, on_checkpoint):
+        # an OOM is a row; other errors go to Ray's retries
+        result = run_trial_or_oom(local, on_eval=on_eval, on_checkpoint=on_checkpoint)
     # The row names the files as the spec does, not this node's temporary copies of them, and no
     # checkpoint folder (gone with the trial).
     sent = dataclasses.replace(result.config, dataset_files=cfg.dataset_files, model_dir=cfg.model_dir,
@@ -79,16 +83,16 @@ def tune_trainable(config: dict, shipment: Shipment | None = None) -> None:
 
 
 @contextlib.contextmanager
-def ray_checkpoints(cfg: TrialConfig, placed: str) -> Iterator[TrialConfig]:
+def ray_checkpoints(cfg: TrialConfig, placed: str,
+                    earlier: tune.Checkpoint | None = None) -> Iterator[tuple[TrialConfig, Callable | None]]:
     """The trial's config with its checkpoints in a folder on this node, first filled from Ray's
     latest checkpoint of the trial when this is a retry (the earlier attempt may have run on a node
-    that is gone); each checkpoint the trial saves goes to Ray at once."""
+    that is gone), else from ``earlier`` (an earlier launch's), and the hook that hands each
+    checkpoint the trial saves to Ray at once."""
     if not cfg.checkpoint_every_epochs:
-        yield cfg
+        yield cfg, None
         return
     import ray
-
-    from trials.train import checkpoint_listener
 
     # In Ray's temp folder of the node, named by Ray's id of the trial (unique per run, the same for
     # its retries): an attempt whose process died leaves its folder behind, and the next attempt
@@ -99,16 +103,26 @@ def ray_checkpoints(cfg: TrialConfig, placed: str) -> Iterator[TrialConfig]:
     shutil.rmtree(folder, ignore_errors=True)
     folder.mkdir(parents=True)
     try:
-        latest = tune.get_checkpoint()
-        if latest is not None:
-            latest.to_directory(str(folder))
-        with checkpoint_listener(_RayCheckpoints(str(folder), placed)):
-            yield dataclasses.replace(cfg, checkpoint_dir=str(folder))
+        fill_from(folder, tune.get_checkpoint() or earlier, placed)
+        yield dataclasses.replace(cfg, checkpoint_dir=str(folder)), RayCheckpoints(str(folder), placed)
     finally:
         shutil.rmtree(folder, ignore_errors=True)
 
 
-class _RayCheckpoints:
+def fill_from(folder: Path, latest: tune.Checkpoint | None, placed: str) -> None:
+    """The folder filled from the checkpoint; one this node cannot read (a local store on another
+    machine, storage down) leaves it empty: the trial starts over, which costs time, never the row."""
+    if latest is None:
+        return
+    try:
+        latest.to_directory(str(folder))
+    except Exception as exc:
+        shutil.rmtree(folder, ignore_errors=True)
+        folder.mkdir(parents=True)
+        tune.report({PLACEMENT_KEY: placed, CHECKPOINT_ERROR_KEY: f"reading {latest.path}: {type(exc).__name__}: {exc}"[:500]})
+
+
+class RayCheckpoints:
     """Hands the folder to Ray after each save (Tune copies it to its storage before returning). When
     Ray's storage cannot be written from this node (a local store on a machine of its own), the trial
     runs on without checkpoints rather than failing: they only save work, the row is the same. The
@@ -124,7 +138,7 @@ class _RayCheckpoints:
             tune.report({PLACEMENT_KEY: self.placed}, checkpoint=tune.Checkpoint.from_directory(self.folder))
         except Exception as exc:  # raised while copying to storage, before anything was reported
             self.refused = True
-            tune.report({PLACEMENT_KEY: self.placed, CHECKPOINT_ERROR_KEY: f"{type(exc).__name__}: {exc}"[:500]})
+            tune.report({PLACEMENT_KEY: self.placed, CHECKPOINT_ERROR_KEY: f"saving: {type(exc).__name__}: {exc}"[:500]})
 
 
 def ray_placement() -> dict[str, Any]:
@@ -144,17 +158,20 @@ def ray_placement() -> dict[str, Any]:
 class StoreWriter(tune.Callback):
     """Driver-side: turn each finished or finally-failed Ray trial into one stored row.
     ``stop_if``: called at every step of Tune's loop; what it raises ends the run (the sweep's lock
-    lost to another driver: no trial keeps running for rows that could not be written)."""
+    lost to another driver: no trial keeps running for rows that could not be written).
+    ``trial_over``: called with the trial id of each trial that is over (its checkpoints deleted)."""
 
     _stop_if: Callable[[], None] | None = None  # also for instances unpickled from an older tuner.pkl
+    _trial_over: Callable[[str], None] | None = None
     _told_checkpoint_error = False
 
-    def __init__(self, write: Callable[[TrialResult, int], None], stop_if: Callable[[], None] | None = None):
-        self._write, self._stop_if = write, stop_if
+    def __init__(self, write: Callable[[TrialResult, int], None], stop_if: Callable[[], None] | None = None,
+                 trial_over: Callable[[str], None] | None = None):
+        self._write, self._stop_if, self._trial_over = write, stop_if, trial_over
 
     def __getstate__(self) -> dict:
         # Tune pickles its run config into tuner.pkl; the live sink (store, progress bar) stays out.
-        return {"_write": None, "_stop_if": None}
+        return {"_write": None, "_stop_if": None, "_trial_over": None}
 
     def on_step_begin(self, iteration, trials, **info):
         if self._stop_if is not None:
@@ -171,11 +188,15 @@ class StoreWriter(tune.Callback):
         if CHECKPOINT_ERROR_KEY in result and not self._told_checkpoint_error:
             self._told_checkpoint_error = True
             where = json.loads(result.get(PLACEMENT_KEY, "{}")).get("node_ip", "a node")
-            print(f"warning: trials on {where} cannot save checkpoints to Ray's storage "
+            print(f"warning: trials on {where} cannot use checkpoints in Ray's storage "
                   f"({result[CHECKPOINT_ERROR_KEY]}); they run on without them", file=sys.stderr)
 
+    def _over(self, trial) -> None:
+        if self._trial_over is not None:
+            self._trial_over(trial_config_from_ray(trial.config).trial_id)
+
     def on_trial_complete(self, iteration, trials, trial, **info):
-        _drop_checkpoint(trial)
+        self._over(trial)
 
     def on_trial_error(self, iteration, trials, trial, **info):
         from trials.run import failed_result
@@ -184,19 +205,7 @@ class StoreWriter(tune.Callback):
         error, trace = _trial_error(trial)
         placement = last_placement(trial.last_result or {})
         self._sink(failed_result(cfg, error, trace=trace, placement=placement), trial.num_failures)
-        _drop_checkpoint(trial)  # Ray's retries are spent: a later launch starts the cell afresh
-
-
-def _drop_checkpoint(trial) -> None:
-    """A trial that is over needs its checkpoint no more (Ray keeps only the latest, which would
-    otherwise stay in storage for good: the trainable weights and the optimizer's state)."""
-    checkpoint = trial.checkpoint
-    if checkpoint is None:
-        return
-    try:
-        checkpoint.filesystem.delete_dir(checkpoint.path)
-    except Exception:  # already gone, or storage unreachable for now: only space is lost, not the sweep
-        pass
+        self._over(trial)  # Ray's retries are spent: a later launch starts the cell afresh
 
 
 def last_placement(last: dict) -> dict[str, Any]:

@@ -15,6 +15,7 @@ import resource
 import sys
 import time
 import traceback
+from pathlib import Path
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -42,8 +43,10 @@ from trials.train_cache import TrainPrefix, train_prefix
 from trials.train import FitContext, FitState, fit, make_schedule
 
 
-def run_trial(cfg: TrialConfig, on_eval: Callable[[EvalPoint], None] | None = None) -> TrialResult:
-    """Run one grid cell and return its result; raises on failure (the caller decides retries)."""
+def run_trial(cfg: TrialConfig, on_eval: Callable[[EvalPoint], None] | None = None,
+              on_checkpoint: Callable[[Path], None] | None = None) -> TrialResult:
+    """Run one grid cell and return its result; raises on failure (the caller decides retries).
+    ``on_eval`` gets every evaluation, ``on_checkpoint`` every checkpoint file as it is saved."""
     started = time.perf_counter()
     cfg = resolve_config(cfg)  # the id and the row name the precision actually used
     check_method(cfg)
@@ -89,6 +92,7 @@ def run_trial(cfg: TrialConfig, on_eval: Callable[[EvalPoint], None] | None = No
         train_prefix=train_prefix,
         on_eval=on_eval or (lambda point: None),
         feed=feed,
+        on_checkpoint=on_checkpoint or (lambda path: None),
     )
     with first_token.narrowed(model, reader):
         state = fit(model, train_tokens, task.train.labels[train_rows], pad_id, ctx)
@@ -331,12 +335,13 @@ def failed_result(cfg: TrialConfig, exc: BaseException, wall_time_s: float | Non
                        placement=placement or {})
 
 
-def run_trial_or_oom(cfg: TrialConfig, on_eval: Callable[[EvalPoint], None] | None = None) -> TrialResult:
+def run_trial_or_oom(cfg: TrialConfig, on_eval: Callable[[EvalPoint], None] | None = None,
+                     on_checkpoint: Callable[[Path], None] | None = None) -> TrialResult:
     """``run_trial``, except that running out of GPU memory gives the cell's ``oom`` row, after this
     process has given the memory back (so the next trial it takes starts clean). Other errors
     propagate: whoever runs the trial decides on retries."""
     cfg = resolve_config(cfg)  # the oom row's id names the precision actually used
-    return catch_oom(lambda: run_trial(cfg, on_eval),
+    return catch_oom(lambda: run_trial(cfg, on_eval, on_checkpoint),
                      lambda exc: failed_result(cfg, exc, placement=where(resolve_device(cfg.device))),
                      free=free_memory)
 

@@ -104,6 +104,9 @@ class FitContext:
     eval_prefix: PrefixStates | None = None  # the frozen layers' cached output (trials/eval_cache.py)
     feed: PaddedFeed | PackedFeed = PaddedFeed()  # padded or packed training batches (trials/packing.py)
     train_prefix: TrainPrefix | None = None  # opt-in, not the reference's semantics (trials/train_cache.py)
+    # Gets each checkpoint file right after it is saved: whoever runs the trial keeps a copy where a
+    # retry on another machine finds it (the Ray adapter hands it to Ray).
+    on_checkpoint: Callable[[Path], None] = lambda path: None
 
 
 def fit(model: nn.Module, train_ids: Tokens, train_labels: np.ndarray, pad_id: int, ctx: FitContext) -> FitState:
@@ -138,7 +141,7 @@ def fit(model: nn.Module, train_ids: Tokens, train_labels: np.ndarray, pad_id: i
                 if state.step in schedule.eval_steps:
                     _evaluate_into(model, state, ctx)
                 if state.step in schedule.checkpoint_steps:
-                    _save(model, optimizer, scheduler, scaler, generator, state, cfg)
+                    _save(model, optimizer, scheduler, scaler, generator, state, ctx)
                 segment_started = time.perf_counter()
     _discard_checkpoint(cfg)  # finished: a retry of this cell has nothing to resume
     return state
@@ -172,28 +175,14 @@ def _evaluate_into(model: nn.Module, state: FitState, ctx: FitContext) -> None:
 
 
 # --- optional checkpoints for long trials --------------------------------------------------------
-_on_saved: Callable[[Path], None] | None = None  # this process runs one trial at a time
-
-
-@contextlib.contextmanager
-def checkpoint_listener(listener: Callable[[Path], None]):
-    """Within the block, ``listener`` gets each checkpoint file right after it is saved: whoever runs
-    the trial keeps a copy where a retry on another machine finds it (the Ray adapter hands it to Ray)."""
-    global _on_saved
-    previous, _on_saved = _on_saved, listener
-    try:
-        yield
-    finally:
-        _on_saved = previous
-
-
 def _checkpoint_path(cfg: TrialConfig) -> Path | None:
     if not (cfg.checkpoint_dir and cfg.checkpoint_every_epochs):
         return None
     return Path(cfg.checkpoint_dir) / f"{cfg.trial_id}.pt"
 
 
-def _save(model, optimizer, scheduler, scaler, generator, state: FitState, cfg: TrialConfig) -> None:
+def _save(model, optimizer, scheduler, scaler, generator, state: FitState, ctx: FitContext) -> None:
+    cfg = ctx.cfg
     path = _checkpoint_path(cfg)
     if path is None:
         return
@@ -213,8 +202,7 @@ def _save(model, optimizer, scheduler, scaler, generator, state: FitState, cfg: 
     tmp = path.with_suffix(".tmp")
     torch.save(payload, tmp)
     os.replace(tmp, path)
-    if _on_saved is not None:
-        _on_saved(path)
+    ctx.on_checkpoint(path)
 
 
 def _restore(model, optimizer, scheduler, scaler, generator, cfg: TrialConfig) -> FitState | None:

@@ -229,3 +229,29 @@ def test_trial_killed_after_its_checkpoint_resumes_from_it(write_spec, tmp_path,
     assert [p["step"] for p in row["eval_curve"]] == [2, 4, 6, 8, 10, 12]
     assert [(p["step"], p["accuracy"], p["loss"]) for p in row["eval_curve"]] == \
         [(p.step, p.accuracy, p.loss) for p in uninterrupted.eval_curve]
+
+
+def test_driver_killed_mid_trial_resumes_the_trial_from_its_checkpoint(write_spec, tmp_path):
+    """The driver (and its embedded Ray) dies while a trial hangs after its checkpoint at step 3: the
+    next launch starts that cell from the checkpoint Ray kept in the sweep's storage, not from step 0,
+    ends where an uninterrupted run ends, and leaves no checkpoint behind."""
+    from trials.config import TrialConfig
+    from trials.run import run_trial
+
+    faults = tmp_path / "faults"
+    # As above: evaluations at steps 2, 4, 6, …, checkpoints at 3, 6, 9; the hang comes at step 6's
+    # evaluation, before step 6's checkpoint.
+    path = write_spec("orphan", train_sizes=[48], frozen_layers=[0],
+                      training={"epochs": 4, "checkpoint_every_epochs": 1, "precision": "fp32"})
+    driver = _start(["launch", str(path)], env={"FREEZESWEEP_FAULT": "hang@3*1", "FREEZESWEEP_FAULT_DIR": str(faults)})
+    _kill_when(driver, lambda: faults.is_dir() and any(faults.iterdir()))
+    done = subprocess.run(CLI + ["resume", "orphan", "--store", str(tmp_path / "store")],
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    row = _check_store(path).iloc[0]
+    assert row["attempts"] == 1 and row["resumed_from_step"] == 3
+    ray_dir = tmp_path / "store" / "orphan" / "_ray" / "orphan" / row["trial_id"]
+    assert ray_dir.is_dir() and not list(ray_dir.glob("checkpoint_*")), "the finished cell left a checkpoint"
+    cell = TrialConfig.from_dict({**__import__("json").loads(row["config"]), "checkpoint_dir": None})
+    assert [(p["step"], p["accuracy"], p["loss"]) for p in row["eval_curve"]] == \
+        [(p.step, p.accuracy, p.loss) for p in run_trial(cell).eval_curve]

@@ -7,7 +7,9 @@ import pyarrow.fs as pafs
 import pytest
 
 from orchestrator import tune_adapter
-from orchestrator.launch import checkpoint_storage_warning, ray_storage
+from orchestrator.grid import build_grid
+from orchestrator.ray_storage import (checkpoint_folders, checkpoint_storage_warning, drop_checkpoints,
+                                      earlier_checkpoints, ray_storage)
 from orchestrator.spec import load_spec
 from results.store import ResultStore
 
@@ -43,7 +45,8 @@ def test_remote_store_without_a_cluster_keeps_ray_state_on_this_machine(monkeypa
 def test_cluster_sweep_checkpointing_into_a_local_store_is_warned(write_spec, tmp_path):
     def warning(store, **overrides):
         spec = load_spec(write_spec(**overrides), semantic=False)
-        return checkpoint_storage_warning(spec, ray_storage(ResultStore(store, spec.name), cluster=bool(spec.address)))
+        on_cluster = bool(spec.address)
+        return checkpoint_storage_warning(spec, ray_storage(ResultStore(store, spec.name), on_cluster), on_cluster)
 
     local = str(tmp_path / "store")
     checkpointing = {"training": {"checkpoint_every_epochs": 1}}
@@ -65,7 +68,7 @@ def test_checkpoint_refused_by_ray_storage_lets_the_trial_run_on(monkeypatch, tm
         reports.append(metrics)
 
     monkeypatch.setattr(tune_adapter.tune, "report", report)
-    keeper = tune_adapter._RayCheckpoints(str(tmp_path), json.dumps({"node_ip": "10.0.0.2"}))
+    keeper = tune_adapter.RayCheckpoints(str(tmp_path), json.dumps({"node_ip": "10.0.0.2"}))
     keeper(tmp_path / "cell.pt")
     keeper(tmp_path / "cell.pt")
     assert len(reports) == 1 and "RuntimeError: Unable to set up cluster storage" in \
@@ -82,7 +85,7 @@ def test_driver_warns_once_about_refused_checkpoints(capsys):
     writer.on_trial_result(0, [], Trial(), refused)
     writer.on_trial_result(0, [], Trial(), refused)
     err = capsys.readouterr().err
-    assert err.count("warning: trials on 10.0.0.2 cannot save checkpoints") == 1 and "no storage" in err
+    assert err.count("warning: trials on 10.0.0.2 cannot use checkpoints") == 1 and "no storage" in err
 
 
 def test_hang_is_a_fault_kind(tiny_trial, monkeypatch):
@@ -115,6 +118,51 @@ def test_cluster_run_ends_normally_when_the_remote_store_is_gone_by_its_end(monk
     monkeypatch.setattr(tune, "Tuner", Tuner)
     remote = load_spec(write_spec("remote", address="10.0.0.1:6379", store=S3_URI), semantic=False)
     launching._run_tune(remote, [], ResultStore(S3_URI, "remote"), write=lambda *args: None)
+    # With a cell that has no outcome yet the error is not the end's read: it propagates.
+    with pytest.raises(OSError, match="Could not connect"):
+        launching._run_tune(remote, build_grid(remote)[:1], ResultStore(S3_URI, "remote"), write=lambda *args: None)
     local = load_spec(write_spec("local", address="10.0.0.1:6379"), semantic=False)
     with pytest.raises(OSError, match="Could not connect"):
         launching._run_tune(local, [], ResultStore(local.store, "local"), write=lambda *args: None)
+
+
+def _checkpoint(root, trial: str, number: int) -> None:
+    folder = root / trial / f"checkpoint_{number:06d}"
+    folder.mkdir(parents=True)
+    (folder / f"{trial}.pt").write_bytes(b"state")
+
+
+def test_checkpoints_an_earlier_launch_left_are_found_and_dropped(tmp_path):
+    """Ray's layout, <storage>/<experiment>/<trial>/checkpoint_NNNNNN: the latest of each pending cell
+    is where its first attempt starts; a cell that is over loses all of its, and nothing else."""
+    storage = ray_storage(ResultStore(str(tmp_path / "store"), "demo"), cluster=False)
+    root = tmp_path / "store" / "demo" / "_ray" / "demo"
+    _checkpoint(root, "cell-a", 1)
+    _checkpoint(root, "cell-a", 2)
+    _checkpoint(root, "cell-b", 0)
+    (root / "cell-c").mkdir()
+    (root / "cell-c" / "result.json").write_text("{}")
+    assert checkpoint_folders(storage, "other") == {}  # no such experiment yet
+    assert sorted(checkpoint_folders(storage, "demo")) == ["cell-a", "cell-b"]
+    earlier = earlier_checkpoints(storage, "demo", {"cell-a", "cell-c"})
+    assert list(earlier) == ["cell-a"] and earlier["cell-a"].path == f"{root}/cell-a/checkpoint_000002"
+    drop_checkpoints(storage, "demo", "cell-a")
+    drop_checkpoints(storage, "demo", "cell-c")
+    drop_checkpoints(storage, "demo", "never-ran")
+    assert not list((root / "cell-a").glob("checkpoint_*"))
+    assert list(checkpoint_folders(storage, "demo")) == ["cell-b"] and (root / "cell-c" / "result.json").exists()
+
+
+def test_a_checkpoint_this_node_cannot_read_starts_the_trial_over(monkeypatch, tmp_path):
+    """Filling the trial's folder from a checkpoint that cannot be read (another machine's disk) leaves
+    it empty and tells the driver, instead of failing the attempt."""
+    from ray import tune
+
+    reports = []
+    monkeypatch.setattr(tune_adapter.tune, "report", lambda metrics, checkpoint=None: reports.append(metrics))
+    folder = tmp_path / "trial"
+    folder.mkdir()
+    (folder / "stale.pt").write_bytes(b"x")
+    tune_adapter.fill_from(folder, tune.Checkpoint(str(tmp_path / "elsewhere" / "checkpoint_000001")), "{}")
+    assert folder.is_dir() and not list(folder.iterdir())
+    assert len(reports) == 1 and reports[0][tune_adapter.CHECKPOINT_ERROR_KEY].startswith("reading ")
