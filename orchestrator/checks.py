@@ -67,17 +67,15 @@ def lora_problems(model: str, targets: list[str] | None) -> list[str]:
     import torch
     from transformers import AutoModelForSequenceClassification
 
-    from trials.lora import LoraError, attention_projections, target_problems
+    from trials.lora import LoraError, resolve_targets
     from trials.model import load_model_config
 
     with torch.device("meta"):  # the module tree only: no memory, no weights read
         skeleton = AutoModelForSequenceClassification.from_config(load_model_config(model))
-    if targets:
-        return target_problems(skeleton, tuple(targets))
     try:
-        attention_projections(skeleton)  # the default targets must exist too
+        resolve_targets(skeleton, tuple(targets) if targets else None)  # as the trial will
     except LoraError as exc:
-        return [str(exc)]
+        return exc.problems
     return []
 
 

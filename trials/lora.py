@@ -18,7 +18,11 @@ from torch import nn
 from trials.freezing import FreezeReport, find_encoder_parts
 
 class LoraError(ValueError):
-    pass
+    """LoRA targets a model cannot take; ``problems``: each one in words."""
+
+    def __init__(self, message: str, problems: list[str] | None = None):
+        super().__init__(message)
+        self.problems = problems or [message]
 
 
 def _matches(name: str, target: str) -> bool:
@@ -59,7 +63,7 @@ def resolve_targets(model: nn.Module, targets: tuple[str, ...] | None) -> tuple[
         return attention_projections(model)
     problems = target_problems(model, targets)
     if problems:
-        raise LoraError("; ".join(problems))
+        raise LoraError("; ".join(problems), problems)
     return tuple(n for n in layer_linears(model) if any(_matches(n, t) for t in targets))
 
 

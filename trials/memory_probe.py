@@ -105,25 +105,24 @@ def _measure(net, plan, device: torch.device, batch_size: int, max_seq_length: i
 
 def _run_steps(net, plan, device: torch.device, batch_size: int, max_seq_length: int, eval_batch_size: int,
                steps: int) -> None:
-    """Training steps as trials/train.py takes them, then one evaluation batch as trials/evaluate.py."""
-    from trials.evaluate import evaluate, task_loss
+    """Training steps as trials/train.py takes them (padded: an upper bound for packed batches), then
+    one evaluation batch as trials/evaluate.py."""
+    from transformers import get_linear_schedule_with_warmup
+
+    from trials.evaluate import evaluate
+    from trials.packing import PaddedFeed
+    from trials.train import train_step
 
     vocab, labels = net.config.vocab_size, net.config.num_labels
     generator = torch.Generator().manual_seed(0)
     params = [p for p in net.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=1e-5, fused=True)  # its state is part of a trial's footprint
+    scheduler = get_linear_schedule_with_warmup(optimizer, 0, steps)
     scaler = plan.grad_scaler()
     net.train()
     for _ in range(steps):
         batch = _batch(batch_size, max_seq_length, vocab, labels, generator).to(device)
-        with plan.autocast():
-            logits = net(**batch.model_inputs()).logits
-        scaler.scale(task_loss(logits, batch.labels)).backward()
-        scaler.unscale_(optimizer)
-        torch.nn.utils.clip_grad_norm_(params, 1.0, foreach=True)
-        scaler.step(optimizer)
-        scaler.update()
-        optimizer.zero_grad(set_to_none=True)
+        train_step(net, batch, optimizer, scheduler, scaler, params, plan, PaddedFeed(), max_grad_norm=1.0)
     evaluate(net, [_batch(eval_batch_size, max_seq_length, vocab, labels, generator).to(device)], plan, device)
 
 

@@ -137,4 +137,7 @@ def validation_loss(fit: ProbeFit, features: np.ndarray, labels: np.ndarray, reg
     classes = fit.predictor[-1].classes_  # a train subset may lack a class the validation set has
     full = np.zeros((len(features), num_labels))
     full[:, classes] = probabilities
+    # float32 features give float32 probabilities, whose sums miss 1 by more than log_loss's float64
+    # tolerance (it warns, then renormalises itself): renormalised here in float64, quietly.
+    full /= full.sum(axis=1, keepdims=True)
     return float(log_loss(labels, full, labels=list(range(num_labels))))  # log_loss clips zeros itself

@@ -132,7 +132,9 @@ def fit(model: nn.Module, train_ids: Tokens, train_labels: np.ndarray, pad_id: i
                 break
             batch = ctx.feed.prepare(batch).to(ctx.device)
             with ctx.train_prefix.feeding(model, batch) if ctx.train_prefix else contextlib.nullcontext():
-                loss = _train_step(model, batch, optimizer, scheduler, scaler, params, ctx)  # opt-in cache: above k
+                # opt-in cache: above k
+                loss = train_step(model, batch, optimizer, scheduler, scaler, params, ctx.plan, ctx.feed,
+                                  ctx.cfg.max_grad_norm)
             state.loss_sum, state.loss_count = state.loss_sum + loss, state.loss_count + 1
             state.step += 1
             if state.step in schedule.eval_steps or state.step in schedule.checkpoint_steps:
@@ -147,13 +149,15 @@ def fit(model: nn.Module, train_ids: Tokens, train_labels: np.ndarray, pad_id: i
     return state
 
 
-def _train_step(model, batch: Batch, optimizer, scheduler, scaler, params, ctx: FitContext) -> torch.Tensor:
-    with ctx.plan.autocast():
-        logits = ctx.feed.logits(model, batch)
+def train_step(model, batch: Batch, optimizer, scheduler, scaler, params, plan: PrecisionPlan,
+               feed: PaddedFeed | PackedFeed, max_grad_norm: float) -> torch.Tensor:
+    """One optimisation step (also what trials/memory_probe.py measures)."""
+    with plan.autocast():
+        logits = feed.logits(model, batch)
     loss = task_loss(logits, batch.labels)
     scaler.scale(loss).backward()
     scaler.unscale_(optimizer)
-    torch.nn.utils.clip_grad_norm_(params, ctx.cfg.max_grad_norm, foreach=True)
+    torch.nn.utils.clip_grad_norm_(params, max_grad_norm, foreach=True)
     scaler.step(optimizer)
     scaler.update()
     scheduler.step()
