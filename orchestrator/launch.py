@@ -13,9 +13,9 @@ larger share; both kinds of retry row say ``oom_retry``.
 
 Preemption: a trial whose process or node dies is run again by Ray (``max_failures``) and, with
 ``checkpoint_every_epochs``, continues from its last checkpoint, which Ray keeps in its storage
-(``ray_storage``): on a cluster with a remote store, the sweep's ``_ray`` folder there, which every
-node reaches, so the retry may run on any node. Its row is written once, when it finishes: one row
-per cell still.
+(orchestrator/ray_storage.py): on a cluster with a remote store, the sweep's ``_ray`` folder there,
+which every node reaches, so the retry may run on any node; a trial whose driver died continues from
+it in the next launch. Its row is written once, when it finishes: one row per cell still.
 """
 
 from __future__ import annotations
