@@ -126,19 +126,22 @@ class RayCheckpoints:
     """Hands the folder to Ray after each save (Tune copies it to its storage before returning). When
     Ray's storage cannot be written from this node (a local store on a machine of its own), the trial
     runs on without checkpoints rather than failing: they only save work, the row is the same. The
-    driver is told, once (StoreWriter)."""
+    driver is told, once (StoreWriter). A node that has saved one already met a passing failure
+    (storage briefly unreachable): it tries again at the next checkpoint."""
 
     def __init__(self, folder: str, placed: str):
-        self.folder, self.placed, self.refused = folder, placed, False
+        self.folder, self.placed, self.saved, self.refused = folder, placed, 0, False
 
     def __call__(self, path) -> None:
         if self.refused:
             return
         try:
             tune.report({PLACEMENT_KEY: self.placed}, checkpoint=tune.Checkpoint.from_directory(self.folder))
+            self.saved += 1
         except Exception as exc:  # raised while copying to storage, before anything was reported
-            self.refused = True
-            tune.report({PLACEMENT_KEY: self.placed, CHECKPOINT_ERROR_KEY: f"saving: {type(exc).__name__}: {exc}"[:500]})
+            self.refused = self.saved == 0
+            error = f"saving: {type(exc).__name__}: {exc}"[:500]
+            tune.report({PLACEMENT_KEY: self.placed, CHECKPOINT_ERROR_KEY: error})
 
 
 def ray_placement() -> dict[str, Any]:
@@ -189,7 +192,8 @@ class StoreWriter(tune.Callback):
             self._told_checkpoint_error = True
             where = json.loads(result.get(PLACEMENT_KEY, "{}")).get("node_ip", "a node")
             print(f"warning: trials on {where} cannot use checkpoints in Ray's storage "
-                  f"({result[CHECKPOINT_ERROR_KEY]}); they run on without them", file=sys.stderr)
+                  f"({result[CHECKPOINT_ERROR_KEY]}); they run on, resuming only from checkpoints that were saved",
+                  file=sys.stderr)
 
     def _over(self, trial) -> None:
         if self._trial_over is not None:

@@ -75,6 +75,29 @@ def test_checkpoint_refused_by_ray_storage_lets_the_trial_run_on(monkeypatch, tm
         reports[0][tune_adapter.CHECKPOINT_ERROR_KEY]
 
 
+def test_a_passing_checkpoint_failure_after_a_saved_one_is_tried_again(monkeypatch, tmp_path):
+    """Storage that took a checkpoint from this node and then failed once (briefly unreachable): the
+    failure is reported and the next checkpoint is tried, and saved."""
+    outcomes = iter([None, OSError("connection reset"), None])
+    saved, reports = [], []
+
+    def report(metrics, checkpoint=None):
+        if checkpoint is None:
+            reports.append(metrics)
+            return
+        failure = next(outcomes)
+        if failure:
+            raise failure
+        saved.append(checkpoint)
+
+    monkeypatch.setattr(tune_adapter.tune, "report", report)
+    keeper = tune_adapter.RayCheckpoints(str(tmp_path), json.dumps({"node_ip": "10.0.0.2"}))
+    for _ in range(3):
+        keeper(tmp_path / "cell.pt")
+    assert len(saved) == 2 and not keeper.refused
+    assert len(reports) == 1 and "connection reset" in reports[0][tune_adapter.CHECKPOINT_ERROR_KEY]
+
+
 def test_driver_warns_once_about_refused_checkpoints(capsys):
     class Trial:
         num_failures = 0
