@@ -86,12 +86,16 @@ stop() {
 # one machine collide).
 node_args=(--disable-usage-stats --dashboard-agent-listen-port 0)
 
+check_name() {
+  [[ $1 =~ ^[A-Za-z0-9_-]+$ ]] || { echo "worker name: letters, digits, - and _ only" >&2; exit 2; }
+}
+
 # add_worker NAME GPUS: a worker node in DIR/NAME, inside a mount namespace with tmpfs over RAY_HIDE's
 # paths when it is set. The namespace is the one of every process the node starts (`ray start` exits,
 # its raylet and workers keep it); the cluster folder, the Python environment and /tmp stay visible.
 add_worker() {
   local name=$1 gpus=$2 start
-  [[ $name =~ ^[A-Za-z0-9_-]+$ ]] || { echo "worker name: letters, digits, - and _ only" >&2; exit 2; }
+  check_name "$name"
   mkdir -p "$DIR/$name"
   start=(ray start --address "127.0.0.1:$PORT" --temp-dir "$DIR/$name" --node-name "$name"
          --num-cpus "${RAY_WORKER_CPUS:-2}" --num-gpus "$gpus" "${node_args[@]}")
@@ -122,7 +126,7 @@ case "${1:-}" in
     ;;
   kill-worker)
     [ -n "${2:-}" ] || { echo "usage: $0 kill-worker NAME" >&2; exit 2; }
-    [[ $2 =~ ^[A-Za-z0-9_-]+$ ]] || { echo "worker name: letters, digits, - and _ only" >&2; exit 2; }
+    check_name "$2"
     mapfile -t pids < <(everything "$DIR/$2")
     [ ${#pids[@]} -gt 0 ] || { echo "no worker node $2 in $DIR" >&2; exit 1; }
     kill -KILL "${pids[@]}" 2>/dev/null || true  # all at once: nothing of the node gets to say goodbye

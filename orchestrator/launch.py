@@ -106,8 +106,8 @@ def launch(spec: SweepSpec, show_progress: bool = True) -> LaunchSummary:
                            SweepProgress(total=len(cells), done=len(cells) - len(pending), enabled=show_progress))
         with writer.progress:
             try:
-                _run_tune(spec, pending, store, writer.write, stop_if=lock.raise_if_lost, shipment=shipment)
-                retried = _retry_ooms_with_more_memory(spec, pending, store, writer, stop_if=lock.raise_if_lost,
+                _run_tune(spec, pending, storage, writer.write, stop_if=lock.raise_if_lost, shipment=shipment)
+                retried = _retry_ooms_with_more_memory(spec, pending, storage, writer, stop_if=lock.raise_if_lost,
                                                        shipment=shipment)
             except Exception:
                 lock.raise_if_lost()  # Tune wraps what a callback raised in a TuneError: say why, plainly
@@ -137,7 +137,7 @@ def roomier(spec: SweepSpec) -> SweepSpec | None:
     return spec.model_copy(update={"resources": resources})
 
 
-def _retry_ooms_with_more_memory(spec: SweepSpec, pending: list[TrialConfig], store: ResultStore,
+def _retry_ooms_with_more_memory(spec: SweepSpec, pending: list[TrialConfig], storage: RayStorage,
                                  writer: "RowWriter", stop_if=None, shipment=None) -> int:
     """Run once more, with twice the GPU share, the cells that ran out of memory in this launch (see
     the module's docstring for the rows). Not after an interruption: a cell without an outcome
@@ -146,7 +146,7 @@ def _retry_ooms_with_more_memory(spec: SweepSpec, pending: list[TrialConfig], st
     oom = [c for c in pending if writer.outcomes.get(c.trial_id) == "oom"]
     if more is None or not oom or any(c.trial_id not in writer.outcomes for c in pending):
         return 0
-    _run_tune(more, oom, store, functools.partial(writer.write, oom_retry=True), experiment=f"{spec.name}-oom-retry",
+    _run_tune(more, oom, storage, functools.partial(writer.write, oom_retry=True), experiment=f"{spec.name}-oom-retry",
               stop_if=stop_if, shipment=shipment)
     return len(oom)
 
@@ -337,7 +337,7 @@ class RowWriter:
         self.progress.advance(result, replaces=replaced)
 
 
-def _run_tune(spec: SweepSpec, pending: list[TrialConfig], store: ResultStore, write,
+def _run_tune(spec: SweepSpec, pending: list[TrialConfig], storage: RayStorage, write,
               experiment: str | None = None, stop_if=None, shipment: local_files.Shipment | None = None) -> None:
     from ray import tune
 
@@ -346,7 +346,6 @@ def _run_tune(spec: SweepSpec, pending: list[TrialConfig], store: ResultStore, w
     _init_ray(spec.address)
     os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")  # with verbose=0: no Tune tables; our bar reports
     resources = {"cpu": spec.resources.cpus_per_trial, "gpu": spec.resources.gpus_per_trial}
-    storage = _ray_storage(spec, store)
     name = experiment or spec.name  # the retry of OOMs has its own: resume recovers from the main one
     # An earlier launch's driver died while some of these cells ran: each starts from its last checkpoint.
     earlier = earlier_checkpoints(storage, name, {c.trial_id for c in pending}) \
@@ -374,8 +373,8 @@ def _run_tune(spec: SweepSpec, pending: list[TrialConfig], store: ResultStore, w
             # (tune_adapter.ray_checkpoints); only the latest is kept, and none once the trial is over.
             failure_config=tune.FailureConfig(max_failures=spec.resources.max_failures),
             checkpoint_config=tune.CheckpointConfig(num_to_keep=1),
-            callbacks=[StoreWriter(write_outcome, stop_if,
-                                   trial_over=functools.partial(drop_checkpoints, storage, name))],
+            callbacks=[StoreWriter(write_outcome, stop_if, trial_over=functools.partial(drop_checkpoints, storage, name)
+                                   if spec.training.checkpoint_every_epochs else None)],
             verbose=0,
         ),
     )

@@ -105,13 +105,12 @@ class Shipment:
 
     def place(self, cfg: TrialConfig, root: Path | None = None) -> TrialConfig:
         """``cfg`` reading its shipped files from this node's copies (machine fields only: same trial_id)."""
-        from trials.data import split_files
-
         root = root or shipped_root()
         updates: dict[str, Any] = {}
         if cfg.dataset in self.datasets:
-            files = split_files(str(self.datasets[cfg.dataset].materialise(root)))
-            updates["dataset_files"] = (str(files["train"]), str(files["validation"]))
+            shipped = self.datasets[cfg.dataset]
+            folder, by_split = shipped.materialise(root), {Path(name).stem: name for name in shipped.files}
+            updates["dataset_files"] = (str(folder / by_split["train"]), str(folder / by_split["validation"]))
         if cfg.model in self.models:
             updates["model_dir"] = str(self.models[cfg.model].materialise(root))
         return dataclasses.replace(cfg, **updates)
@@ -125,16 +124,24 @@ class Shipment:
 def pack(spec) -> Shipment:
     """Driver side (Ray initialised): the files of the spec's local datasets and model folders, in
     Ray's object store. GLUE tasks read from the hub and hub models are not files: nothing to ship."""
+    # a split's file keeps its format's extension: the reader picks by it
+    datasets = {dataset: ShippedFolder.put({f"{split}{path.suffix}": path for split, path in files.items()})
+                for dataset, files in local_datasets(spec).items()}
+    models = {model: ShippedFolder.put(_folder_files(Path(model).expanduser())) for model in local_models(spec)}
+    return Shipment(datasets, models)
+
+
+def local_datasets(spec) -> dict[str, dict[str, Path]]:
+    """The spec's datasets read from files here (by split): GLUE tasks from the hub have none."""
     from trials.data import split_files
 
-    datasets = {}
-    for dataset in spec.datasets:
-        files = split_files(dataset, spec.data_dir)
-        if files is not None:  # a split's file keeps its format's extension: the reader picks by it
-            datasets[dataset] = ShippedFolder.put({f"{split}{path.suffix}": path for split, path in files.items()})
-    models = {model: ShippedFolder.put(_folder_files(Path(model).expanduser()))
-              for model in spec.models() if Path(model).expanduser().is_dir()}
-    return Shipment(datasets, models)
+    found = {dataset: split_files(dataset, spec.data_dir) for dataset in spec.datasets}
+    return {dataset: files for dataset, files in found.items() if files is not None}
+
+
+def local_models(spec) -> list[str]:
+    """The spec's models that are folders here (the others come from the hub or a package)."""
+    return [model for model in spec.models() if Path(model).expanduser().is_dir()]
 
 
 def _folder_files(folder: Path) -> dict[str, Path]:
@@ -156,20 +163,15 @@ class NodeNeeds:
     def of(cls, spec, how: str) -> "NodeNeeds":
         """Shipped files need nothing on the node; node-local ones must be there with the driver's
         content (a trial_id names the data, so a node with another copy must not make its rows)."""
-        from trials.data import split_files
         from trials.model import OFFLINE_PACKAGES
 
         packages = {OFFLINE_PACKAGES[m]: m for m in spec.models()
                     if m in OFFLINE_PACKAGES and importlib.util.find_spec(OFFLINE_PACKAGES[m]) is not None}
         if how == "ship":
             return cls(packages=packages)
-        digests = {}
-        for dataset in spec.datasets:
-            files = split_files(dataset, spec.data_dir)
-            if files is not None:
-                digests[dataset] = {split: file_digest(path) for split, path in files.items()}
-        folders = tuple(m for m in spec.models() if Path(m).expanduser().is_dir())
-        return cls(spec.data_dir, digests, folders, packages)
+        digests = {dataset: {split: file_digest(path) for split, path in files.items()}
+                   for dataset, files in local_datasets(spec).items()}
+        return cls(spec.data_dir, digests, tuple(local_models(spec)), packages)
 
 
 def node_lacks(needs: NodeNeeds) -> list[str]:

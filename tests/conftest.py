@@ -1,13 +1,15 @@
-"""Shared fixtures: tiny in-process models saved as HF folders, a tiny learnable dataset, and the
-real GLUE Parquet files when the checkout has ``shared/`` beside it."""
+"""Shared fixtures: tiny in-process models saved as HF folders, a tiny learnable dataset, the real
+GLUE Parquet files when the checkout has ``shared/`` beside it, and a real S3 API (moto's server)."""
 
 from __future__ import annotations
 
 import os
 import random
+import socket
 from pathlib import Path
 
 import pandas as pd
+import pyarrow.fs as pafs
 import pytest
 import yaml
 
@@ -185,3 +187,46 @@ def write_spec(tmp_path, tiny_bert, toy_dataset):
         return path
 
     return write
+
+
+# --- a real S3 API for the store, its lock and Ray's storage: moto's server on a free loopback port ---
+FAKE_AWS = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1",
+            "AWS_EC2_METADATA_DISABLED": "true"}
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class S3:
+    def __init__(self):
+        self.port = free_port()
+        self.server = None
+        self.uri = f"s3://sweeps/store?endpoint_override=127.0.0.1:{self.port}&scheme=http&region=us-east-1"
+
+    def start(self):
+        from moto.server import ThreadedMotoServer
+
+        self.server = ThreadedMotoServer(ip_address="127.0.0.1", port=self.port, verbose=False)
+        self.server.start()
+
+    def stop(self):
+        if self.server is not None:
+            self.server.stop()
+            self.server = None
+
+
+@pytest.fixture
+def s3(monkeypatch):
+    pytest.importorskip("moto")
+    for key, value in FAKE_AWS.items():
+        monkeypatch.setenv(key, value)
+    server = S3()
+    server.start()
+    fs, _ = pafs.FileSystem.from_uri(server.uri + "&allow_bucket_creation=true")
+    fs.create_dir("sweeps")  # the bucket
+    yield server
+    server.stop()
+

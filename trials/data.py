@@ -334,12 +334,10 @@ def describe_task(dataset: str, data_dir: str | None = None, text_column: str | 
     columns, float labels on a classification task). Local GLUE Parquet files are read from their
     metadata alone (spec validation runs this per dataset); anything else is loaded."""
     columns = task_columns(dataset, text_column, label_column, text_pair_column)
-    glue, data_path = glue_task(dataset), resolve_data_dir(data_dir)
-    task_dir = data_path / dataset.split("/", 1)[1] if glue and data_path else None
-    if task_dir is not None and task_dir.is_dir():
-        files = _glue_files(task_dir, glue)
-        if all(f.suffix == ".parquet" for f in files.values()):
-            return _parquet_shape(dataset, files, columns, glue)
+    glue = glue_task(dataset)
+    files = split_files(dataset, data_dir) if glue else None
+    if files is not None and all(f.suffix == ".parquet" for f in files.values()):
+        return _parquet_shape(dataset, files, columns, glue)
     task = load_task(dataset, data_dir, text_column, label_column, text_pair_column)
     return TaskShape({"train": len(task.train), "validation": len(task.validation)}, task.regression,
                      task.num_labels, task.official_metrics)

@@ -53,14 +53,19 @@ def resolve_pooling(requested: str, model_path: str) -> str:
 
 def pooled(states: torch.Tensor, mask: torch.Tensor | None, pooling: str) -> np.ndarray:
     """[batch, tokens, hidden] states (or one row's [tokens, hidden], unpadded) → [rows, hidden] features."""
+    return _pool(states, mask, pooling).cpu().numpy()
+
+
+def _pool(states: torch.Tensor, mask: torch.Tensor | None, pooling: str) -> torch.Tensor:
+    """``pooled`` on the states' device."""
     if states.dim() == 2:
         states = states[None]
     states = states.float()
     if pooling == "first":
-        return states[:, 0].cpu().numpy()
+        return states[:, 0]
     weights = torch.ones(states.shape[:2], device=states.device) if mask is None else mask.to(states).float()
     summed = (states * weights[..., None]).sum(1)
-    return (summed / weights.sum(1, keepdim=True)).cpu().numpy()
+    return summed / weights.sum(1, keepdim=True)
 
 
 def validation_features(prefix: PrefixStates, batches: list[Batch], pooling: str) -> tuple[np.ndarray, np.ndarray]:
@@ -73,8 +78,7 @@ def validation_features(prefix: PrefixStates, batches: list[Batch], pooling: str
 def train_features(row_states: tuple[torch.Tensor, ...], pooling: str) -> np.ndarray:
     """Features of the train subset, in its order (each row's states are its own, unpadded): pooled on
     the device, copied to the host once."""
-    rows = [s[0] if pooling == "first" else s.float().mean(0) for s in row_states]
-    return torch.stack(rows).float().cpu().numpy()
+    return torch.cat([_pool(s, None, pooling) for s in row_states]).cpu().numpy()
 
 
 @dataclass(frozen=True)

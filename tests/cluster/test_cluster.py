@@ -11,7 +11,6 @@ import math
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -26,14 +25,11 @@ import pytest
 from orchestrator.grid import build_grid
 from orchestrator.spec import load_spec
 from results.store import ResultStore
-from tests.conftest import REPO
-from tests.results.conftest import S3
+from tests.conftest import FAKE_AWS, REPO, free_port
 
 CLUSTER = REPO / "cluster"
 SCRIPT = str(CLUSTER / "local-cluster.sh")
 CLI = [sys.executable, "-m", "orchestrator.cli"]
-FAKE_AWS = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1",
-            "AWS_EC2_METADATA_DISABLED": "true"}
 
 
 def test_stop_ends_this_clusters_processes_only(tmp_path):
@@ -121,12 +117,6 @@ def _alive(pid: int) -> bool:
 
 
 # --- one cluster for the tests below -------------------------------------------------------------------
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _can_hide() -> bool:
     """A private mount namespace (root, or CAP_SYS_ADMIN) for the worker that must not see our files."""
     return subprocess.run(["unshare", "--mount", "true"], capture_output=True).returncode == 0
@@ -164,7 +154,7 @@ class Cluster:
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
-    port, dashboard = _free_port(), _free_port()
+    port, dashboard = free_port(), free_port()
     folder = tempfile.mkdtemp(prefix="fs-ray-")  # short: Ray's socket paths below it must fit in 107 bytes
     env = {**os.environ, **FAKE_AWS, "RAY_AUTH_MODE": "token", "RAY_PORT": str(port), "RAY_DASHBOARD_PORT": str(dashboard),
            "RAY_CLUSTER_DIR": folder,
@@ -224,18 +214,6 @@ def test_worker_that_cannot_see_the_drivers_files_runs_trials(cluster, write_spe
     rows = _rows(path)
     assert cluster.node_ids("hidden")["hidden"] in set(rows["node_id"]), \
         f"no trial ended on the worker without our files:\n{rows[['node_id', 'attempts']]}"
-
-
-@pytest.fixture
-def s3(monkeypatch):
-    for key, value in FAKE_AWS.items():
-        monkeypatch.setenv(key, value)
-    server = S3()
-    server.start()
-    fs, _ = pafs.FileSystem.from_uri(server.uri + "&allow_bucket_creation=true")
-    fs.create_dir("sweeps")  # the bucket
-    yield server
-    server.stop()
 
 
 @pytest.mark.cluster

@@ -140,13 +140,15 @@ def test_cluster_run_ends_normally_when_the_remote_store_is_gone_by_its_end(monk
     monkeypatch.setattr(launching, "_init_ray", lambda address: None)
     monkeypatch.setattr(tune, "Tuner", Tuner)
     remote = load_spec(write_spec("remote", address="10.0.0.1:6379", store=S3_URI), semantic=False)
-    launching._run_tune(remote, [], ResultStore(S3_URI, "remote"), write=lambda *args: None)
+    shared = ray_storage(ResultStore(S3_URI, "remote"), cluster=True)
+    launching._run_tune(remote, [], shared, write=lambda *args: None)
     # With a cell that has no outcome yet the error is not the end's read: it propagates.
     with pytest.raises(OSError, match="Could not connect"):
-        launching._run_tune(remote, build_grid(remote)[:1], ResultStore(S3_URI, "remote"), write=lambda *args: None)
+        launching._run_tune(remote, build_grid(remote)[:1], shared, write=lambda *args: None)
     local = load_spec(write_spec("local", address="10.0.0.1:6379"), semantic=False)
     with pytest.raises(OSError, match="Could not connect"):
-        launching._run_tune(local, [], ResultStore(local.store, "local"), write=lambda *args: None)
+        launching._run_tune(local, [], ray_storage(ResultStore(local.store, "local"), cluster=True),
+                            write=lambda *args: None)
 
 
 def _checkpoint(root, trial: str, number: int) -> None:
