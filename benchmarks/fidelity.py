@@ -42,13 +42,14 @@ def parse_args() -> argparse.Namespace:
 
 def run_sweep(args: argparse.Namespace, layers: int) -> pd.DataFrame:
     """The ok rows of this subset of the grid (a sweep of that name may hold more cells)."""
-    from orchestrator.grid import build_grid
-    from orchestrator.launch import launch, resolve_sweep_precision
-    from orchestrator.spec import parse_spec
+    from orchestrator.plan import build_grid
+    from orchestrator.sweeps import resolve_here
+    from orchestrator.launch import launch
+    from orchestrator.checks import validate
     from results.store import ResultStore
 
     name = args.name or "fidelity-" + args.model.rsplit("/", 1)[-1]
-    spec = parse_spec({
+    spec = validate({
         "name": name, "model": args.model, "datasets": args.datasets, "train_sizes": args.train_sizes,
         "frozen_layers": args.frozen_layers or [-1, 0, layers // 2, layers], "seeds": args.seeds,
         # accuracy, as the study reported it (not CoLA's official Matthews); the rest: the reference defaults

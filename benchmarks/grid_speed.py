@@ -82,12 +82,13 @@ def grid(args: argparse.Namespace, train_cache: bool = False) -> list:
 
 def sweep_spec(cells: list, args: argparse.Namespace):
     """The same cells as a sweep spec (the Ray engine launches it); its grid must be ``cells``."""
-    from orchestrator.grid import build_grid
-    from orchestrator.spec import parse_spec
+    from orchestrator.plan import build_grid
+    from orchestrator.sweeps import resolve_here
+    from orchestrator.checks import validate
 
     first = cells[0]
     gpus = args.gpus_per_trial if args.gpus_per_trial is not None else (0.25 if args.device == "cuda" else 0.0)
-    spec = parse_spec({
+    spec = validate({
         "name": f"grid-speed-{int(time.time() * 1000)}", "model": first.model,
         "datasets": list(dict.fromkeys(c.dataset for c in cells)),
         "train_sizes": list(dict.fromkeys(c.train_size for c in cells)),
@@ -100,7 +101,7 @@ def sweep_spec(cells: list, args: argparse.Namespace):
         "resources": {"gpus_per_trial": gpus, "cpus_per_trial": 1},
         "data_dir": first.data_dir, "store": tempfile.mkdtemp(prefix="grid-speed-"),
     }, "grid speed benchmark")
-    assert [c.trial_id for c in build_grid(spec)] == [c.trial_id for c in cells], "spec and cells disagree"
+    assert [c.trial_id for c in build_grid(resolve_here(spec))] == [c.trial_id for c in cells], "spec and cells disagree"
     return spec
 
 

@@ -1,26 +1,87 @@
-"""Semantic checks of a raw spec: what needs the model, the data, the machine and the store.
+"""The second layer of orchestrator/: what a spec needs of the model, the data, the machine, the store
+and the cluster, each problem named.
 
-They read the raw mapping defensively (a value of the wrong type is pydantic's to report), so one
-run lists every problem even when some fields are malformed.
+The checks read the raw mapping defensively (a value of the wrong type is pydantic's to report,
+orchestrator/spec.py), so one run lists every problem even when some fields are malformed; ``validate``
+runs both layers and raises one SpecError. The cluster is handed in (``ClusterView``: the Ray session,
+or a stand-in in tests): nothing here connects to Ray, and a spec is checked against this machine
+when no cluster is given.
+
+Deferred on purpose: torch and transformers (trials.model) are imported inside the checks that need
+them, so that commands reading a stored sweep (status, summary, report) start in a fraction of a second.
 """
 
 from __future__ import annotations
 
-from typing import Any
+import re
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Protocol
+
+from orchestrator.spec import (NAME_PATTERN, SpecError, SweepSpec, parse, read_stored_spec, read_yaml,
+                               spec_aliases)
+from results.store import ResultStore, StoreError
+from trials.data import DatasetError, describe_task, official_metric, shape_words
+from trials.metrics import METRICS
 
 
-def semantic_problems(raw: dict[str, Any]) -> list[str]:
-    from orchestrator.launch import cluster_address
+class ClusterView(Protocol):
+    """Where a sweep's trials run, as the checks see it (orchestrator/ray_session.py's RaySession)."""
 
+    address: str | None  # None: an embedded Ray on this machine
+
+    def nodes(self) -> list[dict[str, float]]:
+        """The total resources of each alive node (connecting to the cluster if need be)."""
+
+
+def validate(raw: Any, source: str = "sweep spec", cluster: ClusterView | None = None,
+             semantic: bool = True) -> SweepSpec:
+    """A parsed YAML mapping as a SweepSpec; one SpecError naming every problem of both layers.
+    ``semantic=False``: shapes and values only (a stored spec, for inspection)."""
+    spec, problems = parse(raw)
+    if semantic and isinstance(raw, dict):
+        problems += semantic_problems(raw, cluster)
+    if problems:
+        raise SpecError(problems, source)
+    return spec
+
+
+def load_spec(path: str | Path, overrides: Mapping[str, Any] | None = None, semantic: bool = True,
+              cluster: ClusterView | None = None) -> SweepSpec:
+    """A spec file, validated (``overrides``: keys given on the command line, those not None)."""
+    return validate(read_yaml(path, overrides), str(path), cluster, semantic)
+
+
+def semantic_problems(raw: dict[str, Any], cluster: ClusterView | None = None) -> list[str]:
     training = raw.get("training") if isinstance(raw.get("training"), dict) else {}
     resources = raw.get("resources") if isinstance(raw.get("resources"), dict) else {}
     data_dir = raw.get("data_dir") if isinstance(raw.get("data_dir"), str) else None
     problems = _model_problems(raw)
     problems += _data_problems(_strs(raw.get("datasets")), _ints(raw.get("train_sizes")), data_dir, training)
     problems += _device_problems(training.get("precision"), resources.get("gpus_per_trial"),
-                                 resources.get("cpus_per_trial"), cluster_address(raw.get("address")))
+                                 resources.get("cpus_per_trial"), cluster)
     problems += _store_problems(raw)
     return problems
+
+
+def select_metrics(spec: SweepSpec) -> dict[str, str]:
+    """Per dataset, the metric that picks a trial's best evaluation: the spec's, else the task's
+    official one (read from the data when the spec does not say)."""
+    chosen, t = spec.training.select_metric, spec.training
+    if isinstance(chosen, str):
+        return dict.fromkeys(spec.datasets, chosen)
+    return {d: (chosen or {}).get(d) or official_metric(d, spec.data_dir, t.text_column, t.label_column,
+                                                       t.text_pair_column)
+            for d in spec.datasets}
+
+
+def model_depths(spec: SweepSpec) -> dict[str, int]:
+    """Each model's encoder layers, where the spec needs them (``frozen_layers: all``); else empty."""
+    if "all" not in spec.frozen_layers:
+        return {}
+    from trials.model import load_model_config  # transformers: seconds to import, see the module docstring
+
+    return {model: load_model_config(model).num_hidden_layers for model in spec.models()}
 
 
 def _ints(value: Any) -> list[int]:
@@ -34,9 +95,7 @@ def _strs(value: Any) -> list[str]:
 def _model_problems(raw: dict[str, Any]) -> list[str]:
     """Per model: it loads, the frozen layers fit its depth, and (when LoRA is swept) the LoRA
     targets exist in its layers."""
-    from trials.model import ModelError, load_model_config
-
-    from orchestrator.spec import spec_aliases
+    from trials.model import ModelError, load_model_config  # transformers: see the module docstring
 
     try:
         models = spec_aliases(raw).get("model")
@@ -64,7 +123,7 @@ def _model_problems(raw: dict[str, Any]) -> list[str]:
 
 def lora_problems(model: str, targets: list[str] | None) -> list[str]:
     """LoRA targets that do not exist in ``model``'s layers (its structure, built without weights)."""
-    import torch
+    import torch  # deferred with transformers: see the module docstring
     from transformers import AutoModelForSequenceClassification
 
     from trials.lora import LoraError, resolve_targets
@@ -82,9 +141,6 @@ def lora_problems(model: str, targets: list[str] | None) -> list[str]:
 def _data_problems(datasets: list[str], sizes: list[int], data_dir: str | None, training: dict) -> list[str]:
     """Per dataset: it loads, its columns exist, its labels fit its shape, the train sizes fit its
     train split, and the metric chosen to select the best evaluation is one the task has."""
-    from trials.data import DatasetError, describe_task, shape_words
-    from trials.metrics import METRICS
-
     problems = []
     columns = {k: training.get(k) for k in ("text_column", "text_pair_column", "label_column")
                if isinstance(training.get(k), str)}
@@ -113,19 +169,20 @@ def _data_problems(datasets: list[str], sizes: list[int], data_dir: str | None, 
 _AUTO = "resources.gpus_per_trial: auto measures a trial's memory on a GPU"
 
 
-def _device_problems(precision: Any, gpus_per_trial: Any, cpus_per_trial: Any, address: str | None) -> list[str]:
-    """Resources are checked where the trials will run: the cluster's nodes when there is an address
-    (spec, --address or RAY_ADDRESS), else this machine's CUDA."""
+def _device_problems(precision: Any, gpus_per_trial: Any, cpus_per_trial: Any,
+                     cluster: ClusterView | None) -> list[str]:
+    """Resources are checked where the trials will run: the cluster's nodes when there is one, else
+    this machine's CUDA."""
     auto = gpus_per_trial == "auto"
     gpus = 1 if auto else gpus_per_trial if isinstance(gpus_per_trial, (int, float)) else 0
     cpus = cpus_per_trial if isinstance(cpus_per_trial, (int, float)) else 1
     problems = []
     if precision == "fp16" and gpus <= 0:
         problems.append("training.precision: fp16 needs GPU trials (resources.gpus_per_trial > 0); use bf16 or auto on CPU")
-    if address:
-        return problems + _cluster_problems(address, cpus, gpus, auto)
+    if cluster is not None and cluster.address:
+        return problems + cluster_problems(cluster, cpus, gpus, auto)
     if gpus > 0:
-        import torch
+        import torch  # deferred: see the module docstring
 
         if not torch.cuda.is_available():
             needs = _AUTO if auto else f"resources.gpus_per_trial: {gpus} GPU per trial"
@@ -134,37 +191,21 @@ def _device_problems(precision: Any, gpus_per_trial: Any, cpus_per_trial: Any, a
     return problems
 
 
-def _cluster_problems(address: str, cpus: float, gpus: float, auto: bool = False) -> list[str]:
+def cluster_problems(cluster: ClusterView, cpus: float, gpus: float, auto: bool = False) -> list[str]:
     """A trial runs on one node: some alive node must hold its CPUs and GPUs."""
     try:
-        nodes = cluster_nodes(address)
+        nodes = cluster.nodes()
     except Exception as exc:  # unreachable cluster: one problem, named, instead of a traceback
-        return [f"address: cannot reach the Ray cluster at {address!r}: {type(exc).__name__}: {exc}"]
+        return [f"address: cannot reach the Ray cluster at {cluster.address!r}: {type(exc).__name__}: {exc}"]
     if any(n.get("CPU", 0) >= cpus and n.get("GPU", 0) >= gpus for n in nodes):
         return []
     has = "; ".join(f"{n.get('CPU', 0):g} CPU, {n.get('GPU', 0):g} GPU" for n in nodes) or "no alive node"
     needs = f"{_AUTO} ({cpus:g} CPU and 1 GPU on one node)" if auto else \
         f"resources: a trial needs {cpus:g} CPU and {gpus:g} GPU on one node"
-    return [f"{needs}, but no node of the cluster at {address!r} has them (its nodes: {has})"]
-
-
-def cluster_nodes(address: str) -> list[dict[str, float]]:
-    """The total resources of each alive node of the cluster (connecting this driver to it)."""
-    import ray
-
-    from orchestrator.launch import _init_ray
-
-    _init_ray(address)
-    return [node["Resources"] for node in ray.nodes() if node.get("Alive")]
+    return [f"{needs}, but no node of the cluster at {cluster.address!r} has them (its nodes: {has})"]
 
 
 def _store_problems(raw: dict[str, Any]) -> list[str]:
-    from results.store import ResultStore, StoreError
-
-    import re
-
-    from orchestrator.spec import NAME_PATTERN
-
     name, store = raw.get("name"), raw.get("store", "./sweeps")
     if not isinstance(name, str) or not isinstance(store, str) or not re.match(NAME_PATTERN, name):
         return []  # pydantic reports these; never probe a store under an invalid name
@@ -176,14 +217,14 @@ def _store_problems(raw: dict[str, Any]) -> list[str]:
         return [f"store: {exc}"]
     if stored is None:
         return []
-    return _protocol_changes(stored, raw)
+    try:
+        return _protocol_changes(read_stored_spec(stored, f"{target.uri}/{name}/spec.yaml"), raw)
+    except SpecError as exc:  # a damaged spec.yaml: named with what to do, beside the other problems
+        return [f"store: {exc.source}: {p}" for p in exc.problems]
 
 
-def _protocol_changes(stored_yaml: str, raw: dict[str, Any]) -> list[str]:
+def _protocol_changes(stored: dict[str, Any], raw: dict[str, Any]) -> list[str]:
     """Rows of one sweep must be comparable: the protocol may not change (axes may grow)."""
-    from orchestrator.spec import SweepSpec, read_stored_spec
-
-    stored = read_stored_spec(stored_yaml)
     protocol_keys = ("split_seed", "training", "lora", "probe")
     # The new protocol on its own: the stored spec's other keys stand in for the new spec's, so a
     # protocol change is reported even when other parts of the new spec are invalid.
@@ -195,29 +236,19 @@ def _protocol_changes(stored_yaml: str, raw: dict[str, Any]) -> list[str]:
     # select_metric is compared per dataset, on the datasets both specs have (a grown spec may add some).
     new_datasets = raw.get("datasets") if isinstance(raw.get("datasets"), list) else []
     common = [d for d in stored.get("datasets") or [] if d in new_datasets]
-    if not common:  # nothing to compare select_metric on: leave it out, never resolve it from the data
-        stored, overlay = (_without_select_metric(s) for s in (stored, overlay))
     try:
-        old = SweepSpec.model_validate({**stored, "datasets": common or stored["datasets"]}).protocol()
-        new = SweepSpec.model_validate({**overlay, "datasets": common or stored["datasets"]}).protocol()
+        old, new = (SweepSpec.model_validate({**s, "datasets": common or stored["datasets"]}) for s in (stored, overlay))
+        # nothing to compare select_metric on: leave it out, never resolve it from the data
+        old_protocol, new_protocol = (s.protocol(select_metrics(s) if common else {}) for s in (old, new))
     except Exception:
         return []  # the new protocol's own problems are reported by pydantic
-    if not common:
-        for protocol in (old, new):
-            protocol["training"].pop("select_metric")
-    old_flat, new_flat = _flatten(old), _flatten(new)
+    old_flat, new_flat = _flatten(old_protocol), _flatten(new_protocol)
     changed = sorted(k for k in old_flat.keys() | new_flat.keys() if old_flat.get(k) != new_flat.get(k))
     return [
         f"{k}: changed from {old_flat.get(k)!r} to {new_flat.get(k)!r}, but sweep {raw['name']!r} already has rows "
         "with the old protocol (start a new sweep name to compare protocols)"
         for k in changed
     ]
-
-
-def _without_select_metric(raw: dict[str, Any]) -> dict[str, Any]:
-    """``raw`` with one metric for every dataset, so its protocol needs no data to resolve."""
-    training = raw.get("training") if isinstance(raw.get("training"), dict) else {}
-    return {**raw, "training": {**training, "select_metric": "accuracy"}}
 
 
 def _flatten(d: dict, prefix: str = "") -> dict[str, Any]:

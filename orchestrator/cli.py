@@ -1,9 +1,16 @@
-"""The ``freezesweep`` command line: one trial locally, or a whole sweep through Ray Tune."""
+"""The ``freezesweep`` command line: one trial locally, or a whole sweep through Ray Tune (the top layer).
+
+Deferred on purpose: each command imports what it needs inside it, so that ``status`` or ``query`` never
+pay the seconds that torch, transformers and Ray Tune take to import.
+"""
 
 from __future__ import annotations
 
+import contextlib
 import json
+import signal
 import sys
+from collections.abc import Iterator
 from enum import Enum
 from pathlib import Path
 from typing import Annotated, Optional
@@ -18,9 +25,14 @@ console = Console(width=None if sys.stdout.isatty() else 200)
 err_console = Console(stderr=True, soft_wrap=True)
 
 
+# The command this process runs (one per process), named in its errors: set by the group's callback.
+_invoked = {"command": None}
+
+
 @app.callback()
-def _group() -> None:
+def _group(ctx: typer.Context) -> None:
     """freezesweep: run one trial, or launch/resume/inspect a sweep."""
+    _invoked["command"] = ctx.invoked_subcommand
 
 
 def _quiet_libraries() -> None:
@@ -45,8 +57,8 @@ def trial(
     epochs: Annotated[Optional[float], typer.Option()] = None,
     data_dir: Annotated[Optional[str], typer.Option(help="folder of <task>/{train,validation}.parquet")] = None,
     max_eval_examples: Annotated[Optional[int], typer.Option()] = None,
-    precision: Annotated[str, typer.Option(help="auto | fp16 | bf16 | fp32")] = "auto",
-    model_init: Annotated[str, typer.Option(help="pretrained | random")] = "pretrained",
+    precision: Annotated[Optional[str], typer.Option(help="auto | fp16 | bf16 | fp32 (default: auto)")] = None,
+    model_init: Annotated[Optional[str], typer.Option(help="pretrained | random (default: pretrained)")] = None,
     text_column: Annotated[Optional[str], typer.Option()] = None,
     text_pair_column: Annotated[Optional[str], typer.Option(help="second text of a sentence pair")] = None,
     label_column: Annotated[Optional[str], typer.Option()] = None,
@@ -56,21 +68,21 @@ def trial(
 ) -> None:
     """Run one trial locally, without Ray, and print its result."""
     _quiet_libraries()
+    from orchestrator.spec import TrainingSpec, method_fields
     from trials.config import TrialConfig
     from trials.data import DatasetError, official_metric
     from trials.precision import PrecisionError, resolve_config
-    from orchestrator.spec import method_fields
     from trials.run import check_method, failed_result, run_trial
 
-    overrides = {"epochs": epochs} if epochs is not None else {}
+    given = {"epochs": epochs, "max_eval_examples": max_eval_examples, "precision": precision, "model_init": model_init,
+             "text_column": text_column, "text_pair_column": text_pair_column, "label_column": label_column}
     try:
+        # the protocol as a sweep's cell gets it: the spec's training section, its defaults TrialConfig's
+        protocol = TrainingSpec(**{k: v for k, v in given.items() if v is not None})
         select_metric = select_metric or official_metric(dataset, data_dir, text_column, label_column, text_pair_column)
         cfg = TrialConfig(dataset=dataset, model=model, train_size=train_size, frozen_layers=frozen_layers, seed=seed,
-                          method=method, lora_rank=lora_rank, **method_fields(method),
-                          split_seed=split_seed, data_dir=data_dir, max_eval_examples=max_eval_examples,
-                          precision=precision, model_init=model_init, text_column=text_column,
-                          text_pair_column=text_pair_column, label_column=label_column, select_metric=select_metric,
-                          **overrides)
+                          method=method, lora_rank=lora_rank, **method_fields(method), split_seed=split_seed,
+                          data_dir=data_dir, select_metric=select_metric, **protocol.trial_fields())
         cfg = resolve_config(cfg)  # "auto" → what this machine runs natively; the row names it
         check_method(cfg)
     except (PrecisionError, DatasetError, ValueError) as exc:
@@ -110,24 +122,56 @@ class OutputFormat(str, Enum):
     json = "json"
 
 
-def _fail(exc: Exception) -> None:
-    err_console.print(f"[red]error:[/red] {exc}", highlight=False)
-    raise typer.Exit(2)
+def _fail(exc: Exception, code: int = 2) -> None:
+    """The error, naming the command that was run (``freezesweep report: …``), and its exit code."""
+    command = f"freezesweep {_invoked['command']}: " if _invoked["command"] else ""
+    err_console.print(f"[red]{command}error:[/red] {exc}", highlight=False)
+    raise typer.Exit(code)
 
 
-def _run_launch(spec) -> None:
+@contextlib.contextmanager
+def _sigterm_as_interrupt() -> Iterator[list[int]]:
+    """SIGTERM (a scheduler or ``kill`` stopping the driver) handled like Ctrl-C: Tune stops its trials,
+    the lock is released, Ray shuts down on the way out. Yields the signals received."""
+    received: list[int] = []
+
+    def on_term(signum, frame) -> None:
+        received.append(signum)
+        signal.raise_signal(signal.SIGINT)  # Tune's graceful stop while it runs; KeyboardInterrupt elsewhere
+
+    previous = signal.signal(signal.SIGTERM, on_term)
+    try:
+        yield received
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _run_launch(raw, source: str) -> None:
+    """Validate (against the cluster when there is one), then launch; exit codes: 0 done, 1 some cells
+    failed, 2 refused, 3 rows kept in the spool, 130 interrupted (Ctrl-C), 143 terminated (SIGTERM)."""
+    from orchestrator.checks import validate
     from orchestrator.launch import StoreUnavailable, launch
+    from orchestrator.ray_session import RaySession, RayUnreachable
     from orchestrator.spec import SpecError
     from results.lock import SweepLocked
 
     _quiet_libraries()
-    try:
-        summary = launch(spec)
-    except (SweepLocked, SpecError) as exc:
-        _fail(exc)
-    except StoreUnavailable as exc:
-        err_console.print(f"[red]error:[/red] {exc}", highlight=False)
-        raise typer.Exit(3)
+    session = RaySession(raw.get("address") if isinstance(raw, dict) else None)
+    with _sigterm_as_interrupt() as terminated:
+        try:
+            spec = validate(raw, source, cluster=session)
+            summary = launch(spec, session=session)
+        except (SweepLocked, SpecError, RayUnreachable) as exc:
+            _fail(exc)
+        except StoreUnavailable as exc:
+            _fail(exc, code=3)
+        except KeyboardInterrupt:  # before or after Tune ran (Tune itself stops gracefully and returns)
+            err_console.print("interrupted: nothing was lost; `freezesweep resume` continues the sweep", highlight=False)
+            raise typer.Exit(143 if terminated else 130) from None
+    _print_summary(spec, summary, stopped=143 if terminated else 130)
+
+
+def _print_summary(spec, summary, stopped: int) -> None:
     recovered = f", {summary.recovered} recovered from Ray's state" if summary.recovered else ""
     if summary.gpu_packing:
         console.print(summary.gpu_packing, highlight=False)
@@ -138,7 +182,7 @@ def _run_launch(spec) -> None:
     console.print(f"store: {spec.store}/{spec.name}/results/")
     if summary.unfinished:
         console.print(f"{summary.unfinished} cells not finished (interrupted): `freezesweep resume {spec.name}` runs them")
-        raise typer.Exit(130)
+        raise typer.Exit(stopped)
     if summary.failed:
         raise typer.Exit(1)
 
@@ -150,53 +194,53 @@ def launch(
     address: Annotated[Optional[str], typer.Option(help="Ray cluster address (default: RAY_ADDRESS, else a local Ray)")] = None,
 ) -> None:
     """Validate a spec, then run every cell that has no ok row yet."""
-    from orchestrator.spec import SpecError, load_spec
+    from orchestrator.spec import SpecError, read_yaml
 
     try:
-        spec = load_spec(spec_path, overrides={"store": store, "address": address})
+        raw = read_yaml(spec_path, overrides={"store": store, "address": address})
     except SpecError as exc:
         _fail(exc)
-    _run_launch(spec)
+    _run_launch(raw, str(spec_path))
 
 
 @app.command()
 def resume(sweep: str, store: StoreOpt = None,
            address: Annotated[Optional[str], typer.Option(help="Ray cluster address")] = None) -> None:
     """Run the cells of a stored sweep that have no ok row (failed ones are retried)."""
-    from orchestrator.launch import sweep_from_store
-    from orchestrator.spec import SpecError, parse_spec
+    from orchestrator.spec import SpecError
+    from orchestrator.sweeps import stored_spec
 
     try:
-        spec = sweep_from_store(sweep, store or "./sweeps", semantic=False)  # validated once, just below
-        spec = parse_spec({**spec.model_dump(mode="json"), "store": store or spec.store,
-                           "address": address or spec.address})
+        spec = stored_spec(sweep, store or "./sweeps")  # validated in full just below, with the cluster
     except SpecError as exc:
         _fail(exc)
-    _run_launch(spec)
+    raw = {**spec.model_dump(mode="json"), "store": store or spec.store, "address": address or spec.address}
+    _run_launch(raw, f"{store or './sweeps'}/{sweep}/spec.yaml")
 
 
 def _open(sweep: str, store: Optional[str]):
-    from orchestrator.launch import sweep_from_store
+    """A stored sweep (resolved as launched) and its store."""
     from orchestrator.spec import SpecError
+    from orchestrator.sweeps import sweep_from_store
     from results.store import ResultStore
 
     try:
-        spec = sweep_from_store(sweep, store or "./sweeps", semantic=False)
+        resolved = sweep_from_store(sweep, store or "./sweeps")
     except SpecError as exc:
         _fail(exc)
-    return spec, ResultStore(store or "./sweeps", sweep)
+    return resolved, ResultStore(store or "./sweeps", sweep)
 
 
 @app.command()
 def status(sweep: str, store: StoreOpt = None) -> None:
     """done / failed / missing cells per axis value, and the nodes (Ray node ids) the rows ran on."""
-    from orchestrator.grid import build_grid
+    from orchestrator.plan import build_grid
     from results.query import NODE_COLUMNS, placement, status_table
 
-    spec, result_store = _open(sweep, store)
+    resolved, result_store = _open(sweep, store)
     rows = result_store.read_table(columns=["trial_id", *NODE_COLUMNS]).to_pandas()  # one read: statuses and nodes
     statuses = dict(zip(rows["trial_id"], rows["status"]))
-    _print_frame(status_table(build_grid(spec), statuses), OutputFormat.table, f"sweep {sweep}")
+    _print_frame(status_table(build_grid(resolved), statuses), OutputFormat.table, f"sweep {sweep}")
     if len(rows):
         nodes, gpus = placement(rows), rows["gpu_uuid"].nunique()  # nunique skips nulls (CPU rows)
         _print_frame(nodes, OutputFormat.table, f"rows ran on {len(nodes)} node(s), {gpus} GPU(s)")
@@ -261,14 +305,14 @@ def report(
     = 0.01,
 ) -> None:
     """The decision (how many layers to freeze per train size), figures, paired statistics: an HTML report."""
-    from orchestrator.grid import build_grid
+    from orchestrator.plan import build_grid
     from results.query import status_table
     from results.report import SweepRows, write_report
 
     inputs = []
     for name in sweeps:  # the grid says what is missing; results/ itself knows nothing of specs
-        spec, result_store = _open(name, store)
-        inputs.append(SweepRows.from_store(result_store, status_table(build_grid(spec), result_store.statuses())))
+        resolved, result_store = _open(name, store)
+        inputs.append(SweepRows.from_store(result_store, status_table(build_grid(resolved), result_store.statuses())))
     built = write_report(inputs, str(out), tolerance)
     for line in [*built.decisions["sentence"], *built.completeness]:
         console.print(line, highlight=False, soft_wrap=True)

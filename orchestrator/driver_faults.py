@@ -1,25 +1,45 @@
-"""The driver's fault switch, for tests: ``FREEZESWEEP_DRIVER_FAULT=kill-in-write@N`` SIGKILLs the
-driver while the N-th row file is half written (trial faults live in ``trials/faults.py``)."""
+"""The driver's fault switch, for tests: ``FREEZESWEEP_DRIVER_FAULT=kill-in-write@N`` leaves the N-th row
+file this driver writes half-written in the store's staging folder and SIGKILLs the driver, as a
+power cut in the middle of a write would (trial faults live in ``trials/faults.py``).
+
+Read once per launch (``from_env``) and counted by the object the store calls once per write
+(``on_staged``): production writes each file whole, in one go.
+"""
 
 from __future__ import annotations
 
 import os
+import signal
+from dataclasses import dataclass
+
+import pyarrow.fs as pafs
 
 DRIVER_FAULT_ENV = "FREEZESWEEP_DRIVER_FAULT"
-_events: dict[str, int] = {}
+_KINDS = ("kill-in-write",)
 
 
-def maybe_kill_driver(event: str) -> None:
-    """SIGKILL this (driver) process at the N-th ``event`` when the switch names it."""
-    spec = os.environ.get(DRIVER_FAULT_ENV)
-    if not spec:
-        return
-    _events[event] = _events.get(event, 0) + 1
-    kind, _, nth = spec.partition("@")
-    if kind == f"kill-in-{event}" and _events[event] == int(nth or 1):
-        os.kill(os.getpid(), 9)
+@dataclass
+class DriverFaults:
+    kill_at_write: int | None = None  # the write (1-based) whose staged file is cut and the driver killed
+    writes: int = 0
 
+    @classmethod
+    def from_env(cls) -> "DriverFaults":
+        rule = os.environ.get(DRIVER_FAULT_ENV)
+        if not rule:
+            return cls()
+        kind, _, nth = rule.partition("@")
+        if kind not in _KINDS or not (nth or "1").isdigit():
+            raise ValueError(f"bad {DRIVER_FAULT_ENV} rule {rule!r}: expected kill-in-write@N")
+        return cls(kill_at_write=int(nth or 1))
 
-def in_write() -> None:
-    """The store's ``mid_write`` hook."""
-    maybe_kill_driver("write")
+    def on_staged(self, fs: pafs.FileSystem, staged: str) -> None:
+        """The store's hook: a row file is staged whole, not yet moved into place."""
+        self.writes += 1
+        if self.writes != self.kill_at_write:
+            return
+        with fs.open_input_stream(staged) as f:
+            payload = f.read()
+        with fs.open_output_stream(staged) as f:
+            f.write(payload[: len(payload) // 2])  # what a crash mid-write leaves
+        os.kill(os.getpid(), signal.SIGKILL)

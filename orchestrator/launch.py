@@ -1,8 +1,13 @@
-"""Launch and resume: plan the missing cells from the store, run them through Ray Tune, write rows.
+"""Launch and resume: ``resolve`` a spec once, then ``run`` it (the layer under the CLI).
 
-The store is the source of truth: a launch runs exactly the cells of the spec that have no ``ok``
-row, so re-launching (or ``resume``) after any interruption runs nothing twice and loses nothing,
-and a grown spec runs only its new cells.
+``resolve(spec, session) -> ResolvedSweep`` decides, once and typed, everything that depends on the
+machine, the data or the cluster: each node has what its trials open (preflight), the precision
+``auto`` means where the trials run, the select metric per dataset, the data dir, the files shipped
+through Ray's object store and the GPU share ``auto`` measures.
+
+``run(sweep, session) -> LaunchSummary``: the store is the source of truth. Under the sweep's lock, a
+launch runs exactly the cells of the grid that have no ``ok`` row, so re-launching (or ``resume``)
+after any interruption runs nothing twice and loses nothing, and a grown spec runs only its new cells.
 
 Out of GPU memory: a cell whose trial ran out of memory while sharing a GPU is run once more in the
 same launch with twice the share (half as many trials per GPU). Its ``oom`` row is written at once
@@ -22,29 +27,24 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import math
-import os
 import sys
 from dataclasses import dataclass
 
-from orchestrator import driver_faults, local_files
-from orchestrator.grid import build_grid
+from orchestrator import local_files
+from orchestrator.driver_faults import DriverFaults
+from orchestrator.plan import (ResolvedSweep, build_grid, hungriest_frozen_layers, pending_cells,
+                               with_doubled_gpu_share)
 from orchestrator.progress import SweepProgress
-from orchestrator.ray_storage import (RayStorage, checkpoint_storage_warning, drop_checkpoints,
-                                      earlier_checkpoints, ray_storage, store_cache_dir)
+from orchestrator.ray_session import RaySession, TaskFailed, auto_precision_task, memory_probe_task
+from orchestrator.ray_storage import RayStorage, checkpoint_storage_warning, ray_storage, store_cache_dir
 from orchestrator.rows import result_row
-from orchestrator.spec import SpecError, SweepSpec
+from orchestrator.spec import SpecError, SweepSpec, read_stored_spec
+from orchestrator.sweeps import OLD_SWEEP, precision_here, resolved
+from orchestrator.tune_adapter import recover_from_ray, run_tune
 from results.lock import SweepLock
 from results.store import ResultStore, SpoolingWriter
 from trials.config import TrialConfig, TrialResult
-from trials.data import resolve_data_dir
-
-# Environment a trial reads, forwarded to workers on other nodes (local workers inherit it anyway)...
-_FORWARDED_ENV_PREFIXES = ("FREEZESWEEP_", "HF_", "TRANSFORMERS_")
-# ...except the driver's folders: a node has its own caches, and the data dir is in the spec (its
-# files shipped or checked on every node).
-_DRIVER_PATH_ENV = frozenset({"FREEZESWEEP_DATA_DIR", "FREEZESWEEP_CACHE_DIR", "HF_HOME", "HF_HUB_CACHE",
-                              "HF_DATASETS_CACHE", "HF_TOKEN_PATH", "TRANSFORMERS_CACHE"})
+from trials.memory_probe import describe
 
 
 @dataclass(frozen=True)
@@ -60,240 +60,166 @@ class LaunchSummary:
     gpu_packing: str | None = None  # what gpus_per_trial auto measured and chose
 
 
-def plan(spec: SweepSpec, done: set[str]) -> tuple[list[TrialConfig], list[TrialConfig]]:
-    """(all cells, cells still to run) given the ids that already have an ok row."""
-    cells = build_grid(spec)
-    return cells, [c for c in cells if c.trial_id not in done]
-
-
 class StoreUnavailable(RuntimeError):
     pass
 
 
-def launch(spec: SweepSpec, show_progress: bool = True) -> LaunchSummary:
-    store = ResultStore(spec.store, spec.name, mid_write=driver_faults.in_write)
-    if spec.data_dir is None and resolve_data_dir(None) is not None:
-        # Record where the data came from, so `resume` works without the environment variable.
-        spec = spec.model_copy(update={"data_dir": str(resolve_data_dir(None).resolve())})
-    if cluster_address(spec.address):
-        _init_ray(spec.address)
-        local_files.preflight(spec)  # every node has what its trials open, before anything is written
-    requested, spec = spec.training.precision, resolve_sweep_precision(spec)
-    # Stored resolved, per dataset: status and report never need the data to know a cell's metric.
-    resolved = spec.training.model_copy(update={"select_metric": spec.select_metrics()})
-    spec = spec.model_copy(update={"training": resolved})
-    with SweepLock(store.fs, store.sweep_dir, uri=store.uri) as lock:
-        store.guard = lock.check  # a driver that lost the sweep to another stops writing, saying why
-        _check_stored_precision(store, spec, requested)
-        store.clean_staging()
-        sink = SpoolingWriter(store, spool_dir(store))
-        _flush_or_fail(sink)  # rows kept from a run whose store went away count as done
-        store.write_spec(spec.to_yaml())
-        done = store.ok_ids()
-        cells, pending = plan(spec, done)
-        storage = _ray_storage(spec, store)
-        recovered = _recover_from_ray(storage, store, sink, {c.trial_id for c in pending})
-        pending = [c for c in pending if c.trial_id not in recovered]
-        if not pending:
-            return LaunchSummary(len(cells), len(cells) - len(recovered), 0, 0, 0, recovered=len(recovered))
-        shipment = _ship(spec)
-        spec, packing = resolve_gpus_per_trial(spec, hungriest_frozen_layers(pending), shipment)
-        pending = [_machine_fields(c, spec) for c in pending]
-        notice = checkpoint_storage_warning(spec, storage, on_cluster=cluster_address(spec.address) is not None)
-        if notice:
-            print(f"warning: {notice}", file=sys.stderr)
-        writer = RowWriter(spec.name, sink, done | recovered,
-                           SweepProgress(total=len(cells), done=len(cells) - len(pending), enabled=show_progress))
-        with writer.progress:
-            try:
-                _run_tune(spec, pending, storage, writer.write, stop_if=lock.raise_if_lost, shipment=shipment)
-                retried = _retry_ooms_with_more_memory(spec, pending, storage, writer, stop_if=lock.raise_if_lost,
-                                                       shipment=shipment)
-            except Exception:
-                lock.raise_if_lost()  # Tune wraps what a callback raised in a TuneError: say why, plainly
-                raise
-        _flush_or_fail(sink)
-    outcomes = writer.ok + writer.failed
-    return LaunchSummary(len(cells), len(cells) - len(pending) - len(recovered), outcomes, writer.ok, writer.failed,
-                         recovered=len(recovered), unfinished=len(pending) - outcomes, oom_retried=retried,
-                         gpu_packing=packing)
+def launch(spec: SweepSpec, show_progress: bool = True, session: RaySession | None = None) -> LaunchSummary:
+    """``resolve`` then ``run``, on the spec's cluster (or an embedded Ray) unless a session is given."""
+    session = session or RaySession(spec.address)
+    return run(resolve(spec, session), session, show_progress)
 
 
-def hungriest_frozen_layers(cells: list[TrialConfig]) -> int:
-    """The freeze depth whose trial needs the most memory: nothing frozen (0) beats the embeddings
-    alone (-1), which beats k layers; a LoRA cell backpropagates through every layer, as k = 0 does
-    (the probe trains no layer at all)."""
-    ks = {0 if c.method == "lora" else c.frozen_layers for c in cells if c.method != "probe"}
-    return 0 if 0 in ks or not ks else (-1 if -1 in ks else min(ks))
+# --- resolve: decided once, before anything is written ----------------------------------------------
+def resolve(spec: SweepSpec, session: RaySession) -> ResolvedSweep:
+    if session.on_cluster:
+        preflight(spec, session)  # every node has what its trials open, before anything is written
+    precision = resolve_precision(spec, session)
+    check_stored_precision(spec, precision)
+    shipment = session.ship(spec) if local_files.mode(spec, session.on_cluster) == "ship" else None
+    sweep = resolved(spec, precision, session.address, shipment)
+    if spec.resources.gpus_per_trial != "auto":
+        return sweep
+    share, measured = measure_gpu_share(sweep, session)
+    return dataclasses.replace(sweep, gpu_share=share, gpu_packing=measured)
 
 
-def roomier(spec: SweepSpec) -> SweepSpec | None:
-    """The spec with twice the GPU share per trial (at most a whole GPU); None when trials do not
-    share GPUs (CPU trials, or a whole GPU each: nothing to give them)."""
-    share = spec.resources.gpus_per_trial
-    if not 0 < share < 1:
-        return None
-    resources = spec.resources.model_copy(update={"gpus_per_trial": min(1.0, 2 * share)})
-    return spec.model_copy(update={"resources": resources})
+def preflight(spec: SweepSpec, session: RaySession) -> None:
+    """On a cluster: one SpecError naming every node that lacks what its trials would open."""
+    how = local_files.mode(spec, on_cluster=True)
+    problems = session.check_nodes(local_files.NodeNeeds.of(spec, how))
+    if problems:
+        why = (" (local_files: node_local: every node must hold the spec's data files and model folders at the "
+               "same paths; local_files: ship sends them)") if how == "node_local" else ""
+        raise SpecError(problems, f"preflight on the cluster's nodes{why}")
 
 
-def _retry_ooms_with_more_memory(spec: SweepSpec, pending: list[TrialConfig], storage: RayStorage,
-                                 writer: "RowWriter", stop_if=None, shipment=None) -> int:
-    """Run once more, with twice the GPU share, the cells that ran out of memory in this launch (see
-    the module's docstring for the rows). Not after an interruption: a cell without an outcome
-    means the run was stopped, and ``resume`` picks everything up."""
-    more = roomier(spec)
-    oom = [c for c in pending if writer.outcomes.get(c.trial_id) == "oom"]
-    if more is None or not oom or any(c.trial_id not in writer.outcomes for c in pending):
-        return 0
-    _run_tune(more, oom, storage, functools.partial(writer.write, oom_retry=True), experiment=f"{spec.name}-oom-retry",
-              stop_if=stop_if, shipment=shipment)
-    return len(oom)
-
-
-# A stored spec with precision "auto" was written before ids named the resolved precision and before
-# the reference schedule and paired seeds: its rows cannot be continued under the same ids.
-OLD_SWEEP = ("this sweep was made by a freezesweep before 0.2 (other evaluation schedule, seeds and cell ids): "
-             "its rows stay readable, but it cannot be continued; launch the spec under a new sweep name")
-PROBE_TIMEOUT_S = 300
-
-
-def resolve_sweep_precision(spec: SweepSpec) -> SweepSpec:
+def resolve_precision(spec: SweepSpec, session: RaySession) -> str:
     """``auto`` decided once for the whole sweep, on the kind of device its trials get: this
     machine's CPU or GPU in the embedded Ray, a probe task with the trials' resources on a cluster."""
-    if spec.training.precision != "auto":
-        return spec
-    gpus = gpu_request(spec)
-    device_type = "cuda" if gpus > 0 else "cpu"
-    if cluster_address(spec.address):
-        import ray
-
-        _init_ray(spec.address)
-        probe = ray.remote(num_cpus=spec.resources.cpus_per_trial, num_gpus=gpus)(_auto_precision)
-        try:
-            precision = ray.get(probe.remote(device_type), timeout=PROBE_TIMEOUT_S)
-        except ray.exceptions.GetTimeoutError:
-            raise SpecError([f"resources: no node of the cluster ran a probe with {spec.resources.cpus_per_trial} CPU and "
-                             f"{gpus} GPU within {PROBE_TIMEOUT_S} s (are there such nodes?), "
-                             "so precision auto could not be resolved"], "launch") from None
-    else:
-        precision = _auto_precision(device_type)
-    return spec.model_copy(update={"training": spec.training.model_copy(update={"precision": precision})})
+    if spec.training.precision != "auto" or not session.on_cluster:
+        return precision_here(spec)
+    gpus = 1.0 if spec.resources.gpus_per_trial == "auto" else spec.resources.gpus_per_trial
+    try:
+        [precision] = session.run_task(auto_precision_task, [{"device_type": "cuda" if gpus > 0 else "cpu"}],
+                                       cpus=spec.resources.cpus_per_trial, gpus=gpus)
+    except TaskFailed as exc:
+        raise SpecError([f"resources: precision auto could not be resolved on the cluster: {exc}"], "launch") from None
+    return precision
 
 
-def _auto_precision(device_type: str) -> str:
-    from trials.precision import auto_precision
-
-    return auto_precision(device_type)
-
-
-def gpu_request(spec: SweepSpec) -> float:
-    """The GPU a trial asks for: its share, or for ``auto`` (not measured yet) a whole GPU."""
-    share = spec.resources.gpus_per_trial
-    return 1.0 if share == "auto" else share
-
-
-def resolve_gpus_per_trial(spec: SweepSpec, frozen_layers: int,
-                           shipment: local_files.Shipment | None = None) -> tuple[SweepSpec, str | None]:
-    """``auto``: one trial with ``frozen_layers`` (the sweep's fewest: the largest footprint) measured
-    on a GPU where the trials run (a Ray task holding a whole GPU, in a worker process that exits after
-    it, so the memory it took goes back), then as many trials per GPU as fit (trials/memory_probe.py).
-    Measured per launch, not stored: a resume on other GPUs measures again. Returns the spec with the
-    share, and what was measured in words."""
-    if spec.resources.gpus_per_trial != "auto":
-        return spec, None
-    import ray
-
-    t = spec.training
-    _init_ray(spec.address)
-    task = ray.remote(num_cpus=spec.resources.cpus_per_trial, num_gpus=1, max_calls=1)(_memory_probe)
-    shape = dict(batch_size=t.batch_size, max_seq_length=t.max_seq_length, model_init=t.model_init,
-                 eval_batch_size=t.eval_batch_size, precision=t.precision, frozen_layers=frozen_layers)
-    try:  # one probe per model; the sweep packs as densely as its hungriest model allows
-        probes = ray.get([task.remote(model=model, shipment=shipment, **shape) for model in spec.models()],
-                         timeout=PROBE_TIMEOUT_S)
-        probe = max(probes, key=lambda p: p.gpus_per_trial)
-    except ray.exceptions.GetTimeoutError:
-        raise SpecError([f"resources.gpus_per_trial: auto: no node ran the memory probe (1 GPU, "
-                         f"{spec.resources.cpus_per_trial} CPU) within {PROBE_TIMEOUT_S} s"], "launch") from None
-    except ray.exceptions.RayTaskError as exc:
-        raise SpecError([f"resources.gpus_per_trial: auto: measuring one trial on a GPU failed: "
-                         f"{local_files.first_line(exc)}"], "launch") from None
-    from trials.memory_probe import describe
-
-    resources = spec.resources.model_copy(update={"gpus_per_trial": probe.gpus_per_trial})
-    return spec.model_copy(update={"resources": resources}), f"gpus_per_trial auto: {describe(probe)}"
-
-
-def _memory_probe(model: str, shipment: local_files.Shipment | None = None, **kwargs):
-    from trials.memory_probe import probe
-
-    return probe(model=shipment.model_files(model) if shipment else model, **kwargs)
-
-
-def _ship(spec: SweepSpec) -> local_files.Shipment | None:
-    """The spec's local files in Ray's object store, when trials get them that way (local_files.mode)."""
-    if local_files.mode(spec) != "ship":
-        return None
-    _init_ray(spec.address)
-    return local_files.pack(spec)
-
-
-def _check_stored_precision(store: ResultStore, spec: SweepSpec, requested: str) -> None:
+def check_stored_precision(spec: SweepSpec, precision: str) -> None:
     """An ``auto`` sweep continued on other hardware must not mix precisions: refuse, naming both."""
-    import yaml
-
+    store = ResultStore(spec.store, spec.name)
     text = store.read_spec()
-    stored = ((yaml.safe_load(text) or {}).get("training") or {}).get("precision", "auto") if text else None
-    if stored is None or stored == spec.training.precision:
+    raw = read_stored_spec(text, f"{store.uri}/{spec.name}/spec.yaml") if text else None
+    stored = (raw.get("training") or {}).get("precision", "auto") if raw else None
+    if stored is None or stored == precision:
         return
     if stored == "auto":
         raise SpecError([OLD_SWEEP], f"{store.uri}/{spec.name}")
     raise SpecError([
-        f"training.precision: {requested} resolves to {spec.training.precision} here, but sweep {spec.name!r} was "
+        f"training.precision: {spec.training.precision} resolves to {precision} here, but sweep {spec.name!r} was "
         f"run in {stored} (set training.precision: {stored} to continue it in {stored}, or start a new sweep name)"
     ], f"{store.uri}/{spec.name}")
 
 
-def _machine_fields(cell: TrialConfig, spec: SweepSpec) -> TrialConfig:
-    """How a cell runs (not identity): threads. Its checkpoints go where the Ray adapter puts them
-    (tune_adapter.ray_checkpoints: Ray's storage, below)."""
-    return dataclasses.replace(cell, num_threads=max(1, math.floor(spec.resources.cpus_per_trial)))
-
-
-def _ray_storage(spec: SweepSpec, store: ResultStore) -> RayStorage:
-    return ray_storage(store, cluster=cluster_address(spec.address) is not None)
-
-
-def _recover_from_ray(storage: RayStorage, store: ResultStore, sink: SpoolingWriter,
-                      pending_ids: set[str]) -> set[str]:
-    """Cells whose final result Ray's experiment state holds but the store does not (the driver died
-    between the two): written now instead of run again. Ray's state is an optimisation only: any
-    problem reading it (absent, corrupt, another Ray version) just means those cells run again."""
-    import json
-
-    from orchestrator.tune_adapter import RESULT_KEY, last_placement, tune_trainable
-    from trials.config import result_from_dict
-
-    path = f"{storage.path}/{store.sweep}"
-    recovered: set[str] = set()
+def measure_gpu_share(sweep: ResolvedSweep, session: RaySession) -> tuple[float, str]:
+    """``gpus_per_trial: auto``: one trial of the grid's hungriest depth measured on a GPU where the
+    trials run (a Ray task holding a whole GPU, in a worker process that exits after it, so the memory
+    it took goes back), one probe per model; the sweep packs as densely as its hungriest model allows
+    (trials/memory_probe.py). Returns the share, and what was measured in words."""
+    t = sweep.spec.training
+    shape = dict(batch_size=t.batch_size, max_seq_length=t.max_seq_length, model_init=t.model_init,
+                 eval_batch_size=t.eval_batch_size, precision=t.precision,
+                 frozen_layers=hungriest_frozen_layers(build_grid(sweep)))
+    calls = [{"model": model, "shipment": sweep.shipment, **shape} for model in sweep.spec.models()]
     try:
-        from ray import tune
+        probes = session.run_task(memory_probe_task, calls, cpus=sweep.spec.resources.cpus_per_trial, gpus=1,
+                                  fresh_process=True)
+    except TaskFailed as exc:
+        raise SpecError([f"resources.gpus_per_trial: auto: measuring one trial on a GPU failed: {exc}"],
+                        "launch") from None
+    probe = max(probes, key=lambda p: p.gpus_per_trial)
+    return probe.gpus_per_trial, f"gpus_per_trial auto: {describe(probe)}"
 
-        if not pending_ids or not tune.Tuner.can_restore(path, storage_filesystem=storage.filesystem):
-            return recovered
-        restored = tune.Tuner.restore(path, trainable=tune_trainable, storage_filesystem=storage.filesystem)
-        for trial in restored.get_results():
-            payload = (trial.metrics or {}).get(RESULT_KEY)
-            result = result_from_dict(json.loads(payload)) if payload else None
-            if result is not None and result.status == "ok" and result.trial_id in pending_ids:
-                # State written before rows were placed has no placement in the result: Ray's host and IP.
-                placement = {**last_placement(trial.metrics), **result.placement}
-                sink.write_row(result_row(store.sweep, dataclasses.replace(result, placement=placement)))
-                recovered.add(result.trial_id)
-    except Exception:
-        return recovered
-    return recovered
+
+# --- run: the store is the source of truth --------------------------------------------------------
+def run(sweep: ResolvedSweep, session: RaySession, show_progress: bool = True) -> LaunchSummary:
+    store = ResultStore(sweep.spec.store, sweep.name, on_staged=DriverFaults.from_env().on_staged)
+    with SweepLock(store.fs, store.sweep_dir, uri=store.uri) as lock:
+        store.guard = lock.check  # a driver that lost the sweep to another stops writing, saying why
+        sink = open_for_writing(store, sweep)
+        cells = build_grid(sweep)
+        done = store.ok_ids()
+        unfinished = {c.trial_id for c in cells} - done
+        if not unfinished:
+            return LaunchSummary(len(cells), len(cells), 0, 0, 0)
+        session.connect()  # before Tune reads its state back: the session decides where Ray runs
+        storage = ray_storage(store, cluster=sweep.on_cluster)
+        recovered = recover_rows(storage, sink, sweep.name, unfinished)
+        pending = pending_cells(sweep, cells, done | recovered)
+        if not pending:
+            return LaunchSummary(len(cells), len(cells) - len(recovered), 0, 0, 0, recovered=len(recovered))
+        notice = checkpoint_storage_warning(bool(sweep.spec.training.checkpoint_every_epochs), sweep.spec.store,
+                                            storage, on_cluster=sweep.on_cluster)
+        if notice:
+            print(f"warning: {notice}", file=sys.stderr)
+        writer = RowWriter(sweep.name, sink, done | recovered,
+                           SweepProgress(total=len(cells), done=len(cells) - len(pending), enabled=show_progress))
+        retried = run_cells(sweep, pending, storage, writer, stop_if=lock.raise_if_lost)
+        flush_or_fail(sink)
+    outcomes = writer.ok + writer.failed
+    return LaunchSummary(len(cells), len(cells) - len(pending) - len(recovered), outcomes, writer.ok, writer.failed,
+                         recovered=len(recovered), unfinished=len(pending) - outcomes, oom_retried=retried,
+                         gpu_packing=sweep.gpu_packing)
+
+
+def open_for_writing(store: ResultStore, sweep: ResolvedSweep) -> SpoolingWriter:
+    """The store made ready under the lock: a crash's staged leftovers removed, rows kept from a run
+    whose store went away written first (they count as done), the resolved spec stored."""
+    store.clean_staging()
+    sink = SpoolingWriter(store, spool_dir(store))
+    flush_or_fail(sink)
+    store.write_spec(sweep.spec.to_yaml())
+    return sink
+
+
+def run_cells(sweep: ResolvedSweep, pending: list[TrialConfig], storage: RayStorage, writer: "RowWriter",
+              stop_if) -> int:
+    """The pending cells through Tune, then those that ran out of memory once more with twice the
+    GPU share; returns how many were retried."""
+    with writer.progress:
+        try:
+            run_tune(sweep, pending, storage, writer.write, experiment=sweep.name, stop_if=stop_if)
+            return retry_out_of_memory(sweep, pending, storage, writer, stop_if)
+        except Exception:
+            stop_if()  # Tune wraps what a callback raised in a TuneError: say why, plainly
+            raise
+
+
+def retry_out_of_memory(sweep: ResolvedSweep, pending: list[TrialConfig], storage: RayStorage,
+                        writer: "RowWriter", stop_if) -> int:
+    """Run once more, with twice the GPU share, the cells that ran out of memory in this launch (see
+    the module's docstring for the rows). Not after an interruption: a cell without an outcome
+    means the run was stopped, and ``resume`` picks everything up."""
+    larger = with_doubled_gpu_share(sweep)
+    out_of_memory = [c for c in pending if writer.outcomes.get(c.trial_id) == "oom"]
+    if larger is None or not out_of_memory or any(c.trial_id not in writer.outcomes for c in pending):
+        return 0
+    # its own experiment: resume recovers from the main one
+    run_tune(larger, out_of_memory, storage, functools.partial(writer.write, oom_retry=True),
+             experiment=f"{sweep.name}-oom-retry", stop_if=stop_if)
+    return len(out_of_memory)
+
+
+def recover_rows(storage: RayStorage, sink: SpoolingWriter, sweep_name: str, unfinished: set[str]) -> set[str]:
+    """Cells whose final result Ray's experiment state holds but the store does not (the driver died
+    between the two): written now instead of run again."""
+    recovered = recover_from_ray(storage, sweep_name, unfinished)
+    for result in recovered:
+        sink.write_row(result_row(sweep_name, result))
+    return {result.trial_id for result in recovered}
 
 
 def spool_dir(store: ResultStore) -> str:
@@ -301,7 +227,7 @@ def spool_dir(store: ResultStore) -> str:
     return store_cache_dir(store, "spool")
 
 
-def _flush_or_fail(sink: SpoolingWriter) -> None:
+def flush_or_fail(sink: SpoolingWriter) -> None:
     waiting = sink.flush()
     if waiting:
         raise StoreUnavailable(
@@ -335,87 +261,3 @@ class RowWriter:
         if result.status == "ok":
             self.ok_ids.add(result.trial_id)
         self.progress.advance(result, replaces=replaced)
-
-
-def _run_tune(spec: SweepSpec, pending: list[TrialConfig], storage: RayStorage, write,
-              experiment: str | None = None, stop_if=None, shipment: local_files.Shipment | None = None) -> None:
-    from ray import tune
-
-    from orchestrator.tune_adapter import CELL_KEY, StoreWriter, trial_config_from_ray, tune_trainable
-
-    _init_ray(spec.address)
-    os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")  # with verbose=0: no Tune tables; our bar reports
-    resources = {"cpu": spec.resources.cpus_per_trial, "gpu": spec.resources.gpus_per_trial}
-    name = experiment or spec.name  # the retry of OOMs has its own: resume recovers from the main one
-    # An earlier launch's driver died while some of these cells ran: each starts from its last checkpoint.
-    earlier = earlier_checkpoints(storage, name, {c.trial_id for c in pending}) \
-        if spec.training.checkpoint_every_epochs else {}
-    outcomes: set[str] = set()
-
-    def write_outcome(result, attempts, **kwargs) -> None:
-        write(result, attempts, **kwargs)
-        outcomes.add(result.trial_id)
-
-    tuner = tune.Tuner(
-        # with_parameters: what every trial may need goes to the object store once, not into each one's config
-        tune.with_resources(tune.with_parameters(tune_trainable, shipment=shipment, earlier=earlier), resources),
-        param_space={CELL_KEY: tune.grid_search([c.to_dict() for c in pending])},
-        tune_config=tune.TuneConfig(
-            max_concurrent_trials=spec.resources.max_concurrent_trials,
-            reuse_actors=True,  # one worker process runs many trials: imports, tokenizer and token cache stay warm
-            trial_dirname_creator=lambda trial: trial_config_from_ray(trial.config).trial_id,
-        ),
-        run_config=tune.RunConfig(
-            name=name,
-            storage_path=storage.path,
-            storage_filesystem=storage.filesystem,
-            # A trial whose process or node dies is run again, from its last checkpoint when it has one
-            # (tune_adapter.ray_checkpoints); only the latest is kept, and none once the trial is over.
-            failure_config=tune.FailureConfig(max_failures=spec.resources.max_failures),
-            checkpoint_config=tune.CheckpointConfig(num_to_keep=1),
-            callbacks=[StoreWriter(write_outcome, stop_if, trial_over=functools.partial(drop_checkpoints, storage, name)
-                                   if spec.training.checkpoint_every_epochs else None)],
-            verbose=0,
-        ),
-    )
-    try:
-        tuner.fit()
-    except OSError as exc:
-        # Once the trials are over Ray reads its experiment state back (a result grid the launch does
-        # not use): a remote store gone by then fails that read, though every outcome has reached the
-        # spool already. The launch's flush then says what is kept where, as it does for rows.
-        # Any other OSError (storage unreachable from the start, a spool write failing) propagates.
-        if not (storage.shared and {c.trial_id for c in pending} <= outcomes):
-            raise
-        print(f"warning: Ray could not read its state back from {storage.path} after the last trial ({exc}); "
-              "every trial's outcome is kept", file=sys.stderr)
-
-
-def cluster_address(address: str | None) -> str | None:
-    """The Ray cluster a sweep runs on: the spec's or --address, else RAY_ADDRESS, else None (a local Ray)."""
-    return address or os.environ.get("RAY_ADDRESS") or None
-
-
-def _init_ray(address: str | None) -> None:
-    import ray
-
-    if ray.is_initialized():
-        return
-    env = {k: v for k, v in os.environ.items() if k.startswith(_FORWARDED_ENV_PREFIXES) and k not in _DRIVER_PATH_ENV}
-    ray.init(address=cluster_address(address), include_dashboard=False,
-             log_to_driver=False, logging_level="ERROR", runtime_env={"env_vars": env} if env else None)
-
-
-def sweep_from_store(name: str, store_uri: str, semantic: bool = True) -> SweepSpec:
-    """The resolved spec a sweep was launched with; ``semantic=False`` skips the checks that load
-    the model and data (inspection needs neither)."""
-    from orchestrator.spec import SpecError, parse_spec, read_stored_spec
-
-    text = ResultStore(store_uri, name).read_spec()
-    if text is None:
-        raise SpecError([f"no sweep named {name!r} in store {store_uri!r}"], "resume")
-    source = f"{store_uri}/{name}/spec.yaml"
-    spec = parse_spec(read_stored_spec(text), source, semantic=semantic)
-    if spec.training.precision == "auto":  # stored unresolved: written by a freezesweep before 0.2
-        raise SpecError([OLD_SWEEP], source)
-    return spec

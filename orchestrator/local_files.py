@@ -13,8 +13,11 @@ packages that ship a model (trials.model.OFFLINE_PACKAGES) are not shipped: work
 copied folder). With the embedded Ray (``auto`` without a cluster) the one node is this machine.
 
 On a cluster the driver runs a preflight task on every alive node before the first trial
-(``check_nodes``): it checks the named paths (node_local) and the offline model packages, and the
-launch stops with one error naming each node and what it lacks.
+(``node_lacks``, sent by orchestrator/ray_session.py): it checks the named paths (node_local) and the
+offline model packages, and the launch stops with one error naming each node and what it lacks.
+
+Nothing here imports Ray: the object store is reached through the ``put`` and ``fetch`` functions
+the caller passes (the Ray session on the driver, ``ray.get`` in a trial).
 """
 
 from __future__ import annotations
@@ -26,22 +29,24 @@ import json
 import os
 import shutil
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from orchestrator.spec import SweepSpec
 from trials.config import TrialConfig
+from trials.data import DatasetError, resolve_cache_dir, split_files
 
-PREFLIGHT_TIMEOUT_S = 120  # a node's first task starts a worker process and imports freezesweep
+Put = Callable[[bytes], Any]  # bytes -> a reference in the object store (driver side)
+Fetch = Callable[[Any], bytes]  # that reference -> the bytes (on any node)
 
 
-def mode(spec) -> str:
+def mode(spec: SweepSpec, on_cluster: bool) -> str:
     """``ship`` or ``node_local``: ``auto`` ships whenever the trials may run on other machines."""
-    from orchestrator.launch import cluster_address
-
     if spec.local_files != "auto":
         return spec.local_files
-    return "ship" if cluster_address(spec.address) else "node_local"
+    return "ship" if on_cluster else "node_local"
 
 
 def file_digest(path: Path) -> str:
@@ -56,21 +61,17 @@ class ShippedFolder:
     files: dict[str, Any]  # relative path -> ObjectRef of the file's bytes
 
     @classmethod
-    def put(cls, files: dict[str, Path]) -> "ShippedFolder":
+    def put(cls, files: dict[str, Path], put: Put) -> "ShippedFolder":
         """Driver side: each file into the object store once (``files``: relative path -> where it is here)."""
-        import ray
-
         blobs = {name: path.read_bytes() for name, path in files.items()}  # read once: hashed and shipped
         listing = sorted((name, hashlib.sha256(blob).hexdigest()) for name, blob in blobs.items())
         digest = hashlib.sha256(json.dumps(listing).encode()).hexdigest()[:32]
-        return cls(digest, {name: ray.put(blob) for name, blob in blobs.items()})
+        return cls(digest, {name: put(blob) for name, blob in blobs.items()})
 
-    def materialise(self, root: Path) -> Path:
+    def materialise(self, root: Path, fetch: Fetch) -> Path:
         """Worker side: ``root/<digest>``, written on first use. The files go to a staging folder that
         is renamed into place whole: a concurrent trial on this node either sees no folder (and
         writes its own, whose rename then loses) or the complete one."""
-        import ray
-
         target = root / self.digest
         if target.is_dir():
             return target
@@ -79,7 +80,7 @@ class ShippedFolder:
         try:
             for name, ref in self.files.items():
                 (staging / name).parent.mkdir(parents=True, exist_ok=True)
-                (staging / name).write_bytes(ray.get(ref))
+                (staging / name).write_bytes(fetch(ref))
             os.rename(staging, target)
         except OSError:
             if not target.is_dir():  # not a lost race: the write itself failed
@@ -93,8 +94,6 @@ def shipped_root() -> Path:
     """This node's folder of shipped files, in its own cache folder (``FREEZESWEEP_CACHE_DIR`` as set
     on the node: the driver does not forward its own), beside its token caches. Named by content, a
     copy is never stale, and a later sweep on the node reuses it instead of writing it again."""
-    from trials.data import resolve_cache_dir
-
     return resolve_cache_dir(None) / "shipped"
 
 
@@ -103,43 +102,41 @@ class Shipment:
     datasets: dict[str, ShippedFolder]  # dataset name -> train.<ext> and validation.<ext>
     models: dict[str, ShippedFolder]  # model (a local folder of the driver) -> the folder's files
 
-    def place(self, cfg: TrialConfig, root: Path | None = None) -> TrialConfig:
+    def place(self, cfg: TrialConfig, fetch: Fetch, root: Path | None = None) -> TrialConfig:
         """``cfg`` reading its shipped files from this node's copies (machine fields only: same trial_id)."""
         root = root or shipped_root()
         updates: dict[str, Any] = {}
         if cfg.dataset in self.datasets:
             shipped = self.datasets[cfg.dataset]
-            folder, by_split = shipped.materialise(root), {Path(name).stem: name for name in shipped.files}
+            folder, by_split = shipped.materialise(root, fetch), {Path(name).stem: name for name in shipped.files}
             updates["dataset_files"] = (str(folder / by_split["train"]), str(folder / by_split["validation"]))
         if cfg.model in self.models:
-            updates["model_dir"] = str(self.models[cfg.model].materialise(root))
+            updates["model_dir"] = str(self.models[cfg.model].materialise(root, fetch))
         return dataclasses.replace(cfg, **updates)
 
-    def model_files(self, model: str, root: Path | None = None) -> str:
+    def model_files(self, model: str, fetch: Fetch, root: Path | None = None) -> str:
         """Where ``model`` is loaded from on this node."""
         folder = self.models.get(model)
-        return str(folder.materialise(root or shipped_root())) if folder else model
+        return str(folder.materialise(root or shipped_root(), fetch)) if folder else model
 
 
-def pack(spec) -> Shipment:
-    """Driver side (Ray initialised): the files of the spec's local datasets and model folders, in
-    Ray's object store. GLUE tasks read from the hub and hub models are not files: nothing to ship."""
+def pack(spec: SweepSpec, put: Put) -> Shipment:
+    """Driver side: the files of the spec's local datasets and model folders, in the object store.
+    GLUE tasks read from the hub and hub models are not files: nothing to ship."""
     # a split's file keeps its format's extension: the reader picks by it
-    datasets = {dataset: ShippedFolder.put({f"{split}{path.suffix}": path for split, path in files.items()})
+    datasets = {dataset: ShippedFolder.put({f"{split}{path.suffix}": path for split, path in files.items()}, put)
                 for dataset, files in local_datasets(spec).items()}
-    models = {model: ShippedFolder.put(_folder_files(Path(model).expanduser())) for model in local_models(spec)}
+    models = {model: ShippedFolder.put(_folder_files(Path(model).expanduser()), put) for model in local_models(spec)}
     return Shipment(datasets, models)
 
 
-def local_datasets(spec) -> dict[str, dict[str, Path]]:
+def local_datasets(spec: SweepSpec) -> dict[str, dict[str, Path]]:
     """The spec's datasets read from files here (by split): GLUE tasks from the hub have none."""
-    from trials.data import split_files
-
     found = {dataset: split_files(dataset, spec.data_dir) for dataset in spec.datasets}
     return {dataset: files for dataset, files in found.items() if files is not None}
 
 
-def local_models(spec) -> list[str]:
+def local_models(spec: SweepSpec) -> list[str]:
     """The spec's models that are folders here (the others come from the hub or a package)."""
     return [model for model in spec.models() if Path(model).expanduser().is_dir()]
 
@@ -160,9 +157,10 @@ class NodeNeeds:
     packages: dict[str, str] = dataclasses.field(default_factory=dict)  # module -> the model it ships
 
     @classmethod
-    def of(cls, spec, how: str) -> "NodeNeeds":
+    def of(cls, spec: SweepSpec, how: str) -> "NodeNeeds":
         """Shipped files need nothing on the node; node-local ones must be there with the driver's
         content (a trial_id names the data, so a node with another copy must not make its rows)."""
+        # deferred on purpose: trials.model imports transformers (seconds), which inspection never needs
         from trials.model import OFFLINE_PACKAGES
 
         packages = {OFFLINE_PACKAGES[m]: m for m in spec.models()
@@ -176,8 +174,6 @@ class NodeNeeds:
 
 def node_lacks(needs: NodeNeeds) -> list[str]:
     """Run on a node: what it lacks of ``needs``, each named."""
-    from trials.data import DatasetError, split_files
-
     lacks = []
     for dataset, digests in needs.data_digests.items():
         try:
@@ -191,53 +187,3 @@ def node_lacks(needs: NodeNeeds) -> list[str]:
     lacks += [f"package {package} (it ships the model {model})" for package, model in needs.packages.items()
               if importlib.util.find_spec(package) is None]
     return lacks
-
-
-def check_nodes(needs: NodeNeeds, timeout_s: float = PREFLIGHT_TIMEOUT_S) -> list[str]:
-    """One problem per alive node of the connected Ray cluster that lacks something of ``needs``,
-    or cannot run freezesweep at all, or does not answer (a task pinned to each node)."""
-    import ray
-    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
-
-    task = ray.remote(num_cpus=0, max_retries=0)(node_lacks)
-    asked = {task.options(scheduling_strategy=NodeAffinitySchedulingStrategy(node["NodeID"], soft=False))
-             .remote(needs): node for node in ray.nodes() if node.get("Alive")}
-    if not asked:
-        return []
-    done, late = ray.wait(list(asked), num_returns=len(asked), timeout=timeout_s)
-    problems = []
-    for ref in done:
-        try:
-            lacks = ray.get(ref)
-        except Exception as exc:  # e.g. freezesweep not installed there: the task cannot even load
-            lacks = [f"cannot run freezesweep's check: {first_line(exc)}"]
-        if lacks:
-            problems.append(f"node {_node_name(asked[ref])} lacks: " + "; ".join(lacks))
-    for ref in late:
-        ray.cancel(ref, force=True)
-        problems.append(f"node {_node_name(asked[ref])} did not run the check within {timeout_s:g} s")
-    return problems
-
-
-def preflight(spec) -> None:
-    """Before the first trial on a cluster (Ray connected): one SpecError naming every node that
-    lacks what its trials would open."""
-    from orchestrator.spec import SpecError
-
-    how = mode(spec)
-    problems = check_nodes(NodeNeeds.of(spec, how))
-    if problems:
-        why = (" (local_files: node_local: every node must hold the spec's data files and model folders at the "
-               "same paths; local_files: ship sends them)") if how == "node_local" else ""
-        raise SpecError(problems, f"preflight on the cluster's nodes{why}")
-
-
-def _node_name(node: dict) -> str:
-    return f"{node['NodeID'][:12]} ({node.get('NodeManagerAddress')}, {node.get('NodeManagerHostname')})"
-
-
-def first_line(exc: BaseException) -> str:
-    """``Type: first line`` of an exception, a Ray task's own one unwrapped."""
-    cause = getattr(exc, "cause", None)  # a RayTaskError wraps the task's own exception
-    cause = cause if isinstance(cause, BaseException) else exc
-    return f"{type(cause).__name__}: {(str(cause).splitlines() or [''])[0]}"

@@ -4,7 +4,7 @@ and the checkpoints found there.
 Ray persists each checkpoint a trial reports as ``<storage>/<experiment>/<trial folder>/checkpoint_NNNNNN``
 (numbered in the order reported; the trial folder is the cell's ``trial_id``: launch's
 ``trial_dirname_creator``). A launch whose driver died leaves its running trials' latest checkpoints
-there; the next launch starts those cells from them (``earlier_checkpoints``), and a cell that is over
+there; the next launch starts those cells from them (``latest_checkpoints``), and a cell that is over
 has all of its deleted (``drop_checkpoints``): the trainable weights and the optimizer's state would
 otherwise stay in storage for good.
 """
@@ -17,8 +17,8 @@ from pathlib import PurePosixPath
 
 import pyarrow.fs as pafs
 
-from orchestrator.spec import SweepSpec
 from results.store import ResultStore
+from trials.data import resolve_cache_dir
 
 CHECKPOINT_PREFIX = "checkpoint_"  # Ray's name for a persisted checkpoint folder (ray.train StorageContext)
 
@@ -52,20 +52,18 @@ def ray_storage(store: ResultStore, cluster: bool) -> RayStorage:
 
 def store_cache_dir(store: ResultStore, what: str) -> str:
     """``<cache>/<what>/<store's hash>/<sweep>``: this machine's folder for one store's sweep."""
-    from trials.data import resolve_cache_dir
-
     key = hashlib.sha256(store.uri.encode()).hexdigest()[:12]
     return str(resolve_cache_dir(None) / what / key / store.sweep)
 
 
-def checkpoint_storage_warning(spec: SweepSpec, storage: RayStorage, on_cluster: bool) -> str | None:
+def checkpoint_storage_warning(checkpoints: bool, store: str, storage: RayStorage, on_cluster: bool) -> str | None:
     """A warning, not an error, for a cluster sweep that checkpoints into a local store: the folder may
     well be a shared filesystem (NFS), which the driver cannot tell, and where it is not, trials on
     other nodes run on without checkpoints (tune_adapter) and the rows are as good: only a trial
     whose node dies starts over instead of resuming."""
-    if not (spec.training.checkpoint_every_epochs and on_cluster and not storage.shared):
+    if not (checkpoints and on_cluster and not storage.shared):
         return None
-    return (f"training.checkpoint_every_epochs on a cluster with the local store {spec.store!r}: Ray keeps trial "
+    return (f"training.checkpoint_every_epochs on a cluster with the local store {store!r}: Ray keeps trial "
             f"checkpoints in {storage.path} on this machine's disk, which trials on other nodes can write only if "
             "it is a shared filesystem mounted at that path on every node; elsewhere they run without checkpoints, "
             "and a trial whose node dies starts over. A remote store (s3://…, gs://…) keeps them where every "
@@ -86,13 +84,11 @@ def checkpoint_folders(storage: RayStorage, experiment: str) -> dict[str, list[s
     return {trial: sorted(folders) for trial, folders in found.items()}
 
 
-def earlier_checkpoints(storage: RayStorage, experiment: str, trial_ids: set[str]) -> dict:
-    """The latest checkpoint an earlier launch's Ray kept of each of these cells (``tune.Checkpoint``
-    on the storage's filesystem, by trial id): their first attempt in this launch starts from it."""
-    from ray import tune
-
-    return {trial: tune.Checkpoint(folders[-1], filesystem=storage.fs)
-            for trial, folders in checkpoint_folders(storage, experiment).items() if trial in trial_ids}
+def latest_checkpoints(storage: RayStorage, experiment: str, trial_ids: set[str]) -> dict[str, str]:
+    """The latest checkpoint folder an earlier launch's Ray kept of each of these cells (on the
+    storage's filesystem, by trial id): their first attempt in this launch starts from it."""
+    return {trial: folders[-1] for trial, folders in checkpoint_folders(storage, experiment).items()
+            if trial in trial_ids}
 
 
 def drop_checkpoints(storage: RayStorage, experiment: str, trial_id: str) -> None:

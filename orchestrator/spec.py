@@ -1,26 +1,33 @@
-"""The sweep spec: YAML → a validated ``SweepSpec``, with every problem listed in one error.
+"""The sweep spec: the bottom layer of orchestrator/. Shapes and values only, no I/O.
 
-Validation runs in two passes that both always run: pydantic checks shapes and ranges; the
-semantic pass checks what needs the model and the data (layer counts, split sizes, fp16 without
-GPUs, ...). Their problems are reported together, before Ray starts or the store is touched.
+``parse`` turns a YAML mapping into a ``SweepSpec`` and lists pydantic's problems; what needs the
+model, the data, the store or the cluster is checked one layer up (orchestrator/checks.py), which
+reports both kinds together, before Ray starts or the store is touched.
+
+The protocol's defaults are TrialConfig's (trials/config.py): one definition serves a sweep's cells
+and ``freezesweep trial`` alike.
 """
 
 from __future__ import annotations
 
+import dataclasses
+from collections import Counter
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from trials.config import LATER_FIELDS
+from trials.config import LATER_FIELDS, MACHINE_FIELDS, TrialConfig
+from trials.metrics import METRICS
 
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]*$"  # a sweep name is a folder name in the store
 
 
 class SpecError(ValueError):
     def __init__(self, problems: list[str], source: str = "sweep spec"):
-        self.problems = problems
+        self.problems, self.source = problems, source
         super().__init__(f"{source}: {len(problems)} problem(s):\n" + "\n".join(f"  - {p}" for p in problems))
 
 
@@ -28,38 +35,50 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
-class TrainingSpec(_Strict):
-    """The protocol: every cell of a sweep shares it, and it cannot change once rows exist."""
+# The protocol's defaults: TrialConfig's own, so a sweep cell and `freezesweep trial` share them.
+_TRIAL_DEFAULTS = {f.name: f.default for f in dataclasses.fields(TrialConfig)}
 
-    epochs: float = Field(10.0, gt=0)
-    batch_size: int = Field(16, gt=0)
-    eval_batch_size: int = Field(64, gt=0, description="length-sorted batches: speed only (64 suits a CPU core, "
-                                 "where 128 is ~10% slower; a GPU wants 256 or more)")
-    learning_rate: float = Field(5e-5, gt=0)
-    weight_decay: float = Field(0.0, ge=0)
-    warmup_epochs: float = Field(1.0, ge=0)
-    eval_every_epochs: float = Field(0.5, gt=0)
-    eval_at_end: bool = Field(False, description="also evaluate after the last step (the reference does not)")
-    max_grad_norm: float = Field(1.0, gt=0)
-    precision: Literal["auto", "fp16", "bf16", "fp32"] = "auto"
-    max_eval_examples: int | None = Field(None, gt=0)
-    max_seq_length: int = Field(128, gt=0)
-    model_init: Literal["pretrained", "random"] = "pretrained"
-    text_column: str | None = None
-    text_pair_column: str | None = Field(None, description="second text of a sentence pair (GLUE pair tasks: theirs)")
-    label_column: str | None = None
+
+def _default(name: str, **constraints: Any) -> Any:
+    return Field(_TRIAL_DEFAULTS[name], **constraints)
+
+
+class TrainingSpec(_Strict):
+    """The protocol: every cell of a sweep shares it, and it cannot change once rows exist. Every
+    default is TrialConfig's (but ``select_metric``: unset means each task's official metric)."""
+
+    epochs: float = _default("epochs", gt=0)
+    batch_size: int = _default("batch_size", gt=0)
+    eval_batch_size: int = _default("eval_batch_size", gt=0, description="length-sorted batches: speed only (64 "
+                                    "suits a CPU core, where 128 is ~10% slower; a GPU wants 256 or more)")
+    learning_rate: float = _default("learning_rate", gt=0)
+    weight_decay: float = _default("weight_decay", ge=0)
+    warmup_epochs: float = _default("warmup_epochs", ge=0)
+    eval_every_epochs: float = _default("eval_every_epochs", gt=0)
+    eval_at_end: bool = _default("eval_at_end", description="also evaluate after the last step (the reference does not)")
+    max_grad_norm: float = _default("max_grad_norm", gt=0)
+    precision: Literal["auto", "fp16", "bf16", "fp32"] = _default("precision")
+    max_eval_examples: int | None = _default("max_eval_examples", gt=0)
+    max_seq_length: int = _default("max_seq_length", gt=0)
+    model_init: Literal["pretrained", "random"] = _default("model_init")
+    text_column: str | None = _default("text_column")
+    text_pair_column: str | None = _default("text_pair_column", description="second text of a sentence pair "
+                                            "(GLUE pair tasks: theirs)")
+    label_column: str | None = _default("label_column")
     select_metric: str | dict[str, str] | None = Field(
         None, description="the metric that picks each trial's best evaluation: one name for every dataset, or "
         "{dataset: name}; unset: each task's official metric (a launch stores the resolved {dataset: name})")
-    checkpoint_every_epochs: float | None = Field(None, gt=0)
-    train_cache: bool = Field(False, description="opt-in deviation from the reference: frozen layers run once, "
-                              "without dropout, and training starts above them (trials/train_cache.py)")
+    checkpoint_every_epochs: float | None = _default("checkpoint_every_epochs", gt=0)
+    train_cache: bool = _default("train_cache", description="opt-in deviation from the reference: frozen layers "
+                                 "run once, without dropout, and training starts above them (trials/train_cache.py)")
+
+    def trial_fields(self) -> dict[str, Any]:
+        """The TrialConfig fields this protocol sets (every field but ``select_metric``, resolved per dataset)."""
+        return {k: v for k, v in self.model_dump().items() if k != "select_metric"}
 
     @field_validator("select_metric")
     @classmethod
     def _known_metrics(cls, value: str | dict[str, str] | None) -> str | dict[str, str] | None:
-        from trials.metrics import METRICS
-
         names = [value] if isinstance(value, str) else list((value or {}).values())
         unknown = [name for name in names if name not in METRICS]
         if unknown:
@@ -122,7 +141,7 @@ METHOD_AXES = {"freeze": "frozen_layers", "lora": "lora_ranks"}
 
 
 def _unique(values: list) -> list:
-    dupes = sorted({v for v in values if values.count(v) > 1}, key=str)
+    dupes = sorted((v for v, n in Counter(values).items() if n > 1), key=str)  # linear in the axis
     if dupes:
         raise ValueError(f"duplicate values {dupes}")
     return values
@@ -193,36 +212,23 @@ class SweepSpec(_Strict):
     def models(self) -> list[str]:
         return [self.model] if isinstance(self.model, str) else list(self.model)
 
-    def protocol(self) -> dict[str, Any]:
+    def protocol(self, select_metrics: Mapping[str, str]) -> dict[str, Any]:
         """What makes rows comparable: changing any of it on an existing sweep is refused. How the work
         is done (checkpoints, evaluation batch size) may change: it is not part of a cell's identity.
-        Axes (models, datasets, sizes, methods, their own axes, seeds) may grow: new cells, new ids."""
-        from trials.config import MACHINE_FIELDS
-
+        Axes (models, datasets, sizes, methods, their own axes, seeds) may grow: new cells, new ids.
+        ``select_metrics``: per dataset, resolved ("official" and a name may mean the same)."""
         training = {k: v for k, v in self.training.model_dump().items() if k not in MACHINE_FIELDS}
-        training["select_metric"] = self.select_metrics()  # resolved: "official" and a name may mean the same
+        training["select_metric"] = dict(select_metrics)
         return {"split_seed": self.split_seed, "training": training, "lora": self.lora.model_dump(),
                 "probe": self.probe.model_dump()}
-
-    def select_metrics(self) -> dict[str, str]:
-        """Per dataset, the metric that picks a trial's best evaluation: the spec's, else the task's official one."""
-        from trials.data import official_metric
-
-        chosen, t = self.training.select_metric, self.training
-        if isinstance(chosen, str):
-            return dict.fromkeys(self.datasets, chosen)
-        return {d: (chosen or {}).get(d) or official_metric(d, self.data_dir, t.text_column, t.label_column,
-                                                           t.text_pair_column)
-                for d in self.datasets}
 
     def to_yaml(self) -> str:
         return yaml.safe_dump(self.model_dump(mode="json"), sort_keys=False)
 
     def trial_template(self) -> dict[str, Any]:
-        """TrialConfig fields shared by every cell (the grid adds the axes, each method's own fields
+        """TrialConfig fields shared by every cell (the plan adds the axes, each method's own fields
         and each dataset's select_metric)."""
-        training = {k: v for k, v in self.training.model_dump().items() if k != "select_metric"}
-        return {"split_seed": self.split_seed, "data_dir": self.data_dir, **training}
+        return {"split_seed": self.split_seed, "data_dir": self.data_dir, **self.training.trial_fields()}
 
     def method_fields(self, method: str) -> dict[str, Any]:
         return method_fields(method, self.lora, self.probe)
@@ -256,42 +262,19 @@ def spec_aliases(raw: Any) -> Any:
     return raw
 
 
-def parse_spec(raw: Any, source: str = "sweep spec", semantic: bool = True) -> SweepSpec:
-    """Validate a parsed YAML mapping; raise one SpecError naming every problem."""
+def parse(raw: Any) -> tuple[SweepSpec | None, list[str]]:
+    """A parsed YAML mapping as a SweepSpec, and the problems of its shapes and values (the spec is
+    None when there are any). What needs the model, data, store or cluster: orchestrator/checks.py."""
     if not isinstance(raw, dict):
-        raise SpecError([f"the spec must be a mapping of keys, got {type(raw).__name__}"], source)
-    problems: list[str] = []
-    spec = None
+        return None, [f"the spec must be a mapping of keys, got {type(raw).__name__}"]
     try:
-        spec = SweepSpec.model_validate(raw)
+        return SweepSpec.model_validate(raw), []
     except ValidationError as exc:
-        problems += [_format_pydantic(err) for err in exc.errors()]
-    if semantic:
-        from orchestrator.checks import semantic_problems
-
-        problems += semantic_problems(raw)
-    if problems:
-        raise SpecError(problems, source)
-    return spec
+        return None, [_format_pydantic(err) for err in exc.errors()]
 
 
-# Rows of a sweep stored before select_metric existed picked their best evaluation by accuracy: the
-# default TrialConfig gives the field for exactly that reason.
-LEGACY_SELECT_METRIC = LATER_FIELDS["select_metric"]
-
-
-def read_stored_spec(text: str) -> Any:
-    """A stored spec.yaml as a mapping. One written before ``select_metric`` existed has no such key;
-    it reads as accuracy (what its rows used), not as the official metric a new spec defaults to, so
-    the sweep resumes with its cell ids unchanged."""
-    raw = yaml.safe_load(text)
-    training = (raw.get("training") or {}) if isinstance(raw, dict) else None
-    if isinstance(training, dict) and "select_metric" not in training:
-        raw = {**raw, "training": {**training, "select_metric": LEGACY_SELECT_METRIC}}
-    return raw
-
-
-def load_spec(path: str | Path, overrides: dict[str, Any] | None = None, semantic: bool = True) -> SweepSpec:
+def read_yaml(path: str | Path, overrides: Mapping[str, Any] | None = None) -> Any:
+    """A spec file's mapping, with ``overrides`` (those not None) on top; SpecError naming the file."""
     path = Path(path)
     try:
         raw = yaml.safe_load(path.read_text())
@@ -301,7 +284,34 @@ def load_spec(path: str | Path, overrides: dict[str, Any] | None = None, semanti
         raise SpecError([f"malformed YAML: {exc}".replace("\n", " ")], str(path)) from None
     if isinstance(raw, dict) and overrides:
         raw = {**raw, **{k: v for k, v in overrides.items() if v is not None}}
-    return parse_spec(raw, str(path), semantic=semantic)
+    return raw
+
+
+# Rows of a sweep stored before select_metric existed picked their best evaluation by accuracy: the
+# default TrialConfig gives the field for exactly that reason.
+LEGACY_SELECT_METRIC = LATER_FIELDS["select_metric"]
+
+
+# What to do about a stored spec.yaml that cannot be read: ids are content hashes of the cells, so the
+# spec the sweep was launched with, launched again under the same name, finds every row it made.
+DAMAGED_SPEC_HINT = ("relaunch the sweep's original spec file under the same name (`freezesweep launch SPEC`): "
+                     "cell ids are stable, so it continues the sweep and rewrites spec.yaml")
+
+
+def read_stored_spec(text: str, source: str = "spec.yaml") -> dict[str, Any]:
+    """A stored spec.yaml as a mapping. One written before ``select_metric`` existed has no such key;
+    it reads as accuracy (what its rows used), not as the official metric a new spec defaults to, so
+    the sweep resumes with its cell ids unchanged. A damaged one is one SpecError saying what to do."""
+    try:
+        raw = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise SpecError([f"damaged: not YAML ({str(exc).splitlines()[0]}); {DAMAGED_SPEC_HINT}"], source) from None
+    if not isinstance(raw, dict):
+        raise SpecError([f"damaged: not a mapping of keys; {DAMAGED_SPEC_HINT}"], source)
+    training = raw.get("training") or {}
+    if isinstance(training, dict) and "select_metric" not in training:
+        raw = {**raw, "training": {**training, "select_metric": LEGACY_SELECT_METRIC}}
+    return raw
 
 
 def _format_pydantic(err: dict) -> str:
@@ -311,4 +321,10 @@ def _format_pydantic(err: dict) -> str:
     message = err["msg"].removeprefix("Value error, ")
     if not err["loc"]:  # a check across keys: its message names them (the input is the whole spec)
         return message
-    return f"{where}: {message} (got {err.get('input')!r})"
+    shown = repr(err.get("input"))
+    if len(shown) > _SHOWN_INPUT_CHARS:  # an axis of 100,000 seeds is named, not printed
+        shown = shown[:_SHOWN_INPUT_CHARS] + f"… ({len(shown):,} characters)"
+    return f"{where}: {message} (got {shown})"
+
+
+_SHOWN_INPUT_CHARS = 200

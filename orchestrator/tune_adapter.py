@@ -1,9 +1,11 @@
-"""The one place where Ray Tune meets a trial.
+"""The one place where Ray Tune meets a trial (the only user of Ray Tune).
 
+Driver side: ``run_tune`` runs a list of cells as one Tune experiment and hands each cell's outcome to
+the launch (``OutcomeCallback``), so workers never touch the store; ``recover_from_ray`` reads the
+outcomes an earlier launch's Tune recorded but its driver never stored.
 Worker side: ``tune_trainable`` turns Ray's dict into a TrialConfig (unknown keys rejected), points
 it at this node's copies of the files the driver shipped (orchestrator/local_files.py), runs the
 plain-PyTorch trial, reports each evaluation to Tune and finally the whole result as JSON.
-Driver side: ``StoreWriter`` writes each finished cell's row, so workers never touch the store.
 A crash propagates so Ray's FailureConfig retries it; an out-of-memory error does not (it would
 fail again the same way at the same density) and becomes an ``oom`` row at once, after the worker
 has given the memory back; the launch retries such cells once with a larger GPU share.
@@ -21,6 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import json
 import os
 import shutil
@@ -29,10 +32,22 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from ray import tune
+import ray
+import transformers
+from ray import cloudpickle, tune
 
 from orchestrator.local_files import Shipment
+from orchestrator.plan import ResolvedSweep
+from orchestrator.ray_storage import RayStorage, drop_checkpoints, latest_checkpoints
+from trials import faults
 from trials.config import TrialConfig, TrialResult, result_from_dict
+from trials.placement import trials_per_gpu, where
+from trials.precision import resolve_device
+from trials.run import failed_result, run_trial_or_oom
+
+# Where each finished or finally failed cell's outcome goes (the launch's row writer), with the number
+# of attempts Ray made.
+OutcomeSink = Callable[[TrialResult, int], None]
 
 CELL_KEY = "cell"
 RESULT_KEY = "freezesweep_result"
@@ -50,17 +65,10 @@ def trial_config_from_ray(config: dict) -> TrialConfig:
 def tune_trainable(config: dict, shipment: Shipment | None = None, earlier: dict | None = None) -> None:
     """One Ray trial. ``shipment``: the files the driver shipped; ``earlier``: an earlier launch's last
     checkpoint of some cells (``tune.Checkpoint`` by trial id)."""
-    import transformers
-
-    from trials import faults
-    from trials.placement import where
-    from trials.precision import resolve_device
-    from trials.run import run_trial_or_oom
-
     transformers.logging.set_verbosity_error()
     transformers.utils.logging.disable_progress_bar()
     cfg = trial_config_from_ray(config)
-    local = shipment.place(cfg) if shipment else cfg
+    local = shipment.place(cfg, fetch=ray.get) if shipment else cfg
     placement = {**where(resolve_device(cfg.device)), **ray_placement()}
     faults.set_gpu_share(placement["gpus_per_trial"])
     placed = json.dumps(placement)
@@ -92,8 +100,6 @@ def ray_checkpoints(cfg: TrialConfig, placed: str,
     if not cfg.checkpoint_every_epochs:
         yield cfg, None
         return
-    import ray
-
     # In Ray's temp folder of the node, named by Ray's id of the trial (unique per run, the same for
     # its retries): an attempt whose process died leaves its folder behind, and the next attempt
     # on this node starts by clearing it.
@@ -126,7 +132,7 @@ class RayCheckpoints:
     """Hands the folder to Ray after each save (Tune copies it to its storage before returning). When
     Ray's storage cannot be written from this node (a local store on a machine of its own), the trial
     runs on without checkpoints rather than failing: they only save work, the row is the same. The
-    driver is told, once (StoreWriter). A node that has saved one already met a passing failure
+    driver is told, once (OutcomeCallback). A node that has saved one already met a passing failure
     (storage briefly unreachable): it tries again at the next checkpoint."""
 
     def __init__(self, folder: str, placed: str):
@@ -148,18 +154,15 @@ def ray_placement() -> dict[str, Any]:
     """What Ray knows of this trial's place: its node (ids are unique per node even when several
     nodes share a host), the node's IP, and the GPU share the trial was scheduled with (0 on CPU
     trials) with the number of trials that share packs on one GPU."""
-    import ray
-
-    from trials.placement import trials_per_gpu
-
     context = ray.get_runtime_context()
     share = float(context.get_assigned_resources().get("GPU", 0.0))
     return {"node_id": context.get_node_id(), "node_ip": ray.util.get_node_ip_address(),
             "gpus_per_trial": share, "trials_per_gpu": trials_per_gpu(share)}
 
 
-class StoreWriter(tune.Callback):
-    """Driver-side: turn each finished or finally-failed Ray trial into one stored row.
+class OutcomeCallback(tune.Callback):
+    """Driver-side: hand each finished or finally-failed Ray trial's outcome to the sink (the launch
+    writes it as the cell's row).
     ``stop_if``: called at every step of Tune's loop; what it raises ends the run (the sweep's lock
     lost to another driver: no trial keeps running for rows that could not be written).
     ``trial_over``: called with the trial id of each trial that is over (its checkpoints deleted)."""
@@ -168,7 +171,7 @@ class StoreWriter(tune.Callback):
     _trial_over: Callable[[str], None] | None = None
     _told_checkpoint_error = False
 
-    def __init__(self, write: Callable[[TrialResult, int], None], stop_if: Callable[[], None] | None = None,
+    def __init__(self, write: OutcomeSink, stop_if: Callable[[], None] | None = None,
                  trial_over: Callable[[str], None] | None = None):
         self._write, self._stop_if, self._trial_over = write, stop_if, trial_over
 
@@ -203,8 +206,6 @@ class StoreWriter(tune.Callback):
         self._over(trial)
 
     def on_trial_error(self, iteration, trials, trial, **info):
-        from trials.run import failed_result
-
         cfg = trial_config_from_ray(trial.config)
         error, trace = _trial_error(trial)
         placement = last_placement(trial.last_result or {})
@@ -223,8 +224,6 @@ def last_placement(last: dict) -> dict[str, Any]:
 def _trial_error(trial) -> tuple[BaseException, str | None]:
     """The trial's own exception (unwrapped from Ray's) and Ray's text traceback of it. Read from
     the trial's local files, which Ray writes before calling back (its storage copy syncs later)."""
-    from ray import cloudpickle
-
     error: object = None
     text: str | None = None
     try:
@@ -242,3 +241,83 @@ def _trial_error(trial) -> tuple[BaseException, str | None]:
     if not isinstance(error, BaseException):
         error = RuntimeError(text.strip().splitlines()[-1] if text else "trial failed (no error recorded by Ray)")
     return error, text
+
+
+# --- driver side: one Tune experiment over a list of cells -----------------------------------------
+def run_tune(sweep: ResolvedSweep, cells: list[TrialConfig], storage: RayStorage, on_outcome: OutcomeSink,
+             experiment: str, stop_if: Callable[[], None] | None = None) -> None:
+    """Run ``cells`` as the Tune experiment ``experiment`` in ``storage`` (Ray connected), each outcome
+    to ``on_outcome``. ``stop_if`` is called at every step of Tune's loop: what it raises ends the run."""
+    os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")  # with verbose=0: no Tune tables; our bar reports
+    resources = sweep.spec.resources
+    checkpoints = bool(sweep.spec.training.checkpoint_every_epochs)
+    # An earlier launch's driver died while some of these cells ran: each starts from its last checkpoint.
+    earlier = checkpoints_to_resume(storage, experiment, {c.trial_id for c in cells}) if checkpoints else {}
+    outcomes: set[str] = set()
+
+    def sink(result: TrialResult, attempts: int) -> None:
+        on_outcome(result, attempts)
+        outcomes.add(result.trial_id)
+
+    tuner = tune.Tuner(
+        # with_parameters: what every trial may need goes to the object store once, not into each one's config
+        tune.with_resources(tune.with_parameters(tune_trainable, shipment=sweep.shipment, earlier=earlier),
+                            {"cpu": resources.cpus_per_trial, "gpu": sweep.gpu_share}),
+        param_space={CELL_KEY: tune.grid_search([c.to_dict() for c in cells])},
+        tune_config=tune.TuneConfig(
+            max_concurrent_trials=resources.max_concurrent_trials,
+            reuse_actors=True,  # one worker process runs many trials: imports, tokenizer and token cache stay warm
+            trial_dirname_creator=lambda trial: trial_config_from_ray(trial.config).trial_id,
+        ),
+        run_config=tune.RunConfig(
+            name=experiment,
+            storage_path=storage.path,
+            storage_filesystem=storage.filesystem,
+            # A trial whose process or node dies is run again, from its last checkpoint when it has one
+            # (ray_checkpoints above); only the latest is kept, and none once the trial is over.
+            failure_config=tune.FailureConfig(max_failures=resources.max_failures),
+            checkpoint_config=tune.CheckpointConfig(num_to_keep=1),
+            callbacks=[OutcomeCallback(sink, stop_if, trial_over=functools.partial(drop_checkpoints, storage, experiment)
+                                       if checkpoints else None)],
+            verbose=0,
+        ),
+    )
+    try:
+        tuner.fit()
+    except OSError as exc:
+        # Once the trials are over Ray reads its experiment state back (a result grid the launch does
+        # not use): a remote store gone by then fails that read, though every outcome has reached the
+        # spool already. The launch's flush then says what is kept where, as it does for rows.
+        # Any other OSError (storage unreachable from the start, a spool write failing) propagates.
+        if not (storage.shared and {c.trial_id for c in cells} <= outcomes):
+            raise
+        print(f"warning: Ray could not read its state back from {storage.path} after the last trial ({exc}); "
+              "every trial's outcome is kept", file=sys.stderr)
+
+
+def checkpoints_to_resume(storage: RayStorage, experiment: str, trial_ids: set[str]) -> dict[str, tune.Checkpoint]:
+    """The latest checkpoint an earlier launch's Ray kept of each of these cells, by trial id."""
+    return {trial: tune.Checkpoint(folder, filesystem=storage.fs)
+            for trial, folder in latest_checkpoints(storage, experiment, trial_ids).items()}
+
+
+def recover_from_ray(storage: RayStorage, experiment: str, pending_ids: set[str]) -> list[TrialResult]:
+    """The ok outcomes of these cells that the experiment's state (an earlier launch's Tune) holds:
+    the driver died between Ray's record and the store's row. Ray's state is an optimisation only:
+    any problem reading it (absent, corrupt, another Ray version) just means those cells run again."""
+    path = f"{storage.path}/{experiment}"
+    found: list[TrialResult] = []
+    try:
+        if not pending_ids or not tune.Tuner.can_restore(path, storage_filesystem=storage.filesystem):
+            return found
+        restored = tune.Tuner.restore(path, trainable=tune_trainable, storage_filesystem=storage.filesystem)
+        for trial in restored.get_results():
+            payload = (trial.metrics or {}).get(RESULT_KEY)
+            result = result_from_dict(json.loads(payload)) if payload else None
+            if result is not None and result.status == "ok" and result.trial_id in pending_ids:
+                # State written before rows were placed has no placement in the result: Ray's host and IP.
+                placement = {**last_placement(trial.metrics), **result.placement}
+                found.append(dataclasses.replace(result, placement=placement))
+    except Exception:
+        return found
+    return found

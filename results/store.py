@@ -86,11 +86,12 @@ def open_filesystem(uri: str) -> tuple[pafs.FileSystem, str]:
 
 
 class ResultStore:
-    """``mid_write``: called with half of a row's file staged (the driver's fault switch in tests).
+    """``on_staged``: called with (filesystem, path) once per row file, staged whole but not yet moved
+    into place (the driver's fault switch in tests: orchestrator/driver_faults.py).
     ``guard``: called before every write; raises to stop it (the sweep's lock check, ``SweepLock.check``)."""
 
-    def __init__(self, uri: str, sweep: str, mid_write: Callable[[], None] | None = None):
-        self.uri, self.sweep, self.mid_write = uri, sweep, mid_write
+    def __init__(self, uri: str, sweep: str, on_staged: Callable[[pafs.FileSystem, str], None] | None = None):
+        self.uri, self.sweep, self.on_staged = uri, sweep, on_staged
         self.guard: Callable[[], None] | None = None
         try:
             self.fs, root = open_filesystem(uri)
@@ -142,20 +143,20 @@ class ResultStore:
         sink = pa.BufferOutputStream()
         pq.write_table(table, sink)
         final = f"{self.results_dir}/{row['trial_id']}.parquet"
-        self._write_atomic(final, sink.getvalue().to_pybytes(), mid_write=self.mid_write)
+        self._write_atomic(final, sink.getvalue().to_pybytes(), on_staged=self.on_staged)
         return final
 
-    def _write_atomic(self, final: str, payload: bytes, mid_write: Callable[[], None] | None = None) -> None:
+    def _write_atomic(self, final: str, payload: bytes,
+                      on_staged: Callable[[pafs.FileSystem, str], None] | None = None) -> None:
         if self.guard is not None:
             self.guard()
         staged = f"{self.staging_dir}/{uuid.uuid4().hex}.tmp"
         self.fs.create_dir(self.staging_dir, recursive=True)
         self.fs.create_dir(final.rsplit("/", 1)[0], recursive=True)
         with self.fs.open_output_stream(staged) as f:
-            f.write(payload[: len(payload) // 2])
-            if mid_write is not None:
-                mid_write()  # tests: the driver dies with half a file staged
-            f.write(payload[len(payload) // 2 :])
+            f.write(payload)
+        if on_staged is not None:
+            on_staged(self.fs, staged)
         self.fs.move(staged, final)
 
     def clean_staging(self) -> int:

@@ -22,8 +22,9 @@ import pandas as pd
 import pyarrow.fs as pafs
 import pytest
 
-from orchestrator.grid import build_grid
-from orchestrator.spec import load_spec
+from orchestrator.plan import build_grid
+from orchestrator.sweeps import resolve_here
+from orchestrator.checks import load_spec
 from results.store import ResultStore
 from tests.conftest import FAKE_AWS, REPO, free_port
 
@@ -183,7 +184,7 @@ def _rows(spec_path: Path) -> pd.DataFrame:
     spec = load_spec(spec_path, semantic=False)
     rows = ResultStore(spec.store, spec.name).read()
     assert not rows["trial_id"].duplicated().any(), "a cell has two rows"
-    assert set(rows["trial_id"]) == {c.trial_id for c in build_grid(spec)}, "a cell is missing or foreign"
+    assert set(rows["trial_id"]) == {c.trial_id for c in build_grid(resolve_here(spec))}, "a cell is missing or foreign"
     assert (rows["status"] == "ok").all(), rows[["status", "error"]]
     return rows
 

@@ -1,5 +1,6 @@
 """Exactly once under faults: driver kills at five moments, dying trials, OOM, one writer."""
 
+import json
 import os
 import signal
 import subprocess
@@ -12,9 +13,11 @@ import pyarrow.dataset as ds
 import duckdb
 import pytest
 
-from orchestrator.grid import build_grid
+from orchestrator.plan import build_grid
+from orchestrator.sweeps import resolve_here
 from orchestrator.launch import launch
-from orchestrator.spec import SpecError, load_spec
+from orchestrator.checks import load_spec
+from orchestrator.spec import SpecError
 
 CLI = [sys.executable, "-m", "orchestrator.cli"]
 
@@ -50,7 +53,7 @@ def _check_store(spec_path) -> pd.DataFrame:
     folder = Path(spec.store) / spec.name / "results"
     rows = pd.read_parquet(folder)
     assert not rows["trial_id"].duplicated().any(), "a cell has two rows"
-    assert set(rows["trial_id"]) == {c.trial_id for c in build_grid(spec)}, "a cell is missing or foreign"
+    assert set(rows["trial_id"]) == {c.trial_id for c in build_grid(resolve_here(spec))}, "a cell is missing or foreign"
     assert (rows["status"] == "ok").all(), rows[["status", "error"]]
     # Every file is readable by each reader on its own, and nothing half-written is visible.
     assert ds.dataset(str(folder)).count_rows() == len(rows)
@@ -113,6 +116,8 @@ def test_second_launch_is_refused_while_running(write_spec, tmp_path):
         deadline = time.time() + 120
         while not lock.exists() and time.time() < deadline:
             time.sleep(0.05)
+        # the first launch holds the lock (its record, whole) before the second one starts
+        assert json.loads(lock.read_text())["pid"] == first.pid, "the first launch never took the lock"
         second = subprocess.run(CLI + ["launch", str(path)], capture_output=True, text=True, timeout=120)
         assert second.returncode == 2
         assert f"pid {first.pid} on host" in second.stderr and "already running" in second.stderr
@@ -168,11 +173,13 @@ def test_oom_while_sharing_a_gpu_is_retried_once_with_twice_the_share(write_spec
         "oom<0.5@1:train_size=48,frozen_layers=2",  # out of memory at 0.25 of a GPU, fits at 0.5
         "oom<1@1:train_size=24,frozen_layers=2",    # out of memory at 0.25 and at 0.5
     ]))
+    from orchestrator.ray_session import RaySession
+
     ray.shutdown()  # workers must start with the fault switch in their environment, and a GPU to share
-    ray.init(num_cpus=2, num_gpus=1, include_dashboard=False, log_to_driver=False, logging_level="ERROR")
+    fake_gpu = RaySession(num_cpus=2, num_gpus=1)
     try:
         path = write_spec("packed", resources={"gpus_per_trial": 0.25})
-        summary = launch(load_spec(path, semantic=False), show_progress=False)  # validation: no real GPU here
+        summary = launch(load_spec(path, semantic=False), show_progress=False, session=fake_gpu)  # no real GPU here
         assert (summary.ran, summary.ok, summary.failed, summary.oom_retried) == (4, 3, 1, 2)
         rows = pd.read_parquet(tmp_path / "store" / "packed" / "results").set_index(["train_size", "frozen_layers"])
         assert len(rows) == 4 and rows["trial_id"].is_unique
@@ -192,7 +199,7 @@ def test_oom_while_sharing_a_gpu_is_retried_once_with_twice_the_share(write_spec
         auto = write_spec("auto", resources={"gpus_per_trial": "auto"})
         with pytest.raises(SpecError, match="resources.gpus_per_trial: auto: measuring one trial on a GPU failed: "
                                             "PrecisionError: device 'cuda' requested but CUDA is not available"):
-            launch(load_spec(auto, semantic=False), show_progress=False)
+            launch(load_spec(auto, semantic=False), show_progress=False, session=fake_gpu)
         assert not (tmp_path / "store" / "auto" / "results").exists()
     finally:
         ray.shutdown()

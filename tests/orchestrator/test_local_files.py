@@ -6,10 +6,14 @@ import shutil
 from pathlib import Path
 
 import pytest
+import ray
 
 from orchestrator import local_files
-from orchestrator.grid import build_grid
-from orchestrator.spec import SpecError, load_spec
+from orchestrator.plan import build_grid
+from orchestrator.sweeps import resolve_here
+from orchestrator.checks import load_spec
+from orchestrator.ray_session import RaySession
+from orchestrator.spec import SpecError
 from tests.conftest import make_toy_dataset, make_toy_pair_dataset
 from trials.data import DatasetError, load_task
 
@@ -80,22 +84,22 @@ def test_shipped_files_reach_a_node_that_has_none_of_the_drivers_paths(local_ray
     model = Path(shutil.copytree(tiny_bert, tmp_path / "model"))
     spec = load_spec(write_spec(datasets=["glue/rte", str(mine)], data_dir=str(glue), model=str(model),
                                 train_sizes=[24], frozen_layers=[1], local_files="ship"))
-    assert local_files.mode(spec) == "ship"
+    assert local_files.mode(spec, on_cluster=False) == "ship"
     originals = {"rte": _tree(glue / "rte"), "mine": _tree(mine), "model": _tree(model)}
-    shipment = local_files.pack(spec)
+    shipment = RaySession().ship(spec)
     for folder in (glue, mine, model):
         folder.rename(folder.with_name(folder.name + "-away"))  # the node sees none of the driver's paths
 
     node = tmp_path / "node"
-    cells = build_grid(spec)
-    placed = [shipment.place(c, root=node) for c in cells]
+    cells = build_grid(resolve_here(spec))
+    placed = [shipment.place(c, ray.get, root=node) for c in cells]
     assert [p.trial_id for p in placed] == [c.trial_id for c in cells]
     assert [(p.dataset, p.model, p.data_dir) for p in placed] == [(c.dataset, c.model, c.data_dir) for c in cells]
     rte, own = (next(p for p in placed if p.dataset == d) for d in ("glue/rte", str(mine)))
     assert [Path(f).read_bytes() for f in rte.dataset_files] == list(originals["rte"].values())
     assert [Path(f).name for f in own.dataset_files] == ["train.csv", "validation.csv"]
     assert _tree(Path(rte.model_dir)) == originals["model"]
-    assert shipment.place(cells[0], root=node) == placed[0]  # written once per node, then reused
+    assert shipment.place(cells[0], ray.get, root=node) == placed[0]  # written once per node, then reused
     result = run_trial(own)
     assert result.status == "ok" and result.trial_id == own.trial_id
     assert all(not p.name.startswith(".") for p in node.iterdir())  # no staging folder left behind
@@ -105,24 +109,25 @@ def test_materialise_tolerates_a_concurrent_writer(local_ray, tmp_path):
     """Two trials of one node writing the same folder: the second rename loses, both read the whole folder."""
     source = tmp_path / "a.txt"
     source.write_text("hello")
-    folder = local_files.ShippedFolder.put({"sub/a.txt": source})
+    folder = local_files.ShippedFolder.put({"sub/a.txt": source}, put=ray.put)
     root = tmp_path / "node"
     (root / folder.digest / "sub").mkdir(parents=True)
     (root / folder.digest / "sub" / "a.txt").write_text("hello")  # another trial finished first
-    assert (folder.materialise(root) / "sub" / "a.txt").read_text() == "hello"
+    assert (folder.materialise(root, ray.get) / "sub" / "a.txt").read_text() == "hello"
     shutil.rmtree(root)
-    assert _tree(folder.materialise(root)) == {"sub/a.txt": b"hello"}
+    assert _tree(folder.materialise(root, ray.get)) == {"sub/a.txt": b"hello"}
 
 
 def test_preflight_names_each_node_and_what_it_lacks(local_ray, write_spec, tmp_path, toy_dataset):
     node = local_ray.nodes()[0]
     spec = load_spec(write_spec(local_files="node_local"))
-    assert local_files.check_nodes(local_files.NodeNeeds.of(spec, "node_local")) == []  # this node has it all
+    session = RaySession()
+    assert session.check_nodes(local_files.NodeNeeds.of(spec, "node_local")) == []  # this node has it all
     lacking = local_files.NodeNeeds(data_dir=str(tmp_path / "glue"),
                                     data_digests={"glue/sst2": {"train": "0", "validation": "0"},
                                                   toy_dataset: {"train": "0", "validation": "0"}},
                                     model_dirs=(str(tmp_path / "model"),), packages={"no_such_package_x": "org/m"})
-    [problem] = local_files.check_nodes(lacking)
+    [problem] = session.check_nodes(lacking)
     assert problem.startswith(f"node {node['NodeID'][:12]} ({node['NodeManagerAddress']}, ")
     for expected in [f"no folder {tmp_path / 'glue' / 'sst2'}", f"{toy_dataset}/train.csv (its content differs",
                      f"model folder {tmp_path / 'model'}", "package no_such_package_x (it ships the model org/m)"]:
@@ -133,21 +138,18 @@ def test_a_cluster_launch_stops_before_any_trial_when_a_node_lacks_something(loc
                                                                              monkeypatch):
     from orchestrator import launch as launch_module
 
+    cluster = RaySession()
+    cluster.address = "ray://head:10001"  # the embedded Ray (already connected), seen as a cluster
     spec = load_spec(write_spec("preflight", local_files="node_local"))
-    monkeypatch.setattr(launch_module, "cluster_address", lambda address: "ray://head:10001")
     monkeypatch.setattr(local_files.NodeNeeds, "of", classmethod(
         lambda cls, spec, how: cls(model_dirs=(str(tmp_path / "elsewhere"),))))
     with pytest.raises(SpecError, match=r"preflight on the cluster's nodes \(local_files: node_local.*\n"
                                         rf"  - node \w{{12}} .* lacks: model folder {tmp_path / 'elsewhere'}"):
-        launch_module.launch(spec, show_progress=False)
+        launch_module.launch(spec, show_progress=False, session=cluster)
     assert not (tmp_path / "store" / "preflight").exists()
 
 
 def test_driver_folders_are_not_forwarded_to_workers(monkeypatch):
-    import ray
-
-    from orchestrator import launch as launch_module
-
     seen = {}
     monkeypatch.setattr(ray, "is_initialized", lambda: False)
     monkeypatch.setattr(ray, "init", lambda **kwargs: seen.update(kwargs))
@@ -155,7 +157,7 @@ def test_driver_folders_are_not_forwarded_to_workers(monkeypatch):
     monkeypatch.setenv("FREEZESWEEP_DATA_DIR", "/driver/glue")
     monkeypatch.setenv("HF_HOME", "/driver/hf")
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    launch_module._init_ray(None)
+    RaySession().connect()
     forwarded = seen["runtime_env"]["env_vars"]
     assert forwarded["HF_HUB_OFFLINE"] == "1"
     assert not {"FREEZESWEEP_CACHE_DIR", "FREEZESWEEP_DATA_DIR", "HF_HOME"} & set(forwarded)
@@ -178,7 +180,7 @@ def test_a_shipping_sweep_reads_the_nodes_copies_and_rows_name_the_specs_paths(l
     config = json.loads(row["config"])
     assert (config["dataset"], config["model"], config["dataset_files"], config["model_dir"]) == \
         (toy_dataset, tiny_bert, None, None)
-    assert row["trial_id"] == build_grid(spec)[0].trial_id
+    assert row["trial_id"] == build_grid(resolve_here(spec))[0].trial_id
     copies = list(local_files.shipped_root().iterdir())
     assert {_tree(c).get("train.csv") for c in copies} >= {(Path(toy_dataset) / "train.csv").read_bytes()}
     assert any(_tree(c) == _tree(Path(tiny_bert)) for c in copies)

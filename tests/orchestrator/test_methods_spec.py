@@ -4,8 +4,10 @@ problem in one error, and sweeps from before the axes keep their ids."""
 import pytest
 import yaml
 
-from orchestrator.grid import build_grid
-from orchestrator.spec import SpecError, load_spec
+from orchestrator.plan import build_grid
+from orchestrator.sweeps import resolve_here
+from orchestrator.checks import load_spec
+from orchestrator.spec import SpecError
 
 
 def _problems(path) -> list[str]:
@@ -17,7 +19,7 @@ def _problems(path) -> list[str]:
 def test_method_axes_are_not_crossed_with_other_methods(write_spec):
     spec = load_spec(write_spec(methods=["freeze", "lora", "probe"], frozen_layers=[0, "all"], lora_ranks=[2, 8],
                                 seeds=[0, 1]))
-    cells = build_grid(spec)
+    cells = build_grid(resolve_here(spec))
     # 2 sizes × (2 k + 2 ranks + 1 probe) × 2 seeds, not 2 × 2 × 2 × 3 × 2
     assert len(cells) == 2 * 5 * 2 == len({c.trial_id for c in cells})
     freeze = [c for c in cells if c.method == "freeze"]
@@ -29,15 +31,15 @@ def test_method_axes_are_not_crossed_with_other_methods(write_spec):
     assert len(probe) == 4 and all(c.frozen_layers is None and c.lora_rank is None for c in probe)
     assert {c.probe_pooling for c in probe} == {"auto"}
     assert {c.learning_rate for c in cells} == {0.003}  # the protocol's, unless LoRA sets its own
-    faster = build_grid(load_spec(write_spec(methods=["freeze", "lora"], frozen_layers=[0], lora_ranks=[8],
-                                             lora={"learning_rate": 5e-4})))
+    faster = build_grid(resolve_here(load_spec(write_spec(methods=["freeze", "lora"], frozen_layers=[0], lora_ranks=[8],
+                                             lora={"learning_rate": 5e-4}))))
     assert {(c.method, c.learning_rate) for c in faster} == {("freeze", 0.003), ("lora", 5e-4)}
 
 
 def test_a_sweep_from_before_methods_resumes_with_its_ids(write_spec, tmp_path):
     """A stored spec that says ``training.method: freeze`` and one model as a string (every spec before
     the axes) builds the cells of today's freeze-only spec, ids and all."""
-    from orchestrator.launch import sweep_from_store
+    from orchestrator.sweeps import sweep_from_store
     from results.store import ResultStore
     from trials.config import TrialConfig
 
@@ -46,7 +48,7 @@ def test_a_sweep_from_before_methods_resumes_with_its_ids(write_spec, tmp_path):
     raw["training"]["method"] = "freeze"
     ResultStore(raw["store"], "old").write_spec(yaml.safe_dump(raw))
     stored = build_grid(sweep_from_store("old", raw["store"]))
-    assert [c.trial_id for c in stored] == [c.trial_id for c in build_grid(load_spec(path))]
+    assert [c.trial_id for c in stored] == [c.trial_id for c in build_grid(resolve_here(load_spec(path)))]
     # and those ids are what a TrialConfig with no method fields at all hashes to
     plain = [TrialConfig(dataset=c.dataset, model=c.model, train_size=c.train_size, frozen_layers=c.frozen_layers,
                          seed=c.seed, epochs=2, learning_rate=0.003, precision="fp32") for c in stored]
@@ -72,7 +74,7 @@ def test_a_model_axis_checks_frozen_layers_per_model(write_spec, tiny_bert, tiny
     assert problems == [f"frozen_layers: [3] exceed the 2 encoder layers of {tiny_bert} "
                         "('all' freezes every layer of each model)"]
     spec = load_spec(write_spec(model=None, models=[tiny_bert, tiny_roberta], frozen_layers=[0, "all"]))
-    cells = build_grid(spec)
+    cells = build_grid(resolve_here(spec))
     assert {(c.model, c.frozen_layers) for c in cells} == {(tiny_bert, 0), (tiny_bert, 2), (tiny_roberta, 0),
                                                             (tiny_roberta, 3)}
     with pytest.raises(SpecError, match="give model or models, not both"):

@@ -1,319 +1,79 @@
-"""Invalid specs are rejected as a whole, before Ray starts, with every problem named."""
+"""orchestrator/spec.py, the bottom layer: shapes and values, no I/O, defaults from one definition."""
 
-import pandas as pd
+import dataclasses
+
 import pytest
-import yaml
 
-from tests.conftest import make_toy_pair_dataset
+from orchestrator.spec import (SpecError, SweepSpec, TrainingSpec, parse, read_stored_spec, spec_aliases)
+from trials.config import TrialConfig
 
-from orchestrator.grid import build_grid
-from orchestrator.spec import SpecError, load_spec, parse_spec
-
-
-def _problems(path) -> list[str]:
-    with pytest.raises(SpecError) as info:
-        load_spec(path)
-    return info.value.problems
+MINIMAL = {"name": "s", "model": "some/model", "datasets": ["d"], "train_sizes": [10], "frozen_layers": [0],
+           "seeds": [0]}
 
 
-BAD = {
-    "unknown top-level key": ({"colour": "red"}, "colour: unknown key"),
-    "unknown training key": ({"training": {"lr": 1}}, "training.lr: unknown key"),
-    "k above the model's layers": ({"frozen_layers": [0, 3]}, "[3] exceed the 2 encoder layers"),
-    "k below -1": ({"frozen_layers": [-2]}, "frozen layers must be >= -1"),
-    "train size above the split": ({"train_sizes": [24, 5000]}, "[5000] exceed the 240 train rows"),
-    "train size zero": ({"train_sizes": [0]}, "train sizes must be positive"),
-    "duplicate seeds": ({"seeds": [0, 0]}, "duplicate values [0]"),
-    "empty axis": ({"seeds": []}, "seeds: List should have at least 1 item"),
-    "empty axis of a swept method": ({"frozen_layers": []}, "frozen_layers is empty, but methods has freeze"),
-    "GPU share above 1": ({"resources": {"gpus_per_trial": 1.5}}, "gpus_per_trial: Input should be less than or equal to 1"),
-    "negative GPU share": ({"resources": {"gpus_per_trial": -0.5}}, "gpus_per_trial: Input should be greater than or equal to 0"),
-    "unknown precision": ({"training": {"precision": "fp8"}}, "training.precision: Input should be"),
-    "fp16 on CPU": ({"training": {"precision": "fp16"}}, "fp16 needs GPU trials"),
-    "unknown dataset": ({"datasets": ["glue/mnli-nope"]}, "unknown GLUE task 'mnli-nope'"),
-    "missing model path": ({"model": "/nonexistent/model-dir"}, "model: cannot load model"),
-    "bad sweep name": ({"name": "no spaces please"}, "name: String should match pattern"),
-    "missing required key": ({"model": None}, "model: should be a model name (hub id or folder) or a list of them"),
-    "wrong type": ({"train_sizes": "fifty"}, "train_sizes: Input should be a valid list"),
-    "unknown metric": ({"training": {"select_metric": "acc"}}, "training.select_metric: unknown metric 'acc' (known: "),
-    "metric that does not fit": ({"training": {"select_metric": "pearson"}},
-                                 "training.select_metric: pearson does not fit"),
-    "metric for a dataset not swept": ({"training": {"select_metric": {"glue/mrpc": "f1"}}},
-                                       "training.select_metric: glue/mrpc not among the datasets"),
-}
+def test_parse_needs_no_files_model_or_data():
+    """A spec naming things that do not exist parses: only shapes and values are checked here."""
+    spec, problems = parse({**MINIMAL, "model": "/nowhere/model", "datasets": ["/nowhere/data"]})
+    assert problems == [] and spec.models() == ["/nowhere/model"]
 
 
-@pytest.mark.parametrize("case", sorted(BAD))
-def test_each_kind_of_bad_spec_is_named(case, write_spec):
-    overrides, expected = BAD[case]
-    path = write_spec(**overrides)
-    problems = _problems(path)
-    assert any(expected in p for p in problems), problems
-
-
-def test_all_problems_in_one_error(write_spec, tmp_path):
-    path = write_spec(colour="red", frozen_layers=[-2, 3], train_sizes=[0, 5000], seeds=[1, 1],
-                      training={"precision": "fp16"}, resources={"gpus_per_trial": -1})
-    problems = _problems(path)
-    for expected in ["colour", "-2", "[3] exceed", "positive", "[5000] exceed", "duplicate", "fp16", "gpus_per_trial"]:
+def test_parse_lists_every_shape_problem():
+    spec, problems = parse({**MINIMAL, "colour": "red", "seeds": [1, 1], "train_sizes": [0],
+                            "training": {"precision": "fp8"}})
+    assert spec is None
+    for expected in ["colour: unknown key", "duplicate values [1]",
+                     "train sizes must be positive", "training.precision: Input should be"]:
         assert any(expected in p for p in problems), (expected, problems)
-    assert not (tmp_path / "store").exists()  # nothing created
+    assert parse(["not", "a", "mapping"]) == (None, ["the spec must be a mapping of keys, got list"])
 
 
-def test_malformed_yaml_and_missing_file(tmp_path):
-    bad = tmp_path / "bad.yaml"
-    bad.write_text("name: [unclosed\nmodel: x")
-    assert "malformed YAML" in _problems(bad)[0]
-    assert "no such file" in _problems(tmp_path / "absent.yaml")[0]
-    scalar = tmp_path / "scalar.yaml"
-    scalar.write_text("just a string")
-    assert "must be a mapping" in _problems(scalar)[0]
+def test_training_defaults_are_trial_configs_field_by_field():
+    """One source for the protocol's defaults: a sweep cell and `freezesweep trial` start from the same."""
+    trial_defaults = {f.name: f.default for f in dataclasses.fields(TrialConfig)}
+    training = TrainingSpec()
+    for name, value in training.trial_fields().items():
+        assert value == trial_defaults[name], name
+    assert training.select_metric is None  # the one exception: unset means each task's official metric
+    assert set(TrainingSpec.model_fields) - {"select_metric"} == set(training.trial_fields())
 
 
-def test_unwritable_store(write_spec, tmp_path):
-    blocker = tmp_path / "a-file"
-    blocker.write_text("not a folder")
-    problems = _problems(write_spec(store=str(blocker / "store")))
-    assert any(p.startswith("store:") for p in problems), problems
+def test_large_axes_validate_in_linear_time():
+    """100,000 seeds: the duplicate check counts once (it used list.count per value: hours at this size,
+    caught by the suite's timeout), and an error names the problem without printing the whole axis."""
+    seeds = list(range(100_000))
+    spec, problems = parse({**MINIMAL, "seeds": seeds})
+    assert problems == [] and len(spec.seeds) == 100_000
+    _, problems = parse({**MINIMAL, "seeds": seeds + [7]})
+    [problem] = problems
+    assert "duplicate values [7]" in problem and len(problem) < 400
 
 
-def test_grid_is_deterministic_and_ids_stable(write_spec):
-    spec = load_spec(write_spec())
-    grid = build_grid(spec)
-    assert len(grid) == 4 == len({c.trial_id for c in grid})
-    assert [c.trial_id for c in grid] == [c.trial_id for c in build_grid(load_spec(write_spec()))]
-    grown = build_grid(load_spec(write_spec(seeds=[0, 1])))
-    assert {c.trial_id for c in grid} < {c.trial_id for c in grown}  # old cells keep their ids
-    assert all(c.split_seed == spec.split_seed and c.epochs == 2 for c in grid)
+def test_protocol_takes_resolved_metrics_and_leaves_machine_fields_out():
+    spec, _ = parse({**MINIMAL, "training": {"eval_batch_size": 8, "checkpoint_every_epochs": 1}})
+    protocol = spec.protocol({"d": "accuracy"})
+    assert protocol["training"]["select_metric"] == {"d": "accuracy"}
+    assert "eval_batch_size" not in protocol["training"] and "checkpoint_every_epochs" not in protocol["training"]
 
 
-def test_shipped_configs_are_valid(glue_dir, monkeypatch):
-    from tests.conftest import REPO
-
-    monkeypatch.setenv("FREEZESWEEP_DATA_DIR", str(glue_dir))
-    demo = load_spec(REPO / "configs" / "demo.yaml")
-    assert len(build_grid(demo)) == 12 and demo.model == "sentence-transformers/all-MiniLM-L6-v2"
-    reference = parse_spec(yaml.safe_load((REPO / "configs" / "reference.yaml").read_text()), semantic=False)
-    grid = build_grid(reference)
-    assert len(grid) == 350
-    assert {c.frozen_layers for c in grid} == {-1, 0, 2, 4, 8, 10, 12}
-    assert reference.training.learning_rate == 5e-5 and reference.training.precision == "fp16"
+def test_aliases_and_stored_specs():
+    assert spec_aliases({"models": ["a", "b"]})["model"] == ["a", "b"]
+    assert spec_aliases({"training": {"method": "freeze"}})["methods"] == ["freeze"]
+    with pytest.raises(ValueError, match="model or models"):
+        spec_aliases({"model": "a", "models": ["b"]})
+    legacy = read_stored_spec("name: s\ntraining: {epochs: 2}\n")
+    assert legacy["training"]["select_metric"] == "accuracy"  # what rows before select_metric used
 
 
-def _tree(folder):
-    import hashlib
-
-    return {str(p.relative_to(folder)): (p.stat().st_mtime_ns, hashlib.sha256(p.read_bytes()).hexdigest())
-            for p in sorted(folder.rglob("*")) if p.is_file()}
-
-
-def test_cli_bad_spec_on_existing_sweep_touches_nothing(write_spec, tmp_path):
-    """Many problems at once, including a protocol change: exit 2, every problem named, store unchanged."""
-    import subprocess
-    import sys
-
-    from orchestrator.rows import result_row
-    from results.store import ResultStore
-    from tests.results.test_store import _result
-
-    good = load_spec(write_spec("existing"))
-    store = ResultStore(good.store, good.name)
-    store.write_spec(good.to_yaml())
-    store.write_row(result_row("existing", _result()))
-    before = _tree(tmp_path / "store")
-
-    bad = write_spec("existing", colour="red", frozen_layers=[0, 9], seeds=[3, 3], training={"learning_rate": 1.0},
-                     resources={"gpus_per_trial": 4})
-    done = subprocess.run([sys.executable, "-m", "orchestrator.cli", "launch", str(bad)], capture_output=True, text=True)
-    assert done.returncode == 2
-    for expected in ["colour: unknown key", "[9] exceed", "duplicate values [3]", "gpus_per_trial",
-                     "training.learning_rate: changed from 0.003 to 1.0"]:
-        assert expected in done.stderr, (expected, done.stderr)
-    assert _tree(tmp_path / "store") == before
-    assert not (tmp_path / "store" / "existing" / "_ray").exists()
-
-
-def test_auto_resolving_elsewhere_is_refused_naming_both(write_spec, tmp_path, monkeypatch):
-    """An auto sweep run in fp32 (an AVX2-only CPU) and relaunched where auto means bf16: refused before
-    any trial, nothing in the store touched; `resume` keeps the stored precision."""
-    from orchestrator import launch as launch_module
-    from orchestrator.rows import result_row
-    from results.store import ResultStore
-    from tests.results.test_store import _result
-
-    monkeypatch.setattr(launch_module, "_auto_precision", lambda device_type: "fp32")
-    auto = {"training": {"precision": "auto"}}
-    first = launch_module.resolve_sweep_precision(load_spec(write_spec("moved", **auto)))
-    assert first.training.precision == "fp32" and all(c.precision == "fp32" for c in build_grid(first))
-    store = ResultStore(first.store, first.name)
-    store.write_spec(first.to_yaml())
-    store.write_row(result_row("moved", _result()))
-    before = _tree(tmp_path / "store")
-
-    monkeypatch.setattr(launch_module, "_auto_precision", lambda device_type: "bf16")
-    again = load_spec(write_spec("moved", **auto))  # validation defers the auto check to the launch
+@pytest.mark.parametrize("text", ["name: [unclosed\n  : :", "just a string", "\x00\x01garbage"])
+def test_a_damaged_stored_spec_is_one_clear_error_saying_what_to_do(text):
     with pytest.raises(SpecError) as info:
-        launch_module.launch(again, show_progress=False)
-    assert "training.precision: auto resolves to bf16 here, but sweep 'moved' was run in fp32" in str(info.value)
-    assert _tree(tmp_path / "store") == before
-    with pytest.raises(SpecError, match="changed from 'fp32' to 'bf16'"):  # an explicit change is named at once
-        load_spec(write_spec("moved", training={"precision": "bf16"}))
-    # How the work is done is not protocol: checkpoints and the evaluation batch may change.
-    load_spec(write_spec("moved", training={"precision": "fp32", "checkpoint_every_epochs": 1, "eval_batch_size": 8}))
+        read_stored_spec(text, "store/s/spec.yaml")
+    [problem] = info.value.problems
+    assert problem.startswith("damaged: ") and "relaunch the sweep's original spec file under the same name" in problem
+    assert info.value.source == "store/s/spec.yaml"
 
 
-def test_a_sweep_from_before_pinned_ids_is_refused_not_rerun(write_spec, tmp_path):
-    """A stored spec with precision auto (written before ids named the resolved precision)."""
-    import subprocess
-    import sys
-
-    from orchestrator.launch import launch
-    from results.store import ResultStore
-
-    old = yaml.safe_load(write_spec("old", training={"precision": "auto"}).read_text())
-    store = ResultStore(old["store"], "old")
-    store.write_spec(yaml.safe_dump(old))
-    with pytest.raises(SpecError, match="made by a freezesweep before 0.2"):
-        launch(load_spec(write_spec("old", training={"precision": "auto"})), show_progress=False)
-    for command in ("status", "resume"):  # every path that reads a stored spec says the same
-        done = subprocess.run([sys.executable, "-m", "orchestrator.cli", command, "old", "--store", old["store"]],
-                              capture_output=True, text=True)
-        assert done.returncode == 2 and "made by a freezesweep before 0.2" in done.stderr, (command, done.stderr)
-    assert not (tmp_path / "store" / "old" / "results").exists()
-
-
-def test_with_a_cluster_address_resources_are_checked_against_its_nodes(write_spec, monkeypatch):
-    """A CPU head node with GPU workers (RAY_ADDRESS set, nothing in the spec): a GPU share is fine
-    when some node has a GPU; a request no single node can hold is refused, listing the nodes."""
-    from orchestrator import checks
-
-    monkeypatch.setenv("RAY_ADDRESS", "ray://head:10001")
-    monkeypatch.setattr(checks, "cluster_nodes", lambda address: [{"CPU": 4.0}, {"CPU": 16.0, "GPU": 1.0}])
-    load_spec(write_spec("on-cluster", resources={"gpus_per_trial": 0.25, "cpus_per_trial": 4}))
-    with pytest.raises(SpecError) as refused:
-        load_spec(write_spec("too-big", resources={"gpus_per_trial": 1, "cpus_per_trial": 32}))
-    message = str(refused.value)
-    assert "32 CPU and 1 GPU on one node" in message and "ray://head:10001" in message
-    assert "4 CPU, 0 GPU; 16 CPU, 1 GPU" in message
-
-    def unreachable(address):
-        raise ConnectionError("connection refused")
-
-    monkeypatch.setattr(checks, "cluster_nodes", unreachable)
-    with pytest.raises(SpecError, match="cannot reach the Ray cluster at 'ray://head:10001'"):
-        load_spec(write_spec("gone"))
-
-
-def test_gpus_per_trial_auto_needs_a_gpu_to_measure_on(write_spec, monkeypatch):
-    """auto is accepted where a GPU exists (here or on a node of the cluster), and is one clear
-    problem where none does; a share that is neither a number nor auto is named too."""
-    import torch
-
-    from orchestrator import checks
-
-    monkeypatch.delenv("RAY_ADDRESS", raising=False)
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    problems = _problems(write_spec("no-gpu", resources={"gpus_per_trial": "auto"}))
-    assert [p for p in problems if "gpus_per_trial" in p] == [
-        "resources.gpus_per_trial: auto measures a trial's memory on a GPU, but this machine has no CUDA GPU (set a "
-        "share, 0 for CPU trials, or pass --address of a cluster with GPUs)"]
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    assert load_spec(write_spec("gpu-here", resources={"gpus_per_trial": "auto"})).resources.gpus_per_trial == "auto"
-
-    monkeypatch.setenv("RAY_ADDRESS", "ray://head:10001")
-    monkeypatch.setattr(checks, "cluster_nodes", lambda address: [{"CPU": 4.0}, {"CPU": 16.0}])
-    problems = _problems(write_spec("cpu-cluster", resources={"gpus_per_trial": "auto"}))
-    assert any(p.startswith("resources.gpus_per_trial: auto measures a trial's memory on a GPU (1 CPU and 1 GPU on "
-                            "one node), but no node of the cluster at 'ray://head:10001' has them") for p in problems)
-    monkeypatch.setattr(checks, "cluster_nodes", lambda address: [{"CPU": 4.0}, {"CPU": 16.0, "GPU": 1.0}])
-    load_spec(write_spec("gpu-cluster", resources={"gpus_per_trial": "auto"}))
-    assert "resources.gpus_per_trial: a GPU share in [0, 1], or auto (got 'half')" in \
-        _problems(write_spec("typo", resources={"gpus_per_trial": "half"}))
-
-
-def test_without_an_address_a_gpu_share_needs_a_local_gpu(write_spec, monkeypatch):
-    import torch
-
-    monkeypatch.delenv("RAY_ADDRESS", raising=False)
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    with pytest.raises(SpecError, match="this machine has no CUDA GPU"):
-        load_spec(write_spec("local-gpu", resources={"gpus_per_trial": 0.5}))
-
-
-def test_task_shapes_are_checked_one_clear_error_each(write_spec, toy_dataset, tmp_path):
-    """A GLUE pair task whose files lack the second sentence and hold float labels, and a metric that a
-    classification task does not have: every problem named once, in one error, before anything runs."""
-    rte = make_toy_pair_dataset(tmp_path / "glue" / "rte", regression=True)
-    for split in ("train", "validation"):
-        path = rte / f"{split}.parquet"
-        pd.read_parquet(path).drop(columns=["sentence2"]).to_parquet(path)
-    path = write_spec(datasets=[toy_dataset, "glue/rte"], data_dir=str(tmp_path / "glue"),
-                      training={"select_metric": {toy_dataset: "spearman"}})
-    problems = _problems(path)
-    expected = ["datasets: glue/rte: no column 'sentence2' (text_pair_column) in the train and validation split",
-                "datasets: glue/rte: label column 'label' holds floats in the train and validation split, but glue/rte "
-                "is a classification task",
-                f"training.select_metric: spearman does not fit {toy_dataset} (a 2-class classification task: "
-                "accuracy, f1, matthews)"]
-    for line in expected:
-        assert sum(p.startswith(line) for p in problems) == 1, (line, problems)
-    assert len(problems) == 3, problems
-
-
-def test_select_metric_defaults_to_each_tasks_official_one(write_spec, toy_dataset, toy_scores, glue_dir):
-    from trials.config import TrialConfig
-
-    spec = load_spec(write_spec(datasets=["glue/sst2", "glue/cola", "glue/stsb", "glue/mrpc", toy_dataset],
-                                train_sizes=[24], frozen_layers=[0], data_dir=str(glue_dir)))
-    metrics = {c.dataset: c.select_metric for c in build_grid(spec)}
-    assert metrics == {"glue/sst2": "accuracy", "glue/cola": "matthews", "glue/stsb": "pearson", "glue/mrpc": "f1",
-                       toy_dataset: "accuracy"}
-    local = load_spec(write_spec(datasets=[toy_scores], train_sizes=[24],
-                                 training={"text_column": "sentence1", "text_pair_column": "sentence2"}))
-    assert [c.select_metric for c in build_grid(local)] == ["pearson", "pearson"]  # float labels: regression
-    sst2 = next(c for c in build_grid(spec) if c.dataset == "glue/sst2")
-    before = TrialConfig(**{k: v for k, v in sst2.to_dict().items() if k != "select_metric"})  # as made before
-    assert sst2.trial_id == before.trial_id  # SST-2's official metric is accuracy: its ids are unchanged
-    chosen = load_spec(write_spec(datasets=["glue/sst2", "glue/cola"], train_sizes=[24], data_dir=str(glue_dir),
-                                  training={"select_metric": {"glue/cola": "accuracy"}}))
-    assert {c.dataset: c.select_metric for c in build_grid(chosen)} == {"glue/sst2": "accuracy", "glue/cola": "accuracy"}
-
-
-def test_shipped_configs_keep_their_metric(glue_dir, monkeypatch):
-    """The demo (SST-2) selects accuracy by default; the reference study says accuracy for SST-2 and CoLA."""
-    from tests.conftest import REPO
-
-    monkeypatch.setenv("FREEZESWEEP_DATA_DIR", str(glue_dir))
-    assert {c.select_metric for c in build_grid(load_spec(REPO / "configs" / "demo.yaml"))} == {"accuracy"}
-    reference = parse_spec(yaml.safe_load((REPO / "configs" / "reference.yaml").read_text()), semantic=False)
-    assert {c.select_metric for c in build_grid(reference)} == {"accuracy"}
-
-
-def _store_legacy_spec(spec_path, tmp_path) -> str:
-    """A spec.yaml as a launch before select_metric existed stored it: no such key."""
-    from results.store import ResultStore
-
-    raw = yaml.safe_load(spec_path.read_text())
-    raw["training"].pop("select_metric", None)
-    ResultStore(raw["store"], raw["name"]).write_spec(yaml.safe_dump(raw))
-    return raw["store"]
-
-
-def test_a_sweep_stored_before_select_metric_reads_as_accuracy(write_spec, tmp_path, glue_dir):
-    """Its rows picked by accuracy: resumed, its cells keep their ids; relaunching the spec where the default
-    now means another metric (CoLA: Matthews) is a protocol change, named per dataset; SST-2 is not."""
-    from orchestrator.launch import sweep_from_store
-
-    axes = {"datasets": ["glue/sst2", "glue/cola"], "train_sizes": [24], "data_dir": str(glue_dir)}
-    store = _store_legacy_spec(write_spec("legacy", **axes), tmp_path)
-    stored = sweep_from_store("legacy", store)
-    assert stored.training.select_metric == "accuracy"
-    as_before = load_spec(write_spec("elsewhere", **axes, training={"select_metric": "accuracy"}))
-    assert [c.trial_id for c in build_grid(stored)] == [c.trial_id for c in build_grid(as_before)]
-    with pytest.raises(SpecError) as info:
-        load_spec(write_spec("legacy", **axes))  # no select_metric: CoLA's official Matthews
-    assert [p for p in info.value.problems if "select_metric" in p] == [
-        "training.select_metric.glue/cola: changed from 'accuracy' to 'matthews', but sweep 'legacy' already has rows "
-        "with the old protocol (start a new sweep name to compare protocols)"]
-    load_spec(write_spec("legacy", **axes, training={"select_metric": "accuracy"}))  # what the rows used: accepted
-    load_spec(write_spec("legacy", **{**axes, "datasets": ["glue/sst2"]}))  # SST-2's default is accuracy: accepted
+def test_a_sweep_spec_is_frozen():
+    spec = SweepSpec.model_validate(MINIMAL)
+    with pytest.raises(Exception):
+        spec.name = "other"

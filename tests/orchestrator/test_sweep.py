@@ -12,9 +12,11 @@ import pandas as pd
 import polars as pl
 import pytest
 
-from orchestrator.grid import build_grid
+from orchestrator.plan import build_grid
+from orchestrator.sweeps import resolve_here
 from orchestrator.launch import launch
-from orchestrator.spec import SpecError, load_spec
+from orchestrator.checks import load_spec
+from orchestrator.spec import SpecError
 
 CLI = [sys.executable, "-m", "orchestrator.cli"]
 
@@ -34,7 +36,7 @@ def _rows(store_dir: Path, name: str) -> pd.DataFrame:
 def _assert_exactly_once(spec_path):
     spec = load_spec(spec_path)
     rows = _rows(Path(spec.store), spec.name)
-    expected = {c.trial_id for c in build_grid(spec)}
+    expected = {c.trial_id for c in build_grid(resolve_here(spec))}
     assert not rows["trial_id"].duplicated().any()
     assert set(rows["trial_id"]) == expected
     assert (rows["status"] == "ok").all(), rows[["trial_id", "status", "error"]]
@@ -144,15 +146,21 @@ def test_cli_status_query_summary(write_spec, tmp_path):
     assert missing.returncode == 2 and "no sweep named 'nope'" in missing.stderr
 
 
-def test_ctrl_c_stops_cleanly_and_says_what_is_left(write_spec, tmp_path):
-    path = write_spec("interrupted", train_sizes=[24, 48, 96], frozen_layers=[0, 1, 2], training={"epochs": 8},
+def _launch_until_rows(write_spec, tmp_path, name: str, rows: int):
+    """A 9-cell launch in its own process, returned once it has stored ``rows`` rows."""
+    path = write_spec(name, train_sizes=[24, 48, 96], frozen_layers=[0, 1, 2], training={"epochs": 8},
                       resources={"max_concurrent_trials": 1})
-    results = tmp_path / "store" / "interrupted" / "results"
+    results = tmp_path / "store" / name / "results"
     driver = subprocess.Popen(CLI + ["launch", str(path)], start_new_session=True, stdout=subprocess.PIPE,
                               stderr=subprocess.PIPE, text=True)
     deadline = time.time() + 240
-    while time.time() < deadline and len(list(results.glob("*.parquet"))) < 2:
+    while time.time() < deadline and len(list(results.glob("*.parquet"))) < rows:
         time.sleep(0.1)
+    return path, results, driver
+
+
+def test_ctrl_c_stops_cleanly_and_says_what_is_left(write_spec, tmp_path):
+    path, results, driver = _launch_until_rows(write_spec, tmp_path, "interrupted", rows=2)
     driver.send_signal(signal.SIGINT)
     out, _ = driver.communicate(timeout=120)
     done = len(list(results.glob("*.parquet")))
@@ -162,3 +170,21 @@ def test_ctrl_c_stops_cleanly_and_says_what_is_left(write_spec, tmp_path):
     resumed = launch(load_spec(path), show_progress=False)
     assert resumed.ran == 9 - done and resumed.unfinished == 0
     _assert_exactly_once(path)
+
+
+def test_sigterm_stops_like_ctrl_c(write_spec, tmp_path):
+    """SIGTERM (a scheduler stopping the driver): trials stopped, lock released, every process the driver
+    started gone, exit 143 and the resume hint (before: exit 134 and Ray's native crash dump)."""
+    import psutil
+
+    _, _, driver = _launch_until_rows(write_spec, tmp_path, "terminated", rows=1)
+    started = psutil.Process(driver.pid).children(recursive=True)
+    assert started, "the driver should have started Ray's processes"
+    driver.send_signal(signal.SIGTERM)
+    out, err = driver.communicate(timeout=120)
+    assert driver.returncode == 143, err[-3000:]
+    assert "cells not finished (interrupted): `freezesweep resume terminated` runs them" in out
+    assert "core dumped" not in err and "*** SIGTERM received" not in err
+    assert not (tmp_path / "store" / "terminated" / "_lock.json").exists()
+    _, alive = psutil.wait_procs(started, timeout=60)
+    assert not alive, [p.info if hasattr(p, "info") else p for p in alive]

@@ -60,9 +60,15 @@ def test_other_host_fresh_heartbeat_refused_old_heartbeat_taken_over(tmp_path):
 
 
 def test_torn_lock_file_is_stale(tmp_path):
+    """A lock file cut mid-write (its holder crashed writing it) holds no one: it is taken over, the new
+    holder's record replaces it whole, and release removes it."""
     (tmp_path / "sweep").mkdir()
     (tmp_path / "sweep" / "_lock.json").write_text('{"host": "x", "pi')
-    _lock(tmp_path).acquire().release()
+    lock = _lock(tmp_path).acquire()
+    held = json.loads((tmp_path / "sweep" / "_lock.json").read_text())
+    assert (held["pid"], held["token"]) == (lock.me.pid, lock.me.token)
+    lock.release()
+    assert not (tmp_path / "sweep" / "_lock.json").exists()
 
 
 def test_heartbeat_refreshes(tmp_path):

@@ -169,7 +169,8 @@ def test_a_sweep_with_nothing_finished_still_reports(tmp_path):
 
 
 def test_cli_report_names_what_is_missing(tmp_path):
-    from orchestrator.grid import build_grid
+    from orchestrator.plan import build_grid
+    from orchestrator.sweeps import resolve_here
     from orchestrator.spec import SweepSpec, TrainingSpec
 
     spec = SweepSpec(name="s", model="m", datasets=["d"], train_sizes=[100], frozen_layers=[0, 3], seeds=[0, 1, 2, 3],
@@ -177,7 +178,7 @@ def test_cli_report_names_what_is_missing(tmp_path):
                      store=str(tmp_path))
     store = ResultStore(str(tmp_path), "s")
     store.write_spec(spec.to_yaml())
-    for cfg in build_grid(spec):
+    for cfg in build_grid(resolve_here(spec)):
         if cfg.seed < 3:  # seed 3 has not run yet
             store.write_row(row(k=cfg.frozen_layers, seed=cfg.seed, acc=ACC_100[cfg.frozen_layers][cfg.seed],
                                 cost=COST_100[cfg.frozen_layers], trial_id=cfg.trial_id))

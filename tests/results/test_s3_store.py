@@ -3,7 +3,7 @@
 import pytest
 
 from orchestrator.launch import StoreUnavailable, launch, spool_dir
-from orchestrator.spec import load_spec
+from orchestrator.checks import load_spec
 from orchestrator.rows import result_row
 from results.lock import LockLost
 from results.store import ResultStore, SpoolingWriter

@@ -90,9 +90,16 @@ def test_checkpoint_resume_follows_the_same_path(tiny_trial, tmp_path, monkeypat
     assert resumed.eval_curve == uninterrupted.eval_curve
 
 
-def test_no_checkpoint_written_by_default(tiny_trial, tmp_path):
-    run_trial(dataclasses.replace(tiny_trial, checkpoint_dir=str(tmp_path)))
-    assert list(tmp_path.iterdir()) == []
+def test_no_checkpoint_written_by_default(tiny_trial, tmp_path, monkeypatch):
+    """Not even one written and deleted at the end: nothing is saved and no checkpoint is handed over."""
+    saved, handed = [], []
+    save = torch.save
+    monkeypatch.setattr(torch, "save", lambda obj, f, *args, **kwargs: (saved.append(f), save(obj, f, *args, **kwargs)))
+    run_trial(dataclasses.replace(tiny_trial, checkpoint_dir=str(tmp_path)), on_checkpoint=handed.append)
+    assert saved == [] and handed == [] and list(tmp_path.iterdir()) == []
+    run_trial(dataclasses.replace(tiny_trial, checkpoint_dir=str(tmp_path), checkpoint_every_epochs=1),
+              on_checkpoint=handed.append)
+    assert len(saved) == len(handed) == 1  # the spy sees checkpoints when there are some (2 epochs: one at epoch 1)
 
 
 def test_precision_rules():

@@ -1,0 +1,122 @@
+"""The plan: a pure, deterministic function of a resolved sweep (no I/O, no Ray).
+
+``ResolvedSweep`` is a spec with everything that depends on the machine, the data or the cluster
+decided once (orchestrator/launch.py ``resolve``; orchestrator/sweeps.py for a stored sweep or this
+machine). ``build_grid`` expands it into one TrialConfig per cell; the rest says which cells still
+run and with what resources.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from orchestrator.local_files import Shipment
+from orchestrator.spec import SweepSpec
+from trials.config import TrialConfig
+
+
+@dataclass(frozen=True)
+class ResolvedSweep:
+    spec: SweepSpec  # precision resolved, select_metric per dataset, data_dir recorded
+    model_layers: Mapping[str, int] = field(default_factory=dict)  # depth of each model (frozen_layers: all)
+    address: str | None = None  # the Ray cluster the trials run on; None: an embedded Ray here
+    shipment: Shipment | None = None  # local files sent through Ray's object store (local_files: ship)
+    gpu_share: float | None = None  # each trial's GPU share: the spec's, or what gpus_per_trial auto measured
+    gpu_packing: str | None = None  # what gpus_per_trial auto measured and chose, in words
+
+    def __post_init__(self):
+        problems = []
+        if self.spec.training.precision == "auto":
+            problems.append("precision is still auto")
+        metrics = self.spec.training.select_metric
+        if not (isinstance(metrics, dict) and set(self.spec.datasets) <= set(metrics)):
+            problems.append(f"select_metric is not resolved per dataset ({metrics!r})")
+        if "all" in self.spec.frozen_layers and not set(self.spec.models()) <= set(self.model_layers):
+            problems.append("frozen_layers has 'all' but the models' depths are not known")
+        if problems:
+            raise ValueError("not a resolved sweep: " + "; ".join(problems))
+        if self.gpu_share is None:  # auto not measured (inspection): a whole GPU, as its probe asks for
+            object.__setattr__(self, "gpu_share", gpu_request(self.spec))
+
+    @property
+    def name(self) -> str:
+        return self.spec.name
+
+    @property
+    def on_cluster(self) -> bool:
+        return self.address is not None
+
+
+def build_grid(sweep: ResolvedSweep) -> list[TrialConfig]:
+    """models × datasets × train_sizes × (each method × its own axis) × seeds, in the spec's order.
+    A method's axis is crossed with that method only: freeze cells have frozen_layers, lora cells a
+    rank, probe cells neither. Ids are content hashes, so adding a value to any axis leaves every
+    existing cell's id unchanged (a freeze cell's id is what it was before methods existed)."""
+    spec = sweep.spec
+    template, metrics = spec.trial_template(), spec.training.select_metric
+    variants = {model: method_variants(spec, model, sweep.model_layers) for model in spec.models()}
+    return [
+        TrialConfig(model=model, dataset=dataset, train_size=size, seed=seed, select_metric=metrics[dataset],
+                    **{**template, **variant})  # a method's own settings win (e.g. lora.learning_rate)
+        for model in spec.models()
+        for dataset, size in itertools.product(spec.datasets, spec.train_sizes)
+        for variant in variants[model]
+        for seed in spec.seeds
+    ]
+
+
+def method_variants(spec: SweepSpec, model: str, model_layers: Mapping[str, int]) -> list[dict[str, Any]]:
+    """Each method's cells of one (model, dataset, train size), as TrialConfig fields."""
+    variants = []
+    for method in spec.methods:
+        shared = {"method": method, "frozen_layers": None, **spec.method_fields(method)}
+        if method == "freeze":
+            variants += [{**shared, "frozen_layers": k} for k in frozen_layers_of(spec, model, model_layers)]
+        elif method == "lora":
+            variants += [{**shared, "lora_rank": r} for r in spec.lora_ranks]
+        else:
+            variants.append(shared)
+    return variants
+
+
+def frozen_layers_of(spec: SweepSpec, model: str, model_layers: Mapping[str, int]) -> list[int]:
+    """The spec's frozen layers for ``model``, 'all' as its layer count (once, if also listed)."""
+    return list(dict.fromkeys(model_layers[model] if k == "all" else k for k in spec.frozen_layers))
+
+
+def pending_cells(sweep: ResolvedSweep, cells: list[TrialConfig], done: set[str]) -> list[TrialConfig]:
+    """The cells without an outcome in ``done``, each with the resources it runs with."""
+    return [with_resources(c, sweep) for c in cells if c.trial_id not in done]
+
+
+def with_resources(cell: TrialConfig, sweep: ResolvedSweep) -> TrialConfig:
+    """How a cell runs (machine fields, never identity): its threads. Its checkpoints go where the
+    Tune adapter puts them (Ray's storage)."""
+    return dataclasses.replace(cell, num_threads=max(1, math.floor(sweep.spec.resources.cpus_per_trial)))
+
+
+def hungriest_frozen_layers(cells: list[TrialConfig]) -> int:
+    """The freeze depth whose trial needs the most memory: nothing frozen (0) beats the embeddings
+    alone (-1), which beats k layers; a LoRA cell backpropagates through every layer, as k = 0 does
+    (the probe trains no layer at all)."""
+    ks = {0 if c.method == "lora" else c.frozen_layers for c in cells if c.method != "probe"}
+    return 0 if 0 in ks or not ks else (-1 if -1 in ks else min(ks))
+
+
+def gpu_request(spec: SweepSpec) -> float:
+    """The GPU a trial asks for: its share, or for ``auto`` (not measured yet) a whole GPU."""
+    share = spec.resources.gpus_per_trial
+    return 1.0 if share == "auto" else share
+
+
+def with_doubled_gpu_share(sweep: ResolvedSweep) -> ResolvedSweep | None:
+    """The sweep with twice the GPU share per trial (at most a whole GPU), for the cells that ran out
+    of memory; None when trials do not share GPUs (CPU trials, or a whole GPU each: nothing to give)."""
+    if not 0 < sweep.gpu_share < 1:
+        return None
+    return dataclasses.replace(sweep, gpu_share=min(1.0, 2 * sweep.gpu_share))

@@ -1,0 +1,44 @@
+"""orchestrator/launch.py in units: ``resolve`` decides everything once, before anything is written, and
+``run`` starts Ray only when some cell is left to run (real sweeps: test_sweep.py, test_faults.py)."""
+
+import pytest
+import ray
+
+from orchestrator.checks import load_spec
+from orchestrator.launch import launch, resolve
+from orchestrator.plan import build_grid
+from orchestrator.ray_session import RaySession
+from orchestrator.rows import result_row
+from results.store import ResultStore
+from trials.config import TrialResult
+from trials.precision import auto_precision
+
+
+@pytest.fixture
+def no_ray(monkeypatch):
+    monkeypatch.setattr(ray, "is_initialized", lambda: False)
+    monkeypatch.setattr(ray, "init", lambda *args, **kwargs: pytest.fail("Ray was started"))
+
+
+def test_resolve_decides_precision_metrics_and_data_dir_once_without_ray(write_spec, no_ray, monkeypatch, tmp_path,
+                                                                          toy_dataset):
+    monkeypatch.setenv("FREEZESWEEP_DATA_DIR", str(tmp_path / "glue"))
+    spec = load_spec(write_spec("resolved", training={"precision": "auto"}, frozen_layers=[0, "all"]))
+    sweep = resolve(spec, RaySession())
+    assert sweep.spec.training.precision == auto_precision("cpu")
+    assert sweep.spec.training.select_metric == {toy_dataset: "accuracy"}
+    assert sweep.spec.data_dir == str((tmp_path / "glue").resolve())  # recorded: resume needs no environment
+    assert sweep.model_layers == {spec.model: 2} and {c.frozen_layers for c in build_grid(sweep)} == {0, 2}
+    assert (sweep.address, sweep.shipment, sweep.gpu_share, sweep.gpu_packing) == (None, None, 0.0, None)
+    assert not (tmp_path / "store").exists()  # resolving writes nothing
+
+
+def test_a_sweep_with_nothing_left_never_starts_ray(write_spec, no_ray, tmp_path):
+    spec = load_spec(write_spec("finished"))
+    sweep = resolve(spec, RaySession())
+    store = ResultStore(spec.store, spec.name)
+    for cell in build_grid(sweep):
+        store.write_row(result_row(spec.name, TrialResult(trial_id=cell.trial_id, config=cell, status="ok")))
+    summary = launch(spec, show_progress=False)
+    assert (summary.total, summary.already_ok, summary.ran) == (4, 4, 0)
+    assert store.read_spec() is not None and not (tmp_path / "store" / "finished" / "_ray").exists()

@@ -1,0 +1,65 @@
+"""orchestrator/plan.py: the grid is a pure, deterministic function of a resolved sweep."""
+
+import dataclasses
+
+import pytest
+
+from orchestrator.plan import (ResolvedSweep, build_grid, hungriest_frozen_layers, pending_cells,
+                               with_doubled_gpu_share)
+from orchestrator.spec import SweepSpec
+
+RESOLVED = {"name": "s", "model": ["/nowhere/a", "/nowhere/b"], "datasets": ["/nowhere/d", "glue/cola"],
+            "train_sizes": [10, 20], "methods": ["freeze", "lora", "probe"], "frozen_layers": [0, "all", 2],
+            "lora_ranks": [4], "seeds": [0, 1],
+            "training": {"precision": "fp32", "select_metric": {"/nowhere/d": "accuracy", "glue/cola": "matthews"}},
+            "resources": {"cpus_per_trial": 2.5, "gpus_per_trial": 0.25}}
+
+
+def _sweep(**overrides) -> ResolvedSweep:
+    return ResolvedSweep(SweepSpec.model_validate({**RESOLVED, **overrides}), model_layers={"/nowhere/a": 6,
+                                                                                           "/nowhere/b": 2})
+
+
+def test_the_grid_reads_nothing_and_is_deterministic():
+    """No model, dataset or store exists: the plan needs none of them (depths and metrics are resolved)."""
+    cells = build_grid(_sweep())
+    assert cells == build_grid(_sweep())
+    # per model: 2 datasets × 2 sizes × 2 seeds × (freeze k's + 1 rank + probe); for b, 'all' = 2 is listed already
+    assert len(cells) == 2 * 2 * 2 * (3 + 1 + 1) + 2 * 2 * 2 * (2 + 1 + 1)
+    assert len({c.trial_id for c in cells}) == len(cells)
+    a = {c.frozen_layers for c in cells if c.model == "/nowhere/a" and c.method == "freeze"}
+    assert a == {0, 6, 2}
+    assert {c.dataset: c.select_metric for c in cells} == {"/nowhere/d": "accuracy", "glue/cola": "matthews"}
+    assert [(c.seed, c.train_size) for c in cells[:4]] == [(0, 10), (1, 10), (0, 10), (1, 10)]  # seed innermost
+
+
+def test_an_unresolved_sweep_is_refused():
+    with pytest.raises(ValueError, match="precision is still auto"):
+        ResolvedSweep(SweepSpec.model_validate({**RESOLVED, "training": {"precision": "auto"}}))
+    with pytest.raises(ValueError, match="select_metric is not resolved per dataset"):
+        ResolvedSweep(SweepSpec.model_validate({**RESOLVED, "training": {"precision": "fp32"}}))
+    with pytest.raises(ValueError, match="depths are not known"):
+        ResolvedSweep(SweepSpec.model_validate(RESOLVED))
+
+
+def test_pending_cells_carry_their_resources_not_a_new_identity():
+    sweep = _sweep()
+    cells = build_grid(sweep)
+    done = {cells[0].trial_id, cells[5].trial_id}
+    pending = pending_cells(sweep, cells, done)
+    assert [c.trial_id for c in pending] == [c.trial_id for c in cells if c.trial_id not in done]
+    assert {c.num_threads for c in pending} == {2}
+
+
+def test_the_hungriest_depth_and_the_doubled_share():
+    cells = build_grid(_sweep())
+    assert hungriest_frozen_layers(cells) == 0
+    assert hungriest_frozen_layers([c for c in cells if c.method == "freeze" and c.frozen_layers == 2]) == 2
+    assert hungriest_frozen_layers([c for c in cells if c.method == "probe"]) == 0
+    sweep = _sweep()
+    assert sweep.gpu_share == 0.25
+    larger = with_doubled_gpu_share(sweep)
+    assert larger.gpu_share == 0.5 and with_doubled_gpu_share(larger).gpu_share == 1.0
+    assert larger.spec == sweep.spec  # what the user asked for is kept (a resume measures or uses it again)
+    assert with_doubled_gpu_share(dataclasses.replace(sweep, gpu_share=1.0)) is None
+    assert with_doubled_gpu_share(_sweep(resources={"gpus_per_trial": 0})) is None

@@ -1,0 +1,39 @@
+"""orchestrator/ray_session.py: which cluster, and a cluster that does not answer is a clear error
+naming the address given, not Ray's endless retries."""
+
+import subprocess
+import sys
+
+import pytest
+
+from orchestrator.ray_session import RaySession, RayUnreachable, check_reachable, cluster_address
+from tests.conftest import free_port
+
+
+def test_the_address_comes_from_the_spec_else_the_environment(monkeypatch):
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    assert cluster_address(None) is None and not RaySession().on_cluster
+    monkeypatch.setenv("RAY_ADDRESS", "10.0.0.1:6379")
+    assert cluster_address(None) == "10.0.0.1:6379"
+    assert RaySession("ray://head:10001").address == "ray://head:10001"
+
+
+@pytest.mark.parametrize("form", ["127.0.0.1:{port}", "ray://127.0.0.1:{port}"])
+def test_an_address_where_nothing_listens_is_named(form):
+    address = form.format(port=free_port())  # bound and released: nothing listens there now
+    with pytest.raises(RayUnreachable, match=f"no Ray cluster answers at '{address}'"):
+        check_reachable(address, timeout_s=5)
+    check_reachable("auto")  # Ray's own forms are Ray's to resolve
+
+
+def test_launch_against_a_cluster_that_does_not_answer_fails_naming_it(write_spec):
+    """Before: no error after 150 s, Ray's C++ warnings naming another address. Now validation, which
+    lists the cluster's nodes, names the address at once (exit 2) and nothing is written."""
+    address = f"127.0.0.1:{free_port()}"
+    path = write_spec("unanswered")
+    done = subprocess.run([sys.executable, "-m", "orchestrator.cli", "launch", str(path), "--address", address],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2, done.stderr[-2000:]
+    assert f"freezesweep launch: error:" in done.stderr
+    assert f"cannot reach the Ray cluster at '{address}'" in done.stderr and f"no Ray cluster answers at '{address}'" \
+        in done.stderr

@@ -1,0 +1,178 @@
+"""orchestrator/tune_adapter.py, the only user of Ray Tune, in units (no Ray started): the trial's side
+of checkpoints, the driver's outcome callback, a run whose storage goes away at its end, and what
+Tune's state gives back."""
+
+import dataclasses
+import json
+
+import pytest
+
+from orchestrator import tune_adapter
+from orchestrator.checks import load_spec
+from orchestrator.plan import build_grid
+from orchestrator.ray_storage import ray_storage
+from orchestrator.sweeps import resolve_here
+from results.store import ResultStore
+
+S3_URI = "s3://bucket/sweeps?endpoint_override=127.0.0.1:9&scheme=http&region=us-east-1"
+
+
+def test_checkpoint_refused_by_ray_storage_lets_the_trial_run_on(monkeypatch, tmp_path):
+    """A node that cannot write Ray's storage (a local store on another machine): the first refusal is
+    reported to the driver in words, later checkpoints are not even tried, and nothing is raised."""
+    reports = []
+
+    def report(metrics, checkpoint=None):
+        if checkpoint is not None:
+            raise RuntimeError("Unable to set up cluster storage")
+        reports.append(metrics)
+
+    monkeypatch.setattr(tune_adapter.tune, "report", report)
+    keeper = tune_adapter.RayCheckpoints(str(tmp_path), json.dumps({"node_ip": "10.0.0.2"}))
+    keeper(tmp_path / "cell.pt")
+    keeper(tmp_path / "cell.pt")
+    assert len(reports) == 1 and "RuntimeError: Unable to set up cluster storage" in \
+        reports[0][tune_adapter.CHECKPOINT_ERROR_KEY]
+
+
+def test_a_passing_checkpoint_failure_after_a_saved_one_is_tried_again(monkeypatch, tmp_path):
+    """Storage that took a checkpoint from this node and then failed once (briefly unreachable): the
+    failure is reported and the next checkpoint is tried, and saved."""
+    outcomes = iter([None, OSError("connection reset"), None])
+    saved, reports = [], []
+
+    def report(metrics, checkpoint=None):
+        if checkpoint is None:
+            reports.append(metrics)
+            return
+        failure = next(outcomes)
+        if failure:
+            raise failure
+        saved.append(checkpoint)
+
+    monkeypatch.setattr(tune_adapter.tune, "report", report)
+    keeper = tune_adapter.RayCheckpoints(str(tmp_path), json.dumps({"node_ip": "10.0.0.2"}))
+    for _ in range(3):
+        keeper(tmp_path / "cell.pt")
+    assert len(saved) == 2 and not keeper.refused
+    assert len(reports) == 1 and "connection reset" in reports[0][tune_adapter.CHECKPOINT_ERROR_KEY]
+
+
+def test_driver_warns_once_about_refused_checkpoints(capsys):
+    class Trial:
+        num_failures = 0
+
+    writer = tune_adapter.OutcomeCallback(lambda *args: None)
+    refused = {tune_adapter.CHECKPOINT_ERROR_KEY: "RuntimeError: no storage",
+               tune_adapter.PLACEMENT_KEY: json.dumps({"node_ip": "10.0.0.2"})}
+    writer.on_trial_result(0, [], Trial(), refused)
+    writer.on_trial_result(0, [], Trial(), refused)
+    err = capsys.readouterr().err
+    assert err.count("warning: trials on 10.0.0.2 cannot use checkpoints") == 1 and "no storage" in err
+
+
+def test_hang_is_a_fault_kind(tiny_trial, monkeypatch):
+    """Rules are parsed at every evaluation; a hang fires only at its own."""
+    from trials import faults
+
+    monkeypatch.setenv(faults.FAULT_ENV, "hang@2:seed=0*1")
+    faults.maybe_inject(tiny_trial, evals_done=1)
+    monkeypatch.setenv(faults.FAULT_ENV, "stall@2")
+    with pytest.raises(ValueError, match="oom<SHARE or hang"):
+        faults.maybe_inject(tiny_trial, evals_done=1)
+
+
+def test_cluster_run_ends_normally_when_the_remote_store_is_gone_by_its_end(monkeypatch, write_spec):
+    """Ray reads its state back from its storage after the last trial: a remote store gone by then
+    fails that read, yet every outcome is spooled, so the run returns (the launch's flush then says
+    what is kept where). A local store's error is not the store going away: it propagates."""
+    import dataclasses
+
+    from ray import tune
+
+    class Tuner:  # Ray's, as it ends with the store unreachable
+        def __init__(self, *args, **kwargs):
+            pass
+
+        def fit(self):
+            raise OSError("When listing objects under key '…/_ray/…': Could not connect to server")
+
+    monkeypatch.setattr(tune, "Tuner", Tuner)
+
+    def on_cluster(name, **store):
+        spec = load_spec(write_spec(name, address="10.0.0.1:6379", **store), semantic=False)
+        return dataclasses.replace(resolve_here(spec), address=spec.address)
+
+    remote, ignore = on_cluster("remote", store=S3_URI), lambda *args: None
+    shared = ray_storage(ResultStore(S3_URI, "remote"), cluster=True)
+    tune_adapter.run_tune(remote, [], shared, ignore, experiment="remote")
+    # With a cell that has no outcome yet the error is not the end's read: it propagates.
+    with pytest.raises(OSError, match="Could not connect"):
+        tune_adapter.run_tune(remote, build_grid(remote)[:1], shared, ignore, experiment="remote")
+    local = on_cluster("local")
+    with pytest.raises(OSError, match="Could not connect"):
+        tune_adapter.run_tune(local, [], ray_storage(ResultStore(local.spec.store, "local"), cluster=True), ignore,
+                              experiment="local")
+
+
+def test_a_checkpoint_this_node_cannot_read_starts_the_trial_over(monkeypatch, tmp_path):
+    """Filling the trial's folder from a checkpoint that cannot be read (another machine's disk) leaves
+    it empty and tells the driver, instead of failing the attempt."""
+    from ray import tune
+
+    reports = []
+    monkeypatch.setattr(tune_adapter.tune, "report", lambda metrics, checkpoint=None: reports.append(metrics))
+    folder = tmp_path / "trial"
+    folder.mkdir()
+    (folder / "stale.pt").write_bytes(b"x")
+    tune_adapter.fill_from(folder, tune.Checkpoint(str(tmp_path / "elsewhere" / "checkpoint_000001")), "{}")
+    assert folder.is_dir() and not list(folder.iterdir())
+    assert len(reports) == 1 and reports[0][tune_adapter.CHECKPOINT_ERROR_KEY].startswith("reading ")
+
+
+class _Trial:
+    """What the callback reads of Ray's trial object."""
+
+    def __init__(self, cell, num_failures=0, last_result=None, error_file=None):
+        self.config = {tune_adapter.CELL_KEY: cell.to_dict()}
+        self.num_failures, self.last_result = num_failures, last_result or {}
+        self.error_file, self.pickled_error_file = error_file, None
+
+
+def test_a_ray_config_with_unknown_keys_is_refused(tiny_trial):
+    assert tune_adapter.trial_config_from_ray({tune_adapter.CELL_KEY: tiny_trial.to_dict()}) == tiny_trial
+    with pytest.raises(ValueError, match="unknown keys in Ray trial config: lr"):
+        tune_adapter.trial_config_from_ray({tune_adapter.CELL_KEY: tiny_trial.to_dict(), "lr": 1})
+
+
+def test_the_callback_hands_over_each_outcome_once_with_its_attempts(tiny_trial, tmp_path):
+    """A finished trial's result (its JSON in the last report) and a trial whose retries are spent (a
+    failed row, with Ray's traceback and where it last reported from); checkpoints dropped for both."""
+    from trials.config import TrialResult
+
+    outcomes, over = [], []
+    callback = tune_adapter.OutcomeCallback(lambda result, attempts: outcomes.append((result, attempts)),
+                                            trial_over=over.append)
+    cell = dataclasses.replace(tiny_trial, precision="fp32")
+    done = TrialResult(trial_id=cell.trial_id, config=cell, status="ok", best_val_score=0.9)
+    callback.on_trial_result(0, [], _Trial(cell), {"val_accuracy": 0.5})  # an evaluation: nothing yet
+    callback.on_trial_result(0, [], _Trial(cell, num_failures=1),
+                             {tune_adapter.RESULT_KEY: json.dumps(done.to_dict(), default=str)})
+    callback.on_trial_complete(0, [], _Trial(cell))
+    error_file = tmp_path / "error.txt"
+    error_file.write_text("Traceback (most recent call last):\n  ...\nRuntimeError: boom\n")
+    placed = {tune_adapter.PLACEMENT_KEY: json.dumps({"node_ip": "10.0.0.7"})}
+    callback.on_trial_error(0, [], _Trial(cell, num_failures=3, last_result=placed, error_file=str(error_file)))
+    [(ok, ok_attempts), (failed, failed_attempts)] = outcomes
+    assert (ok.status, ok.best_val_score, ok_attempts) == ("ok", 0.9, 2)
+    assert (failed.status, failed_attempts, failed.placement) == ("failed", 3, {"node_ip": "10.0.0.7"})
+    assert "RuntimeError: boom" in failed.error
+    assert over == [cell.trial_id, cell.trial_id]
+
+
+def test_nothing_is_recovered_from_a_state_ray_never_wrote(tmp_path):
+    storage = ray_storage(ResultStore(str(tmp_path / "store"), "s"), cluster=False)
+    assert tune_adapter.recover_from_ray(storage, "s", {"a"}) == []
+    (tmp_path / "store" / "s" / "_ray" / "s").mkdir(parents=True)
+    (tmp_path / "store" / "s" / "_ray" / "s" / "tuner.pkl").write_bytes(b"not a pickle")  # corrupt: re-run
+    assert tune_adapter.recover_from_ray(storage, "s", {"a"}) == []

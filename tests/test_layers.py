@@ -1,0 +1,113 @@
+"""The product's import graph, read with ``ast`` (module- and function-level imports alike): no
+cycle between its modules, no private name imported from another module, and Ray imported by at
+most three modules (the Ray session, the Tune adapter and one more at the most)."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+PACKAGES = ("orchestrator", "trials", "results", "cluster")
+RAY_MODULES_MAX = 3
+
+
+def _modules() -> dict[str, Path]:
+    found = {}
+    for package in PACKAGES:
+        for path in sorted((REPO / package).rglob("*.py")):
+            parts = path.relative_to(REPO).with_suffix("").parts
+            found[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    return found
+
+
+MODULES = _modules()
+
+
+def _imports(path: Path) -> list[tuple[str, list[str]]]:
+    """(module, names) of every import statement anywhere in the file; ``import a.b`` gives (a.b, [])."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            found += [(alias.name, []) for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            found.append((node.module, [alias.name for alias in node.names]))
+    return found
+
+
+def _product_targets(module: str, names: list[str]) -> set[str]:
+    """The product modules an import reaches: the module itself, or ``from package import module``."""
+    if module not in MODULES:
+        return set()
+    submodules = {f"{module}.{name}" for name in names if f"{module}.{name}" in MODULES}
+    return submodules or {module}
+
+
+def _graph() -> dict[str, set[str]]:
+    return {name: {target for module, names in _imports(path) for target in _product_targets(module, names)} - {name}
+            for name, path in MODULES.items()}
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components with more than one module (Tarjan)."""
+    index, low, stack, on_stack, components, counter = {}, {}, [], set(), [], [0]
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = counter[0]
+        counter[0] += 1
+        stack.append(node)
+        on_stack.add(node)
+        for nxt in sorted(graph.get(node, ())):
+            if nxt not in index:
+                visit(nxt)
+                low[node] = min(low[node], low[nxt])
+            elif nxt in on_stack:
+                low[node] = min(low[node], index[nxt])
+        if low[node] == index[node]:
+            component = []
+            while True:
+                member = stack.pop()
+                on_stack.discard(member)
+                component.append(member)
+                if member == node:
+                    break
+            if len(component) > 1:
+                components.append(sorted(component))
+
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    return components
+
+
+def test_no_import_cycle_in_the_product():
+    assert _cycles(_graph()) == []
+
+
+def test_the_cycle_finder_finds_cycles():
+    assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+    assert _cycles({"a": {"b"}, "b": set()}) == []
+
+
+def test_no_private_name_is_imported_across_modules():
+    private = [f"{name}: from {module} import {imported}"
+               for name, path in MODULES.items() for module, names in _imports(path)
+               if module.split(".")[0] in PACKAGES for imported in names if imported.startswith("_")]
+    assert private == []
+
+
+def test_ray_is_imported_by_at_most_three_modules():
+    users = sorted(name for name, path in MODULES.items()
+                   if any(module == "ray" or module.startswith("ray.") for module, _ in _imports(path)))
+    assert len(users) <= RAY_MODULES_MAX, users
+
+
+@pytest.mark.parametrize("package, forbidden", [("results", ("torch", "trials", "orchestrator", "ray")),
+                                                ("trials", ("orchestrator", "results", "ray"))])
+def test_package_boundaries(package, forbidden):
+    """results/ reads and writes the store without torch or trials; trials/ runs without Ray."""
+    crossing = [f"{name}: {module}" for name, path in MODULES.items() if name.split(".")[0] == package
+                for module, _ in _imports(path) if module.split(".")[0] in forbidden]
+    assert crossing == []
