@@ -35,31 +35,33 @@ class ClusterView(Protocol):
 
 
 def validate(raw: Any, source: str = "sweep spec", cluster: ClusterView | None = None,
-             semantic: bool = True) -> SweepSpec:
+             semantic: bool = True, devices: bool = True) -> SweepSpec:
     """A parsed YAML mapping as a SweepSpec; one SpecError naming every problem of both layers.
-    ``semantic=False``: shapes and values only (a stored spec, for inspection)."""
+    ``semantic=False``: shapes and values only (a stored spec, for inspection); ``devices=False``: not
+    the GPUs and CPUs the trials need (a dry run, planned away from them)."""
     spec, problems = parse(raw)
     if semantic and isinstance(raw, dict):
-        problems += semantic_problems(raw, cluster)
+        problems += semantic_problems(raw, cluster, devices)
     if problems:
         raise SpecError(problems, source)
     return spec
 
 
 def load_spec(path: str | Path, overrides: Mapping[str, Any] | None = None, semantic: bool = True,
-              cluster: ClusterView | None = None) -> SweepSpec:
+              cluster: ClusterView | None = None, devices: bool = True) -> SweepSpec:
     """A spec file, validated (``overrides``: keys given on the command line, those not None)."""
-    return validate(read_yaml(path, overrides), str(path), cluster, semantic)
+    return validate(read_yaml(path, overrides), str(path), cluster, semantic, devices)
 
 
-def semantic_problems(raw: dict[str, Any], cluster: ClusterView | None = None) -> list[str]:
+def semantic_problems(raw: dict[str, Any], cluster: ClusterView | None = None, devices: bool = True) -> list[str]:
     training = raw.get("training") if isinstance(raw.get("training"), dict) else {}
     resources = raw.get("resources") if isinstance(raw.get("resources"), dict) else {}
     data_dir = raw.get("data_dir") if isinstance(raw.get("data_dir"), str) else None
     problems = _model_problems(raw)
     problems += _data_problems(_strs(raw.get("datasets")), _ints(raw.get("train_sizes")), data_dir, training)
-    problems += _device_problems(training.get("precision"), resources.get("gpus_per_trial"),
-                                 resources.get("cpus_per_trial"), cluster)
+    if devices:
+        problems += _device_problems(training.get("precision"), resources.get("gpus_per_trial"),
+                                     resources.get("cpus_per_trial"), cluster)
     problems += _store_problems(raw)
     return problems
 

@@ -152,7 +152,7 @@ def _run_launch(raw, source: str) -> None:
     from orchestrator.checks import validate
     from orchestrator.launch import StoreUnavailable, launch
     from orchestrator.ray_session import RaySession, RayUnreachable
-    from orchestrator.spec import SpecError
+    from orchestrator.spec import LARGE_GRID, SpecError
     from results.lock import SweepLocked
 
     _quiet_libraries()
@@ -160,6 +160,9 @@ def _run_launch(raw, source: str) -> None:
     with _sigterm_as_interrupt() as terminated:
         try:
             spec = validate(raw, source, cluster=session)
+            if spec.cell_count() > LARGE_GRID:
+                err_console.print(f"a large grid: {spec.cell_count():,} cells ({spec.cell_count_words()}), run in "
+                                  f"rounds of {spec.resources.cells_per_round:,}", highlight=False)
             summary = launch(spec, session=session)
         except (SweepLocked, SpecError, RayUnreachable) as exc:
             _fail(exc)
@@ -216,6 +219,59 @@ def resume(sweep: str, store: StoreOpt = None,
         _fail(exc)
     raw = {**spec.model_dump(mode="json"), "store": store or spec.store, "address": address or spec.address}
     _run_launch(raw, f"{store or './sweeps'}/{sweep}/spec.yaml")
+
+
+@app.command()
+def plan(spec_path: Annotated[Path, typer.Argument(metavar="SPEC", help="sweep spec YAML")], store: StoreOpt = None) -> None:
+    """A dry run: the grid's cells per axis, done and pending against the store, and the work left as
+    the store's own measured trial times price it. Nothing starts, nothing is written."""
+    from orchestrator.checks import load_spec
+    from orchestrator.plan import build_grid, rounds
+    from orchestrator.spec import SpecError
+    from orchestrator.sweeps import resolve_for_plan
+    from results.query import status_table
+    from results.store import ResultStore
+
+    try:
+        spec = load_spec(spec_path, overrides={"store": store}, devices=False)  # the trials' machines are not here
+    except SpecError as exc:
+        _fail(exc)
+    sweep, note = resolve_for_plan(spec)
+    cells = build_grid(sweep)
+    result_store = ResultStore(spec.store, spec.name)
+    rows = result_store.read_table(columns=["trial_id", "status", "wall_time_s"]).to_pandas()
+    statuses = dict(zip(rows["trial_id"], rows["status"]))
+    pending = [c for c in cells if statuses.get(c.trial_id) != "ok"]
+    console.print(f"sweep {spec.name}: {len(cells):,} cells ({spec.cell_count_words()}), {len(cells) - len(pending):,} "
+                  f"done, {len(pending):,} to run in {len(rounds(pending, spec.resources.cells_per_round))} round(s)",
+                  highlight=False)
+    if note:
+        console.print(f"note: {note}", highlight=False)
+    _print_frame(status_table(cells, statuses), OutputFormat.table, f"sweep {spec.name}: cells per axis")
+    _print_work(spec, cells, pending, rows)
+    console.print("nothing was started", highlight=False)
+
+
+def _print_work(spec, cells, pending, rows) -> None:
+    """The pending cells' trial time, priced by the store's own measured rows (orchestrator/plan.py)."""
+    import os
+
+    from orchestrator.plan import estimate_work, work_key
+
+    by_id = {c.trial_id: c for c in cells}
+    measured: dict[tuple, list[float]] = {}
+    for trial_id, status, wall_s in rows.itertuples(index=False):
+        if status == "ok" and trial_id in by_id and wall_s == wall_s:  # NaN: not measured
+            measured.setdefault(work_key(by_id[trial_id]), []).append(float(wall_s))
+    estimate = estimate_work(pending, measured)
+    at_once = spec.resources.max_concurrent_trials or max(1, int((os.cpu_count() or 1) // spec.resources.cpus_per_trial))
+    if estimate is None:
+        console.print("work: no measured trial in the store yet to estimate it from", highlight=False)
+    else:
+        console.print(f"work: about {estimate.trial_s / 3600:,.2f} trial-hours ({estimate.measured_cells:,} of "
+                      f"{len(pending):,} pending cells priced by rows of their own kind, from {estimate.measured_rows:,} "
+                      f"measured rows); about {estimate.trial_s / at_once / 3600:,.2f} h at {at_once} trials at once "
+                      "(this machine's cores, or max_concurrent_trials)", highlight=False)
 
 
 def _open(sweep: str, store: Optional[str]):

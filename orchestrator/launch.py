@@ -28,11 +28,12 @@ from __future__ import annotations
 import dataclasses
 import functools
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from orchestrator import local_files
 from orchestrator.driver_faults import DriverFaults
-from orchestrator.plan import (ResolvedSweep, build_grid, hungriest_frozen_layers, pending_cells,
+from orchestrator.plan import (ResolvedSweep, build_grid, hungriest_frozen_layers, pending_cells, rounds,
                                with_doubled_gpu_share)
 from orchestrator.progress import SweepProgress
 from orchestrator.ray_session import RaySession, TaskFailed, auto_precision_task, memory_probe_task
@@ -145,8 +146,11 @@ def measure_gpu_share(sweep: ResolvedSweep, session: RaySession) -> tuple[float,
 
 
 # --- run: the store is the source of truth --------------------------------------------------------
-def run(sweep: ResolvedSweep, session: RaySession, show_progress: bool = True) -> LaunchSummary:
-    store = ResultStore(sweep.spec.store, sweep.name, on_staged=DriverFaults.from_env().on_staged)
+def run(sweep: ResolvedSweep, session: RaySession, show_progress: bool = True,
+        trainable: Callable | None = None) -> LaunchSummary:
+    """``trainable``: what each trial runs (None: the real one; benchmarks/scale.py passes an instant one)."""
+    faults = DriverFaults.from_env()
+    store = ResultStore(sweep.spec.store, sweep.name, on_staged=faults.on_staged)
     with SweepLock(store.fs, store.sweep_dir, uri=store.uri) as lock:
         store.guard = lock.check  # a driver that lost the sweep to another stops writing, saying why
         sink = open_for_writing(store, sweep)
@@ -167,7 +171,8 @@ def run(sweep: ResolvedSweep, session: RaySession, show_progress: bool = True) -
             print(f"warning: {notice}", file=sys.stderr)
         writer = RowWriter(sweep.name, sink, done | recovered,
                            SweepProgress(total=len(cells), done=len(cells) - len(pending), enabled=show_progress))
-        retried = run_cells(sweep, pending, storage, writer, stop_if=lock.raise_if_lost)
+        retried = run_cells(sweep, pending, storage, writer, stop_if=lock.raise_if_lost, trainable=trainable,
+                            faults=faults)
         flush_or_fail(sink)
     outcomes = writer.ok + writer.failed
     return LaunchSummary(len(cells), len(cells) - len(pending) - len(recovered), outcomes, writer.ok, writer.failed,
@@ -186,30 +191,37 @@ def open_for_writing(store: ResultStore, sweep: ResolvedSweep) -> SpoolingWriter
 
 
 def run_cells(sweep: ResolvedSweep, pending: list[TrialConfig], storage: RayStorage, writer: "RowWriter",
-              stop_if) -> int:
-    """The pending cells through Tune, then those that ran out of memory once more with twice the
-    GPU share; returns how many were retried."""
+              stop_if: Callable[[], None], trainable: Callable | None = None,
+              faults: DriverFaults = DriverFaults()) -> int:
+    """The pending cells through Tune in rounds (plan.rounds: Tune's state stays bounded), then those
+    that ran out of memory once more with twice the GPU share; returns how many were retried. A round
+    that ends with a cell without an outcome was interrupted: nothing more starts (``resume`` goes on)."""
     with writer.progress:
         try:
-            run_tune(sweep, pending, storage, writer.write, experiment=sweep.name, stop_if=stop_if)
-            return retry_out_of_memory(sweep, pending, storage, writer, stop_if)
+            for cells in rounds(pending, sweep.spec.resources.cells_per_round):
+                run_tune(sweep, cells, storage, writer.write, experiment=sweep.name, stop_if=stop_if,
+                         trainable=trainable)
+                if not writer.has_outcomes(cells):
+                    return 0
+                faults.on_round_end()
+            return retry_out_of_memory(sweep, pending, storage, writer, stop_if, trainable)
         except Exception:
             stop_if()  # Tune wraps what a callback raised in a TuneError: say why, plainly
             raise
 
 
 def retry_out_of_memory(sweep: ResolvedSweep, pending: list[TrialConfig], storage: RayStorage,
-                        writer: "RowWriter", stop_if) -> int:
+                        writer: "RowWriter", stop_if: Callable[[], None], trainable: Callable | None = None) -> int:
     """Run once more, with twice the GPU share, the cells that ran out of memory in this launch (see
     the module's docstring for the rows). Not after an interruption: a cell without an outcome
     means the run was stopped, and ``resume`` picks everything up."""
     larger = with_doubled_gpu_share(sweep)
     out_of_memory = [c for c in pending if writer.outcomes.get(c.trial_id) == "oom"]
-    if larger is None or not out_of_memory or any(c.trial_id not in writer.outcomes for c in pending):
+    if larger is None or not out_of_memory or not writer.has_outcomes(pending):
         return 0
     # its own experiment: resume recovers from the main one
     run_tune(larger, out_of_memory, storage, functools.partial(writer.write, oom_retry=True),
-             experiment=f"{sweep.name}-oom-retry", stop_if=stop_if)
+             experiment=f"{sweep.name}-oom-retry", stop_if=stop_if, trainable=trainable)
     return len(out_of_memory)
 
 
@@ -251,6 +263,9 @@ class RowWriter:
     @property
     def failed(self) -> int:
         return len(self.outcomes) - self.ok
+
+    def has_outcomes(self, cells: list[TrialConfig]) -> bool:
+        return all(c.trial_id in self.outcomes for c in cells)
 
     def write(self, result: TrialResult, attempts: int, oom_retry: bool = False) -> None:
         if result.trial_id in self.ok_ids:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import math
+import statistics
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -100,6 +101,13 @@ def with_resources(cell: TrialConfig, sweep: ResolvedSweep) -> TrialConfig:
     return dataclasses.replace(cell, num_threads=max(1, math.floor(sweep.spec.resources.cpus_per_trial)))
 
 
+def rounds(cells: list[TrialConfig], size: int) -> list[list[TrialConfig]]:
+    """The cells in order, in rounds of at most ``size`` (``resources.cells_per_round``), each one Tune
+    run: Tune's experiment state, its snapshots and its per-step bookkeeping grow with the trials of
+    one run (ray#11233: snapshot time; TuneController scans its trial list at every step)."""
+    return [cells[start:start + size] for start in range(0, len(cells), size)]
+
+
 def hungriest_frozen_layers(cells: list[TrialConfig]) -> int:
     """The freeze depth whose trial needs the most memory: nothing frozen (0) beats the embeddings
     alone (-1), which beats k layers; a LoRA cell backpropagates through every layer, as k = 0 does
@@ -120,3 +128,35 @@ def with_doubled_gpu_share(sweep: ResolvedSweep) -> ResolvedSweep | None:
     if not 0 < sweep.gpu_share < 1:
         return None
     return dataclasses.replace(sweep, gpu_share=min(1.0, 2 * sweep.gpu_share))
+
+
+@dataclass(frozen=True)
+class WorkEstimate:
+    trial_s: float  # the pending cells' summed trial time
+    measured_cells: int  # pending cells priced by a measured row of their own kind (the rest by the median)
+    measured_rows: int  # the rows the prices come from
+
+
+def estimate_work(pending: list[TrialConfig], wall_s: Mapping[tuple, list[float]]) -> WorkEstimate | None:
+    """The pending cells' trial time from measured rows (``wall_s``: each ok row's wall time by
+    ``work_key``): a cell costs the median of its own kind (model, dataset, train size, variant), else
+    of its (model, dataset, train size), else of every measured row. None without any measured row."""
+    every = [s for times in wall_s.values() for s in times]
+    if not every:
+        return None
+    by_size: dict[tuple, list[float]] = {}
+    for key, times in wall_s.items():
+        by_size.setdefault(key[:3], []).extend(times)
+    total, own = 0.0, 0
+    for cell in pending:
+        key = work_key(cell)
+        times = wall_s.get(key) or by_size.get(key[:3]) or every
+        own += key in wall_s
+        total += statistics.median(times)
+    return WorkEstimate(total, own, len(every))
+
+
+def work_key(cell: TrialConfig) -> tuple:
+    """What a trial's time depends on, as far as the plan can tell: model, data, size and variant."""
+    return cell.model, cell.dataset, cell.train_size, cell.variant()
+

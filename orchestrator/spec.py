@@ -113,6 +113,8 @@ class ResourcesSpec(_Strict):
     cpus_per_trial: float = Field(1.0, gt=0)
     max_concurrent_trials: int | None = Field(None, gt=0)
     max_failures: int = Field(2, ge=0, description="Ray retries of a crashed trial")
+    cells_per_round: int = Field(5000, gt=0, description="a launch runs its cells in rounds of at most this many, "
+                                 "each one Tune run: Tune's state and bookkeeping grow with the trials of a run")
 
     @field_validator("gpus_per_trial", mode="before")
     @classmethod
@@ -136,6 +138,9 @@ _AXIS_MINIMA = {
     "lora_ranks": (1, "LoRA ranks must be positive"),
     "seeds": (0, "seeds must be >= 0"),
 }
+# Grids larger than this are refused (split them into sweeps); larger than LARGE_GRID, announced.
+MAX_CELLS = 1_000_000
+LARGE_GRID = 100_000
 # Each method's own axis: crossed with that method's cells only.
 METHOD_AXES = {"freeze": "frozen_layers", "lora": "lora_ranks"}
 
@@ -209,8 +214,27 @@ class SweepSpec(_Strict):
             raise ValueError("; ".join(problems))
         return self
 
+    @model_validator(mode="after")
+    def _grid_size(self) -> "SweepSpec":
+        if self.cell_count() > MAX_CELLS:
+            raise ValueError(f"the grid has {self.cell_count():,} cells ({self.cell_count_words()}), over the limit "
+                             f"of {MAX_CELLS:,}: split it into several sweeps")
+        return self
+
     def models(self) -> list[str]:
         return [self.model] if isinstance(self.model, str) else list(self.model)
+
+    def variants(self) -> int:
+        """Cells per (model, dataset, train size, seed): each method's own axis, the probe one."""
+        return sum(len(getattr(self, METHOD_AXES[m])) if m in METHOD_AXES else 1 for m in self.methods)
+
+    def cell_count(self) -> int:
+        """The grid's size, from the axes alone (``frozen_layers: all`` counted as one more depth)."""
+        return len(self.models()) * len(self.datasets) * len(self.train_sizes) * self.variants() * len(self.seeds)
+
+    def cell_count_words(self) -> str:
+        return (f"{len(self.models())} models × {len(self.datasets)} datasets × {len(self.train_sizes)} train sizes × "
+                f"{self.variants()} variants × {len(self.seeds)} seeds")
 
     def protocol(self, select_metrics: Mapping[str, str]) -> dict[str, Any]:
         """What makes rows comparable: changing any of it on an existing sweep is refused. How the work

@@ -38,6 +38,23 @@ def resolve_here(spec: SweepSpec) -> ResolvedSweep:
     return resolved(spec, precision_here(spec))
 
 
+def resolve_for_plan(spec: SweepSpec) -> tuple[ResolvedSweep, str | None]:
+    """``spec`` resolved for a dry run (no Ray, nothing written): ``auto`` as the stored sweep ran it,
+    else as this machine runs it; GPU trials planned where there is no GPU take bf16 (what GPUs since
+    2020 resolve to), said in the note returned beside the sweep, since cell ids name the precision."""
+    if spec.training.precision != "auto":
+        return resolve_here(spec), None
+    text = ResultStore(spec.store, spec.name).read_spec()
+    stored = (read_stored_spec(text).get("training") or {}).get("precision") if text else None
+    if stored not in (None, "auto"):
+        return resolved(spec, stored), None
+    try:
+        return resolve_here(spec), None
+    except (RuntimeError, AssertionError):  # torch's "no CUDA" for GPU trials planned on a CPU machine
+        return resolved(spec, "bf16"), ("precision auto resolves on the trials' GPUs; planned as bf16 (GPUs of "
+                                        "compute capability 8.0 and later), which fixes the cell ids shown")
+
+
 def precision_here(spec: SweepSpec) -> str:
     if spec.training.precision != "auto":
         return spec.training.precision

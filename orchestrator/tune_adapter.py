@@ -26,6 +26,7 @@ import dataclasses
 import functools
 import json
 import os
+import pickle
 import shutil
 import sys
 from collections.abc import Callable, Iterator
@@ -35,6 +36,7 @@ from typing import Any
 import ray
 import transformers
 from ray import cloudpickle, tune
+from ray.tune.search import Searcher
 
 from orchestrator.local_files import Shipment
 from orchestrator.plan import ResolvedSweep
@@ -244,11 +246,45 @@ def _trial_error(trial) -> tuple[BaseException, str | None]:
 
 
 # --- driver side: one Tune experiment over a list of cells -----------------------------------------
+class CellSearcher(Searcher):
+    """Hands Tune the cells one at a time through Tune's extension point for where trials come from
+    (``ray.tune.search.Searcher``), so the driver's work per trial does not grow with the number of
+    cells: one ``grid_search`` over the cells made Tune deep-copy the whole list for every trial it
+    generated (ray/tune/search/variant_generator.py, ``_grid_search_generator``)."""
+
+    def __init__(self, cells: list[TrialConfig]):
+        super().__init__()
+        self._cells, self._next = cells, 0
+
+    def suggest(self, trial_id: str) -> dict | str | None:
+        if self._next >= len(self._cells):
+            return Searcher.FINISHED
+        cell = self._cells[self._next]
+        self._next += 1
+        return {CELL_KEY: cell.to_dict()}
+
+    def on_trial_complete(self, trial_id: str, result: dict | None = None, error: bool = False) -> None:
+        """Outcomes reach the store through OutcomeCallback; the next cell does not depend on them."""
+
+    def save(self, checkpoint_path: str) -> None:
+        """Tune's snapshots keep the position only: the store, not Ray's state, says what is left."""
+        with open(checkpoint_path, "wb") as f:
+            pickle.dump({"next": self._next}, f)
+
+    def restore(self, checkpoint_path: str) -> None:
+        with open(checkpoint_path, "rb") as f:
+            self._next = pickle.load(f)["next"]
+
+
 def run_tune(sweep: ResolvedSweep, cells: list[TrialConfig], storage: RayStorage, on_outcome: OutcomeSink,
-             experiment: str, stop_if: Callable[[], None] | None = None) -> None:
+             experiment: str, stop_if: Callable[[], None] | None = None, trainable: Callable = None) -> None:
     """Run ``cells`` as the Tune experiment ``experiment`` in ``storage`` (Ray connected), each outcome
-    to ``on_outcome``. ``stop_if`` is called at every step of Tune's loop: what it raises ends the run."""
+    to ``on_outcome``. ``stop_if`` is called at every step of Tune's loop: what it raises ends the run.
+    ``trainable``: what a trial runs (``tune_trainable``; benchmarks/scale.py measures Tune alone with
+    an instant one)."""
     os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")  # with verbose=0: no Tune tables; our bar reports
+    # Tune's own per-trial CSV, JSON and TensorBoard files: nothing here reads them (rows are the store's).
+    os.environ.setdefault("TUNE_DISABLE_AUTO_CALLBACK_LOGGERS", "1")
     resources = sweep.spec.resources
     checkpoints = bool(sweep.spec.training.checkpoint_every_epochs)
     # An earlier launch's driver died while some of these cells ran: each starts from its last checkpoint.
@@ -261,10 +297,11 @@ def run_tune(sweep: ResolvedSweep, cells: list[TrialConfig], storage: RayStorage
 
     tuner = tune.Tuner(
         # with_parameters: what every trial may need goes to the object store once, not into each one's config
-        tune.with_resources(tune.with_parameters(tune_trainable, shipment=sweep.shipment, earlier=earlier),
+        tune.with_resources(tune.with_parameters(trainable or tune_trainable, shipment=sweep.shipment, earlier=earlier),
                             {"cpu": resources.cpus_per_trial, "gpu": sweep.gpu_share}),
-        param_space={CELL_KEY: tune.grid_search([c.to_dict() for c in cells])},
         tune_config=tune.TuneConfig(
+            search_alg=CellSearcher(cells),
+            num_samples=len(cells),
             max_concurrent_trials=resources.max_concurrent_trials,
             reuse_actors=True,  # one worker process runs many trials: imports, tokenizer and token cache stay warm
             trial_dirname_creator=lambda trial: trial_config_from_ray(trial.config).trial_id,

@@ -43,3 +43,55 @@ def test_a_bad_spec_is_refused_naming_launch(tmp_path):
     bad.write_text("name: [unclosed")
     done = runner.invoke(app, ["launch", str(bad)])
     assert done.exit_code == 2 and "freezesweep launch: error:" in done.stderr and "malformed YAML" in done.stderr
+
+
+def _tree(folder):
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def test_plan_counts_cells_against_the_store_and_prices_the_rest_without_running(write_spec, tmp_path, monkeypatch):
+    import ray
+
+    from orchestrator.rows import result_row
+    from results.store import ResultStore
+    from trials.config import TrialResult
+
+    monkeypatch.setattr(ray, "init", lambda *args, **kwargs: pytest.fail("plan started Ray"))
+    path = write_spec("planned", seeds=[0, 1])  # 2 sizes × 2 depths × 2 seeds
+    cells = build_grid(resolve_here(load_spec(path)))
+    store = ResultStore(str(tmp_path / "store"), "planned")
+    for cell, wall_s in zip(cells[:3], (10.0, 20.0, 30.0)):  # 3 done: two of one kind (n=24, k=0), one of another
+        store.write_row(result_row("planned", TrialResult(trial_id=cell.trial_id, config=cell, status="ok",
+                                                          wall_time_s=wall_s)))
+    before = _tree(tmp_path / "store")
+    done = runner.invoke(app, ["plan", str(path)])
+    assert done.exit_code == 0, done.output
+    assert "sweep planned: 8 cells (1 models × 1 datasets × 2 train sizes × 2 variants × 2 seeds), 3 done, 5 to run " \
+           "in 1 round(s)" in done.stdout
+    # pending: (24, k=2, s=1) priced at its own kind's 30 s; the 4 cells of n = 48 at the median of all, 20 s
+    assert "work: about 0.03 trial-hours (1 of 5 pending cells priced by rows of their own kind, from 3 measured rows)" \
+        in done.stdout
+    assert "nothing was started" in done.stdout and _tree(tmp_path / "store") == before
+
+
+def test_a_large_grid_is_announced_with_its_count_before_it_starts(write_spec, tmp_path):
+    """Over 100,000 cells: said before the launch goes on (here it stops at the lock another driver holds)."""
+    import subprocess
+    import sys
+
+    path = write_spec("large", seeds=list(range(30_000)))  # 2 × 2 × 30,000 = 120,000 cells
+    holder = subprocess.Popen([sys.executable, "-c", f"""
+import sys, pyarrow.fs as pafs
+from results.lock import SweepLock
+with SweepLock(pafs.LocalFileSystem(), {str(tmp_path / "store" / "large")!r}):
+    print("held", flush=True)
+    sys.stdin.read()
+"""], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        done = runner.invoke(app, ["launch", str(path)])
+    finally:
+        holder.communicate("")
+    assert done.exit_code == 2, done.output
+    assert "a large grid: 120,000 cells (1 models × 1 datasets × 2 train sizes × 2 variants × 30000 seeds)" in done.stderr
+    assert "already running" in done.stderr

@@ -77,3 +77,15 @@ def test_a_sweep_spec_is_frozen():
     spec = SweepSpec.model_validate(MINIMAL)
     with pytest.raises(Exception):
         spec.name = "other"
+
+
+def test_a_grid_over_the_limit_is_refused_with_its_count():
+    """1.6 million cells used to pass, write spec.yaml and the lock, then hash ids for minutes."""
+    spec, problems = parse({**MINIMAL, "datasets": ["a", "b"], "train_sizes": [1, 2, 3, 4, 5],
+                            "frozen_layers": [0, 1, 2, 3], "seeds": list(range(40_000))})
+    assert spec is None
+    assert problems == ["the grid has 1,600,000 cells (1 models × 2 datasets × 5 train sizes × 4 variants × 40000 "
+                        "seeds), over the limit of 1,000,000: split it into several sweeps"]
+    spec, _ = parse({**MINIMAL, "methods": ["freeze", "lora", "probe"], "frozen_layers": [0, "all"],
+                     "lora_ranks": [4, 8], "seeds": [0, 1]})
+    assert spec.cell_count() == 1 * 1 * 1 * (2 + 2 + 1) * 2

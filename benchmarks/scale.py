@@ -1,0 +1,179 @@
+"""Orchestration at scale: freezesweep's driver with real Ray Tune and an instant trial, so that only
+orchestration is measured (as Ray's own Tune scalability benchmark does: doc/source/tune/tutorials/
+tune-scalability.rst). Benchmark-only: the instant trial trains nothing; it reports a result of the
+size a real one has (a 20-point curve, the train indices) and the driver stores it as a row.
+
+For each grid size (--cells, default 1k, 10k, 100k):
+- planning: the spec validated, resolved and expanded, and the cells still to run picked (in process);
+- a launch in a child process (the driver): time from its start to the first stored row, driver CPU
+  per trial (the driver process's CPU time, all its threads, between the first and the last row it
+  stored, per row) and its peak RSS. Grids above --full-max run only their first --sample trials
+  (the driver stops as Ctrl-C stops it): per-trial cost does not need the whole grid to show whether it
+  grows with the grid, the quadratic launch it replaces paid it from the first trial.
+
+    python benchmarks/scale.py [--cells 1000 10000 100000] [--full-max 10000] [--sample 3000]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import resource
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import yaml
+
+REPO = Path(__file__).resolve().parents[1]
+TRAIN_SIZES = [24, 48, 96, 120, 200]
+FROZEN_LAYERS = [-1, 0, 1, 2]
+
+
+# --- the instant trial (runs in Ray's workers) ----------------------------------------------------
+def instant_trainable(config: dict, shipment=None, earlier=None) -> None:
+    """A trial that trains nothing: the result row a real trial of this cell would store, at once."""
+    from ray import tune
+
+    from orchestrator.tune_adapter import PLACEMENT_KEY, RESULT_KEY, ray_placement, trial_config_from_ray
+    from trials.config import EvalPoint, TrialResult
+
+    cfg = trial_config_from_ray(config)
+    curve = tuple(EvalPoint(step=2 * i, epoch=i / 2, accuracy=0.5 + i / 100, loss=0.7 - i / 100)
+                  for i in range(1, 21))
+    placement = ray_placement()
+    result = TrialResult(trial_id=cfg.trial_id, config=cfg, status="ok", select_metric=cfg.select_metric,
+                         best_val_accuracy=0.7, best_val_score=0.7, best_step=40, best_epoch=10.0,
+                         best_val_metrics={"accuracy": 0.7}, eval_curve=curve,
+                         train_indices=tuple(range(cfg.train_size)), n_train=cfg.train_size, n_eval=60,
+                         wall_time_s=0.0, precision=cfg.precision, device="cpu", placement=placement)
+    tune.report({"val_score": 0.7, RESULT_KEY: json.dumps(result.to_dict(), default=str),
+                 PLACEMENT_KEY: json.dumps(placement)})
+
+
+# --- fixtures: a tiny model and a toy dataset ------------------------------------------------------
+def make_inputs(folder: Path) -> tuple[str, str]:
+    """A 2-layer random BERT (MiniLM's tokenizer) and a 240-row CSV task."""
+    import pandas as pd
+    from transformers import AutoModel, BertConfig
+
+    from trials.model import load_tokenizer
+
+    tokenizer = load_tokenizer("sentence-transformers/all-MiniLM-L6-v2")
+    config = BertConfig(vocab_size=len(tokenizer), hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                        intermediate_size=64, max_position_embeddings=128)
+    model = folder / "model"
+    AutoModel.from_config(config).save_pretrained(model)
+    tokenizer.save_pretrained(model)
+    rng = random.Random(0)
+    data = folder / "data"
+    data.mkdir()
+    for split, n in (("train", 240), ("validation", 60)):
+        labels = [rng.randint(0, 1) for _ in range(n)]
+        pd.DataFrame({"sentence": [f"row {i} is {'good' if y else 'bad'}" for i, y in enumerate(labels)],
+                      "label": labels}).to_csv(data / f"{split}.csv", index=False)
+    return str(model), str(data)
+
+
+def write_spec(folder: Path, cells: int, model: str, data: str) -> Path:
+    per_seed = len(TRAIN_SIZES) * len(FROZEN_LAYERS)
+    spec = {"name": f"scale-{cells}", "model": model, "datasets": [data], "train_sizes": TRAIN_SIZES,
+            "frozen_layers": FROZEN_LAYERS, "seeds": list(range(cells // per_seed)),
+            "training": {"precision": "fp32", "epochs": 1},
+            "resources": {"cpus_per_trial": 0.5}, "store": str(folder / "store")}
+    path = folder / f"scale-{cells}.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    return path
+
+
+# --- measurements ----------------------------------------------------------------------------------
+def measure_planning(path: Path) -> dict:
+    """Validation, resolution and the grid, in process (what a launch does before Ray)."""
+    from orchestrator.checks import load_spec
+    from orchestrator.plan import build_grid, pending_cells
+    from orchestrator.sweeps import resolve_here
+
+    started = time.perf_counter()
+    spec = load_spec(path)
+    validated = time.perf_counter()
+    sweep = resolve_here(spec)
+    cells = build_grid(sweep)
+    pending = pending_cells(sweep, cells, set())
+    done = time.perf_counter()
+    return {"cells": len(cells), "validate_s": validated - started, "plan_s": done - started, "pending": len(pending)}
+
+
+def drive(path: Path, out: Path, stop_after: int | None) -> None:
+    """The child: one launch with the instant trial, measured from its own start."""
+    started_wall = time.perf_counter()
+    from orchestrator import launch as launching
+    from orchestrator.checks import load_spec
+    from orchestrator.ray_session import RaySession
+
+    marks: list[tuple[float, float]] = []  # (wall, driver CPU) at each stored row
+
+    class CountingRowWriter(launching.RowWriter):
+        def write(self, result, attempts, oom_retry=False):
+            super().write(result, attempts, oom_retry)
+            marks.append((time.perf_counter(), time.process_time()))
+            if stop_after and len(marks) == stop_after:
+                os.kill(os.getpid(), signal.SIGINT)  # Tune stops as on Ctrl-C
+
+    launching.RowWriter = CountingRowWriter
+    session = RaySession(num_cpus=2)
+    summary = launching.run(launching.resolve(load_spec(path), session), session, show_progress=False,
+                            trainable=instant_trainable)
+    (first_wall, first_cpu), (last_wall, last_cpu) = marks[0], marks[-1]
+    rows = len(marks)
+    out.write_text(json.dumps({
+        "rows": rows, "ran": summary.ran, "first_row_s": first_wall - started_wall,
+        "driver_cpu_ms_per_trial": 1000 * (last_cpu - first_cpu) / max(1, rows - 1),
+        "wall_ms_per_trial": 1000 * (last_wall - first_wall) / max(1, rows - 1),
+        "driver_peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+    }))
+
+
+def main() -> None:
+    args = parse_args()
+    if args.driver:
+        drive(Path(args.driver), Path(args.out), args.stop_after)
+        return
+    folder = Path(tempfile.mkdtemp(prefix="freezesweep-scale-"))
+    model, data = make_inputs(folder)
+    print(f"{'cells':>8} {'validate s':>10} {'plan s':>7} {'trials run':>10} {'first row s':>11} "
+          f"{'driver CPU ms/trial':>19} {'wall ms/trial':>13} {'driver RSS MB':>13}")
+    for cells in args.cells:
+        path = write_spec(folder, cells, model, data)
+        planning = measure_planning(path)
+        out = folder / f"driver-{cells}.json"
+        stop = args.sample if cells > args.full_max else None
+        command = [sys.executable, __file__, "--driver", str(path), "--out", str(out)] + \
+            (["--stop-after", str(stop)] if stop else [])
+        done = subprocess.run(command, capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(REPO)})
+        if not out.exists():
+            print(f"{cells}: the driver failed: {done.stderr[-3000:]}", file=sys.stderr)
+            continue
+        d = json.loads(out.read_text())
+        print(f"{planning['cells']:>8} {planning['validate_s']:>10.2f} {planning['plan_s']:>7.2f} {d['rows']:>10} "
+              f"{d['first_row_s']:>11.1f} {d['driver_cpu_ms_per_trial']:>19.2f} {d['wall_ms_per_trial']:>13.2f} "
+              f"{d['driver_peak_rss_mb']:>13.0f}", flush=True)
+
+
+def parse_args() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--cells", type=int, nargs="+", default=[1000, 10_000, 100_000])
+    parser.add_argument("--full-max", type=int, default=10_000, help="larger grids run only --sample trials")
+    parser.add_argument("--sample", type=int, default=3000)
+    parser.add_argument("--driver", help=argparse.SUPPRESS)
+    parser.add_argument("--out", help=argparse.SUPPRESS)
+    parser.add_argument("--stop-after", type=int, help=argparse.SUPPRESS)
+    return parser.parse_args()
+
+
+if __name__ == "__main__":
+    main()
