@@ -181,7 +181,8 @@ def _print_summary(spec, summary, stopped: int) -> None:
     retried = f" ({summary.oom_retried} run again with twice the GPU share after running out of memory)" \
         if summary.oom_retried else ""
     console.print(f"sweep {spec.name}: {summary.total} cells, {summary.already_ok} already done{recovered}, "
-                  f"ran {summary.ran}: {summary.ok} ok, {summary.failed} failed/oom{retried}")
+                  f"ran {summary.ran}: {summary.ok} ok, {summary.failed} failed/oom{retried}"
+                  + (f", {summary.diverged} diverged (a non-finite loss: final, not run again)" if summary.diverged else ""))
     console.print(f"store: {spec.store}/{spec.name}/results/")
     if summary.unfinished:
         console.print(f"{summary.unfinished} cells not finished (interrupted): `freezesweep resume {spec.name}` runs them")
@@ -274,6 +275,14 @@ def _print_work(spec, cells, pending, rows) -> None:
                       "(this machine's cores, or max_concurrent_trials)", highlight=False)
 
 
+def _warn_unreadable(result_store) -> None:
+    """Rows that could not be read are left out, named (``resume`` sets them aside and runs their cells)."""
+    if result_store.unreadable:
+        err_console.print(f"warning: skipped {len(result_store.unreadable)} unreadable row file(s) (`freezesweep resume "
+                          f"{result_store.sweep}` moves them aside and runs their cells again): "
+                          + ", ".join(result_store.unreadable), highlight=False)
+
+
 def _open(sweep: str, store: Optional[str]):
     """A stored sweep (resolved as launched) and its store."""
     from orchestrator.spec import SpecError
@@ -296,6 +305,7 @@ def status(sweep: str, store: StoreOpt = None) -> None:
     resolved, result_store = _open(sweep, store)
     rows = result_store.read_table(columns=["trial_id", *NODE_COLUMNS]).to_pandas()  # one read: statuses and nodes
     statuses = dict(zip(rows["trial_id"], rows["status"]))
+    _warn_unreadable(result_store)
     _print_frame(status_table(build_grid(resolved), statuses), OutputFormat.table, f"sweep {sweep}")
     if len(rows):
         nodes, gpus = placement(rows), rows["gpu_uuid"].nunique()  # nunique skips nulls (CPU rows)
@@ -316,6 +326,7 @@ def query(sweep: str, store: StoreOpt = None,
         frame = run_sql(result_store, sql)
     except Exception as exc:  # a SQL error is the user's to fix: say it plainly
         _fail(exc)
+    _warn_unreadable(result_store)
     _print_frame(frame, fmt, f"{sweep}: {len(frame)} rows")
 
 
@@ -334,6 +345,7 @@ def summary(sweep: str, store: StoreOpt = None,
         table = summarize(read_rows(result_store, columns=SUMMARY_COLUMNS), metric=metric)
     except ValueError as exc:
         _fail(exc)
+    _warn_unreadable(result_store)
     what = metric or "the selected metric"
     _print_frame(table, fmt, f"sweep {sweep}: {what} at the best evaluation, over seeds")
 
@@ -369,10 +381,29 @@ def report(
     for name in sweeps:  # the grid says what is missing; results/ itself knows nothing of specs
         resolved, result_store = _open(name, store)
         inputs.append(SweepRows.from_store(result_store, status_table(build_grid(resolved), result_store.statuses())))
+        _warn_unreadable(result_store)
     built = write_report(inputs, str(out), tolerance)
     for line in [*built.decisions["sentence"], *built.completeness]:
         console.print(line, highlight=False, soft_wrap=True)
     console.print(f"report: {out / 'index.html'} (and report.md)")
+
+
+@app.command()
+def compact(sweep: str, store: StoreOpt = None) -> None:
+    """Compact a sweep's final rows into Parquet parts (a launch also does it between rounds): readers
+    then open tens of files, not one per cell. Takes the sweep's lock; crash-safe."""
+    from results.lock import SweepLock, SweepLocked
+
+    _, result_store = _open(sweep, store)
+    try:
+        with SweepLock(result_store.fs, result_store.sweep_dir, uri=result_store.uri) as lock:
+            result_store.guard = lock.check
+            result_store.clean_staging()
+            compacted = result_store.compact()
+    except SweepLocked as exc:
+        _fail(exc)
+    console.print(f"sweep {sweep}: {compacted} row(s) compacted" + (" into one part" if compacted else ""),
+                  highlight=False)
 
 
 def main() -> None:  # python -m orchestrator.cli

@@ -43,7 +43,7 @@ from orchestrator.spec import SpecError, SweepSpec, read_stored_spec
 from orchestrator.sweeps import OLD_SWEEP, precision_here, resolved
 from orchestrator.tune_adapter import recover_from_ray, run_tune
 from results.lock import SweepLock
-from results.store import ResultStore, SpoolingWriter
+from results.store import FINAL_STATUSES, ResultStore, SpoolingWriter
 from trials.config import TrialConfig, TrialResult
 from trials.memory_probe import describe
 
@@ -54,7 +54,8 @@ class LaunchSummary:
     already_ok: int
     ran: int  # trials that reached an outcome this launch (ok + failed)
     ok: int
-    failed: int
+    failed: int  # failed and out of memory (resume runs them again)
+    diverged: int = 0  # a non-finite loss: a final outcome, as ok is
     recovered: int = 0  # rows taken from Ray's experiment state instead of re-running
     unfinished: int = 0  # planned but without an outcome (the launch was interrupted)
     oom_retried: int = 0  # cells run again with twice the GPU share after running out of memory
@@ -155,7 +156,7 @@ def run(sweep: ResolvedSweep, session: RaySession, show_progress: bool = True,
         store.guard = lock.check  # a driver that lost the sweep to another stops writing, saying why
         sink = open_for_writing(store, sweep)
         cells = build_grid(sweep)
-        done = store.ok_ids()
+        done = store.final_ids()
         unfinished = {c.trial_id for c in cells} - done
         if not unfinished:
             return LaunchSummary(len(cells), len(cells), 0, 0, 0)
@@ -174,16 +175,21 @@ def run(sweep: ResolvedSweep, session: RaySession, show_progress: bool = True,
         retried = run_cells(sweep, pending, storage, writer, stop_if=lock.raise_if_lost, trainable=trainable,
                             faults=faults)
         flush_or_fail(sink)
-    outcomes = writer.ok + writer.failed
+    outcomes = len(writer.outcomes)
     return LaunchSummary(len(cells), len(cells) - len(pending) - len(recovered), outcomes, writer.ok, writer.failed,
-                         recovered=len(recovered), unfinished=len(pending) - outcomes, oom_retried=retried,
+                         writer.diverged, recovered=len(recovered), unfinished=len(pending) - outcomes, oom_retried=retried,
                          gpu_packing=sweep.gpu_packing)
 
 
 def open_for_writing(store: ResultStore, sweep: ResolvedSweep) -> SpoolingWriter:
-    """The store made ready under the lock: a crash's staged leftovers removed, rows kept from a run
+    """The store made ready under the lock: a crash's staged leftovers removed and its compaction
+    finished or undone, unreadable row files set aside (their cells run again), rows kept from a run
     whose store went away written first (they count as done), the resolved spec stored."""
     store.clean_staging()
+    store.recover_compaction()
+    for path in store.quarantine_unreadable():
+        print(f"warning: {path} could not be read; moved to {store.quarantine_dir} (kept) and its cell runs again",
+              file=sys.stderr)
     sink = SpoolingWriter(store, spool_dir(store))
     flush_or_fail(sink)
     store.write_spec(sweep.spec.to_yaml())
@@ -203,11 +209,23 @@ def run_cells(sweep: ResolvedSweep, pending: list[TrialConfig], storage: RayStor
                          trainable=trainable)
                 if not writer.has_outcomes(cells):
                     return 0
+                compact(writer.sink.store)
                 faults.on_round_end()
-            return retry_out_of_memory(sweep, pending, storage, writer, stop_if, trainable)
+            retried = retry_out_of_memory(sweep, pending, storage, writer, stop_if, trainable)
+            compact(writer.sink.store)
+            return retried
         except Exception:
             stop_if()  # Tune wraps what a callback raised in a TuneError: say why, plainly
             raise
+
+
+def compact(store: ResultStore) -> None:
+    """A round's final rows into one part (the store stays tens of files). A store unreachable for the
+    moment leaves them as they are, readable: the next round or launch compacts them."""
+    try:
+        store.compact()
+    except OSError as exc:
+        print(f"warning: the store's rows were not compacted this time ({exc})", file=sys.stderr)
 
 
 def retry_out_of_memory(sweep: ResolvedSweep, pending: list[TrialConfig], storage: RayStorage,
@@ -249,11 +267,11 @@ def flush_or_fail(sink: SpoolingWriter) -> None:
 
 
 class RowWriter:
-    """Driver-side sink of trial outcomes: one row per cell, ok rows final."""
+    """Driver-side sink of trial outcomes: one row per cell, final rows (ok, diverged) kept for good."""
 
-    def __init__(self, sweep: str, sink: SpoolingWriter, ok_ids: set[str], progress: SweepProgress):
+    def __init__(self, sweep: str, sink: SpoolingWriter, final_ids: set[str], progress: SweepProgress):
         self.sweep, self.sink, self.progress = sweep, sink, progress
-        self.ok_ids = set(ok_ids)
+        self.final_ids = set(final_ids)
         self.outcomes: dict[str, str] = {}  # trial_id -> status of the row this launch wrote last
 
     @property
@@ -261,18 +279,22 @@ class RowWriter:
         return sum(status == "ok" for status in self.outcomes.values())
 
     @property
+    def diverged(self) -> int:
+        return sum(status == "diverged" for status in self.outcomes.values())
+
+    @property
     def failed(self) -> int:
-        return len(self.outcomes) - self.ok
+        return len(self.outcomes) - self.ok - self.diverged
 
     def has_outcomes(self, cells: list[TrialConfig]) -> bool:
         return all(c.trial_id in self.outcomes for c in cells)
 
     def write(self, result: TrialResult, attempts: int, oom_retry: bool = False) -> None:
-        if result.trial_id in self.ok_ids:
-            return  # an ok row is final: never overwritten
+        if result.trial_id in self.final_ids:
+            return  # a final row is never overwritten
         self.sink.write_row(result_row(self.sweep, result, attempts=attempts, oom_retry=oom_retry))
         replaced = self.outcomes.get(result.trial_id)  # a retry's row replaces this launch's oom row
         self.outcomes[result.trial_id] = result.status
-        if result.status == "ok":
-            self.ok_ids.add(result.trial_id)
+        if result.status in FINAL_STATUSES:
+            self.final_ids.add(result.trial_id)
         self.progress.advance(result, replaces=replaced)

@@ -51,8 +51,9 @@ def ray_storage(store: ResultStore, cluster: bool) -> RayStorage:
 
 
 def store_cache_dir(store: ResultStore, what: str) -> str:
-    """``<cache>/<what>/<store's hash>/<sweep>``: this machine's folder for one store's sweep."""
-    key = hashlib.sha256(store.uri.encode()).hexdigest()[:12]
+    """``<cache>/<what>/<store's hash>/<sweep>``: this machine's folder for one store's sweep, the same
+    however the store is spelled (``results.store.store_identity``)."""
+    key = hashlib.sha256(store.identity.encode()).hexdigest()[:12]
     return str(resolve_cache_dir(None) / what / key / store.sweep)
 
 

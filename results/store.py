@@ -1,11 +1,18 @@
-"""The Parquet results store: ``<store>/<sweep>/{spec.yaml, results/<trial_id>.parquet}``.
+"""The Parquet results store: ``<store>/<sweep>/{spec.yaml, results/*.parquet}``.
 
-- One file per cell, named by its trial_id: a cell can never have two rows, and an ``ok`` row is
-  never overwritten (a failed row is replaced by the retry's outcome).
-- Atomic: a row is written under ``_staging/`` and then moved into ``results/`` (a rename on a
-  local disk; on object stores each object appears whole), so readers never see a partial file.
-- One fixed schema, so pandas, DuckDB (``read_parquet('…/results/*.parquet')``), Polars and
-  pyarrow read the folder as it is, with no freezesweep code.
+- A cell's outcome lands as ``results/<trial_id>.parquet``, one row, written under ``_staging/`` and
+  moved into ``results/`` whole (a rename on a local disk; on object stores each object appears
+  whole): readers never see a partial file. A failed row is replaced by its retry's; a final row
+  (``ok``, ``diverged``: FINAL_STATUSES) is never written again.
+- Final rows are compacted into ``results/part-<id>.parquet`` files (at a launch's round boundaries
+  and by ``freezesweep compact``): 100,000 rows are tens of files, not 100,000 footers. ``compact``
+  says how it stays crash-safe and never shows a row twice in ``results/``.
+- Plain Parquet with one fixed schema, not a table format: pandas, DuckDB
+  (``read_parquet('…/results/*.parquet')``), Polars and pyarrow read the folder as it is, with no
+  freezesweep code and no extra package (DuckDB's Delta reader is an extension fetched at run time,
+  which machines without internet cannot do; pandas and pyarrow would need ``deltalake``).
+- A file that cannot be read costs only its row: readers skip it and name it (``unreadable``), and a
+  launch moves it to ``_quarantine/`` and runs its cell again.
 - Any filesystem pyarrow knows (local, ``s3://…``, …) or, failing that, fsspec.
 """
 
@@ -14,14 +21,21 @@ from __future__ import annotations
 import os
 import uuid
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
+from urllib.parse import urlsplit
 
 import pandas as pd
 import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.dataset as ds
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
 RESULTS_DIR, STAGING_DIR, SPEC_FILE = "results", "_staging", "spec.yaml"
+COMPACTING_DIR, QUARANTINE_DIR, PART_PREFIX = "_compacting", "_quarantine", "part-"
+# Outcomes that no rerun changes: the row is kept for good (a failed or oom row is replaced by a retry).
+FINAL_STATUSES = ("ok", "diverged")
 
 # Every metric a row can hold (trials.metrics.METRICS; a test checks the two agree): a task records its own.
 METRICS = ("accuracy", "f1", "matthews", "pearson", "spearman")
@@ -85,6 +99,15 @@ def open_filesystem(uri: str) -> tuple[pafs.FileSystem, str]:
         return pafs.PyFileSystem(pafs.FSSpecHandler(fs)), path
 
 
+def store_identity(uri: str, root: str) -> str:
+    """The store however it is spelled: a local folder's resolved absolute path (``./sweeps``,
+    ``sweeps/`` and the full path are one store), else the URI without its query (endpoint options)."""
+    if "://" not in uri:
+        return "file://" + os.path.realpath(root)
+    parts = urlsplit(uri)
+    return f"{parts.scheme.lower()}://{parts.netloc.lower()}{parts.path.rstrip('/')}"
+
+
 class ResultStore:
     """``on_staged``: called with (filesystem, path) once per row file, staged whole but not yet moved
     into place (the driver's fault switch in tests: orchestrator/driver_faults.py).
@@ -97,15 +120,20 @@ class ResultStore:
             self.fs, root = open_filesystem(uri)
         except Exception as exc:
             raise StoreError(f"cannot open store {uri!r}: {exc}") from exc
+        self.identity = store_identity(uri, root)
         self.sweep_dir = f"{root.rstrip('/')}/{sweep}"
         self.results_dir = f"{self.sweep_dir}/{RESULTS_DIR}"
         self.staging_dir = f"{self.sweep_dir}/{STAGING_DIR}"
+        self.compacting_dir = f"{self.sweep_dir}/{COMPACTING_DIR}"
+        self.quarantine_dir = f"{self.sweep_dir}/{QUARANTINE_DIR}"
+        self.unreadable: list[str] = []  # row files the last read skipped
+        self.on_compaction_step: Callable[[str], None] | None = None  # tests: a crash at each step
 
     # --- the spec -------------------------------------------------------------------------------
     def read_spec(self) -> str | None:
         try:
             with self.fs.open_input_stream(f"{self.sweep_dir}/{SPEC_FILE}") as f:
-                return f.read().decode()
+                return f.read().decode(errors="replace")  # damaged bytes: the spec's reader says so
         except FileNotFoundError:
             return None
         except OSError as exc:
@@ -169,34 +197,183 @@ class ResultStore:
             self.fs.delete_file(info.path)
         return len(leftovers)
 
+    # --- reading: single-row files, compacted parts, and parts being made ------------------------
+    def layout(self) -> "Layout":
+        """One listing of the sweep's row files (results/ and, for a compaction under way, _compacting/)."""
+        results = self._list(self.results_dir)
+        singles = sorted(p for p in results if not _name(p).startswith(PART_PREFIX))
+        parts = sorted(p for p in results if _name(p).startswith(PART_PREFIX))
+        committed = {_name(p).removeprefix(PART_PREFIX).removesuffix(".parquet") for p in parts}
+        compacting = self.fs.get_file_info(pafs.FileSelector(self.compacting_dir, allow_not_found=True, recursive=True))
+        absorbed = [i.path for i in compacting if i.type == pafs.FileType.File and i.path.endswith(".parquet")]
+        # files of a part not committed yet are still rows; those of a committed part are its rows again
+        pending = sorted(p for p in absorbed if p.split("/")[-2] not in committed)
+        return Layout(singles, parts, pending)
+
+    def _list(self, folder: str) -> list[str]:
+        infos = self.fs.get_file_info(pafs.FileSelector(folder, allow_not_found=True))
+        return [i.path for i in infos if i.path.endswith(".parquet") and i.type == pafs.FileType.File]
+
     def row_files(self) -> list[str]:
-        infos = self.fs.get_file_info(pafs.FileSelector(self.results_dir, allow_not_found=True))
-        return sorted(i.path for i in infos if i.path.endswith(".parquet") and i.type == pafs.FileType.File)
+        """Every file holding rows, compacted parts first (a row in two places is read from its part)."""
+        return self.layout().files
 
     def read_table(self, columns: list[str] | None = None) -> pa.Table:
+        """The sweep's rows (only ``columns``; None: all), each cell once. A file that cannot be read is
+        skipped and named in ``self.unreadable`` (its cell reads as missing; ``resume`` runs it again)."""
+        wanted = None if columns is None else list(dict.fromkeys(["trial_id", *columns]))
         files = self.row_files()
+        try:
+            table = self._read(files, wanted)
+            self.unreadable = []
+        except (OSError, pa.ArrowException):
+            self.unreadable = [f for f in files if not self._readable(f)]
+            table = self._read([f for f in files if f not in self.unreadable], wanted)
+        table = _first_of_each_cell(table)
+        return table if columns is None else table.select(columns)
+
+    def _read(self, files: list[str], columns: list[str] | None) -> pa.Table:
         if not files:
             empty = SCHEMA.empty_table()
             return empty.select(columns) if columns else empty
         return pq.ParquetDataset(files, filesystem=self.fs, schema=SCHEMA).read(columns=columns)
 
+    def _readable(self, path: str) -> bool:
+        try:
+            with self.fs.open_input_file(path) as f:
+                pq.read_table(f, columns=["trial_id", "status"])
+            return True
+        except (OSError, pa.ArrowException):
+            return False
+
     def read(self) -> pd.DataFrame:
         return self.read_table().to_pandas()
+
+    def scan(self) -> ds.Dataset | pa.Table:
+        """The rows for a lazy reader (DuckDB reads only the columns a query needs): a dataset over the
+        readable files, or the rows themselves in the moment a compaction shows a cell twice."""
+        cells = self.read_table(columns=["trial_id"])  # also names the unreadable files
+        files = [f for f in self.row_files() if f not in self.unreadable]
+        dataset = ds.dataset(files, schema=SCHEMA, format="parquet", filesystem=self.fs)
+        return dataset if dataset.count_rows() == len(cells) else self.read_table()
 
     def statuses(self) -> dict[str, str]:
         """trial_id → status of every stored row."""
         table = self.read_table(columns=["trial_id", "status"])  # not the curves and indices
         return dict(zip(table.column("trial_id").to_pylist(), table.column("status").to_pylist()))
 
-    def has_ok_row(self, trial_id: str) -> bool:
+    def stored(self, trial_id: str) -> tuple[str, Any] | None:
+        """(status, finished_at) of the cell's row, or None."""
         path = f"{self.results_dir}/{trial_id}.parquet"
-        if self.fs.get_file_info(path).type == pafs.FileType.NotFound:
-            return False
-        with self.fs.open_input_file(path) as f:
-            return pq.read_table(f, columns=["status"]).column("status")[0].as_py() == "ok"
+        if self.fs.get_file_info(path).type != pafs.FileType.NotFound:
+            with self.fs.open_input_file(path) as f:
+                row = pq.read_table(f, columns=["status", "finished_at"]).to_pylist()[0]
+            return row["status"], row["finished_at"]
+        parts = self.layout().parts  # compacted rows are final: their cells never get another row
+        if not parts:
+            return None
+        table = pq.ParquetDataset(parts, filesystem=self.fs, schema=SCHEMA).read(
+            columns=["trial_id", "status", "finished_at"], filter=pc.field("trial_id") == trial_id)
+        return (table["status"][0].as_py(), table["finished_at"][0].as_py()) if len(table) else None
+
+    def has_ok_row(self, trial_id: str) -> bool:
+        found = self.stored(trial_id)
+        return found is not None and found[0] == "ok"
 
     def ok_ids(self) -> set[str]:
         return {tid for tid, status in self.statuses().items() if status == "ok"}
+
+    def final_ids(self) -> set[str]:
+        """Cells whose row is an outcome no rerun changes (FINAL_STATUSES): a launch runs the others."""
+        return {tid for tid, status in self.statuses().items() if status in FINAL_STATUSES}
+
+    # --- damage --------------------------------------------------------------------------------------
+    def quarantine_unreadable(self) -> list[str]:
+        """Move every row file that cannot be read into ``<sweep>/_quarantine/`` (kept, never deleted):
+        its cell has no row then, and the launch runs it again. Returns the files moved, as they were."""
+        self.read_table(columns=["trial_id"])
+        moved = list(self.unreadable)
+        for path in moved:
+            self.fs.create_dir(self.quarantine_dir, recursive=True)
+            self.fs.move(path, f"{self.quarantine_dir}/{uuid.uuid4().hex[:8]}-{_name(path)}")
+        self.unreadable = []
+        return moved
+
+    # --- compaction ------------------------------------------------------------------------------
+    def compact(self) -> int:
+        """Final rows (FINAL_STATUSES) in single-row files into one Parquet part; returns how many.
+        The caller holds the sweep's lock. Crash-safe, and never a row in two files of ``results/``:
+        1. the part is written to _staging/; 2. the rows' files move to _compacting/<part>/ (a plain
+        reader of results/ may miss them for that moment, never double them; freezesweep's readers read
+        them there); 3. the part moves into results/ (the commit); 4. _compacting/<part>/ is deleted.
+        ``recover_compaction`` finishes or undoes an interrupted one."""
+        self.recover_compaction()
+        singles = self.layout().singles
+        if not singles:
+            return 0
+        table = self._read(singles, None)
+        final = pc.is_in(table["status"], pa.array(FINAL_STATUSES))
+        absorbed = [path for path, keep in zip(singles, final.to_pylist()) if keep]
+        if not absorbed:
+            return 0
+        part_id = uuid.uuid4().hex[:16]
+        staged = f"{self.staging_dir}/{PART_PREFIX}{part_id}.parquet"
+        self.fs.create_dir(self.staging_dir, recursive=True)
+        with self.fs.open_output_stream(staged) as f:
+            pq.write_table(table.filter(final), f)
+        self._compaction_step("staged")
+        folder = f"{self.compacting_dir}/{part_id}"
+        self.fs.create_dir(folder, recursive=True)
+        for moved, path in enumerate(absorbed, 1):
+            self.fs.move(path, f"{folder}/{_name(path)}")
+            if moved == len(absorbed) // 2:
+                self._compaction_step("half absorbed")
+        self._compaction_step("absorbed")
+        if self.guard is not None:
+            self.guard()  # a driver that lost the lock stops here: recovery puts the files back
+        self.fs.move(staged, f"{self.results_dir}/{PART_PREFIX}{part_id}.parquet")
+        self._compaction_step("committed")
+        self.fs.delete_dir(folder)
+        return len(absorbed)
+
+    def _compaction_step(self, step: str) -> None:
+        if self.on_compaction_step is not None:
+            self.on_compaction_step(step)
+
+    def recover_compaction(self) -> None:
+        """An interrupted compaction: its absorbed files deleted when its part was committed, else
+        moved back into results/."""
+        infos = self.fs.get_file_info(pafs.FileSelector(self.compacting_dir, allow_not_found=True))
+        for folder in (i.path for i in infos if i.type == pafs.FileType.Directory):
+            part = f"{self.results_dir}/{PART_PREFIX}{_name(folder)}.parquet"
+            if self.fs.get_file_info(part).type == pafs.FileType.NotFound:
+                for path in self._list(folder):
+                    self.fs.move(path, f"{self.results_dir}/{_name(path)}")
+            self.fs.delete_dir(folder)
+
+
+@dataclass(frozen=True)
+class Layout:
+    singles: list[str]  # results/<trial_id>.parquet: one row each (new outcomes; failed rows)
+    parts: list[str]  # results/part-<id>.parquet: compacted final rows
+    compacting: list[str]  # _compacting/<id>/<trial_id>.parquet of a part not committed yet
+
+    @property
+    def files(self) -> list[str]:
+        return [*self.parts, *self.singles, *self.compacting]
+
+
+def _name(path: str) -> str:
+    return path.rsplit("/", 1)[-1]
+
+
+def _first_of_each_cell(table: pa.Table) -> pa.Table:
+    """One row per trial_id: the first (a part's) where a compaction under way shows one twice."""
+    ids = table["trial_id"]
+    if len(pc.unique(ids)) == len(ids):
+        return table
+    seen = pd.Series(ids.to_numpy(zero_copy_only=False)).duplicated().to_numpy()
+    return table.filter(pa.array(~seen))
 
 
 class SpoolingWriter:
@@ -240,11 +417,20 @@ class SpoolingWriter:
         for path in self.pending():
             table = pq.read_table(path)
             row = table.to_pylist()[0]
-            try:  # an older failure never overwrites an ok row
-                if row["status"] == "ok" or not self.store.has_ok_row(row["trial_id"]):
+            try:
+                if not self._superseded(row):
                     self.store.write_row(row)
             except OSError as exc:
                 self.last_error = exc
                 break
             os.remove(path)
         return len(self.pending())
+
+    def _superseded(self, row: dict[str, Any]) -> bool:
+        """The store already holds this cell's final row, or a newer one: the spooled row is dropped."""
+        stored = self.store.stored(row["trial_id"])
+        if stored is None:
+            return False
+        status, finished_at = stored
+        return status in FINAL_STATUSES or (finished_at is not None and row["finished_at"] is not None
+                                            and finished_at >= row["finished_at"])

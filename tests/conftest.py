@@ -230,3 +230,23 @@ def s3(monkeypatch):
     yield server
     server.stop()
 
+
+
+# --- a sweep's stored rows, however they are laid out (single-row files or compacted parts) ---------
+def count_rows(results_dir: Path) -> int:
+    """Rows in a results folder now (files a compaction moves away meanwhile are skipped)."""
+    import pyarrow.parquet as pq
+
+    total = 0
+    for path in results_dir.glob("*.parquet"):
+        try:
+            total += pq.read_metadata(path).num_rows
+        except (FileNotFoundError, OSError):
+            continue
+    return total
+
+
+def rows_by_id(results_dir: Path) -> dict[str, tuple]:
+    """trial_id → (finished_at, best_val_accuracy, status): what must not change once stored."""
+    rows = pd.read_parquet(results_dir, columns=["trial_id", "finished_at", "best_val_accuracy", "status"])
+    return {r.trial_id: (r.finished_at, r.best_val_accuracy, r.status) for r in rows.itertuples()}

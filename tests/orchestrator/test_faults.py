@@ -18,6 +18,7 @@ from orchestrator.sweeps import resolve_here
 from orchestrator.launch import launch
 from orchestrator.checks import load_spec
 from orchestrator.spec import SpecError
+from tests.conftest import count_rows
 
 CLI = [sys.executable, "-m", "orchestrator.cli"]
 
@@ -31,7 +32,7 @@ def _ray_once():
 
 
 def _count(results: Path) -> int:
-    return len(list(results.glob("*.parquet")))
+    return count_rows(results)
 
 
 def _start(args, env=None) -> subprocess.Popen:

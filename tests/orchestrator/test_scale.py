@@ -16,7 +16,7 @@ import yaml
 from orchestrator.checks import load_spec
 from orchestrator.plan import build_grid
 from orchestrator.sweeps import resolve_here
-from tests.conftest import REPO
+from tests.conftest import REPO, count_rows, rows_by_id
 
 DRIVER = [sys.executable, str(REPO / "benchmarks" / "scale.py"), "--driver"]
 
@@ -59,11 +59,11 @@ def test_driver_killed_between_rounds_and_inside_one_then_resumed(write_spec, tm
     assert between.returncode == -signal.SIGKILL, between.stderr.read()[-3000:]
     os.killpg(between.pid, signal.SIGKILL)  # its embedded Ray
     assert len(_rows(path)) == 200  # the first round whole, nothing of the second
-    kept = {p.name: p.read_bytes() for p in results.glob("*.parquet")}
+    kept = rows_by_id(results)
 
     inside = _drive(path, tmp_path)
     deadline = time.time() + 600
-    while time.time() < deadline and inside.poll() is None and len(list(results.glob("*.parquet"))) < 300:
+    while time.time() < deadline and inside.poll() is None and count_rows(results) < 300:
         time.sleep(0.05)
     assert inside.poll() is None, inside.stderr.read()[-3000:]
     os.killpg(inside.pid, signal.SIGKILL)
@@ -74,5 +74,5 @@ def test_driver_killed_between_rounds_and_inside_one_then_resumed(write_spec, tm
                           text=True, timeout=900)
     assert done.returncode == 0, done.stderr[-3000:]
     assert len(_rows(path)) == 600
-    assert {name: (results / name).read_bytes() for name in kept} == kept  # nothing stored was touched
+    assert {tid: row for tid, row in rows_by_id(results).items() if tid in kept} == kept  # nothing stored was touched
     assert yaml.safe_load((tmp_path / "store" / "rounds" / "spec.yaml").read_text())["resources"]["cells_per_round"] == 200

@@ -10,6 +10,8 @@ from pathlib import Path
 import duckdb
 import pandas as pd
 import polars as pl
+import pyarrow as pa
+import pyarrow.compute  # noqa: F401 (pa.compute)
 import pytest
 
 from orchestrator.plan import build_grid
@@ -17,6 +19,7 @@ from orchestrator.sweeps import resolve_here
 from orchestrator.launch import launch
 from orchestrator.checks import load_spec
 from orchestrator.spec import SpecError
+from tests.conftest import count_rows, rows_by_id
 
 CLI = [sys.executable, "-m", "orchestrator.cli"]
 
@@ -50,32 +53,32 @@ def test_kill_driver_then_resume_runs_each_cell_once(write_spec, tmp_path):
     driver = subprocess.Popen(CLI + ["launch", str(path)], start_new_session=True,
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.time() + 240
-    while time.time() < deadline and len(list(results_dir.glob("*.parquet"))) < 2:
+    while time.time() < deadline and count_rows(results_dir) < 2:
         time.sleep(0.1)
     os.killpg(driver.pid, signal.SIGKILL)  # the driver and its embedded Ray, no goodbye
     driver.wait()
-    done_at_kill = len(list(results_dir.glob("*.parquet")))
+    done_at_kill = count_rows(results_dir)
     assert 2 <= done_at_kill < 9, "the kill must land mid-sweep for this test to mean anything"
 
-    before = {p.name: p.stat().st_mtime_ns for p in results_dir.glob("*.parquet")}
+    before = rows_by_id(results_dir)
     resumed = subprocess.run(CLI + ["resume", "killed", "--store", str(tmp_path / "store")],
                              capture_output=True, text=True, timeout=600)
     assert resumed.returncode == 0, resumed.stdout[-2000:] + resumed.stderr[-3000:]
     assert f"{done_at_kill} already done, ran {9 - done_at_kill}" in resumed.stdout
     rows = _assert_exactly_once(path)
     assert len(rows) == 9
-    assert {p.name: p.stat().st_mtime_ns for p in results_dir.glob("*.parquet") if p.name in before} == before
+    assert {tid: row for tid, row in rows_by_id(results_dir).items() if tid in before} == before
 
 
 def test_grow_by_one_seed_runs_only_new_cells(write_spec, tmp_path):
     first = launch(load_spec(write_spec("grow")), show_progress=False)
     assert (first.total, first.ran, first.ok) == (4, 4, 4)
     store = tmp_path / "store" / "grow" / "results"
-    stamps = {p.name: p.stat().st_mtime_ns for p in store.glob("*.parquet")}
+    stamps = rows_by_id(store)
 
     grown = launch(load_spec(write_spec("grow", seeds=[0, 1])), show_progress=False)
     assert (grown.total, grown.already_ok, grown.ran, grown.ok) == (8, 4, 4, 4)
-    assert {p.name: p.stat().st_mtime_ns for p in store.glob("*.parquet") if p.name in stamps} == stamps
+    assert {tid: row for tid, row in rows_by_id(store).items() if tid in stamps} == stamps
     rows = _assert_exactly_once(write_spec("grow", seeds=[0, 1]))
     assert sorted(rows["seed"].tolist()) == [0] * 4 + [1] * 4
 
@@ -85,12 +88,10 @@ def test_grow_by_one_seed_runs_only_new_cells(write_spec, tmp_path):
     # A row Ray finished but the driver never stored (it died in between): taken from Ray's
     # experiment state through Tuner.restore, not run again.
     newest = rows[rows["seed"] == 1]["trial_id"].iloc[0]  # run by the latest Tuner, whose state Ray keeps
-    lost = store / f"{newest}.parquet"
-    kept = pd.read_parquet(lost)
-    lost.unlink()
+    kept = _drop_row(store, newest)
     recovered = launch(load_spec(write_spec("grow", seeds=[0, 1])), show_progress=False)
     assert (recovered.recovered, recovered.ran) == (1, 0)
-    back = pd.read_parquet(lost)
+    back = pd.read_parquet(store, filters=[("trial_id", "==", newest)]).reset_index(drop=True)
     assert back.loc[0, "best_val_accuracy"] == kept.loc[0, "best_val_accuracy"]
     assert back.loc[0, "node_id"] == kept.loc[0, "node_id"] and back.loc[0, "gpus_per_trial"] == 0
     assert list(back.loc[0, "eval_curve"]) == list(kept.loc[0, "eval_curve"])
@@ -115,10 +116,27 @@ def test_grow_by_one_seed_runs_only_new_cells(write_spec, tmp_path):
     assert {n: len(curve) for n, curve in zip(rows["train_size"], rows["eval_curve"])} == {24: 4, 48: 3}
 
     # Changing the protocol of a sweep that has rows is refused, and nothing is touched.
-    stamps = {p.name: p.stat().st_mtime_ns for p in store.glob("*.parquet")}
+    files = {p.name: p.read_bytes() for p in store.glob("*.parquet")}
     with pytest.raises(SpecError, match="training.learning_rate: changed from 0.003 to 0.001"):
         load_spec(write_spec("grow", seeds=[0, 1], training={"learning_rate": 0.001}))
-    assert {p.name: p.stat().st_mtime_ns for p in store.glob("*.parquet")} == stamps
+    assert {p.name: p.read_bytes() for p in store.glob("*.parquet")} == files
+
+
+def _drop_row(results: Path, trial_id: str) -> pd.DataFrame:
+    """The row gone from whichever file holds it (as if the driver died before storing it); returns it."""
+    import pyarrow.parquet as pq
+
+    for path in results.glob("*.parquet"):
+        table = pq.read_table(path)
+        mine = pa.compute.equal(table["trial_id"], trial_id)
+        if pa.compute.any(mine).as_py():
+            rest = table.filter(pa.compute.invert(mine))
+            if len(rest):
+                pq.write_table(rest, path)
+            else:
+                path.unlink()
+            return table.filter(mine).to_pandas()
+    raise AssertionError(f"no row of {trial_id}")
 
 
 def test_cli_status_query_summary(write_spec, tmp_path):
@@ -154,7 +172,7 @@ def _launch_until_rows(write_spec, tmp_path, name: str, rows: int):
     driver = subprocess.Popen(CLI + ["launch", str(path)], start_new_session=True, stdout=subprocess.PIPE,
                               stderr=subprocess.PIPE, text=True)
     deadline = time.time() + 240
-    while time.time() < deadline and len(list(results.glob("*.parquet"))) < rows:
+    while time.time() < deadline and count_rows(results) < rows:
         time.sleep(0.1)
     return path, results, driver
 
@@ -163,7 +181,7 @@ def test_ctrl_c_stops_cleanly_and_says_what_is_left(write_spec, tmp_path):
     path, results, driver = _launch_until_rows(write_spec, tmp_path, "interrupted", rows=2)
     driver.send_signal(signal.SIGINT)
     out, _ = driver.communicate(timeout=120)
-    done = len(list(results.glob("*.parquet")))
+    done = count_rows(results)
     assert driver.returncode == 130 and done < 9
     assert f"{9 - done} cells not finished (interrupted)" in out
     assert not (tmp_path / "store" / "interrupted" / "_lock.json").exists()  # released on the way out

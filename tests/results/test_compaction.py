@@ -1,0 +1,122 @@
+"""The store at scale: final rows compacted into parts that every reader reads once, a compaction
+killed at any step, stores from before compaction, and damaged row files that cost only themselves."""
+
+import shutil
+from pathlib import Path
+
+import duckdb
+import pandas as pd
+import polars as pl
+import pyarrow.dataset as ds
+import pyarrow.fs as pafs
+import pytest
+
+from orchestrator.rows import result_row
+from results.query import read_rows, sql
+from results.store import ResultStore, SpoolingWriter
+from tests.results.test_store import _result
+
+
+def _filled(tmp_path, ok: int = 6, failed: int = 2) -> ResultStore:
+    store = ResultStore(str(tmp_path), "s")
+    for seed in range(ok):
+        store.write_row(result_row("s", _result(seed, acc=0.5 + seed / 100)))
+    for seed in range(ok, ok + failed):
+        store.write_row(result_row("s", _result(seed, status="failed")))
+    return store
+
+
+def _each_reader(folder: Path) -> dict[str, int]:
+    """The row count each tool reads from results/ as the README shows, with no freezesweep code."""
+    return {"pandas": len(pd.read_parquet(folder)),
+            "duckdb": duckdb.sql(f"SELECT count(*) FROM read_parquet('{folder}/*.parquet')").fetchall()[0][0],
+            "polars": pl.read_parquet(f"{folder}/*.parquet").height,
+            "pyarrow": ds.dataset(str(folder)).count_rows()}
+
+
+def test_final_rows_become_one_part_that_every_reader_reads_once(tmp_path):
+    store = _filled(tmp_path)
+    before = store.read().sort_values("seed", ignore_index=True)
+    assert store.compact() == 6
+    files = sorted(p.name for p in (tmp_path / "s" / "results").iterdir())
+    assert len(files) == 3 and files[-1].startswith("part-")  # one part and the two failed rows, each alone
+    assert _each_reader(tmp_path / "s" / "results") == dict.fromkeys(["pandas", "duckdb", "polars", "pyarrow"], 8)
+    after = store.read().sort_values("seed", ignore_index=True)
+    pd.testing.assert_frame_equal(after, before)
+    assert store.compact() == 0  # nothing new
+    assert sql(store, "SELECT count(*) AS n FROM results")["n"][0] == 8
+    # a failed cell's retry still replaces its row; the compacted ok rows stay as they were
+    store.write_row(result_row("s", _result(6)))
+    assert store.statuses()[_result(6).trial_id] == "ok" and len(store.read()) == 8
+
+
+@pytest.mark.parametrize("step", ["staged", "half absorbed", "absorbed", "committed"])
+def test_a_compaction_killed_at_any_step_loses_nothing_and_doubles_nothing(tmp_path, step):
+    store = _filled(tmp_path)
+    expected = store.read().sort_values("trial_id", ignore_index=True)
+
+    def die(at: str) -> None:
+        if at == step:
+            raise SystemExit(f"killed at {at}")
+
+    store.on_compaction_step = die
+    with pytest.raises(SystemExit):
+        store.compact()
+    store.on_compaction_step = None
+    folder = tmp_path / "s" / "results"
+    plain = _each_reader(folder)
+    assert len(set(plain.values())) == 1 and plain["pandas"] <= 8  # a plain reader may miss rows, never doubles
+    pd.testing.assert_frame_equal(store.read().sort_values("trial_id", ignore_index=True), expected)
+    store.recover_compaction()  # the next launch (or compact) finishes or undoes it
+    assert _each_reader(folder)["pandas"] == 8 and not list((tmp_path / "s" / "_compacting").rglob("*.parquet"))
+    store.compact()
+    pd.testing.assert_frame_equal(store.read().sort_values("trial_id", ignore_index=True), expected)
+    assert _each_reader(folder)["duckdb"] == 8
+
+
+def test_a_store_from_before_compaction_is_read_and_compacted(tmp_path):
+    """One file per cell, as every store was before: read as it is, then compacted to one part."""
+    store = _filled(tmp_path, ok=40, failed=0)
+    assert len(list((tmp_path / "s" / "results").iterdir())) == 40
+    assert len(read_rows(store)) == 40
+    assert store.compact() == 40
+    assert [p.name[:5] for p in (tmp_path / "s" / "results").iterdir()] == ["part-"]
+    assert len(read_rows(store)) == 40 and store.ok_ids() == {_result(s).trial_id for s in range(40)}
+
+
+def test_a_damaged_row_file_costs_only_its_row(tmp_path):
+    """A file cut in half: readers skip it and name it, the other rows stay readable and unchanged;
+    quarantine moves it aside (kept) so its cell runs again."""
+    store = _filled(tmp_path, ok=4, failed=0)
+    damaged = tmp_path / "s" / "results" / f"{_result(2).trial_id}.parquet"
+    damaged.write_bytes(damaged.read_bytes()[: damaged.stat().st_size // 2])
+    good = {p.name: p.read_bytes() for p in (tmp_path / "s" / "results").iterdir() if p != damaged}
+    assert set(store.statuses()) == {_result(s).trial_id for s in (0, 1, 3)}
+    assert store.unreadable == [str(damaged)]
+    assert sql(store, "SELECT count(*) AS n FROM results")["n"][0] == 3 and store.unreadable == [str(damaged)]
+    assert store.quarantine_unreadable() == [str(damaged)]
+    [kept] = (tmp_path / "s" / "_quarantine").iterdir()
+    assert kept.name.endswith(damaged.name) and kept.stat().st_size > 0
+    assert {p.name: p.read_bytes() for p in (tmp_path / "s" / "results").iterdir()} == good  # byte-identical
+
+
+def test_the_spool_is_the_stores_however_it_is_spelled_and_never_overwrites_a_newer_row(tmp_path, monkeypatch):
+    """Before: spooled under the store's spelling, a resume spelled differently ran the cells again,
+    and a later one wrote the older spooled rows over the newer ones."""
+    from orchestrator.launch import spool_dir
+
+    monkeypatch.chdir(tmp_path)
+    absolute, relative = ResultStore(str(tmp_path / "full"), "s"), ResultStore("full/", "s")
+    assert spool_dir(absolute) == spool_dir(relative)
+    old = result_row("s", _result(0, status="failed"))
+    SpoolingWriter(absolute, spool_dir(absolute))._spool(old)  # the store was full when this row came
+    newer = result_row("s", _result(0, status="failed"))  # a later attempt of the same cell, stored
+    relative.write_row(newer)
+    stored = (tmp_path / "full" / "s" / "results" / f"{_result(0).trial_id}.parquet").read_bytes()
+    sink = SpoolingWriter(relative, spool_dir(relative))
+    assert sink.flush() == 0  # flushed: the spool is empty
+    assert (tmp_path / "full" / "s" / "results" / f"{_result(0).trial_id}.parquet").read_bytes() == stored
+    final = result_row("s", _result(1))
+    relative.write_row(final)
+    SpoolingWriter(absolute, spool_dir(absolute))._spool(result_row("s", _result(1, status="failed")))
+    assert sink.flush() == 0 and relative.statuses()[_result(1).trial_id] == "ok"  # ok rows stay final
