@@ -21,7 +21,7 @@ from typing import Any, Protocol
 from orchestrator.spec import (NAME_PATTERN, SpecError, SweepSpec, parse, read_stored_spec, read_yaml,
                                spec_aliases)
 from results.store import ResultStore, StoreError
-from trials.data import DatasetError, describe_task, official_metric, shape_words
+from trials.data import GLUE_PAIR_TASKS, DatasetError, describe_task, official_metric, shape_words
 from trials.metrics import METRICS
 
 
@@ -73,7 +73,7 @@ def select_metrics(spec: SweepSpec) -> dict[str, str]:
     if isinstance(chosen, str):
         return dict.fromkeys(spec.datasets, chosen)
     return {d: (chosen or {}).get(d) or official_metric(d, spec.data_dir, t.text_column, t.label_column,
-                                                       t.text_pair_column)
+                                                       t.text_pair_column, t.empty_texts)
             for d in spec.datasets}
 
 
@@ -114,6 +114,7 @@ def _model_problems(raw: dict[str, Any]) -> list[str]:
         except ModelError as exc:
             problems.append(f"model: {str(exc).splitlines()[0]}")
             continue
+        problems += _sequence_problems(model, raw)
         too_deep = [k for k in _ints(raw.get("frozen_layers")) if layers is not None and k > layers]
         if too_deep and "freeze" in methods:
             problems.append(f"frozen_layers: {too_deep} exceed the {layers} encoder layers of {model} "
@@ -121,6 +122,25 @@ def _model_problems(raw: dict[str, Any]) -> list[str]:
         if "lora" in methods:
             problems += [f"lora.targets: {model}: {p}" for p in lora_problems(model, _strs(targets) or None)]
     return problems
+
+
+def _sequence_problems(model: str, raw: dict[str, Any]) -> list[str]:
+    """A max_seq_length that leaves no room for text after the tokenizer's special tokens (two texts of
+    a pair take more of them)."""
+    from trials.model import load_tokenizer  # transformers: see the module docstring
+
+    training = raw.get("training") if isinstance(raw.get("training"), dict) else {}
+    length = training.get("max_seq_length", 128)
+    if not isinstance(length, int) or isinstance(length, bool) or length <= 0:
+        return []  # pydantic's to report
+    tokenizer = load_tokenizer(model)
+    pair = bool(training.get("text_pair_column")) or any(
+        d.startswith("glue/") and d.split("/", 1)[1] in GLUE_PAIR_TASKS for d in _strs(raw.get("datasets")))
+    special = tokenizer.num_special_tokens_to_add(pair=pair)
+    if length > special:
+        return []
+    return [f"training.max_seq_length: {length} leaves no room for text: {model}'s tokenizer adds {special} special "
+            f"tokens{' to a sentence pair' if pair else ''} (at least {special + 1}; the reference uses 128)"]
 
 
 def lora_problems(model: str, targets: list[str] | None) -> list[str]:
@@ -144,12 +164,10 @@ def _data_problems(datasets: list[str], sizes: list[int], data_dir: str | None, 
     """Per dataset: it loads, its columns exist, its labels fit its shape, the train sizes fit its
     train split, and the metric chosen to select the best evaluation is one the task has."""
     problems = []
-    columns = {k: training.get(k) for k in ("text_column", "text_pair_column", "label_column")
-               if isinstance(training.get(k), str)}
     chosen = training.get("select_metric")
     for dataset in dict.fromkeys(datasets):  # duplicates are pydantic's to report
         try:
-            shape = describe_task(dataset, data_dir, **columns)
+            shape = describe_task(dataset, data_dir, **_data_options(training))
         except (DatasetError, OSError) as exc:
             each = getattr(exc, "problems", None) or [str(exc).splitlines()[0]]
             problems += [f"datasets: {dataset}: {p}" for p in each]
@@ -157,6 +175,10 @@ def _data_problems(datasets: list[str], sizes: list[int], data_dir: str | None, 
         too_big = [s for s in sizes if s > shape.rows["train"]]
         if too_big:
             problems.append(f"train_sizes: {too_big} exceed the {shape.rows['train']} train rows of {dataset}")
+        too_small = [s for s in sizes if not shape.regression and s < shape.num_labels]
+        if too_small:
+            problems.append(f"train_sizes: {too_small} below the {shape.num_labels} classes of {dataset} (a stratified "
+                            "subset holds at least one row of each class)")
         metric = chosen.get(dataset) if isinstance(chosen, dict) else chosen
         if metric in METRICS and metric not in shape.metrics:  # an unknown name is pydantic's to report
             problems.append(f"training.select_metric: {metric} does not fit {dataset} ({shape_words(shape)})")
@@ -165,6 +187,24 @@ def _data_problems(datasets: list[str], sizes: list[int], data_dir: str | None, 
         if strays:
             problems.append(f"training.select_metric: {', '.join(strays)} not among the datasets")
     return problems
+
+
+def _data_options(training: dict) -> dict[str, str]:
+    """The training keys that say how a dataset is read, where they are strings (else pydantic reports them)."""
+    keys = ("text_column", "text_pair_column", "label_column", "empty_texts")
+    return {k: training[k] for k in keys if isinstance(training.get(k), str)}
+
+
+def data_notes(spec: SweepSpec) -> list[str]:
+    """What validation did to the data that the user should hear of: rows dropped for empty texts."""
+    options = _data_options(spec.training.model_dump())
+    notes = []
+    for dataset in spec.datasets:
+        dropped = {split: n for split, n in describe_task(dataset, spec.data_dir, **options).dropped.items() if n}
+        if dropped:
+            counts = " and ".join(f"{n} {split}" for split, n in dropped.items())
+            notes.append(f"{dataset}: dropped {counts} row(s) with an empty or missing text (training.empty_texts: drop)")
+    return notes
 
 
 # ``gpus_per_trial: auto`` measures one trial on a whole GPU (trials/memory_probe.py): it needs one.

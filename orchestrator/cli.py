@@ -62,6 +62,7 @@ def trial(
     text_column: Annotated[Optional[str], typer.Option()] = None,
     text_pair_column: Annotated[Optional[str], typer.Option(help="second text of a sentence pair")] = None,
     label_column: Annotated[Optional[str], typer.Option()] = None,
+    empty_texts: Annotated[Optional[str], typer.Option(help="refuse (default) | drop: rows with an empty text")] = None,
     select_metric: Annotated[Optional[str], typer.Option(
         help="picks the best evaluation (default: the task's official metric)")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="print the full result as JSON")] = False,
@@ -75,17 +76,19 @@ def trial(
     from trials.run import check_method, failed_result, run_trial
 
     given = {"epochs": epochs, "max_eval_examples": max_eval_examples, "precision": precision, "model_init": model_init,
-             "text_column": text_column, "text_pair_column": text_pair_column, "label_column": label_column}
+             "text_column": text_column, "text_pair_column": text_pair_column, "label_column": label_column,
+             "empty_texts": empty_texts}
     try:
         # the protocol as a sweep's cell gets it: the spec's training section, its defaults TrialConfig's
         protocol = TrainingSpec(**{k: v for k, v in given.items() if v is not None})
-        select_metric = select_metric or official_metric(dataset, data_dir, text_column, label_column, text_pair_column)
+        select_metric = select_metric or official_metric(dataset, data_dir, text_column, label_column, text_pair_column,
+                                                         protocol.empty_texts)
         cfg = TrialConfig(dataset=dataset, model=model, train_size=train_size, frozen_layers=frozen_layers, seed=seed,
                           method=method, lora_rank=lora_rank, **method_fields(method), split_seed=split_seed,
                           data_dir=data_dir, select_metric=select_metric, **protocol.trial_fields())
         cfg = resolve_config(cfg)  # "auto" → what this machine runs natively; the row names it
         check_method(cfg)
-    except (PrecisionError, DatasetError, ValueError) as exc:
+    except (PrecisionError, DatasetError, ValueError) as exc:  # pydantic's ValidationError is a ValueError
         _fail(exc)
     try:
         result = run_trial(cfg)
@@ -149,7 +152,7 @@ def _sigterm_as_interrupt() -> Iterator[list[int]]:
 def _run_launch(raw, source: str) -> None:
     """Validate (against the cluster when there is one), then launch; exit codes: 0 done, 1 some cells
     failed, 2 refused, 3 rows kept in the spool, 130 interrupted (Ctrl-C), 143 terminated (SIGTERM)."""
-    from orchestrator.checks import validate
+    from orchestrator.checks import data_notes, validate
     from orchestrator.launch import StoreUnavailable, launch
     from orchestrator.ray_session import RaySession, RayUnreachable
     from orchestrator.spec import LARGE_GRID, SpecError
@@ -160,6 +163,8 @@ def _run_launch(raw, source: str) -> None:
     with _sigterm_as_interrupt() as terminated:
         try:
             spec = validate(raw, source, cluster=session)
+            for note in data_notes(spec):
+                err_console.print(f"note: {note}", highlight=False)
             if spec.cell_count() > LARGE_GRID:
                 err_console.print(f"a large grid: {spec.cell_count():,} cells ({spec.cell_count_words()}), run in "
                                   f"rounds of {spec.resources.cells_per_round:,}", highlight=False)
@@ -231,7 +236,7 @@ def plan(spec_path: Annotated[Path, typer.Argument(metavar="SPEC", help="sweep s
     from orchestrator.spec import SpecError
     from orchestrator.sweeps import resolve_for_plan
     from results.query import status_table
-    from results.store import ResultStore
+    from results.store import FINAL_STATUSES, ResultStore
 
     try:
         spec = load_spec(spec_path, overrides={"store": store}, devices=False)  # the trials' machines are not here
@@ -242,7 +247,7 @@ def plan(spec_path: Annotated[Path, typer.Argument(metavar="SPEC", help="sweep s
     result_store = ResultStore(spec.store, spec.name)
     rows = result_store.read_table(columns=["trial_id", "status", "wall_time_s"]).to_pandas()
     statuses = dict(zip(rows["trial_id"], rows["status"]))
-    pending = [c for c in cells if statuses.get(c.trial_id) != "ok"]
+    pending = [c for c in cells if statuses.get(c.trial_id) not in FINAL_STATUSES]
     console.print(f"sweep {spec.name}: {len(cells):,} cells ({spec.cell_count_words()}), {len(cells) - len(pending):,} "
                   f"done, {len(pending):,} to run in {len(rounds(pending, spec.resources.cells_per_round))} round(s)",
                   highlight=False)

@@ -65,6 +65,8 @@ class TrainingSpec(_Strict):
     text_pair_column: str | None = _default("text_pair_column", description="second text of a sentence pair "
                                             "(GLUE pair tasks: theirs)")
     label_column: str | None = _default("label_column")
+    empty_texts: Literal["refuse", "drop"] = _default("empty_texts", description="rows with an empty or missing "
+                                                      "text: refuse (an error naming them) or drop (their count said)")
     select_metric: str | dict[str, str] | None = Field(
         None, description="the metric that picks each trial's best evaluation: one name for every dataset, or "
         "{dataset: name}; unset: each task's official metric (a launch stores the resolved {dataset: name})")

@@ -160,16 +160,17 @@ def placement(df: pd.DataFrame) -> pd.DataFrame:
 
 
 STATUS_AXES = ("model", "dataset", "method", "train_size", "frozen_layers", "lora_rank", "seed")
-OUTCOMES = ("done", "failed", "missing")
+OUTCOMES = ("done", "diverged", "failed", "missing")
 
 
 def status_table(cells: list, statuses: dict[str, str]) -> pd.DataFrame:
-    """done / failed / missing counts per value of each axis (in the spec's order) and in total."""
+    """done / diverged / failed / missing counts per value of each axis (in the spec's order) and in
+    total. Diverged cells (a non-finite loss) are outcomes, counted apart: neither done nor failed."""
     counts: dict[tuple[str, str], Counter] = {}
     axes = [a for a in STATUS_AXES if a not in ("model", "method") or len({getattr(c, a) for c in cells}) > 1]
     for cfg in cells:
         state = statuses.get(cfg.trial_id)
-        outcome = "done" if state == "ok" else "missing" if state is None else "failed"
+        outcome = {"ok": "done", None: "missing", "diverged": "diverged"}.get(state, "failed")
         # An axis that does not apply to the cell's method (None) is not counted under it.
         values = [(axis, str(getattr(cfg, axis))) for axis in axes if getattr(cfg, axis) is not None]
         for key in values + [("total", "")]:

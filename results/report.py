@@ -221,10 +221,13 @@ def _completeness_line(s: SweepRows) -> str:
                 f"not listed.")
     total = s.status[s.status["axis"] == "total"].iloc[0]
     done, failed, missing = int(total["done"]), int(total["failed"]), int(total["missing"])
+    diverged = int(total.get("diverged", 0))
+    apart = (f"; {diverged} diverged (a non-finite loss: left out of every statistic, not run again)"
+             if diverged else "")
     if failed == missing == 0:
-        return f"{s.name}: complete, all {done} cells done."
-    return (f"{s.name}: INCOMPLETE — {done} of {done + failed + missing} cells done, {failed} failed, {missing} "
-            f"missing (not run yet, or running now); the statistics above use the {done} done cells.")
+        return f"{s.name}: complete, {done} cells done{apart}." if diverged else f"{s.name}: complete, all {done} cells done."
+    return (f"{s.name}: INCOMPLETE — {done} of {done + diverged + failed + missing} cells done, {failed} failed, "
+            f"{missing} missing (not run yet, or running now){apart}; the statistics above use the {done} done cells.")
 
 
 def _where(record, many: bool) -> str:

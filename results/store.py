@@ -54,6 +54,7 @@ SCHEMA = pa.schema([
     ("lora_rank", pa.int64()), ("lora_alpha", pa.float64()), ("lora_dropout", pa.float64()),
     ("lora_targets", pa.list_(pa.string())), ("probe_pooling", pa.string()), ("probe_c", pa.float64()),
     ("status", pa.string()),
+    ("diverged_at_step", pa.int64()),  # status diverged: the first step whose loss was not finite
     ("best_val_accuracy", pa.float64()), ("best_step", pa.int64()), ("best_epoch", pa.float64()),
     ("final_val_accuracy", pa.float64()), ("majority_baseline", pa.float64()),
     # The metric that picked the best evaluation, its value there and at the end, and the constant

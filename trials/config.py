@@ -37,6 +37,7 @@ IDENTITY_FIELDS = (
 # before select_metric picked its best evaluation by accuracy, and had no second text).
 LATER_FIELDS: dict[str, Any] = {"method": "freeze", "eval_at_end": False, "train_cache": False,
                                 "text_pair_column": None, "select_metric": "accuracy",
+                                "empty_texts": "refuse",  # rows with an empty text: refused, or dropped (trials/data.py)
                                 # the methods beyond freezing (trials/lora.py, trials/probe.py): unset on freeze cells
                                 "lora_rank": None, "lora_alpha": None, "lora_dropout": None, "lora_targets": None,
                                 "probe_pooling": None, "probe_folds": None, "probe_cs": None}
@@ -74,6 +75,7 @@ class TrialConfig:
     label_column: str | None = None
     max_eval_examples: int | None = None  # None: the full validation split, as in the reference
     max_seq_length: int = 128
+    empty_texts: str = "refuse"  # rows with an empty or missing text: refuse (an error naming them) | drop
     # --- the protocol (reference defaults) ---
     method: str = "freeze"  # freeze | lora | probe (METHODS); "freeze" is what every row made before methods did
     lora_rank: int | None = None  # lora: the adapters' rank r
@@ -195,7 +197,8 @@ class EvalPoint:
 class TrialResult:
     trial_id: str
     config: TrialConfig
-    status: str  # ok | failed | oom
+    status: str  # ok | diverged (a non-finite loss: final, as ok) | failed | oom
+    diverged_at_step: int | None = None  # diverged: the first step with a non-finite train (or validation) loss
     best_val_accuracy: float | None = None  # accuracy at the best evaluation (None for regression)
     best_step: int | None = None
     best_epoch: float | None = None

@@ -16,6 +16,7 @@ Names:
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import hashlib
 import os
@@ -52,6 +53,9 @@ GLUE_TASKS = {
     "mnli": GlueTask("premise", "hypothesis", 3, ("accuracy",), "validation_matched"),
     "qqp": GlueTask("question1", "question2", 2, ("f1", "accuracy")),
 }
+
+
+GLUE_PAIR_TASKS = frozenset(name for name, task in GLUE_TASKS.items() if task.text_pair_column)
 
 
 class DatasetError(ValueError):
@@ -109,6 +113,7 @@ class TaskData:
     num_labels: int  # the model's outputs: 1 for regression
     regression: bool = False
     official_metrics: tuple[str, ...] = ("accuracy",)
+    dropped: dict[str, int] = dataclasses.field(default_factory=dict)  # rows dropped per split (empty texts)
 
     @property
     def metrics(self) -> tuple[str, ...]:
@@ -140,6 +145,7 @@ class TaskShape:
     regression: bool
     num_labels: int
     official_metrics: tuple[str, ...]
+    dropped: dict[str, int] = dataclasses.field(default_factory=dict)  # rows dropped per split (empty texts)
 
     @property
     def metrics(self) -> tuple[str, ...]:
@@ -178,33 +184,121 @@ def task_columns(dataset: str, text_column: str | None = None, label_column: str
 
 def load_task(dataset: str, data_dir: str | None = None, text_column: str | None = None,
               label_column: str | None = None, text_pair_column: str | None = None,
-              files: tuple[str, str] | None = None) -> TaskData:
+              files: tuple[str, str] | None = None, empty_texts: str = "refuse") -> TaskData:
     """``files``: the (train, validation) files to read, where this node holds them (the driver
-    shipped them); None: the ones ``dataset`` and ``data_dir`` name (``split_files``)."""
+    shipped them); None: the ones ``dataset`` and ``data_dir`` name (``split_files``). Every row is
+    checked first (``data_problems``); ``empty_texts``: ``refuse`` rows with an empty or missing
+    text (an error naming them), or ``drop`` them (``TaskData.dropped`` counts them)."""
     columns = task_columns(dataset, text_column, label_column, text_pair_column)
-    return _load_task(dataset, resolve_data_dir(data_dir), columns, tuple(files) if files else None)
+    return _load_task(dataset, resolve_data_dir(data_dir), columns, tuple(files) if files else None, empty_texts)
 
 
 @functools.lru_cache(maxsize=4)  # a reused Ray worker loads a dataset once, not once per trial
-def _load_task(dataset: str, data_dir: Path | None, columns: Columns, files: tuple[str, str] | None) -> TaskData:
+def _load_task(dataset: str, data_dir: Path | None, columns: Columns, files: tuple[str, str] | None,
+               empty_texts: str) -> TaskData:
     paths = dict(zip(SPLITS, map(Path, files))) if files else split_files(dataset, data_dir)
     frames = _load_from_hub(dataset) if paths is None else {s: _read_file(f) for s, f in paths.items()}
     problems = _column_problems({s: list(map(str, df.columns)) for s, df in frames.items()}, columns)
     if problems:
+        if all(columns.label in df for df in frames.values()):  # the labels' shape, told in the same error
+            problems += _label_shape(dataset, columns.label, {s: pd.api.types.is_float_dtype(df[columns.label])
+                                                              for s, df in frames.items()})[1]
         raise DatasetError(f"dataset {dataset!r}: " + "; ".join(problems), problems)
-    regression, problems = _label_shape(dataset, columns.label,
-                                        {s: pd.api.types.is_float_dtype(df[columns.label]) for s, df in frames.items()})
+    where = {s: str(paths[s]) if paths else f"{dataset} {s} split (the hub)" for s in frames}
+    frames, dropped, problems = _texts(frames, columns, where, empty_texts)
+    labels = {s: _label_values(df[columns.label]) for s, df in frames.items()}
+    regression, shape_problems = _label_shape(dataset, columns.label,
+                                              {s: pd.api.types.is_float_dtype(v) for s, v in labels.items()})
+    problems += shape_problems or _label_problems(labels, columns.label, where, regression)
     if problems:
         raise DatasetError(f"dataset {dataset!r}: " + "; ".join(problems), problems)
-    labels = _encode_labels({s: df[columns.label] for s, df in frames.items()}, regression)
+    encoded = _encode_labels(labels, regression)
     splits = {
-        name: Split(name=name, texts=tuple(str(t) for t in df[columns.text]), labels=labels[name],
-                    pairs=tuple(str(t) for t in df[columns.pair]) if columns.pair else None)
+        name: Split(name=name, texts=tuple(df[columns.text]), labels=encoded[name],
+                    pairs=tuple(df[columns.pair]) if columns.pair else None)
         for name, df in frames.items()
     }
-    num_labels = 1 if regression else len(set(labels["train"]) | set(labels["validation"]))
+    num_labels = 1 if regression else len(set(encoded["train"]) | set(encoded["validation"]))
     return TaskData(dataset, splits["train"], splits["validation"], num_labels=num_labels, regression=regression,
-                    official_metrics=_official_metrics(dataset, regression))
+                    official_metrics=_official_metrics(dataset, regression), dropped=dropped)
+
+
+# --- the rows checked before any trial: each problem names the file, the column, the rows, the count ----
+SHOWN_ROWS = 5
+
+
+def _rows_words(where: str, positions: np.ndarray) -> str:
+    """The first rows at ``positions`` (0-based data rows) as the file numbers them: a CSV or TSV file's
+    lines (its header is line 1), else 0-based rows; then how many there are."""
+    lines = where.endswith((".csv", ".tsv"))
+    shown = ", ".join(str(int(p) + 2 if lines else int(p)) for p in positions[:SHOWN_ROWS])
+    more = f", … ({len(positions)} in all)" if len(positions) > SHOWN_ROWS else ""
+    return f"{'lines' if lines else 'rows (0-based)'} {shown}{more}"
+
+
+def _blank(series: pd.Series) -> np.ndarray:
+    """Missing (null, NaN) or empty (only whitespace) cells."""
+    text = series.astype("string")
+    return (series.isna() | text.str.strip().eq("")).to_numpy(dtype=bool)
+
+
+def _texts(frames: dict[str, pd.DataFrame], columns: Columns, where: dict[str, str],
+           empty_texts: str) -> tuple[dict[str, pd.DataFrame], dict[str, int], list[str]]:
+    """Rows whose text (or second text) is empty or missing: problems, or dropped and counted. The
+    texts that stay are strings (a number in a CSV text column is its text, never ``None``)."""
+    kept, dropped, problems = {}, {}, []
+    for split, df in frames.items():
+        text_columns = [c for c in (columns.text, columns.pair) if c]
+        blank = {c: _blank(df[c]) for c in text_columns}
+        if empty_texts == "drop":
+            keep = ~np.logical_or.reduce(list(blank.values()))
+            df, dropped[split] = df[keep].reset_index(drop=True), int((~keep).sum())
+        else:
+            problems += [f"{where[split]}: column {column!r} has {int(mask.sum())} empty or missing text(s), "
+                         f"{_rows_words(where[split], np.flatnonzero(mask))} (training.empty_texts: drop drops "
+                         "such rows)" for column, mask in blank.items() if mask.any()]
+        kept[split] = df.assign(**{c: df[c].astype(str) for c in text_columns})
+    return kept, dropped, problems
+
+
+def _label_values(series: pd.Series) -> pd.Series:
+    """Labels as one type: numbers where every present value reads as one (a CSV column with an empty
+    cell comes back as strings), else strings. Missing ones stay missing (NaN / None)."""
+    if pd.api.types.is_numeric_dtype(series) or pd.api.types.is_bool_dtype(series):
+        return series
+    blank = _blank(series)
+    numbers = pd.to_numeric(series[~blank], errors="coerce")
+    if numbers.notna().all():
+        values = pd.to_numeric(series.where(~blank), errors="coerce")
+        # whole numbers with a gap are classes, not scores: the gap alone made them floats
+        return values.astype("Int64") if (numbers == numbers.round()).all() else values
+    return series.where(~blank).map(lambda v: v if v is None or v != v else str(v))
+
+
+def _label_problems(labels: dict[str, pd.Series], column: str, where: dict[str, str], regression: bool) -> list[str]:
+    """Missing or non-finite labels; for classes, labels of validation that train never has, and
+    fewer than two classes in train."""
+    problems = []
+    for split, values in labels.items():
+        bad = values.isna().to_numpy()
+        if pd.api.types.is_numeric_dtype(values):
+            bad = bad | ~np.isfinite(values.to_numpy(dtype=float, na_value=np.nan))
+        if bad.any():
+            what = "missing or non-finite score(s)" if regression else "missing or non-finite label(s)"
+            problems.append(f"{where[split]}: column {column!r} has {int(bad.sum())} {what}, "
+                            f"{_rows_words(where[split], np.flatnonzero(bad))}")
+    if regression or problems:
+        return problems
+    train = set(labels["train"])
+    unseen = ~labels["validation"].isin(train).to_numpy()
+    if unseen.any():
+        names = sorted(set(labels["validation"][unseen]), key=str)
+        problems.append(f"{where['validation']}: column {column!r} holds label(s) {names} that the train split never "
+                        f"has, {_rows_words(where['validation'], np.flatnonzero(unseen))}")
+    if len(train) < 2:
+        problems.append(f"{where['train']}: column {column!r} has {len(train)} class(es) ({sorted(train, key=str)}): "
+                        "a classifier needs at least two")
+    return problems
 
 
 def _column_problems(split_columns: dict[str, list[str]], columns: Columns) -> list[str]:
@@ -248,13 +342,15 @@ def _official_metrics(dataset: str, regression: bool) -> tuple[str, ...]:
 
 
 def official_metric(dataset: str, data_dir: str | None = None, text_column: str | None = None,
-                    label_column: str | None = None, text_pair_column: str | None = None) -> str:
+                    label_column: str | None = None, text_pair_column: str | None = None,
+                    empty_texts: str = "refuse") -> str:
     """The metric that picks a trial's best evaluation unless the spec names one: GLUE's official
     one (no data read), else accuracy, or Pearson for a regression file (its labels are read)."""
     glue = glue_task(dataset)
     if glue is not None:
         return glue.official_metrics[0]
-    return describe_task(dataset, data_dir, text_column, label_column, text_pair_column).official_metrics[0]
+    shape = describe_task(dataset, data_dir, text_column, label_column, text_pair_column, empty_texts)
+    return shape.official_metrics[0]
 
 
 def split_files(dataset: str, data_dir: str | Path | None = None) -> dict[str, Path] | None:
@@ -329,34 +425,14 @@ def _load_from_hub(dataset: str) -> dict[str, pd.DataFrame]:
 
 
 def describe_task(dataset: str, data_dir: str | None = None, text_column: str | None = None,
-                  label_column: str | None = None, text_pair_column: str | None = None) -> TaskShape:
+                  label_column: str | None = None, text_pair_column: str | None = None,
+                  empty_texts: str = "refuse") -> TaskShape:
     """Rows per split and the task's shape; raises DatasetError naming every problem (missing
-    columns, float labels on a classification task). Local GLUE Parquet files are read from their
-    metadata alone (spec validation runs this per dataset); anything else is loaded."""
-    columns = task_columns(dataset, text_column, label_column, text_pair_column)
-    glue = glue_task(dataset)
-    files = split_files(dataset, data_dir) if glue else None
-    if files is not None and all(f.suffix == ".parquet" for f in files.values()):
-        return _parquet_shape(dataset, files, columns, glue)
-    task = load_task(dataset, data_dir, text_column, label_column, text_pair_column)
+    columns, float labels on a classification task, every row ``load_task`` refuses). Spec validation
+    runs it per dataset: the rows are read and checked once, before any trial."""
+    task = load_task(dataset, data_dir, text_column, label_column, text_pair_column, empty_texts=empty_texts)
     return TaskShape({"train": len(task.train), "validation": len(task.validation)}, task.regression,
-                     task.num_labels, task.official_metrics)
-
-
-def _parquet_shape(dataset: str, files: dict[str, Path], columns: Columns, glue: GlueTask) -> TaskShape:
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
-    opened = {s: pq.ParquetFile(f) for s, f in files.items()}  # schema and row count from the footer only
-    schemas = {s: file.schema_arrow for s, file in opened.items()}
-    problems = _column_problems({s: schema.names for s, schema in schemas.items()}, columns)
-    floats = {s: columns.label in schema.names and pa.types.is_floating(schema.field(columns.label).type)
-              for s, schema in schemas.items()}
-    regression, label_problems = _label_shape(dataset, columns.label, floats)
-    if problems or label_problems:
-        raise DatasetError(f"dataset {dataset!r}: " + "; ".join(problems + label_problems), problems + label_problems)
-    rows = {s: file.metadata.num_rows for s, file in opened.items()}
-    return TaskShape(rows, regression, glue.num_labels, glue.official_metrics)
+                     task.num_labels, task.official_metrics, task.dropped)
 
 
 def shape_words(shape: TaskShape) -> str:

@@ -57,7 +57,7 @@ def run_trial(cfg: TrialConfig, on_eval: Callable[[EvalPoint], None] | None = No
     reset_peak_memory(device)
 
     task = load_task(cfg.dataset, cfg.data_dir, cfg.text_column, cfg.label_column, cfg.text_pair_column,
-                     files=cfg.dataset_files)
+                     files=cfg.dataset_files, empty_texts=cfg.empty_texts)
     check_select_metric(cfg, task)
     train_rows = subset_indices(task.train.labels, cfg.train_size, cfg.split_seed)
     val_rows = eval_rows(task, cfg)
@@ -278,22 +278,25 @@ def _result(cfg, task, train_rows, n_eval, report: FreezeReport, state: FitState
             plan: PrecisionPlan, cached: tuple[PrefixStates | None, TrainPrefix | None], wall_time_s: float,
             cache_fill_time_s: float) -> TrialResult:
     metric = cfg.select_metric
-    best = max(state.curve, key=lambda p: getattr(p, metric))  # first of equals: the earliest best
+    # the curve holds finite evaluations only (a diverged fit stops before its first non-finite one)
+    best = max(state.curve, key=lambda p: getattr(p, metric)) if state.curve else None  # first of equals: the earliest
+    last = state.curve[-1] if state.curve else None
     baseline = task.baseline_metrics
     return TrialResult(
         trial_id=cfg.trial_id,
         config=cfg,
-        status="ok",
-        best_val_accuracy=best.accuracy,
-        best_step=best.step,
-        best_epoch=best.epoch,
-        final_val_accuracy=state.curve[-1].accuracy,
+        status="ok" if state.diverged_at_step is None else "diverged",
+        diverged_at_step=state.diverged_at_step,
+        best_val_accuracy=best and best.accuracy,
+        best_step=best and best.step,
+        best_epoch=best and best.epoch,
+        final_val_accuracy=last and last.accuracy,
         majority_baseline=task.majority_baseline,
         select_metric=metric,
-        best_val_score=getattr(best, metric),
-        final_val_score=getattr(state.curve[-1], metric),
+        best_val_score=best and getattr(best, metric),
+        final_val_score=last and getattr(last, metric),
         baseline_score=baseline[metric],
-        best_val_metrics=best.metrics(),
+        best_val_metrics=best.metrics() if best else {},
         baseline_metrics=baseline,
         eval_curve=tuple(state.curve),
         train_loss_curve=tuple(state.train_loss_curve),

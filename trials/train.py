@@ -91,6 +91,10 @@ class FitState:
     eval_time_s: float = 0.0
     epoch_rng: torch.Tensor | None = None  # shuffle generator state at the start of this epoch
     resumed_from_step: int | None = None  # set when this run continued from a checkpoint
+    # The first step whose train loss was not finite (-1: none yet), a device tensor while training (no
+    # host sync per step), and the step the trial diverged at: the fit stops there (trials/run.py: diverged).
+    nonfinite_step: int | torch.Tensor = -1
+    diverged_at_step: int | None = None
 
 
 @dataclass(frozen=True)
@@ -122,13 +126,13 @@ def fit(model: nn.Module, train_ids: Tokens, train_labels: np.ndarray, pad_id: i
     state = _restore(model, optimizer, scheduler, scaler, generator, cfg) or FitState()
     model.train()
     segment_started = time.perf_counter()  # train time is counted per segment between evaluations
-    while state.step < schedule.total_steps:
+    while state.step < schedule.total_steps and state.diverged_at_step is None:
         skip = state.step % schedule.steps_per_epoch  # > 0 only right after a mid-epoch restore
         if skip == 0:
             state.epoch_rng = generator.get_state()
         generator.set_state(state.epoch_rng)
         for batch in train_batches(train_ids, train_labels, cfg.batch_size, pad_id, generator)[skip:]:
-            if state.step >= schedule.total_steps:
+            if state.step >= schedule.total_steps or state.diverged_at_step is not None:
                 break
             batch = ctx.feed.prepare(batch).to(ctx.device)
             with ctx.train_prefix.feeding(model, batch) if ctx.train_prefix else contextlib.nullcontext():
@@ -137,6 +141,8 @@ def fit(model: nn.Module, train_ids: Tokens, train_labels: np.ndarray, pad_id: i
                                   ctx.cfg.max_grad_norm)
             state.loss_sum, state.loss_count = state.loss_sum + loss, state.loss_count + 1
             state.step += 1
+            state.nonfinite_step = torch.where((torch.as_tensor(state.nonfinite_step, device=loss.device) < 0)
+                                               & ~torch.isfinite(loss), state.step, state.nonfinite_step)
             if state.step in schedule.eval_steps or state.step in schedule.checkpoint_steps:
                 synchronize(ctx.device)  # queued GPU work belongs to training, not to what follows
                 state.train_time_s += time.perf_counter() - segment_started
@@ -166,13 +172,21 @@ def train_step(model, batch: Batch, optimizer, scheduler, scaler, params, plan: 
 
 
 def _evaluate_into(model: nn.Module, state: FitState, ctx: FitContext) -> None:
+    """One evaluation into the curve; a non-finite train or validation loss ends the fit instead
+    (``diverged_at_step``: the first non-finite train step, else this one): no best evaluation is
+    ever taken from a non-finite one, and its metrics never enter the curve."""
     started = time.perf_counter()
     metrics, loss = evaluate(model, ctx.eval_batches, ctx.plan, ctx.device, ctx.eval_prefix)
     state.eval_time_s += time.perf_counter() - started
+    train_loss = float(state.loss_sum) / max(1, state.loss_count)
+    if not (math.isfinite(loss) and math.isfinite(train_loss)):
+        first = int(state.nonfinite_step)
+        state.diverged_at_step = first if first >= 0 else state.step
+        return
     point = EvalPoint(step=state.step, epoch=state.step / ctx.schedule.steps_per_epoch, loss=loss,
                       **{"accuracy": None, **metrics})
     state.curve.append(point)
-    state.train_loss_curve.append((state.step, float(state.loss_sum) / max(1, state.loss_count)))
+    state.train_loss_curve.append((state.step, train_loss))
     state.loss_sum, state.loss_count = 0.0, 0
     ctx.on_eval(point)
     faults.maybe_inject(ctx.cfg, evals_done=len(state.curve))
@@ -200,7 +214,8 @@ def _save(model, optimizer, scheduler, scaler, generator, state: FitState, ctx: 
         "generator": generator.get_state(),
         "torch_rng": torch.get_rng_state(),
         "cuda_rng": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None,
-        "state": dataclasses.replace(state, loss_sum=float(state.loss_sum)),  # no device tensor in the file
+        # no device tensor in the file
+        "state": dataclasses.replace(state, loss_sum=float(state.loss_sum), nonfinite_step=int(state.nonfinite_step)),
     }
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp")

@@ -333,3 +333,25 @@ def test_a_sweep_stored_before_select_metric_reads_as_accuracy(write_spec, tmp_p
         "with the old protocol (start a new sweep name to compare protocols)"]
     load_spec(write_spec("legacy", **axes, training={"select_metric": "accuracy"}))  # what the rows used: accepted
     load_spec(write_spec("legacy", **{**axes, "datasets": ["glue/sst2"]}))  # SST-2's default is accuracy: accepted
+
+
+def test_sizes_below_the_classes_and_no_room_for_text_are_refused(write_spec):
+    """Before: train_sizes [1] with two classes and max_seq_length 1 were accepted without a word."""
+    problems = _problems(write_spec(train_sizes=[1, 24], training={"max_seq_length": 2}))
+    assert "train_sizes: [1] below the 2 classes of" in "\n".join(problems)
+    assert any(p.startswith("training.max_seq_length: 2 leaves no room for text: ") and "adds 2 special tokens" in p
+               for p in problems), problems
+
+
+def test_dropped_empty_texts_are_counted_when_the_spec_says_drop(write_spec, tmp_path):
+    from orchestrator.checks import data_notes
+
+    folder = tmp_path / "gappy"
+    folder.mkdir()
+    rows = pd.DataFrame({"sentence": [f"row {i}" if i % 10 else "" for i in range(60)], "label": [i % 2 for i in range(60)]})
+    rows.to_csv(folder / "train.csv", index=False)
+    rows.to_csv(folder / "validation.csv", index=False)
+    assert any("6 empty or missing text(s)" in p for p in _problems(write_spec(datasets=[str(folder)])))
+    spec = load_spec(write_spec(datasets=[str(folder)], training={"empty_texts": "drop"}))
+    assert data_notes(spec) == [f"{folder}: dropped 6 train and 6 validation row(s) with an empty or missing text "
+                                "(training.empty_texts: drop)"]

@@ -143,7 +143,7 @@ def test_status_table_counts_per_axis_in_spec_order():
     cells = [TrialConfig(dataset="glue/sst2", model="m", train_size=n, frozen_layers=k, seed=0, precision="fp32")
              for n in (200, 50) for k in (-1, 4)]
     statuses = {cells[0].trial_id: "ok", cells[1].trial_id: "failed", cells[2].trial_id: "oom"}
-    table = status_table(cells, statuses).set_index(["axis", "value"])
+    table = status_table(cells, statuses).set_index(["axis", "value"])[["done", "failed", "missing"]]
     assert list(table.loc["train_size"].index) == ["200", "50"]  # the spec's order, not sorted
     assert table.loc[("train_size", "200")].tolist() == [1, 1, 0]
     assert table.loc[("train_size", "50")].tolist() == [0, 1, 1]
@@ -212,3 +212,22 @@ def test_rows_stored_before_select_metric_read_as_accuracy(tmp_path):
     rows = read_rows(store).set_index("dataset")
     assert (rows.loc["glue/sst2", "select_metric"], rows.loc["glue/sst2", "best_val_score"]) == ("accuracy", 0.75)
     assert summary(store.read()).set_index("dataset").loc["glue/sst2", "mean"] == 0.75
+
+
+def test_diverged_cells_are_counted_apart_and_left_out(tmp_path):
+    from results.query import status_table
+    from results.report import SweepRows, write_report
+
+    store = ResultStore(str(tmp_path), "s")
+    for seed in range(3):
+        store.write_row(result_row("s", _result(seed, acc=0.7)))
+    cfg = _result(3).config
+    store.write_row(result_row("s", TrialResult(trial_id=cfg.trial_id, config=cfg, status="diverged",
+                                                diverged_at_step=3, select_metric="accuracy")))
+    cells = [_result(s).config for s in range(4)]
+    status = status_table(cells, store.statuses()).set_index(["axis", "value"])
+    assert status.loc[("total", ""), ["done", "diverged", "failed", "missing"]].tolist() == [3, 1, 0, 0]
+    assert summary(store.read())["n"].tolist() == [3]  # the diverged row is no result
+    report = write_report([SweepRows.from_store(store, status.reset_index())], str(tmp_path / "out"))
+    assert report.completeness == ["s: complete, 3 cells done; 1 diverged (a non-finite loss: left out of every "
+                                   "statistic, not run again)."]

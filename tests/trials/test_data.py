@@ -1,3 +1,4 @@
+import pandas as pd
 import pytest
 
 import numpy as np
@@ -143,3 +144,53 @@ def test_float_labels_on_a_classification_task_are_an_error(tmp_path):
     with pytest.raises(DatasetError, match="glue/rte is a classification task"):
         load_task("glue/rte", str(tmp_path))
     assert folder.is_dir()
+
+
+# --- the data users bring: each problem named (file, column, rows, count) before any trial ---------
+def _csv_pair(folder, train: str, validation: str):
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "train.csv").write_text(train)
+    (folder / "validation.csv").write_text(validation)
+    return str(folder)
+
+
+def test_an_empty_label_is_named_by_file_column_and_line(tmp_path):
+    """Before: TypeError: '<' not supported between instances of 'int' and 'str', nothing named."""
+    rows = "".join(f"row {i},{i % 2}\n" for i in range(8))
+    folder = _csv_pair(tmp_path / "d", "sentence,label\n" + rows + "gap,\n" + rows, "sentence,label\na,0\nb,1\n")
+    with pytest.raises(DatasetError) as info:
+        load_task(folder)
+    [problem] = info.value.problems
+    assert problem == f"{folder}/train.csv: column 'label' has 1 missing or non-finite label(s), lines 10"
+
+
+def test_a_validation_label_train_never_has_is_refused(tmp_path):
+    """Before: accepted, a 3-class head trained and the rows stored ok."""
+    folder = _csv_pair(tmp_path / "d", "sentence,label\na,good\nb,bad\nc,good\n",
+                       "sentence,label\nx,good\ny,neutral\nz,neutral\n")
+    with pytest.raises(DatasetError, match=r"validation.csv: column 'label' holds label\(s\) \['neutral'\] that the "
+                                           r"train split never has, lines 3, 4"):
+        load_task(folder)
+
+
+def test_a_single_class_in_train_is_refused(tmp_path):
+    folder = _csv_pair(tmp_path / "d", "sentence,label\na,1\nb,1\n", "sentence,label\nx,1\ny,0\n")
+    with pytest.raises(DatasetError, match=r"train.csv: column 'label' has 1 class\(es\) \(\[1\]\): a classifier needs "
+                                           "at least two"):
+        load_task(folder)
+
+
+def test_empty_and_null_texts_are_refused_or_dropped_and_counted(tmp_path):
+    """Before: accepted, and a null became the text "None"."""
+    frame = pd.DataFrame({"sentence": ["fine", None, "  ", "good", "bad", "ok"], "label": [0, 1, 0, 1, 0, 1]})
+    folder = tmp_path / "d"
+    folder.mkdir()
+    frame.to_parquet(folder / "train.parquet")
+    frame.iloc[[0, 3, 4]].to_parquet(folder / "validation.parquet")
+    with pytest.raises(DatasetError) as info:
+        load_task(str(folder))
+    assert info.value.problems == [f"{folder}/train.parquet: column 'sentence' has 2 empty or missing text(s), rows "
+                                   "(0-based) 1, 2 (training.empty_texts: drop drops such rows)"]
+    task = load_task(str(folder), empty_texts="drop")
+    assert task.dropped == {"train": 2, "validation": 0} and task.train.texts == ("fine", "good", "bad", "ok")
+    assert "None" not in task.train.texts and list(task.train.labels) == [0, 1, 0, 1]

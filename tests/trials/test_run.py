@@ -202,3 +202,15 @@ def test_segment_ids_reach_the_model_on_every_path(tiny_trial, toy_pairs, monkey
     assert len(seen) > result.n_train  # one pass per train row for the training cache, and all the rest
     assert all(t is not None and int(t.max()) == 1 for t in seen)
     clear_caches()
+
+
+def test_a_diverging_trial_is_diverged_never_ok(tiny_trial):
+    """Before: learning rate 1e30 (train and validation loss NaN) was stored ok, its "best" accuracy
+    taken at a NaN-loss evaluation."""
+    import math
+
+    result = run_trial(dataclasses.replace(tiny_trial, learning_rate=1e30))
+    assert result.status == "diverged" and result.diverged_at_step >= 1
+    assert all(math.isfinite(p.loss) for p in result.eval_curve)  # nothing non-finite entered the curve
+    assert result.best_val_score is None or result.best_step < result.diverged_at_step
+    assert run_trial(tiny_trial).diverged_at_step is None
