@@ -3,9 +3,12 @@
 # machine has torch, transformers, accelerate, pytest, pandas, pyarrow and pyyaml, but no Ray, pydantic
 # or datasets, and no network: the trial engine runs there without Ray (grid_speed.py --engine local).
 #
-#   bash benchmarks/gpu_check.sh prepare      # here, once: fills .devcarry/ (git-ignored, ~8 MB)
+#   bash benchmarks/gpu_check.sh prepare      # here, once, from a bare checkout (any Python with transformers;
+#                                             # PYTHON=… picks one): fills .devcarry/ (git-ignored, ~8 MB)
 #   device run, carry [".devcarry"], one part per call (each should fit the 10-minute limit):
-#     bash benchmarks/gpu_check.sh tests      # the CUDA tests (precisions, caches, fused AdamW)
+#     bash benchmarks/gpu_check.sh tests      # the CUDA tests (precisions, the evaluation cache in fp32, bf16
+#                                             # and fp16, the training cache, fused AdamW, the memory probe,
+#                                             # the GPU-path tests of CPU cells, host copies and CUDA init)
 #     bash benchmarks/gpu_check.sh pack 8     # the GPU grid, no baseline, 8 trial processes on the GPU
 #                                             # (then 4 and 1 for the packing comparison, time allowing)
 #     bash benchmarks/gpu_check.sh baseline   # HF Trainer vs freezesweep on a subset of the same cells
@@ -23,9 +26,10 @@ LOGS=${OUT:-/tmp}
 case "${1:-}" in
 prepare)
   DATA=${FREEZESWEEP_DATA_DIR:-../shared/data/glue}
+  PYTHON=${PYTHON:-$( [ -x .venv/bin/python ] && echo .venv/bin/python || echo python3 )}
   rm -rf "$CARRY" && mkdir -p "$CARRY/glue"
   for task in sst2 cola; do cp -r "$DATA/$task" "$CARRY/glue/"; done
-  .venv/bin/python - "$CARRY" <<'EOF'
+  "$PYTHON" - "$CARRY" <<'EOF'
 import importlib.resources, shutil, sys
 from pathlib import Path
 from transformers import BertConfig
@@ -55,8 +59,8 @@ tests|pack|baseline|probe)
         --engine local --eval-batch-size 512)
   case "$1" in
   tests)
-    python3 -m pytest -q -m gpu tests/trials/test_gpu.py tests/trials/test_oom.py tests/trials/test_memory_probe.py \
-      -p no:cacheprovider 2>&1 | tee "$LOGS/gpu_tests.log"
+    python3 -m pytest -q -s -m "gpu or not gpu" tests/trials/test_gpu.py tests/trials/test_gpu_path.py \
+      tests/trials/test_oom.py tests/trials/test_memory_probe.py -p no:cacheprovider 2>&1 | tee "$LOGS/gpu_tests.log"
     ;;
   probe)
     # The grid's fewest frozen layers (-1) is its largest footprint; the same batch sizes as `pack`.

@@ -27,7 +27,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from trials import tokens
+from trials.worker import WorkerState
 from trials.data import load_task
 from trials.evaluate import evaluate
 from trials.model import build_model, load_tokenizer
@@ -95,15 +95,13 @@ def bench_tokenize(tokenizer, split, repeats: int) -> None:
         def cold():
             for f in Path(tmp).rglob("*.parquet"):
                 f.unlink()
-            tokens._read_cache.cache_clear()
-            tokenize_split(tokenizer, split, 128, Path(tmp))
+            tokenize_split(tokenizer, split, 128, Path(tmp), WorkerState())
 
         base = timed(cold, max(1, repeats // 2))
         row("tokenize from scratch (baseline)", base, base)
 
         def disk():
-            tokens._read_cache.cache_clear()
-            tokenize_split(tokenizer, split, 128, Path(tmp))
+            tokenize_split(tokenizer, split, 128, Path(tmp), WorkerState())
 
         row("disk cache (another process, same machine)", timed(disk, repeats), base)
         row("in-process cache (a reused Ray worker)", timed(lambda: tokenize_split(tokenizer, split, 128, Path(tmp)),
@@ -145,7 +143,7 @@ def bench_eval_cache(model, ids, labels, pad_id, plan, device, repeats) -> None:
     full = timed(lambda: evaluate(model, batches, plan, device), repeats)
     row("full model (k = 0, or no cache)", full, full)
     for k in sorted({1, layers // 2, layers}):
-        prefix = prefix_states(model, batches, plan, device, k, ("bench",))
+        prefix = prefix_states(model, batches, plan, device, k, ("bench",), WorkerState())
         assert matches_full_model(model, batches[0], prefix, plan, device), "the cached path must be exact"
         same = evaluate(model, batches, plan, device, prefix) == evaluate(model, batches, plan, device)
         runs = f"layers {k + 1}..{layers} and the head" if k < layers else "the head only"
@@ -184,7 +182,7 @@ def bench_unpadded(model_name, train_ids, val_ids, train_labels, val_labels, pad
     base_eval = timed(lambda: evaluate(model, val, plan, device), repeats)
     base_train = timed(lambda: train_epoch(PaddedFeed()), repeats)
     attention_for(model, device)
-    reader, feed = training_feed(model, epoch[0].to(device), ("bench",))
+    reader, feed = training_feed(model, epoch[0].to(device), ("bench",), {})
     if reader is None:
         print("  this model does not qualify (its head reads more than the first token)")
         return

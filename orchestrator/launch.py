@@ -32,9 +32,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from orchestrator import local_files
+from orchestrator.checks import validation_rows
 from orchestrator.driver_faults import DriverFaults
 from orchestrator.plan import (ResolvedSweep, build_grid, hungriest_frozen_layers, pending_cells, rounds,
-                               with_doubled_gpu_share)
+                               with_doubled_gpu_share, with_resources)
 from orchestrator.progress import SweepProgress
 from orchestrator.ray_session import RaySession, TaskFailed, auto_precision_task, memory_probe_task
 from orchestrator.ray_storage import RayStorage, checkpoint_storage_warning, ray_storage, store_cache_dir
@@ -133,7 +134,7 @@ def measure_gpu_share(sweep: ResolvedSweep, session: RaySession) -> tuple[float,
     (trials/memory_probe.py). Returns the share, and what was measured in words."""
     t = sweep.spec.training
     shape = dict(batch_size=t.batch_size, max_seq_length=t.max_seq_length, model_init=t.model_init,
-                 eval_batch_size=t.eval_batch_size, precision=t.precision,
+                 eval_batch_size=t.eval_batch_size, precision=t.precision, eval_rows=validation_rows(sweep.spec),
                  frozen_layers=hungriest_frozen_layers(build_grid(sweep)))
     calls = [{"model": model, "shipment": sweep.shipment, **shape} for model in sweep.spec.models()]
     try:
@@ -238,7 +239,7 @@ def retry_out_of_memory(sweep: ResolvedSweep, pending: list[TrialConfig], storag
     if larger is None or not out_of_memory or not writer.has_outcomes(pending):
         return 0
     # its own experiment: resume recovers from the main one
-    run_tune(larger, out_of_memory, storage, functools.partial(writer.write, oom_retry=True),
+    run_tune(larger, [with_resources(c, larger) for c in out_of_memory], storage, functools.partial(writer.write, oom_retry=True),
              experiment=f"{sweep.name}-oom-retry", stop_if=stop_if, trainable=trainable)
     return len(out_of_memory)
 

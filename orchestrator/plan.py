@@ -96,9 +96,11 @@ def pending_cells(sweep: ResolvedSweep, cells: list[TrialConfig], done: set[str]
 
 
 def with_resources(cell: TrialConfig, sweep: ResolvedSweep) -> TrialConfig:
-    """How a cell runs (machine fields, never identity): its threads. Its checkpoints go where the
-    Tune adapter puts them (Ray's storage)."""
-    return dataclasses.replace(cell, num_threads=max(1, math.floor(sweep.spec.resources.cpus_per_trial)))
+    """How a cell runs (machine fields, never identity): its threads and its GPU share (which pins a
+    CPU cell to the CPU: trials/precision.py resolve_device). Its checkpoints go where the Tune
+    adapter puts them (Ray's storage)."""
+    return dataclasses.replace(cell, num_threads=max(1, math.floor(sweep.spec.resources.cpus_per_trial)),
+                               gpus_per_trial=sweep.gpu_share)
 
 
 def rounds(cells: list[TrialConfig], size: int) -> list[list[TrialConfig]]:

@@ -41,10 +41,9 @@ from ray.tune.search import Searcher
 from orchestrator.local_files import Shipment
 from orchestrator.plan import ResolvedSweep
 from orchestrator.ray_storage import RayStorage, drop_checkpoints, latest_checkpoints
-from trials import faults
 from trials.config import TrialConfig, TrialResult, result_from_dict
 from trials.placement import trials_per_gpu, where
-from trials.precision import resolve_device
+from trials.precision import trial_device
 from trials.run import failed_result, run_trial_or_oom
 
 # Where each finished or finally failed cell's outcome goes (the launch's row writer), with the number
@@ -71,8 +70,7 @@ def tune_trainable(config: dict, shipment: Shipment | None = None, earlier: dict
     transformers.utils.logging.disable_progress_bar()
     cfg = trial_config_from_ray(config)
     local = shipment.place(cfg, fetch=ray.get) if shipment else cfg
-    placement = {**where(resolve_device(cfg.device)), **ray_placement()}
-    faults.set_gpu_share(placement["gpus_per_trial"])
+    placement = {**where(trial_device(cfg)), **ray_placement()}
     placed = json.dumps(placement)
 
     def on_eval(point) -> None:

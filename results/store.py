@@ -66,6 +66,7 @@ SCHEMA = pa.schema([
     ("trainable_params", pa.int64()), ("total_params", pa.int64()),
     ("train_time_s", pa.float64()), ("eval_time_s", pa.float64()), ("wall_time_s", pa.float64()),
     ("train_examples_per_s", pa.float64()), ("peak_mem_mb", pa.float64()),
+    ("worker_peak_mem_mb", pa.float64()),  # the process's peak with the worker's caches (peak_mem_mb: without)
     ("precision", pa.string()), ("device", pa.string()), ("node", pa.string()), ("attempts", pa.int64()),
     # Where it ran (rows stored before these columns read them as null): Ray's node (two nodes on one
     # host differ here, not in ``node``, the host's name), the CUDA device (null on CPU), the GPU share

@@ -250,3 +250,11 @@ def rows_by_id(results_dir: Path) -> dict[str, tuple]:
     """trial_id → (finished_at, best_val_accuracy, status): what must not change once stored."""
     rows = pd.read_parquet(results_dir, columns=["trial_id", "finished_at", "best_val_accuracy", "status"])
     return {r.trial_id: (r.finished_at, r.best_val_accuracy, r.status) for r in rows.itertuples()}
+
+
+@pytest.fixture
+def worker():
+    """A cold worker (trials/worker.py): what a trial keeps for the next one starts empty."""
+    from trials.worker import WorkerState
+
+    return WorkerState()

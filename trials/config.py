@@ -43,7 +43,8 @@ LATER_FIELDS: dict[str, Any] = {"method": "freeze", "eval_at_end": False, "train
                                 "probe_pooling": None, "probe_folds": None, "probe_cs": None}
 # How the work is done and where things live: never identity (moving a data dir re-runs nothing).
 MACHINE_FIELDS = ("eval_batch_size", "eval_cache", "narrow_last_layer", "pack_training", "data_dir", "cache_dir",
-                  "checkpoint_dir", "checkpoint_every_epochs", "num_threads", "device", "dataset_files", "model_dir")
+                  "checkpoint_dir", "checkpoint_every_epochs", "num_threads", "device", "gpus_per_trial",
+                  "dataset_files", "model_dir")
 # What the RNG seed derives from: not frozen_layers, train_size or the protocol (paired seeds).
 SEED_FIELDS = ("seed", "split_seed", "dataset", "model")
 # The axes of the grid; every other identity field is the sweep's protocol. An axis that does not
@@ -107,7 +108,10 @@ class TrialConfig:
     checkpoint_dir: str | None = None
     checkpoint_every_epochs: float | None = None
     num_threads: int | None = None
-    device: str = "auto"  # auto | cpu | cuda | cuda:N
+    device: str = "auto"  # auto | cpu | cuda | cuda:N (auto: by gpus_per_trial, trials/precision.py trial_device)
+    # The GPU share the scheduler gives the cell (orchestrator/plan.py): 0 runs it on the CPU whatever the
+    # node has; None (a trial outside a sweep): the machine's GPU if it has one.
+    gpus_per_trial: float | None = None
     # Where this node holds files the driver shipped (orchestrator/local_files.py); None: the dataset's
     # and model's own paths. The (train, validation) files, and the model's folder.
     dataset_files: tuple[str, str] | None = None
@@ -218,7 +222,8 @@ class TrialResult:
     eval_time_s: float | None = None
     wall_time_s: float | None = None
     train_examples_per_s: float | None = None
-    peak_mem_mb: float | None = None
+    peak_mem_mb: float | None = None  # the trial's own: the process's peak less what its worker keeps (caches)
+    worker_peak_mem_mb: float | None = None  # the process's peak, the worker's caches included
     device: str | None = None
     precision: str | None = None  # the resolved one (never "auto")
     train_indices_digest: str | None = None

@@ -27,6 +27,7 @@ import numpy as np
 import pandas as pd
 
 from trials.metrics import REGRESSION_METRICS, compute_metrics, describe_shape, task_metrics
+from trials.worker import WorkerState, process_worker
 
 DATA_DIR_ENV = "FREEZESWEEP_DATA_DIR"
 CACHE_DIR_ENV = "FREEZESWEEP_CACHE_DIR"
@@ -184,16 +185,22 @@ def task_columns(dataset: str, text_column: str | None = None, label_column: str
 
 def load_task(dataset: str, data_dir: str | None = None, text_column: str | None = None,
               label_column: str | None = None, text_pair_column: str | None = None,
-              files: tuple[str, str] | None = None, empty_texts: str = "refuse") -> TaskData:
+              files: tuple[str, str] | None = None, empty_texts: str = "refuse",
+              worker: WorkerState | None = None) -> TaskData:
     """``files``: the (train, validation) files to read, where this node holds them (the driver
     shipped them); None: the ones ``dataset`` and ``data_dir`` name (``split_files``). Every row is
     checked first (``data_problems``); ``empty_texts``: ``refuse`` rows with an empty or missing
     text (an error naming them), or ``drop`` them (``TaskData.dropped`` counts them)."""
     columns = task_columns(dataset, text_column, label_column, text_pair_column)
-    return _load_task(dataset, resolve_data_dir(data_dir), columns, tuple(files) if files else None, empty_texts)
+    key = (dataset, resolve_data_dir(data_dir), columns, tuple(files) if files else None, empty_texts)
+    tasks = (worker or process_worker()).tasks  # a reused Ray worker loads a dataset once, not once per trial
+    task = tasks.fresh(key)
+    if task is None:
+        task = _load_task(*key)
+        tasks.put(key, task)
+    return task
 
 
-@functools.lru_cache(maxsize=4)  # a reused Ray worker loads a dataset once, not once per trial
 def _load_task(dataset: str, data_dir: Path | None, columns: Columns, files: tuple[str, str] | None,
                empty_texts: str) -> TaskData:
     paths = dict(zip(SPLITS, map(Path, files))) if files else split_files(dataset, data_dir)

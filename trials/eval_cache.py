@@ -19,7 +19,6 @@ the cached ones for the current batch. Attention masks and everything else stay 
 from __future__ import annotations
 
 import contextlib
-from collections import OrderedDict
 from dataclasses import dataclass
 
 import torch
@@ -28,11 +27,7 @@ from torch import nn
 from trials.freezing import EncoderParts, find_encoder_parts
 from trials.precision import PrecisionPlan
 from trials.tokens import Batch
-
-_MAX_ENTRIES = 8  # (dataset, k, ...) entries kept per worker process: a few MB to a few hundred MB each
-_STATES: OrderedDict[tuple, "PrefixStates"] = OrderedDict()
-_EXACT: dict[tuple, bool] = {}  # the check's verdict per entry: it depends on the prefix, not on the trial
-
+from trials.worker import EvalKey, PrefixKey, WorkerState
 
 @dataclass(frozen=True)
 class PrefixStates:
@@ -53,44 +48,34 @@ class _Injector(nn.Module):
 
 
 def exact_prefix(model: nn.Module, batches: list[Batch], plan: PrecisionPlan, device: torch.device,
-                 layer: int, key: tuple) -> PrefixStates | None:
+                 layer: int, key: EvalKey, worker: WorkerState) -> PrefixStates | None:
     """The cached states for ``key`` if the cached path is bit-identical to the full model, else
     None. Checked once per entry: every trial sharing it feeds the same states through the same code
     path, and identical states give identical logits whatever the trained layers' weights."""
-    full_key = (*key, plan.name, str(device), layer)
-    if _EXACT.get(full_key) is False:
+    entry = PrefixKey(key, layer)
+    if worker.eval_exact.get(entry) is False:
         return None  # failed once: never computed (nor kept, nor chained from) again
-    prefix = prefix_states(model, batches, plan, device, layer, key)
-    if full_key not in _EXACT:
-        _EXACT[full_key] = matches_full_model(model, batches[0], prefix, plan, device)
-        if not _EXACT[full_key]:
-            _STATES.pop(full_key, None)  # never a starting point for deeper prefixes
-    return prefix if _EXACT[full_key] else None
-
-
-def clear() -> None:
-    """Drop every cached state (e.g. after a CUDA out-of-memory error: they may live on the GPU)."""
-    _STATES.clear()
-    _EXACT.clear()
-
-
-def entries() -> int:
-    return len(_STATES)
+    prefix = prefix_states(model, batches, plan, device, layer, key, worker)
+    if entry not in worker.eval_exact:
+        worker.eval_exact[entry] = matches_full_model(model, batches[0], prefix, plan, device)
+        if not worker.eval_exact[entry]:
+            worker.eval_states.pop(entry, None)  # never a starting point for deeper prefixes
+    return prefix if worker.eval_exact[entry] else None
 
 
 def prefix_states(model: nn.Module, batches: list[Batch], plan: PrecisionPlan, device: torch.device,
-                  layer: int, key: tuple) -> PrefixStates:
-    """The cached states for ``key`` (computed with ``model``'s pretrained prefix on a miss)."""
-    base_key = (*key, plan.name, str(device))  # the entry's key ends with the layer
-    if (*base_key, layer) in _STATES:
-        _STATES.move_to_end((*base_key, layer))
-        return _STATES[(*base_key, layer)]
-    below = [j for j in range(layer - 1, 0, -1) if (*base_key, j) in _STATES]
-    start = _STATES[(*base_key, below[0])] if below else None
-    _STATES[(*base_key, layer)] = _compute(model, batches, plan, device, layer, start)
-    while len(_STATES) > _MAX_ENTRIES:
-        _EXACT.pop(_STATES.popitem(last=False)[0], None)
-    return _STATES[(*base_key, layer)]
+                  layer: int, key: EvalKey, worker: WorkerState) -> PrefixStates:
+    """The cached states for ``key`` after ``layer`` layers (computed with ``model``'s pretrained
+    prefix on a miss, from the deepest cached shallower entry when there is one)."""
+    cached = worker.eval_states.fresh(PrefixKey(key, layer))
+    if cached is not None:
+        return cached
+    below = [j for j in range(layer - 1, 0, -1) if PrefixKey(key, j) in worker.eval_states]
+    start = worker.eval_states[PrefixKey(key, below[0])] if below else None
+    states = _compute(model, batches, plan, device, layer, start)
+    for dropped in worker.eval_states.put(PrefixKey(key, layer), states):
+        worker.eval_exact.pop(dropped, None)
+    return states
 
 
 @torch.inference_mode()

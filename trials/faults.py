@@ -4,7 +4,7 @@
 - KIND: ``crash`` (raise RuntimeError), ``exit`` (kill the trial's own process, as a segfault or the
   kernel's OOM killer would), ``oom`` (raise ``torch.cuda.OutOfMemoryError``, also on CPU),
   ``oom<S`` (the same, only while the trial's GPU share is below S: a trial that fits once it has
-  S of a GPU; the share is the one its scheduler gave it, ``set_gpu_share``, else 0), or ``hang``
+  S of a GPU; the share is the cell's ``gpus_per_trial``, what its scheduler gave it), or ``hang``
   (block until the process is killed: a long trial caught mid-run, whose node a test then stops);
 - N: fire after the N-th evaluation;
 - MATCH: ``key=value,...`` over TrialConfig fields, or a trial_id prefix; all trials when absent;
@@ -26,22 +26,14 @@ from trials.config import TrialConfig
 
 FAULT_ENV = "FREEZESWEEP_FAULT"
 FAULT_DIR_ENV = "FREEZESWEEP_FAULT_DIR"
-_gpu_share = 0.0  # the running trial's GPU share; this process runs one trial at a time
-
-
-def set_gpu_share(share: float | None) -> None:
-    """The GPU share the scheduler gave the trial about to run (the Ray adapter sets it)."""
-    global _gpu_share
-    _gpu_share = share or 0.0
-
-
 def maybe_inject(cfg: TrialConfig, evals_done: int) -> None:
     spec = os.environ.get(FAULT_ENV)
     if not spec:
         return
     for rule in filter(None, (r.strip() for r in spec.split(";"))):
         kind, below, after, match, times = _parse(rule)
-        if after == evals_done and _gpu_share < below and _matches(cfg, match) and _take_shot(cfg, rule, times):
+        share = cfg.gpus_per_trial or 0.0
+        if after == evals_done and share < below and _matches(cfg, match) and _take_shot(cfg, rule, times):
             _fire(kind, cfg)
 
 

@@ -6,15 +6,17 @@ holding a whole GPU, orchestrator/launch.py); alone, on any machine with torch a
     python -m trials.memory_probe --model M --batch-size 16 --max-seq-length 128 [--eval-batch-size 64]
 
 What is measured: a few real training steps (forward, backward, clipped fused AdamW step, in the
-trial's precision, as trials/train.py runs them) on batches of ``batch_size`` rows padded to
-``max_seq_length`` (the longest a batch can be, so the worst case), then one evaluation batch of
+trial's precision, as trials/train.py runs them) on batches of ``batch_size`` rows of ``max_seq_length``
+tokens (the longest a batch can be, so the worst case), fed as a trial feeds them: packed into one row
+where the model qualifies (trials/packing.py; its block-diagonal mask is a dense [T, T] matrix, T the
+batch's tokens: 32 × 512 rows make it ~1 GiB in fp32), padded otherwise; then one evaluation batch of
 ``eval_batch_size`` rows of that length, with the fewest frozen layers of the sweep (the most
 gradients and optimizer state). A trial process costs the allocator's peak *reserved* memory (what it
 holds back from the other processes, not only what its tensors used) plus what the process holds
 outside the allocator (the CUDA context and libraries' workspaces, measured as the device's used
-memory minus the allocator's reservation). Not measured: the evaluation cache (the frozen layers'
-outputs over the validation set, kept on the device by each worker; it grows with the validation
-set): the margin, and the launch's retry of an out-of-memory trial at twice the share, cover it.
+memory minus the allocator's reservation) plus one evaluation cache entry, bounded, not measured: the
+frozen layers' output over ``eval_rows`` validation rows at ``max_seq_length`` tokens (each worker keeps
+its entries on the device; rows are shorter in practice). Each trial then keeps a margin of its own.
 """
 
 from __future__ import annotations
@@ -32,13 +34,14 @@ from trials.placement import share_for
 # A sane bound, not a measured optimum: past a handful of processes a GPU time-slices them, each pays
 # its own CUDA context, and each needs its own CPU cores (benchmarks/gpu_check.sh pack compares 1, 4, 8).
 MAX_TRIALS_PER_GPU = 8
-MARGIN = 0.2  # of the GPU's memory left free: allocator fragmentation, longer batches, the evaluation cache
+MARGIN = 0.2  # of each trial's memory, kept free beside it: allocator fragmentation, a second cache entry
 
 
 @dataclass(frozen=True)
 class MemoryProbe:
     peak_reserved_mib: float  # the allocator's peak reservation over the steps and the evaluation batch
     outside_allocator_mib: float  # CUDA context and library workspaces (0 on a CPU)
+    eval_cache_mib: float  # the bound of one evaluation cache entry (eval_rows × max_seq_length states)
     gpu_total_mib: float | None  # None on a CPU
     gpu_name: str | None
     precision: str
@@ -47,24 +50,26 @@ class MemoryProbe:
 
     @property
     def per_trial_mib(self) -> float:
-        return self.peak_reserved_mib + self.outside_allocator_mib
+        return self.peak_reserved_mib + self.outside_allocator_mib + self.eval_cache_mib
 
 
 def packing(per_trial_mib: float, gpu_total_mib: float, margin: float = MARGIN,
             max_per_gpu: int = MAX_TRIALS_PER_GPU) -> tuple[int, float]:
-    """(trials per GPU, gpus_per_trial): as many trials as fit in (1 - margin) of the GPU, at least 1
-    (one that does not fit still gets a GPU of its own) and at most ``max_per_gpu``. The share is 1/n
-    rounded down to Ray's resolution, so n of them fit on one GPU (1/3 -> 0.3333)."""
+    """(trials per GPU, gpus_per_trial): as many trials as fit on the GPU each with its ``margin`` (a
+    fraction of its own memory: n trials keep n margins, not one shared by all), at least 1 (one that
+    does not fit still gets a GPU of its own) and at most ``max_per_gpu``. The share is 1/n rounded
+    down to Ray's resolution, so n of them fit on one GPU (1/3 -> 0.3333)."""
     if per_trial_mib <= 0 or gpu_total_mib <= 0 or not 0 <= margin < 1:
         raise ValueError(f"cannot pack {per_trial_mib} MiB trials on a {gpu_total_mib} MiB GPU with margin {margin}")
-    fits = math.floor(gpu_total_mib * (1 - margin) / per_trial_mib)
+    fits = math.floor(gpu_total_mib / (per_trial_mib * (1 + margin)))
     n = max(1, min(max_per_gpu, fits))
     return n, share_for(n)
 
 
 def probe(model: str, batch_size: int, max_seq_length: int, eval_batch_size: int = 64, precision: str = "auto",
           frozen_layers: int = 0, model_init: str = "pretrained", num_labels: int = 2, steps: int = 3,
-          device: str = "cuda", margin: float = MARGIN, max_per_gpu: int = MAX_TRIALS_PER_GPU) -> MemoryProbe:
+          device: str = "cuda", margin: float = MARGIN, max_per_gpu: int = MAX_TRIALS_PER_GPU,
+          eval_rows: int = 0) -> MemoryProbe:
     """Measure one trial (``device="cpu"`` runs the same steps for tests and reports the process's
     peak RSS, with no packing) and pick the packing."""
     from trials.freezing import freeze
@@ -77,12 +82,20 @@ def probe(model: str, batch_size: int, max_seq_length: int, eval_batch_size: int
     net = build_model(model, num_labels, model_init)
     freeze(net, frozen_layers)
     peak, outside = _measure(net, plan, target, batch_size, max_seq_length, eval_batch_size, steps)
+    cache = eval_cache_bound_mib(net, eval_rows, max_seq_length, plan)
     if target.type != "cuda":
-        return MemoryProbe(peak, outside, None, None, plan.name, None, None)
+        return MemoryProbe(peak, outside, cache, None, None, plan.name, None, None)
     props = torch.cuda.get_device_properties(target)
     total = props.total_memory / 2**20
-    n, share = packing(peak + outside, total, margin, max_per_gpu)
-    return MemoryProbe(peak, outside, total, props.name, plan.name, n, share)
+    n, share = packing(peak + outside + cache, total, margin, max_per_gpu)
+    return MemoryProbe(peak, outside, cache, total, props.name, plan.name, n, share)
+
+
+def eval_cache_bound_mib(net, eval_rows: int, max_seq_length: int, plan) -> float:
+    """One evaluation cache entry at most: a hidden state per token of ``eval_rows`` rows of
+    ``max_seq_length`` tokens, in the precision the frozen layers compute in (trials/eval_cache.py)."""
+    element = 4 if plan.name == "fp32" else 2
+    return eval_rows * max_seq_length * net.config.hidden_size * element / 2**20
 
 
 def _measure(net, plan, device: torch.device, batch_size: int, max_seq_length: int, eval_batch_size: int,
@@ -105,13 +118,15 @@ def _measure(net, plan, device: torch.device, batch_size: int, max_seq_length: i
 
 def _run_steps(net, plan, device: torch.device, batch_size: int, max_seq_length: int, eval_batch_size: int,
                steps: int) -> None:
-    """Training steps as trials/train.py takes them (padded: an upper bound for packed batches), then
-    one evaluation batch as trials/evaluate.py."""
+    """Training steps as trials/train.py takes them, fed as a trial feeds them (packed where the model
+    qualifies: trials/packing.py), then one evaluation batch as trials/evaluate.py."""
     from transformers import get_linear_schedule_with_warmup
 
+    from trials import first_token
     from trials.evaluate import evaluate
-    from trials.packing import PaddedFeed
+    from trials.packing import training_feed
     from trials.train import train_step
+    from trials.worker import FeedKey
 
     vocab, labels = net.config.vocab_size, net.config.num_labels
     generator = torch.Generator().manual_seed(0)
@@ -119,20 +134,27 @@ def _run_steps(net, plan, device: torch.device, batch_size: int, max_seq_length:
     optimizer = torch.optim.AdamW(params, lr=1e-5, fused=True)  # its state is part of a trial's footprint
     scheduler = get_linear_schedule_with_warmup(optimizer, 0, steps)
     scaler = plan.grad_scaler()
+    check = _batch(min(batch_size, 8), max_seq_length, vocab, labels, generator, ragged=True).to(device)
+    reader, feed = training_feed(net, check, FeedKey("probe", type(net).__qualname__), {})
     net.train()
-    for _ in range(steps):
-        batch = _batch(batch_size, max_seq_length, vocab, labels, generator).to(device)
-        train_step(net, batch, optimizer, scheduler, scaler, params, plan, PaddedFeed(), max_grad_norm=1.0)
-    evaluate(net, [_batch(eval_batch_size, max_seq_length, vocab, labels, generator).to(device)], plan, device)
+    with first_token.narrowed(net, reader):
+        for _ in range(steps):
+            batch = feed.prepare(_batch(batch_size, max_seq_length, vocab, labels, generator)).to(device)
+            train_step(net, batch, optimizer, scheduler, scaler, params, plan, feed, max_grad_norm=1.0)
+        evaluate(net, [_batch(eval_batch_size, max_seq_length, vocab, labels, generator).to(device)], plan, device)
 
 
-def _batch(rows: int, length: int, vocab: int, num_labels: int, generator: torch.Generator):
-    """``rows`` random token sequences of exactly ``length`` tokens (no padding: the worst case)."""
+def _batch(rows: int, length: int, vocab: int, num_labels: int, generator: torch.Generator, ragged: bool = False):
+    """``rows`` random token sequences of exactly ``length`` tokens (no padding: the worst case);
+    ``ragged``: of different lengths (what the packing check needs: padding to remove)."""
     from trials.tokens import Batch
 
     ids = torch.randint(vocab, (rows, length), generator=generator)
+    mask = torch.ones_like(ids)
+    if ragged:
+        mask = (torch.arange(length)[None, :] < torch.linspace(2, length, rows).long()[:, None]).long()
     labels = torch.arange(rows) % num_labels if num_labels > 1 else torch.rand(rows, generator=generator) * 5
-    return Batch(input_ids=ids, attention_mask=torch.ones_like(ids), labels=labels)
+    return Batch(input_ids=ids, attention_mask=mask, labels=labels)
 
 
 def describe(result: MemoryProbe) -> str:
@@ -140,7 +162,8 @@ def describe(result: MemoryProbe) -> str:
         return (f"one trial: the process's peak RSS {result.peak_reserved_mib:.0f} MiB ({result.precision}) "
                 "on the CPU (no packing)")
     return (f"one trial: peak {result.peak_reserved_mib:.0f} MiB reserved + {result.outside_allocator_mib:.0f} MiB "
-            f"outside the allocator = {result.per_trial_mib:.0f} MiB ({result.precision}) on {result.gpu_name} "
+            f"outside the allocator + {result.eval_cache_mib:.0f} MiB evaluation cache (bound) = "
+            f"{result.per_trial_mib:.0f} MiB ({result.precision}) on {result.gpu_name} "
             f"({result.gpu_total_mib:.0f} MiB): {result.trials_per_gpu} trials per GPU, "
             f"gpus_per_trial {result.gpus_per_trial:g}")
 
@@ -155,6 +178,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--frozen-layers", type=int, default=0, help="the sweep's fewest (the largest footprint)")
     parser.add_argument("--model-init", default="pretrained", choices=["pretrained", "random"])
     parser.add_argument("--num-labels", type=int, default=2)
+    parser.add_argument("--eval-rows", type=int, default=0, help="validation rows a worker caches (their bound is added)")
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--margin", type=float, default=MARGIN)
     parser.add_argument("--max-per-gpu", type=int, default=MAX_TRIALS_PER_GPU)

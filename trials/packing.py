@@ -30,10 +30,8 @@ from torch import nn
 from trials import first_token
 from trials.eval_cache import eval_mode
 from trials.first_token import Reader
-from trials.tokens import Batch
-
-_VERDICTS: dict[tuple, tuple[bool, bool]] = {}  # (narrowing exact, packing exact) per (model, class)
-
+from trials.tokens import Batch, non_blocking_to
+from trials.worker import FeedKey
 
 @dataclass(frozen=True)
 class Packed:
@@ -45,8 +43,9 @@ class Packed:
     token_type_ids: torch.Tensor | None = None
 
     def to(self, device: torch.device) -> "Packed":
+        asynchronous = non_blocking_to(device)  # never towards the host (trials/tokens.py Batch.to)
         return dataclasses.replace(self, **{f.name: None if getattr(self, f.name) is None else
-                                            getattr(self, f.name).to(device, non_blocking=True)
+                                            getattr(self, f.name).to(device, non_blocking=asynchronous)
                                             for f in dataclasses.fields(self)})
 
     def model_inputs(self) -> dict[str, torch.Tensor]:
@@ -102,15 +101,16 @@ class PackedFeed:
             self.reader.rows = None  # evaluation batches are padded: position 0 again
 
 
-def training_feed(model: nn.Module, batch: Batch, key: tuple, narrow: bool = True, packed: bool = True,
-                  narrow_evaluation: bool = True) -> tuple[Reader | None, PaddedFeed | PackedFeed]:
+def training_feed(model: nn.Module, batch: Batch, key: FeedKey, verdicts: dict, narrow: bool = True,
+                  packed: bool = True, narrow_evaluation: bool = True) -> tuple[Reader | None, PaddedFeed | PackedFeed]:
     """The last layer's reader (None: the model runs in full) and how training batches are fed,
     each only where ``batch`` (a few training rows, on the model's device) shows it exact; the
-    verdicts are measured once per ``key`` (they depend on the architecture only) and process."""
-    if key not in _VERDICTS:
+    verdicts are measured once per ``key`` (they depend on the architecture only) into ``verdicts``
+    (the worker's: trials/worker.py)."""
+    if key not in verdicts:
         narrows = first_token.narrowing_agrees(model, batch)
-        _VERDICTS[key] = (narrows, narrows and _packing_agrees(model, batch))
-    narrows, packs = _VERDICTS[key]
+        verdicts[key] = (narrows, narrows and _packing_agrees(model, batch))
+    narrows, packs = verdicts[key]
     if not (narrow and narrows):
         return None, PaddedFeed()
     reader = Reader(narrow_evaluation)
@@ -129,7 +129,3 @@ def _packing_agrees(model: nn.Module, batch: Batch) -> bool:
         except (RuntimeError, ValueError, TypeError, IndexError):  # a model that takes no 4D mask or position ids
             return False
     return first_token.logits_agree(padded, unpadded)
-
-
-def clear() -> None:
-    _VERDICTS.clear()

@@ -51,8 +51,14 @@ class PrecisionPlan:
         return torch.amp.GradScaler(self.device_type, enabled=self.name == "fp16")
 
 
-def resolve_device(device: str) -> torch.device:
+def resolve_device(device: str, gpus_per_trial: float | None = None) -> torch.device:
+    """``auto``: the CPU for a cell scheduled without a GPU share (Ray 2.60 leaves CUDA_VISIBLE_DEVICES
+    alone for an actor holding no GPU, ray/_private/utils.py set_visible_accelerator_ids, so a CPU
+    cell on a GPU node would otherwise open a context on GPU 0, outside Ray's accounting), else the
+    GPU Ray assigned (CUDA_VISIBLE_DEVICES makes it cuda:0), or the CPU where there is none."""
     if device == "auto":
+        if gpus_per_trial == 0:
+            return torch.device("cpu")
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     resolved = torch.device(device)
     if resolved.type == "cuda" and not torch.cuda.is_available():
@@ -113,7 +119,12 @@ def resolve_config(cfg):
     """``cfg`` (a TrialConfig) with ``precision`` resolved for the device it will run on."""
     if cfg.precision != "auto":
         return cfg
-    return dataclasses.replace(cfg, precision=resolve_precision("auto", resolve_device(cfg.device)).name)
+    return dataclasses.replace(cfg, precision=resolve_precision("auto", trial_device(cfg)).name)
+
+
+def trial_device(cfg) -> torch.device:
+    """The device a cell (a TrialConfig) runs on: its ``device``, ``auto`` by its GPU share."""
+    return resolve_device(cfg.device, cfg.gpus_per_trial)
 
 
 def synchronize(device: torch.device) -> None:

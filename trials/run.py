@@ -16,7 +16,6 @@ import sys
 import time
 import traceback
 from pathlib import Path
-from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 from importlib import metadata
@@ -36,49 +35,52 @@ from trials.model import attention_for, build_model, load_tokenizer, resolve_mod
 from trials.oom import catch_oom, is_oom
 from trials.packing import PackedFeed, PaddedFeed, training_feed
 from trials.placement import where
-from trials.precision import PrecisionPlan, resolve_config, resolve_device, resolve_precision, synchronize
+from trials.precision import PrecisionPlan, resolve_config, resolve_precision, synchronize, trial_device
 from trials.subsets import indices_digest, stratified_order, subset_indices
 from trials.tokens import Batch, Tokens, collate, eval_batches, tokenize_split
 from trials.train_cache import TrainPrefix, train_prefix
 from trials.train import FitContext, FitState, fit, make_schedule
+from trials.worker import EvalKey, FeedKey, TemplateKey, TrainKey, WorkerState, process_worker
 
 
 def run_trial(cfg: TrialConfig, on_eval: Callable[[EvalPoint], None] | None = None,
-              on_checkpoint: Callable[[Path], None] | None = None) -> TrialResult:
+              on_checkpoint: Callable[[Path], None] | None = None, worker: WorkerState | None = None) -> TrialResult:
     """Run one grid cell and return its result; raises on failure (the caller decides retries).
-    ``on_eval`` gets every evaluation, ``on_checkpoint`` every checkpoint file as it is saved."""
+    ``on_eval`` gets every evaluation, ``on_checkpoint`` every checkpoint file as it is saved;
+    ``worker``: what this process keeps between trials (trials/worker.py; default: the process's)."""
     started = time.perf_counter()
+    worker = worker or process_worker()
     cfg = resolve_config(cfg)  # the id and the row name the precision actually used
     check_method(cfg)
-    device = resolve_device(cfg.device)
+    device = trial_device(cfg)
     plan = resolve_precision(cfg.precision, device)
     if cfg.num_threads:
         torch.set_num_threads(cfg.num_threads)
     reset_peak_memory(device)
 
     task = load_task(cfg.dataset, cfg.data_dir, cfg.text_column, cfg.label_column, cfg.text_pair_column,
-                     files=cfg.dataset_files, empty_texts=cfg.empty_texts)
+                     files=cfg.dataset_files, empty_texts=cfg.empty_texts, worker=worker)
     check_select_metric(cfg, task)
     train_rows = subset_indices(task.train.labels, cfg.train_size, cfg.split_seed)
     val_rows = eval_rows(task, cfg)
     tokenizer = load_tokenizer(cfg.model_files())
     cache_dir = resolve_cache_dir(cfg.cache_dir)
-    train_ids = tokenize_split(tokenizer, task.train, cfg.max_seq_length, cache_dir)
-    val_ids = tokenize_split(tokenizer, task.validation, cfg.max_seq_length, cache_dir)
+    train_ids = tokenize_split(tokenizer, task.train, cfg.max_seq_length, cache_dir, worker)
+    val_ids = tokenize_split(tokenizer, task.validation, cfg.max_seq_length, cache_dir, worker)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
 
-    model = attention_for(initial_model(cfg, task.num_labels).to(device), device)
+    model = attention_for(initial_model(cfg, task.num_labels, worker).to(device), device)
     batches = [b.to(device) for b in eval_batches(val_ids.select(val_rows), task.validation.labels[val_rows],
                                                   cfg.eval_batch_size, pad_id)]  # on the device once, for every evaluation
     train_tokens = train_ids.select(train_rows)
-    data = TrialData(task, train_rows, train_tokens, batches, (task.validation.digest, indices_digest(val_rows)))
+    data = TrialData(task, train_rows, train_tokens, batches, (task.validation.digest, indices_digest(val_rows)), worker)
     if cfg.method == "probe":
         return _probe_trial(cfg, model, data, plan, device, started)
     report, lora_targets = adapt(model, cfg)
 
     fill_started = time.perf_counter()  # the caches' first fill in this worker: recorded on its own
-    eval_prefix = _eval_prefix(cfg, model, batches, plan, device, data.val_key)
-    train_prefix = _train_prefix(cfg, model, train_tokens, train_rows, plan, device, task.train.digest)
+    eval_prefix = _eval_prefix(cfg, model, data, plan, device)
+    train_prefix = _train_prefix(cfg, model, data, plan, device)
     synchronize(device)
     cache_fill_time_s = time.perf_counter() - fill_started
     reader, feed = _training_feed(cfg, model, data, pad_id, device, packed=train_prefix is None)
@@ -96,7 +98,7 @@ def run_trial(cfg: TrialConfig, on_eval: Callable[[EvalPoint], None] | None = No
     )
     with first_token.narrowed(model, reader):
         state = fit(model, train_tokens, task.train.labels[train_rows], pad_id, ctx)
-    result = _result(cfg, task, train_rows, len(val_rows), report, state, device, plan, (eval_prefix, train_prefix),
+    result = _result(cfg, data, report, state, device, plan, (eval_prefix, train_prefix),
                      wall_time_s=time.perf_counter() - started, cache_fill_time_s=cache_fill_time_s)
     return dataclasses.replace(result, lora_targets=lora_targets)
 
@@ -107,9 +109,10 @@ def _probe_trial(cfg: TrialConfig, model, data: TrialData, plan: PrecisionPlan, 
     validation set scored once (trials/probe.py)."""
     task, layers = data.task, len(find_encoder_parts(model).layers)
     fill_started = time.perf_counter()
-    val_states = eval_cache.prefix_states(model, data.batches, plan, device, layers, _eval_key(cfg, data.val_key))
+    val_states = eval_cache.prefix_states(model, data.batches, plan, device, layers, _eval_key(cfg, data, plan, device),
+                                          data.worker)
     train_states = train_prefix(model, data.train_tokens, data.train_rows, plan, device, layers,
-                                _train_key(cfg, task.train.digest))
+                                _train_key(cfg, data, plan, device), data.worker)
     synchronize(device)
     fill_s = time.perf_counter() - fill_started
     pooling = probe.resolve_pooling(cfg.probe_pooling, resolve_model_path(cfg.model_files()))
@@ -126,7 +129,7 @@ def _probe_trial(cfg: TrialConfig, model, data: TrialData, plan: PrecisionPlan, 
                      eval_time_s=time.perf_counter() - eval_started)
     params = FreezeReport(frozen_layers=None, num_layers=layers, trainable_params=fitted.trainable_params,
                           total_params=sum(p.numel() for p in model.base_model.parameters()) + fitted.trainable_params)
-    result = _result(cfg, task, data.train_rows, len(labels), params, state, device, plan, (None, None),
+    result = _result(cfg, data, params, state, device, plan, (None, None),
                      wall_time_s=time.perf_counter() - started, cache_fill_time_s=fill_s)
     return dataclasses.replace(result, probe_pooling=pooling, probe_c=fitted.c, train_examples_per_s=None,
                                eval_cached_layers=layers, train_cached_layers=layers)
@@ -141,7 +144,8 @@ class TrialData:
     train_rows: np.ndarray
     train_tokens: Tokens
     batches: list[Batch]
-    val_key: tuple
+    val_key: tuple[str, str]  # (the validation split's digest, the evaluated rows' digest)
+    worker: WorkerState
 
 
 def check_method(cfg: TrialConfig) -> None:
@@ -168,23 +172,24 @@ def _weights(cfg: TrialConfig) -> str:
     return "pretrained" if cfg.model_init == "pretrained" else f"random-{cfg.derived_seed}"
 
 
-def _eval_key(cfg: TrialConfig, rows_key: tuple) -> tuple:
+def _eval_key(cfg: TrialConfig, data: TrialData, plan: PrecisionPlan, device: torch.device) -> EvalKey:
     """The evaluation cache's key: freeze cells (pretrained only) and probe cells share entries."""
-    key = (cfg.model, *rows_key, cfg.eval_batch_size, cfg.max_seq_length)
-    return key if cfg.model_init == "pretrained" else (*key, _weights(cfg))
+    return EvalKey(cfg.model, *data.val_key, cfg.eval_batch_size, cfg.max_seq_length, _weights(cfg), plan.name,
+                   str(device))
 
 
-def _train_key(cfg: TrialConfig, split_digest: str) -> tuple:
-    return (cfg.model, _weights(cfg), split_digest, cfg.max_seq_length)
+def _train_key(cfg: TrialConfig, data: TrialData, plan: PrecisionPlan, device: torch.device) -> TrainKey:
+    return TrainKey(cfg.model, _weights(cfg), data.task.train.digest, cfg.max_seq_length, plan.name, str(device))
 
 
-def _eval_prefix(cfg: TrialConfig, model, batches, plan, device, rows_key: tuple) -> PrefixStates | None:
+def _eval_prefix(cfg: TrialConfig, model, data: TrialData, plan, device) -> PrefixStates | None:
     """The cached output of the frozen layers for evaluation, when it is exact: pretrained weights
     (a random init differs per seed), at least one frozen layer, and bit-identical to the full model
     on the first batch."""
     if not (cfg.eval_cache and cfg.method == "freeze" and cfg.model_init == "pretrained" and cfg.frozen_layers >= 1):
         return None
-    return exact_prefix(model, batches, plan, device, cfg.frozen_layers, _eval_key(cfg, rows_key))
+    return exact_prefix(model, data.batches, plan, device, cfg.frozen_layers, _eval_key(cfg, data, plan, device),
+                        data.worker)
 
 
 def _training_feed(cfg: TrialConfig, model, data: TrialData, pad_id: int, device: torch.device,
@@ -194,15 +199,16 @@ def _training_feed(cfg: TrialConfig, model, data: TrialData, pad_id: int, device
     rows = np.arange(min(8, len(data.train_rows)))
     check = collate(data.train_tokens.select(rows), data.task.train.labels[data.train_rows[rows]], pad_id).to(device)
     every_layer_frozen = cfg.method == "freeze" and cfg.frozen_layers == len(find_encoder_parts(model).layers)
-    return training_feed(model, check, (cfg.model, type(model).__qualname__), cfg.narrow_last_layer,
-                         cfg.pack_training and packed, narrow_evaluation=not every_layer_frozen)
+    return training_feed(model, check, FeedKey(cfg.model, type(model).__qualname__), data.worker.feed_verdicts,
+                         cfg.narrow_last_layer, cfg.pack_training and packed, narrow_evaluation=not every_layer_frozen)
 
 
-def _train_prefix(cfg: TrialConfig, model, train_tokens, train_rows, plan, device, split_digest: str) -> TrainPrefix | None:
+def _train_prefix(cfg: TrialConfig, model, data: TrialData, plan, device) -> TrainPrefix | None:
     """The opt-in training cache (a deviation from the reference, see trials/train_cache.py)."""
     if not (cfg.train_cache and cfg.method == "freeze" and cfg.frozen_layers >= 1):
         return None
-    return train_prefix(model, train_tokens, train_rows, plan, device, cfg.frozen_layers, _train_key(cfg, split_digest))
+    return train_prefix(model, data.train_tokens, data.train_rows, plan, device, cfg.frozen_layers,
+                        _train_key(cfg, data, plan, device), data.worker)
 
 
 def check_select_metric(cfg: TrialConfig, task: TaskData) -> None:
@@ -221,11 +227,7 @@ def eval_rows(task: TaskData, cfg: TrialConfig) -> np.ndarray:
     return np.sort(stratified_order(task.validation.labels, cfg.split_seed, cfg.max_eval_examples))
 
 
-_MAX_TEMPLATES = 2  # initial models kept per worker process (a base-size model is ~0.5 GB in fp32)
-_TEMPLATES: OrderedDict[tuple, tuple[torch.nn.Module, tuple]] = OrderedDict()
-
-
-def initial_model(cfg: TrialConfig, num_labels: int):
+def initial_model(cfg: TrialConfig, num_labels: int, worker: WorkerState | None = None):
     """The model before training. Seeded with the paired seed first, so every cell with the same
     (seed, split_seed, dataset, model) starts from the same classifier head, whatever k or n.
 
@@ -233,29 +235,14 @@ def initial_model(cfg: TrialConfig, num_labels: int):
     the copy, and the RNG state restored beside it, are bit for bit what building it again would
     give, minus the load (or the random initialisation of a whole model, ~1.4 s for a base-size one
     on a CPU). It pays where a worker meets the cells of one seed in a row (a one-seed grid)."""
-    key = (cfg.model, cfg.model_init, num_labels, cfg.derived_seed)
+    templates = (worker or process_worker()).templates
+    key = TemplateKey(cfg.model, cfg.model_init, num_labels, cfg.derived_seed)
     seed_everything(cfg.derived_seed)
-    if key not in _TEMPLATES:
-        _TEMPLATES[key] = (build_model(cfg.model_files(), num_labels, cfg.model_init), _host_rng_states())
-        while len(_TEMPLATES) > _MAX_TEMPLATES:
-            _TEMPLATES.popitem(last=False)
-    _TEMPLATES.move_to_end(key)
-    template, states = _TEMPLATES[key]
+    if key not in templates:
+        templates.put(key, (build_model(cfg.model_files(), num_labels, cfg.model_init), _host_rng_states()))
+    template, states = templates.fresh(key)
     _set_host_rng_states(states)  # as if the model had just been built (dropout draws continue from here)
     return copy.deepcopy(template)
-
-
-def clear_caches() -> None:
-    """Drop this process's caches (evaluation and training states, initial models), e.g. after a
-    CUDA out-of-memory error, so the memory they hold goes back to the trials packed beside it."""
-    eval_cache.clear()
-    train_cache.clear()
-    packing.clear()
-    _TEMPLATES.clear()
-
-
-def template_count() -> int:
-    return len(_TEMPLATES)
 
 
 def seed_everything(seed: int) -> None:
@@ -274,10 +261,12 @@ def _set_host_rng_states(states: tuple) -> None:
     torch.set_rng_state(states[2])  # models are built on the CPU: the CUDA generators are as seeded
 
 
-def _result(cfg, task, train_rows, n_eval, report: FreezeReport, state: FitState, device: torch.device,
+def _result(cfg, data: TrialData, report: FreezeReport, state: FitState, device: torch.device,
             plan: PrecisionPlan, cached: tuple[PrefixStates | None, TrainPrefix | None], wall_time_s: float,
             cache_fill_time_s: float) -> TrialResult:
+    task, train_rows, n_eval = data.task, data.train_rows, sum(len(b.labels) for b in data.batches)
     metric = cfg.select_metric
+    worker_peak_mb = peak_memory_mb(device)  # the process's, with everything the worker keeps
     # the curve holds finite evaluations only (a diverged fit stops before its first non-finite one)
     best = max(state.curve, key=lambda p: getattr(p, metric)) if state.curve else None  # first of equals: the earliest
     last = state.curve[-1] if state.curve else None
@@ -307,7 +296,8 @@ def _result(cfg, task, train_rows, n_eval, report: FreezeReport, state: FitState
         wall_time_s=wall_time_s,
         cache_fill_time_s=cache_fill_time_s,
         train_examples_per_s=state.step * cfg.batch_size / max(state.train_time_s, 1e-9),
-        peak_mem_mb=peak_memory_mb(device),
+        peak_mem_mb=max(0.0, worker_peak_mb - data.worker.held_mib(device)),  # the trial's own
+        worker_peak_mem_mb=worker_peak_mb,
         device=device_name(device),
         precision=plan.name,
         train_indices_digest=indices_digest(train_rows),
@@ -339,21 +329,23 @@ def failed_result(cfg: TrialConfig, exc: BaseException, wall_time_s: float | Non
 
 
 def run_trial_or_oom(cfg: TrialConfig, on_eval: Callable[[EvalPoint], None] | None = None,
-                     on_checkpoint: Callable[[Path], None] | None = None) -> TrialResult:
+                     on_checkpoint: Callable[[Path], None] | None = None,
+                     worker: WorkerState | None = None) -> TrialResult:
     """``run_trial``, except that running out of GPU memory gives the cell's ``oom`` row, after this
     process has given the memory back (so the next trial it takes starts clean). Other errors
     propagate: whoever runs the trial decides on retries."""
     cfg = resolve_config(cfg)  # the oom row's id names the precision actually used
-    return catch_oom(lambda: run_trial(cfg, on_eval, on_checkpoint),
-                     lambda exc: failed_result(cfg, exc, placement=where(resolve_device(cfg.device))),
-                     free=free_memory)
+    worker = worker or process_worker()
+    return catch_oom(lambda: run_trial(cfg, on_eval, on_checkpoint, worker),
+                     lambda exc: failed_result(cfg, exc, placement=where(trial_device(cfg))),
+                     free=lambda: free_memory(worker))
 
 
-def free_memory() -> None:
-    """Give this process's memory back: its caches (states and initial models may sit on the GPU
-    beside the trials packed there), then reference cycles, then the CUDA allocator's unused blocks
-    (only where CUDA is in use: initialising it here would cost a context for nothing)."""
-    clear_caches()
+def free_memory(worker: WorkerState) -> None:
+    """Give this process's memory back: what the worker keeps (states and initial models may sit on
+    the GPU beside the trials packed there), then reference cycles, then the CUDA allocator's unused
+    blocks (only where CUDA is in use: initialising it here would cost a context for nothing)."""
+    worker.clear()
     gc.collect()
     _empty_cuda_cache()
 
@@ -366,6 +358,9 @@ def _empty_cuda_cache() -> None:
 def reset_peak_memory(device: torch.device) -> None:
     """Start this trial's peak from now: a reused worker's earlier trials must not count."""
     if device.type == "cuda":
+        # CUDA initialised first: on a fresh process the statistics of cuda:N do not exist yet ("Invalid
+        # device argument ... did you call init?"), which only an earlier CUDA call used to hide.
+        torch.cuda.init()
         torch.cuda.reset_peak_memory_stats(device)
         return
     try:  # Linux >= 4.0: writing 5 to clear_refs resets the process's peak RSS (VmHWM), see proc(5)

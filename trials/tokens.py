@@ -11,7 +11,6 @@ Files are written to a temporary name and renamed, so concurrent trials never re
 from __future__ import annotations
 
 import dataclasses
-import functools
 import hashlib
 import os
 import uuid
@@ -24,6 +23,7 @@ import pyarrow.parquet as pq
 import torch
 
 from trials.data import Split
+from trials.worker import Lru, WorkerState, process_worker
 
 _PROBE = "The quick brown fox can't jump over 12 lazy dogs, can it? Ünïcödé!"
 
@@ -35,10 +35,12 @@ def tokenizer_fingerprint(tokenizer) -> str:
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
-def tokenize_split(tokenizer, split: Split, max_length: int, cache_dir: Path) -> Tokens:
-    """Token ids of every row of ``split`` (no padding), from the disk cache when present."""
+def tokenize_split(tokenizer, split: Split, max_length: int, cache_dir: Path, worker: WorkerState | None = None) -> Tokens:
+    """Token ids of every row of ``split`` (no padding), from the disk cache when present (and from
+    the worker's memory when this worker read them before)."""
     key = f"{tokenizer_fingerprint(tokenizer)}-{split.digest}-{max_length}"
-    return _tokenize_cached(tokenizer, split, max_length, cache_dir / "tokens" / f"{key}.parquet")
+    return _tokenize_cached(tokenizer, split, max_length, cache_dir / "tokens" / f"{key}.parquet",
+                            (worker or process_worker()).token_splits)
 
 
 @dataclass(frozen=True)
@@ -69,7 +71,6 @@ def encode(tokenizer, split: Split, max_length: int) -> dict[str, list]:
     return {name: encoded[name] for name in ("input_ids", "token_type_ids") if name in encoded}
 
 
-@functools.lru_cache(maxsize=16)
 def _read_cache(path: Path) -> Tokens:
     table = pq.read_table(path)
 
@@ -81,7 +82,9 @@ def _read_cache(path: Path) -> Tokens:
     return Tokens(rows("input_ids"), rows("token_type_ids") if "token_type_ids" in table.column_names else None)
 
 
-def _tokenize_cached(tokenizer, split: Split, max_length: int, path: Path) -> Tokens:
+def _tokenize_cached(tokenizer, split: Split, max_length: int, path: Path, read: Lru) -> Tokens:
+    if path in read:
+        return read.fresh(path)
     if not path.exists():
         columns = encode(tokenizer, split, max_length)
         table = pa.table({name: pa.array(values, type=pa.list_(pa.int32())) for name, values in columns.items()})
@@ -89,7 +92,9 @@ def _tokenize_cached(tokenizer, split: Split, max_length: int, path: Path) -> To
         tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
         pq.write_table(table, tmp)
         os.replace(tmp, path)  # atomic: readers see the whole file or none
-    return _read_cache(path)
+    tokens = _read_cache(path)
+    read.put(path, tokens)
+    return tokens
 
 
 @dataclass(frozen=True)
@@ -101,8 +106,13 @@ class Batch:
     token_type_ids: torch.Tensor | None = None  # sentence pairs on models with segment ids
 
     def to(self, device: torch.device) -> "Batch":
+        """The batch on ``device``. Asynchronous only towards a GPU: a copy to the host that is read at
+        once must be synchronous (PyTorch's pinned-memory tutorial: ``cuda_tensor.to("cpu",
+        non_blocking=True)`` read before a sync can hold garbage)."""
+        asynchronous = non_blocking_to(device)
+
         def move(t: torch.Tensor | None) -> torch.Tensor | None:
-            return None if t is None else t.to(device, non_blocking=True)
+            return None if t is None else t.to(device, non_blocking=asynchronous)
 
         return dataclasses.replace(self, input_ids=move(self.input_ids), attention_mask=move(self.attention_mask),
                                    labels=move(self.labels), token_type_ids=move(self.token_type_ids))
@@ -114,6 +124,12 @@ class Batch:
         if self.token_type_ids is not None:
             inputs["token_type_ids"] = self.token_type_ids
         return inputs
+
+
+def non_blocking_to(device: torch.device | str) -> bool:
+    """Whether a copy to ``device`` may be asynchronous: towards a GPU only (the stream orders it
+    before any kernel that reads it); never towards the host, which reads it at once."""
+    return torch.device(device).type != "cpu"
 
 
 def _padded(rows: tuple[np.ndarray, ...], width: int, value: int) -> torch.Tensor:

@@ -151,6 +151,8 @@ def fit(model: nn.Module, train_ids: Tokens, train_labels: np.ndarray, pad_id: i
                 if state.step in schedule.checkpoint_steps:
                     _save(model, optimizer, scheduler, scaler, generator, state, ctx)
                 segment_started = time.perf_counter()
+    synchronize(ctx.device)  # steps after the last evaluation are training time too, up to the last one
+    state.train_time_s += time.perf_counter() - segment_started
     _discard_checkpoint(cfg)  # finished: a retry of this cell has nothing to resume
     return state
 
@@ -164,11 +166,22 @@ def train_step(model, batch: Batch, optimizer, scheduler, scaler, params, plan: 
     scaler.scale(loss).backward()
     scaler.unscale_(optimizer)
     torch.nn.utils.clip_grad_norm_(params, max_grad_norm, foreach=True)
-    scaler.step(optimizer)
-    scaler.update()
-    scheduler.step()
+    if optimizer_step(optimizer, scaler):
+        scheduler.step()  # a step the scaler skipped does not advance the schedule (HF Trainer)
     optimizer.zero_grad(set_to_none=True)
     return loss.detach().double()  # no .item(): a per-step host sync would stall the GPU
+
+
+def optimizer_step(optimizer: torch.optim.Optimizer, scaler: torch.amp.GradScaler) -> bool:
+    """The optimizer's step through the scaler; False when fp16 loss scaling skipped it (an inf or NaN
+    gradient: the scale then shrinks). The HF Trainer leaves the learning-rate schedule alone then:
+    accelerate's optimizer wrapper compares the scale before and after (accelerate/optimizer.py,
+    ``step_was_skipped``) and transformers' Trainer steps the scheduler only when it is False. Without
+    loss scaling (bf16, fp32) no step is skipped, and no host sync is paid to ask."""
+    scale = scaler.get_scale() if scaler.is_enabled() else None
+    scaler.step(optimizer)
+    scaler.update()
+    return scale is None or scaler.get_scale() >= scale
 
 
 def _evaluate_into(model: nn.Module, state: FitState, ctx: FitContext) -> None:

@@ -18,7 +18,6 @@ sweep (50 ⊂ 100 ⊂ …) share them.
 from __future__ import annotations
 
 import contextlib
-from collections import OrderedDict
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -31,19 +30,12 @@ from trials.eval_cache import eval_mode, injected_layers, layers_swapped, output
 from trials.freezing import EncoderParts, find_encoder_parts
 from trials.precision import PrecisionPlan
 from trials.tokens import Batch, Tokens, collate
-
-# (model, split, k, precision, device) entries per worker process: a grid's k values all fit, so the
-# nested train sizes of each k share rows (an entry holds at most the largest subset's rows).
-_MAX_ENTRIES = 8
-
+from trials.worker import PrefixKey, TrainKey, WorkerState
 
 @dataclass
 class _Entry:
     rows: dict[int, torch.Tensor] = field(default_factory=dict)  # train-split row index → [tokens, hidden]
     tuple_output: bool = False  # the model's layers return tuples (transformers 4) or tensors (5)
-
-
-_ROWS: OrderedDict[tuple, _Entry] = OrderedDict()
 
 
 @dataclass(frozen=True)
@@ -64,18 +56,18 @@ class TrainPrefix:
 
 
 def train_prefix(model: nn.Module, train_ids: Tokens, train_rows: np.ndarray, plan: PrecisionPlan,
-                 device: torch.device, layer: int, key: tuple) -> TrainPrefix:
+                 device: torch.device, layer: int, key: TrainKey, worker: WorkerState) -> TrainPrefix:
     """The frozen prefix's output for each row of the subset (``train_rows``: their indices in the
-    split, ``train_ids``: their tokens, in the same order); computed for rows not yet cached."""
-    key = (*key, layer, plan.name, str(device))
-    entry = _ROWS.setdefault(key, _Entry())
-    _ROWS.move_to_end(key)
+    split, ``train_ids``: their tokens, in the same order); computed for rows not yet cached. An
+    entry per (model, split, k, precision, device): the nested train sizes of each k share rows."""
+    entry = worker.train_states.fresh(PrefixKey(key, layer))
+    if entry is None:
+        entry = _Entry()
+        worker.train_states.put(PrefixKey(key, layer), entry)
     parts = find_encoder_parts(model)
     todo = [(int(r), position) for position, r in enumerate(train_rows) if int(r) not in entry.rows]
     if todo:
         _run_prefix(model, parts.layers[layer - 1], train_ids, todo, entry, plan, device)
-    while len(_ROWS) > _MAX_ENTRIES:
-        _ROWS.popitem(last=False)
     injector, layers = injected_layers(parts, layer, entry.tuple_output)
     return TrainPrefix(layer=layer, states=tuple(entry.rows[int(r)] for r in train_rows), parts=parts,
                        injector=injector, layers=layers)
@@ -91,10 +83,6 @@ def _run_prefix(model, last_frozen: nn.Module, tokens: Tokens, todo: list, entry
             entry.rows[row] = states[0]
 
 
-def clear() -> None:
-    _ROWS.clear()
-
-
-def entries() -> list[int]:
+def entries(worker: WorkerState) -> list[int]:
     """The number of cached rows of each entry (most recently used last)."""
-    return [len(entry.rows) for entry in _ROWS.values()]
+    return [len(entry.rows) for entry in worker.train_states.values()]

@@ -5,38 +5,34 @@ import dataclasses
 import pytest
 import torch
 
+from trials.worker import WorkerState
 from trials import eval_cache
 from trials.eval_cache import PrefixStates, matches_full_model, prefix_states, starting_at
 from trials.run import run_trial
 
 
-@pytest.fixture(autouse=True)
-def _empty_cache():
-    eval_cache.clear()
-    yield
-    eval_cache.clear()
 
 
 @pytest.mark.parametrize("model_fixture,k", [("tiny_bert", 1), ("tiny_bert", 2), ("tiny_roberta", 1),
                                              ("tiny_roberta", 3)])
-def test_cached_and_uncached_evaluation_are_identical_in_fp32(request, tiny_trial, model_fixture, k):
+def test_cached_and_uncached_evaluation_are_identical_in_fp32(request, tiny_trial, model_fixture, k, worker):
     cfg = dataclasses.replace(tiny_trial, model=request.getfixturevalue(model_fixture), frozen_layers=k, epochs=3)
-    uncached = run_trial(dataclasses.replace(cfg, eval_cache=False))
-    cached = run_trial(cfg)
+    uncached = run_trial(dataclasses.replace(cfg, eval_cache=False), worker=worker)
+    cached = run_trial(cfg, worker=worker)
     assert uncached.eval_cached_layers is None and cached.eval_cached_layers == k
     assert [(p.step, p.accuracy, p.loss) for p in cached.eval_curve] == \
         [(p.step, p.accuracy, p.loss) for p in uncached.eval_curve]
     assert cached.train_loss_curve == uncached.train_loss_curve  # training is untouched
-    again = run_trial(dataclasses.replace(cfg, seed=1))  # a later trial of the worker reuses the states
+    again = run_trial(dataclasses.replace(cfg, seed=1), worker=worker)  # a later trial of the worker reuses the states
     assert [p.accuracy for p in again.eval_curve] != [] and again.status == "ok"
-    assert again.eval_cached_layers == k and eval_cache.entries() == 1
+    assert again.eval_cached_layers == k and len(worker.eval_states) == 1
 
 
-def test_nothing_frozen_or_random_init_is_never_cached(tiny_trial):
-    assert run_trial(tiny_trial).eval_cached_layers is None  # k = 0: every layer trains
-    assert run_trial(dataclasses.replace(tiny_trial, frozen_layers=-1)).eval_cached_layers is None
-    assert run_trial(dataclasses.replace(tiny_trial, frozen_layers=1, model_init="random")).eval_cached_layers is None
-    assert eval_cache.entries() == 0
+def test_nothing_frozen_or_random_init_is_never_cached(tiny_trial, worker):
+    assert run_trial(tiny_trial, worker=worker).eval_cached_layers is None  # k = 0: every layer trains
+    assert run_trial(dataclasses.replace(tiny_trial, frozen_layers=-1), worker=worker).eval_cached_layers is None
+    assert run_trial(dataclasses.replace(tiny_trial, frozen_layers=1, model_init="random"), worker=worker).eval_cached_layers is None
+    assert len(worker.eval_states) == 0
 
 
 def _setup(cfg):
@@ -53,14 +49,14 @@ def _setup(cfg):
     tokenizer = load_tokenizer(cfg.model)
     ids = tokenize_split(tokenizer, task.validation, 128, Path(tempfile.mkdtemp()))
     batches = eval_batches(ids, task.validation.labels, 32, tokenizer.pad_token_id)
-    model = initial_model(cfg, task.num_labels)
+    model = initial_model(cfg, task.num_labels, WorkerState())
     return model, batches, resolve_precision("fp32", torch.device("cpu")), torch.device("cpu")
 
 
-def test_wrong_states_are_caught_by_the_check(tiny_trial):
+def test_wrong_states_are_caught_by_the_check(tiny_trial, worker):
     """The per-trial check is what makes the cache safe: states that are off by a little fail it."""
     model, batches, plan, device = _setup(tiny_trial)
-    prefix = prefix_states(model, batches, plan, device, 1, ("key",))
+    prefix = prefix_states(model, batches, plan, device, 1, ("key",), worker)
     assert matches_full_model(model, batches[0], prefix, plan, device)
     nudged = PrefixStates(1, tuple(s * (1 + 1e-6) for s in prefix.states), prefix.tuple_output)
     assert not matches_full_model(model, batches[0], nudged, plan, device)
@@ -71,15 +67,15 @@ def test_wrong_states_are_caught_by_the_check(tiny_trial):
     assert model.base_model.encoder.layer is original  # restored
 
 
-def test_a_deeper_prefix_starts_from_a_cached_shallower_one_and_runs_no_layer_twice(tiny_trial, tiny_roberta):
+def test_a_deeper_prefix_starts_from_a_cached_shallower_one_and_runs_no_layer_twice(tiny_trial, tiny_roberta, worker):
     model, batches, plan, device = _setup(dataclasses.replace(tiny_trial, model=tiny_roberta))
     layers = model.base_model.encoder.layer
-    direct = prefix_states(model, batches, plan, device, 2, ("direct",))  # from the embeddings: no k=1 under this key
-    prefix_states(model, batches, plan, device, 1, ("key",))
+    direct = prefix_states(model, batches, plan, device, 2, ("direct",), worker)  # from the embeddings: no k=1 under this key
+    prefix_states(model, batches, plan, device, 1, ("key",), worker)
     calls = [0, 0, 0]
     hooks = [layer.register_forward_hook(lambda m, a, o, i=i: calls.__setitem__(i, calls[i] + 1))
              for i, layer in enumerate(layers)]
-    chained = prefix_states(model, batches, plan, device, 2, ("key",))
+    chained = prefix_states(model, batches, plan, device, 2, ("key",), worker)
     for hook in hooks:
         hook.remove()
     assert calls == [0, len(batches), 0]  # only layer 2: layer 1 came from the cache, layer 3 is never needed
@@ -87,40 +83,40 @@ def test_a_deeper_prefix_starts_from_a_cached_shallower_one_and_runs_no_layer_tw
     assert matches_full_model(model, batches[0], chained, plan, device)
 
 
-def test_the_exactness_check_runs_once_per_cache_entry(tiny_trial, monkeypatch):
+def test_the_exactness_check_runs_once_per_cache_entry(tiny_trial, monkeypatch, worker):
     from trials import eval_cache as module
 
     checks = []
     real = module.matches_full_model
     monkeypatch.setattr(module, "matches_full_model", lambda *a: checks.append(a) or real(*a))
     cfg = dataclasses.replace(tiny_trial, frozen_layers=1)
-    run_trial(cfg)
-    run_trial(dataclasses.replace(cfg, seed=1))  # same entry: no second check
+    run_trial(cfg, worker=worker)
+    run_trial(dataclasses.replace(cfg, seed=1), worker=worker)  # same entry: no second check
     assert len(checks) == 1
-    run_trial(dataclasses.replace(cfg, frozen_layers=2))  # another layer: another entry, another check
+    run_trial(dataclasses.replace(cfg, frozen_layers=2), worker=worker)  # another layer: another entry, another check
     assert len(checks) == 2
 
 
-def test_an_entry_that_fails_the_check_is_not_used_or_chained_from(tiny_trial, monkeypatch):
+def test_an_entry_that_fails_the_check_is_not_used_or_chained_from(tiny_trial, monkeypatch, worker):
     from trials import eval_cache as module
 
     checks, computed = [], []
     monkeypatch.setattr(module, "matches_full_model", lambda *a: checks.append(1) or False)
     real_compute = module._compute
     monkeypatch.setattr(module, "_compute", lambda *a, **k: computed.append(a[4]) or real_compute(*a, **k))
-    module.clear()
-    result = run_trial(dataclasses.replace(tiny_trial, frozen_layers=1))
-    assert result.eval_cached_layers is None and module.entries() == 0
-    again = run_trial(dataclasses.replace(tiny_trial, frozen_layers=1, seed=1))  # the same entry: refused at once
-    assert again.eval_cached_layers is None and module.entries() == 0 and checks == computed == [1]
+    worker.clear()
+    result = run_trial(dataclasses.replace(tiny_trial, frozen_layers=1), worker=worker)
+    assert result.eval_cached_layers is None and len(worker.eval_states) == 0
+    again = run_trial(dataclasses.replace(tiny_trial, frozen_layers=1, seed=1), worker=worker)  # the same entry: refused at once
+    assert again.eval_cached_layers is None and len(worker.eval_states) == 0 and checks == computed == [1]
 
 
-def test_the_cache_is_exact_on_sentence_pairs(tiny_trial, toy_pairs):
+def test_the_cache_is_exact_on_sentence_pairs(tiny_trial, toy_pairs, worker):
     """The cached prefix is computed with the pairs' segment ids: without them it would not match the full
     model, the check would refuse it, and eval_cached_layers would be None."""
     cfg = dataclasses.replace(tiny_trial, dataset=toy_pairs, text_column="sentence1", text_pair_column="sentence2",
                               frozen_layers=1, epochs=3)
-    uncached = run_trial(dataclasses.replace(cfg, eval_cache=False))
-    cached = run_trial(cfg)
+    uncached = run_trial(dataclasses.replace(cfg, eval_cache=False), worker=worker)
+    cached = run_trial(cfg, worker=worker)
     assert cached.eval_cached_layers == 1
     assert cached.eval_curve == uncached.eval_curve  # every metric and the loss, bit for bit

@@ -31,14 +31,20 @@ def test_fp16_scaler_scales_and_bf16_does_not():
     assert not resolve_precision("bf16", torch.device("cuda")).grad_scaler().is_enabled()
 
 
-def test_cuda_evaluation_cache_training_cache_and_fused_adamw(tiny_trial):
-    """The caches' CUDA paths: the evaluation cache (chained, early-stopped prefix; its bit-exactness
-    check on the GPU), the opt-in training cache, a template copied then moved to the GPU."""
-    cfg = dataclasses.replace(tiny_trial, device="cuda", precision="fp32", frozen_layers=1, epochs=3)
+@pytest.mark.parametrize("precision", ["fp32", "bf16", "fp16"])
+def test_cuda_evaluation_cache_training_cache_and_fused_adamw(tiny_trial, precision):
+    """The caches' CUDA paths in each precision: the evaluation cache (chained, early-stopped prefix;
+    its bit-exactness check on the GPU: where it holds, the curve is the full model's to the bit; fp32
+    must hold), the opt-in training cache, a template copied then moved to the GPU."""
+    if precision == "bf16" and _native() != "bf16":
+        pytest.skip("bf16 is emulated before compute capability 8.0")
+    cfg = dataclasses.replace(tiny_trial, device="cuda", precision=precision, frozen_layers=1, epochs=3)
     plain = run_trial(dataclasses.replace(cfg, eval_cache=False))
     cached = run_trial(cfg)
-    assert plain.eval_cached_layers is None and cached.eval_cached_layers == 1
-    assert [p.loss for p in cached.eval_curve] == pytest.approx([p.loss for p in plain.eval_curve], rel=1e-5)
+    assert plain.eval_cached_layers is None and (cached.eval_cached_layers == 1 or precision != "fp32")
+    if cached.eval_cached_layers == 1:
+        assert [p.loss for p in cached.eval_curve] == pytest.approx([p.loss for p in plain.eval_curve], rel=1e-5)
+    print(f"{precision}: evaluation cache {'used (bit-exact)' if cached.eval_cached_layers else 'refused by its check'}")
     with_train_cache = run_trial(dataclasses.replace(cfg, train_cache=True))
     assert with_train_cache.train_cached_layers == 1 and with_train_cache.status == "ok"
     assert with_train_cache.peak_mem_mb > 0

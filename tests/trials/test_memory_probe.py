@@ -15,10 +15,10 @@ from trials.placement import physical_index, trials_per_gpu, where
 
 
 @pytest.mark.parametrize("per_trial_mib,gpu_mib,expected", [
-    (10_000, 81_559, (6, 0.1666)),  # 0.8 * 81559 / 10000 = 6.5: six fit; 1/6 rounded down to Ray's 1/10000
-    (20_000, 81_559, (3, 0.3333)),  # 3.26
-    (16_311, 81_559, (4, 0.25)),  # just under a quarter of 0.8 * 81559: four
-    (40_000, 81_559, (1, 1.0)),  # 1.6: one trial per GPU
+    (10_000, 81_559, (6, 0.1666)),  # 81559 / (10000 * 1.2) = 6.8: six fit; 1/6 rounded down to Ray's 1/10000
+    (20_000, 81_559, (3, 0.3333)),  # 3.4
+    (16_311, 81_559, (4, 0.25)),  # 4.17: four, each with its own 20 % beside it
+    (40_000, 81_559, (1, 1.0)),  # 1.7: one trial per GPU
     (90_000, 81_559, (1, 1.0)),  # does not fit even alone: a GPU of its own (its OOM row will say so)
     (500, 143_771, (8, 0.125)),  # 230 would fit: capped at 8
 ])
@@ -32,7 +32,7 @@ def test_packing_fits_as_many_trials_as_the_margin_allows(per_trial_mib, gpu_mib
 def test_packing_margin_and_cap_are_parameters():
     assert packing(10_000, 100_000, margin=0.0) == (8, 0.125)
     assert packing(10_000, 100_000, margin=0.0, max_per_gpu=16) == (10, 0.1)
-    assert packing(10_000, 100_000, margin=0.5) == (5, 0.2)
+    assert packing(10_000, 100_000, margin=0.5) == (6, 0.1666)  # each trial keeps 5,000 free: 15,000 apiece
     with pytest.raises(ValueError):
         packing(0, 100_000)
     with pytest.raises(ValueError):

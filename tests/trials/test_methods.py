@@ -12,7 +12,8 @@ from transformers import AutoModelForSequenceClassification, BertConfig, Roberta
 from trials.config import TrialConfig
 from trials.lora import LoraError, apply_lora, attention_projections, resolve_targets
 from trials.probe import ProbeError, resolve_pooling, select_and_fit
-from trials.run import check_method, clear_caches, run_trial
+from trials.run import check_method, run_trial
+from trials.worker import process_worker
 
 H, C = 32, 2  # hidden size and classes of the skeletons below
 
@@ -107,7 +108,7 @@ def probe_trial(tiny_trial):
 
 def test_probe_is_deterministic_and_recorded(probe_trial):
     first = run_trial(probe_trial)
-    clear_caches()  # features recomputed from scratch: the same features, the same choice
+    process_worker().clear()  # features recomputed from scratch: the same features, the same choice
     second = run_trial(probe_trial)
     assert first.status == "ok" and first.eval_curve == second.eval_curve and first.probe_c == second.probe_c
     assert first.probe_c in np.logspace(-4, 4, 6) and first.probe_pooling == "mean"

@@ -10,14 +10,9 @@ import torch
 
 from trials import run
 from trials.model import build_model
-from trials.run import clear_caches, initial_model, run_trial, seed_everything, template_count
+from trials.run import initial_model, run_trial, seed_everything
 
 
-@pytest.fixture(autouse=True)
-def _no_templates():
-    clear_caches()
-    yield
-    clear_caches()
 
 
 def _curves(result):
@@ -29,29 +24,29 @@ def _rng() -> tuple:
 
 
 @pytest.mark.parametrize("model_init", ["pretrained", "random"])
-def test_a_copy_is_a_fresh_build_bit_for_bit_and_leaves_the_rng_where_a_build_does(tiny_trial, model_init):
+def test_a_copy_is_a_fresh_build_bit_for_bit_and_leaves_the_rng_where_a_build_does(tiny_trial, model_init, worker):
     cfg = dataclasses.replace(tiny_trial, model_init=model_init)
     seed_everything(cfg.derived_seed)  # the independent reference: build it directly
     built = build_model(cfg.model, 2, cfg.model_init)
     after_build = _rng()
-    initial_model(cfg, 2)  # fills the template
-    copied = initial_model(cfg, 2)  # from the template
+    initial_model(cfg, 2, worker)  # fills the template
+    copied = initial_model(cfg, 2, worker)  # from the template
     assert _rng() == after_build
-    assert template_count() == 1
+    assert len(worker.templates) == 1
     built_state, copied_state = built.state_dict(), copied.state_dict()
     assert built_state.keys() == copied_state.keys()
     assert all(torch.equal(built_state[k], copied_state[k]) for k in built_state)
 
 
-def test_a_trial_from_a_copied_template_equals_one_from_a_fresh_build(tiny_trial, monkeypatch):
+def test_a_trial_from_a_copied_template_equals_one_from_a_fresh_build(tiny_trial, monkeypatch, worker):
     cfg = dataclasses.replace(tiny_trial, frozen_layers=1)
-    fresh = run_trial(cfg)
-    clear_caches()
+    fresh = run_trial(cfg, worker=worker)
+    worker.clear()
     builds = []
     monkeypatch.setattr(run, "build_model", lambda *a: builds.append(a) or build_model(*a))
-    run_trial(dataclasses.replace(cfg, frozen_layers=0, train_size=24))  # another cell of the same seed builds it
-    from_copy = run_trial(cfg)
-    assert len(builds) == 1 and template_count() == 1
+    run_trial(dataclasses.replace(cfg, frozen_layers=0, train_size=24), worker=worker)  # another cell of the same seed builds it
+    from_copy = run_trial(cfg, worker=worker)
+    assert len(builds) == 1 and len(worker.templates) == 1
     assert _curves(from_copy) == _curves(fresh)  # same head, same dropout draws after it
-    other_seed = run_trial(dataclasses.replace(cfg, seed=1))
+    other_seed = run_trial(dataclasses.replace(cfg, seed=1), worker=worker)
     assert len(builds) == 2 and _curves(other_seed) != _curves(fresh)

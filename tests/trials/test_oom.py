@@ -1,3 +1,4 @@
+import dataclasses
 """Out of GPU memory: recognised whichever CUDA call raised it, and the memory really given back."""
 
 import weakref
@@ -8,6 +9,7 @@ import torch
 from trials import faults, oom
 from trials.oom import catch_oom, is_oom
 from trials.run import failed_result, run_trial_or_oom
+from trials.worker import WorkerState
 
 
 @pytest.mark.parametrize("error", [
@@ -94,8 +96,8 @@ def test_free_memory_runs_after_the_frames_go_and_empties_the_cuda_cache(monkeyp
     models = []
     real_initial_model = run.initial_model
 
-    def tracked(cfg, num_labels):
-        model = real_initial_model(cfg, num_labels)
+    def tracked(cfg, num_labels, worker=None):
+        model = real_initial_model(cfg, num_labels, worker)
         models.append(weakref.ref(model))
         return model
 
@@ -103,11 +105,12 @@ def test_free_memory_runs_after_the_frames_go_and_empties_the_cuda_cache(monkeyp
     monkeypatch.setattr(run, "initial_model", tracked)
     monkeypatch.setattr(run, "_empty_cuda_cache", lambda: calls.append([m() for m in models]))
     monkeypatch.setenv("FREEZESWEEP_FAULT", "oom@1")
-    result = run_trial_or_oom(tiny_trial)
+    worker = WorkerState()
+    result = run_trial_or_oom(tiny_trial, worker=worker)
     assert result.status == "oom" and "injected oom" in result.error
     assert result.placement["hostname"] and result.placement["gpu_uuid"] is None  # a CPU trial
     assert calls == [[None]], "the CUDA cache was emptied while the trial's model was alive, or not once"
-    assert run.template_count() == 0  # the caches went too
+    assert set(worker.sizes().values()) == {0}  # everything the worker kept went too
 
 
 def test_other_errors_propagate_for_the_callers_retries(monkeypatch, tiny_trial):
@@ -117,15 +120,11 @@ def test_other_errors_propagate_for_the_callers_retries(monkeypatch, tiny_trial)
 
 
 def test_share_bounded_oom_fault_fires_only_below_its_share(monkeypatch, tiny_trial):
+    """The share is the cell's own (what its scheduler gave it), read where the fault fires."""
     monkeypatch.setenv("FREEZESWEEP_FAULT", "oom<0.5@1")
-    faults.set_gpu_share(0.25)
-    try:
-        with pytest.raises(torch.cuda.OutOfMemoryError):
-            faults.maybe_inject(tiny_trial, evals_done=1)
-        faults.set_gpu_share(0.5)
-        faults.maybe_inject(tiny_trial, evals_done=1)  # fits at half a GPU: nothing raised
-    finally:
-        faults.set_gpu_share(None)
+    with pytest.raises(torch.cuda.OutOfMemoryError):
+        faults.maybe_inject(dataclasses.replace(tiny_trial, gpus_per_trial=0.25), evals_done=1)
+    faults.maybe_inject(dataclasses.replace(tiny_trial, gpus_per_trial=0.5), evals_done=1)  # fits at half a GPU
     for bad in ("crash<0.5@1", "oom<2@1", "oom<x@1"):
         monkeypatch.setenv("FREEZESWEEP_FAULT", bad)
         with pytest.raises(ValueError, match="bad FREEZESWEEP_FAULT rule"):

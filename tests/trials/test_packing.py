@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from tests.conftest import save_tiny
+from trials.worker import WorkerState
 from trials import first_token, packing
 from trials.data import load_task
 from trials.model import load_tokenizer
@@ -16,11 +17,6 @@ from trials.run import initial_model, run_trial
 from trials.tokens import collate, tokenize_split
 
 
-@pytest.fixture(autouse=True)
-def _fresh_verdicts():
-    packing.clear()
-    yield
-    packing.clear()
 
 
 def _model_and_batch(cfg, tmp_path, rows=12):
@@ -30,7 +26,7 @@ def _model_and_batch(cfg, tmp_path, rows=12):
     chosen = np.arange(rows)
     batch = collate(_ragged(ids.select(chosen)), task.train.labels[chosen], tokenizer.pad_token_id)
     assert len(set(batch.attention_mask.sum(1).tolist())) > 1, "rows of different lengths: padding to remove"
-    return initial_model(cfg, task.num_labels), batch
+    return initial_model(cfg, task.num_labels, WorkerState()), batch
 
 
 def test_pack_keeps_each_rows_tokens_positions_and_first_token():
@@ -62,13 +58,13 @@ def _tokens(rows):
 
 @pytest.mark.parametrize("model_fixture,data_fixture", [("tiny_bert", "toy_dataset"), ("tiny_roberta", "toy_dataset"),
                                                         ("tiny_bert", "toy_pairs")])
-def test_narrowed_and_packed_logits_are_the_full_models(request, tiny_trial, tmp_path, model_fixture, data_fixture):
+def test_narrowed_and_packed_logits_are_the_full_models(request, tiny_trial, tmp_path, model_fixture, data_fixture, worker):
     pairs = {"text_column": "sentence1", "text_pair_column": "sentence2"} if data_fixture == "toy_pairs" else {}
     cfg = dataclasses.replace(tiny_trial, model=request.getfixturevalue(model_fixture),
                               dataset=request.getfixturevalue(data_fixture), **pairs)
     model, batch = _model_and_batch(cfg, tmp_path)
     model.eval()
-    reader, feed = training_feed(model, batch, ("test", model_fixture))
+    reader, feed = training_feed(model, batch, ("test", model_fixture), worker.feed_verdicts)
     assert reader is not None and isinstance(feed, PackedFeed)
     with torch.no_grad():
         full = model(**batch.model_inputs()).logits
@@ -80,34 +76,34 @@ def test_narrowed_and_packed_logits_are_the_full_models(request, tiny_trial, tmp
     assert reader.rows is None  # evaluation after a packed step reads position 0 again
 
 
-def test_roberta_positions_start_after_its_padding_index(tiny_trial, tiny_roberta):
-    model = initial_model(dataclasses.replace(tiny_trial, model=tiny_roberta), 2)
+def test_roberta_positions_start_after_its_padding_index(tiny_trial, tiny_roberta, worker):
+    model = initial_model(dataclasses.replace(tiny_trial, model=tiny_roberta), 2, worker)
     assert position_offset(model) == model.config.pad_token_id + 1
-    assert position_offset(initial_model(tiny_trial, 2)) == 0
+    assert position_offset(initial_model(tiny_trial, 2, worker)) == 0
 
 
-def test_a_head_that_reads_every_token_is_run_in_full(tiny_trial, tmp_path):
+def test_a_head_that_reads_every_token_is_run_in_full(tiny_trial, tmp_path, worker):
     """A head pooling the mean of the last layer would get a different input from a narrowed layer:
     the check sees it, and the trial trains the full, padded model."""
     model, batch = _model_and_batch(tiny_trial, tmp_path)
     pooler = model.bert.pooler
     pooler.forward = lambda states: pooler.activation(pooler.dense(states.mean(1)))
-    reader, feed = training_feed(model, batch, ("test", "mean-pooled"))
+    reader, feed = training_feed(model, batch, ("test", "mean-pooled"), worker.feed_verdicts)
     assert reader is None and isinstance(feed, PaddedFeed)
 
 
-def test_a_model_without_the_bert_layout_runs_in_full_and_trains(tiny_trial, tmp_path, minilm_tokenizer):
+def test_a_model_without_the_bert_layout_runs_in_full_and_trains(tiny_trial, tmp_path, minilm_tokenizer, worker):
     from transformers import DistilBertConfig
 
     config = DistilBertConfig(vocab_size=len(minilm_tokenizer), dim=32, n_layers=2, n_heads=2, hidden_dim=64)
     cfg = dataclasses.replace(tiny_trial, model=save_tiny(tmp_path / "distil", config, minilm_tokenizer))
     model, batch = _model_and_batch(cfg, tmp_path)
-    reader, feed = training_feed(model, batch, ("test", "distil"))
+    reader, feed = training_feed(model, batch, ("test", "distil"), worker.feed_verdicts)
     assert reader is None and isinstance(feed, PaddedFeed)
-    assert run_trial(cfg).status == "ok"
+    assert run_trial(cfg, worker=worker).status == "ok"
 
 
-def test_a_trial_trains_the_same_packed_and_narrowed_as_padded_and_full(tiny_trial, tmp_path, minilm_tokenizer):
+def test_a_trial_trains_the_same_packed_and_narrowed_as_padded_and_full(tiny_trial, tmp_path, minilm_tokenizer, worker):
     """Without dropout (its masks are drawn per computed token), the two paths are one computation:
     the same losses at every evaluation, to float rounding, in fp32."""
     from transformers import BertConfig
@@ -116,8 +112,8 @@ def test_a_trial_trains_the_same_packed_and_narrowed_as_padded_and_full(tiny_tri
                         intermediate_size=64, max_position_embeddings=128, hidden_dropout_prob=0.0,
                         attention_probs_dropout_prob=0.0)
     cfg = dataclasses.replace(tiny_trial, model=save_tiny(tmp_path / "no-dropout", config, minilm_tokenizer), epochs=3)
-    fast = run_trial(cfg)
-    plain = run_trial(dataclasses.replace(cfg, narrow_last_layer=False, pack_training=False))
+    fast = run_trial(cfg, worker=worker)
+    plain = run_trial(dataclasses.replace(cfg, narrow_last_layer=False, pack_training=False), worker=worker)
     assert [p.step for p in fast.eval_curve] == [p.step for p in plain.eval_curve]
     np.testing.assert_allclose([p.loss for p in fast.eval_curve], [p.loss for p in plain.eval_curve], rtol=1e-4)
     np.testing.assert_allclose([loss for _, loss in fast.train_loss_curve],

@@ -6,7 +6,8 @@ import torch
 
 from trials.config import TrialConfig
 from trials.precision import PrecisionError, resolve_precision
-from trials.run import clear_caches, failed_result, run_trial
+from trials.run import failed_result, run_trial
+from trials.worker import WorkerState
 from trials.train import make_schedule
 
 
@@ -189,19 +190,17 @@ def test_segment_ids_reach_the_model_on_every_path(tiny_trial, toy_pairs, monkey
     seen = []
     original = run_module.initial_model
 
-    def hooked(cfg, num_labels):
-        model = original(cfg, num_labels)
+    def hooked(cfg, num_labels, worker=None):
+        model = original(cfg, num_labels, worker)
         model.base_model.embeddings.register_forward_pre_hook(
             lambda module, args, kwargs: seen.append(kwargs.get("token_type_ids")), with_kwargs=True)
         return model
 
     monkeypatch.setattr(run_module, "initial_model", hooked)
-    clear_caches()
-    result = run_trial(_pairs(tiny_trial, toy_pairs, frozen_layers=1, train_cache=True))
+    result = run_trial(_pairs(tiny_trial, toy_pairs, frozen_layers=1, train_cache=True), worker=WorkerState())
     assert result.eval_cached_layers == 1 and result.train_cached_layers == 1
     assert len(seen) > result.n_train  # one pass per train row for the training cache, and all the rest
     assert all(t is not None and int(t.max()) == 1 for t in seen)
-    clear_caches()
 
 
 def test_a_diverging_trial_is_diverged_never_ok(tiny_trial):
@@ -214,3 +213,20 @@ def test_a_diverging_trial_is_diverged_never_ok(tiny_trial):
     assert all(math.isfinite(p.loss) for p in result.eval_curve)  # nothing non-finite entered the curve
     assert result.best_val_score is None or result.best_step < result.diverged_at_step
     assert run_trial(tiny_trial).diverged_at_step is None
+
+
+def test_a_trials_peak_memory_excludes_its_workers_caches(tiny_trial):
+    """Before: a trial's peak counted everything its worker had kept (caches grow over a worker's life),
+    so freezing appeared to cost memory. The trial's own peak leaves them out; the process's is beside it."""
+    from trials.eval_cache import PrefixStates
+    from trials.worker import EvalKey, PrefixKey, WorkerState
+
+    cold = run_trial(tiny_trial, worker=WorkerState())
+    warm = WorkerState()
+    big = torch.ones(60_000_000)  # 229 MiB that the worker keeps, resident
+    warm.eval_states.put(PrefixKey(EvalKey("other", "d", "r", 1, 1, "w", "fp32", "cpu"), 1),
+                         PrefixStates(layer=1, states=(big,), tuple_output=False))
+    result = run_trial(tiny_trial, worker=warm)
+    assert warm.held_mib(torch.device("cpu")) >= 228
+    assert result.worker_peak_mem_mb - result.peak_mem_mb >= 228  # the worker's caches, left out
+    assert abs(result.peak_mem_mb - cold.peak_mem_mb) < 150  # what the cell itself costs, as on a cold worker

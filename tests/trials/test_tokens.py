@@ -20,13 +20,12 @@ class CountingTokenizer:
 
 
 def test_tokenization_is_cached_on_disk(minilm_tokenizer, tmp_path):
-    from trials import tokens
+    from trials.worker import WorkerState
 
     split = Split("train", ("a good film", "a bad one", "fine"), np.array([1, 0, 1]))
     counting = CountingTokenizer(minilm_tokenizer)
-    first = tokenize_split(counting, split, 16, tmp_path)
-    tokens._read_cache.cache_clear()  # as a fresh process would be
-    second = tokenize_split(counting, split, 16, tmp_path)
+    first = tokenize_split(counting, split, 16, tmp_path, WorkerState())
+    second = tokenize_split(counting, split, 16, tmp_path, WorkerState())  # as a fresh process would: from disk
     assert counting.calls == 1
     assert len(list((tmp_path / "tokens").glob("*.parquet"))) == 1
     assert [a.tolist() for a in first.input_ids] == [b.tolist() for b in second.input_ids]

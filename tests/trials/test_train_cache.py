@@ -11,11 +11,6 @@ from trials import train_cache
 from trials.run import run_trial
 
 
-@pytest.fixture(autouse=True)
-def _empty_cache():
-    train_cache.clear()
-    yield
-    train_cache.clear()
 
 
 @pytest.fixture(scope="module")
@@ -30,40 +25,40 @@ def tiny_bert_no_dropout(tmp_path_factory, minilm_tokenizer) -> str:
     return save_tiny(tmp_path_factory.mktemp("tiny-bert-no-dropout"), config, minilm_tokenizer)
 
 
-def test_off_by_default_and_part_of_the_identity(tiny_trial):
+def test_off_by_default_and_part_of_the_identity(tiny_trial, worker):
     cfg = dataclasses.replace(tiny_trial, frozen_layers=1)
-    assert run_trial(cfg).train_cached_layers is None and train_cache.entries() == []
+    assert run_trial(cfg, worker=worker).train_cached_layers is None and train_cache.entries(worker) == []
     assert dataclasses.replace(cfg, train_cache=True).trial_id != cfg.trial_id
     nothing_frozen = dataclasses.replace(cfg, frozen_layers=0)  # the flag cannot change such a cell: same id
     assert dataclasses.replace(nothing_frozen, train_cache=True).trial_id == nothing_frozen.trial_id
-    assert run_trial(dataclasses.replace(nothing_frozen, train_cache=True)).train_cached_layers is None
+    assert run_trial(dataclasses.replace(nothing_frozen, train_cache=True), worker=worker).train_cached_layers is None
 
 
 @pytest.mark.parametrize("k", [1, 2])
-def test_cached_training_equals_training_without_dropout_in_the_frozen_layers(tiny_trial, tiny_bert_no_dropout, k):
+def test_cached_training_equals_training_without_dropout_in_the_frozen_layers(tiny_trial, tiny_bert_no_dropout, k, worker):
     cfg = dataclasses.replace(tiny_trial, model=tiny_bert_no_dropout, frozen_layers=k, epochs=3)
-    plain = run_trial(cfg)
-    cached = run_trial(dataclasses.replace(cfg, train_cache=True))
+    plain = run_trial(cfg, worker=worker)
+    cached = run_trial(dataclasses.replace(cfg, train_cache=True), worker=worker)
     assert plain.train_cached_layers is None and cached.train_cached_layers == k
     np.testing.assert_allclose([loss for _, loss in cached.train_loss_curve],
                                [loss for _, loss in plain.train_loss_curve], rtol=1e-4)
     np.testing.assert_allclose([p.loss for p in cached.eval_curve], [p.loss for p in plain.eval_curve], rtol=1e-4)
 
 
-def test_with_dropout_the_cache_is_a_real_deviation(tiny_trial):
+def test_with_dropout_the_cache_is_a_real_deviation(tiny_trial, worker):
     cfg = dataclasses.replace(tiny_trial, frozen_layers=1, epochs=3)
-    plain, cached = run_trial(cfg), run_trial(dataclasses.replace(cfg, train_cache=True))
+    plain, cached = run_trial(cfg, worker=worker), run_trial(dataclasses.replace(cfg, train_cache=True), worker=worker)
     assert plain.train_loss_curve != cached.train_loss_curve
 
 
-def test_nested_subsets_share_rows_and_history_does_not_change_a_result(tiny_trial):
+def test_nested_subsets_share_rows_and_history_does_not_change_a_result(tiny_trial, worker):
     cfg = dataclasses.replace(tiny_trial, frozen_layers=1, train_cache=True, train_size=24)
-    fresh = run_trial(cfg)
-    assert train_cache.entries() == [24]
-    run_trial(dataclasses.replace(cfg, train_size=48))  # a superset: only its 24 new rows are computed
-    assert train_cache.entries() == [48]
-    train_cache.clear()
-    run_trial(dataclasses.replace(cfg, train_size=48))
-    after_bigger = run_trial(cfg)  # served entirely from rows another cell computed
+    fresh = run_trial(cfg, worker=worker)
+    assert train_cache.entries(worker) == [24]
+    run_trial(dataclasses.replace(cfg, train_size=48), worker=worker)  # a superset: only its 24 new rows are computed
+    assert train_cache.entries(worker) == [48]
+    worker.clear()
+    run_trial(dataclasses.replace(cfg, train_size=48), worker=worker)
+    after_bigger = run_trial(cfg, worker=worker)  # served entirely from rows another cell computed
     assert after_bigger.train_loss_curve == fresh.train_loss_curve
     assert [p.loss for p in after_bigger.eval_curve] == [p.loss for p in fresh.eval_curve]
