@@ -36,14 +36,14 @@ FROZEN_LAYERS = [-1, 0, 1, 2]
 
 
 # --- the instant trial (runs in Ray's workers) ----------------------------------------------------
-def instant_trainable(config: dict, shipment=None, earlier=None) -> None:
+def instant_trainable(config: dict, cells: dict, shipment=None, earlier=None) -> None:
     """A trial that trains nothing: the result row a real trial of this cell would store, at once."""
     from ray import tune
 
     from orchestrator.tune_adapter import PLACEMENT_KEY, RESULT_KEY, ray_placement, trial_config_from_ray
     from trials.config import EvalPoint, TrialResult
 
-    cfg = trial_config_from_ray(config)
+    cfg = trial_config_from_ray(config, cells)
     curve = tuple(EvalPoint(step=2 * i, epoch=i / 2, accuracy=0.5 + i / 100, loss=0.7 - i / 100)
                   for i in range(1, 21))
     placement = ray_placement()
@@ -80,12 +80,13 @@ def make_inputs(folder: Path) -> tuple[str, str]:
     return str(model), str(data)
 
 
-def write_spec(folder: Path, cells: int, model: str, data: str) -> Path:
+def write_spec(folder: Path, cells: int, model: str, data: str, cells_per_round: int | None = None) -> Path:
     per_seed = len(TRAIN_SIZES) * len(FROZEN_LAYERS)
     spec = {"name": f"scale-{cells}", "model": model, "datasets": [data], "train_sizes": TRAIN_SIZES,
             "frozen_layers": FROZEN_LAYERS, "seeds": list(range(cells // per_seed)),
             "training": {"precision": "fp32", "epochs": 1},
-            "resources": {"cpus_per_trial": 0.5}, "store": str(folder / "store")}
+            "resources": {"cpus_per_trial": 0.5, **({"cells_per_round": cells_per_round} if cells_per_round else {})},
+            "store": str(folder / "store")}
     path = folder / f"scale-{cells}.yaml"
     path.write_text(yaml.safe_dump(spec))
     return path
@@ -148,7 +149,7 @@ def main() -> None:
     print(f"{'cells':>8} {'validate s':>10} {'plan s':>7} {'trials run':>10} {'first row s':>11} "
           f"{'driver CPU ms/trial':>19} {'wall ms/trial':>13} {'driver RSS MB':>13}")
     for cells in args.cells:
-        path = write_spec(folder, cells, model, data)
+        path = write_spec(folder, cells, model, data, args.cells_per_round)
         planning = measure_planning(path)
         out = folder / f"driver-{cells}.json"
         stop = args.sample if cells > args.full_max else None
@@ -169,6 +170,7 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--cells", type=int, nargs="+", default=[1000, 10_000, 100_000])
     parser.add_argument("--full-max", type=int, default=10_000, help="larger grids run only --sample trials")
     parser.add_argument("--sample", type=int, default=3000)
+    parser.add_argument("--cells-per-round", type=int, help="the spec's resources.cells_per_round (default: its default)")
     parser.add_argument("--driver", help=argparse.SUPPRESS)
     parser.add_argument("--out", help=argparse.SUPPRESS)
     parser.add_argument("--stop-after", type=int, help=argparse.SUPPRESS)

@@ -50,25 +50,28 @@ from trials.run import failed_result, run_trial_or_oom
 # of attempts Ray made.
 OutcomeSink = Callable[[TrialResult, int], None]
 
-CELL_KEY = "cell"
+CELL_KEY = "cell"  # a trial's config in Tune: the cell's trial_id only (the cells travel once, by id)
 RESULT_KEY = "freezesweep_result"
 PLACEMENT_KEY = "freezesweep_placement"  # in every report, so a trial whose process dies is placed too
 CHECKPOINT_ERROR_KEY = "freezesweep_checkpoint_error"  # Ray's storage refused a checkpoint from this node
 
 
-def trial_config_from_ray(config: dict) -> TrialConfig:
+def trial_config_from_ray(config: dict, cells: dict[str, dict]) -> TrialConfig:
+    """The cell a Tune trial runs: its config names the trial_id, ``cells`` holds each id's fields."""
     unknown = sorted(set(config) - {CELL_KEY})
     if unknown:
         raise ValueError(f"unknown keys in Ray trial config: {', '.join(unknown)}")
-    return TrialConfig.from_dict(config[CELL_KEY])
+    return TrialConfig.from_dict(cells[config[CELL_KEY]])
 
 
-def tune_trainable(config: dict, shipment: Shipment | None = None, earlier: dict | None = None) -> None:
-    """One Ray trial. ``shipment``: the files the driver shipped; ``earlier``: an earlier launch's last
+def tune_trainable(config: dict, cells: dict[str, dict], shipment: Shipment | None = None,
+                   earlier: dict | None = None) -> None:
+    """One Ray trial. ``cells``: the round's cells by trial id (in the object store once, not in each
+    trial's config); ``shipment``: the files the driver shipped; ``earlier``: an earlier launch's last
     checkpoint of some cells (``tune.Checkpoint`` by trial id)."""
     transformers.logging.set_verbosity_error()
     transformers.utils.logging.disable_progress_bar()
-    cfg = trial_config_from_ray(config)
+    cfg = trial_config_from_ray(config, cells)
     local = shipment.place(cfg, fetch=ray.get) if shipment else cfg
     placement = {**where(trial_device(cfg)), **ray_placement()}
     placed = json.dumps(placement)
@@ -171,13 +174,13 @@ class OutcomeCallback(tune.Callback):
     _trial_over: Callable[[str], None] | None = None
     _told_checkpoint_error = False
 
-    def __init__(self, write: OutcomeSink, stop_if: Callable[[], None] | None = None,
+    def __init__(self, write: OutcomeSink, cells: dict[str, dict], stop_if: Callable[[], None] | None = None,
                  trial_over: Callable[[str], None] | None = None):
-        self._write, self._stop_if, self._trial_over = write, stop_if, trial_over
+        self._write, self._cells, self._stop_if, self._trial_over = write, cells, stop_if, trial_over
 
     def __getstate__(self) -> dict:
         # Tune pickles its run config into tuner.pkl; the live sink (store, progress bar) stays out.
-        return {"_write": None, "_stop_if": None, "_trial_over": None}
+        return {"_write": None, "_cells": {}, "_stop_if": None, "_trial_over": None}
 
     def on_step_begin(self, iteration, trials, **info):
         if self._stop_if is not None:
@@ -200,13 +203,13 @@ class OutcomeCallback(tune.Callback):
 
     def _over(self, trial) -> None:
         if self._trial_over is not None:
-            self._trial_over(trial_config_from_ray(trial.config).trial_id)
+            self._trial_over(trial.config[CELL_KEY])
 
     def on_trial_complete(self, iteration, trials, trial, **info):
         self._over(trial)
 
     def on_trial_error(self, iteration, trials, trial, **info):
-        cfg = trial_config_from_ray(trial.config)
+        cfg = trial_config_from_ray(trial.config, self._cells)
         error, trace = _trial_error(trial)
         placement = last_placement(trial.last_result or {})
         self._sink(failed_result(cfg, error, trace=trace, placement=placement), trial.num_failures)
@@ -252,14 +255,13 @@ class CellSearcher(Searcher):
 
     def __init__(self, cells: list[TrialConfig]):
         super().__init__()
-        self._cells, self._next = cells, 0
+        self._ids, self._next = [c.trial_id for c in cells], 0
 
     def suggest(self, trial_id: str) -> dict | str | None:
-        if self._next >= len(self._cells):
+        if self._next >= len(self._ids):
             return Searcher.FINISHED
-        cell = self._cells[self._next]
         self._next += 1
-        return {CELL_KEY: cell.to_dict()}
+        return {CELL_KEY: self._ids[self._next - 1]}
 
     def on_trial_complete(self, trial_id: str, result: dict | None = None, error: bool = False) -> None:
         """Outcomes reach the store through OutcomeCallback; the next cell does not depend on them."""
@@ -288,6 +290,7 @@ def run_tune(sweep: ResolvedSweep, cells: list[TrialConfig], storage: RayStorage
     # An earlier launch's driver died while some of these cells ran: each starts from its last checkpoint.
     earlier = checkpoints_to_resume(storage, experiment, {c.trial_id for c in cells}) if checkpoints else {}
     outcomes: set[str] = set()
+    by_id = {c.trial_id: c.to_dict() for c in cells}
 
     def sink(result: TrialResult, attempts: int) -> None:
         on_outcome(result, attempts)
@@ -295,14 +298,15 @@ def run_tune(sweep: ResolvedSweep, cells: list[TrialConfig], storage: RayStorage
 
     tuner = tune.Tuner(
         # with_parameters: what every trial may need goes to the object store once, not into each one's config
-        tune.with_resources(tune.with_parameters(trainable or tune_trainable, shipment=sweep.shipment, earlier=earlier),
+        tune.with_resources(tune.with_parameters(trainable or tune_trainable, cells=by_id, shipment=sweep.shipment,
+                                                 earlier=earlier),
                             {"cpu": resources.cpus_per_trial, "gpu": sweep.gpu_share}),
         tune_config=tune.TuneConfig(
             search_alg=CellSearcher(cells),
             num_samples=len(cells),
             max_concurrent_trials=resources.max_concurrent_trials,
             reuse_actors=True,  # one worker process runs many trials: imports, tokenizer and token cache stay warm
-            trial_dirname_creator=lambda trial: trial_config_from_ray(trial.config).trial_id,
+            trial_dirname_creator=lambda trial: trial.config[CELL_KEY],
         ),
         run_config=tune.RunConfig(
             name=experiment,
@@ -312,7 +316,7 @@ def run_tune(sweep: ResolvedSweep, cells: list[TrialConfig], storage: RayStorage
             # (ray_checkpoints above); only the latest is kept, and none once the trial is over.
             failure_config=tune.FailureConfig(max_failures=resources.max_failures),
             checkpoint_config=tune.CheckpointConfig(num_to_keep=1),
-            callbacks=[OutcomeCallback(sink, stop_if, trial_over=functools.partial(drop_checkpoints, storage, experiment)
+            callbacks=[OutcomeCallback(sink, by_id, stop_if, trial_over=functools.partial(drop_checkpoints, storage, experiment)
                                        if checkpoints else None)],
             verbose=0,
         ),

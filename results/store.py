@@ -171,7 +171,8 @@ class ResultStore:
     def write_row(self, row: dict[str, Any]) -> str:
         table = pa.Table.from_pylist([row], schema=SCHEMA)
         sink = pa.BufferOutputStream()
-        pq.write_table(table, sink)
+        # one row: column statistics and dictionaries would only weigh the footer (a part gets them)
+        pq.write_table(table, sink, write_statistics=False, use_dictionary=False)
         final = f"{self.results_dir}/{row['trial_id']}.parquet"
         self._write_atomic(final, sink.getvalue().to_pybytes(), on_staged=self.on_staged)
         return final

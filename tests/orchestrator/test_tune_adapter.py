@@ -62,7 +62,7 @@ def test_driver_warns_once_about_refused_checkpoints(capsys):
     class Trial:
         num_failures = 0
 
-    writer = tune_adapter.OutcomeCallback(lambda *args: None)
+    writer = tune_adapter.OutcomeCallback(lambda *args: None, {})
     refused = {tune_adapter.CHECKPOINT_ERROR_KEY: "RuntimeError: no storage",
                tune_adapter.PLACEMENT_KEY: json.dumps({"node_ip": "10.0.0.2"})}
     writer.on_trial_result(0, [], Trial(), refused)
@@ -134,15 +134,16 @@ class _Trial:
     """What the callback reads of Ray's trial object."""
 
     def __init__(self, cell, num_failures=0, last_result=None, error_file=None):
-        self.config = {tune_adapter.CELL_KEY: cell.to_dict()}
+        self.config = {tune_adapter.CELL_KEY: cell.trial_id}
         self.num_failures, self.last_result = num_failures, last_result or {}
         self.error_file, self.pickled_error_file = error_file, None
 
 
 def test_a_ray_config_with_unknown_keys_is_refused(tiny_trial):
-    assert tune_adapter.trial_config_from_ray({tune_adapter.CELL_KEY: tiny_trial.to_dict()}) == tiny_trial
+    cells = {"abc": tiny_trial.to_dict()}
+    assert tune_adapter.trial_config_from_ray({tune_adapter.CELL_KEY: "abc"}, cells) == tiny_trial
     with pytest.raises(ValueError, match="unknown keys in Ray trial config: lr"):
-        tune_adapter.trial_config_from_ray({tune_adapter.CELL_KEY: tiny_trial.to_dict(), "lr": 1})
+        tune_adapter.trial_config_from_ray({tune_adapter.CELL_KEY: "abc", "lr": 1}, cells)
 
 
 def test_the_callback_hands_over_each_outcome_once_with_its_attempts(tiny_trial, tmp_path):
@@ -151,9 +152,9 @@ def test_the_callback_hands_over_each_outcome_once_with_its_attempts(tiny_trial,
     from trials.config import TrialResult
 
     outcomes, over = [], []
-    callback = tune_adapter.OutcomeCallback(lambda result, attempts: outcomes.append((result, attempts)),
-                                            trial_over=over.append)
     cell = dataclasses.replace(tiny_trial, precision="fp32")
+    callback = tune_adapter.OutcomeCallback(lambda result, attempts: outcomes.append((result, attempts)),
+                                            {cell.trial_id: cell.to_dict()}, trial_over=over.append)
     done = TrialResult(trial_id=cell.trial_id, config=cell, status="ok", best_val_score=0.9)
     callback.on_trial_result(0, [], _Trial(cell), {"val_accuracy": 0.5})  # an evaluation: nothing yet
     callback.on_trial_result(0, [], _Trial(cell, num_failures=1),

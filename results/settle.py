@@ -1,0 +1,151 @@
+"""Deciding, with confidence that holds however often the rows are looked at, which arms of a group are
+as good as full fine-tuning, and which seeds to run next to settle the rest.
+
+A group is (sweep, dataset, train size) — with several models, per model. An arm is a frozen depth, a
+LoRA rank or the probe; each is compared with full fine-tuning (``freeze k=0``) on paired seeds (the
+same seed shares head initialisation and batch order: trials/config.py), and full fine-tuning with the
+constant baseline (the majority class, the mean score), which says whether anything is learned at all.
+
+The intervals are repeated confidence intervals (Jennison & Turnbull 1989, "Interim analyses: the
+repeated confidence interval approach", JRSS-B 51:305–361; Group Sequential Methods, 2000, ch. 9) made
+simultaneous by the Bonferroni inequality over every look a sweep may take and every comparison of its
+group: at each look, a Student-t interval of the mean paired difference at level 1 − α / (L · m), where
+L is the most looks the budget allows (``SettleRule.looks``) and m the group's comparisons. Whatever the
+stopping rule — stopping a contrast as soon as it looks decided, looking after every round — all of them
+hold at once with probability ≥ 1 − α for normal paired differences, so each decision does too, and the
+multiplicity across arms is controlled with no assumption on how the arms depend on each other (they
+share the k = 0 runs). Bonferroni over looks is more conservative than Pocock's or O'Brien–Fleming's
+boundaries but needs no assumption on the looks' spacing; benchmarks/settle_coverage.py measures the
+coverage on data drawn like the reference study's, skewed and clipped draws included.
+
+Honest by construction: no decision from fewer than MIN_PAIRS paired seeds or from an interval of zero
+width (identical differences: their spread is not known, not zero), and no freezing advice for a group
+where full fine-tuning does not beat the constant baseline (nothing learned at this size).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+import pandas as pd
+from scipy import stats
+
+MIN_PAIRS = 3
+FULL = "freeze k=0"  # the arm every other is compared with
+WITHIN, WORSE, UNDECIDED = "within", "worse", "undecided"
+LEARNED, NOTHING_LEARNED = "learned", "nothing learned"
+
+
+@dataclass(frozen=True)
+class SettleRule:
+    tolerance: float = 0.01  # how much below full fine-tuning still counts as as good
+    confidence: float = 0.95  # that every decision of a group holds, whenever the sweep stops
+    initial_seeds: int = 3  # paired seeds every arm gets before the first look
+    max_seeds: int = 10  # the budget: no arm gets more
+    seeds_per_round: int = 2  # added to each undecided arm at each later look
+
+    @property
+    def looks(self) -> int:
+        """The most looks a group can take: the first, then one per round until max_seeds."""
+        return 1 + math.ceil(max(0, self.max_seeds - self.initial_seeds) / self.seeds_per_round)
+
+
+FIXED_GRID = None  # a fixed grid is looked at once: decide(..., looks=1)
+
+
+@dataclass(frozen=True)
+class Comparison:
+    arm: str  # e.g. "freeze k=3", "lora r=8", "probe"; "learned" for full fine-tuning against the baseline
+    pairs: int
+    mean: float  # mean paired difference (arm − full fine-tuning; full fine-tuning − baseline)
+    low: float  # the simultaneous interval (NaN: none yet)
+    high: float
+    decision: str  # within / worse / undecided, or learned / nothing learned / undecided
+    why: str = ""  # why undecided: too few seeds, zero width, straddles the boundary
+
+    def nearness(self, tolerance: float) -> float:
+        """How near deciding it is: its mean's distance from the boundary (−tolerance) in half-widths of
+        its interval. Near 1, a little more data decides it; near 0, the truth sits on the boundary."""
+        if math.isnan(self.low):
+            return 0.0
+        half = (self.high - self.low) / 2
+        return abs(self.mean + tolerance) / half if half > 0 else 0.0
+
+
+@dataclass(frozen=True)
+class GroupDecision:
+    learned: Comparison
+    arms: tuple[Comparison, ...]
+    seeds: int  # paired seeds of full fine-tuning so far
+    settled: bool  # nothing left to decide, or nothing learned
+    advice: str | None = None  # the most-frozen arm within the tolerance (None: no advice)
+    excluded: dict[str, int] = field(default_factory=dict)  # status -> rows left out (failed, diverged, …)
+
+
+def interval(diffs: np.ndarray, level: float) -> tuple[float, float, float]:
+    """Mean and Student-t interval at ``level``; NaN bounds from fewer than two values."""
+    diffs = np.asarray(diffs, dtype=float)
+    mean = float(diffs.mean()) if len(diffs) else math.nan
+    if len(diffs) < 2:
+        return mean, math.nan, math.nan
+    half = float(stats.t.ppf(1 - (1 - level) / 2, len(diffs) - 1) * diffs.std(ddof=1) / math.sqrt(len(diffs)))
+    return mean, mean - half, mean + half
+
+
+def decide(group: pd.DataFrame, rule: SettleRule, looks: int | None = None) -> GroupDecision:
+    """One group's decisions from its rows (columns: arm, seed, score, baseline_score, status).
+    ``looks``: how many looks the intervals must survive (default: the rule's; 1 for a fixed grid)."""
+    group = group.reindex(columns=["arm", "seed", "score", "baseline_score", "status"])  # also no rows yet
+    ok = group[group["status"] == "ok"]
+    excluded = group[group["status"] != "ok"]["status"].value_counts().to_dict()
+    scores = ok.pivot(index="seed", columns="arm", values="score") if len(ok) else pd.DataFrame()
+    arms = [a for a in scores.columns if a != FULL]
+    level = 1 - (1 - rule.confidence) / ((looks or rule.looks) * (len(arms) + 1))
+    full = scores[FULL].dropna() if FULL in scores else pd.Series(dtype=float)
+    baseline = ok.groupby("seed")["baseline_score"].first().reindex(full.index)
+    learned = _compare("learned", (full - baseline).to_numpy(), level, rule.tolerance, learned=True)
+    compared = tuple(_compare(arm, (scores[arm] - scores.get(FULL)).dropna().to_numpy(), level, rule.tolerance)
+                     for arm in arms)
+    nothing = learned.decision == NOTHING_LEARNED
+    settled = nothing or (learned.decision == LEARNED and all(c.decision != UNDECIDED for c in compared))
+    within = [c.arm for c in compared if c.decision == WITHIN and c.arm.startswith("freeze")]
+    advice = max(within, key=_depth) if within and learned.decision == LEARNED else None
+    return GroupDecision(learned, compared, len(full), settled, advice, excluded)
+
+
+def _compare(arm: str, diffs: np.ndarray, level: float, tolerance: float, learned: bool = False) -> Comparison:
+    mean, low, high = interval(diffs, level)
+    if len(diffs) < MIN_PAIRS:
+        return Comparison(arm, len(diffs), mean, low, high, UNDECIDED, f"fewer than {MIN_PAIRS} paired seeds")
+    if high - low <= 0:
+        return Comparison(arm, len(diffs), mean, low, high, UNDECIDED, "identical differences: their spread is unknown")
+    if learned:  # full fine-tuning against the constant baseline: a gain of more than the tolerance?
+        decision = LEARNED if low > tolerance else NOTHING_LEARNED if high < tolerance else UNDECIDED
+    else:  # an arm against full fine-tuning: no worse than the tolerance, or worse
+        decision = WITHIN if low > -tolerance else WORSE if high < -tolerance else UNDECIDED
+    return Comparison(arm, len(diffs), mean, low, high, decision,
+                      "" if decision != UNDECIDED else "the interval straddles the boundary")
+
+
+def _depth(arm: str) -> float:
+    """How much a freeze arm freezes: k = -1 (embeddings only) sits between 0 and 1."""
+    k = int(arm.split("=", 1)[1])
+    return 0.5 if k == -1 else float(k)
+
+
+def next_round(decision: GroupDecision, rule: SettleRule, arms: list[str], seeds_done: list[int]) -> list[tuple[str, int]]:
+    """The (arm, seed) cells the next round runs for this group (``arms``: the group's arms in the grid,
+    full fine-tuning aside; ``seeds_done``: the seeds full fine-tuning has run): nothing when it is
+    settled or at the budget; else new seeds for full fine-tuning (every pair needs it) and for each arm
+    not decided yet, those nearest deciding first (``Comparison.nearness``: the order cells are queued in)."""
+    if decision.settled or decision.seeds >= rule.max_seeds:
+        return []
+    start = max(seeds_done, default=-1) + 1
+    compared = {c.arm: c for c in decision.arms}
+    open_arms = sorted((a for a in arms if a not in compared or compared[a].decision == UNDECIDED),
+                       key=lambda a: -compared[a].nearness(rule.tolerance) if a in compared else 0.0)
+    wanted = rule.initial_seeds - decision.seeds if decision.seeds < rule.initial_seeds else rule.seeds_per_round
+    seeds = range(start, start + min(wanted, rule.max_seeds - decision.seeds))
+    return [(arm, seed) for arm in [FULL, *open_arms] for seed in seeds]
