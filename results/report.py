@@ -17,6 +17,7 @@ import pandas as pd
 
 from results import figures
 from results.decision import decide
+from results.settle import LEARNED, SettleRule
 from results.query import CELL_KEYS, freeze_rows, read_rows, summary, with_methods
 from results.stats import (GROUP, TOLERANCE, costs, largest_k_retaining, method_comparison, paired_contrasts,
                            retained_quality)
@@ -31,12 +32,14 @@ class SweepRows:
     name: str
     rows: pd.DataFrame
     status: pd.DataFrame | None = None
+    rule: tuple[SettleRule, int] | None = None  # a settle sweep's rule and looks (None: a fixed grid)
 
     @classmethod
-    def from_store(cls, store: ResultStore, status: pd.DataFrame | None = None) -> "SweepRows":
+    def from_store(cls, store: ResultStore, status: pd.DataFrame | None = None,
+                   rule: tuple[SettleRule, int] | None = None) -> "SweepRows":
         rows = read_rows(store)
         rows["sweep"] = store.sweep  # the folder names the sweep, whatever a row says
-        return cls(store.sweep, rows, status)
+        return cls(store.sweep, rows, status, rule)
 
 
 @dataclass
@@ -68,7 +71,11 @@ def build_report(sweeps: list[SweepRows], tolerance: float = TOLERANCE) -> Repor
     contrasts, retained, cost = paired_contrasts(layers), retained_quality(layers), costs(layers)
     planned = {s.name: {int(v) for v in _axis(s.status, "frozen_layers")} for s in sweeps if s.status is not None}
     planned.update({label: planned[sweep] for label, sweep in zip(rows["sweep"], rows["sweep_name"]) if sweep in planned})
-    decisions = decide(layers, contrasts, retained, cost, tolerance, planned)
+    rules = {label: s.rule for s in sweeps if s.rule for label in rows.loc[rows["sweep_name"] == s.name, "sweep"]}
+    decisions = decide(layers, retained, cost, tolerance, planned, rules)
+    # no retained quality where nothing is (shown to be) learned: a ratio of two gains near zero
+    learned = decisions.loc[decisions["learned"] == LEARNED, GROUP]
+    retained = retained.merge(learned, on=GROUP)
     appendix = summary(layers, CELL_KEYS)
     methods = method_comparison(rows) if (rows["method"] != "freeze").any() else None
     figs = _figures(layers, appendix, retained, contrasts, cost, tolerance)
@@ -145,8 +152,12 @@ def _sections(report: Report, sweeps: list[SweepRows], tolerance: float, many: b
 
 
 def _decision_section(report: Report, tolerance: float, many: bool) -> Section:
-    intro = (f"Per dataset and train size, the largest k whose paired difference in the selected metric to full fine-tuning "
-             f"(k = 0) has a 95 % CI lower bound ≥ −{tolerance:g}, and what freezing it saves against k = 0.")
+    intro = (f"Per dataset and train size, the largest k shown to be within the tolerance (−{tolerance:g} unless the "
+             "sweep's settle section says otherwise) of full fine-tuning (k = 0) in the selected metric: its paired "
+             "difference's interval, simultaneous over the group's comparisons and every look the sweep took "
+             "(results/settle.py), lies above −tolerance; and what freezing it saves against k = 0. No advice from "
+             "fewer than 3 paired seeds, from identical differences, or where full fine-tuning does not beat the "
+             "constant baseline (nothing learned at this size).")
     table = report.decisions.drop(columns=["sentence"])
     return Section("The decision", [intro, *report.decisions["sentence"]], [_shown(table, many)])
 
@@ -258,7 +269,7 @@ def _format_for(column: str, values: pd.Series) -> str | None:
         return "{:.1f}"
     if column.endswith("_mb") or column.endswith("params"):
         return "{:,.0f}"
-    if column in ("frozen_layers", "k_retaining_90", "lora_rank"):
+    if column in ("frozen_layers", "k_retaining_90", "lora_rank", "pairs", "looks", "baseline_seeds"):
         return "{:.0f}"  # nullable: pandas holds them as floats once a None joins
     if values.dtype.kind == "f":
         return "{:.4f}"

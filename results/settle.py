@@ -62,7 +62,9 @@ class Comparison:
     mean: float  # mean paired difference (arm − full fine-tuning; full fine-tuning − baseline)
     low: float  # the simultaneous interval (NaN: none yet)
     high: float
-    decision: str  # within / worse / undecided, or learned / nothing learned / undecided
+    # within / worse / undecided; for full fine-tuning against the baseline: nothing learned (its gain's
+    # interval lies below the tolerance), learned (above 0), undecided
+    decision: str
     why: str = ""  # why undecided: too few seeds, zero width, straddles the boundary
 
     def nearness(self, tolerance: float) -> float:
@@ -106,8 +108,7 @@ def decide(group: pd.DataFrame, rule: SettleRule, looks: int | None = None) -> G
     full = scores[FULL].dropna() if FULL in scores else pd.Series(dtype=float)
     baseline = ok.groupby("seed")["baseline_score"].first().reindex(full.index)
     learned = _compare("learned", (full - baseline).to_numpy(), level, rule.tolerance, learned=True)
-    compared = tuple(_compare(arm, (scores[arm] - scores.get(FULL)).dropna().to_numpy(), level, rule.tolerance)
-                     for arm in arms)
+    compared = tuple(_compare(arm, (scores[arm] - full).dropna().to_numpy(), level, rule.tolerance) for arm in arms)
     nothing = learned.decision == NOTHING_LEARNED
     settled = nothing or (learned.decision == LEARNED and all(c.decision != UNDECIDED for c in compared))
     within = [c.arm for c in compared if c.decision == WITHIN and c.arm.startswith("freeze")]
@@ -121,8 +122,8 @@ def _compare(arm: str, diffs: np.ndarray, level: float, tolerance: float, learne
         return Comparison(arm, len(diffs), mean, low, high, UNDECIDED, f"fewer than {MIN_PAIRS} paired seeds")
     if high - low <= 0:
         return Comparison(arm, len(diffs), mean, low, high, UNDECIDED, "identical differences: their spread is unknown")
-    if learned:  # full fine-tuning against the constant baseline: a gain of more than the tolerance?
-        decision = LEARNED if low > tolerance else NOTHING_LEARNED if high < tolerance else UNDECIDED
+    if learned:  # full fine-tuning against the constant baseline: no gain worth the tolerance, or a gain
+        decision = NOTHING_LEARNED if high < tolerance else LEARNED if low > 0 else UNDECIDED
     else:  # an arm against full fine-tuning: no worse than the tolerance, or worse
         decision = WITHIN if low > -tolerance else WORSE if high < -tolerance else UNDECIDED
     return Comparison(arm, len(diffs), mean, low, high, decision,

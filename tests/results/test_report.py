@@ -82,35 +82,61 @@ def test_retained_quality_and_its_bootstrap_interval(store_rows):
     assert retained.loc[(100, -1), "retained"] == pytest.approx(1.0)
 
 
+# n = 100 has 4 comparisons (k = -1, 3, 6 against k = 0; k = 0 against the majority): each interval at
+# 1 - 0.05 / 4, simultaneous (results/settle.py). Student t, 2 degrees of freedom, 0.99375: 8.8602.
+T_99375_DF2 = 8.860200034654316
+
+
 def test_decision_sentences_and_table(store_rows):
     report = build_report([SweepRows.from_store(store_rows)])
     decisions = report.decisions.set_index("train_size")
+    half = T_99375_DF2 * 0.001 / math.sqrt(3)  # k = 3: diffs -0.002, -0.003, -0.001
+    assert (decisions.loc[100, "ci_low"], decisions.loc[100, "ci_high"]) == pytest.approx((-0.002 - half, -0.002 + half))
     assert decisions.loc[100, "sentence"] == (
         "d, n = 100: freeze the embeddings and the first 3 layers (k = 3) — accuracy 0.848 vs 0.850 with full "
-        "fine-tuning, paired difference -0.002 (95 % CI -0.004 to +0.000, 3 seeds), within the 0.01 tolerance; "
-        "it trains with 75 % fewer trainable parameters, 40 % less train time and 25 % less peak memory.")
+        "fine-tuning, paired difference -0.002 (95 % simultaneous interval -0.007 to +0.003, 3 seeds), within the "
+        "0.01 tolerance; it trains with 75 % fewer trainable parameters, 40 % less train time and 25 % less peak "
+        "memory (undecided: k=-1, k=6) (left out: 1 failed).")
     assert decisions.loc[100, "frozen_layers"] == 3 and decisions.loc[100, "k_retaining_90"] == 3
     assert decisions.loc[100, ["params_saved_pct", "time_saved_pct", "mem_saved_pct"]] \
         .tolist() == pytest.approx([75.0, 40.0, 25.0])
     assert decisions.loc[20, "sentence"] == (
-        "d, n = 20: no k can be shown to be within 0.01 of full fine-tuning with 95 % confidence (1 paired seed; "
-        "a confidence interval needs at least 2): fine-tune every layer, or add seeds.")
+        "d, n = 20: not yet shown that full fine-tuning learns anything here (1 seed: fewer than 3 paired seeds); "
+        "no freezing advice — add seeds.")
     assert decisions.loc[50, "sentence"] == (
         "d, n = 50: no full fine-tuning (k = 0) runs to compare with (none in the store), so no decision.")
 
 
-def test_a_tighter_tolerance_admits_no_k_and_names_the_closest(store_rows):
+def test_a_tighter_tolerance_admits_no_k_and_says_what_is_undecided(store_rows):
     decisions = build_report([SweepRows.from_store(store_rows)], tolerance=0.001).decisions.set_index("train_size")
-    assert decisions.loc[100, "sentence"] == (  # k = 3 has the highest CI low: -0.0045 (k = -1: -0.025)
-        "d, n = 100: no k can be shown to be within 0.001 of full fine-tuning with 95 % confidence (3 paired seeds); "
-        "the closest, k = 3, differs by -0.002 (95 % CI -0.004 to +0.000): fine-tune every layer, or add seeds.")
+    assert decisions.loc[100, "sentence"] == (  # k = 3's interval, -0.0071 to +0.0031, straddles -0.001
+        "d, n = 100: no k is shown within 0.001 of full fine-tuning at 3 paired seeds (undecided: k=-1, k=3, k=6): "
+        "fine-tune every layer, or add seeds (settle mode runs as many as the question needs) (left out: 1 failed).")
     assert pd.isna(decisions.loc[100, "frozen_layers"])
 
 
 def test_a_looser_tolerance_admits_a_larger_k(store_rows):
-    decisions = build_report([SweepRows.from_store(store_rows)], tolerance=0.1).decisions.set_index("train_size")
-    assert decisions.loc[100, "frozen_layers"] == 6  # CI low -0.0997 ≥ -0.1
-    assert "within the 0.1 tolerance" in decisions.loc[100, "sentence"]
+    decisions = build_report([SweepRows.from_store(store_rows)], tolerance=0.2).decisions.set_index("train_size")
+    # k = 6: diffs -0.05, -0.07, -0.03 (sd 0.02): -0.05 - 8.8602 * 0.02 / sqrt(3) = -0.152 >= -0.2
+    assert decisions.loc[100, "frozen_layers"] == 6 and decisions.loc[100, "ci_low"] == pytest.approx(
+        -0.05 - T_99375_DF2 * 0.02 / math.sqrt(3))
+    assert "within the 0.2 tolerance" in decisions.loc[100, "sentence"]
+
+
+def test_no_advice_from_identical_differences_or_where_nothing_is_learned(tmp_path):
+    """The demo's n = 50 before: both runs at the majority class (0.516 and 0.520 against 0.509) and two
+    identical differences gave "freeze the embeddings and the first 6 layers (95 % CI +0.004 to +0.004)"."""
+    store = ResultStore(str(tmp_path), "demo")
+    for k, accs in {0: [0.516, 0.512, 0.515, 0.511], 6: [0.520, 0.516, 0.519, 0.515]}.items():
+        for seed, acc in enumerate(accs):  # k = 6 is 0.004 above k = 0 at every seed: zero spread
+            store.write_row(row("demo", n=50, k=k, seed=seed, acc=acc, majority_baseline=0.509,
+                                cost=(1000, 1.0, 10.0)))
+    report = build_report([SweepRows.from_store(store)])
+    (decision,) = report.decisions.to_dict("records")
+    assert decision["frozen_layers"] is None or pd.isna(decision["frozen_layers"])
+    assert decision["learned"] == "nothing learned" and decision["sentence"].startswith(
+        "d, n = 50: nothing learned at this size: full fine-tuning beats the constant baseline by +0.005")
+    assert "no freezing advice" in decision["sentence"] and report.retained.empty  # no ratio of two near-zero gains
 
 
 def test_costs_savings_and_frontier(store_rows):
@@ -130,8 +156,8 @@ def test_report_files_tables_and_completeness(store_rows, tmp_path):
     page = (tmp_path / "out" / "index.html").read_text()
     assert "s: INCOMPLETE — 14 of 17 cells done, 1 failed, 2 missing (not run yet, or running now)" in markdown
     assert "CUDA out of memory" in markdown and "CUDA out of memory" in page
-    decision_row = ["d", "100", "accuracy", "3", "3", "0.8500", "0.8480", "-0.0020", "-0.0045", "0.0005", "75.0", "40.0", "25.0",
-                    "3"]
+    decision_row = ["d", "100", "accuracy", "3", "learned", "3", "3", "0.8500", "0.8480", "-0.0020", "-0.0071", "0.0031",
+                    "0.9500", "1", "k=3", "", "k=-1, k=6", "75.0", "40.0", "25.0", "3"]
     assert decision_row in markdown_rows(markdown)
     assert "largest k keeping ≥ 90 % is k = 3" in markdown
     assert re.search(r"Pairing makes the CI \d+ % narrower", page)
