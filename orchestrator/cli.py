@@ -7,6 +7,7 @@ pay the seconds that torch, transformers and Ray Tune take to import.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import signal
 import sys
@@ -232,7 +233,7 @@ def plan(spec_path: Annotated[Path, typer.Argument(metavar="SPEC", help="sweep s
     """A dry run: the grid's cells per axis, done and pending against the store, and the work left as
     the store's own measured trial times price it. Nothing starts, nothing is written."""
     from orchestrator.checks import load_spec
-    from orchestrator.plan import build_grid, rounds
+    from orchestrator.plan import build_grid, rounds, settle_round
     from orchestrator.spec import SpecError
     from orchestrator.sweeps import resolve_for_plan
     from results.query import status_table
@@ -245,12 +246,19 @@ def plan(spec_path: Annotated[Path, typer.Argument(metavar="SPEC", help="sweep s
     sweep, note = resolve_for_plan(spec)
     cells = build_grid(sweep)
     result_store = ResultStore(spec.store, spec.name)
-    rows = result_store.read_table(columns=["trial_id", "status", "wall_time_s"]).to_pandas()
+    rows = result_store.read_table(columns=["trial_id", "status", "wall_time_s", "best_val_score",
+                                            "baseline_score"]).to_pandas()
     statuses = dict(zip(rows["trial_id"], rows["status"]))
     pending = [c for c in cells if statuses.get(c.trial_id) not in FINAL_STATUSES]
-    console.print(f"sweep {spec.name}: {len(cells):,} cells ({spec.cell_count_words()}), {len(cells) - len(pending):,} "
-                  f"done, {len(pending):,} to run in {len(rounds(pending, spec.resources.cells_per_round))} round(s)",
-                  highlight=False)
+    if spec.settle:  # settle mode runs what the rows call for, round by round: the next one is known
+        pending = settle_round(sweep, cells, rows)
+        console.print(f"sweep {spec.name}: settle mode, at most {len(cells):,} cells ({spec.cell_count_words()}); "
+                      f"{sum(s in FINAL_STATUSES for s in statuses.values()):,} done, the next round runs "
+                      f"{len(pending):,}" + ("" if pending else ": settled, or at its budget"), highlight=False)
+    else:
+        console.print(f"sweep {spec.name}: {len(cells):,} cells ({spec.cell_count_words()}), "
+                      f"{len(cells) - len(pending):,} done, {len(pending):,} to run in "
+                      f"{len(rounds(pending, spec.resources.cells_per_round))} round(s)", highlight=False)
     if note:
         console.print(f"note: {note}", highlight=False)
     _print_frame(status_table(cells, statuses), OutputFormat.table, f"sweep {spec.name}: cells per axis")
@@ -266,7 +274,7 @@ def _print_work(spec, cells, pending, rows) -> None:
 
     by_id = {c.trial_id: c for c in cells}
     measured: dict[tuple, list[float]] = {}
-    for trial_id, status, wall_s in rows.itertuples(index=False):
+    for trial_id, status, wall_s in rows[["trial_id", "status", "wall_time_s"]].itertuples(index=False):
         if status == "ok" and trial_id in by_id and wall_s == wall_s:  # NaN: not measured
             measured.setdefault(work_key(by_id[trial_id]), []).append(float(wall_s))
     estimate = estimate_work(pending, measured)
@@ -374,8 +382,9 @@ def report(
     sweeps: Annotated[list[str], typer.Argument(metavar="SWEEP...", help="one or more sweeps, side by side")],
     out: Annotated[Path, typer.Option("--out", help="folder for index.html, report.md and figures/")],
     store: StoreOpt = None,
-    tolerance: Annotated[float, typer.Option(help="accuracy below full fine-tuning that still counts as as good")]
-    = 0.01,
+    tolerance: Annotated[Optional[float], typer.Option(
+        help="how much of the selected metric below full fine-tuning still counts as as good (default: a settle "
+             "sweep's own, else 0.01)")] = None,
 ) -> None:
     """The decision (how many layers to freeze per train size), figures, paired statistics: an HTML report."""
     from orchestrator.plan import build_grid
@@ -385,9 +394,14 @@ def report(
     inputs = []
     for name in sweeps:  # the grid says what is missing; results/ itself knows nothing of specs
         resolved, result_store = _open(name, store)
-        inputs.append(SweepRows.from_store(result_store, status_table(build_grid(resolved), result_store.statuses())))
+        settle = resolved.spec.settle  # its rule and every look it may have taken: the report's intervals too
+        rule = settle.rule() if settle else None
+        if rule is not None and tolerance is not None:
+            rule = dataclasses.replace(rule, tolerance=tolerance)
+        inputs.append(SweepRows.from_store(result_store, status_table(build_grid(resolved), result_store.statuses()),
+                                           (rule, rule.looks) if rule else None))
         _warn_unreadable(result_store)
-    built = write_report(inputs, str(out), tolerance)
+    built = write_report(inputs, str(out), 0.01 if tolerance is None else tolerance)
     for line in [*built.decisions["sentence"], *built.completeness]:
         console.print(line, highlight=False, soft_wrap=True)
     console.print(f"report: {out / 'index.html'} (and report.md)")

@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from orchestrator import local_files
 from orchestrator.checks import validation_rows
 from orchestrator.driver_faults import DriverFaults
-from orchestrator.plan import (ResolvedSweep, build_grid, hungriest_frozen_layers, pending_cells, rounds,
+from orchestrator.plan import (ResolvedSweep, build_grid, hungriest_frozen_layers, rounds, settle_round,
                                with_doubled_gpu_share, with_resources)
 from orchestrator.progress import SweepProgress
 from orchestrator.ray_session import RaySession, TaskFailed, auto_precision_task, memory_probe_task
@@ -157,29 +157,58 @@ def run(sweep: ResolvedSweep, session: RaySession, show_progress: bool = True,
         store.guard = lock.check  # a driver that lost the sweep to another stops writing, saying why
         sink = open_for_writing(store, sweep)
         cells = build_grid(sweep)
-        done = store.final_ids()
-        unfinished = {c.trial_id for c in cells} - done
-        if not unfinished:
-            return LaunchSummary(len(cells), len(cells), 0, 0, 0)
+        done = store.final_ids() & {c.trial_id for c in cells}
+        first = next_cells(sweep, cells, store)
+        if not first:
+            return LaunchSummary(len(cells), len(done), 0, 0, 0)
         session.connect()  # before Tune reads its state back: the session decides where Ray runs
         storage = ray_storage(store, cluster=sweep.on_cluster)
-        recovered = recover_rows(storage, sink, sweep.name, unfinished)
-        pending = pending_cells(sweep, cells, done | recovered)
+        recovered = recover_rows(storage, sink, sweep.name, {c.trial_id for c in first})
+        pending = [c for c in first if c.trial_id not in recovered]
         if not pending:
-            return LaunchSummary(len(cells), len(cells) - len(recovered), 0, 0, 0, recovered=len(recovered))
+            return LaunchSummary(len(cells), len(done), 0, 0, 0, recovered=len(recovered))
         notice = checkpoint_storage_warning(bool(sweep.spec.training.checkpoint_every_epochs), sweep.spec.store,
                                             storage, on_cluster=sweep.on_cluster)
         if notice:
             print(f"warning: {notice}", file=sys.stderr)
         writer = RowWriter(sweep.name, sink, done | recovered,
-                           SweepProgress(total=len(cells), done=len(cells) - len(pending), enabled=show_progress))
-        retried = run_cells(sweep, pending, storage, writer, stop_if=lock.raise_if_lost, trainable=trainable,
-                            faults=faults)
+                           SweepProgress(total=len(cells), done=len(done | recovered), enabled=show_progress))
+        retried = run_rounds(sweep, cells, pending, storage, writer, stop_if=lock.raise_if_lost, trainable=trainable,
+                             faults=faults)
         flush_or_fail(sink)
-    outcomes = len(writer.outcomes)
-    return LaunchSummary(len(cells), len(cells) - len(pending) - len(recovered), outcomes, writer.ok, writer.failed,
-                         writer.diverged, recovered=len(recovered), unfinished=len(pending) - outcomes, oom_retried=retried,
-                         gpu_packing=sweep.gpu_packing)
+    return LaunchSummary(len(cells), len(done), len(writer.outcomes), writer.ok, writer.failed, writer.diverged,
+                         recovered=len(recovered), unfinished=len(writer.planned - set(writer.outcomes)),
+                         oom_retried=retried, gpu_packing=sweep.gpu_packing)
+
+
+SETTLE_COLUMNS = ["trial_id", "status", "best_val_score", "baseline_score"]
+
+
+def next_cells(sweep: ResolvedSweep, cells: list[TrialConfig], store: ResultStore,
+               skip: frozenset[str] = frozenset()) -> list[TrialConfig]:
+    """The cells to run now (those in ``skip`` aside): a fixed grid's every cell without a final row;
+    in settle mode, the next round the stored rows call for (orchestrator/plan.py settle_round)."""
+    if sweep.spec.settle is None:
+        done = store.final_ids() | skip
+        return [c for c in cells if c.trial_id not in done]
+    rows = store.read_table(columns=SETTLE_COLUMNS).to_pandas()
+    return [c for c in settle_round(sweep, cells, rows) if c.trial_id not in skip]
+
+
+def run_rounds(sweep: ResolvedSweep, cells: list[TrialConfig], pending: list[TrialConfig], storage: RayStorage,
+               writer: "RowWriter", stop_if: Callable[[], None], trainable: Callable | None = None,
+               faults: DriverFaults = DriverFaults()) -> int:
+    """The pending cells; in settle mode, then each next round the rows call for, until it is settled,
+    at its budget, or interrupted (a cell without an outcome: ``resume`` goes on from the store). A cell
+    runs once per launch: one that failed waits for the next launch. Returns how many ran again with
+    twice the GPU share."""
+    retried = run_cells(sweep, pending, storage, writer, stop_if, trainable, faults)
+    while sweep.spec.settle is not None and writer.has_outcomes(pending):
+        pending = next_cells(sweep, cells, writer.sink.store, skip=frozenset(writer.outcomes))
+        if not pending:
+            break
+        retried += run_cells(sweep, pending, storage, writer, stop_if, trainable, faults)
+    return retried
 
 
 def open_for_writing(store: ResultStore, sweep: ResolvedSweep) -> SpoolingWriter:
@@ -203,6 +232,8 @@ def run_cells(sweep: ResolvedSweep, pending: list[TrialConfig], storage: RayStor
     """The pending cells through Tune in rounds (plan.rounds: Tune's state stays bounded), then those
     that ran out of memory once more with twice the GPU share; returns how many were retried. A round
     that ends with a cell without an outcome was interrupted: nothing more starts (``resume`` goes on)."""
+    pending = [with_resources(c, sweep) for c in pending]
+    writer.planned |= {c.trial_id for c in pending}
     with writer.progress:
         try:
             for cells in rounds(pending, sweep.spec.resources.cells_per_round):
@@ -274,6 +305,7 @@ class RowWriter:
         self.sweep, self.sink, self.progress = sweep, sink, progress
         self.final_ids = set(final_ids)
         self.outcomes: dict[str, str] = {}  # trial_id -> status of the row this launch wrote last
+        self.planned: set[str] = set()  # the cells this launch set out to run
 
     @property
     def ok(self) -> int:

@@ -16,8 +16,13 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+import pandas as pd
+
 from orchestrator.local_files import Shipment
 from orchestrator.spec import SweepSpec
+from results.settle import FULL, decide, next_round
+from results.stats import variant_label
+from results.store import FINAL_STATUSES
 from trials.config import TrialConfig
 
 
@@ -67,7 +72,7 @@ def build_grid(sweep: ResolvedSweep) -> list[TrialConfig]:
         for model in spec.models()
         for dataset, size in itertools.product(spec.datasets, spec.train_sizes)
         for variant in variants[model]
-        for seed in spec.seeds
+        for seed in spec.seed_values()
     ]
 
 
@@ -162,3 +167,39 @@ def work_key(cell: TrialConfig) -> tuple:
     """What a trial's time depends on, as far as the plan can tell: model, data, size and variant."""
     return cell.model, cell.dataset, cell.train_size, cell.variant()
 
+
+
+def arm_of(cell: TrialConfig) -> str:
+    """The cell's arm in settle mode's terms: "freeze k=3", "lora r=8", "probe"."""
+    return variant_label(cell.method, cell.frozen_layers, cell.lora_rank)
+
+
+def settle_round(sweep: ResolvedSweep, cells: list[TrialConfig], rows: pd.DataFrame) -> list[TrialConfig]:
+    """Settle mode's next round (results/settle.py), given the stored rows (trial_id, status,
+    best_val_score, baseline_score): per (model, dataset, train size), the cells the rule asks for
+    (the first round's initial seeds, then seeds only for undecided arms, nearest deciding first),
+    and the group's cells whose row is not final (a failed one runs again). Empty: settled."""
+    rule = sweep.spec.settle.rule()
+    by_id = {c.trial_id: c for c in cells}
+    stored = rows[rows["trial_id"].isin(by_id)]
+    groups: dict[tuple, list[TrialConfig]] = {}
+    for cell in cells:
+        groups.setdefault((cell.model, cell.dataset, cell.train_size), []).append(cell)
+    wanted: list[TrialConfig] = []
+    for members in groups.values():
+        wanted += _group_round(members, stored, rule)
+    return list(dict.fromkeys(wanted))
+
+
+def _group_round(members: list[TrialConfig], stored: pd.DataFrame, rule) -> list[TrialConfig]:
+    ids = {c.trial_id: c for c in members}
+    mine = stored[stored["trial_id"].isin(ids)]
+    arms = pd.DataFrame({"arm": [arm_of(ids[t]) for t in mine["trial_id"]], "seed": [ids[t].seed for t in mine["trial_id"]],
+                         "score": mine["best_val_score"].to_numpy(), "baseline_score": mine["baseline_score"].to_numpy(),
+                         "status": mine["status"].to_numpy()})
+    decision = decide(arms, rule)
+    seeds_done = sorted(set(arms.loc[arms["arm"] == FULL, "seed"]))
+    by_arm_seed = {(arm_of(c), c.seed): c for c in members}
+    asked = next_round(decision, rule, sorted({arm_of(c) for c in members} - {FULL}), seeds_done)
+    again = [ids[t] for t, status in zip(mine["trial_id"], mine["status"]) if status not in FINAL_STATUSES]
+    return again + [by_arm_seed[key] for key in asked if key in by_arm_seed]

@@ -19,6 +19,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from results.settle import SettleRule
 from trials.config import LATER_FIELDS, MACHINE_FIELDS, TrialConfig
 from trials.metrics import METRICS
 
@@ -108,6 +109,27 @@ class ProbeSpec(_Strict):
     cs: int = Field(10, ge=1, description="regularisation strengths tried, log-spaced over 1e-4 … 1e4")
 
 
+class SettleSpec(_Strict):
+    """Settle mode (results/settle.py): the sweep runs in rounds, each arm compared with full fine-tuning
+    on paired seeds, seeds added only where a comparison is undecided, until all are decided or the
+    budget is spent. The seeds are settle mode's to choose (0, 1, …): the spec gives no ``seeds``."""
+
+    tolerance: float = Field(0.01, gt=0, description="how much below full fine-tuning still counts as as good")
+    confidence: float = Field(0.95, gt=0, lt=1, description="that every decision of a group holds at once")
+    initial_seeds: int = Field(3, ge=3, description="paired seeds every arm gets before the first look")
+    max_seeds: int = Field(10, ge=3, description="the budget: no arm gets more seeds")
+    seeds_per_round: int = Field(2, ge=1, description="seeds added to each undecided arm per round")
+
+    @model_validator(mode="after")
+    def _budget(self) -> "SettleSpec":
+        if self.max_seeds < self.initial_seeds:
+            raise ValueError(f"settle.max_seeds ({self.max_seeds}) is below settle.initial_seeds ({self.initial_seeds})")
+        return self
+
+    def rule(self) -> SettleRule:
+        return SettleRule(self.tolerance, self.confidence, self.initial_seeds, self.max_seeds, self.seeds_per_round)
+
+
 class ResourcesSpec(_Strict):
     gpus_per_trial: float | Literal["auto"] = Field(
         0.0, description="0: CPU trials; (0, 1]: a GPU share; auto: measure one trial's GPU memory at launch and "
@@ -115,7 +137,9 @@ class ResourcesSpec(_Strict):
     cpus_per_trial: float = Field(1.0, gt=0)
     max_concurrent_trials: int | None = Field(None, gt=0)
     max_failures: int = Field(2, ge=0, description="Ray retries of a crashed trial")
-    cells_per_round: int = Field(5000, gt=0, description="a launch runs its cells in rounds of at most this many, "
+    # 1,000: on 2 cores, 10,000 instant trials took 19 ms of driver CPU each and 1.2 GB at most in rounds of
+    # 1,000, 2.5 GB in rounds of 5,000 (Tune keeps every trial of a run; ray#64231) (benchmarks/scale.py)
+    cells_per_round: int = Field(1000, gt=0, description="a launch runs its cells in rounds of at most this many, "
                                  "each one Tune run: Tune's state and bookkeeping grow with the trials of a run")
 
     @field_validator("gpus_per_trial", mode="before")
@@ -162,7 +186,8 @@ class SweepSpec(_Strict):
     methods: list[Literal["freeze", "lora", "probe"]] = Field(["freeze"], min_length=1)
     frozen_layers: list[int | Literal["all"]] = Field([], description="freeze's axis; 'all': every layer of each model")
     lora_ranks: list[int] = Field([], description="lora's axis")
-    seeds: list[int] = Field(min_length=1)
+    seeds: list[int] = Field([], description="an axis; settle mode chooses them instead (settle:)")
+    settle: SettleSpec | None = None
     split_seed: int = 0
     training: TrainingSpec = TrainingSpec()
     lora: LoraSpec = LoraSpec()
@@ -217,6 +242,21 @@ class SweepSpec(_Strict):
         return self
 
     @model_validator(mode="after")
+    def _seeds_or_settle(self) -> "SweepSpec":
+        if self.settle is None and not self.seeds:
+            raise ValueError("seeds: give at least one seed, or a settle section (settle mode chooses them)")
+        if self.settle is not None and self.seeds:
+            raise ValueError("seeds and settle both given: settle mode chooses the seeds (0, 1, … up to "
+                             "settle.max_seeds); drop seeds")
+        if self.settle is not None and not ("freeze" in self.methods and 0 in self.frozen_layers):
+            raise ValueError("settle compares every arm with full fine-tuning: frozen_layers must hold 0")
+        return self
+
+    def seed_values(self) -> list[int]:
+        """The seeds axis: the spec's, or every seed settle mode may run."""
+        return list(range(self.settle.max_seeds)) if self.settle else list(self.seeds)
+
+    @model_validator(mode="after")
     def _grid_size(self) -> "SweepSpec":
         if self.cell_count() > MAX_CELLS:
             raise ValueError(f"the grid has {self.cell_count():,} cells ({self.cell_count_words()}), over the limit "
@@ -232,11 +272,11 @@ class SweepSpec(_Strict):
 
     def cell_count(self) -> int:
         """The grid's size, from the axes alone (``frozen_layers: all`` counted as one more depth)."""
-        return len(self.models()) * len(self.datasets) * len(self.train_sizes) * self.variants() * len(self.seeds)
+        return len(self.models()) * len(self.datasets) * len(self.train_sizes) * self.variants() * len(self.seed_values())
 
     def cell_count_words(self) -> str:
         return (f"{len(self.models())} models × {len(self.datasets)} datasets × {len(self.train_sizes)} train sizes × "
-                f"{self.variants()} variants × {len(self.seeds)} seeds")
+                f"{self.variants()} variants × {len(self.seed_values())} seeds")
 
     def protocol(self, select_metrics: Mapping[str, str]) -> dict[str, Any]:
         """What makes rows comparable: changing any of it on an existing sweep is refused. How the work

@@ -95,3 +95,11 @@ with SweepLock(pafs.LocalFileSystem(), {str(tmp_path / "store" / "large")!r}):
     assert done.exit_code == 2, done.output
     assert "a large grid: 120,000 cells (1 models × 1 datasets × 2 train sizes × 2 variants × 30000 seeds)" in done.stderr
     assert "already running" in done.stderr
+
+
+def test_plan_of_a_settle_sweep_names_its_next_round(write_spec):
+    path = write_spec("settled", seeds=[], frozen_layers=[0, 1, 2], settle={"initial_seeds": 3, "max_seeds": 6})
+    done = runner.invoke(app, ["plan", str(path)])
+    assert done.exit_code == 0, done.output
+    # 2 sizes × 3 depths × 6 seeds at most; the first round: every arm's 3 initial seeds, per size
+    assert "settle mode, at most 36 cells" in done.stdout and "the next round runs 18" in done.stdout

@@ -1,0 +1,92 @@
+"""Settle mode through Ray: rounds chosen from the stored rows, every trial stored once, a driver killed
+between rounds resumes to the same decisions, and a grown budget continues from what is stored."""
+
+import os
+import signal
+import subprocess
+import sys
+
+import pandas as pd
+import pytest
+import yaml
+
+from orchestrator.checks import load_spec
+from orchestrator.launch import launch
+from orchestrator.plan import build_grid
+from orchestrator.sweeps import resolve_here
+from results.query import read_rows
+from results.report import SweepRows, build_report
+from results.store import ResultStore
+
+CLI = [sys.executable, "-m", "orchestrator.cli"]
+# a tight tolerance: the depths near full fine-tuning stay undecided for a round or two
+SETTLE = {"tolerance": 0.002, "initial_seeds": 3, "max_seeds": 5, "seeds_per_round": 1}
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _ray_once():
+    yield
+    import ray
+
+    ray.shutdown()
+
+
+def _settle_spec(write_spec, name, **settle):
+    # tiny BERT, toy data: k = 0 learns; k = 2 (every layer frozen) trains the head alone
+    return write_spec(name, train_sizes=[48], frozen_layers=[0, 1, 2], seeds=[], settle={**SETTLE, **settle},
+                      training={"epochs": 3})
+
+
+def _decisions(store: ResultStore, spec) -> list[tuple]:
+    rule = spec.settle.rule()
+    report = build_report([SweepRows.from_store(store, rule=(rule, rule.looks))])
+    return report.decisions[["train_size", "learned", "frozen_layers", "within", "worse", "undecided"]] \
+        .astype(str).to_records(index=False).tolist()
+
+
+def _runs(store: ResultStore) -> pd.DataFrame:
+    rows = read_rows(store, columns=["trial_id", "frozen_layers", "seed", "status", "finished_at"])
+    assert not rows["trial_id"].duplicated().any(), "a cell ran twice"
+    return rows
+
+
+def test_a_settle_sweep_killed_between_rounds_resumes_to_the_same_decisions(write_spec, tmp_path):
+    whole = load_spec(_settle_spec(write_spec, "whole"))
+    summary = launch(whole, show_progress=False)
+    store = ResultStore(whole.store, "whole")
+    rows = _runs(store)
+    grid = {c.trial_id for c in build_grid(resolve_here(whole))}
+    assert set(rows["trial_id"]) <= grid and summary.ran == len(rows) > 9  # more than the first round
+    assert sorted(set(rows.loc[rows["frozen_layers"] == 0, "seed"]))[:3] == [0, 1, 2]  # the initial seeds
+    expected = _decisions(store, whole)
+
+    path = _settle_spec(write_spec, "killed")
+    driver = subprocess.Popen(CLI + ["launch", str(path)], start_new_session=True, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True,
+                              env={**os.environ, "FREEZESWEEP_DRIVER_FAULT": "kill-after-round@1"})
+    driver.wait(timeout=600)
+    assert driver.returncode == -signal.SIGKILL, driver.stderr.read()[-3000:]
+    os.killpg(driver.pid, signal.SIGKILL)  # its embedded Ray
+    killed = ResultStore(whole.store, "killed")
+    assert len(_runs(killed)) == 9  # the first round whole: 3 arms × 3 initial seeds, nothing of a second
+    resumed = subprocess.run(CLI + ["resume", "killed", "--store", whole.store], capture_output=True, text=True,
+                             timeout=900)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    again = _runs(killed)
+    assert sorted(zip(again["frozen_layers"], again["seed"])) == sorted(zip(rows["frozen_layers"], rows["seed"]))
+    assert _decisions(killed, load_spec(path, semantic=False)) == expected
+
+
+def test_a_grown_budget_continues_from_what_is_stored(write_spec, tmp_path):
+    small = load_spec(_settle_spec(write_spec, "grown", max_seeds=3))
+    launch(small, show_progress=False)
+    store = ResultStore(small.store, "grown")
+    first = _runs(store).set_index("trial_id")["finished_at"]
+    assert len(first) == 9
+    grown = load_spec(_settle_spec(write_spec, "grown", max_seeds=5))
+    again = launch(grown, show_progress=False)
+    later = _runs(store).set_index("trial_id")["finished_at"]
+    assert (later.loc[first.index] == first).all()  # nothing stored ran again
+    assert again.ran == len(later) - len(first)
+    spec = yaml.safe_load((tmp_path / "store" / "grown" / "spec.yaml").read_text())
+    assert spec["settle"]["max_seeds"] == 5 and spec["seeds"] == []
