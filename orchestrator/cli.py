@@ -233,7 +233,7 @@ def plan(spec_path: Annotated[Path, typer.Argument(metavar="SPEC", help="sweep s
     """A dry run: the grid's cells per axis, done and pending against the store, and the work left as
     the store's own measured trial times price it. Nothing starts, nothing is written."""
     from orchestrator.checks import load_spec
-    from orchestrator.plan import build_grid, rounds, settle_round
+    from orchestrator.plan import build_grid, settle_round
     from orchestrator.spec import SpecError
     from orchestrator.sweeps import resolve_for_plan
     from results.query import status_table
@@ -258,7 +258,7 @@ def plan(spec_path: Annotated[Path, typer.Argument(metavar="SPEC", help="sweep s
     else:
         console.print(f"sweep {spec.name}: {len(cells):,} cells ({spec.cell_count_words()}), "
                       f"{len(cells) - len(pending):,} done, {len(pending):,} to run in "
-                      f"{len(rounds(pending, spec.resources.cells_per_round))} round(s)", highlight=False)
+                      f"{-(-len(pending) // spec.resources.cells_per_round)} round(s)", highlight=False)
     if note:
         console.print(f"note: {note}", highlight=False)
     _print_frame(status_table(cells, statuses), OutputFormat.table, f"sweep {spec.name}: cells per axis")

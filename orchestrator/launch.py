@@ -27,15 +27,16 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import itertools
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 
 from orchestrator import local_files
 from orchestrator.checks import validation_rows
 from orchestrator.driver_faults import DriverFaults
-from orchestrator.plan import (ResolvedSweep, build_grid, hungriest_frozen_layers, rounds, settle_round,
-                               with_doubled_gpu_share, with_resources)
+from orchestrator.plan import (ResolvedSweep, build_grid, grid_size, hungriest_frozen_layers, iter_grid, rounds,
+                               settle_round, with_doubled_gpu_share, with_resources)
 from orchestrator.progress import SweepProgress
 from orchestrator.ray_session import RaySession, TaskFailed, auto_precision_task, memory_probe_task
 from orchestrator.ray_storage import RayStorage, checkpoint_storage_warning, ray_storage, store_cache_dir
@@ -156,27 +157,27 @@ def run(sweep: ResolvedSweep, session: RaySession, show_progress: bool = True,
     with SweepLock(store.fs, store.sweep_dir, uri=store.uri) as lock:
         store.guard = lock.check  # a driver that lost the sweep to another stops writing, saying why
         sink = open_for_writing(store, sweep)
-        cells = build_grid(sweep)
-        done = store.final_ids() & {c.trial_id for c in cells}
-        first = next_cells(sweep, cells, store)
-        if not first:
-            return LaunchSummary(len(cells), len(done), 0, 0, 0)
+        done = store.final_ids()
+        total = grid_size(sweep)
+        pending = peeked(next_cells(sweep, store, done))
+        if pending is None:
+            return LaunchSummary(total, len(done), 0, 0, 0)
         session.connect()  # before Tune reads its state back: the session decides where Ray runs
         storage = ray_storage(store, cluster=sweep.on_cluster)
-        recovered = recover_rows(storage, sink, sweep.name, {c.trial_id for c in first})
-        pending = [c for c in first if c.trial_id not in recovered]
-        if not pending:
-            return LaunchSummary(len(cells), len(done), 0, 0, 0, recovered=len(recovered))
+        recovered = recover_rows(storage, sink, sweep.name, done)
+        pending = peeked(c for c in pending if c.trial_id not in recovered)
+        if pending is None:
+            return LaunchSummary(total, len(done), 0, 0, 0, recovered=len(recovered))
         notice = checkpoint_storage_warning(bool(sweep.spec.training.checkpoint_every_epochs), sweep.spec.store,
                                             storage, on_cluster=sweep.on_cluster)
         if notice:
             print(f"warning: {notice}", file=sys.stderr)
         writer = RowWriter(sweep.name, sink, done | recovered,
-                           SweepProgress(total=len(cells), done=len(done | recovered), enabled=show_progress))
-        retried = run_rounds(sweep, cells, pending, storage, writer, stop_if=lock.raise_if_lost, trainable=trainable,
+                           SweepProgress(total=total, done=len(done | recovered), enabled=show_progress))
+        retried = run_rounds(sweep, pending, storage, writer, stop_if=lock.raise_if_lost, trainable=trainable,
                              faults=faults)
         flush_or_fail(sink)
-    return LaunchSummary(len(cells), len(done), len(writer.outcomes), writer.ok, writer.failed, writer.diverged,
+    return LaunchSummary(total, len(done), len(writer.outcomes), writer.ok, writer.failed, writer.diverged,
                          recovered=len(recovered), unfinished=len(writer.planned - set(writer.outcomes)),
                          oom_retried=retried, gpu_packing=sweep.gpu_packing)
 
@@ -184,28 +185,34 @@ def run(sweep: ResolvedSweep, session: RaySession, show_progress: bool = True,
 SETTLE_COLUMNS = ["trial_id", "status", "best_val_score", "baseline_score"]
 
 
-def next_cells(sweep: ResolvedSweep, cells: list[TrialConfig], store: ResultStore,
-               skip: frozenset[str] = frozenset()) -> list[TrialConfig]:
-    """The cells to run now (those in ``skip`` aside): a fixed grid's every cell without a final row;
-    in settle mode, the next round the stored rows call for (orchestrator/plan.py settle_round)."""
+def next_cells(sweep: ResolvedSweep, store: ResultStore, done: set[str]) -> Iterable[TrialConfig]:
+    """The cells to run now: a fixed grid's every cell without a final row (in ``done``), as the grid
+    yields them (the first round starts before the last cell is built); in settle mode, the next round
+    the stored rows call for (orchestrator/plan.py settle_round)."""
     if sweep.spec.settle is None:
-        done = store.final_ids() | skip
-        return [c for c in cells if c.trial_id not in done]
+        return (c for c in iter_grid(sweep) if c.trial_id not in done)
     rows = store.read_table(columns=SETTLE_COLUMNS).to_pandas()
-    return [c for c in settle_round(sweep, cells, rows) if c.trial_id not in skip]
+    return [c for c in settle_round(sweep, build_grid(sweep), rows) if c.trial_id not in done]
 
 
-def run_rounds(sweep: ResolvedSweep, cells: list[TrialConfig], pending: list[TrialConfig], storage: RayStorage,
-               writer: "RowWriter", stop_if: Callable[[], None], trainable: Callable | None = None,
+def peeked(cells: Iterable[TrialConfig]) -> Iterator[TrialConfig] | None:
+    """The cells, or None when there are none (read one ahead, then put back)."""
+    cells = iter(cells)
+    first = next(cells, None)
+    return None if first is None else itertools.chain([first], cells)
+
+
+def run_rounds(sweep: ResolvedSweep, pending: Iterable[TrialConfig], storage: RayStorage, writer: "RowWriter",
+               stop_if: Callable[[], None], trainable: Callable | None = None,
                faults: DriverFaults = DriverFaults()) -> int:
     """The pending cells; in settle mode, then each next round the rows call for, until it is settled,
     at its budget, or interrupted (a cell without an outcome: ``resume`` goes on from the store). A cell
     runs once per launch: one that failed waits for the next launch. Returns how many ran again with
     twice the GPU share."""
     retried = run_cells(sweep, pending, storage, writer, stop_if, trainable, faults)
-    while sweep.spec.settle is not None and writer.has_outcomes(pending):
-        pending = next_cells(sweep, cells, writer.sink.store, skip=frozenset(writer.outcomes))
-        if not pending:
+    while sweep.spec.settle is not None and not writer.planned - set(writer.outcomes):
+        pending = peeked(next_cells(sweep, writer.sink.store, set(writer.outcomes) | writer.final_ids))
+        if pending is None:
             break
         retried += run_cells(sweep, pending, storage, writer, stop_if, trainable, faults)
     return retried
@@ -226,24 +233,26 @@ def open_for_writing(store: ResultStore, sweep: ResolvedSweep) -> SpoolingWriter
     return sink
 
 
-def run_cells(sweep: ResolvedSweep, pending: list[TrialConfig], storage: RayStorage, writer: "RowWriter",
+def run_cells(sweep: ResolvedSweep, pending: Iterable[TrialConfig], storage: RayStorage, writer: "RowWriter",
               stop_if: Callable[[], None], trainable: Callable | None = None,
               faults: DriverFaults = DriverFaults()) -> int:
     """The pending cells through Tune in rounds (plan.rounds: Tune's state stays bounded), then those
     that ran out of memory once more with twice the GPU share; returns how many were retried. A round
     that ends with a cell without an outcome was interrupted: nothing more starts (``resume`` goes on)."""
-    pending = [with_resources(c, sweep) for c in pending]
-    writer.planned |= {c.trial_id for c in pending}
+    out_of_memory: list[TrialConfig] = []
     with writer.progress:
         try:
             for cells in rounds(pending, sweep.spec.resources.cells_per_round):
+                cells = [with_resources(c, sweep) for c in cells]
+                writer.planned |= {c.trial_id for c in cells}
                 run_tune(sweep, cells, storage, writer.write, experiment=sweep.name, stop_if=stop_if,
                          trainable=trainable)
                 if not writer.has_outcomes(cells):
                     return 0
+                out_of_memory += [c for c in cells if writer.outcomes[c.trial_id] == "oom"]
                 compact(writer.sink.store)
                 faults.on_round_end()
-            retried = retry_out_of_memory(sweep, pending, storage, writer, stop_if, trainable)
+            retried = retry_out_of_memory(sweep, out_of_memory, storage, writer, stop_if, trainable)
             compact(writer.sink.store)
             return retried
         except Exception:
@@ -260,25 +269,25 @@ def compact(store: ResultStore) -> None:
         print(f"warning: the store's rows were not compacted this time ({exc})", file=sys.stderr)
 
 
-def retry_out_of_memory(sweep: ResolvedSweep, pending: list[TrialConfig], storage: RayStorage,
+def retry_out_of_memory(sweep: ResolvedSweep, out_of_memory: list[TrialConfig], storage: RayStorage,
                         writer: "RowWriter", stop_if: Callable[[], None], trainable: Callable | None = None) -> int:
     """Run once more, with twice the GPU share, the cells that ran out of memory in this launch (see
-    the module's docstring for the rows). Not after an interruption: a cell without an outcome
-    means the run was stopped, and ``resume`` picks everything up."""
+    the module's docstring for the rows); only once every round had its outcomes (an interrupted
+    launch leaves them to ``resume``)."""
     larger = with_doubled_gpu_share(sweep)
-    out_of_memory = [c for c in pending if writer.outcomes.get(c.trial_id) == "oom"]
-    if larger is None or not out_of_memory or not writer.has_outcomes(pending):
+    if larger is None or not out_of_memory:
         return 0
     # its own experiment: resume recovers from the main one
-    run_tune(larger, [with_resources(c, larger) for c in out_of_memory], storage, functools.partial(writer.write, oom_retry=True),
-             experiment=f"{sweep.name}-oom-retry", stop_if=stop_if, trainable=trainable)
+    run_tune(larger, [with_resources(c, larger) for c in out_of_memory], storage,
+             functools.partial(writer.write, oom_retry=True), experiment=f"{sweep.name}-oom-retry", stop_if=stop_if,
+             trainable=trainable)
     return len(out_of_memory)
 
 
-def recover_rows(storage: RayStorage, sink: SpoolingWriter, sweep_name: str, unfinished: set[str]) -> set[str]:
+def recover_rows(storage: RayStorage, sink: SpoolingWriter, sweep_name: str, done: set[str]) -> set[str]:
     """Cells whose final result Ray's experiment state holds but the store does not (the driver died
     between the two): written now instead of run again."""
-    recovered = recover_from_ray(storage, sweep_name, unfinished)
+    recovered = recover_from_ray(storage, sweep_name, done)
     for result in recovered:
         sink.write_row(result_row(sweep_name, result))
     return {result.trial_id for result in recovered}

@@ -12,7 +12,7 @@ import dataclasses
 import itertools
 import math
 import statistics
-from collections.abc import Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -20,8 +20,7 @@ import pandas as pd
 
 from orchestrator.local_files import Shipment
 from orchestrator.spec import SweepSpec
-from results.settle import FULL, decide, next_round
-from results.stats import variant_label
+from results.settle import FULL, decide, next_round, variant_label
 from results.store import FINAL_STATUSES
 from trials.config import TrialConfig
 
@@ -63,17 +62,28 @@ def build_grid(sweep: ResolvedSweep) -> list[TrialConfig]:
     A method's axis is crossed with that method only: freeze cells have frozen_layers, lora cells a
     rank, probe cells neither. Ids are content hashes, so adding a value to any axis leaves every
     existing cell's id unchanged (a freeze cell's id is what it was before methods existed)."""
+    return list(iter_grid(sweep))
+
+
+def iter_grid(sweep: ResolvedSweep) -> Iterator[TrialConfig]:
+    """``build_grid``'s cells one at a time: a launch starts its first round after a round's worth of
+    cells, not after the whole grid (a million cells take a minute to build and hash)."""
     spec = sweep.spec
     template, metrics = spec.trial_template(), spec.training.select_metric
     variants = {model: method_variants(spec, model, sweep.model_layers) for model in spec.models()}
-    return [
-        TrialConfig(model=model, dataset=dataset, train_size=size, seed=seed, select_metric=metrics[dataset],
-                    **{**template, **variant})  # a method's own settings win (e.g. lora.learning_rate)
-        for model in spec.models()
-        for dataset, size in itertools.product(spec.datasets, spec.train_sizes)
-        for variant in variants[model]
-        for seed in spec.seed_values()
-    ]
+    for model in spec.models():
+        for dataset, size in itertools.product(spec.datasets, spec.train_sizes):
+            for variant in variants[model]:
+                for seed in spec.seed_values():  # a method's own settings win (e.g. lora.learning_rate)
+                    yield TrialConfig(model=model, dataset=dataset, train_size=size, seed=seed,
+                                      select_metric=metrics[dataset], **{**template, **variant})
+
+
+def grid_size(sweep: ResolvedSweep) -> int:
+    """How many cells ``build_grid`` gives, without building them."""
+    spec = sweep.spec
+    per_model = sum(len(method_variants(spec, model, sweep.model_layers)) for model in spec.models())
+    return per_model * len(spec.datasets) * len(spec.train_sizes) * len(spec.seed_values())
 
 
 def method_variants(spec: SweepSpec, model: str, model_layers: Mapping[str, int]) -> list[dict[str, Any]]:
@@ -108,11 +118,13 @@ def with_resources(cell: TrialConfig, sweep: ResolvedSweep) -> TrialConfig:
                                gpus_per_trial=sweep.gpu_share)
 
 
-def rounds(cells: list[TrialConfig], size: int) -> list[list[TrialConfig]]:
+def rounds(cells: Iterable[TrialConfig], size: int) -> Iterator[list[TrialConfig]]:
     """The cells in order, in rounds of at most ``size`` (``resources.cells_per_round``), each one Tune
     run: Tune's experiment state, its snapshots and its per-step bookkeeping grow with the trials of
     one run (ray#11233: snapshot time; TuneController scans its trial list at every step)."""
-    return [cells[start:start + size] for start in range(0, len(cells), size)]
+    cells = iter(cells)
+    while chunk := list(itertools.islice(cells, size)):
+        yield chunk
 
 
 def hungriest_frozen_layers(cells: list[TrialConfig]) -> int:

@@ -340,20 +340,21 @@ def checkpoints_to_resume(storage: RayStorage, experiment: str, trial_ids: set[s
             for trial, folder in latest_checkpoints(storage, experiment, trial_ids).items()}
 
 
-def recover_from_ray(storage: RayStorage, experiment: str, pending_ids: set[str]) -> list[TrialResult]:
-    """The ok outcomes of these cells that the experiment's state (an earlier launch's Tune) holds:
-    the driver died between Ray's record and the store's row. Ray's state is an optimisation only:
-    any problem reading it (absent, corrupt, another Ray version) just means those cells run again."""
+def recover_from_ray(storage: RayStorage, experiment: str, done: set[str]) -> list[TrialResult]:
+    """The ok outcomes the experiment's state (an earlier launch's Tune) holds of cells not in ``done``
+    (the store's final rows): the driver died between Ray's record and the store's row. Ray's state is
+    an optimisation only: any problem reading it (absent, corrupt, another Ray version) just means
+    those cells run again."""
     path = f"{storage.path}/{experiment}"
     found: list[TrialResult] = []
     try:
-        if not pending_ids or not tune.Tuner.can_restore(path, storage_filesystem=storage.filesystem):
+        if not tune.Tuner.can_restore(path, storage_filesystem=storage.filesystem):
             return found
         restored = tune.Tuner.restore(path, trainable=tune_trainable, storage_filesystem=storage.filesystem)
         for trial in restored.get_results():
             payload = (trial.metrics or {}).get(RESULT_KEY)
             result = result_from_dict(json.loads(payload)) if payload else None
-            if result is not None and result.status == "ok" and result.trial_id in pending_ids:
+            if result is not None and result.status == "ok" and result.trial_id not in done:
                 # State written before rows were placed has no placement in the result: Ray's host and IP.
                 placement = {**last_placement(trial.metrics), **result.placement}
                 found.append(dataclasses.replace(result, placement=placement))

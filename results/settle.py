@@ -30,7 +30,6 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import pandas as pd
-from scipy import stats
 
 MIN_PAIRS = 3
 FULL = "freeze k=0"  # the arm every other is compared with
@@ -88,6 +87,8 @@ class GroupDecision:
 
 def interval(diffs: np.ndarray, level: float) -> tuple[float, float, float]:
     """Mean and Student-t interval at ``level``; NaN bounds from fewer than two values."""
+    from scipy import stats  # deferred on purpose: the spec's layer imports this module (SettleRule), scipy is slow
+
     diffs = np.asarray(diffs, dtype=float)
     mean = float(diffs.mean()) if len(diffs) else math.nan
     if len(diffs) < 2:
@@ -128,6 +129,15 @@ def _compare(arm: str, diffs: np.ndarray, level: float, tolerance: float, learne
         decision = WITHIN if low > -tolerance else WORSE if high < -tolerance else UNDECIDED
     return Comparison(arm, len(diffs), mean, low, high, decision,
                       "" if decision != UNDECIDED else "the interval straddles the boundary")
+
+
+def variant_label(method: str, frozen_layers, lora_rank) -> str:
+    """A method with its own axis value, an arm: "freeze k=2", "lora r=8", "probe"."""
+    if method == "freeze":
+        return f"freeze k={int(frozen_layers)}"
+    if method == "lora":
+        return f"lora r={int(lora_rank)}"
+    return method
 
 
 def _depth(arm: str) -> float:

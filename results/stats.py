@@ -18,6 +18,7 @@ import pandas as pd
 from scipy import stats
 
 from results.query import BASELINE, SCORE, cell_means, ok_rows, paired_by_seed
+from results.settle import variant_label
 
 CONFIDENCE = 0.95
 TOLERANCE = 0.01  # how much of the selected metric below full fine-tuning still counts as "as good"
@@ -157,15 +158,6 @@ def _on_frontier(cell: pd.DataFrame) -> pd.Series:
 # --- methods side by side -----------------------------------------------------------------------
 METHOD_COSTS = ["trainable_params", "wall_time_s", "peak_mem_mb"]
 METHOD_ORDER = {"freeze": 0, "lora": 1, "probe": 2}
-
-
-def variant_label(method: str, frozen_layers, lora_rank) -> str:
-    """A method with its own axis value: "freeze k=2", "lora r=8", "probe"."""
-    if method == "freeze":
-        return f"freeze k={int(frozen_layers)}"
-    if method == "lora":
-        return f"lora r={int(lora_rank)}"
-    return method
 
 
 def method_comparison(rows: pd.DataFrame) -> pd.DataFrame:

@@ -17,6 +17,7 @@ then sees no head-init noise.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import json
 from dataclasses import dataclass, field
@@ -149,8 +150,10 @@ class TrialConfig:
             return f"k={self.frozen_layers}"
         return f"lora r={self.lora_rank}" if self.method == "lora" else self.method
 
-    @property
+    @functools.cached_property
     def trial_id(self) -> str:
+        """Computed once per config (it is frozen; ``dataclasses.replace`` makes a new one): a launch asks
+        each of up to a million cells for it several times."""
         return _digest(self.identity())
 
     @property

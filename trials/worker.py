@@ -17,10 +17,12 @@ from __future__ import annotations
 import dataclasses
 from collections import OrderedDict
 from dataclasses import dataclass, field, fields
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
-import torch
+
+if TYPE_CHECKING:
+    import torch
 
 MAX_TEMPLATES = 2  # initial models kept (a base-size model is ~0.5 GB in fp32)
 MAX_EVAL_ENTRIES = 8  # evaluation cache entries (a few MB to a few hundred MB each)
@@ -122,6 +124,8 @@ class WorkerState:
 
 def _bytes(value: Any, device_type: str, seen: set[int] | None = None) -> int:
     """The bytes of the tensors (and, for the CPU, numpy arrays) reachable from ``value``, each counted once."""
+    import torch  # deferred on purpose: trials.data imports this module, and inspection must not pay for torch
+
     seen = set() if seen is None else seen
     if id(value) in seen:
         return 0
