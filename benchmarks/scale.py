@@ -122,15 +122,16 @@ def drive(path: Path, out: Path, stop_after: int | None) -> None:
         def write(self, result, attempts, oom_retry=False):
             super().write(result, attempts, oom_retry)
             marks.append((time.perf_counter(), time.process_time()))
-            if stop_after and len(marks) == stop_after:
+            if stop_after and len(marks) >= stop_after:  # again for rows that land while it stops
                 os.kill(os.getpid(), signal.SIGINT)  # Tune stops as on Ctrl-C
 
     launching.RowWriter = CountingRowWriter
     session = RaySession(num_cpus=2)
     summary = launching.run(launching.resolve(load_spec(path), session), session, show_progress=False,
                             trainable=instant_trainable)
-    (first_wall, first_cpu), (last_wall, last_cpu) = marks[0], marks[-1]
-    rows = len(marks)
+    end = min(len(marks), stop_after or len(marks))  # the rows before the stop was asked for
+    (first_wall, first_cpu), (last_wall, last_cpu) = marks[0], marks[end - 1]
+    rows = end
     out.write_text(json.dumps({
         "rows": rows, "ran": summary.ran, "first_row_s": first_wall - started_wall,
         "driver_cpu_ms_per_trial": 1000 * (last_cpu - first_cpu) / max(1, rows - 1),
@@ -169,7 +170,7 @@ def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--cells", type=int, nargs="+", default=[1000, 10_000, 100_000])
     parser.add_argument("--full-max", type=int, default=10_000, help="larger grids run only --sample trials")
-    parser.add_argument("--sample", type=int, default=3000)
+    parser.add_argument("--sample", type=int, default=2500, help="mid-round (rounds of 1,000), where Tune stops at once")
     parser.add_argument("--cells-per-round", type=int, help="the spec's resources.cells_per_round (default: its default)")
     parser.add_argument("--driver", help=argparse.SUPPRESS)
     parser.add_argument("--out", help=argparse.SUPPRESS)

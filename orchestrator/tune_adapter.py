@@ -276,6 +276,9 @@ class CellSearcher(Searcher):
             self._next = pickle.load(f)["next"]
 
 
+MAX_PENDING_TRIALS = 200  # a user's TUNE_MAX_PENDING_TRIALS_PG (e.g. 1.1 × CPUs of a larger cluster) wins
+
+
 def run_tune(sweep: ResolvedSweep, cells: list[TrialConfig], storage: RayStorage, on_outcome: OutcomeSink,
              experiment: str, stop_if: Callable[[], None] | None = None, trainable: Callable = None) -> None:
     """Run ``cells`` as the Tune experiment ``experiment`` in ``storage`` (Ray connected), each outcome
@@ -285,6 +288,11 @@ def run_tune(sweep: ResolvedSweep, cells: list[TrialConfig], storage: RayStorage
     os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")  # with verbose=0: no Tune tables; our bar reports
     # Tune's own per-trial CSV, JSON and TensorBoard files: nothing here reads them (rows are the store's).
     os.environ.setdefault("TUNE_DISABLE_AUTO_CALLBACK_LOGGERS", "1")
+    # Trials Tune keeps waiting for a place at once. Its "auto" gives a custom Searcher one, so each
+    # trial waited for the one before it to start: a cluster filled one worker start-up at a time and
+    # short trials all ran on the first node (ray/tune/execution/tune_controller.py,
+    # _get_max_pending_trials). Grid search's own default instead: max(200, 1.1 × the cluster's CPUs).
+    os.environ.setdefault("TUNE_MAX_PENDING_TRIALS_PG", str(MAX_PENDING_TRIALS))
     resources = sweep.spec.resources
     checkpoints = bool(sweep.spec.training.checkpoint_every_epochs)
     # An earlier launch's driver died while some of these cells ran: each starts from its last checkpoint.

@@ -13,9 +13,13 @@ import pandas as pd
 import pytest
 import yaml
 
+from orchestrator import tune_adapter
 from orchestrator.checks import load_spec
 from orchestrator.plan import build_grid
+from orchestrator.ray_session import RaySession
+from orchestrator.ray_storage import ray_storage
 from orchestrator.sweeps import resolve_here
+from results.store import ResultStore
 from tests.conftest import REPO, count_rows, rows_by_id
 
 DRIVER = [sys.executable, str(REPO / "benchmarks" / "scale.py"), "--driver"]
@@ -51,28 +55,61 @@ def test_five_thousand_cells_each_exactly_once(write_spec, tmp_path):
 
 
 def test_driver_killed_between_rounds_and_inside_one_then_resumed(write_spec, tmp_path):
-    path = _spec(write_spec, "rounds", seeds=150, cells_per_round=200)  # 600 cells, 3 rounds of 200
+    path = _spec(write_spec, "rounds", seeds=75, cells_per_round=100)  # 300 cells, 3 rounds of 100
     results = tmp_path / "store" / "rounds" / "results"
 
     between = _drive(path, tmp_path, FREEZESWEEP_DRIVER_FAULT="kill-after-round@1")
     between.wait(timeout=600)
     assert between.returncode == -signal.SIGKILL, between.stderr.read()[-3000:]
     os.killpg(between.pid, signal.SIGKILL)  # its embedded Ray
-    assert len(_rows(path)) == 200  # the first round whole, nothing of the second
+    assert len(_rows(path)) == 100  # the first round whole, nothing of the second
     kept = rows_by_id(results)
 
     inside = _drive(path, tmp_path)
     deadline = time.time() + 600
-    while time.time() < deadline and inside.poll() is None and count_rows(results) < 300:
+    while time.time() < deadline and inside.poll() is None and count_rows(results) < 150:
         time.sleep(0.05)
     assert inside.poll() is None, inside.stderr.read()[-3000:]
     os.killpg(inside.pid, signal.SIGKILL)
     inside.wait()
-    assert 300 <= len(_rows(path)) < 600
+    assert 150 <= len(_rows(path)) < 300
 
     done = subprocess.run(DRIVER + [str(path), "--out", str(tmp_path / "driver.json")], capture_output=True,
                           text=True, timeout=900)
     assert done.returncode == 0, done.stderr[-3000:]
-    assert len(_rows(path)) == 600
+    assert len(_rows(path)) == 300
     assert {tid: row for tid, row in rows_by_id(results).items() if tid in kept} == kept  # nothing stored was touched
-    assert yaml.safe_load((tmp_path / "store" / "rounds" / "spec.yaml").read_text())["resources"]["cells_per_round"] == 200
+    assert yaml.safe_load((tmp_path / "store" / "rounds" / "spec.yaml").read_text())["resources"]["cells_per_round"] == 100
+
+
+class _FirstStart(Exception):
+    """Ends the run once a trial has started: what came before it is all the test reads."""
+
+
+def test_many_trials_wait_for_a_place_at_once(write_spec, tmp_path, monkeypatch):
+    """Tune is handed every cell of the round before the first trial starts, not one per started trial
+    (its default for a custom Searcher): one at a time, a cluster fills one worker start-up at a time
+    and short trials all run on the node that started first."""
+    events: list[str] = []
+    suggest = tune_adapter.CellSearcher.suggest
+
+    def counted(self, trial_id):
+        cell = suggest(self, trial_id)
+        events.extend(["suggested"] if isinstance(cell, dict) else [])
+        return cell
+
+    def stop_if() -> None:
+        if "started" in events:
+            raise _FirstStart
+
+    monkeypatch.setattr(tune_adapter.CellSearcher, "suggest", counted)
+    monkeypatch.setattr(tune_adapter.OutcomeCallback, "on_trial_start",
+                        lambda self, iteration, trials, trial, **info: events.append("started"), raising=False)
+    monkeypatch.delenv("TUNE_MAX_PENDING_TRIALS_PG", raising=False)
+    sweep = resolve_here(load_spec(_spec(write_spec, "pending", seeds=2, cells_per_round=100)))  # 8 cells
+    cells = list(build_grid(sweep))
+    RaySession(num_cpus=2).connect()
+    with pytest.raises(_FirstStart):
+        tune_adapter.run_tune(sweep, cells, ray_storage(ResultStore(sweep.spec.store, "pending"), cluster=False),
+                              lambda result, attempts: None, experiment="pending", stop_if=stop_if)
+    assert events[:events.index("started")].count("suggested") == len(cells)

@@ -19,6 +19,8 @@ from results.report import SweepRows, build_report
 from results.store import ResultStore
 
 CLI = [sys.executable, "-m", "orchestrator.cli"]
+# Two settle sweeps of a dozen tiny trials each and a killed driver: about 5 minutes on 2 cores.
+pytestmark = pytest.mark.slow
 # a tight tolerance: the depths near full fine-tuning stay undecided for a round or two
 SETTLE = {"tolerance": 0.002, "initial_seeds": 3, "max_seeds": 5, "seeds_per_round": 1}
 
