@@ -11,7 +11,7 @@ For each grid size (--cells, default 1k, 10k, 100k):
   (the driver stops as Ctrl-C stops it): per-trial cost does not need the whole grid to show whether it
   grows with the grid, the quadratic launch it replaces paid it from the first trial.
 
-    python benchmarks/scale.py [--cells 1000 10000 100000] [--full-max 10000] [--sample 3000]
+    python benchmarks/scale.py [--cells 1000 10000 100000] [--full-max 10000] [--sample 2500]
 """
 
 from __future__ import annotations

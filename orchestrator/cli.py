@@ -312,14 +312,13 @@ def _open(sweep: str, store: Optional[str]):
 @app.command()
 def status(sweep: str, store: StoreOpt = None) -> None:
     """done / failed / missing cells per axis value, and the nodes (Ray node ids) the rows ran on."""
-    from orchestrator.plan import build_grid
     from results.query import NODE_COLUMNS, placement, status_table
 
     resolved, result_store = _open(sweep, store)
     rows = result_store.read_table(columns=["trial_id", *NODE_COLUMNS]).to_pandas()  # one read: statuses and nodes
     statuses = dict(zip(rows["trial_id"], rows["status"]))
     _warn_unreadable(result_store)
-    _print_frame(status_table(build_grid(resolved), statuses), OutputFormat.table, f"sweep {sweep}")
+    _print_frame(status_table(_counted_cells(resolved, result_store), statuses), OutputFormat.table, f"sweep {sweep}")
     if len(rows):
         nodes, gpus = placement(rows), rows["gpu_uuid"].nunique()  # nunique skips nulls (CPU rows)
         _print_frame(nodes, OutputFormat.table, f"rows ran on {len(nodes)} node(s), {gpus} GPU(s)")
@@ -363,6 +362,18 @@ def summary(sweep: str, store: StoreOpt = None,
     _print_frame(table, fmt, f"sweep {sweep}: {what} at the best evaluation, over seeds")
 
 
+def _counted_cells(resolved, result_store) -> list:
+    """The cells a sweep's rows are counted against: its grid; in settle mode, the cells it ran and
+    its next round (an arm decided early never runs the budget's other seeds)."""
+    from orchestrator.plan import build_grid, settle_scope
+
+    cells = build_grid(resolved)
+    if resolved.spec.settle is None:
+        return cells
+    rows = result_store.read_table(columns=["trial_id", "status", "best_val_score", "baseline_score"]).to_pandas()
+    return settle_scope(resolved, cells, rows)
+
+
 def _print_frame(frame, fmt: OutputFormat, title: str) -> None:
     if fmt is OutputFormat.csv:
         print(frame.to_csv(index=False), end="")
@@ -387,7 +398,6 @@ def report(
              "sweep's own, else 0.01)")] = None,
 ) -> None:
     """The decision (how many layers to freeze per train size), figures, paired statistics: an HTML report."""
-    from orchestrator.plan import build_grid
     from results.query import status_table
     from results.report import SweepRows, write_report
 
@@ -398,7 +408,8 @@ def report(
         rule = settle.rule() if settle else None
         if rule is not None and tolerance is not None:
             rule = dataclasses.replace(rule, tolerance=tolerance)
-        inputs.append(SweepRows.from_store(result_store, status_table(build_grid(resolved), result_store.statuses()),
+        inputs.append(SweepRows.from_store(result_store, status_table(_counted_cells(resolved, result_store),
+                                                                      result_store.statuses()),
                                            (rule, rule.looks) if rule else None))
         _warn_unreadable(result_store)
     built = write_report(inputs, str(out), 0.01 if tolerance is None else tolerance)

@@ -203,6 +203,13 @@ def settle_round(sweep: ResolvedSweep, cells: list[TrialConfig], rows: pd.DataFr
     return list(dict.fromkeys(wanted))
 
 
+def settle_scope(sweep: ResolvedSweep, cells: list[TrialConfig], rows: pd.DataFrame) -> list[TrialConfig]:
+    """A settle sweep's cells as far as its rule reaches now: those with a stored row and those of the
+    next round. The budget's other seeds of an arm decided early are never run, so never missing."""
+    wanted = {c.trial_id for c in settle_round(sweep, cells, rows)} | set(rows["trial_id"])
+    return [c for c in cells if c.trial_id in wanted]
+
+
 def _group_round(members: list[TrialConfig], stored: pd.DataFrame, rule) -> list[TrialConfig]:
     ids = {c.trial_id: c for c in members}
     mine = stored[stored["trial_id"].isin(ids)]
