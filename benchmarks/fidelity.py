@@ -59,7 +59,7 @@ def run_sweep(args: argparse.Namespace, layers: int) -> pd.DataFrame:
     }, "fidelity benchmark")
     summary = launch(spec)
     print(f"sweep {name}: {summary.total} cells, {summary.already_ok} already done, ran {summary.ran}")
-    cells = {c.trial_id for c in build_grid(resolve_sweep_precision(spec))}
+    cells = {c.trial_id for c in build_grid(resolve_here(spec))}
     rows = ResultStore(args.store, name).read()
     return rows[(rows["status"] == "ok") & rows["trial_id"].isin(cells)]
 

@@ -236,7 +236,7 @@ def plan(spec_path: Annotated[Path, typer.Argument(metavar="SPEC", help="sweep s
     from orchestrator.plan import build_grid, settle_round
     from orchestrator.spec import SpecError
     from orchestrator.sweeps import resolve_for_plan
-    from results.query import status_table
+    from results.query import collapse_long_axes, status_table
     from results.store import FINAL_STATUSES, ResultStore
 
     try:
@@ -261,7 +261,8 @@ def plan(spec_path: Annotated[Path, typer.Argument(metavar="SPEC", help="sweep s
                       f"{-(-len(pending) // spec.resources.cells_per_round)} round(s)", highlight=False)
     if note:
         console.print(f"note: {note}", highlight=False)
-    _print_frame(status_table(cells, statuses), OutputFormat.table, f"sweep {spec.name}: cells per axis")
+    _print_frame(collapse_long_axes(status_table(cells, statuses)), OutputFormat.table,
+                 f"sweep {spec.name}: cells per axis")
     _print_work(spec, cells, pending, rows)
     console.print("nothing was started", highlight=False)
 
@@ -312,13 +313,14 @@ def _open(sweep: str, store: Optional[str]):
 @app.command()
 def status(sweep: str, store: StoreOpt = None) -> None:
     """done / failed / missing cells per axis value, and the nodes (Ray node ids) the rows ran on."""
-    from results.query import NODE_COLUMNS, placement, status_table
+    from results.query import NODE_COLUMNS, collapse_long_axes, placement, status_table
 
     resolved, result_store = _open(sweep, store)
     rows = result_store.read_table(columns=["trial_id", *NODE_COLUMNS]).to_pandas()  # one read: statuses and nodes
     statuses = dict(zip(rows["trial_id"], rows["status"]))
     _warn_unreadable(result_store)
-    _print_frame(status_table(_counted_cells(resolved, result_store), statuses), OutputFormat.table, f"sweep {sweep}")
+    table = collapse_long_axes(status_table(_counted_cells(resolved, result_store), statuses))
+    _print_frame(table, OutputFormat.table, f"sweep {sweep}")
     if len(rows):
         nodes, gpus = placement(rows), rows["gpu_uuid"].nunique()  # nunique skips nulls (CPU rows)
         _print_frame(nodes, OutputFormat.table, f"rows ran on {len(nodes)} node(s), {gpus} GPU(s)")

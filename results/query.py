@@ -9,8 +9,6 @@ and the report show. Rows stored before these columns existed picked by accuracy
 
 from __future__ import annotations
 
-from collections import Counter
-
 import duckdb
 import pandas as pd
 
@@ -166,16 +164,39 @@ OUTCOMES = ("done", "diverged", "failed", "missing")
 def status_table(cells: list, statuses: dict[str, str]) -> pd.DataFrame:
     """done / diverged / failed / missing counts per value of each axis (in the spec's order) and in
     total. Diverged cells (a non-finite loss) are outcomes, counted apart: neither done nor failed."""
-    counts: dict[tuple[str, str], Counter] = {}
-    axes = [a for a in STATUS_AXES if a not in ("model", "method") or len({getattr(c, a) for c in cells}) > 1]
-    for cfg in cells:
-        state = statuses.get(cfg.trial_id)
-        outcome = {"ok": "done", None: "missing", "diverged": "diverged"}.get(state, "failed")
-        # An axis that does not apply to the cell's method (None) is not counted under it.
-        values = [(axis, str(getattr(cfg, axis))) for axis in axes if getattr(cfg, axis) is not None]
-        for key in values + [("total", "")]:
-            counts.setdefault(key, Counter())[outcome] += 1
-    order = STATUS_AXES + ("total",)
-    keys = sorted(counts, key=lambda key: order.index(key[0]))  # stable: grid order within an axis
-    return pd.DataFrame([{"axis": a, "value": v, **{o: counts[a, v][o] for o in OUTCOMES}} for a, v in keys],
-                        columns=["axis", "value", *OUTCOMES])
+    if not cells:
+        return pd.DataFrame(columns=["axis", "value", *OUTCOMES])
+    state = pd.Series([statuses.get(cfg.trial_id) for cfg in cells], dtype=object)
+    outcome = state.map({"ok": "done", "diverged": "diverged"}).fillna("failed").where(state.notna(), "missing")
+    values = {a: pd.Series([getattr(cfg, a) for cfg in cells], dtype=object) for a in STATUS_AXES}
+    axes = [a for a in STATUS_AXES if a not in ("model", "method") or values[a].nunique() > 1]
+    parts = [_outcome_counts(values[a], outcome).assign(axis=a) for a in axes]
+    parts.append(_outcome_counts(pd.Series([""] * len(cells), dtype=object), outcome).assign(axis="total"))
+    table = pd.concat(parts, ignore_index=True)
+    table = table[["axis", "value", *OUTCOMES]].astype({"value": str, **{o: int for o in OUTCOMES}})
+    return table.rename_axis(columns=None)
+
+
+def _outcome_counts(axis_values: pd.Series, outcome: pd.Series) -> pd.DataFrame:
+    """One row per value of an axis, in grid order (first appearance), with its count of each outcome;
+    an axis that does not apply to a cell's method (None) is not counted under it."""
+    applies = axis_values.notna()
+    frame = pd.DataFrame({"value": axis_values[applies].map(str), "outcome": outcome[applies]})
+    counts = frame.groupby("value", sort=False)["outcome"].value_counts().unstack(fill_value=0)
+    return counts.reindex(columns=list(OUTCOMES), fill_value=0).reset_index()
+
+
+def collapse_long_axes(table: pd.DataFrame, max_values: int = 20) -> pd.DataFrame:
+    """``status_table`` for a terminal: an axis of more than ``max_values`` values (2,500 seeds) keeps the
+    first ``max_values`` values with a cell not done and sums all its other values into one row."""
+    kept = []
+    for axis, rows in table.groupby("axis", sort=False):
+        if len(rows) <= max_values:
+            kept.append(rows)
+            continue
+        unfinished = rows[rows["done"] < rows[list(OUTCOMES)].sum(axis=1)].head(max_values)
+        rest = rows.drop(unfinished.index)
+        label = f"{len(rest):,} other values" if len(unfinished) else f"all {len(rest):,} values"
+        summed = {"axis": axis, "value": label, **{o: int(rest[o].sum()) for o in OUTCOMES}}
+        kept += [unfinished, pd.DataFrame([summed])]
+    return pd.concat(kept, ignore_index=True) if kept else table

@@ -58,8 +58,11 @@ METHOD_FIELDS = {"freeze": ("frozen_layers",),
                  "probe": ("probe_pooling", "probe_folds", "probe_cs")}
 
 
+_ENCODER = json.JSONEncoder(sort_keys=True, default=str)  # json.dumps(values, sort_keys=True, default=str), built once
+
+
 def _digest(values: dict[str, Any]) -> str:
-    return hashlib.sha256(json.dumps(values, sort_keys=True, default=str).encode()).hexdigest()[:16]
+    return hashlib.sha256(_ENCODER.encode(values).encode()).hexdigest()[:16]
 
 
 @dataclass(frozen=True)
@@ -133,11 +136,14 @@ class TrialConfig:
         if self.precision == "auto":
             raise ValueError("resolve precision 'auto' before asking for a cell's identity "
                              "(trials.precision.resolve_config): ids must name the precision actually used")
+        values = {name: getattr(self, name) for name in IDENTITY_FIELDS}
+        values.update((name, value) for name, default in LATER_FIELDS.items()
+                      if (value := getattr(self, name)) != default and not self._inert(name))
         # 10 and 10.0 epochs are one protocol: float fields hash as floats whatever the caller passed.
-        names = [*IDENTITY_FIELDS, *(name for name, default in LATER_FIELDS.items()
-                                     if getattr(self, name) != default and not self._inert(name))]
-        return {name: float(v) if name in _FLOAT_FIELDS and isinstance(v, int) and not isinstance(v, bool) else v
-                for name, v in ((name, getattr(self, name)) for name in names)}
+        for name in _FLOAT_FIELDS.intersection(values):
+            if isinstance(values[name], int) and not isinstance(values[name], bool):
+                values[name] = float(values[name])
+        return values
 
     def _inert(self, name: str) -> bool:
         """A later field that cannot change this cell's result: hashing it would re-run identical work."""

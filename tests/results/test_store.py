@@ -151,6 +151,24 @@ def test_status_table_counts_per_axis_in_spec_order():
     assert table.loc[("total", "")].tolist() == [1, 2, 1]
 
 
+def test_a_long_axis_shows_its_unfinished_values_and_sums_the_rest():
+    from results.query import OUTCOMES, collapse_long_axes, status_table
+
+    cells = [TrialConfig(dataset="glue/sst2", model="m", train_size=n, frozen_layers=0, seed=seed, precision="fp32")
+             for n in (50, 100) for seed in range(30)]
+    statuses = {c.trial_id: "ok" for c in cells if c.seed not in (7, 21)} | {cells[21].trial_id: "failed"}
+    full = status_table(cells, statuses)
+    table = collapse_long_axes(full, max_values=20).set_index(["axis", "value"])
+    seeds = table.loc["seed"]
+    assert list(seeds.index) == ["7", "21", "28 other values"]  # grid order, then the rest in one row
+    assert seeds.loc["21", ["done", "failed", "missing"]].tolist() == [0, 1, 1]
+    assert seeds.loc["28 other values", "done"] == 56 and seeds[list(OUTCOMES)].to_numpy().sum() == len(cells)
+    assert list(table.loc["train_size"].index) == ["50", "100"]  # short axes as they were
+    assert table.loc[("total", "")].tolist() == full.set_index(["axis", "value"]).loc[("total", "")].tolist()
+    done = collapse_long_axes(status_table(cells, {c.trial_id: "ok" for c in cells}), max_values=20)
+    assert done[done["axis"] == "seed"]["value"].tolist() == ["all 30 values"]
+
+
 def _scored(seed: int, metric: str, score: float, dataset: str = "glue/stsb") -> TrialResult:
     cfg = TrialConfig(dataset=dataset, model="m", train_size=50, frozen_layers=2, seed=seed, precision="fp32",
                       select_metric=metric)

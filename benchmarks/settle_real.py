@@ -1,0 +1,123 @@
+"""Settle mode on real trials, beside the fixed grid at its budget: the same decisions, at what share of
+the trials? (issue 22, 4b)
+
+Two launches of one sweep on the real model and data: first in settle mode (rounds of seeds only where a
+comparison is undecided, results/settle.py), timed, its decisions taken as the rule takes them (intervals
+valid over every look the budget allows); then the same sweep as a fixed grid of ``max_seeds`` seeds for
+every arm, which reuses the settle run's trials (the same cells: ids are content hashes) and runs the
+rest, its decisions taken once at the end (one look). Prints both side by side per (train size, arm)
+with the trials each needed.
+
+    python benchmarks/settle_real.py [--train-sizes 50 200] [--frozen-layers 0 2 4 6]
+        [--max-seeds 8] [--tolerance 0.02] [--store ./sweeps] [--name settle-real]
+
+The defaults are the reference protocol (full SST-2 validation set, 10 epochs, lr 5e-5, batch 16,
+evaluation every half epoch) on the offline MiniLM-L6, two trials at once on a 2-core CPU; the run is
+resumable (run it again after an interruption).
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import pandas as pd
+
+from orchestrator.checks import validate
+from orchestrator.launch import launch
+from orchestrator.plan import build_grid
+from orchestrator.spec import SpecError
+from orchestrator.sweeps import resolve_here
+from results.settle import UNDECIDED, SettleRule, decide, variant_label
+from results.store import ResultStore
+
+KEEP = ["arm", "seed", "score", "baseline_score", "status"]
+
+
+def parse_args() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", default="sentence-transformers/all-MiniLM-L6-v2")
+    parser.add_argument("--dataset", default="glue/sst2")
+    parser.add_argument("--train-sizes", nargs="+", type=int, default=[50, 200])
+    parser.add_argument("--frozen-layers", nargs="+", type=int, default=[0, 2, 4, 6])
+    parser.add_argument("--tolerance", type=float, default=0.02)
+    parser.add_argument("--initial-seeds", type=int, default=3)
+    parser.add_argument("--max-seeds", type=int, default=8)
+    parser.add_argument("--seeds-per-round", type=int, default=1)
+    parser.add_argument("--precision", default="auto")
+    parser.add_argument("--cpus-per-trial", type=float, default=1.0)
+    parser.add_argument("--store", default="./sweeps")
+    parser.add_argument("--name", default="settle-real")
+    return parser.parse_args()
+
+
+def spec_of(args: argparse.Namespace, settle: bool):
+    """The sweep in settle mode, or the fixed grid of max_seeds seeds: the same cells either way."""
+    raw = {"name": args.name, "model": args.model, "datasets": [args.dataset], "train_sizes": args.train_sizes,
+           "frozen_layers": args.frozen_layers, "training": {"precision": args.precision},
+           "resources": {"gpus_per_trial": 0, "cpus_per_trial": args.cpus_per_trial}, "store": args.store}
+    if settle:
+        raw["settle"] = {"tolerance": args.tolerance, "initial_seeds": args.initial_seeds,
+                         "max_seeds": args.max_seeds, "seeds_per_round": args.seeds_per_round}
+    else:
+        raw["seeds"] = list(range(args.max_seeds))
+    return validate(raw, "settle_real benchmark")
+
+
+def arms_of(spec, store: ResultStore) -> pd.DataFrame:
+    """The sweep's rows of this grid in results/settle.py's terms (arm, seed, score, …) with train_size."""
+    ids = {c.trial_id for c in build_grid(resolve_here(spec))}
+    rows = store.read()
+    rows = rows[rows["trial_id"].isin(ids)]
+    arm = [variant_label(m, k, r) for m, k, r in zip(rows["method"], rows["frozen_layers"], rows["lora_rank"])]
+    return rows.assign(arm=arm, score=rows["best_val_score"])[["train_size", *KEEP]]
+
+
+def decisions(rows: pd.DataFrame, rule: SettleRule, looks: int | None) -> pd.DataFrame:
+    """Per (train size, arm): the decision, its paired seeds and interval, and the trials the arm ran."""
+    table = []
+    for size, group in rows.groupby("train_size"):
+        decision = decide(group[KEEP], rule, looks)
+        trials = group["arm"].value_counts()
+        for c in (decision.learned, *decision.arms):
+            arm = "freeze k=0" if c.arm == "learned" else c.arm
+            table.append({"train_size": size, "arm": c.arm, "decision": c.decision, "pairs": c.pairs,
+                          "interval": f"[{c.low:+.3f}, {c.high:+.3f}]", "trials": int(trials.get(arm, 0)),
+                          "advice": decision.advice or "none"})
+    return pd.DataFrame(table)
+
+
+def main() -> None:
+    args = parse_args()
+    store = ResultStore(args.store, args.name)
+    try:
+        settle_spec, fixed_spec = spec_of(args, settle=True), spec_of(args, settle=False)
+        started = time.perf_counter()
+        launch(settle_spec)
+        settle_s = time.perf_counter() - started
+        settle_rows = arms_of(settle_spec, store)
+        started = time.perf_counter()
+        launch(fixed_spec)
+        fixed_extra_s = time.perf_counter() - started
+    except SpecError as exc:
+        raise SystemExit(f"error: {exc}") from None
+    rule = settle_spec.settle.rule()
+    settle = decisions(settle_rows, rule, None)
+    fixed = decisions(arms_of(fixed_spec, store), rule, 1)  # a fixed grid is looked at once
+    side = settle.merge(fixed, on=["train_size", "arm"], suffixes=(" settle", " fixed"))
+    side["same"] = side["decision settle"] == side["decision fixed"]
+    pd.set_option("display.width", 250)
+    pd.set_option("display.max_columns", 20)
+    print(f"\n{args.model} on {args.dataset}, tolerance {rule.tolerance}, confidence {rule.confidence}, "
+          f"{rule.initial_seeds} initial seeds, +{rule.seeds_per_round} per round, max {rule.max_seeds} "
+          f"(settle: {rule.looks} looks; fixed grid: one look at {rule.max_seeds} seeds)\n")
+    print(side.to_string(index=False))
+    n_settle, n_fixed = len(settle_rows), len(arms_of(fixed_spec, store))
+    undecided = side[side["decision settle"] == UNDECIDED]
+    print(f"\ntrials: settle {n_settle}, fixed grid {n_fixed} ({n_settle / n_fixed:.0%}); "
+          f"same decisions: {int(side['same'].sum())}/{len(side)}; undecided in settle mode: {len(undecided)}")
+    print(f"wall: settle run {settle_s / 60:.1f} min, the fixed grid's other trials {fixed_extra_s / 60:.1f} min")
+
+
+if __name__ == "__main__":
+    main()
