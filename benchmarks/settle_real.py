@@ -28,10 +28,12 @@ from orchestrator.launch import launch
 from orchestrator.plan import build_grid
 from orchestrator.spec import SpecError
 from orchestrator.sweeps import resolve_here
-from results.settle import UNDECIDED, SettleRule, decide, variant_label
+from results.settle import FULL, UNDECIDED, SettleRule, decide, variant_label
 from results.store import ResultStore
 
 KEEP = ["arm", "seed", "score", "baseline_score", "status"]
+COLUMNS = ["trial_id", "method", "frozen_layers", "lora_rank", "train_size", "seed", "status", "best_val_score",
+           "baseline_score"]  # not the curves
 
 
 def parse_args() -> argparse.Namespace:
@@ -67,7 +69,7 @@ def spec_of(args: argparse.Namespace, settle: bool):
 def arms_of(spec, store: ResultStore) -> pd.DataFrame:
     """The sweep's rows of this grid in results/settle.py's terms (arm, seed, score, …) with train_size."""
     ids = {c.trial_id for c in build_grid(resolve_here(spec))}
-    rows = store.read()
+    rows = store.read_table(columns=COLUMNS).to_pandas()
     rows = rows[rows["trial_id"].isin(ids)]
     arm = [variant_label(m, k, r) for m, k, r in zip(rows["method"], rows["frozen_layers"], rows["lora_rank"])]
     return rows.assign(arm=arm, score=rows["best_val_score"])[["train_size", *KEEP]]
@@ -80,7 +82,7 @@ def decisions(rows: pd.DataFrame, rule: SettleRule, looks: int | None) -> pd.Dat
         decision = decide(group[KEEP], rule, looks)
         trials = group["arm"].value_counts()
         for c in (decision.learned, *decision.arms):
-            arm = "freeze k=0" if c.arm == "learned" else c.arm
+            arm = FULL if c.arm == "learned" else c.arm  # full fine-tuning against the baseline
             table.append({"train_size": size, "arm": c.arm, "decision": c.decision, "pairs": c.pairs,
                           "interval": f"[{c.low:+.3f}, {c.high:+.3f}]", "trials": int(trials.get(arm, 0)),
                           "advice": decision.advice or "none"})
@@ -103,7 +105,8 @@ def main() -> None:
         raise SystemExit(f"error: {exc}") from None
     rule = settle_spec.settle.rule()
     settle = decisions(settle_rows, rule, None)
-    fixed = decisions(arms_of(fixed_spec, store), rule, 1)  # a fixed grid is looked at once
+    fixed_rows = arms_of(fixed_spec, store)
+    fixed = decisions(fixed_rows, rule, 1)  # a fixed grid is looked at once
     side = settle.merge(fixed, on=["train_size", "arm"], suffixes=(" settle", " fixed"))
     side["same"] = side["decision settle"] == side["decision fixed"]
     pd.set_option("display.width", 250)
@@ -112,7 +115,7 @@ def main() -> None:
           f"{rule.initial_seeds} initial seeds, +{rule.seeds_per_round} per round, max {rule.max_seeds} "
           f"(settle: {rule.looks} looks; fixed grid: one look at {rule.max_seeds} seeds)\n")
     print(side.to_string(index=False))
-    n_settle, n_fixed = len(settle_rows), len(arms_of(fixed_spec, store))
+    n_settle, n_fixed = len(settle_rows), len(fixed_rows)
     undecided = side[side["decision settle"] == UNDECIDED]
     print(f"\ntrials: settle {n_settle}, fixed grid {n_fixed} ({n_settle / n_fixed:.0%}); "
           f"same decisions: {int(side['same'].sum())}/{len(side)}; undecided in settle mode: {len(undecided)}")

@@ -171,8 +171,8 @@ def status_table(cells: list, statuses: dict[str, str]) -> pd.DataFrame:
     values = {a: pd.Series([getattr(cfg, a) for cfg in cells], dtype=object) for a in STATUS_AXES}
     axes = [a for a in STATUS_AXES if a not in ("model", "method") or values[a].nunique() > 1]
     parts = [_outcome_counts(values[a], outcome).assign(axis=a) for a in axes]
-    parts.append(_outcome_counts(pd.Series([""] * len(cells), dtype=object), outcome).assign(axis="total"))
-    table = pd.concat(parts, ignore_index=True)
+    total = pd.DataFrame([{"axis": "total", "value": "", **outcome.value_counts().to_dict()}])
+    table = pd.concat([*parts, total], ignore_index=True).fillna({o: 0 for o in OUTCOMES})
     table = table[["axis", "value", *OUTCOMES]].astype({"value": str, **{o: int for o in OUTCOMES}})
     return table.rename_axis(columns=None)
 

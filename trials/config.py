@@ -140,8 +140,8 @@ class TrialConfig:
         values.update((name, value) for name, default in LATER_FIELDS.items()
                       if (value := getattr(self, name)) != default and not self._inert(name))
         # 10 and 10.0 epochs are one protocol: float fields hash as floats whatever the caller passed.
-        for name in _FLOAT_FIELDS.intersection(values):
-            if isinstance(values[name], int) and not isinstance(values[name], bool):
+        for name in _HASHED_FLOAT_FIELDS:
+            if isinstance(values.get(name), int) and not isinstance(values[name], bool):
                 values[name] = float(values[name])
         return values
 
@@ -186,6 +186,7 @@ class TrialConfig:
 
 
 _FLOAT_FIELDS = frozenset(f.name for f in dataclasses.fields(TrialConfig) if f.type in ("float", "float | None"))
+_HASHED_FLOAT_FIELDS = tuple(name for name in (*IDENTITY_FIELDS, *LATER_FIELDS) if name in _FLOAT_FIELDS)
 
 
 @dataclass(frozen=True)
