@@ -4,12 +4,14 @@ For each (dataset, train size) group of the reference study (benchmarks/referenc
 per-cell mean and spread of best accuracy over 5 seeds, roberta-base on SST-2 and CoLA), per-seed scores
 are drawn with those means and spreads, paired across frozen depths with correlation --rho (a seed's
 luck shared by every depth: the same head init and batch order), and run through settle mode's rounds
-(results/settle.py) until every arm is decided or the budget is spent. Printed:
+(results/settle.py) until the group is answered (nothing learned; or learned, every arm decided) or the
+budget is spent. Printed:
 
 - coverage: how often every interval of a group at its stop holds the true difference (arm − full
   fine-tuning, and full fine-tuning − the majority baseline) at once, against the nominal level;
 - trials: settle mode's against the fixed grid at --max-seeds for every arm, and how often the fixed
-  grid (its intervals taken once) reaches the same decisions.
+  grid (its intervals taken once) reaches the same decisions (whether anything is learned; and where it
+  is, each arm's decision).
 
 --draws normal | skewed | clipped: normal draws; a right-skewed (gamma) luck of the same spread; normal
 draws clipped to the majority baseline below (a run that learns nothing stays at the majority class).
@@ -25,9 +27,10 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from results.settle import FULL, UNDECIDED, SettleRule, decide, next_round
+from results.settle import FULL, LEARNED, UNDECIDED, SettleRule, decide, next_round
 
 REFERENCE = Path(__file__).resolve().parent / "reference" / "roberta_base_blog.csv"
+COLUMNS = ["arm", "seed", "score", "baseline_score", "status"]
 BASELINES = {"glue/sst2": 0.509, "glue/cola": 0.691}
 
 
@@ -50,22 +53,23 @@ def simulate_group(cells: pd.DataFrame, baseline: float, rule: SettleRule, rho: 
     score = {arm: means[arm] + spreads[arm] * (np.sqrt(rho) * shared + np.sqrt(1 - rho) * own[arm]) for arm in means}
     if draws == "clipped":
         score = {arm: np.maximum(values, baseline) for arm, values in score.items()}
-    rows, seeds_done = [], []
+    rows, seeds_done = [], {}
     while True:
-        decision = decide(pd.DataFrame(rows, columns=["arm", "seed", "score", "baseline_score", "status"]), rule)
+        decision = decide(pd.DataFrame(rows, columns=COLUMNS), rule, comparisons=len(means))
         wanted = next_round(decision, rule, arms, seeds_done)
         if not wanted:
             break
         rows += [(arm, seed, float(score[arm][seed]), baseline, "ok") for arm, seed in wanted]
-        seeds_done = sorted({seed for arm, seed in wanted if arm == FULL} | set(seeds_done))
+        for arm, seed in wanted:
+            seeds_done.setdefault(arm, set()).add(seed)
     truth = {arm: _true_mean(means, spreads, arm, baseline, draws) for arm in means}
     covered = all(c.low <= truth[c.arm] - truth[FULL] <= c.high for c in decision.arms if not np.isnan(c.low))
     covered &= np.isnan(decision.learned.low) or decision.learned.low <= truth[FULL] - baseline <= decision.learned.high
     fixed = decide(pd.DataFrame([(arm, s, float(score[arm][s]), baseline, "ok") for arm in means
                                  for s in range(rule.max_seeds)],
-                                columns=["arm", "seed", "score", "baseline_score", "status"]), rule, looks=1)
+                                columns=COLUMNS), rule, looks=1)
     return {"trials": len(rows), "fixed_trials": len(means) * rule.max_seeds, "covered": covered,
-            "decided": sum(c.decision != UNDECIDED for c in decision.arms), "arms": len(arms),
+            "answered": _answered(decision, arms),
             "same": _decisions(decision) == _decisions(fixed)}
 
 
@@ -77,7 +81,18 @@ def _true_mean(means, spreads, arm, baseline, draws) -> float:
     return float(np.maximum(means[arm] + spreads[arm] * z, baseline).mean())
 
 
+def _answered(decision, arms: list[str]) -> bool:
+    """Nothing learned, or learned with every arm decided: the group's question has its answer."""
+    if decision.learned.decision != LEARNED:
+        return decision.learned.decision != UNDECIDED
+    return len(decision.arms) == len(arms) and all(c.decision != UNDECIDED for c in decision.arms)
+
+
 def _decisions(decision) -> tuple:
+    """What the user is told: whether anything is learned, and only then each arm's decision (a group
+    that learns nothing gets no freezing advice, whatever its arms' intervals say)."""
+    if decision.learned.decision != LEARNED:
+        return (decision.learned.decision,)
     return decision.learned.decision, tuple((c.arm, c.decision) for c in decision.arms)
 
 
@@ -94,9 +109,12 @@ def main() -> None:
     parser.add_argument("--seeds-per-round", type=int, default=2)
     parser.add_argument("--tolerance", type=float, default=0.01)
     parser.add_argument("--confidence", type=float, default=0.95)
+    parser.add_argument("--together", action="store_true",
+                        help="every arm from the first round (settle.learned_first: false)")
     parser.add_argument("--draws", choices=["normal", "skewed", "clipped"], default="normal")
     args = parser.parse_args()
-    rule = SettleRule(args.tolerance, args.confidence, args.initial_seeds, args.max_seeds, args.seeds_per_round)
+    rule = SettleRule(args.tolerance, args.confidence, args.initial_seeds, args.max_seeds, args.seeds_per_round,
+                      learned_first=not args.together)
     reference = pd.read_csv(REFERENCE)
     rng = np.random.default_rng(0)
     results = pd.DataFrame([
@@ -104,12 +122,12 @@ def main() -> None:
         for _ in range(args.simulations) for (dataset, n), cells in reference.groupby(["dataset", "train_size"])])
     print(f"{args.simulations} simulations × {results.groupby(['dataset', 'train_size']).ngroups} groups, rho "
           f"{args.rho}, {args.draws} draws, tolerance {args.tolerance}, budget {args.max_seeds} seeds "
-          f"({rule.looks} looks)")
+          f"({rule.looks} looks), {'learned first' if rule.learned_first else 'every arm from the first round'}")
     print(f"coverage (every interval of a group at its stop): {results['covered'].mean():.3f} "
           f"(nominal {args.confidence})")
     print(f"trials: settle {results['trials'].sum():,} against the fixed grid's {results['fixed_trials'].sum():,} "
-          f"({100 * results['trials'].sum() / results['fixed_trials'].sum():.0f} %); contrasts decided "
-          f"{results['decided'].sum() / results['arms'].sum():.1%}; the fixed grid reaches the same decisions in "
+          f"({100 * results['trials'].sum() / results['fixed_trials'].sum():.0f} %); groups answered "
+          f"{results['answered'].mean():.1%}; the fixed grid reaches the same decisions in "
           f"{results['same'].mean():.1%} of the groups")
     table = results.groupby(["dataset", "train_size"]).agg(coverage=("covered", "mean"), trials=("trials", "mean"),
                                                             fixed=("fixed_trials", "mean"), same=("same", "mean"))

@@ -9,7 +9,7 @@ rest, its decisions taken once at the end (one look). Prints both side by side p
 with the trials each needed.
 
     python benchmarks/settle_real.py [--train-sizes 50 200] [--frozen-layers 0 2 4 6]
-        [--max-seeds 8] [--tolerance 0.02] [--store ./sweeps] [--name settle-real]
+        [--max-seeds 12] [--tolerance 0.02] [--together] [--store ./sweeps] [--name settle-real]
 
 The defaults are the reference protocol (full SST-2 validation set, 10 epochs, lr 5e-5, batch 16,
 evaluation every half epoch) on the offline MiniLM-L6, two trials at once on a 2-core CPU; the run is
@@ -25,12 +25,13 @@ import pandas as pd
 
 from orchestrator.checks import validate
 from orchestrator.launch import launch
-from orchestrator.plan import build_grid
+from orchestrator.plan import build_grid, settle_comparisons
 from orchestrator.spec import SpecError
 from orchestrator.sweeps import resolve_here
-from results.settle import FULL, UNDECIDED, SettleRule, decide, variant_label
+from results.settle import FULL, NOTHING_LEARNED, UNDECIDED, SettleRule, decide, variant_label
 from results.store import ResultStore
 
+MOOT = "moot: nothing learned"
 KEEP = ["arm", "seed", "score", "baseline_score", "status"]
 COLUMNS = ["trial_id", "method", "frozen_layers", "lora_rank", "train_size", "seed", "status", "best_val_score",
            "baseline_score"]  # not the curves
@@ -44,8 +45,10 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--frozen-layers", nargs="+", type=int, default=[0, 2, 4, 6])
     parser.add_argument("--tolerance", type=float, default=0.02)
     parser.add_argument("--initial-seeds", type=int, default=3)
-    parser.add_argument("--max-seeds", type=int, default=8)
+    parser.add_argument("--max-seeds", type=int, default=12)
     parser.add_argument("--seeds-per-round", type=int, default=1)
+    parser.add_argument("--together", action="store_true",
+                        help="every arm from the first round (settle.learned_first: false)")
     parser.add_argument("--precision", default="auto")
     parser.add_argument("--cpus-per-trial", type=float, default=1.0)
     parser.add_argument("--store", default="./sweeps")
@@ -60,7 +63,8 @@ def spec_of(args: argparse.Namespace, settle: bool):
            "resources": {"gpus_per_trial": 0, "cpus_per_trial": args.cpus_per_trial}, "store": args.store}
     if settle:
         raw["settle"] = {"tolerance": args.tolerance, "initial_seeds": args.initial_seeds,
-                         "max_seeds": args.max_seeds, "seeds_per_round": args.seeds_per_round}
+                         "max_seeds": args.max_seeds, "seeds_per_round": args.seeds_per_round,
+                         "learned_first": not args.together}
     else:
         raw["seeds"] = list(range(args.max_seeds))
     return validate(raw, "settle_real benchmark")
@@ -75,18 +79,37 @@ def arms_of(spec, store: ResultStore) -> pd.DataFrame:
     return rows.assign(arm=arm, score=rows["best_val_score"])[["train_size", *KEEP]]
 
 
-def decisions(rows: pd.DataFrame, rule: SettleRule, looks: int | None) -> pd.DataFrame:
-    """Per (train size, arm): the decision, its paired seeds and interval, and the trials the arm ran."""
+def decisions(rows: pd.DataFrame, rule: SettleRule, looks: int | None, comparisons: int) -> pd.DataFrame:
+    """Per (train size, arm): the decision, its paired seeds and interval, and the trials the arm ran. An
+    arm of a group that learns nothing is moot: no freezing advice whatever its interval says (learned
+    first runs none of them)."""
     table = []
     for size, group in rows.groupby("train_size"):
-        decision = decide(group[KEEP], rule, looks)
+        decision = decide(group[KEEP], rule, looks, comparisons)
         trials = group["arm"].value_counts()
+        moot = decision.learned.decision == NOTHING_LEARNED
         for c in (decision.learned, *decision.arms):
             arm = FULL if c.arm == "learned" else c.arm  # full fine-tuning against the baseline
-            table.append({"train_size": size, "arm": c.arm, "decision": c.decision, "pairs": c.pairs,
-                          "interval": f"[{c.low:+.3f}, {c.high:+.3f}]", "trials": int(trials.get(arm, 0)),
-                          "advice": decision.advice or "none"})
+            table.append({"train_size": size, "arm": c.arm, "decision": MOOT if moot and arm != FULL else c.decision,
+                          "pairs": c.pairs, "interval": f"[{c.low:+.3f}, {c.high:+.3f}]",
+                          "trials": int(trials.get(arm, 0)), "advice": decision.advice or "none"})
     return pd.DataFrame(table)
+
+
+def side_by_side(settle: pd.DataFrame, fixed: pd.DataFrame) -> pd.DataFrame:
+    """Both runs' decisions per (train size, arm); an arm settle mode never ran is moot where its group
+    learned nothing, else "not run" (whether it learns was not shown at the budget)."""
+    side = fixed.merge(settle, on=["train_size", "arm"], how="left", suffixes=(" fixed", " settle"))
+    learned = settle[settle["arm"] == "learned"].set_index("train_size")["decision"]
+    never = side["decision settle"].isna()
+    side.loc[never, ["pairs settle", "trials settle"]] = 0
+    side.loc[never, ["interval settle", "advice settle"]] = ["—", "none"]
+    side.loc[never, "decision settle"] = [MOOT if learned[n] == NOTHING_LEARNED else f"not run (learned: {learned[n]})"
+                                          for n in side.loc[never, "train_size"]]
+    side = side.astype({"pairs settle": int, "trials settle": int})
+    side = side[["train_size", "arm", *(c for c in side.columns if c.endswith(" settle")),
+                 *(c for c in side.columns if c.endswith(" fixed"))]]
+    return side.assign(same=side["decision settle"] == side["decision fixed"])
 
 
 def main() -> None:
@@ -104,11 +127,11 @@ def main() -> None:
     except SpecError as exc:
         raise SystemExit(f"error: {exc}") from None
     rule = settle_spec.settle.rule()
-    settle = decisions(settle_rows, rule, None)
+    comparisons = settle_comparisons(variant_label("freeze", k, None) for k in args.frozen_layers)
+    settle = decisions(settle_rows, rule, None, comparisons)
     fixed_rows = arms_of(fixed_spec, store)
-    fixed = decisions(fixed_rows, rule, 1)  # a fixed grid is looked at once
-    side = settle.merge(fixed, on=["train_size", "arm"], suffixes=(" settle", " fixed"))
-    side["same"] = side["decision settle"] == side["decision fixed"]
+    fixed = decisions(fixed_rows, rule, 1, comparisons)  # a fixed grid is looked at once
+    side = side_by_side(settle, fixed)
     pd.set_option("display.width", 250)
     pd.set_option("display.max_columns", 20)
     print(f"\n{args.model} on {args.dataset}, tolerance {rule.tolerance}, confidence {rule.confidence}, "

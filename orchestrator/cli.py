@@ -412,12 +412,20 @@ def report(
             rule = dataclasses.replace(rule, tolerance=tolerance)
         inputs.append(SweepRows.from_store(result_store, status_table(_counted_cells(resolved, result_store),
                                                                       result_store.statuses()),
-                                           (rule, rule.looks) if rule else None))
+                                           _settle_family(resolved, rule)))
         _warn_unreadable(result_store)
     built = write_report(inputs, str(out), 0.01 if tolerance is None else tolerance)
     for line in [*built.decisions["sentence"], *built.completeness]:
         console.print(line, highlight=False, soft_wrap=True)
     console.print(f"report: {out / 'index.html'} (and report.md)")
+
+
+def _settle_family(resolved, rule):
+    """A settle sweep's rule with every look it may take and the comparisons its confidence is shared by
+    (the report's intervals are the ones the rounds were decided by); None for a fixed grid."""
+    from orchestrator.plan import arm_of, build_grid, settle_comparisons
+
+    return (rule, rule.looks, settle_comparisons(arm_of(c) for c in build_grid(resolved))) if rule else None
 
 
 @app.command()

@@ -189,7 +189,8 @@ def arm_of(cell: TrialConfig) -> str:
 def settle_round(sweep: ResolvedSweep, cells: list[TrialConfig], rows: pd.DataFrame) -> list[TrialConfig]:
     """Settle mode's next round (results/settle.py), given the stored rows (trial_id, status,
     best_val_score, baseline_score): per (model, dataset, train size), the cells the rule asks for
-    (the first round's initial seeds, then seeds only for undecided arms, nearest deciding first),
+    (full fine-tuning's seeds until it is known to learn, then the arms' initial seeds, then seeds only
+    for undecided arms, nearest deciding first: results.settle.next_round),
     and the group's cells whose row is not final (a failed one runs again). Empty: settled."""
     rule = sweep.spec.settle.rule()
     by_id = {c.trial_id: c for c in cells}
@@ -210,15 +211,22 @@ def settle_scope(sweep: ResolvedSweep, cells: list[TrialConfig], rows: pd.DataFr
     return [c for c in cells if c.trial_id in wanted]
 
 
+def settle_comparisons(arms: Iterable[str]) -> int:
+    """How many comparisons a group's confidence is shared by (results.settle.decide): one per arm of the
+    grid against full fine-tuning, and full fine-tuning's own against the constant baseline."""
+    return len(set(arms) - {FULL}) + 1
+
+
 def _group_round(members: list[TrialConfig], stored: pd.DataFrame, rule) -> list[TrialConfig]:
     ids = {c.trial_id: c for c in members}
     mine = stored[stored["trial_id"].isin(ids)]
     arms = pd.DataFrame({"arm": [arm_of(ids[t]) for t in mine["trial_id"]], "seed": [ids[t].seed for t in mine["trial_id"]],
                          "score": mine["best_val_score"].to_numpy(), "baseline_score": mine["baseline_score"].to_numpy(),
                          "status": mine["status"].to_numpy()})
-    decision = decide(arms, rule)
-    seeds_done = sorted(set(arms.loc[arms["arm"] == FULL, "seed"]))
+    grid_arms = {arm_of(c) for c in members}
+    decision = decide(arms, rule, comparisons=settle_comparisons(grid_arms))
+    seeds_done = arms.groupby("arm")["seed"].agg(set).to_dict()
     by_arm_seed = {(arm_of(c), c.seed): c for c in members}
-    asked = next_round(decision, rule, sorted({arm_of(c) for c in members} - {FULL}), seeds_done)
+    asked = next_round(decision, rule, sorted(grid_arms - {FULL}), seeds_done)
     again = [ids[t] for t, status in zip(mine["trial_id"], mine["status"]) if status not in FINAL_STATUSES]
     return again + [by_arm_seed[key] for key in asked if key in by_arm_seed]

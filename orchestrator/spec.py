@@ -119,6 +119,8 @@ class SettleSpec(_Strict):
     initial_seeds: int = Field(3, ge=3, description="paired seeds every arm gets before the first look")
     max_seeds: int = Field(10, ge=3, description="the budget: no arm gets more seeds")
     seeds_per_round: int = Field(2, ge=1, description="seeds added to each undecided arm per round")
+    learned_first: bool = Field(True, description="run the arms only once full fine-tuning is known to beat the "
+                                "constant baseline (fewest trials); false: every arm from the first round (fewest rounds)")
 
     @model_validator(mode="after")
     def _budget(self) -> "SettleSpec":
@@ -127,7 +129,8 @@ class SettleSpec(_Strict):
         return self
 
     def rule(self) -> SettleRule:
-        return SettleRule(self.tolerance, self.confidence, self.initial_seeds, self.max_seeds, self.seeds_per_round)
+        return SettleRule(self.tolerance, self.confidence, self.initial_seeds, self.max_seeds, self.seeds_per_round,
+                          self.learned_first)
 
 
 class ResourcesSpec(_Strict):

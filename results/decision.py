@@ -26,11 +26,13 @@ DECISION_COLUMNS = [*GROUP, "metric", "baseline_seeds", "learned", "frozen_layer
 
 
 def decide(rows: pd.DataFrame, retained: pd.DataFrame, costs: pd.DataFrame, tolerance: float = TOLERANCE,
-           planned_ks: dict[str, set[int]] | None = None, rules: dict[str, tuple[SettleRule, int]] | None = None
+           planned_ks: dict[str, set[int]] | None = None,
+           rules: dict[str, tuple[SettleRule, int, int]] | None = None
            ) -> pd.DataFrame:
     """One row per (sweep, dataset, train size) that has ok rows. ``planned_ks``: the frozen layers of each
     sweep's grid, when known ("k = 0 is not in the grid" or "has not finished"); ``rules``: per sweep,
-    its settle rule and looks (default: ``tolerance``, 95 %, one look: a fixed grid)."""
+    its settle rule, looks and comparisons (default: ``tolerance``, 95 %, one look, the arms in the rows:
+    a fixed grid)."""
     layers = freeze_rows(rows)
     retaining = largest_k_retaining(retained).set_index(GROUP)["k_retaining_90"]
     many_sweeps = rows["sweep"].nunique() > 1
@@ -38,8 +40,8 @@ def decide(rows: pd.DataFrame, retained: pd.DataFrame, costs: pd.DataFrame, tole
     for key, group in layers.groupby(GROUP):
         if not (group["status"] == "ok").any():
             continue  # nothing finished: the completeness section says what failed
-        rule, looks = (rules or {}).get(key[0], (SettleRule(tolerance=tolerance), 1))
-        decision = decide_group(_arms(group), rule, looks)
+        rule, looks, comparisons = (rules or {}).get(key[0], (SettleRule(tolerance=tolerance), 1, None))
+        decision = decide_group(_arms(group), rule, looks, comparisons)
         record = _record(key, group, decision, rule, looks, costs)
         record["k_retaining_90"] = retaining.get(key) if decision.learned.decision == LEARNED else None
         record["sentence"] = _prefix(key, many_sweeps) + sentence(record, decision, rule, (planned_ks or {}).get(key[0]))
@@ -101,7 +103,7 @@ def sentence(record: dict, decision: GroupDecision, rule: SettleRule, planned_ks
                 f"{'s' if gain.pairs != 1 else ''}: {gain.why}); no freezing advice — add seeds{left_out}.")
     rest = _others(record)
     if record.get("frozen_layers") is None:
-        return (f"no k is shown within {rule.tolerance:g} of full fine-tuning at {decision.seeds} paired seeds"
+        return (f"no k is shown within {rule.tolerance:g} of full fine-tuning at {_pairs(decision)} paired seeds"
                 f"{rest}: fine-tune every layer, or add seeds (settle mode runs as many as the question needs)"
                 f"{left_out}.")
     savings = [_change(record["params_saved_pct"], "fewer", "more", "trainable parameters"),
@@ -113,6 +115,12 @@ def sentence(record: dict, decision: GroupDecision, rule: SettleRule, planned_ks
             f"{record['score_0']:.3f} with full fine-tuning, paired difference {record['mean_diff']:+.3f} ({level} "
             f"{record['ci_low']:+.3f} to {record['ci_high']:+.3f}, {record['pairs']} seeds), within the "
             f"{rule.tolerance:g} tolerance{saves}{rest}{left_out}.")
+
+
+def _pairs(decision: GroupDecision) -> str:
+    """The arms' paired seeds: one count, or the range (settle mode gives each arm its own)."""
+    counts = sorted({c.pairs for c in decision.arms}) or [0]
+    return f"{counts[0]}" if len(counts) == 1 else f"{counts[0]}–{counts[-1]}"
 
 
 def _others(record: dict) -> str:

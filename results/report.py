@@ -32,11 +32,12 @@ class SweepRows:
     name: str
     rows: pd.DataFrame
     status: pd.DataFrame | None = None
-    rule: tuple[SettleRule, int] | None = None  # a settle sweep's rule and looks (None: a fixed grid)
+    # a settle sweep's rule, its looks and comparisons (results.settle.decide; None: a fixed grid)
+    rule: tuple[SettleRule, int, int] | None = None
 
     @classmethod
     def from_store(cls, store: ResultStore, status: pd.DataFrame | None = None,
-                   rule: tuple[SettleRule, int] | None = None) -> "SweepRows":
+                   rule: tuple[SettleRule, int, int] | None = None) -> "SweepRows":
         rows = read_rows(store)
         rows["sweep"] = store.sweep  # the folder names the sweep, whatever a row says
         return cls(store.sweep, rows, status, rule)

@@ -101,5 +101,9 @@ def test_plan_of_a_settle_sweep_names_its_next_round(write_spec):
     path = write_spec("settled", seeds=[], frozen_layers=[0, 1, 2], settle={"initial_seeds": 3, "max_seeds": 6})
     done = runner.invoke(app, ["plan", str(path)])
     assert done.exit_code == 0, done.output
-    # 2 sizes × 3 depths × 6 seeds at most; the first round: every arm's 3 initial seeds, per size
-    assert "settle mode, at most 36 cells" in done.stdout and "the next round runs 18" in done.stdout
+    # 2 sizes × 3 depths × 6 seeds at most; the first round, learned first: full fine-tuning's 3 initial
+    # seeds per size; every arm's from the first round with learned_first false
+    assert "settle mode, at most 36 cells" in done.stdout and "the next round runs 6\n" in done.stdout
+    together = write_spec("together", seeds=[], frozen_layers=[0, 1, 2],
+                          settle={"initial_seeds": 3, "max_seeds": 6, "learned_first": False})
+    assert "the next round runs 18\n" in runner.invoke(app, ["plan", str(together)]).stdout

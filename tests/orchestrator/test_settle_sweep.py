@@ -41,7 +41,7 @@ def _settle_spec(write_spec, name, **settle):
 
 def _decisions(store: ResultStore, spec) -> list[tuple]:
     rule = spec.settle.rule()
-    report = build_report([SweepRows.from_store(store, rule=(rule, rule.looks))])
+    report = build_report([SweepRows.from_store(store, rule=(rule, rule.looks, 3))])  # 3 arms: k = 0, 1, 2
     return report.decisions[["train_size", "learned", "frozen_layers", "within", "worse", "undecided"]] \
         .astype(str).to_records(index=False).tolist()
 
@@ -58,8 +58,10 @@ def test_a_settle_sweep_killed_between_rounds_resumes_to_the_same_decisions(writ
     store = ResultStore(whole.store, "whole")
     rows = _runs(store)
     grid = {c.trial_id for c in build_grid(resolve_here(whole))}
-    assert set(rows["trial_id"]) <= grid and summary.ran == len(rows) > 9  # more than the first round
+    assert set(rows["trial_id"]) <= grid and summary.ran == len(rows) > 9  # more than the arms' first round
     assert sorted(set(rows.loc[rows["frozen_layers"] == 0, "seed"]))[:3] == [0, 1, 2]  # the initial seeds
+    first = rows.sort_values("finished_at").head(3)  # learned first: full fine-tuning's seeds before any arm
+    assert (first["frozen_layers"] == 0).all() and set(rows["frozen_layers"]) == {0, 1, 2}
     expected = _decisions(store, whole)
 
     path = _settle_spec(write_spec, "killed")
@@ -70,7 +72,7 @@ def test_a_settle_sweep_killed_between_rounds_resumes_to_the_same_decisions(writ
     assert driver.returncode == -signal.SIGKILL, driver.stderr.read()[-3000:]
     os.killpg(driver.pid, signal.SIGKILL)  # its embedded Ray
     killed = ResultStore(whole.store, "killed")
-    assert len(_runs(killed)) == 9  # the first round whole: 3 arms × 3 initial seeds, nothing of a second
+    assert len(_runs(killed)) == 3  # the first round whole (full fine-tuning's 3 initial seeds), nothing of a second
     resumed = subprocess.run(CLI + ["resume", "killed", "--store", whole.store], capture_output=True, text=True,
                              timeout=900)
     assert resumed.returncode == 0, resumed.stderr[-3000:]

@@ -1,6 +1,7 @@
 """results/settle.py: decisions that hold however often they are looked at, on recorded sequences whose
 answers are computed here by hand, and never a decision the data cannot support."""
 
+import dataclasses
 import math
 
 import numpy as np
@@ -34,7 +35,8 @@ def test_identical_paired_differences_and_full_fine_tuning_at_the_baseline_give_
     assert k6.decision == UNDECIDED and "spread is unknown" in k6.why and degenerate.advice is None
     at_baseline = decide(_rows({FULL: [0.512, 0.509, 0.515, 0.510], "freeze k=6": [0.509, 0.512, 0.509, 0.511]},
                                baseline=0.509), RULE, looks=1)
-    assert at_baseline.learned.decision == NOTHING_LEARNED and at_baseline.settled and at_baseline.advice is None
+    assert at_baseline.learned.decision == NOTHING_LEARNED and at_baseline.advice is None
+    assert next_round(at_baseline, RULE, ["freeze k=6"], {FULL: set(range(4)), "freeze k=6": set(range(4))}) == []
     few = decide(_rows({FULL: [0.8, 0.9], "freeze k=3": [0.79, 0.91]}), RULE, looks=1)
     assert few.arms[0].decision == UNDECIDED and "fewer than 3" in few.arms[0].why and few.advice is None
 
@@ -55,7 +57,8 @@ def test_a_recorded_sequence_decides_as_computed_by_hand():
     k2, k6 = (next(c for c in result.arms if c.arm == a) for a in ("freeze k=2", "freeze k=6"))
     assert k2.low > -0.01 and k2.decision == WITHIN  # by hand: mean 0.001, half-width ≈ 0.0050
     assert k6.high < -0.01 and k6.decision == WORSE
-    assert result.learned.decision == LEARNED and result.settled and result.advice == "freeze k=2"
+    assert result.learned.decision == LEARNED and result.advice == "freeze k=2"
+    assert next_round(result, RULE, ["freeze k=2", "freeze k=6"], {arm: set(range(5)) for arm in scores}) == []
 
 
 def test_the_next_round_goes_to_undecided_arms_nearest_the_boundary_first():
@@ -66,13 +69,43 @@ def test_the_next_round_goes_to_undecided_arms_nearest_the_boundary_first():
               "freeze k=6": [f - 0.3 + d for f, d in zip(full, [0.001, -0.001, 0.0])]}  # worse: settled
     decision = decide(_rows(scores), RULE)
     assert [c.decision for c in decision.arms] == [UNDECIDED, UNDECIDED, WORSE]
-    cells = next_round(decision, RULE, ["freeze k=2", "freeze k=4", "freeze k=6"], seeds_done=[0, 1, 2])
+    done = {arm: {0, 1, 2} for arm in scores}
+    cells = next_round(decision, RULE, ["freeze k=2", "freeze k=4", "freeze k=6"], done)
     assert cells == [(FULL, 3), (FULL, 4), ("freeze k=2", 3), ("freeze k=2", 4), ("freeze k=4", 3), ("freeze k=4", 4)]
-    first = next_round(decide(_rows({}), RULE), RULE, ["freeze k=2", "freeze k=6"], seeds_done=[])
+    together = dataclasses.replace(RULE, learned_first=False)
+    first = next_round(decide(_rows({}), together), together, ["freeze k=2", "freeze k=6"], {})
     assert sorted(set(seed for _, seed in first)) == [0, 1, 2] and len(first) == 9  # initial seeds for all arms
     at_budget = decide(_rows({FULL: [0.8, 0.82, 0.78, 0.8, 0.81, 0.79, 0.8, 0.8, 0.82],
                               "freeze k=2": [0.8, 0.85, 0.7, 0.8, 0.86, 0.72, 0.8, 0.8, 0.9]}), RULE)
-    assert next_round(at_budget, RULE, ["freeze k=2"], seeds_done=list(range(9))) == []
+    assert next_round(at_budget, RULE, ["freeze k=2"], {FULL: set(range(9)), "freeze k=2": set(range(9))}) == []
+
+
+def test_learned_first_runs_the_arms_only_once_full_fine_tuning_beats_the_baseline():
+    """The real run's n = 50 spent 15 of its 21 trials on the arms of a group that learned nothing."""
+    arms = ["freeze k=2", "freeze k=6"]
+    assert next_round(decide(_rows({}), RULE), RULE, arms, {}) == [(FULL, 0), (FULL, 1), (FULL, 2)]
+    open_question = decide(_rows({FULL: [0.52, 0.60, 0.50]}), RULE, comparisons=3)  # a gain, or none?
+    assert open_question.learned.decision == UNDECIDED
+    assert next_round(open_question, RULE, arms, {FULL: {0, 1, 2}}) == [(FULL, 3), (FULL, 4)]  # full fine-tuning only
+    nothing = decide(_rows({FULL: [0.51, 0.509, 0.512, 0.510]}, baseline=0.509), RULE, comparisons=3)
+    assert nothing.learned.decision == NOTHING_LEARNED and next_round(nothing, RULE, arms, {FULL: {0, 1, 2, 3}}) == []
+    learned = decide(_rows({FULL: [0.80, 0.82, 0.78, 0.81, 0.79]}), RULE, comparisons=3)
+    assert learned.learned.decision == LEARNED
+    # the arms catch up on full fine-tuning's seeds, their initial ones first: no new full fine-tuning trial
+    assert next_round(learned, RULE, arms, {FULL: set(range(5))}) == [(arm, s) for arm in arms for s in (0, 1, 2)]
+    at_budget = decide(_rows({FULL: [0.52, 0.60, 0.50, 0.55, 0.49, 0.58, 0.51, 0.56, 0.50]}), RULE, comparisons=3)
+    assert at_budget.learned.decision == UNDECIDED
+    assert next_round(at_budget, RULE, arms, {FULL: set(range(9))}) == []  # no advice can come of the arms
+
+
+def test_the_confidence_is_shared_by_the_grids_arms_before_they_have_rows():
+    """Learned first: full fine-tuning runs alone at first; its interval must be the one it has beside the
+    arms (1 − α / (looks × comparisons)), not take the whole confidence."""
+    full = [0.80, 0.82, 0.78, 0.81]
+    alone = decide(_rows({FULL: full}), RULE, comparisons=3).learned
+    beside = decide(_rows({FULL: full, "freeze k=2": full, "freeze k=6": full}), RULE).learned
+    assert (alone.low, alone.high) == pytest.approx((beside.low, beside.high))
+    assert decide(_rows({FULL: full}), RULE).learned.high < alone.high  # the rows' arms alone: narrower
 
 
 def test_failed_and_diverged_rows_are_left_out_and_counted():
@@ -85,3 +118,29 @@ def test_the_interval_is_student_t():
     mean, low, high = interval(np.array([1.0, 2.0, 3.0]), 0.95)
     assert mean == 2.0 and (low, high) == pytest.approx(stats.t.interval(0.95, 2, loc=2, scale=stats.sem([1, 2, 3])))
     assert math.isnan(interval(np.array([1.0]), 0.95)[1])
+
+
+def test_the_arms_seeds_follow_the_schedule_and_full_fine_tuning_runs_what_their_pairs_need():
+    arms = ["freeze k=2", "freeze k=4"]
+    full = [0.80, 0.82, 0.78, 0.81, 0.79, 0.80, 0.82, 0.78, 0.81]
+    at_max = decide(_rows({FULL: full}), RULE, comparisons=3)  # learned at the budget, no arm run yet
+    assert next_round(at_max, RULE, arms, {FULL: set(range(9))}) == [(arm, s) for arm in arms for s in (0, 1, 2)]
+    uneven = decide(_rows({FULL: full[:5], "freeze k=2": [0.80, 0.85, 0.70], "freeze k=4": [0.80, 0.79, 0.83, 0.75, 0.9]}),
+                    RULE)
+    cells = next_round(uneven, RULE, arms, {FULL: set(range(5)), "freeze k=2": {0, 1, 2}, "freeze k=4": set(range(5))})
+    assert sorted(cells) == sorted([(FULL, 5), (FULL, 6), ("freeze k=2", 3), ("freeze k=2", 4),
+                                    ("freeze k=4", 5), ("freeze k=4", 6)])  # k=2's seeds 3, 4 pair with stored ones
+    diverged = decide(_rows({FULL: full[:3] + [float("nan")]}, status={(FULL, 3): "diverged"}), RULE, comparisons=3)
+    assert (FULL, 3) not in next_round(diverged, RULE, arms, {FULL: {0, 1, 2, 3}})  # a final row: not run again
+
+
+def test_a_learned_check_that_reopens_sends_seeds_to_full_fine_tuning_only():
+    """The intervals hold at every look, not only the first that decides: a later look may straddle again."""
+    reopened = decide(_rows({FULL: [0.52, 0.60, 0.50, 0.51, 0.58], "freeze k=2": [0.52, 0.61, 0.50]}), RULE)
+    assert reopened.learned.decision == UNDECIDED
+    assert next_round(reopened, RULE, ["freeze k=2"], {FULL: set(range(5)), "freeze k=2": {0, 1, 2}}) == [(FULL, 5), (FULL, 6)]
+    together = dataclasses.replace(RULE, learned_first=False)  # every arm from the first round: both run
+    assert next_round(reopened, together, ["freeze k=2"], {FULL: set(range(5)), "freeze k=2": {0, 1, 2}}) == \
+        [(FULL, 5), (FULL, 6), ("freeze k=2", 3), ("freeze k=2", 4)]
+    at_budget = decide(_rows({FULL: [0.52, 0.60, 0.50, 0.55, 0.49, 0.58, 0.51, 0.56, 0.50]}), together, comparisons=2)
+    assert next_round(at_budget, together, ["freeze k=2"], {FULL: set(range(9)), "freeze k=2": {0, 1, 2}}) == []
