@@ -423,9 +423,9 @@ def report(
 def _settle_family(resolved, rule):
     """A settle sweep's rule with every look it may take and the comparisons its confidence is shared by
     (the report's intervals are the ones the rounds were decided by); None for a fixed grid."""
-    from orchestrator.plan import arm_of, build_grid, settle_comparisons
+    from orchestrator.plan import sweep_comparisons
 
-    return (rule, rule.looks, settle_comparisons(arm_of(c) for c in build_grid(resolved))) if rule else None
+    return (rule, rule.looks, sweep_comparisons(resolved)) if rule else None
 
 
 @app.command()

@@ -217,6 +217,15 @@ def settle_comparisons(arms: Iterable[str]) -> int:
     return len(set(arms) - {FULL}) + 1
 
 
+def sweep_comparisons(sweep: ResolvedSweep) -> int:
+    """``settle_comparisons`` of the sweep's groups from its variants, without building the grid: the
+    most any model's groups have (the same for every model unless 'all' gives them different depths;
+    then the report's intervals are, if anything, wider than the rounds')."""
+    return max(settle_comparisons(variant_label(v["method"], v["frozen_layers"], v.get("lora_rank"))
+                                  for v in method_variants(sweep.spec, model, sweep.model_layers))
+               for model in sweep.spec.models())
+
+
 def _group_round(members: list[TrialConfig], stored: pd.DataFrame, rule) -> list[TrialConfig]:
     ids = {c.trial_id: c for c in members}
     mine = stored[stored["trial_id"].isin(ids)]

@@ -4,7 +4,7 @@ and its next round, never the budget's seeds of an arm decided early."""
 import pandas as pd
 
 from orchestrator.checks import load_spec
-from orchestrator.plan import build_grid, settle_scope
+from orchestrator.plan import arm_of, build_grid, settle_comparisons, settle_scope, sweep_comparisons
 from orchestrator.sweeps import resolve_here
 
 
@@ -27,3 +27,13 @@ def test_an_arm_decided_early_has_no_missing_cells(write_spec):
     close = _rows(cells, {0: [0.90, 0.91, 0.92], 2: [0.905, 0.88, 0.93]})  # undecided: seed 3 is next
     scope = settle_scope(sweep, cells, close)
     assert sorted(c.seed for c in scope) == [0, 0, 1, 1, 2, 2, 3, 3]
+
+
+def test_the_comparisons_counted_from_the_spec_are_the_grids_arms(write_spec):
+    """The report shares the confidence among as many comparisons as the rounds did (orchestrator/plan.py
+    settle_comparisons over a group's cells), counted from the spec's variants: LoRA ranks and the probe too."""
+    spec = load_spec(write_spec("methods", methods=["freeze", "lora", "probe"], frozen_layers=[0, 1, "all"],
+                                lora_ranks=[2, 8], seeds=[], settle={"max_seeds": 3}), semantic=False)
+    sweep = resolve_here(spec)
+    group = [c for c in build_grid(sweep) if c.train_size == spec.train_sizes[0]]
+    assert sweep_comparisons(sweep) == settle_comparisons(arm_of(c) for c in group) == 6  # k=1, k=2, 2 ranks, probe, learned

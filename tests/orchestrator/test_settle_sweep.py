@@ -12,7 +12,7 @@ import yaml
 
 from orchestrator.checks import load_spec
 from orchestrator.launch import launch
-from orchestrator.plan import build_grid
+from orchestrator.plan import build_grid, sweep_comparisons
 from orchestrator.sweeps import resolve_here
 from results.query import read_rows
 from results.report import SweepRows, build_report
@@ -44,7 +44,7 @@ def _settle_spec(write_spec, name, **settle):
 
 def _decisions(store: ResultStore, spec) -> list[tuple]:
     rule = spec.settle.rule()
-    report = build_report([SweepRows.from_store(store, rule=(rule, rule.looks, 3))])  # 3 arms: k = 0, 1, 2
+    report = build_report([SweepRows.from_store(store, rule=(rule, rule.looks, sweep_comparisons(resolve_here(spec))))])
     return report.decisions[["train_size", "learned", "frozen_layers", "within", "worse", "undecided"]] \
         .astype(str).to_records(index=False).tolist()
 
