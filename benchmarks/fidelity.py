@@ -42,11 +42,11 @@ def parse_args() -> argparse.Namespace:
 
 def run_sweep(args: argparse.Namespace, layers: int) -> pd.DataFrame:
     """The ok rows of this subset of the grid (a sweep of that name may hold more cells)."""
-    from orchestrator.plan import build_grid
-    from orchestrator.sweeps import resolve_here
-    from orchestrator.launch import launch
-    from orchestrator.checks import validate
-    from results.store import ResultStore
+    from freezesweep.orchestrator.plan import build_grid
+    from freezesweep.orchestrator.sweeps import resolve_here
+    from freezesweep.orchestrator.launch import launch
+    from freezesweep.orchestrator.checks import validate
+    from freezesweep.results.store import ResultStore
 
     name = args.name or "fidelity-" + args.model.rsplit("/", 1)[-1]
     spec = validate({
@@ -102,11 +102,11 @@ def main() -> None:
     args = parse_args()
     import transformers
 
-    from results.query import summary
-    from trials.model import load_model_config
+    from freezesweep.results.query import summary
+    from freezesweep.trials.model import load_model_config
 
     transformers.logging.set_verbosity_error()
-    from orchestrator.spec import SpecError
+    from freezesweep.orchestrator.spec import SpecError
 
     layers = load_model_config(args.model).num_hidden_layers
     try:

@@ -65,7 +65,7 @@ tests|pack|baseline|probe)
   probe)
     # The grid's fewest frozen layers (-1) is its largest footprint; the same batch sizes as `pack`.
     for precision in auto fp32; do
-      python3 -m trials.memory_probe --model "$CARRY/bert-base-random" --model-init random --batch-size 16 \
+      python3 -m freezesweep.trials.memory_probe --model "$CARRY/bert-base-random" --model-init random --batch-size 16 \
         --max-seq-length 128 --eval-batch-size 512 --frozen-layers -1 --precision $precision --json \
         2>&1 | tee -a "$LOGS/probe.log"
     done

@@ -63,9 +63,9 @@ def parse_args(argv=None) -> argparse.Namespace:
 def grid(args: argparse.Namespace, train_cache: bool = False) -> list:
     """The cells, with the precision freezesweep resolves for the device. Plain TrialConfigs: the
     local engine needs neither Ray nor the orchestrator's spec validation."""
-    from trials.config import TrialConfig
-    from trials.model import load_model_config
-    from trials.precision import auto_precision
+    from freezesweep.trials.config import TrialConfig
+    from freezesweep.trials.model import load_model_config
+    from freezesweep.trials.precision import auto_precision
 
     layers = load_model_config(args.model).num_hidden_layers
     extra = {"train_cache": True} if train_cache else {}
@@ -82,9 +82,9 @@ def grid(args: argparse.Namespace, train_cache: bool = False) -> list:
 
 def sweep_spec(cells: list, args: argparse.Namespace):
     """The same cells as a sweep spec (the Ray engine launches it); its grid must be ``cells``."""
-    from orchestrator.plan import build_grid
-    from orchestrator.sweeps import resolve_here
-    from orchestrator.checks import validate
+    from freezesweep.orchestrator.plan import build_grid
+    from freezesweep.orchestrator.sweeps import resolve_here
+    from freezesweep.orchestrator.checks import validate
 
     first = cells[0]
     gpus = args.gpus_per_trial if args.gpus_per_trial is not None else (0.25 if args.device == "cuda" else 0.0)
@@ -141,8 +141,8 @@ def run_freezesweep(cells, args) -> tuple[float, dict]:
 def _through_ray(spec) -> list[dict]:
     import ray
 
-    from orchestrator.launch import launch
-    from results.store import ResultStore
+    from freezesweep.orchestrator.launch import launch
+    from freezesweep.results.store import ResultStore
 
     launch(spec, show_progress=False)
     ray.shutdown()
@@ -162,7 +162,7 @@ def _through_processes(cells, args) -> list[dict]:
 
 
 def _one_trial(cell) -> dict:
-    from trials.run import failed_result, run_trial_or_oom
+    from freezesweep.trials.run import failed_result, run_trial_or_oom
 
     try:
         result = run_trial_or_oom(cell)  # out of GPU memory: a row, and the memory back before the next trial

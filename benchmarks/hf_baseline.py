@@ -29,13 +29,13 @@ from transformers import (AutoTokenizer, DataCollatorWithPadding, Trainer,
                           TrainerCallback, TrainingArguments, set_seed)
 from transformers.trainer_callback import PrinterCallback
 
-from trials.config import TrialConfig
-from trials.data import load_task
-from trials.freezing import freeze
-from trials.model import build_model, resolve_model_path
-from trials.run import eval_rows
-from trials.subsets import subset_indices
-from trials.train import steps_for
+from freezesweep.trials.config import TrialConfig
+from freezesweep.trials.data import load_task
+from freezesweep.trials.freezing import freeze
+from freezesweep.trials.model import build_model, resolve_model_path
+from freezesweep.trials.run import eval_rows
+from freezesweep.trials.subsets import subset_indices
+from freezesweep.trials.train import steps_for
 
 
 @dataclass(frozen=True)

@@ -40,8 +40,8 @@ def instant_trainable(config: dict, cells: dict, shipment=None, earlier=None) ->
     """A trial that trains nothing: the result row a real trial of this cell would store, at once."""
     from ray import tune
 
-    from orchestrator.tune_adapter import PLACEMENT_KEY, RESULT_KEY, ray_placement, trial_config_from_ray
-    from trials.config import EvalPoint, TrialResult
+    from freezesweep.orchestrator.tune_adapter import PLACEMENT_KEY, RESULT_KEY, ray_placement, trial_config_from_ray
+    from freezesweep.trials.config import EvalPoint, TrialResult
 
     cfg = trial_config_from_ray(config, cells)
     curve = tuple(EvalPoint(step=2 * i, epoch=i / 2, accuracy=0.5 + i / 100, loss=0.7 - i / 100)
@@ -62,7 +62,7 @@ def make_inputs(folder: Path) -> tuple[str, str]:
     import pandas as pd
     from transformers import AutoModel, BertConfig
 
-    from trials.model import load_tokenizer
+    from freezesweep.trials.model import load_tokenizer
 
     tokenizer = load_tokenizer("sentence-transformers/all-MiniLM-L6-v2")
     config = BertConfig(vocab_size=len(tokenizer), hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
@@ -95,9 +95,9 @@ def write_spec(folder: Path, cells: int, model: str, data: str, cells_per_round:
 # --- measurements ----------------------------------------------------------------------------------
 def measure_planning(path: Path) -> dict:
     """Validation, resolution and the grid, in process (what a launch does before Ray)."""
-    from orchestrator.checks import load_spec
-    from orchestrator.plan import build_grid, pending_cells
-    from orchestrator.sweeps import resolve_here
+    from freezesweep.orchestrator.checks import load_spec
+    from freezesweep.orchestrator.plan import build_grid, pending_cells
+    from freezesweep.orchestrator.sweeps import resolve_here
 
     started = time.perf_counter()
     spec = load_spec(path)
@@ -112,9 +112,9 @@ def measure_planning(path: Path) -> dict:
 def drive(path: Path, out: Path, stop_after: int | None) -> None:
     """The child: one launch with the instant trial, measured from its own start."""
     started_wall = time.perf_counter()
-    from orchestrator import launch as launching
-    from orchestrator.checks import load_spec
-    from orchestrator.ray_session import RaySession
+    from freezesweep.orchestrator import launch as launching
+    from freezesweep.orchestrator.checks import load_spec
+    from freezesweep.orchestrator.ray_session import RaySession
 
     marks: list[tuple[float, float]] = []  # (wall, driver CPU) at each stored row
 

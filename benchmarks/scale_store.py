@@ -23,11 +23,11 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from orchestrator.plan import ResolvedSweep, build_grid
-from orchestrator.rows import result_row
-from orchestrator.spec import SweepSpec
-from results.store import PART_PREFIX, SCHEMA, ResultStore
-from trials.config import EvalPoint, TrialResult
+from freezesweep.orchestrator.plan import ResolvedSweep, build_grid
+from freezesweep.orchestrator.rows import result_row
+from freezesweep.orchestrator.spec import SweepSpec
+from freezesweep.results.store import PART_PREFIX, SCHEMA, ResultStore
+from freezesweep.trials.config import EvalPoint, TrialResult
 
 PART_ROWS, SINGLE_ROWS = 5000, 1000
 COMMANDS = {"status": [], "summary": [], "query": ["--sql", "SELECT count(*) AS n, avg(best_val_score) FROM results"],
@@ -93,7 +93,7 @@ def main() -> None:
     parser.add_argument("--rows", type=int, nargs="+", default=[1000, 10_000, 100_000])
     args = parser.parse_args()
     root = Path(tempfile.mkdtemp(prefix="freezesweep-store-scale-"))
-    cli = [sys.executable, "-m", "orchestrator.cli"]
+    cli = [sys.executable, "-m", "freezesweep.orchestrator.cli"]
     print(f"{'rows':>8} {'files':>6} {'MB':>6} {'compact s':>9} " +
           " ".join(f"{name + ' s':>10} {name + ' MB':>10}" for name in COMMANDS), flush=True)
     for rows in args.rows:

@@ -27,7 +27,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from results.settle import FULL, LEARNED, UNDECIDED, SettleRule, decide, next_round
+from freezesweep.results.settle import FULL, LEARNED, UNDECIDED, SettleRule, decide, next_round
 
 REFERENCE = Path(__file__).resolve().parent / "reference" / "roberta_base_blog.csv"
 COLUMNS = ["arm", "seed", "score", "baseline_score", "status"]

@@ -23,13 +23,13 @@ import time
 
 import pandas as pd
 
-from orchestrator.checks import validate
-from orchestrator.launch import launch
-from orchestrator.plan import build_grid, settle_comparisons
-from orchestrator.spec import SpecError
-from orchestrator.sweeps import resolve_here
-from results.settle import FULL, NOTHING_LEARNED, UNDECIDED, SettleRule, decide, variant_label
-from results.store import ResultStore
+from freezesweep.orchestrator.checks import validate
+from freezesweep.orchestrator.launch import launch
+from freezesweep.orchestrator.plan import build_grid, settle_comparisons
+from freezesweep.orchestrator.spec import SpecError
+from freezesweep.orchestrator.sweeps import resolve_here
+from freezesweep.results.settle import FULL, NOTHING_LEARNED, UNDECIDED, SettleRule, decide, variant_label
+from freezesweep.results.store import ResultStore
 
 MOOT = "moot: nothing learned"
 KEEP = ["arm", "seed", "score", "baseline_score", "status"]

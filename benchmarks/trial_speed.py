@@ -27,12 +27,12 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from trials.worker import WorkerState
-from trials.data import load_task
-from trials.evaluate import evaluate
-from trials.model import build_model, load_tokenizer
-from trials.precision import resolve_precision
-from trials.tokens import Tokens, collate, eval_batches, tokenize_split, train_batches
+from freezesweep.trials.worker import WorkerState
+from freezesweep.trials.data import load_task
+from freezesweep.trials.evaluate import evaluate
+from freezesweep.trials.model import build_model, load_tokenizer
+from freezesweep.trials.precision import resolve_precision
+from freezesweep.trials.tokens import Tokens, collate, eval_batches, tokenize_split, train_batches
 
 
 def timed(fn, repeats: int) -> float:
@@ -134,8 +134,8 @@ def bench_precision(model_name, ids, labels, pad_id, device, repeats) -> float:
 
 
 def bench_eval_cache(model, ids, labels, pad_id, plan, device, repeats) -> None:
-    from trials.eval_cache import matches_full_model, prefix_states
-    from trials.freezing import find_encoder_parts
+    from freezesweep.trials.eval_cache import matches_full_model, prefix_states
+    from freezesweep.trials.freezing import find_encoder_parts
 
     layers = len(find_encoder_parts(model).layers)
     print(f"5. evaluation with the frozen prefix cached ({layers}-layer model, batch 128, length-sorted)")
@@ -155,10 +155,10 @@ def bench_unpadded(model_name, train_ids, val_ids, train_labels, val_labels, pad
     """The last layer past attention for the head's token only (trials/first_token.py) and training
     batches without padding (trials/packing.py), on the real validation split and one epoch of
     n = 200 training batches, nothing frozen; the attention implementation as trials use it."""
-    from trials.evaluate import task_loss
-    from trials.first_token import narrowed
-    from trials.model import attention_for
-    from trials.packing import PaddedFeed, training_feed
+    from freezesweep.trials.evaluate import task_loss
+    from freezesweep.trials.first_token import narrowed
+    from freezesweep.trials.model import attention_for
+    from freezesweep.trials.packing import PaddedFeed, training_feed
 
     print("6. the last layer for the head's token only, training batches packed (nothing frozen)")
     model = build_model(model_name, 2, "pretrained").to(device)

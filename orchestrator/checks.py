@@ -18,11 +18,11 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Protocol
 
-from orchestrator.spec import (NAME_PATTERN, SpecError, SweepSpec, parse, read_stored_spec, read_yaml,
+from freezesweep.orchestrator.spec import (NAME_PATTERN, SpecError, SweepSpec, parse, read_stored_spec, read_yaml,
                                spec_aliases)
-from results.store import ResultStore, StoreError
-from trials.data import GLUE_PAIR_TASKS, DatasetError, describe_task, official_metric, shape_words
-from trials.metrics import METRICS
+from freezesweep.results.store import ResultStore, StoreError
+from freezesweep.trials.data import GLUE_PAIR_TASKS, DatasetError, describe_task, official_metric, shape_words
+from freezesweep.trials.metrics import METRICS
 
 
 class ClusterView(Protocol):
@@ -81,7 +81,7 @@ def model_depths(spec: SweepSpec) -> dict[str, int]:
     """Each model's encoder layers, where the spec needs them (``frozen_layers: all``); else empty."""
     if "all" not in spec.frozen_layers:
         return {}
-    from trials.model import load_model_config  # transformers: seconds to import, see the module docstring
+    from freezesweep.trials.model import load_model_config  # transformers: seconds to import, see the module docstring
 
     return {model: load_model_config(model).num_hidden_layers for model in spec.models()}
 
@@ -97,7 +97,7 @@ def _strs(value: Any) -> list[str]:
 def _model_problems(raw: dict[str, Any]) -> list[str]:
     """Per model: it loads, the frozen layers fit its depth, and (when LoRA is swept) the LoRA
     targets exist in its layers."""
-    from trials.model import ModelError, load_model_config  # transformers: see the module docstring
+    from freezesweep.trials.model import ModelError, load_model_config  # transformers: see the module docstring
 
     try:
         models = spec_aliases(raw).get("model")
@@ -127,7 +127,7 @@ def _model_problems(raw: dict[str, Any]) -> list[str]:
 def _sequence_problems(model: str, raw: dict[str, Any]) -> list[str]:
     """A max_seq_length that leaves no room for text after the tokenizer's special tokens (two texts of
     a pair take more of them)."""
-    from trials.model import load_tokenizer  # transformers: see the module docstring
+    from freezesweep.trials.model import load_tokenizer  # transformers: see the module docstring
 
     training = raw.get("training") if isinstance(raw.get("training"), dict) else {}
     length = training.get("max_seq_length", 128)
@@ -148,8 +148,8 @@ def lora_problems(model: str, targets: list[str] | None) -> list[str]:
     import torch  # deferred with transformers: see the module docstring
     from transformers import AutoModelForSequenceClassification
 
-    from trials.lora import LoraError, resolve_targets
-    from trials.model import load_model_config
+    from freezesweep.trials.lora import LoraError, resolve_targets
+    from freezesweep.trials.model import load_model_config
 
     with torch.device("meta"):  # the module tree only: no memory, no weights read
         skeleton = AutoModelForSequenceClassification.from_config(load_model_config(model))

@@ -70,11 +70,11 @@ def trial(
 ) -> None:
     """Run one trial locally, without Ray, and print its result."""
     _quiet_libraries()
-    from orchestrator.spec import TrainingSpec, method_fields
-    from trials.config import TrialConfig
-    from trials.data import DatasetError, official_metric
-    from trials.precision import PrecisionError, resolve_config
-    from trials.run import check_method, failed_result, run_trial
+    from freezesweep.orchestrator.spec import TrainingSpec, method_fields
+    from freezesweep.trials.config import TrialConfig
+    from freezesweep.trials.data import DatasetError, official_metric
+    from freezesweep.trials.precision import PrecisionError, resolve_config
+    from freezesweep.trials.run import check_method, failed_result, run_trial
 
     given = {"epochs": epochs, "max_eval_examples": max_eval_examples, "precision": precision, "model_init": model_init,
              "text_column": text_column, "text_pair_column": text_pair_column, "label_column": label_column,
@@ -153,11 +153,11 @@ def _sigterm_as_interrupt() -> Iterator[list[int]]:
 def _run_launch(raw, source: str) -> None:
     """Validate (against the cluster when there is one), then launch; exit codes: 0 done, 1 some cells
     failed, 2 refused, 3 rows kept in the spool, 130 interrupted (Ctrl-C), 143 terminated (SIGTERM)."""
-    from orchestrator.checks import data_notes, validate
-    from orchestrator.launch import StoreUnavailable, launch
-    from orchestrator.ray_session import RaySession, RayUnreachable
-    from orchestrator.spec import LARGE_GRID, SpecError
-    from results.lock import SweepLocked
+    from freezesweep.orchestrator.checks import data_notes, validate
+    from freezesweep.orchestrator.launch import StoreUnavailable, launch
+    from freezesweep.orchestrator.ray_session import RaySession, RayUnreachable
+    from freezesweep.orchestrator.spec import LARGE_GRID, SpecError
+    from freezesweep.results.lock import SweepLocked
 
     _quiet_libraries()
     session = RaySession(raw.get("address") if isinstance(raw, dict) else None)
@@ -204,7 +204,7 @@ def launch(
     address: Annotated[Optional[str], typer.Option(help="Ray cluster address (default: RAY_ADDRESS, else a local Ray)")] = None,
 ) -> None:
     """Validate a spec, then run every cell that has no ok row yet."""
-    from orchestrator.spec import SpecError, read_yaml
+    from freezesweep.orchestrator.spec import SpecError, read_yaml
 
     try:
         raw = read_yaml(spec_path, overrides={"store": store, "address": address})
@@ -217,8 +217,8 @@ def launch(
 def resume(sweep: str, store: StoreOpt = None,
            address: Annotated[Optional[str], typer.Option(help="Ray cluster address")] = None) -> None:
     """Run the cells of a stored sweep that have no ok row (failed ones are retried)."""
-    from orchestrator.spec import SpecError
-    from orchestrator.sweeps import stored_spec
+    from freezesweep.orchestrator.spec import SpecError
+    from freezesweep.orchestrator.sweeps import stored_spec
 
     try:
         spec = stored_spec(sweep, store or "./sweeps")  # validated in full just below, with the cluster
@@ -232,12 +232,12 @@ def resume(sweep: str, store: StoreOpt = None,
 def plan(spec_path: Annotated[Path, typer.Argument(metavar="SPEC", help="sweep spec YAML")], store: StoreOpt = None) -> None:
     """A dry run: the grid's cells per axis, done and pending against the store, and the work left as
     the store's own measured trial times price it. Nothing starts, nothing is written."""
-    from orchestrator.checks import load_spec
-    from orchestrator.plan import build_grid, settle_round
-    from orchestrator.spec import SpecError
-    from orchestrator.sweeps import resolve_for_plan
-    from results.query import collapse_long_axes, status_table
-    from results.store import FINAL_STATUSES, ResultStore
+    from freezesweep.orchestrator.checks import load_spec
+    from freezesweep.orchestrator.plan import build_grid, settle_round
+    from freezesweep.orchestrator.spec import SpecError
+    from freezesweep.orchestrator.sweeps import resolve_for_plan
+    from freezesweep.results.query import collapse_long_axes, status_table
+    from freezesweep.results.store import FINAL_STATUSES, ResultStore
 
     try:
         spec = load_spec(spec_path, overrides={"store": store}, devices=False)  # the trials' machines are not here
@@ -271,7 +271,7 @@ def _print_work(spec, cells, pending, rows) -> None:
     """The pending cells' trial time, priced by the store's own measured rows (orchestrator/plan.py)."""
     import os
 
-    from orchestrator.plan import estimate_work, work_key
+    from freezesweep.orchestrator.plan import estimate_work, work_key
 
     by_id = {c.trial_id: c for c in cells}
     measured: dict[tuple, list[float]] = {}
@@ -299,9 +299,9 @@ def _warn_unreadable(result_store) -> None:
 
 def _open(sweep: str, store: Optional[str]):
     """A stored sweep (resolved as launched) and its store."""
-    from orchestrator.spec import SpecError
-    from orchestrator.sweeps import sweep_from_store
-    from results.store import ResultStore
+    from freezesweep.orchestrator.spec import SpecError
+    from freezesweep.orchestrator.sweeps import sweep_from_store
+    from freezesweep.results.store import ResultStore
 
     try:
         resolved = sweep_from_store(sweep, store or "./sweeps")
@@ -313,7 +313,7 @@ def _open(sweep: str, store: Optional[str]):
 @app.command()
 def status(sweep: str, store: StoreOpt = None) -> None:
     """done / failed / missing cells per axis value, and the nodes (Ray node ids) the rows ran on."""
-    from results.query import NODE_COLUMNS, collapse_long_axes, placement, status_table
+    from freezesweep.results.query import NODE_COLUMNS, collapse_long_axes, placement, status_table
 
     resolved, result_store = _open(sweep, store)
     rows = result_store.read_table(columns=["trial_id", *NODE_COLUMNS]).to_pandas()  # one read: statuses and nodes
@@ -333,7 +333,7 @@ def query(sweep: str, store: StoreOpt = None,
           "best_val_score FROM results ORDER BY dataset, model, method, train_size, frozen_layers, lora_rank, seed",
           fmt: Annotated[OutputFormat, typer.Option("--format")] = OutputFormat.table) -> None:
     """SQL (DuckDB) over the sweep's rows."""
-    from results.query import sql as run_sql
+    from freezesweep.results.query import sql as run_sql
 
     _, result_store = _open(sweep, store)
     try:
@@ -351,8 +351,8 @@ def summary(sweep: str, store: StoreOpt = None,
             fmt: Annotated[OutputFormat, typer.Option("--format")] = OutputFormat.table) -> None:
     """The selected metric at the best evaluation per dataset × train size × frozen layers (mean, median, std, min,
     max); with several models or methods, per model and method too (a LoRA cell by its rank, a probe on its own)."""
-    from results.query import SUMMARY_COLUMNS, read_rows
-    from results.query import summary as summarize
+    from freezesweep.results.query import SUMMARY_COLUMNS, read_rows
+    from freezesweep.results.query import summary as summarize
 
     _, result_store = _open(sweep, store)
     try:
@@ -367,7 +367,7 @@ def summary(sweep: str, store: StoreOpt = None,
 def _counted_cells(resolved, result_store) -> list:
     """The cells a sweep's rows are counted against: its grid; in settle mode, the cells it ran and
     its next round (an arm decided early never runs the budget's other seeds)."""
-    from orchestrator.plan import build_grid, settle_scope
+    from freezesweep.orchestrator.plan import build_grid, settle_scope
 
     cells = build_grid(resolved)
     if resolved.spec.settle is None:
@@ -400,8 +400,8 @@ def report(
              "sweep's own, else 0.01)")] = None,
 ) -> None:
     """The decision (how many layers to freeze per train size), figures, paired statistics: an HTML report."""
-    from results.query import status_table
-    from results.report import SweepRows, write_report
+    from freezesweep.results.query import status_table
+    from freezesweep.results.report import SweepRows, write_report
 
     inputs = []
     for name in sweeps:  # the grid says what is missing; results/ itself knows nothing of specs
@@ -423,7 +423,7 @@ def report(
 def _settle_family(resolved, rule):
     """A settle sweep's rule with every look it may take and the comparisons its confidence is shared by
     (the report's intervals are the ones the rounds were decided by); None for a fixed grid."""
-    from orchestrator.plan import sweep_comparisons
+    from freezesweep.orchestrator.plan import sweep_comparisons
 
     return (rule, rule.looks, sweep_comparisons(resolved)) if rule else None
 
@@ -432,7 +432,7 @@ def _settle_family(resolved, rule):
 def compact(sweep: str, store: StoreOpt = None) -> None:
     """Compact a sweep's final rows into Parquet parts (a launch also does it between rounds): readers
     then open tens of files, not one per cell. Takes the sweep's lock; crash-safe."""
-    from results.lock import SweepLock, SweepLocked
+    from freezesweep.results.lock import SweepLock, SweepLocked
 
     _, result_store = _open(sweep, store)
     try:
@@ -446,7 +446,7 @@ def compact(sweep: str, store: StoreOpt = None) -> None:
                   highlight=False)
 
 
-def main() -> None:  # python -m orchestrator.cli
+def main() -> None:  # python -m freezesweep.orchestrator.cli
     app()
 
 

@@ -32,22 +32,22 @@ import sys
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 
-from orchestrator import local_files
-from orchestrator.checks import validation_rows
-from orchestrator.driver_faults import DriverFaults
-from orchestrator.plan import (ResolvedSweep, build_grid, grid_size, hungriest_frozen_layers, iter_grid, rounds,
+from freezesweep.orchestrator import local_files
+from freezesweep.orchestrator.checks import validation_rows
+from freezesweep.orchestrator.driver_faults import DriverFaults
+from freezesweep.orchestrator.plan import (ResolvedSweep, build_grid, grid_size, hungriest_frozen_layers, iter_grid, rounds,
                                settle_round, with_doubled_gpu_share, with_resources)
-from orchestrator.progress import SweepProgress
-from orchestrator.ray_session import RaySession, TaskFailed, auto_precision_task, memory_probe_task
-from orchestrator.ray_storage import RayStorage, checkpoint_storage_warning, ray_storage, store_cache_dir
-from orchestrator.rows import result_row
-from orchestrator.spec import SpecError, SweepSpec, read_stored_spec
-from orchestrator.sweeps import OLD_SWEEP, precision_here, resolved
-from orchestrator.tune_adapter import recover_from_ray, run_tune
-from results.lock import SweepLock
-from results.store import FINAL_STATUSES, ResultStore, SpoolingWriter
-from trials.config import TrialConfig, TrialResult
-from trials.memory_probe import describe
+from freezesweep.orchestrator.progress import SweepProgress
+from freezesweep.orchestrator.ray_session import RaySession, TaskFailed, auto_precision_task, memory_probe_task
+from freezesweep.orchestrator.ray_storage import RayStorage, checkpoint_storage_warning, ray_storage, store_cache_dir
+from freezesweep.orchestrator.rows import result_row
+from freezesweep.orchestrator.spec import SpecError, SweepSpec, read_stored_spec
+from freezesweep.orchestrator.sweeps import OLD_SWEEP, precision_here, resolved
+from freezesweep.orchestrator.tune_adapter import recover_from_ray, run_tune
+from freezesweep.results.lock import SweepLock
+from freezesweep.results.store import FINAL_STATUSES, ResultStore, SpoolingWriter
+from freezesweep.trials.config import TrialConfig, TrialResult
+from freezesweep.trials.memory_probe import describe
 
 
 @dataclass(frozen=True)

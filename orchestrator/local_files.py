@@ -34,9 +34,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from orchestrator.spec import SweepSpec
-from trials.config import TrialConfig
-from trials.data import DatasetError, resolve_cache_dir, split_files
+from freezesweep.orchestrator.spec import SweepSpec
+from freezesweep.trials.config import TrialConfig
+from freezesweep.trials.data import DatasetError, resolve_cache_dir, split_files
 
 Put = Callable[[bytes], Any]  # bytes -> a reference in the object store (driver side)
 Fetch = Callable[[Any], bytes]  # that reference -> the bytes (on any node)
@@ -161,7 +161,7 @@ class NodeNeeds:
         """Shipped files need nothing on the node; node-local ones must be there with the driver's
         content (a trial_id names the data, so a node with another copy must not make its rows)."""
         # deferred on purpose: trials.model imports transformers (seconds), which inspection never needs
-        from trials.model import OFFLINE_PACKAGES
+        from freezesweep.trials.model import OFFLINE_PACKAGES
 
         packages = {OFFLINE_PACKAGES[m]: m for m in spec.models()
                     if m in OFFLINE_PACKAGES and importlib.util.find_spec(OFFLINE_PACKAGES[m]) is not None}

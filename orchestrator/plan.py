@@ -18,11 +18,11 @@ from typing import Any
 
 import pandas as pd
 
-from orchestrator.local_files import Shipment
-from orchestrator.spec import SweepSpec
-from results.settle import FULL, decide, next_round, variant_label
-from results.store import FINAL_STATUSES
-from trials.config import TrialConfig
+from freezesweep.orchestrator.local_files import Shipment
+from freezesweep.orchestrator.spec import SweepSpec
+from freezesweep.results.settle import FULL, decide, next_round, variant_label
+from freezesweep.results.store import FINAL_STATUSES
+from freezesweep.trials.config import TrialConfig
 
 
 @dataclass(frozen=True)

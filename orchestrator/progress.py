@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
-from trials.config import TrialResult
+from freezesweep.trials.config import TrialResult
 
 
 class SweepProgress:

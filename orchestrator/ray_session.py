@@ -20,10 +20,10 @@ from urllib.parse import urlsplit
 import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-from orchestrator.local_files import NodeNeeds, Shipment, node_lacks, pack
-from orchestrator.spec import SweepSpec
-from trials.memory_probe import MemoryProbe, probe as probe_memory
-from trials.precision import auto_precision
+from freezesweep.orchestrator.local_files import NodeNeeds, Shipment, node_lacks, pack
+from freezesweep.orchestrator.spec import SweepSpec
+from freezesweep.trials.memory_probe import MemoryProbe, probe as probe_memory
+from freezesweep.trials.precision import auto_precision
 
 # Environment a trial reads, forwarded to workers on other nodes (local workers inherit it anyway)...
 _FORWARDED_ENV_PREFIXES = ("FREEZESWEEP_", "HF_", "TRANSFORMERS_")

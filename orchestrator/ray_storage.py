@@ -17,8 +17,8 @@ from pathlib import PurePosixPath
 
 import pyarrow.fs as pafs
 
-from results.store import ResultStore
-from trials.data import resolve_cache_dir
+from freezesweep.results.store import ResultStore
+from freezesweep.trials.data import resolve_cache_dir
 
 CHECKPOINT_PREFIX = "checkpoint_"  # Ray's name for a persisted checkpoint folder (ray.train StorageContext)
 

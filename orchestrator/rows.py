@@ -7,9 +7,9 @@ from dataclasses import asdict
 from datetime import datetime, timezone
 from typing import Any
 
-from results.store import PLACEMENT_COLUMNS, SCHEMA
-from trials.config import CELL_AXES, TrialResult
-from trials.metrics import METRICS
+from freezesweep.results.store import PLACEMENT_COLUMNS, SCHEMA
+from freezesweep.trials.config import CELL_AXES, TrialResult
+from freezesweep.trials.metrics import METRICS
 
 
 def result_row(sweep: str, result: TrialResult, attempts: int | None = None, oom_retry: bool = False) -> dict[str, Any]:

@@ -19,9 +19,9 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from results.settle import SettleRule
-from trials.config import LATER_FIELDS, MACHINE_FIELDS, TrialConfig
-from trials.metrics import METRICS
+from freezesweep.results.settle import SettleRule
+from freezesweep.trials.config import LATER_FIELDS, MACHINE_FIELDS, TrialConfig
+from freezesweep.trials.metrics import METRICS
 
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]*$"  # a sweep name is a folder name in the store
 

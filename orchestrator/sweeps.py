@@ -6,12 +6,12 @@ Inspection (status, summary, query, report) needs only this layer: no Ray, no to
 
 from __future__ import annotations
 
-from orchestrator.checks import model_depths, select_metrics, validate
-from orchestrator.local_files import Shipment
-from orchestrator.plan import ResolvedSweep, gpu_request
-from orchestrator.spec import SpecError, SweepSpec, read_stored_spec
-from results.store import ResultStore
-from trials.data import resolve_data_dir
+from freezesweep.orchestrator.checks import model_depths, select_metrics, validate
+from freezesweep.orchestrator.local_files import Shipment
+from freezesweep.orchestrator.plan import ResolvedSweep, gpu_request
+from freezesweep.orchestrator.spec import SpecError, SweepSpec, read_stored_spec
+from freezesweep.results.store import ResultStore
+from freezesweep.trials.data import resolve_data_dir
 
 # A stored spec with precision "auto" was written before ids named the resolved precision and before
 # the reference schedule and paired seeds: its rows cannot be continued under the same ids.
@@ -58,7 +58,7 @@ def resolve_for_plan(spec: SweepSpec) -> tuple[ResolvedSweep, str | None]:
 def precision_here(spec: SweepSpec) -> str:
     if spec.training.precision != "auto":
         return spec.training.precision
-    from trials.precision import auto_precision  # torch: deferred, inspection of stored sweeps never needs it
+    from freezesweep.trials.precision import auto_precision  # torch: deferred, inspection of stored sweeps never needs it
 
     return auto_precision("cuda" if gpu_request(spec) > 0 else "cpu")
 

@@ -38,13 +38,13 @@ import transformers
 from ray import cloudpickle, tune
 from ray.tune.search import Searcher
 
-from orchestrator.local_files import Shipment
-from orchestrator.plan import ResolvedSweep
-from orchestrator.ray_storage import RayStorage, drop_checkpoints, latest_checkpoints
-from trials.config import TrialConfig, TrialResult, result_from_dict
-from trials.placement import trials_per_gpu, where
-from trials.precision import trial_device
-from trials.run import failed_result, run_trial_or_oom
+from freezesweep.orchestrator.local_files import Shipment
+from freezesweep.orchestrator.plan import ResolvedSweep
+from freezesweep.orchestrator.ray_storage import RayStorage, drop_checkpoints, latest_checkpoints
+from freezesweep.trials.config import TrialConfig, TrialResult, result_from_dict
+from freezesweep.trials.placement import trials_per_gpu, where
+from freezesweep.trials.precision import trial_device
+from freezesweep.trials.run import failed_result, run_trial_or_oom
 
 # Where each finished or finally failed cell's outcome goes (the launch's row writer), with the number
 # of attempts Ray made.

@@ -15,10 +15,10 @@ import math
 
 import pandas as pd
 
-from results.query import BASELINE, SCORE, freeze_rows
-from results.settle import (LEARNED, NOTHING_LEARNED, UNDECIDED, WITHIN, WORSE, GroupDecision, SettleRule,
+from freezesweep.results.query import BASELINE, SCORE, freeze_rows
+from freezesweep.results.settle import (LEARNED, NOTHING_LEARNED, UNDECIDED, WITHIN, WORSE, GroupDecision, SettleRule,
                             decide as decide_group)
-from results.stats import GROUP, TOLERANCE, largest_k_retaining
+from freezesweep.results.stats import GROUP, TOLERANCE, largest_k_retaining
 
 DECISION_COLUMNS = [*GROUP, "metric", "baseline_seeds", "learned", "frozen_layers", "pairs", "score_0", "score_k",
                     "mean_diff", "ci_low", "ci_high", "confidence", "looks", "within", "worse", "undecided",

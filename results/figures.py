@@ -13,8 +13,8 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
-from results.query import BASELINE, SCORE, ok_rows  # noqa: E402
-from results.stats import RETAINED_TARGET, freeze_depth  # noqa: E402
+from freezesweep.results.query import BASELINE, SCORE, ok_rows  # noqa: E402
+from freezesweep.results.stats import RETAINED_TARGET, freeze_depth  # noqa: E402
 
 PANEL_IN = (4.2, 3.2)  # one panel's width and height, inches
 DPI = 90

@@ -12,7 +12,7 @@ from __future__ import annotations
 import duckdb
 import pandas as pd
 
-from results.store import METRICS, ResultStore
+from freezesweep.results.store import METRICS, ResultStore
 
 SUMMARY_KEYS = ["dataset", "model", "method", "train_size", "frozen_layers", "lora_rank"]
 # Shown only where they tell rows apart (_SHOWN_WHEN): a one-model freeze sweep's summary is dataset × n × k.

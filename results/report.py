@@ -15,13 +15,13 @@ from dataclasses import dataclass, field
 
 import pandas as pd
 
-from results import figures
-from results.decision import decide
-from results.settle import LEARNED, SettleRule
-from results.query import CELL_KEYS, freeze_rows, read_rows, summary, with_methods
-from results.stats import (GROUP, TOLERANCE, costs, largest_k_retaining, method_comparison, paired_contrasts,
+from freezesweep.results import figures
+from freezesweep.results.decision import decide
+from freezesweep.results.settle import LEARNED, SettleRule
+from freezesweep.results.query import CELL_KEYS, freeze_rows, read_rows, summary, with_methods
+from freezesweep.results.stats import (GROUP, TOLERANCE, costs, largest_k_retaining, method_comparison, paired_contrasts,
                            retained_quality)
-from results.store import ResultStore
+from freezesweep.results.store import ResultStore
 
 
 @dataclass

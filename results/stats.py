@@ -17,8 +17,8 @@ import numpy as np
 import pandas as pd
 from scipy import stats
 
-from results.query import BASELINE, SCORE, cell_means, ok_rows, paired_by_seed
-from results.settle import variant_label
+from freezesweep.results.query import BASELINE, SCORE, cell_means, ok_rows, paired_by_seed
+from freezesweep.results.settle import variant_label
 
 CONFIDENCE = 0.95
 TOLERANCE = 0.01  # how much of the selected metric below full fine-tuning still counts as "as good"

@@ -43,7 +43,7 @@ def glue_dir() -> Path:
 
 @pytest.fixture(scope="session")
 def minilm_tokenizer():
-    from trials.model import load_tokenizer
+    from freezesweep.trials.model import load_tokenizer
 
     return load_tokenizer(MINILM)
 
@@ -154,7 +154,7 @@ def toy_dataset(tmp_path_factory) -> str:
 @pytest.fixture
 def tiny_trial(tiny_bert, toy_dataset):
     """A TrialConfig that runs in about a second on CPU (fp32: the same numbers on every CPU)."""
-    from trials.config import TrialConfig
+    from freezesweep.trials.config import TrialConfig
 
     return TrialConfig(dataset=toy_dataset, model=tiny_bert, train_size=48, frozen_layers=0, seed=0, epochs=2,
                        learning_rate=3e-3, eval_batch_size=32, num_threads=1, precision="fp32")
@@ -255,6 +255,6 @@ def rows_by_id(results_dir: Path) -> dict[str, tuple]:
 @pytest.fixture
 def worker():
     """A cold worker (trials/worker.py): what a trial keeps for the next one starts empty."""
-    from trials.worker import WorkerState
+    from freezesweep.trials.worker import WorkerState
 
     return WorkerState()

@@ -10,17 +10,25 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
-PACKAGES = ("orchestrator", "trials", "results", "cluster")
+PACKAGES = ("orchestrator", "trials", "results", "cluster", "freezesweep")
 RAY_MODULES_MAX = 3
 
 
 def _modules() -> dict[str, Path]:
+    """Every product module by its import name: the folders are installed as freezesweep.<folder>."""
     found = {}
     for package in PACKAGES:
         for path in sorted((REPO / package).rglob("*.py")):
             parts = path.relative_to(REPO).with_suffix("").parts
+            parts = parts if package == "freezesweep" else ("freezesweep", *parts)
             found[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
     return found
+
+
+def _package(module: str) -> str:
+    """The layer a module belongs to: ``freezesweep.trials.run`` -> ``trials``; ``torch.nn`` -> ``torch``."""
+    parts = module.split(".")
+    return parts[1] if parts[0] == "freezesweep" and len(parts) > 1 else parts[0]
 
 
 MODULES = _modules()
@@ -94,7 +102,7 @@ def test_the_cycle_finder_finds_cycles():
 def test_no_private_name_is_imported_across_modules():
     private = [f"{name}: from {module} import {imported}"
                for name, path in MODULES.items() for module, names in _imports(path)
-               if module.split(".")[0] in PACKAGES for imported in names if imported.startswith("_")]
+               if module.split(".")[0] == "freezesweep" for imported in names if imported.startswith("_")]
     assert private == []
 
 
@@ -108,6 +116,16 @@ def test_ray_is_imported_by_at_most_three_modules():
                                                 ("trials", ("orchestrator", "results", "ray"))])
 def test_package_boundaries(package, forbidden):
     """results/ reads and writes the store without torch or trials; trials/ runs without Ray."""
-    crossing = [f"{name}: {module}" for name, path in MODULES.items() if name.split(".")[0] == package
-                for module, _ in _imports(path) if module.split(".")[0] in forbidden]
+    crossing = [f"{name}: {module}" for name, path in MODULES.items() if _package(name) == package
+                for module, _ in _imports(path) if _package(module) in forbidden]
     assert crossing == []
+
+
+def test_every_product_import_goes_through_the_one_import_name():
+    """The folders are installed under freezesweep only: an import of a bare `trials` or `results` would
+    find an unrelated package of that name (or a user's own results.py) first."""
+    bare = [f"{name}: {module}" for name, path in MODULES.items() for module, _ in _imports(path)
+            if module.split(".")[0] in PACKAGES[:-1]]
+    tests = [f"{path.relative_to(REPO)}: {module}" for path in sorted((REPO / "tests").rglob("*.py"))
+             for module, _ in _imports(path) if module.split(".")[0] in PACKAGES[:-1]]
+    assert bare == [] and tests == []

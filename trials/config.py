@@ -23,7 +23,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from trials.metrics import METRICS
+from freezesweep.trials.metrics import METRICS
 
 # The identity of a cell, pinned on 2026-11-21 (tests/trials/test_identity.py holds ids as literals).
 # Never add to or reorder this tuple: a new field goes into LATER_FIELDS.

@@ -26,8 +26,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from trials.metrics import REGRESSION_METRICS, compute_metrics, describe_shape, task_metrics
-from trials.worker import WorkerState, process_worker
+from freezesweep.trials.metrics import REGRESSION_METRICS, compute_metrics, describe_shape, task_metrics
+from freezesweep.trials.worker import WorkerState, process_worker
 
 DATA_DIR_ENV = "FREEZESWEEP_DATA_DIR"
 CACHE_DIR_ENV = "FREEZESWEEP_CACHE_DIR"

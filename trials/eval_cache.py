@@ -24,10 +24,10 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from trials.freezing import EncoderParts, find_encoder_parts
-from trials.precision import PrecisionPlan
-from trials.tokens import Batch
-from trials.worker import EvalKey, PrefixKey, WorkerState
+from freezesweep.trials.freezing import EncoderParts, find_encoder_parts
+from freezesweep.trials.precision import PrecisionPlan
+from freezesweep.trials.tokens import Batch
+from freezesweep.trials.worker import EvalKey, PrefixKey, WorkerState
 
 @dataclass(frozen=True)
 class PrefixStates:

@@ -8,10 +8,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from trials.eval_cache import PrefixStates, eval_mode, starting_at
-from trials.metrics import compute_metrics
-from trials.precision import PrecisionPlan
-from trials.tokens import Batch
+from freezesweep.trials.eval_cache import PrefixStates, eval_mode, starting_at
+from freezesweep.trials.metrics import compute_metrics
+from freezesweep.trials.precision import PrecisionPlan
+from freezesweep.trials.tokens import Batch
 
 
 def task_loss(logits: torch.Tensor, labels: torch.Tensor, reduction: str = "mean") -> torch.Tensor:

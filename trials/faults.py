@@ -22,7 +22,7 @@ from pathlib import Path
 
 import torch
 
-from trials.config import TrialConfig
+from freezesweep.trials.config import TrialConfig
 
 FAULT_ENV = "FREEZESWEEP_FAULT"
 FAULT_DIR_ENV = "FREEZESWEEP_FAULT_DIR"

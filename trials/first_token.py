@@ -29,9 +29,9 @@ import contextlib
 import torch
 from torch import nn
 
-from trials.eval_cache import eval_mode
-from trials.freezing import find_encoder_parts
-from trials.tokens import Batch
+from freezesweep.trials.eval_cache import eval_mode
+from freezesweep.trials.freezing import find_encoder_parts
+from freezesweep.trials.tokens import Batch
 
 def _attention_output(model: nn.Module) -> nn.Module | None:
     """The last layer's attention-output module, where the architecture has one."""

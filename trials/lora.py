@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from torch import nn
 
-from trials.freezing import FreezeReport, find_encoder_parts
+from freezesweep.trials.freezing import FreezeReport, find_encoder_parts
 
 class LoraError(ValueError):
     """LoRA targets a model cannot take; ``problems``: each one in words."""

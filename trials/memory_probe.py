@@ -3,7 +3,7 @@
 ``resources.gpus_per_trial: auto`` in a spec runs ``probe`` on a GPU of the cluster (a Ray task
 holding a whole GPU, orchestrator/launch.py); alone, on any machine with torch and transformers:
 
-    python -m trials.memory_probe --model M --batch-size 16 --max-seq-length 128 [--eval-batch-size 64]
+    python -m freezesweep.trials.memory_probe --model M --batch-size 16 --max-seq-length 128 [--eval-batch-size 64]
 
 What is measured: a few real training steps (forward, backward, clipped fused AdamW step, in the
 trial's precision, as trials/train.py runs them) on batches of ``batch_size`` rows of ``max_seq_length``
@@ -29,7 +29,7 @@ from dataclasses import asdict, dataclass
 
 import torch
 
-from trials.placement import share_for
+from freezesweep.trials.placement import share_for
 
 # A sane bound, not a measured optimum: past a handful of processes a GPU time-slices them, each pays
 # its own CUDA context, and each needs its own CPU cores (benchmarks/gpu_check.sh pack compares 1, 4, 8).
@@ -72,9 +72,9 @@ def probe(model: str, batch_size: int, max_seq_length: int, eval_batch_size: int
           eval_rows: int = 0) -> MemoryProbe:
     """Measure one trial (``device="cpu"`` runs the same steps for tests and reports the process's
     peak RSS, with no packing) and pick the packing."""
-    from trials.freezing import freeze
-    from trials.model import build_model
-    from trials.precision import resolve_device, resolve_precision
+    from freezesweep.trials.freezing import freeze
+    from freezesweep.trials.model import build_model
+    from freezesweep.trials.precision import resolve_device, resolve_precision
 
     target = resolve_device(device)
     plan = resolve_precision(precision, target)
@@ -101,7 +101,7 @@ def eval_cache_bound_mib(net, eval_rows: int, max_seq_length: int, plan) -> floa
 def _measure(net, plan, device: torch.device, batch_size: int, max_seq_length: int, eval_batch_size: int,
              steps: int) -> tuple[float, float]:
     """(peak MiB, MiB outside the allocator) of moving the model to ``device`` and running the steps."""
-    from trials.run import peak_memory_mb, reset_peak_memory
+    from freezesweep.trials.run import peak_memory_mb, reset_peak_memory
 
     if device.type == "cuda":
         torch.cuda.empty_cache()
@@ -122,11 +122,11 @@ def _run_steps(net, plan, device: torch.device, batch_size: int, max_seq_length:
     qualifies: trials/packing.py), then one evaluation batch as trials/evaluate.py."""
     from transformers import get_linear_schedule_with_warmup
 
-    from trials import first_token
-    from trials.evaluate import evaluate
-    from trials.packing import training_feed
-    from trials.train import train_step
-    from trials.worker import FeedKey
+    from freezesweep.trials import first_token
+    from freezesweep.trials.evaluate import evaluate
+    from freezesweep.trials.packing import training_feed
+    from freezesweep.trials.train import train_step
+    from freezesweep.trials.worker import FeedKey
 
     vocab, labels = net.config.vocab_size, net.config.num_labels
     generator = torch.Generator().manual_seed(0)
@@ -147,7 +147,7 @@ def _run_steps(net, plan, device: torch.device, batch_size: int, max_seq_length:
 def _batch(rows: int, length: int, vocab: int, num_labels: int, generator: torch.Generator, ragged: bool = False):
     """``rows`` random token sequences of exactly ``length`` tokens (no padding: the worst case);
     ``ragged``: of different lengths (what the packing check needs: padding to remove)."""
-    from trials.tokens import Batch
+    from freezesweep.trials.tokens import Batch
 
     ids = torch.randint(vocab, (rows, length), generator=generator)
     mask = torch.ones_like(ids)

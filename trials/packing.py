@@ -27,11 +27,11 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from trials import first_token
-from trials.eval_cache import eval_mode
-from trials.first_token import Reader
-from trials.tokens import Batch, non_blocking_to
-from trials.worker import FeedKey
+from freezesweep.trials import first_token
+from freezesweep.trials.eval_cache import eval_mode
+from freezesweep.trials.first_token import Reader
+from freezesweep.trials.tokens import Batch, non_blocking_to
+from freezesweep.trials.worker import FeedKey
 
 @dataclass(frozen=True)
 class Packed:

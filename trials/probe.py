@@ -30,9 +30,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from trials.eval_cache import PrefixStates
-from trials.metrics import metric_value
-from trials.tokens import Batch
+from freezesweep.trials.eval_cache import PrefixStates
+from freezesweep.trials.metrics import metric_value
+from freezesweep.trials.tokens import Batch
 
 class ProbeError(ValueError):
     pass

@@ -23,24 +23,24 @@ from importlib import metadata
 import numpy as np
 import torch
 
-from trials.config import METHOD_FIELDS, METHODS, EvalPoint, TrialConfig, TrialResult
-from trials import eval_cache, first_token, packing, probe, train_cache
-from trials.data import TaskData, load_task, resolve_cache_dir
-from trials.eval_cache import PrefixStates, exact_prefix
-from trials.first_token import Reader
-from trials.freezing import FreezeReport, find_encoder_parts, freeze
-from trials.lora import apply_lora
-from trials.metrics import METRICS, compute_metrics, describe_shape
-from trials.model import attention_for, build_model, load_tokenizer, resolve_model_path
-from trials.oom import catch_oom, is_oom
-from trials.packing import PackedFeed, PaddedFeed, training_feed
-from trials.placement import where
-from trials.precision import PrecisionPlan, resolve_config, resolve_precision, synchronize, trial_device
-from trials.subsets import indices_digest, stratified_order, subset_indices
-from trials.tokens import Batch, Tokens, collate, eval_batches, tokenize_split
-from trials.train_cache import TrainPrefix, train_prefix
-from trials.train import FitContext, FitState, fit, make_schedule
-from trials.worker import EvalKey, FeedKey, TemplateKey, TrainKey, WorkerState, process_worker
+from freezesweep.trials.config import METHOD_FIELDS, METHODS, EvalPoint, TrialConfig, TrialResult
+from freezesweep.trials import eval_cache, first_token, packing, probe, train_cache
+from freezesweep.trials.data import TaskData, load_task, resolve_cache_dir
+from freezesweep.trials.eval_cache import PrefixStates, exact_prefix
+from freezesweep.trials.first_token import Reader
+from freezesweep.trials.freezing import FreezeReport, find_encoder_parts, freeze
+from freezesweep.trials.lora import apply_lora
+from freezesweep.trials.metrics import METRICS, compute_metrics, describe_shape
+from freezesweep.trials.model import attention_for, build_model, load_tokenizer, resolve_model_path
+from freezesweep.trials.oom import catch_oom, is_oom
+from freezesweep.trials.packing import PackedFeed, PaddedFeed, training_feed
+from freezesweep.trials.placement import where
+from freezesweep.trials.precision import PrecisionPlan, resolve_config, resolve_precision, synchronize, trial_device
+from freezesweep.trials.subsets import indices_digest, stratified_order, subset_indices
+from freezesweep.trials.tokens import Batch, Tokens, collate, eval_batches, tokenize_split
+from freezesweep.trials.train_cache import TrainPrefix, train_prefix
+from freezesweep.trials.train import FitContext, FitState, fit, make_schedule
+from freezesweep.trials.worker import EvalKey, FeedKey, TemplateKey, TrainKey, WorkerState, process_worker
 
 
 def run_trial(cfg: TrialConfig, on_eval: Callable[[EvalPoint], None] | None = None,

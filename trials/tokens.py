@@ -22,8 +22,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import torch
 
-from trials.data import Split
-from trials.worker import Lru, WorkerState, process_worker
+from freezesweep.trials.data import Split
+from freezesweep.trials.worker import Lru, WorkerState, process_worker
 
 _PROBE = "The quick brown fox can't jump over 12 lazy dogs, can it? Ünïcödé!"
 

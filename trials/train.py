@@ -23,14 +23,14 @@ import torch
 from torch import nn
 from transformers import get_linear_schedule_with_warmup
 
-from trials import faults
-from trials.config import EvalPoint, TrialConfig
-from trials.eval_cache import PrefixStates
-from trials.evaluate import evaluate, task_loss
-from trials.packing import PackedFeed, PaddedFeed
-from trials.precision import PrecisionPlan, synchronize
-from trials.tokens import Batch, Tokens, train_batches
-from trials.train_cache import TrainPrefix
+from freezesweep.trials import faults
+from freezesweep.trials.config import EvalPoint, TrialConfig
+from freezesweep.trials.eval_cache import PrefixStates
+from freezesweep.trials.evaluate import evaluate, task_loss
+from freezesweep.trials.packing import PackedFeed, PaddedFeed
+from freezesweep.trials.precision import PrecisionPlan, synchronize
+from freezesweep.trials.tokens import Batch, Tokens, train_batches
+from freezesweep.trials.train_cache import TrainPrefix
 
 
 @dataclass(frozen=True)

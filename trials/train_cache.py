@@ -26,11 +26,11 @@ from torch import nn
 
 from torch.nn.utils.rnn import pad_sequence
 
-from trials.eval_cache import eval_mode, injected_layers, layers_swapped, output_of
-from trials.freezing import EncoderParts, find_encoder_parts
-from trials.precision import PrecisionPlan
-from trials.tokens import Batch, Tokens, collate
-from trials.worker import PrefixKey, TrainKey, WorkerState
+from freezesweep.trials.eval_cache import eval_mode, injected_layers, layers_swapped, output_of
+from freezesweep.trials.freezing import EncoderParts, find_encoder_parts
+from freezesweep.trials.precision import PrecisionPlan
+from freezesweep.trials.tokens import Batch, Tokens, collate
+from freezesweep.trials.worker import PrefixKey, TrainKey, WorkerState
 
 @dataclass
 class _Entry:

@@ -22,15 +22,15 @@ import pandas as pd
 import pyarrow.fs as pafs
 import pytest
 
-from orchestrator.plan import build_grid
-from orchestrator.sweeps import resolve_here
-from orchestrator.checks import load_spec
-from results.store import ResultStore
+from freezesweep.orchestrator.plan import build_grid
+from freezesweep.orchestrator.sweeps import resolve_here
+from freezesweep.orchestrator.checks import load_spec
+from freezesweep.results.store import ResultStore
 from tests.conftest import FAKE_AWS, REPO, free_port
 
 CLUSTER = REPO / "cluster"
 SCRIPT = str(CLUSTER / "local-cluster.sh")
-CLI = [sys.executable, "-m", "orchestrator.cli"]
+CLI = [sys.executable, "-m", "freezesweep.orchestrator.cli"]
 
 
 def test_stop_ends_this_clusters_processes_only(tmp_path):

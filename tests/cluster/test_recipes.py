@@ -179,7 +179,7 @@ def _freezesweep_calls() -> list[tuple[str, list[str]]]:
 def test_walkthrough_uses_real_cli_commands_and_options():
     from typer.main import get_command
 
-    from orchestrator.cli import app
+    from freezesweep.orchestrator.cli import app
 
     commands = get_command(app).commands
     calls = _freezesweep_calls()

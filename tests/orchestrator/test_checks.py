@@ -7,10 +7,10 @@ import yaml
 
 from tests.conftest import make_toy_pair_dataset
 
-from orchestrator.plan import build_grid
-from orchestrator.sweeps import resolve_here
-from orchestrator.checks import load_spec, validate
-from orchestrator.spec import SpecError
+from freezesweep.orchestrator.plan import build_grid
+from freezesweep.orchestrator.sweeps import resolve_here
+from freezesweep.orchestrator.checks import load_spec, validate
+from freezesweep.orchestrator.spec import SpecError
 
 
 def _problems(path) -> list[str]:
@@ -120,8 +120,8 @@ def test_cli_bad_spec_on_existing_sweep_touches_nothing(write_spec, tmp_path):
     import subprocess
     import sys
 
-    from orchestrator.rows import result_row
-    from results.store import ResultStore
+    from freezesweep.orchestrator.rows import result_row
+    from freezesweep.results.store import ResultStore
     from tests.results.test_store import _result
 
     good = load_spec(write_spec("existing"))
@@ -132,7 +132,7 @@ def test_cli_bad_spec_on_existing_sweep_touches_nothing(write_spec, tmp_path):
 
     bad = write_spec("existing", colour="red", frozen_layers=[0, 9], seeds=[3, 3], training={"learning_rate": 1.0},
                      resources={"gpus_per_trial": 4})
-    done = subprocess.run([sys.executable, "-m", "orchestrator.cli", "launch", str(bad)], capture_output=True, text=True)
+    done = subprocess.run([sys.executable, "-m", "freezesweep.orchestrator.cli", "launch", str(bad)], capture_output=True, text=True)
     assert done.returncode == 2
     for expected in ["colour: unknown key", "[9] exceed", "duplicate values [3]", "gpus_per_trial",
                      "training.learning_rate: changed from 0.003 to 1.0"]:
@@ -144,12 +144,12 @@ def test_cli_bad_spec_on_existing_sweep_touches_nothing(write_spec, tmp_path):
 def test_auto_resolving_elsewhere_is_refused_naming_both(write_spec, tmp_path, monkeypatch):
     """An auto sweep run in fp32 (an AVX2-only CPU) and relaunched where auto means bf16: refused before
     any trial, nothing in the store touched; `resume` keeps the stored precision."""
-    from orchestrator import launch as launch_module
-    from orchestrator.rows import result_row
-    from results.store import ResultStore
+    from freezesweep.orchestrator import launch as launch_module
+    from freezesweep.orchestrator.rows import result_row
+    from freezesweep.results.store import ResultStore
     from tests.results.test_store import _result
 
-    from orchestrator.ray_session import RaySession
+    from freezesweep.orchestrator.ray_session import RaySession
 
     monkeypatch.setattr(launch_module, "precision_here", lambda spec: "fp32")
     auto = {"training": {"precision": "auto"}}
@@ -177,8 +177,8 @@ def test_a_sweep_from_before_pinned_ids_is_refused_not_rerun(write_spec, tmp_pat
     import subprocess
     import sys
 
-    from orchestrator.launch import launch
-    from results.store import ResultStore
+    from freezesweep.orchestrator.launch import launch
+    from freezesweep.results.store import ResultStore
 
     old = yaml.safe_load(write_spec("old", training={"precision": "auto"}).read_text())
     store = ResultStore(old["store"], "old")
@@ -186,7 +186,7 @@ def test_a_sweep_from_before_pinned_ids_is_refused_not_rerun(write_spec, tmp_pat
     with pytest.raises(SpecError, match="made by a freezesweep before 0.2"):
         launch(load_spec(write_spec("old", training={"precision": "auto"})), show_progress=False)
     for command in ("status", "resume"):  # every path that reads a stored spec says the same
-        done = subprocess.run([sys.executable, "-m", "orchestrator.cli", command, "old", "--store", old["store"]],
+        done = subprocess.run([sys.executable, "-m", "freezesweep.orchestrator.cli", command, "old", "--store", old["store"]],
                               capture_output=True, text=True)
         assert done.returncode == 2 and "made by a freezesweep before 0.2" in done.stderr, (command, done.stderr)
     assert not (tmp_path / "store" / "old" / "results").exists()
@@ -282,7 +282,7 @@ def test_task_shapes_are_checked_one_clear_error_each(write_spec, toy_dataset, t
 
 
 def test_select_metric_defaults_to_each_tasks_official_one(write_spec, toy_dataset, toy_scores, glue_dir):
-    from trials.config import TrialConfig
+    from freezesweep.trials.config import TrialConfig
 
     spec = load_spec(write_spec(datasets=["glue/sst2", "glue/cola", "glue/stsb", "glue/mrpc", toy_dataset],
                                 train_sizes=[24], frozen_layers=[0], data_dir=str(glue_dir)))
@@ -312,7 +312,7 @@ def test_shipped_configs_keep_their_metric(glue_dir, monkeypatch):
 
 def _store_legacy_spec(spec_path, tmp_path) -> str:
     """A spec.yaml as a launch before select_metric existed stored it: no such key."""
-    from results.store import ResultStore
+    from freezesweep.results.store import ResultStore
 
     raw = yaml.safe_load(spec_path.read_text())
     raw["training"].pop("select_metric", None)
@@ -323,7 +323,7 @@ def _store_legacy_spec(spec_path, tmp_path) -> str:
 def test_a_sweep_stored_before_select_metric_reads_as_accuracy(write_spec, tmp_path, glue_dir):
     """Its rows picked by accuracy: resumed, its cells keep their ids; relaunching the spec where the default
     now means another metric (CoLA: Matthews) is a protocol change, named per dataset; SST-2 is not."""
-    from orchestrator.sweeps import sweep_from_store
+    from freezesweep.orchestrator.sweeps import sweep_from_store
 
     axes = {"datasets": ["glue/sst2", "glue/cola"], "train_sizes": [24], "data_dir": str(glue_dir)}
     store = _store_legacy_spec(write_spec("legacy", **axes), tmp_path)
@@ -349,7 +349,7 @@ def test_sizes_below_the_classes_and_no_room_for_text_are_refused(write_spec):
 
 
 def test_dropped_empty_texts_are_counted_when_the_spec_says_drop(write_spec, tmp_path):
-    from orchestrator.checks import data_notes
+    from freezesweep.orchestrator.checks import data_notes
 
     folder = tmp_path / "gappy"
     folder.mkdir()

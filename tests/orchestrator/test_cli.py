@@ -6,10 +6,10 @@ import json
 import pytest
 from typer.testing import CliRunner
 
-from orchestrator.checks import load_spec
-from orchestrator.cli import app
-from orchestrator.plan import build_grid
-from orchestrator.sweeps import resolve_here
+from freezesweep.orchestrator.checks import load_spec
+from freezesweep.orchestrator.cli import app
+from freezesweep.orchestrator.plan import build_grid
+from freezesweep.orchestrator.sweeps import resolve_here
 
 runner = CliRunner()
 
@@ -52,9 +52,9 @@ def _tree(folder):
 def test_plan_counts_cells_against_the_store_and_prices_the_rest_without_running(write_spec, tmp_path, monkeypatch):
     import ray
 
-    from orchestrator.rows import result_row
-    from results.store import ResultStore
-    from trials.config import TrialResult
+    from freezesweep.orchestrator.rows import result_row
+    from freezesweep.results.store import ResultStore
+    from freezesweep.trials.config import TrialResult
 
     monkeypatch.setattr(ray, "init", lambda *args, **kwargs: pytest.fail("plan started Ray"))
     path = write_spec("planned", seeds=[0, 1])  # 2 sizes × 2 depths × 2 seeds
@@ -82,7 +82,7 @@ def test_a_large_grid_is_announced_with_its_count_before_it_starts(write_spec, t
     path = write_spec("large", seeds=list(range(30_000)))  # 2 × 2 × 30,000 = 120,000 cells
     holder = subprocess.Popen([sys.executable, "-c", f"""
 import sys, pyarrow.fs as pafs
-from results.lock import SweepLock
+from freezesweep.results.lock import SweepLock
 with SweepLock(pafs.LocalFileSystem(), {str(tmp_path / "store" / "large")!r}):
     print("held", flush=True)
     sys.stdin.read()

@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.checks import load_spec
-from orchestrator.launch import launch
+from freezesweep.orchestrator.checks import load_spec
+from freezesweep.orchestrator.launch import launch
 
-CLI = [sys.executable, "-m", "orchestrator.cli"]
+CLI = [sys.executable, "-m", "freezesweep.orchestrator.cli"]
 
 
 @pytest.fixture(scope="module", autouse=True)

@@ -13,14 +13,14 @@ import pyarrow.dataset as ds
 import duckdb
 import pytest
 
-from orchestrator.plan import build_grid
-from orchestrator.sweeps import resolve_here
-from orchestrator.launch import launch
-from orchestrator.checks import load_spec
-from orchestrator.spec import SpecError
+from freezesweep.orchestrator.plan import build_grid
+from freezesweep.orchestrator.sweeps import resolve_here
+from freezesweep.orchestrator.launch import launch
+from freezesweep.orchestrator.checks import load_spec
+from freezesweep.orchestrator.spec import SpecError
 from tests.conftest import count_rows
 
-CLI = [sys.executable, "-m", "orchestrator.cli"]
+CLI = [sys.executable, "-m", "freezesweep.orchestrator.cli"]
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -174,7 +174,7 @@ def test_oom_while_sharing_a_gpu_is_retried_once_with_twice_the_share(write_spec
         "oom<0.5@1:train_size=48,frozen_layers=2",  # out of memory at 0.25 of a GPU, fits at 0.5
         "oom<1@1:train_size=24,frozen_layers=2",    # out of memory at 0.25 and at 0.5
     ]))
-    from orchestrator.ray_session import RaySession
+    from freezesweep.orchestrator.ray_session import RaySession
 
     ray.shutdown()  # workers must start with the fault switch in their environment, and a GPU to share
     fake_gpu = RaySession(num_cpus=2, num_gpus=1)
@@ -210,8 +210,8 @@ def test_trial_killed_after_its_checkpoint_resumes_from_it(write_spec, tmp_path,
     """checkpoint_every_epochs in a sweep: the process dies after the checkpoint at step 3; Ray's retry
     continues from it (Ray's copy: a retry may run on another node) and ends exactly where an
     uninterrupted run ends."""
-    from trials.config import TrialConfig
-    from trials.run import run_trial
+    from freezesweep.trials.config import TrialConfig
+    from freezesweep.trials.run import run_trial
 
     monkeypatch.setenv("FREEZESWEEP_FAULT_DIR", str(tmp_path / "faults"))
     # 48 rows, batch 16: 3 steps an epoch, 12 in all; evaluations at 2, 4, 6, …; checkpoints at 3, 6, 9.
@@ -243,8 +243,8 @@ def test_driver_killed_mid_trial_resumes_the_trial_from_its_checkpoint(write_spe
     """The driver (and its embedded Ray) dies while a trial hangs after its checkpoint at step 3: the
     next launch starts that cell from the checkpoint Ray kept in the sweep's storage, not from step 0,
     ends where an uninterrupted run ends, and leaves no checkpoint behind."""
-    from trials.config import TrialConfig
-    from trials.run import run_trial
+    from freezesweep.trials.config import TrialConfig
+    from freezesweep.trials.run import run_trial
 
     faults = tmp_path / "faults"
     # As above: evaluations at steps 2, 4, 6, …, checkpoints at 3, 6, 9; the hang comes at step 6's

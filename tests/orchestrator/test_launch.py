@@ -4,14 +4,14 @@
 import pytest
 import ray
 
-from orchestrator.checks import load_spec
-from orchestrator.launch import launch, resolve
-from orchestrator.plan import build_grid
-from orchestrator.ray_session import RaySession
-from orchestrator.rows import result_row
-from results.store import ResultStore
-from trials.config import TrialResult
-from trials.precision import auto_precision
+from freezesweep.orchestrator.checks import load_spec
+from freezesweep.orchestrator.launch import launch, resolve
+from freezesweep.orchestrator.plan import build_grid
+from freezesweep.orchestrator.ray_session import RaySession
+from freezesweep.orchestrator.rows import result_row
+from freezesweep.results.store import ResultStore
+from freezesweep.trials.config import TrialResult
+from freezesweep.trials.precision import auto_precision
 
 
 @pytest.fixture

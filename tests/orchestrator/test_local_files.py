@@ -8,14 +8,14 @@ from pathlib import Path
 import pytest
 import ray
 
-from orchestrator import local_files
-from orchestrator.plan import build_grid
-from orchestrator.sweeps import resolve_here
-from orchestrator.checks import load_spec
-from orchestrator.ray_session import RaySession
-from orchestrator.spec import SpecError
+from freezesweep.orchestrator import local_files
+from freezesweep.orchestrator.plan import build_grid
+from freezesweep.orchestrator.sweeps import resolve_here
+from freezesweep.orchestrator.checks import load_spec
+from freezesweep.orchestrator.ray_session import RaySession
+from freezesweep.orchestrator.spec import SpecError
 from tests.conftest import make_toy_dataset, make_toy_pair_dataset
-from trials.data import DatasetError, load_task
+from freezesweep.trials.data import DatasetError, load_task
 
 
 @pytest.fixture(scope="module")
@@ -54,8 +54,8 @@ def test_missing_local_paths_are_errors_never_the_hub(no_hub, write_spec, tmp_pa
     naming the path, in one spec error before anything runs; a trial given them fails the same way."""
     import dataclasses
 
-    from trials.model import ModelError, resolve_model_path
-    from trials.run import run_trial
+    from freezesweep.trials.model import ModelError, resolve_model_path
+    from freezesweep.trials.run import run_trial
 
     with pytest.raises(DatasetError, match=f"no folder {tmp_path / 'sst2'}"):
         load_task("glue/sst2", data_dir=str(tmp_path))
@@ -76,7 +76,7 @@ def test_shipped_files_reach_a_node_that_has_none_of_the_drivers_paths(local_ray
     """Pack on the driver, then take the driver's data and model folders away: the node's copies
     are byte for byte the driver's, the trial config points at them with its trial_id unchanged,
     and the trial runs from them alone."""
-    from trials.run import run_trial
+    from freezesweep.trials.run import run_trial
 
     glue = tmp_path / "glue"
     make_toy_pair_dataset(glue / "rte", n_train=40, n_val=20)
@@ -136,7 +136,7 @@ def test_preflight_names_each_node_and_what_it_lacks(local_ray, write_spec, tmp_
 
 def test_a_cluster_launch_stops_before_any_trial_when_a_node_lacks_something(local_ray, write_spec, tmp_path,
                                                                              monkeypatch):
-    from orchestrator import launch as launch_module
+    from freezesweep.orchestrator import launch as launch_module
 
     cluster = RaySession()
     cluster.address = "ray://head:10001"  # the embedded Ray (already connected), seen as a cluster
@@ -171,7 +171,7 @@ def test_a_shipping_sweep_reads_the_nodes_copies_and_rows_name_the_specs_paths(l
 
     import pandas as pd
 
-    from orchestrator.launch import launch
+    from freezesweep.orchestrator.launch import launch
 
     spec = load_spec(write_spec("shipped", train_sizes=[24], frozen_layers=[1], local_files="ship"))
     summary = launch(spec, show_progress=False)

@@ -4,10 +4,10 @@ problem in one error, and sweeps from before the axes keep their ids."""
 import pytest
 import yaml
 
-from orchestrator.plan import build_grid
-from orchestrator.sweeps import resolve_here
-from orchestrator.checks import load_spec
-from orchestrator.spec import SpecError
+from freezesweep.orchestrator.plan import build_grid
+from freezesweep.orchestrator.sweeps import resolve_here
+from freezesweep.orchestrator.checks import load_spec
+from freezesweep.orchestrator.spec import SpecError
 
 
 def _problems(path) -> list[str]:
@@ -39,9 +39,9 @@ def test_method_axes_are_not_crossed_with_other_methods(write_spec):
 def test_a_sweep_from_before_methods_resumes_with_its_ids(write_spec, tmp_path):
     """A stored spec that says ``training.method: freeze`` and one model as a string (every spec before
     the axes) builds the cells of today's freeze-only spec, ids and all."""
-    from orchestrator.sweeps import sweep_from_store
-    from results.store import ResultStore
-    from trials.config import TrialConfig
+    from freezesweep.orchestrator.sweeps import sweep_from_store
+    from freezesweep.results.store import ResultStore
+    from freezesweep.trials.config import TrialConfig
 
     path = write_spec("old", training={"select_metric": "accuracy"})
     raw = yaml.safe_load(path.read_text())

@@ -4,9 +4,9 @@ import dataclasses
 
 import pytest
 
-from orchestrator.plan import (ResolvedSweep, build_grid, hungriest_frozen_layers, pending_cells,
+from freezesweep.orchestrator.plan import (ResolvedSweep, build_grid, hungriest_frozen_layers, pending_cells,
                                with_doubled_gpu_share)
-from orchestrator.spec import SweepSpec
+from freezesweep.orchestrator.spec import SweepSpec
 
 RESOLVED = {"name": "s", "model": ["/nowhere/a", "/nowhere/b"], "datasets": ["/nowhere/d", "glue/cola"],
             "train_sizes": [10, 20], "methods": ["freeze", "lora", "probe"], "frozen_layers": [0, "all", 2],

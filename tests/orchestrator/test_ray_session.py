@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from orchestrator.ray_session import RaySession, RayUnreachable, check_reachable, cluster_address
+from freezesweep.orchestrator.ray_session import RaySession, RayUnreachable, check_reachable, cluster_address
 from tests.conftest import free_port
 
 
@@ -31,7 +31,7 @@ def test_launch_against_a_cluster_that_does_not_answer_fails_naming_it(write_spe
     lists the cluster's nodes, names the address at once (exit 2) and nothing is written."""
     address = f"127.0.0.1:{free_port()}"
     path = write_spec("unanswered")
-    done = subprocess.run([sys.executable, "-m", "orchestrator.cli", "launch", str(path), "--address", address],
+    done = subprocess.run([sys.executable, "-m", "freezesweep.orchestrator.cli", "launch", str(path), "--address", address],
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 2, done.stderr[-2000:]
     assert f"freezesweep launch: error:" in done.stderr

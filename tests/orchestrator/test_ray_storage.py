@@ -4,11 +4,11 @@ the checkpoints found there (no Ray started here)."""
 import pyarrow.fs as pafs
 import pytest
 
-from orchestrator import tune_adapter
-from orchestrator.ray_storage import (checkpoint_folders, checkpoint_storage_warning, drop_checkpoints,
+from freezesweep.orchestrator import tune_adapter
+from freezesweep.orchestrator.ray_storage import (checkpoint_folders, checkpoint_storage_warning, drop_checkpoints,
                                       latest_checkpoints, ray_storage)
-from orchestrator.checks import load_spec
-from results.store import ResultStore
+from freezesweep.orchestrator.checks import load_spec
+from freezesweep.results.store import ResultStore
 
 S3_URI = "s3://bucket/sweeps?endpoint_override=127.0.0.1:9&scheme=http&region=us-east-1"
 

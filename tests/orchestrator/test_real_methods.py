@@ -13,7 +13,7 @@ import yaml
 from tests.conftest import MINILM, needs_glue
 
 pytestmark = [pytest.mark.slow, needs_glue]
-CLI = [sys.executable, "-m", "orchestrator.cli"]
+CLI = [sys.executable, "-m", "freezesweep.orchestrator.cli"]
 
 
 def test_freeze_lora_and_probe_cells_land_side_by_side(tmp_path, glue_dir):

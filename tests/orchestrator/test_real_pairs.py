@@ -12,7 +12,7 @@ import yaml
 from tests.conftest import MINILM, needs_glue
 
 pytestmark = [pytest.mark.slow, needs_glue]
-CLI = [sys.executable, "-m", "orchestrator.cli"]
+CLI = [sys.executable, "-m", "freezesweep.orchestrator.cli"]
 
 
 def test_rte_and_stsb_sweep_lands_rows_with_their_metrics(tmp_path, glue_dir):

@@ -13,13 +13,13 @@ import pandas as pd
 import pytest
 import yaml
 
-from orchestrator import tune_adapter
-from orchestrator.checks import load_spec
-from orchestrator.plan import build_grid
-from orchestrator.ray_session import RaySession
-from orchestrator.ray_storage import ray_storage
-from orchestrator.sweeps import resolve_here
-from results.store import ResultStore
+from freezesweep.orchestrator import tune_adapter
+from freezesweep.orchestrator.checks import load_spec
+from freezesweep.orchestrator.plan import build_grid
+from freezesweep.orchestrator.ray_session import RaySession
+from freezesweep.orchestrator.ray_storage import ray_storage
+from freezesweep.orchestrator.sweeps import resolve_here
+from freezesweep.results.store import ResultStore
 from tests.conftest import REPO, count_rows, rows_by_id
 
 DRIVER = [sys.executable, str(REPO / "benchmarks" / "scale.py"), "--driver"]

@@ -3,9 +3,9 @@ and its next round, never the budget's seeds of an arm decided early."""
 
 import pandas as pd
 
-from orchestrator.checks import load_spec
-from orchestrator.plan import arm_of, build_grid, settle_comparisons, settle_scope, sweep_comparisons
-from orchestrator.sweeps import resolve_here
+from freezesweep.orchestrator.checks import load_spec
+from freezesweep.orchestrator.plan import arm_of, build_grid, settle_comparisons, settle_scope, sweep_comparisons
+from freezesweep.orchestrator.sweeps import resolve_here
 
 
 def _rows(cells, scores: dict[int, list[float]]) -> pd.DataFrame:

@@ -10,15 +10,15 @@ import pandas as pd
 import pytest
 import yaml
 
-from orchestrator.checks import load_spec
-from orchestrator.launch import launch
-from orchestrator.plan import build_grid, sweep_comparisons
-from orchestrator.sweeps import resolve_here
-from results.query import read_rows
-from results.report import SweepRows, build_report
-from results.store import ResultStore
+from freezesweep.orchestrator.checks import load_spec
+from freezesweep.orchestrator.launch import launch
+from freezesweep.orchestrator.plan import build_grid, sweep_comparisons
+from freezesweep.orchestrator.sweeps import resolve_here
+from freezesweep.results.query import read_rows
+from freezesweep.results.report import SweepRows, build_report
+from freezesweep.results.store import ResultStore
 
-CLI = [sys.executable, "-m", "orchestrator.cli"]
+CLI = [sys.executable, "-m", "freezesweep.orchestrator.cli"]
 # Two settle sweeps of a dozen tiny trials each and a killed driver: about 5 minutes on 2 cores.
 pytestmark = pytest.mark.slow
 # The toy task at n = 48 and 3 epochs: every depth stays at the majority class on every seed, so the

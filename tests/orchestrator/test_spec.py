@@ -4,8 +4,8 @@ import dataclasses
 
 import pytest
 
-from orchestrator.spec import (SpecError, SweepSpec, TrainingSpec, parse, read_stored_spec, spec_aliases)
-from trials.config import TrialConfig
+from freezesweep.orchestrator.spec import (SpecError, SweepSpec, TrainingSpec, parse, read_stored_spec, spec_aliases)
+from freezesweep.trials.config import TrialConfig
 
 MINIMAL = {"name": "s", "model": "some/model", "datasets": ["d"], "train_sizes": [10], "frozen_layers": [0],
            "seeds": [0]}

@@ -14,14 +14,14 @@ import pyarrow as pa
 import pyarrow.compute  # noqa: F401 (pa.compute)
 import pytest
 
-from orchestrator.plan import build_grid
-from orchestrator.sweeps import resolve_here
-from orchestrator.launch import launch
-from orchestrator.checks import load_spec
-from orchestrator.spec import SpecError
+from freezesweep.orchestrator.plan import build_grid
+from freezesweep.orchestrator.sweeps import resolve_here
+from freezesweep.orchestrator.launch import launch
+from freezesweep.orchestrator.checks import load_spec
+from freezesweep.orchestrator.spec import SpecError
 from tests.conftest import count_rows, rows_by_id
 
-CLI = [sys.executable, "-m", "orchestrator.cli"]
+CLI = [sys.executable, "-m", "freezesweep.orchestrator.cli"]
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -141,7 +141,7 @@ def _drop_row(results: Path, trial_id: str) -> pd.DataFrame:
 
 def test_cli_status_query_summary(write_spec, tmp_path):
     """Also the one sweep with precision auto: resolved once, stored resolved, named in every row."""
-    from trials.precision import auto_precision
+    from freezesweep.trials.precision import auto_precision
 
     path = write_spec("cli", training={"precision": "auto"})
     launch(load_spec(path), show_progress=False)

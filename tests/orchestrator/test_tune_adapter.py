@@ -7,12 +7,12 @@ import json
 
 import pytest
 
-from orchestrator import tune_adapter
-from orchestrator.checks import load_spec
-from orchestrator.plan import build_grid
-from orchestrator.ray_storage import ray_storage
-from orchestrator.sweeps import resolve_here
-from results.store import ResultStore
+from freezesweep.orchestrator import tune_adapter
+from freezesweep.orchestrator.checks import load_spec
+from freezesweep.orchestrator.plan import build_grid
+from freezesweep.orchestrator.ray_storage import ray_storage
+from freezesweep.orchestrator.sweeps import resolve_here
+from freezesweep.results.store import ResultStore
 
 S3_URI = "s3://bucket/sweeps?endpoint_override=127.0.0.1:9&scheme=http&region=us-east-1"
 
@@ -73,7 +73,7 @@ def test_driver_warns_once_about_refused_checkpoints(capsys):
 
 def test_hang_is_a_fault_kind(tiny_trial, monkeypatch):
     """Rules are parsed at every evaluation; a hang fires only at its own."""
-    from trials import faults
+    from freezesweep.trials import faults
 
     monkeypatch.setenv(faults.FAULT_ENV, "hang@2:seed=0*1")
     faults.maybe_inject(tiny_trial, evals_done=1)
@@ -149,7 +149,7 @@ def test_a_ray_config_with_unknown_keys_is_refused(tiny_trial):
 def test_the_callback_hands_over_each_outcome_once_with_its_attempts(tiny_trial, tmp_path):
     """A finished trial's result (its JSON in the last report) and a trial whose retries are spent (a
     failed row, with Ray's traceback and where it last reported from); checkpoints dropped for both."""
-    from trials.config import TrialResult
+    from freezesweep.trials.config import TrialResult
 
     outcomes, over = [], []
     cell = dataclasses.replace(tiny_trial, precision="fp32")

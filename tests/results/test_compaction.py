@@ -11,9 +11,9 @@ import pyarrow.dataset as ds
 import pyarrow.fs as pafs
 import pytest
 
-from orchestrator.rows import result_row
-from results.query import read_rows, sql
-from results.store import ResultStore, SpoolingWriter
+from freezesweep.orchestrator.rows import result_row
+from freezesweep.results.query import read_rows, sql
+from freezesweep.results.store import ResultStore, SpoolingWriter
 from tests.results.test_store import _result
 
 
@@ -103,7 +103,7 @@ def test_a_damaged_row_file_costs_only_its_row(tmp_path):
 def test_the_spool_is_the_stores_however_it_is_spelled_and_never_overwrites_a_newer_row(tmp_path, monkeypatch):
     """Before: spooled under the store's spelling, a resume spelled differently ran the cells again,
     and a later one wrote the older spooled rows over the newer ones."""
-    from orchestrator.launch import spool_dir
+    from freezesweep.orchestrator.launch import spool_dir
 
     monkeypatch.chdir(tmp_path)
     absolute, relative = ResultStore(str(tmp_path / "full"), "s"), ResultStore("full/", "s")

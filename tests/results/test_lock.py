@@ -6,9 +6,9 @@ import time
 import pyarrow.fs as pafs
 import pytest
 
-from orchestrator.rows import result_row
-from results.lock import LockLost, SweepLock, SweepLocked
-from results.store import ResultStore
+from freezesweep.orchestrator.rows import result_row
+from freezesweep.results.lock import LockLost, SweepLock, SweepLocked
+from freezesweep.results.store import ResultStore
 from tests.results.test_store import _result
 
 
@@ -28,7 +28,7 @@ def test_held_lock_refuses_a_second_holder_and_is_released(tmp_path):
     first = _lock(tmp_path).acquire()
     other = subprocess.run([sys.executable, "-c", f"""
 import pyarrow.fs as pafs
-from results.lock import SweepLock, SweepLocked
+from freezesweep.results.lock import SweepLock, SweepLocked
 try:
     SweepLock(pafs.LocalFileSystem(), {str(tmp_path / 'sweep')!r}).acquire()
 except SweepLocked as exc:

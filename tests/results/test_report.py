@@ -12,8 +12,8 @@ import pandas as pd
 import pytest
 from scipy.stats import t
 
-from results.report import SweepRows, build_report, write_report
-from results.store import SCHEMA, ResultStore
+from freezesweep.results.report import SweepRows, build_report, write_report
+from freezesweep.results.store import SCHEMA, ResultStore
 from tests.conftest import REPO
 
 T_975_DF2 = 4.302652729911275  # Student t quantile 0.975 with 2 degrees of freedom (tables)
@@ -195,9 +195,9 @@ def test_a_sweep_with_nothing_finished_still_reports(tmp_path):
 
 
 def test_cli_report_names_what_is_missing(tmp_path):
-    from orchestrator.plan import build_grid
-    from orchestrator.sweeps import resolve_here
-    from orchestrator.spec import SweepSpec, TrainingSpec
+    from freezesweep.orchestrator.plan import build_grid
+    from freezesweep.orchestrator.sweeps import resolve_here
+    from freezesweep.orchestrator.spec import SweepSpec, TrainingSpec
 
     spec = SweepSpec(name="s", model="m", datasets=["d"], train_sizes=[100], frozen_layers=[0, 3], seeds=[0, 1, 2, 3],
                      training=TrainingSpec(precision="fp32", select_metric="accuracy"),  # resolved, as a launch stores it
@@ -208,7 +208,7 @@ def test_cli_report_names_what_is_missing(tmp_path):
         if cfg.seed < 3:  # seed 3 has not run yet
             store.write_row(row(k=cfg.frozen_layers, seed=cfg.seed, acc=ACC_100[cfg.frozen_layers][cfg.seed],
                                 cost=COST_100[cfg.frozen_layers], trial_id=cfg.trial_id))
-    done = subprocess.run([sys.executable, "-m", "orchestrator.cli", "report", "s", "--store", str(tmp_path),
+    done = subprocess.run([sys.executable, "-m", "freezesweep.orchestrator.cli", "report", "s", "--store", str(tmp_path),
                            "--out", str(tmp_path / "out")], capture_output=True, text=True, cwd=REPO)
     assert done.returncode == 0, done.stderr[-2000:]
     assert "d, n = 100: freeze the embeddings and the first 3 layers (k = 3)" in done.stdout
@@ -287,7 +287,7 @@ def test_methods_side_by_side_and_the_layer_analysis_unchanged(tmp_path, store_r
 
 
 def test_summary_shows_methods_and_their_own_axes():
-    from results.query import summary
+    from freezesweep.results.query import summary
 
     table = summary(pd.DataFrame([r | {"method": r.get("method") or "freeze"} for r in method_rows()]))
     assert list(table.columns[:5]) == ["dataset", "method", "train_size", "frozen_layers", "lora_rank"]

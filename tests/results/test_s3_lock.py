@@ -6,9 +6,9 @@ import time
 import pyarrow.fs as pafs
 import pytest
 
-from orchestrator.rows import result_row
-from results.lock import LOCK_FILE, LockLost, SweepLock, SweepLocked
-from results.store import ResultStore, SpoolingWriter
+from freezesweep.orchestrator.rows import result_row
+from freezesweep.results.lock import LOCK_FILE, LockLost, SweepLock, SweepLocked
+from freezesweep.results.store import ResultStore, SpoolingWriter
 from tests.results.test_store import _result
 
 

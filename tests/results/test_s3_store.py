@@ -2,11 +2,11 @@
 
 import pytest
 
-from orchestrator.launch import StoreUnavailable, launch, spool_dir
-from orchestrator.checks import load_spec
-from orchestrator.rows import result_row
-from results.lock import LockLost
-from results.store import ResultStore, SpoolingWriter
+from freezesweep.orchestrator.launch import StoreUnavailable, launch, spool_dir
+from freezesweep.orchestrator.checks import load_spec
+from freezesweep.orchestrator.rows import result_row
+from freezesweep.results.lock import LockLost
+from freezesweep.results.store import ResultStore, SpoolingWriter
 from tests.results.test_s3_lock import plant_holder, read_holder
 from tests.results.test_store import _result
 
@@ -36,7 +36,7 @@ def test_unreachable_store_spools_and_flushes(s3, tmp_path):
 def test_sweep_on_s3_survives_the_store_going_away(s3, write_spec, monkeypatch):
     import ray
 
-    from orchestrator import progress
+    from freezesweep.orchestrator import progress
 
     ray.shutdown()
     path = write_spec("s3sweep", store=s3.uri)
@@ -67,7 +67,7 @@ def test_sweep_whose_lock_is_taken_over_stops_writing(s3, write_spec, monkeypatc
     the next row is not written to the store, and the launch ends saying why."""
     import ray
 
-    from orchestrator import progress
+    from freezesweep.orchestrator import progress
 
     ray.shutdown()
     path = write_spec("taken", store=s3.uri, resources={"max_concurrent_trials": 1})

@@ -9,7 +9,7 @@ import pandas as pd
 import pytest
 from scipy import stats
 
-from results.settle import (FULL, LEARNED, NOTHING_LEARNED, UNDECIDED, WITHIN, WORSE, SettleRule, decide,
+from freezesweep.results.settle import (FULL, LEARNED, NOTHING_LEARNED, UNDECIDED, WITHIN, WORSE, SettleRule, decide,
                             interval, next_round)
 
 RULE = SettleRule(tolerance=0.01, confidence=0.95, initial_seeds=3, max_seeds=9, seeds_per_round=2)

@@ -9,7 +9,7 @@ BLOCKER = """
 import importlib.abc, sys
 class Block(importlib.abc.MetaPathFinder):
     def find_spec(self, name, path=None, target=None):
-        if name.split('.')[0] in ('torch', 'trials', 'transformers'):
+        if name.split('.')[0] in ('torch', 'transformers') or name.startswith('freezesweep.trials'):
             raise ImportError(f'blocked import of {name}')
 sys.meta_path.insert(0, Block())
 """
@@ -18,14 +18,16 @@ sys.meta_path.insert(0, Block())
 def test_results_imports_without_torch_or_trials(tmp_path):
     code = BLOCKER + f"""
 import pyarrow as pa
-import results.lock, results.query, results.store, results.stats, results.decision, results.figures, results.report
-from results.store import SCHEMA, ResultStore
+import freezesweep.results.lock, freezesweep.results.stats, freezesweep.results.decision, freezesweep.results.figures
+import freezesweep.results.report
+from freezesweep.results import query
+from freezesweep.results.store import SCHEMA, ResultStore
 store = ResultStore({str(tmp_path)!r}, "s")
 row = {{name: None for name in SCHEMA.names}} | {{"trial_id": "abc", "status": "ok", "best_val_accuracy": 0.5,
        "dataset": "d", "train_size": 1, "frozen_layers": 0, "seed": 0}}
 store.write_row(row)
-print(results.query.summary(store.read())["mean"].tolist(), sorted(store.ok_ids()))
-print(sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'trials')))
+print(query.summary(store.read())["mean"].tolist(), sorted(store.ok_ids()))
+print(sorted(m for m in sys.modules if m.split('.')[0] == 'torch' or m.startswith('freezesweep.trials')))
 """
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO)
     assert done.returncode == 0, done.stderr[-2000:]
@@ -34,6 +36,6 @@ print(sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'trials')))
 
 def test_the_blocker_blocks():
     """The check above means something only if the blocker really stops a torch import."""
-    done = subprocess.run([sys.executable, "-c", BLOCKER + "import trials.config"], capture_output=True, text=True,
+    done = subprocess.run([sys.executable, "-c", BLOCKER + "import freezesweep.trials.config"], capture_output=True, text=True,
                           cwd=REPO)
-    assert done.returncode != 0 and "blocked import of trials" in done.stderr
+    assert done.returncode != 0 and "blocked import of freezesweep.trials" in done.stderr

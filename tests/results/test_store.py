@@ -7,12 +7,12 @@ import polars as pl
 import pyarrow.dataset as ds
 import pytest
 
-from orchestrator.launch import RowWriter
-from orchestrator.progress import SweepProgress
-from results.query import summary
-from orchestrator.rows import result_row
-from results.store import PLACEMENT_COLUMNS, SCHEMA, ResultStore, SpoolingWriter
-from trials.config import EvalPoint, TrialConfig, TrialResult
+from freezesweep.orchestrator.launch import RowWriter
+from freezesweep.orchestrator.progress import SweepProgress
+from freezesweep.results.query import summary
+from freezesweep.orchestrator.rows import result_row
+from freezesweep.results.store import PLACEMENT_COLUMNS, SCHEMA, ResultStore, SpoolingWriter
+from freezesweep.trials.config import EvalPoint, TrialConfig, TrialResult
 
 
 def _result(seed=0, status="ok", acc=0.8, train_size=50):
@@ -82,7 +82,7 @@ def test_old_stores_read_and_append_with_the_placement_columns(tmp_path):
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from results.query import NODE_COLUMNS, placement
+    from freezesweep.results.query import NODE_COLUMNS, placement
 
     store = ResultStore(str(tmp_path), "s")
     old = {**result_row("s", _result(seed=0)), "node": "old-host"}
@@ -138,7 +138,7 @@ def test_any_fsspec_filesystem_works(tmp_path):
 
 
 def test_status_table_counts_per_axis_in_spec_order():
-    from results.query import status_table
+    from freezesweep.results.query import status_table
 
     cells = [TrialConfig(dataset="glue/sst2", model="m", train_size=n, frozen_layers=k, seed=0, precision="fp32")
              for n in (200, 50) for k in (-1, 4)]
@@ -152,7 +152,7 @@ def test_status_table_counts_per_axis_in_spec_order():
 
 
 def test_a_long_axis_shows_its_unfinished_values_and_sums_the_rest():
-    from results.query import OUTCOMES, collapse_long_axes, status_table
+    from freezesweep.results.query import OUTCOMES, collapse_long_axes, status_table
 
     cells = [TrialConfig(dataset="glue/sst2", model="m", train_size=n, frozen_layers=0, seed=seed, precision="fp32")
              for n in (50, 100) for seed in range(30)]
@@ -211,7 +211,7 @@ def test_rows_stored_before_select_metric_read_as_accuracy(tmp_path):
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from results.query import read_rows, sql
+    from freezesweep.results.query import read_rows, sql
 
     store = ResultStore(str(tmp_path), "old")
     row = result_row("old", _result(acc=0.75))
@@ -233,8 +233,8 @@ def test_rows_stored_before_select_metric_read_as_accuracy(tmp_path):
 
 
 def test_diverged_cells_are_counted_apart_and_left_out(tmp_path):
-    from results.query import status_table
-    from results.report import SweepRows, write_report
+    from freezesweep.results.query import status_table
+    from freezesweep.results.report import SweepRows, write_report
 
     store = ResultStore(str(tmp_path), "s")
     for seed in range(3):

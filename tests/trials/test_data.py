@@ -5,7 +5,7 @@ import numpy as np
 from sklearn.metrics import f1_score
 
 from tests.conftest import make_toy_dataset, make_toy_pair_dataset, needs_glue
-from trials.data import DatasetError, describe_task, load_task, official_metric
+from freezesweep.trials.data import DatasetError, describe_task, load_task, official_metric
 
 
 @needs_glue

@@ -5,10 +5,10 @@ import dataclasses
 import pytest
 import torch
 
-from trials.worker import WorkerState
-from trials import eval_cache
-from trials.eval_cache import PrefixStates, matches_full_model, prefix_states, starting_at
-from trials.run import run_trial
+from freezesweep.trials.worker import WorkerState
+from freezesweep.trials import eval_cache
+from freezesweep.trials.eval_cache import PrefixStates, matches_full_model, prefix_states, starting_at
+from freezesweep.trials.run import run_trial
 
 
 
@@ -39,11 +39,11 @@ def _setup(cfg):
     import tempfile
     from pathlib import Path
 
-    from trials.data import load_task
-    from trials.model import load_tokenizer
-    from trials.precision import resolve_precision
-    from trials.run import initial_model
-    from trials.tokens import eval_batches, tokenize_split
+    from freezesweep.trials.data import load_task
+    from freezesweep.trials.model import load_tokenizer
+    from freezesweep.trials.precision import resolve_precision
+    from freezesweep.trials.run import initial_model
+    from freezesweep.trials.tokens import eval_batches, tokenize_split
 
     task = load_task(cfg.dataset)
     tokenizer = load_tokenizer(cfg.model)
@@ -84,7 +84,7 @@ def test_a_deeper_prefix_starts_from_a_cached_shallower_one_and_runs_no_layer_tw
 
 
 def test_the_exactness_check_runs_once_per_cache_entry(tiny_trial, monkeypatch, worker):
-    from trials import eval_cache as module
+    from freezesweep.trials import eval_cache as module
 
     checks = []
     real = module.matches_full_model
@@ -98,7 +98,7 @@ def test_the_exactness_check_runs_once_per_cache_entry(tiny_trial, monkeypatch, 
 
 
 def test_an_entry_that_fails_the_check_is_not_used_or_chained_from(tiny_trial, monkeypatch, worker):
-    from trials import eval_cache as module
+    from freezesweep.trials import eval_cache as module
 
     checks, computed = [], []
     monkeypatch.setattr(module, "matches_full_model", lambda *a: checks.append(1) or False)

@@ -3,7 +3,7 @@ import torch
 import transformers as tf
 from torch import nn
 
-from trials.freezing import FreezingError, find_encoder_parts, freeze
+from freezesweep.trials.freezing import FreezingError, find_encoder_parts, freeze
 
 V, H, I, P, L = 100, 16, 32, 64, 3
 
@@ -98,7 +98,7 @@ def test_frozen_prefix_gets_no_gradient():
 @pytest.mark.parametrize("k", list(range(-1, 7)))
 def test_real_minilm_counts_exact(k):
     """The pretrained MiniLM-L6 (BERT: V=30522, H=384, I=1536, 512 positions, 6 layers)."""
-    from trials.model import build_model
+    from freezesweep.trials.model import build_model
 
     model = build_model("sentence-transformers/all-MiniLM-L6-v2", 2, "pretrained")
     v, h, i, p, layers = 30522, 384, 1536, 512, 6

@@ -6,8 +6,8 @@ import dataclasses
 import pytest
 import torch
 
-from trials.precision import resolve_precision
-from trials.run import run_trial
+from freezesweep.trials.precision import resolve_precision
+from freezesweep.trials.run import run_trial
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 

@@ -6,9 +6,9 @@ import dataclasses
 import pytest
 import torch
 
-from trials import memory_probe, packing, run, train
-from trials.precision import PrecisionPlan, resolve_device, trial_device
-from trials.tokens import Batch, collate
+from freezesweep.trials import memory_probe, packing, run, train
+from freezesweep.trials.precision import PrecisionPlan, resolve_device, trial_device
+from freezesweep.trials.tokens import Batch, collate
 
 
 def test_a_cpu_cell_runs_on_the_cpu_on_a_node_with_gpus(tiny_trial, monkeypatch):
@@ -23,9 +23,9 @@ def test_a_cpu_cell_runs_on_the_cpu_on_a_node_with_gpus(tiny_trial, monkeypatch)
 
 def test_the_plan_gives_each_cell_its_share(write_spec):
     pytest.importorskip("ray")  # the device machines run trials/ without Ray or the orchestrator
-    from orchestrator.checks import load_spec
-    from orchestrator.plan import build_grid, pending_cells, with_doubled_gpu_share, with_resources
-    from orchestrator.sweeps import resolve_here
+    from freezesweep.orchestrator.checks import load_spec
+    from freezesweep.orchestrator.plan import build_grid, pending_cells, with_doubled_gpu_share, with_resources
+    from freezesweep.orchestrator.sweeps import resolve_here
 
     sweep = resolve_here(load_spec(write_spec()))
     assert {c.gpus_per_trial for c in pending_cells(sweep, build_grid(sweep), set())} == {0.0}
@@ -49,7 +49,7 @@ def test_copies_to_the_host_are_synchronous(tiny_trial, monkeypatch):
     batch.to(torch.device("cpu"))
     packing.pack(batch, 0).to(torch.device("cpu"))
     assert calls and all(not non_blocking for device, non_blocking in calls if device.startswith("cpu"))
-    from trials.tokens import non_blocking_to
+    from freezesweep.trials.tokens import non_blocking_to
 
     assert non_blocking_to("cuda:0") and not non_blocking_to("cpu")  # towards a GPU it may stay asynchronous
 
@@ -57,7 +57,7 @@ def test_copies_to_the_host_are_synchronous(tiny_trial, monkeypatch):
 def _tokens(rows):
     import numpy as np
 
-    from trials.tokens import Tokens
+    from freezesweep.trials.tokens import Tokens
 
     return Tokens(input_ids=tuple(np.array(r) for r in rows), token_type_ids=None)
 

@@ -5,8 +5,8 @@ import dataclasses
 import pytest
 import torch
 
-from trials.config import CELL_AXES, IDENTITY_FIELDS, LATER_FIELDS, MACHINE_FIELDS, SEED_FIELDS, TrialConfig
-from trials.run import initial_model
+from freezesweep.trials.config import CELL_AXES, IDENTITY_FIELDS, LATER_FIELDS, MACHINE_FIELDS, SEED_FIELDS, TrialConfig
+from freezesweep.trials.run import initial_model
 
 ROBERTA = dict(model="roberta-base", precision="fp16")
 MINILM = "sentence-transformers/all-MiniLM-L6-v2"

@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from tests.conftest import REPO
-from trials.memory_probe import main, packing, probe
-from trials.placement import physical_index, trials_per_gpu, where
+from freezesweep.trials.memory_probe import main, packing, probe
+from freezesweep.trials.placement import physical_index, trials_per_gpu, where
 
 
 @pytest.mark.parametrize("per_trial_mib,gpu_mib,expected", [
@@ -79,7 +79,7 @@ def test_the_probe_runs_without_ray(tiny_bert):
     import it (nor the orchestrator, which does)."""
     code = f"""
 import sys
-from trials.memory_probe import main
+from freezesweep.trials.memory_probe import main
 main(["--model", {tiny_bert!r}, "--device", "cpu", "--precision", "fp32", "--batch-size", "2", "--max-seq-length", "8"])
 print(sorted(m for m in sys.modules if m.split('.')[0] in ('ray', 'orchestrator')))
 """
@@ -91,7 +91,7 @@ print(sorted(m for m in sys.modules if m.split('.')[0] in ('ray', 'orchestrator'
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_the_probe_on_a_gpu_measures_and_packs(tiny_bert):
-    from trials.placement import where as placed
+    from freezesweep.trials.placement import where as placed
 
     light = probe(tiny_bert, batch_size=4, max_seq_length=32, eval_batch_size=8)
     heavy = probe(tiny_bert, batch_size=64, max_seq_length=128, eval_batch_size=256)

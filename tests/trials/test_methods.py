@@ -9,11 +9,11 @@ import pytest
 import torch
 from transformers import AutoModelForSequenceClassification, BertConfig, RobertaConfig
 
-from trials.config import TrialConfig
-from trials.lora import LoraError, apply_lora, attention_projections, resolve_targets
-from trials.probe import ProbeError, resolve_pooling, select_and_fit
-from trials.run import check_method, run_trial
-from trials.worker import process_worker
+from freezesweep.trials.config import TrialConfig
+from freezesweep.trials.lora import LoraError, apply_lora, attention_projections, resolve_targets
+from freezesweep.trials.probe import ProbeError, resolve_pooling, select_and_fit
+from freezesweep.trials.run import check_method, run_trial
+from freezesweep.trials.worker import process_worker
 
 H, C = 32, 2  # hidden size and classes of the skeletons below
 

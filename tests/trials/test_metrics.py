@@ -5,8 +5,8 @@ import pytest
 from scipy import stats
 from sklearn.metrics import accuracy_score, f1_score, matthews_corrcoef
 
-from trials.config import EvalPoint
-from trials.metrics import METRICS, compute_metrics, task_metrics
+from freezesweep.trials.config import EvalPoint
+from freezesweep.trials.metrics import METRICS, compute_metrics, task_metrics
 
 LABELS = np.array([1, 0, 1, 1, 0, 1, 0, 0, 1, 1])
 PREDICTED = np.array([1, 0, 0, 1, 1, 1, 0, 1, 1, 1])  # tp 5, fn 1, fp 2, tn 2
@@ -50,7 +50,7 @@ def test_a_constant_prediction_scores_zero_correlation_and_zero_matthews():
 def test_every_metric_has_a_field_in_the_curve_and_a_column_in_the_store():
     import dataclasses
 
-    from results.store import METRICS as STORED, SCHEMA
+    from freezesweep.results.store import METRICS as STORED, SCHEMA
 
     assert STORED == METRICS
     assert set(METRICS) <= {f.name for f in dataclasses.fields(EvalPoint)}

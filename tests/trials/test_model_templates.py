@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 import torch
 
-from trials import run
-from trials.model import build_model
-from trials.run import initial_model, run_trial, seed_everything
+from freezesweep.trials import run
+from freezesweep.trials.model import build_model
+from freezesweep.trials.run import initial_model, run_trial, seed_everything
 
 
 

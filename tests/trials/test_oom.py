@@ -6,10 +6,10 @@ import weakref
 import pytest
 import torch
 
-from trials import faults, oom
-from trials.oom import catch_oom, is_oom
-from trials.run import failed_result, run_trial_or_oom
-from trials.worker import WorkerState
+from freezesweep.trials import faults, oom
+from freezesweep.trials.oom import catch_oom, is_oom
+from freezesweep.trials.run import failed_result, run_trial_or_oom
+from freezesweep.trials.worker import WorkerState
 
 
 @pytest.mark.parametrize("error", [
@@ -49,7 +49,7 @@ def test_an_oom_wrapped_by_another_exception_is_still_an_oom():
 
 
 def failed_result_status(error: BaseException) -> str:
-    from trials.config import TrialConfig
+    from freezesweep.trials.config import TrialConfig
 
     cfg = TrialConfig(dataset="d", model="m", train_size=1, frozen_layers=0, precision="fp32")
     return failed_result(cfg, error).status
@@ -91,7 +91,7 @@ def test_release_frames_clears_a_frame_even_while_the_exception_is_still_referen
 def test_free_memory_runs_after_the_frames_go_and_empties_the_cuda_cache(monkeypatch, tiny_trial):
     """The worker's path (run_trial_or_oom): an injected OOM after the first evaluation gives the oom
     row, and the CUDA cache is emptied once, when nothing of the trial is left alive."""
-    from trials import run
+    from freezesweep.trials import run
 
     models = []
     real_initial_model = run.initial_model
@@ -136,7 +136,7 @@ def test_share_bounded_oom_fault_fires_only_below_its_share(monkeypatch, tiny_tr
 def test_cuda_memory_is_given_back_after_an_oom():
     """A real CUDA allocation in the raising frame: after the guard, the process holds no more
     reserved memory than before (empty_cache returned the blocks to the driver)."""
-    from trials.run import free_memory
+    from freezesweep.trials.run import free_memory
 
     torch.cuda.init()
     free_memory()

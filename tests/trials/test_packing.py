@@ -8,13 +8,13 @@ import pytest
 import torch
 
 from tests.conftest import save_tiny
-from trials.worker import WorkerState
-from trials import first_token, packing
-from trials.data import load_task
-from trials.model import load_tokenizer
-from trials.packing import PackedFeed, PaddedFeed, pack, position_offset, training_feed
-from trials.run import initial_model, run_trial
-from trials.tokens import collate, tokenize_split
+from freezesweep.trials.worker import WorkerState
+from freezesweep.trials import first_token, packing
+from freezesweep.trials.data import load_task
+from freezesweep.trials.model import load_tokenizer
+from freezesweep.trials.packing import PackedFeed, PaddedFeed, pack, position_offset, training_feed
+from freezesweep.trials.run import initial_model, run_trial
+from freezesweep.trials.tokens import collate, tokenize_split
 
 
 
@@ -45,13 +45,13 @@ def _ragged(tokens):
     def cut(rows):
         return tuple(np.concatenate([r[: max(1, len(r) - 1 - i % 4)], r[-1:]]) for i, r in enumerate(rows))
 
-    from trials.tokens import Tokens
+    from freezesweep.trials.tokens import Tokens
 
     return Tokens(cut(tokens.input_ids), None if tokens.token_type_ids is None else cut(tokens.token_type_ids))
 
 
 def _tokens(rows):
-    from trials.tokens import Tokens
+    from freezesweep.trials.tokens import Tokens
 
     return Tokens(input_ids=tuple(np.array(r) for r in rows), token_type_ids=None)
 

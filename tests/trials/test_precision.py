@@ -5,10 +5,10 @@ import dataclasses
 import pytest
 import torch
 
-from trials import precision
-from trials.precision import (PrecisionError, auto_precision, cpu_has_native_bf16, resolve_config,
+from freezesweep.trials import precision
+from freezesweep.trials.precision import (PrecisionError, auto_precision, cpu_has_native_bf16, resolve_config,
                               resolve_precision)
-from trials.run import run_trial
+from freezesweep.trials.run import run_trial
 
 AVX2_ONLY = {"avx2": True, "avx512_f": False, "avx512_bf16": False, "amx_bf16": False, "avx_ne_convert": False}
 AVX512_NO_BF16 = {**AVX2_ONLY, "avx512_f": True, "avx512_bw": True, "avx512_vl": True, "avx512_dq": True}

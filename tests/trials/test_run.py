@@ -4,11 +4,11 @@ import math
 import pytest
 import torch
 
-from trials.config import TrialConfig
-from trials.precision import PrecisionError, resolve_precision
-from trials.run import failed_result, run_trial
-from trials.worker import WorkerState
-from trials.train import make_schedule
+from freezesweep.trials.config import TrialConfig
+from freezesweep.trials.precision import PrecisionError, resolve_precision
+from freezesweep.trials.run import failed_result, run_trial
+from freezesweep.trials.worker import WorkerState
+from freezesweep.trials.train import make_schedule
 
 
 def test_tiny_trial_result_is_complete(tiny_trial, tmp_path):
@@ -146,7 +146,7 @@ def test_cpu_peak_memory_is_per_trial(tiny_trial):
 
 
 def test_step_counts_ignore_float_noise():
-    from trials.train import steps_for
+    from freezesweep.trials.train import steps_for
 
     assert 1.1 * 800 / 16 > 55 and steps_for(1.1, 800, 16) == 55  # not 56
     assert steps_for(0.5, 50, 16) == 2 and steps_for(0.5, 1000, 16) == 32
@@ -185,7 +185,7 @@ def test_classification_rows_hold_every_metric_and_select_by_the_chosen_one(tiny
 def test_segment_ids_reach_the_model_on_every_path(tiny_trial, toy_pairs, monkeypatch):
     """Training steps, evaluation, the evaluation cache's prefix and its check, the training cache's rows:
     every forward pass of a pair task on a BERT-like model carries the second segment's ids."""
-    from trials import run as run_module
+    from freezesweep.trials import run as run_module
 
     seen = []
     original = run_module.initial_model
@@ -218,8 +218,8 @@ def test_a_diverging_trial_is_diverged_never_ok(tiny_trial):
 def test_a_trials_peak_memory_excludes_its_workers_caches(tiny_trial):
     """Before: a trial's peak counted everything its worker had kept (caches grow over a worker's life),
     so freezing appeared to cost memory. The trial's own peak leaves them out; the process's is beside it."""
-    from trials.eval_cache import PrefixStates
-    from trials.worker import EvalKey, PrefixKey, WorkerState
+    from freezesweep.trials.eval_cache import PrefixStates
+    from freezesweep.trials.worker import EvalKey, PrefixKey, WorkerState
 
     cold = run_trial(tiny_trial, worker=WorkerState())
     warm = WorkerState()

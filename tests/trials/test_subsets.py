@@ -2,8 +2,8 @@ import numpy as np
 import pytest
 
 from tests.conftest import needs_glue
-from trials.data import load_task
-from trials.subsets import SubsetError, indices_digest, stratified_order, subset_indices
+from freezesweep.trials.data import load_task
+from freezesweep.trials.subsets import SubsetError, indices_digest, stratified_order, subset_indices
 
 SIZES = [50, 100, 200, 500, 1000]
 
@@ -50,7 +50,7 @@ def test_bad_sizes_are_errors(size):
 
 
 def _bin_counts_follow_the_split(scores: np.ndarray, sizes) -> None:
-    from trials.subsets import SCORE_BINS, strata
+    from freezesweep.trials.subsets import SCORE_BINS, strata
 
     bins = strata(scores)
     fraction = np.bincount(bins, minlength=SCORE_BINS) / len(bins)
@@ -66,7 +66,7 @@ def _bin_counts_follow_the_split(scores: np.ndarray, sizes) -> None:
 def test_regression_subsets_are_stratified_by_score_bins():
     """Skewed scores: equal-frequency bins, each holding a fifth of the split, and every nested subset
     keeps each bin's share within one row; a plain random draw would not."""
-    from trials.subsets import SCORE_BINS, strata
+    from freezesweep.trials.subsets import SCORE_BINS, strata
 
     scores = np.random.default_rng(0).exponential(1.0, 2000).astype(np.float32)
     assert np.all(np.bincount(strata(scores), minlength=SCORE_BINS) == 2000 // SCORE_BINS)

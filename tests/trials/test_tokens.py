@@ -2,8 +2,8 @@ import numpy as np
 import pytest
 import torch
 
-from trials.data import Split
-from trials.tokens import Tokens, collate, eval_batches, tokenize_split, train_batches
+from freezesweep.trials.data import Split
+from freezesweep.trials.tokens import Tokens, collate, eval_batches, tokenize_split, train_batches
 
 
 class CountingTokenizer:
@@ -20,7 +20,7 @@ class CountingTokenizer:
 
 
 def test_tokenization_is_cached_on_disk(minilm_tokenizer, tmp_path):
-    from trials.worker import WorkerState
+    from freezesweep.trials.worker import WorkerState
 
     split = Split("train", ("a good film", "a bad one", "fine"), np.array([1, 0, 1]))
     counting = CountingTokenizer(minilm_tokenizer)

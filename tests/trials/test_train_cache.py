@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 
 from tests.conftest import save_tiny
-from trials import train_cache
-from trials.run import run_trial
+from freezesweep.trials import train_cache
+from freezesweep.trials.run import run_trial
 
 
 
