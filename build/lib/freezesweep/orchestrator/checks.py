@@ -1,0 +1,307 @@
+"""The second layer of orchestrator/: what a spec needs of the model, the data, the machine, the store
+and the cluster, each problem named.
+
+The checks read the raw mapping defensively (a value of the wrong type is pydantic's to report,
+orchestrator/spec.py), so one run lists every problem even when some fields are malformed; ``validate``
+runs both layers and raises one SpecError. The cluster is handed in (``ClusterView``: the Ray session,
+or a stand-in in tests): nothing here connects to Ray, and a spec is checked against this machine
+when no cluster is given.
+
+Deferred on purpose: torch and transformers (trials.model) are imported inside the checks that need
+them, so that commands reading a stored sweep (status, summary, report) start in a fraction of a second.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Protocol
+
+from freezesweep.orchestrator.spec import (NAME_PATTERN, SpecError, SweepSpec, parse, read_stored_spec, read_yaml,
+                               spec_aliases)
+from freezesweep.results.store import ResultStore, StoreError
+from freezesweep.trials.data import GLUE_PAIR_TASKS, DatasetError, describe_task, official_metric, shape_words
+from freezesweep.trials.metrics import METRICS
+
+
+class ClusterView(Protocol):
+    """Where a sweep's trials run, as the checks see it (orchestrator/ray_session.py's RaySession)."""
+
+    address: str | None  # None: an embedded Ray on this machine
+
+    def nodes(self) -> list[dict[str, float]]:
+        """The total resources of each alive node (connecting to the cluster if need be)."""
+
+
+def validate(raw: Any, source: str = "sweep spec", cluster: ClusterView | None = None,
+             semantic: bool = True, devices: bool = True) -> SweepSpec:
+    """A parsed YAML mapping as a SweepSpec; one SpecError naming every problem of both layers.
+    ``semantic=False``: shapes and values only (a stored spec, for inspection); ``devices=False``: not
+    the GPUs and CPUs the trials need (a dry run, planned away from them)."""
+    spec, problems = parse(raw)
+    if semantic and isinstance(raw, dict):
+        problems += semantic_problems(raw, cluster, devices)
+    if problems:
+        raise SpecError(problems, source)
+    return spec
+
+
+def load_spec(path: str | Path, overrides: Mapping[str, Any] | None = None, semantic: bool = True,
+              cluster: ClusterView | None = None, devices: bool = True) -> SweepSpec:
+    """A spec file, validated (``overrides``: keys given on the command line, those not None)."""
+    return validate(read_yaml(path, overrides), str(path), cluster, semantic, devices)
+
+
+def semantic_problems(raw: dict[str, Any], cluster: ClusterView | None = None, devices: bool = True) -> list[str]:
+    training = raw.get("training") if isinstance(raw.get("training"), dict) else {}
+    resources = raw.get("resources") if isinstance(raw.get("resources"), dict) else {}
+    data_dir = raw.get("data_dir") if isinstance(raw.get("data_dir"), str) else None
+    problems = _model_problems(raw)
+    problems += _data_problems(_strs(raw.get("datasets")), _ints(raw.get("train_sizes")), data_dir, training)
+    if devices:
+        problems += _device_problems(training.get("precision"), resources.get("gpus_per_trial"),
+                                     resources.get("cpus_per_trial"), cluster)
+    problems += _store_problems(raw)
+    return problems
+
+
+def select_metrics(spec: SweepSpec) -> dict[str, str]:
+    """Per dataset, the metric that picks a trial's best evaluation: the spec's, else the task's
+    official one (read from the data when the spec does not say)."""
+    chosen, t = spec.training.select_metric, spec.training
+    if isinstance(chosen, str):
+        return dict.fromkeys(spec.datasets, chosen)
+    return {d: (chosen or {}).get(d) or official_metric(d, spec.data_dir, t.text_column, t.label_column,
+                                                       t.text_pair_column, t.empty_texts)
+            for d in spec.datasets}
+
+
+def model_depths(spec: SweepSpec) -> dict[str, int]:
+    """Each model's encoder layers, where the spec needs them (``frozen_layers: all``); else empty."""
+    if "all" not in spec.frozen_layers:
+        return {}
+    from freezesweep.trials.model import load_model_config  # transformers: seconds to import, see the module docstring
+
+    return {model: load_model_config(model).num_hidden_layers for model in spec.models()}
+
+
+def _ints(value: Any) -> list[int]:
+    return [v for v in value if isinstance(v, int) and not isinstance(v, bool)] if isinstance(value, list) else []
+
+
+def _strs(value: Any) -> list[str]:
+    return [v for v in value if isinstance(v, str)] if isinstance(value, list) else []
+
+
+def _model_problems(raw: dict[str, Any]) -> list[str]:
+    """Per model: it loads, the frozen layers fit its depth, and (when LoRA is swept) the LoRA
+    targets exist in its layers."""
+    from freezesweep.trials.model import ModelError, load_model_config  # transformers: see the module docstring
+
+    try:
+        models = spec_aliases(raw).get("model")
+    except ValueError:
+        return []  # model and models both given: pydantic reports it
+    models = [models] if isinstance(models, str) else _strs(models)
+    methods = _strs(raw.get("methods")) or ["freeze"]
+    lora = raw.get("lora") if isinstance(raw.get("lora"), dict) else {}
+    targets = lora.get("targets") if isinstance(lora.get("targets"), list) else None
+    problems = []
+    for model in dict.fromkeys(m for m in models if m):  # missing / wrong type: reported by pydantic
+        try:
+            layers = getattr(load_model_config(model), "num_hidden_layers", None)
+        except ModelError as exc:
+            problems.append(f"model: {str(exc).splitlines()[0]}")
+            continue
+        problems += _sequence_problems(model, raw)
+        too_deep = [k for k in _ints(raw.get("frozen_layers")) if layers is not None and k > layers]
+        if too_deep and "freeze" in methods:
+            problems.append(f"frozen_layers: {too_deep} exceed the {layers} encoder layers of {model} "
+                            "('all' freezes every layer of each model)")
+        if "lora" in methods:
+            problems += [f"lora.targets: {model}: {p}" for p in lora_problems(model, _strs(targets) or None)]
+    return problems
+
+
+def _sequence_problems(model: str, raw: dict[str, Any]) -> list[str]:
+    """A max_seq_length that leaves no room for text after the tokenizer's special tokens (two texts of
+    a pair take more of them)."""
+    from freezesweep.trials.model import load_tokenizer  # transformers: see the module docstring
+
+    training = raw.get("training") if isinstance(raw.get("training"), dict) else {}
+    length = training.get("max_seq_length", 128)
+    if not isinstance(length, int) or isinstance(length, bool) or length <= 0:
+        return []  # pydantic's to report
+    tokenizer = load_tokenizer(model)
+    pair = bool(training.get("text_pair_column")) or any(
+        d.startswith("glue/") and d.split("/", 1)[1] in GLUE_PAIR_TASKS for d in _strs(raw.get("datasets")))
+    special = tokenizer.num_special_tokens_to_add(pair=pair)
+    if length > special:
+        return []
+    return [f"training.max_seq_length: {length} leaves no room for text: {model}'s tokenizer adds {special} special "
+            f"tokens{' to a sentence pair' if pair else ''} (at least {special + 1}; the reference uses 128)"]
+
+
+def lora_problems(model: str, targets: list[str] | None) -> list[str]:
+    """LoRA targets that do not exist in ``model``'s layers (its structure, built without weights)."""
+    import torch  # deferred with transformers: see the module docstring
+    from transformers import AutoModelForSequenceClassification
+
+    from freezesweep.trials.lora import LoraError, resolve_targets
+    from freezesweep.trials.model import load_model_config
+
+    with torch.device("meta"):  # the module tree only: no memory, no weights read
+        skeleton = AutoModelForSequenceClassification.from_config(load_model_config(model))
+    try:
+        resolve_targets(skeleton, tuple(targets) if targets else None)  # as the trial will
+    except LoraError as exc:
+        return exc.problems
+    return []
+
+
+def _data_problems(datasets: list[str], sizes: list[int], data_dir: str | None, training: dict) -> list[str]:
+    """Per dataset: it loads, its columns exist, its labels fit its shape, the train sizes fit its
+    train split, and the metric chosen to select the best evaluation is one the task has."""
+    problems = []
+    chosen = training.get("select_metric")
+    for dataset in dict.fromkeys(datasets):  # duplicates are pydantic's to report
+        try:
+            shape = describe_task(dataset, data_dir, **_data_options(training))
+        except (DatasetError, OSError) as exc:
+            each = getattr(exc, "problems", None) or [str(exc).splitlines()[0]]
+            problems += [f"datasets: {dataset}: {p}" for p in each]
+            continue
+        too_big = [s for s in sizes if s > shape.rows["train"]]
+        if too_big:
+            problems.append(f"train_sizes: {too_big} exceed the {shape.rows['train']} train rows of {dataset}")
+        too_small = [s for s in sizes if not shape.regression and s < shape.num_labels]
+        if too_small:
+            problems.append(f"train_sizes: {too_small} below the {shape.num_labels} classes of {dataset} (a stratified "
+                            "subset holds at least one row of each class)")
+        metric = chosen.get(dataset) if isinstance(chosen, dict) else chosen
+        if metric in METRICS and metric not in shape.metrics:  # an unknown name is pydantic's to report
+            problems.append(f"training.select_metric: {metric} does not fit {dataset} ({shape_words(shape)})")
+    if isinstance(chosen, dict):
+        strays = [d for d in chosen if d not in datasets]
+        if strays:
+            problems.append(f"training.select_metric: {', '.join(strays)} not among the datasets")
+    return problems
+
+
+def _data_options(training: dict) -> dict[str, str]:
+    """The training keys that say how a dataset is read, where they are strings (else pydantic reports them)."""
+    keys = ("text_column", "text_pair_column", "label_column", "empty_texts")
+    return {k: training[k] for k in keys if isinstance(training.get(k), str)}
+
+
+def validation_rows(spec: SweepSpec) -> int:
+    """The most validation rows a trial of the sweep evaluates (what a worker's evaluation cache holds)."""
+    options = _data_options(spec.training.model_dump())
+    rows = max(describe_task(d, spec.data_dir, **options).rows["validation"] for d in spec.datasets)
+    return min(rows, spec.training.max_eval_examples or rows)
+
+
+def data_notes(spec: SweepSpec) -> list[str]:
+    """What validation did to the data that the user should hear of: rows dropped for empty texts."""
+    options = _data_options(spec.training.model_dump())
+    notes = []
+    for dataset in spec.datasets:
+        dropped = {split: n for split, n in describe_task(dataset, spec.data_dir, **options).dropped.items() if n}
+        if dropped:
+            counts = " and ".join(f"{n} {split}" for split, n in dropped.items())
+            notes.append(f"{dataset}: dropped {counts} row(s) with an empty or missing text (training.empty_texts: drop)")
+    return notes
+
+
+# ``gpus_per_trial: auto`` measures one trial on a whole GPU (trials/memory_probe.py): it needs one.
+_AUTO = "resources.gpus_per_trial: auto measures a trial's memory on a GPU"
+
+
+def _device_problems(precision: Any, gpus_per_trial: Any, cpus_per_trial: Any,
+                     cluster: ClusterView | None) -> list[str]:
+    """Resources are checked where the trials will run: the cluster's nodes when there is one, else
+    this machine's CUDA."""
+    auto = gpus_per_trial == "auto"
+    gpus = 1 if auto else gpus_per_trial if isinstance(gpus_per_trial, (int, float)) else 0
+    cpus = cpus_per_trial if isinstance(cpus_per_trial, (int, float)) else 1
+    problems = []
+    if precision == "fp16" and gpus <= 0:
+        problems.append("training.precision: fp16 needs GPU trials (resources.gpus_per_trial > 0); use bf16 or auto on CPU")
+    if cluster is not None and cluster.address:
+        return problems + cluster_problems(cluster, cpus, gpus, auto)
+    if gpus > 0:
+        import torch  # deferred: see the module docstring
+
+        if not torch.cuda.is_available():
+            needs = _AUTO if auto else f"resources.gpus_per_trial: {gpus} GPU per trial"
+            problems.append(f"{needs}, but this machine has no CUDA GPU (set a share, 0 for CPU trials, or pass "
+                            "--address of a cluster with GPUs)")
+    return problems
+
+
+def cluster_problems(cluster: ClusterView, cpus: float, gpus: float, auto: bool = False) -> list[str]:
+    """A trial runs on one node: some alive node must hold its CPUs and GPUs."""
+    try:
+        nodes = cluster.nodes()
+    except Exception as exc:  # unreachable cluster: one problem, named, instead of a traceback
+        return [f"address: cannot reach the Ray cluster at {cluster.address!r}: {type(exc).__name__}: {exc}"]
+    if any(n.get("CPU", 0) >= cpus and n.get("GPU", 0) >= gpus for n in nodes):
+        return []
+    has = "; ".join(f"{n.get('CPU', 0):g} CPU, {n.get('GPU', 0):g} GPU" for n in nodes) or "no alive node"
+    needs = f"{_AUTO} ({cpus:g} CPU and 1 GPU on one node)" if auto else \
+        f"resources: a trial needs {cpus:g} CPU and {gpus:g} GPU on one node"
+    return [f"{needs}, but no node of the cluster at {cluster.address!r} has them (its nodes: {has})"]
+
+
+def _store_problems(raw: dict[str, Any]) -> list[str]:
+    name, store = raw.get("name"), raw.get("store", "./sweeps")
+    if not isinstance(name, str) or not isinstance(store, str) or not re.match(NAME_PATTERN, name):
+        return []  # pydantic reports these; never probe a store under an invalid name
+    try:
+        target = ResultStore(store, name)
+        target.check_writable()
+        stored = target.read_spec()
+    except StoreError as exc:
+        return [f"store: {exc}"]
+    if stored is None:
+        return []
+    try:
+        return _protocol_changes(read_stored_spec(stored, f"{target.uri}/{name}/spec.yaml"), raw)
+    except SpecError as exc:  # a damaged spec.yaml: named with what to do, beside the other problems
+        return [f"store: {exc.source}: {p}" for p in exc.problems]
+
+
+def _protocol_changes(stored: dict[str, Any], raw: dict[str, Any]) -> list[str]:
+    """Rows of one sweep must be comparable: the protocol may not change (axes may grow)."""
+    protocol_keys = ("split_seed", "training", "lora", "probe")
+    # The new protocol on its own: the stored spec's other keys stand in for the new spec's, so a
+    # protocol change is reported even when other parts of the new spec are invalid.
+    overlay = {k: v for k, v in stored.items() if k not in protocol_keys} | {k: raw[k] for k in protocol_keys if k in raw}
+    # "auto" is resolved on the trials' hardware at launch, which refuses a mismatch naming both.
+    training = overlay.get("training") if isinstance(overlay.get("training"), dict) else {}
+    if training.get("precision", "auto") == "auto":
+        overlay["training"] = {**training, "precision": (stored.get("training") or {}).get("precision", "auto")}
+    # select_metric is compared per dataset, on the datasets both specs have (a grown spec may add some).
+    new_datasets = raw.get("datasets") if isinstance(raw.get("datasets"), list) else []
+    common = [d for d in stored.get("datasets") or [] if d in new_datasets]
+    try:
+        old, new = (SweepSpec.model_validate({**s, "datasets": common or stored["datasets"]}) for s in (stored, overlay))
+        # nothing to compare select_metric on: leave it out, never resolve it from the data
+        old_protocol, new_protocol = (s.protocol(select_metrics(s) if common else {}) for s in (old, new))
+    except Exception:
+        return []  # the new protocol's own problems are reported by pydantic
+    old_flat, new_flat = _flatten(old_protocol), _flatten(new_protocol)
+    changed = sorted(k for k in old_flat.keys() | new_flat.keys() if old_flat.get(k) != new_flat.get(k))
+    return [
+        f"{k}: changed from {old_flat.get(k)!r} to {new_flat.get(k)!r}, but sweep {raw['name']!r} already has rows "
+        "with the old protocol (start a new sweep name to compare protocols)"
+        for k in changed
+    ]
+
+
+def _flatten(d: dict, prefix: str = "") -> dict[str, Any]:
+    out = {}
+    for k, v in d.items():
+        out.update(_flatten(v, f"{prefix}{k}.") if isinstance(v, dict) else {f"{prefix}{k}": v})
+    return out

@@ -1,0 +1,241 @@
+"""The plan: a pure, deterministic function of a resolved sweep (no I/O, no Ray).
+
+``ResolvedSweep`` is a spec with everything that depends on the machine, the data or the cluster
+decided once (orchestrator/launch.py ``resolve``; orchestrator/sweeps.py for a stored sweep or this
+machine). ``build_grid`` expands it into one TrialConfig per cell; the rest says which cells still
+run and with what resources.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import math
+import statistics
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import pandas as pd
+
+from freezesweep.orchestrator.local_files import Shipment
+from freezesweep.orchestrator.spec import SweepSpec
+from freezesweep.results.settle import FULL, decide, next_round, variant_label
+from freezesweep.results.store import FINAL_STATUSES
+from freezesweep.trials.config import TrialConfig
+
+
+@dataclass(frozen=True)
+class ResolvedSweep:
+    spec: SweepSpec  # precision resolved, select_metric per dataset, data_dir recorded
+    model_layers: Mapping[str, int] = field(default_factory=dict)  # depth of each model (frozen_layers: all)
+    address: str | None = None  # the Ray cluster the trials run on; None: an embedded Ray here
+    shipment: Shipment | None = None  # local files sent through Ray's object store (local_files: ship)
+    gpu_share: float | None = None  # each trial's GPU share: the spec's, or what gpus_per_trial auto measured
+    gpu_packing: str | None = None  # what gpus_per_trial auto measured and chose, in words
+
+    def __post_init__(self):
+        problems = []
+        if self.spec.training.precision == "auto":
+            problems.append("precision is still auto")
+        metrics = self.spec.training.select_metric
+        if not (isinstance(metrics, dict) and set(self.spec.datasets) <= set(metrics)):
+            problems.append(f"select_metric is not resolved per dataset ({metrics!r})")
+        if "all" in self.spec.frozen_layers and not set(self.spec.models()) <= set(self.model_layers):
+            problems.append("frozen_layers has 'all' but the models' depths are not known")
+        if problems:
+            raise ValueError("not a resolved sweep: " + "; ".join(problems))
+        if self.gpu_share is None:  # auto not measured (inspection): a whole GPU, as its probe asks for
+            object.__setattr__(self, "gpu_share", gpu_request(self.spec))
+
+    @property
+    def name(self) -> str:
+        return self.spec.name
+
+    @property
+    def on_cluster(self) -> bool:
+        return self.address is not None
+
+
+def build_grid(sweep: ResolvedSweep) -> list[TrialConfig]:
+    """models × datasets × train_sizes × (each method × its own axis) × seeds, in the spec's order.
+    A method's axis is crossed with that method only: freeze cells have frozen_layers, lora cells a
+    rank, probe cells neither. Ids are content hashes, so adding a value to any axis leaves every
+    existing cell's id unchanged (a freeze cell's id is what it was before methods existed)."""
+    return list(iter_grid(sweep))
+
+
+def iter_grid(sweep: ResolvedSweep) -> Iterator[TrialConfig]:
+    """``build_grid``'s cells one at a time: a launch starts its first round after a round's worth of
+    cells, not after the whole grid (a million cells take a minute to build and hash)."""
+    spec = sweep.spec
+    template, metrics = spec.trial_template(), spec.training.select_metric
+    variants = {model: method_variants(spec, model, sweep.model_layers) for model in spec.models()}
+    for model in spec.models():
+        for dataset, size in itertools.product(spec.datasets, spec.train_sizes):
+            for variant in variants[model]:
+                for seed in spec.seed_values():  # a method's own settings win (e.g. lora.learning_rate)
+                    yield TrialConfig(model=model, dataset=dataset, train_size=size, seed=seed,
+                                      select_metric=metrics[dataset], **{**template, **variant})
+
+
+def grid_size(sweep: ResolvedSweep) -> int:
+    """How many cells ``build_grid`` gives, without building them."""
+    spec = sweep.spec
+    per_model = sum(len(method_variants(spec, model, sweep.model_layers)) for model in spec.models())
+    return per_model * len(spec.datasets) * len(spec.train_sizes) * len(spec.seed_values())
+
+
+def method_variants(spec: SweepSpec, model: str, model_layers: Mapping[str, int]) -> list[dict[str, Any]]:
+    """Each method's cells of one (model, dataset, train size), as TrialConfig fields."""
+    variants = []
+    for method in spec.methods:
+        shared = {"method": method, "frozen_layers": None, **spec.method_fields(method)}
+        if method == "freeze":
+            variants += [{**shared, "frozen_layers": k} for k in frozen_layers_of(spec, model, model_layers)]
+        elif method == "lora":
+            variants += [{**shared, "lora_rank": r} for r in spec.lora_ranks]
+        else:
+            variants.append(shared)
+    return variants
+
+
+def frozen_layers_of(spec: SweepSpec, model: str, model_layers: Mapping[str, int]) -> list[int]:
+    """The spec's frozen layers for ``model``, 'all' as its layer count (once, if also listed)."""
+    return list(dict.fromkeys(model_layers[model] if k == "all" else k for k in spec.frozen_layers))
+
+
+def pending_cells(sweep: ResolvedSweep, cells: list[TrialConfig], done: set[str]) -> list[TrialConfig]:
+    """The cells without an outcome in ``done``, each with the resources it runs with."""
+    return [with_resources(c, sweep) for c in cells if c.trial_id not in done]
+
+
+def with_resources(cell: TrialConfig, sweep: ResolvedSweep) -> TrialConfig:
+    """How a cell runs (machine fields, never identity): its threads and its GPU share (which pins a
+    CPU cell to the CPU: trials/precision.py resolve_device). Its checkpoints go where the Tune
+    adapter puts them (Ray's storage)."""
+    return dataclasses.replace(cell, num_threads=max(1, math.floor(sweep.spec.resources.cpus_per_trial)),
+                               gpus_per_trial=sweep.gpu_share)
+
+
+def rounds(cells: Iterable[TrialConfig], size: int) -> Iterator[list[TrialConfig]]:
+    """The cells in order, in rounds of at most ``size`` (``resources.cells_per_round``), each one Tune
+    run: Tune's experiment state, its snapshots and its per-step bookkeeping grow with the trials of
+    one run (ray#11233: snapshot time; TuneController scans its trial list at every step)."""
+    cells = iter(cells)
+    while chunk := list(itertools.islice(cells, size)):
+        yield chunk
+
+
+def hungriest_frozen_layers(cells: list[TrialConfig]) -> int:
+    """The freeze depth whose trial needs the most memory: nothing frozen (0) beats the embeddings
+    alone (-1), which beats k layers; a LoRA cell backpropagates through every layer, as k = 0 does
+    (the probe trains no layer at all)."""
+    ks = {0 if c.method == "lora" else c.frozen_layers for c in cells if c.method != "probe"}
+    return 0 if 0 in ks or not ks else (-1 if -1 in ks else min(ks))
+
+
+def gpu_request(spec: SweepSpec) -> float:
+    """The GPU a trial asks for: its share, or for ``auto`` (not measured yet) a whole GPU."""
+    share = spec.resources.gpus_per_trial
+    return 1.0 if share == "auto" else share
+
+
+def with_doubled_gpu_share(sweep: ResolvedSweep) -> ResolvedSweep | None:
+    """The sweep with twice the GPU share per trial (at most a whole GPU), for the cells that ran out
+    of memory; None when trials do not share GPUs (CPU trials, or a whole GPU each: nothing to give)."""
+    if not 0 < sweep.gpu_share < 1:
+        return None
+    return dataclasses.replace(sweep, gpu_share=min(1.0, 2 * sweep.gpu_share))
+
+
+@dataclass(frozen=True)
+class WorkEstimate:
+    trial_s: float  # the pending cells' summed trial time
+    measured_cells: int  # pending cells priced by a measured row of their own kind (the rest by the median)
+    measured_rows: int  # the rows the prices come from
+
+
+def estimate_work(pending: list[TrialConfig], wall_s: Mapping[tuple, list[float]]) -> WorkEstimate | None:
+    """The pending cells' trial time from measured rows (``wall_s``: each ok row's wall time by
+    ``work_key``): a cell costs the median of its own kind (model, dataset, train size, variant), else
+    of its (model, dataset, train size), else of every measured row. None without any measured row."""
+    every = [s for times in wall_s.values() for s in times]
+    if not every:
+        return None
+    by_size: dict[tuple, list[float]] = {}
+    for key, times in wall_s.items():
+        by_size.setdefault(key[:3], []).extend(times)
+    total, own = 0.0, 0
+    for cell in pending:
+        key = work_key(cell)
+        times = wall_s.get(key) or by_size.get(key[:3]) or every
+        own += key in wall_s
+        total += statistics.median(times)
+    return WorkEstimate(total, own, len(every))
+
+
+def work_key(cell: TrialConfig) -> tuple:
+    """What a trial's time depends on, as far as the plan can tell: model, data, size and variant."""
+    return cell.model, cell.dataset, cell.train_size, cell.variant()
+
+
+
+def arm_of(cell: TrialConfig) -> str:
+    """The cell's arm in settle mode's terms: "freeze k=3", "lora r=8", "probe"."""
+    return variant_label(cell.method, cell.frozen_layers, cell.lora_rank)
+
+
+def settle_round(sweep: ResolvedSweep, cells: list[TrialConfig], rows: pd.DataFrame) -> list[TrialConfig]:
+    """Settle mode's next round (results/settle.py), given the stored rows (trial_id, status,
+    best_val_score, baseline_score): per (model, dataset, train size), the cells the rule asks for
+    (full fine-tuning's seeds until it is known to learn, then the arms' initial seeds, then seeds only
+    for undecided arms, nearest deciding first: results.settle.next_round),
+    and the group's cells whose row is not final (a failed one runs again). Empty: settled."""
+    rule = sweep.spec.settle.rule()
+    by_id = {c.trial_id: c for c in cells}
+    stored = rows[rows["trial_id"].isin(by_id)]
+    groups: dict[tuple, list[TrialConfig]] = {}
+    for cell in cells:
+        groups.setdefault((cell.model, cell.dataset, cell.train_size), []).append(cell)
+    wanted: list[TrialConfig] = []
+    for members in groups.values():
+        wanted += _group_round(members, stored, rule)
+    return list(dict.fromkeys(wanted))
+
+
+def settle_scope(sweep: ResolvedSweep, cells: list[TrialConfig], rows: pd.DataFrame) -> list[TrialConfig]:
+    """A settle sweep's cells as far as its rule reaches now: those with a stored row and those of the
+    next round. The budget's other seeds of an arm decided early are never run, so never missing."""
+    wanted = {c.trial_id for c in settle_round(sweep, cells, rows)} | set(rows["trial_id"])
+    return [c for c in cells if c.trial_id in wanted]
+
+
+def settle_comparisons(arms: Iterable[str]) -> int:
+    """How many comparisons a group's confidence is shared by (results.settle.decide): one per arm of the
+    grid against full fine-tuning, and full fine-tuning's own against the constant baseline."""
+    return len(set(arms) - {FULL}) + 1
+
+
+def sweep_comparisons(sweep: ResolvedSweep) -> int:
+    """``settle_comparisons`` of the sweep's groups from its variants, without building the grid: the
+    most any model's groups have (the same for every model unless 'all' gives them different depths;
+    then the report's intervals are, if anything, wider than the rounds')."""
+    return max(settle_comparisons(variant_label(v["method"], v["frozen_layers"], v.get("lora_rank"))
+                                  for v in method_variants(sweep.spec, model, sweep.model_layers))
+               for model in sweep.spec.models())
+
+
+def _group_round(members: list[TrialConfig], stored: pd.DataFrame, rule) -> list[TrialConfig]:
+    ids = {c.trial_id: c for c in members}
+    mine = stored[stored["trial_id"].isin(ids)]
+    arms = pd.DataFrame({"arm": [arm_of(ids[t]) for t in mine["trial_id"]], "seed": [ids[t].seed for t in mine["trial_id"]],
+                         "score": mine["best_val_score"].to_numpy(), "baseline_score": mine["baseline_score"].to_numpy(),
+                         "status": mine["status"].to_numpy()})
+    grid_arms = {arm_of(c) for c in members}
+    decision = decide(arms, rule, comparisons=settle_comparisons(grid_arms))
+    seeds_done = arms.groupby("arm")["seed"].agg(set).to_dict()
+    by_arm_seed = {(arm_of(c), c.seed): c for c in members}
+    asked = next_round(decision, rule, sorted(grid_arms - {FULL}), seeds_done)
+    again = [ids[t] for t, status in zip(mine["trial_id"], mine["status"]) if status not in FINAL_STATUSES]
+    return again + [by_arm_seed[key] for key in asked if key in by_arm_seed]

@@ -1,0 +1,161 @@
+"""The driver's one connection to Ray: which cluster (address resolution), one explicit ``connect``,
+the cluster's nodes, the object store, and the short Ray tasks a launch sends before its trials
+(precision and memory probes, the preflight check of every node). Trials themselves go through
+Ray Tune (orchestrator/tune_adapter.py).
+
+Ray is one connection per process: a session connects at most once, and a process connected by an
+earlier session (a test, or a resume in the same process) is reused when it is the same place.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import threading
+from collections.abc import Callable
+from typing import Any
+from urllib.parse import urlsplit
+
+import ray
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+from freezesweep.orchestrator.local_files import NodeNeeds, Shipment, node_lacks, pack
+from freezesweep.orchestrator.spec import SweepSpec
+from freezesweep.trials.memory_probe import MemoryProbe, probe as probe_memory
+from freezesweep.trials.precision import auto_precision
+
+# Environment a trial reads, forwarded to workers on other nodes (local workers inherit it anyway)...
+_FORWARDED_ENV_PREFIXES = ("FREEZESWEEP_", "HF_", "TRANSFORMERS_")
+# ...except the driver's folders: a node has its own caches, and the data dir is in the spec (its
+# files shipped or checked on every node).
+_DRIVER_PATH_ENV = frozenset({"FREEZESWEEP_DATA_DIR", "FREEZESWEEP_CACHE_DIR", "HF_HOME", "HF_HUB_CACHE",
+                              "HF_DATASETS_CACHE", "HF_TOKEN_PATH", "TRANSFORMERS_CACHE"})
+CONNECT_TIMEOUT_S = 30  # an address where nothing answers is an error within this, naming it
+PREFLIGHT_TIMEOUT_S = 120  # a node's first task starts a worker process and imports freezesweep
+PROBE_TIMEOUT_S = 300  # a probe waits for a node with the trial's resources (an autoscaler may add one)
+
+
+class RayUnreachable(ConnectionError):
+    pass
+
+
+class TaskFailed(RuntimeError):
+    """A probe task raised (its own exception's first line) or no node ran it in time."""
+
+
+def cluster_address(address: str | None) -> str | None:
+    """The Ray cluster a sweep runs on: the spec's or --address, else RAY_ADDRESS, else None (a local Ray)."""
+    return address or os.environ.get("RAY_ADDRESS") or None
+
+
+class RaySession:
+    """``address``: the cluster (resolved with ``cluster_address``); without one, an embedded Ray on
+    this machine, with ``num_cpus``/``num_gpus`` when given (tests give it fake GPUs)."""
+
+    def __init__(self, address: str | None = None, num_cpus: int | None = None, num_gpus: int | None = None):
+        self.address = cluster_address(address)
+        self.local_resources = {k: v for k, v in (("num_cpus", num_cpus), ("num_gpus", num_gpus)) if v is not None}
+
+    @property
+    def on_cluster(self) -> bool:
+        return self.address is not None
+
+    def connect(self) -> None:
+        """Connect once (a process already connected stays so). A cluster that does not answer is a
+        RayUnreachable naming the address within CONNECT_TIMEOUT_S, not Ray's endless retries."""
+        if ray.is_initialized():
+            return
+        if self.address:
+            check_reachable(self.address)
+        env = {k: v for k, v in os.environ.items() if k.startswith(_FORWARDED_ENV_PREFIXES) and k not in _DRIVER_PATH_ENV}
+        on_term = signal.getsignal(signal.SIGTERM)
+        ray.init(address=self.address, include_dashboard=False, log_to_driver=False, logging_level="ERROR",
+                 runtime_env={"env_vars": env} if env else None, **self.local_resources)
+        if callable(on_term) and threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGTERM, on_term)  # ray.init replaces the process's own with sys.exit
+
+    def nodes(self) -> list[dict[str, float]]:
+        """The total resources of each alive node."""
+        self.connect()
+        return [node["Resources"] for node in ray.nodes() if node.get("Alive")]
+
+    def ship(self, spec: SweepSpec) -> Shipment:
+        """The spec's local files in Ray's object store (orchestrator/local_files.py)."""
+        self.connect()
+        return pack(spec, put=ray.put)
+
+    def run_task(self, fn: Callable, calls: list[dict[str, Any]], cpus: float, gpus: float,
+                 timeout_s: float = PROBE_TIMEOUT_S, fresh_process: bool = False) -> list[Any]:
+        """``fn(**kwargs)`` for each of ``calls`` as Ray tasks holding these resources, their results in
+        order; ``fresh_process``: each in a worker that exits after it (so the memory it took goes back)."""
+        self.connect()
+        task = ray.remote(num_cpus=cpus, num_gpus=gpus, max_calls=1 if fresh_process else 0)(fn)
+        try:
+            return ray.get([task.remote(**kwargs) for kwargs in calls], timeout=timeout_s)
+        except ray.exceptions.GetTimeoutError:
+            raise TaskFailed(f"no node ran it ({cpus:g} CPU, {gpus:g} GPU) within {timeout_s:g} s "
+                             "(are there such nodes?)") from None
+        except ray.exceptions.RayTaskError as exc:
+            raise TaskFailed(first_line(exc)) from None
+
+    def check_nodes(self, needs: NodeNeeds, timeout_s: float = PREFLIGHT_TIMEOUT_S) -> list[str]:
+        """One problem per alive node that lacks something of ``needs``, or cannot run freezesweep at
+        all, or does not answer (a task pinned to each node)."""
+        self.connect()
+        task = ray.remote(num_cpus=0, max_retries=0)(node_lacks)
+        asked = {task.options(scheduling_strategy=NodeAffinitySchedulingStrategy(node["NodeID"], soft=False))
+                 .remote(needs): node for node in ray.nodes() if node.get("Alive")}
+        if not asked:
+            return []
+        done, late = ray.wait(list(asked), num_returns=len(asked), timeout=timeout_s)
+        problems = []
+        for ref in done:
+            try:
+                lacks = ray.get(ref)
+            except Exception as exc:  # e.g. freezesweep not installed there: the task cannot even load
+                lacks = [f"cannot run freezesweep's check: {first_line(exc)}"]
+            if lacks:
+                problems.append(f"node {_node_name(asked[ref])} lacks: " + "; ".join(lacks))
+        for ref in late:
+            ray.cancel(ref, force=True)
+            problems.append(f"node {_node_name(asked[ref])} did not run the check within {timeout_s:g} s")
+        return problems
+
+
+def check_reachable(address: str, timeout_s: float = CONNECT_TIMEOUT_S) -> None:
+    """Something listens at ``host:port`` (or ``ray://host:port``); other forms (``auto``) are Ray's."""
+    parts = urlsplit(address if "://" in address else f"ray-gcs://{address}")
+    try:
+        host, port = parts.hostname, parts.port
+    except ValueError:
+        host, port = None, None
+    if not host or not port:
+        return
+    try:
+        socket.create_connection((host, port), timeout=timeout_s).close()
+    except OSError as exc:
+        raise RayUnreachable(f"no Ray cluster answers at {address!r} ({type(exc).__name__}: {exc}); check the "
+                             "address (--address, the spec's address or RAY_ADDRESS) and that the head node is up") from None
+
+
+def first_line(exc: BaseException) -> str:
+    """``Type: first line`` of an exception, a Ray task's own one unwrapped."""
+    cause = getattr(exc, "cause", None)  # a RayTaskError wraps the task's own exception
+    cause = cause if isinstance(cause, BaseException) else exc
+    return f"{type(cause).__name__}: {(str(cause).splitlines() or [''])[0]}"
+
+
+def _node_name(node: dict) -> str:
+    return f"{node['NodeID'][:12]} ({node.get('NodeManagerAddress')}, {node.get('NodeManagerHostname')})"
+
+
+# --- what the probe tasks run on a node (module-level: Ray sends them by reference) ---------------
+def auto_precision_task(device_type: str) -> str:
+    """What precision ``auto`` means on the node that runs this (its CPU or the GPU Ray gave it)."""
+    return auto_precision(device_type)
+
+
+def memory_probe_task(model: str, shipment: Shipment | None = None, **shape: Any) -> MemoryProbe:
+    """One trial of this shape measured on the GPU Ray gave this task (trials/memory_probe.py)."""
+    return probe_memory(model=shipment.model_files(model, fetch=ray.get) if shipment else model, **shape)

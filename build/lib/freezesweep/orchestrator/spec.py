@@ -1,0 +1,399 @@
+"""The sweep spec: the bottom layer of orchestrator/. Shapes and values only, no I/O.
+
+``parse`` turns a YAML mapping into a ``SweepSpec`` and lists pydantic's problems; what needs the
+model, the data, the store or the cluster is checked one layer up (orchestrator/checks.py), which
+reports both kinds together, before Ray starts or the store is touched.
+
+The protocol's defaults are TrialConfig's (trials/config.py): one definition serves a sweep's cells
+and ``freezesweep trial`` alike.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections import Counter
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from freezesweep.results.settle import SettleRule
+from freezesweep.trials.config import LATER_FIELDS, MACHINE_FIELDS, TrialConfig
+from freezesweep.trials.metrics import METRICS
+
+NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]*$"  # a sweep name is a folder name in the store
+
+
+class SpecError(ValueError):
+    def __init__(self, problems: list[str], source: str = "sweep spec"):
+        self.problems, self.source = problems, source
+        super().__init__(f"{source}: {len(problems)} problem(s):\n" + "\n".join(f"  - {p}" for p in problems))
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+# The protocol's defaults: TrialConfig's own, so a sweep cell and `freezesweep trial` share them.
+_TRIAL_DEFAULTS = {f.name: f.default for f in dataclasses.fields(TrialConfig)}
+
+
+def _default(name: str, **constraints: Any) -> Any:
+    return Field(_TRIAL_DEFAULTS[name], **constraints)
+
+
+class TrainingSpec(_Strict):
+    """The protocol: every cell of a sweep shares it, and it cannot change once rows exist. Every
+    default is TrialConfig's (but ``select_metric``: unset means each task's official metric)."""
+
+    epochs: float = _default("epochs", gt=0)
+    batch_size: int = _default("batch_size", gt=0)
+    eval_batch_size: int = _default("eval_batch_size", gt=0, description="length-sorted batches: speed only (64 "
+                                    "suits a CPU core, where 128 is ~10% slower; a GPU wants 256 or more)")
+    learning_rate: float = _default("learning_rate", gt=0)
+    weight_decay: float = _default("weight_decay", ge=0)
+    warmup_epochs: float = _default("warmup_epochs", ge=0)
+    eval_every_epochs: float = _default("eval_every_epochs", gt=0)
+    eval_at_end: bool = _default("eval_at_end", description="also evaluate after the last step (the reference does not)")
+    max_grad_norm: float = _default("max_grad_norm", gt=0)
+    precision: Literal["auto", "fp16", "bf16", "fp32"] = _default("precision")
+    max_eval_examples: int | None = _default("max_eval_examples", gt=0)
+    max_seq_length: int = _default("max_seq_length", gt=0)
+    model_init: Literal["pretrained", "random"] = _default("model_init")
+    text_column: str | None = _default("text_column")
+    text_pair_column: str | None = _default("text_pair_column", description="second text of a sentence pair "
+                                            "(GLUE pair tasks: theirs)")
+    label_column: str | None = _default("label_column")
+    empty_texts: Literal["refuse", "drop"] = _default("empty_texts", description="rows with an empty or missing "
+                                                      "text: refuse (an error naming them) or drop (their count said)")
+    select_metric: str | dict[str, str] | None = Field(
+        None, description="the metric that picks each trial's best evaluation: one name for every dataset, or "
+        "{dataset: name}; unset: each task's official metric (a launch stores the resolved {dataset: name})")
+    checkpoint_every_epochs: float | None = _default("checkpoint_every_epochs", gt=0)
+    train_cache: bool = _default("train_cache", description="opt-in deviation from the reference: frozen layers "
+                                 "run once, without dropout, and training starts above them (trials/train_cache.py)")
+
+    def trial_fields(self) -> dict[str, Any]:
+        """The TrialConfig fields this protocol sets (every field but ``select_metric``, resolved per dataset)."""
+        return {k: v for k, v in self.model_dump().items() if k != "select_metric"}
+
+    @field_validator("select_metric")
+    @classmethod
+    def _known_metrics(cls, value: str | dict[str, str] | None) -> str | dict[str, str] | None:
+        names = [value] if isinstance(value, str) else list((value or {}).values())
+        unknown = [name for name in names if name not in METRICS]
+        if unknown:
+            raise ValueError(f"unknown metric {', '.join(map(repr, unknown))} (known: {', '.join(METRICS)})")
+        return value
+
+
+class LoraSpec(_Strict):
+    """LoRA's settings, shared by every lora cell (its rank is an axis: ``lora_ranks``)."""
+
+    alpha: float = Field(16.0, gt=0, description="updates are scaled by alpha / rank (peft's examples: 16 at rank 8)")
+    dropout: float = Field(0.1, ge=0, lt=1, description="dropout on the adapters' input")
+    targets: list[str] | None = Field(None, min_length=1, description="module names (or dotted suffixes) inside "
+                                      "each encoder layer; unset: the layer's attention projections")
+    learning_rate: float | None = Field(None, gt=0, description="unset: the protocol's (training.learning_rate); "
+                                        "LoRA usually wants more (Hu et al. 2021 used 4e-4 to 5e-4 on RoBERTa-base)")
+
+
+class ProbeSpec(_Strict):
+    """The logistic-regression probe's settings, shared by every probe cell."""
+
+    pooling: Literal["auto", "mean", "first"] = Field("auto", description="auto: the model's own pooling "
+                                                      "(sentence-transformers config), else mean")
+    folds: int = Field(5, ge=2, description="cross-validation folds on the train subset (fewer when a class has fewer rows)")
+    cs: int = Field(10, ge=1, description="regularisation strengths tried, log-spaced over 1e-4 … 1e4")
+
+
+class SettleSpec(_Strict):
+    """Settle mode (results/settle.py): the sweep runs in rounds, each arm compared with full fine-tuning
+    on paired seeds, seeds added only where a comparison is undecided, until all are decided or the
+    budget is spent. The seeds are settle mode's to choose (0, 1, …): the spec gives no ``seeds``."""
+
+    tolerance: float = Field(0.01, gt=0, description="how much below full fine-tuning still counts as as good")
+    confidence: float = Field(0.95, gt=0, lt=1, description="that every decision of a group holds at once")
+    initial_seeds: int = Field(3, ge=3, description="paired seeds every arm gets before the first look")
+    max_seeds: int = Field(10, ge=3, description="the budget: no arm gets more seeds")
+    seeds_per_round: int = Field(2, ge=1, description="seeds added to each undecided arm per round")
+    learned_first: bool = Field(True, description="run the arms only once full fine-tuning is known to beat the "
+                                "constant baseline (fewest trials); false: every arm from the first round (fewest rounds)")
+
+    @model_validator(mode="after")
+    def _budget(self) -> "SettleSpec":
+        if self.max_seeds < self.initial_seeds:
+            raise ValueError(f"settle.max_seeds ({self.max_seeds}) is below settle.initial_seeds ({self.initial_seeds})")
+        return self
+
+    def rule(self) -> SettleRule:
+        return SettleRule(self.tolerance, self.confidence, self.initial_seeds, self.max_seeds, self.seeds_per_round,
+                          self.learned_first)
+
+
+class ResourcesSpec(_Strict):
+    gpus_per_trial: float | Literal["auto"] = Field(
+        0.0, description="0: CPU trials; (0, 1]: a GPU share; auto: measure one trial's GPU memory at launch and "
+        "pack as many per GPU as fit (trials/memory_probe.py)")
+    cpus_per_trial: float = Field(1.0, gt=0)
+    max_concurrent_trials: int | None = Field(None, gt=0)
+    max_failures: int = Field(2, ge=0, description="Ray retries of a crashed trial")
+    # 1,000: on 2 cores, 10,000 instant trials took 19 ms of driver CPU each and 1.2 GB at most in rounds of
+    # 1,000, 2.5 GB in rounds of 5,000 (Tune keeps every trial of a run; ray#64231) (benchmarks/scale.py)
+    cells_per_round: int = Field(1000, gt=0, description="a launch runs its cells in rounds of at most this many, "
+                                 "each one Tune run: Tune's state and bookkeeping grow with the trials of a run")
+
+    @field_validator("gpus_per_trial", mode="before")
+    @classmethod
+    def _share_or_auto(cls, value: Any) -> Any:
+        # One message per problem, at the field itself (a union's own errors name each member type).
+        if value == "auto":
+            return value
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ValueError("a GPU share in [0, 1], or auto")
+        if value < 0:
+            raise ValueError("Input should be greater than or equal to 0")
+        if value > 1:
+            raise ValueError("Input should be less than or equal to 1")
+        return value
+
+
+# Smallest allowed value of each integer axis, and the rule as the error states it.
+_AXIS_MINIMA = {
+    "train_sizes": (1, "train sizes must be positive"),
+    "frozen_layers": (-1, "frozen layers must be >= -1 (-1 = embeddings only) or 'all'"),
+    "lora_ranks": (1, "LoRA ranks must be positive"),
+    "seeds": (0, "seeds must be >= 0"),
+}
+# Grids larger than this are refused (split them into sweeps); larger than LARGE_GRID, announced.
+MAX_CELLS = 1_000_000
+LARGE_GRID = 100_000
+# Each method's own axis: crossed with that method's cells only.
+METHOD_AXES = {"freeze": "frozen_layers", "lora": "lora_ranks"}
+
+
+def _unique(values: list) -> list:
+    dupes = sorted((v for v, n in Counter(values).items() if n > 1), key=str)  # linear in the axis
+    if dupes:
+        raise ValueError(f"duplicate values {dupes}")
+    return values
+
+
+class SweepSpec(_Strict):
+    name: str = Field(pattern=NAME_PATTERN, max_length=100)
+    model: str | list[str] = Field(description="a model, or a list of them (also spelled `models:`): an axis")
+    datasets: list[str] = Field(min_length=1)
+    train_sizes: list[int] = Field(min_length=1)
+    methods: list[Literal["freeze", "lora", "probe"]] = Field(["freeze"], min_length=1)
+    frozen_layers: list[int | Literal["all"]] = Field([], description="freeze's axis; 'all': every layer of each model")
+    lora_ranks: list[int] = Field([], description="lora's axis")
+    seeds: list[int] = Field([], description="an axis; settle mode chooses them instead (settle:)")
+    settle: SettleSpec | None = None
+    split_seed: int = 0
+    training: TrainingSpec = TrainingSpec()
+    lora: LoraSpec = LoraSpec()
+    probe: ProbeSpec = ProbeSpec()
+    resources: ResourcesSpec = ResourcesSpec()
+    data_dir: str | None = None
+    local_files: Literal["auto", "ship", "node_local"] = Field(
+        "auto", description="how trials on other nodes get the spec's local data files and model folders: ship = "
+        "the driver sends them through Ray's object store; node_local = every node has them at the same paths "
+        "(checked on every node before the first trial); auto = ship on a cluster (orchestrator/local_files.py)")
+    store: str = "./sweeps"
+    address: str | None = None
+
+    _check_unique = field_validator("datasets", "train_sizes", "methods", "frozen_layers", "lora_ranks", "seeds")(_unique)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _aliases(cls, raw: Any) -> Any:
+        return spec_aliases(raw)
+
+    @field_validator("model", mode="before")
+    @classmethod
+    def _models(cls, value: Any) -> Any:
+        # One message, not pydantic's one per member of the union
+        if not (isinstance(value, str) or (isinstance(value, list) and all(isinstance(v, str) for v in value))):
+            raise ValueError("should be a model name (hub id or folder) or a list of them")
+        if isinstance(value, list):
+            if not value:
+                raise ValueError("the list of models is empty")
+            _unique(value)
+        return value
+
+    @field_validator("train_sizes", "frozen_layers", "lora_ranks", "seeds")
+    @classmethod
+    def _axis_ranges(cls, values: list, info) -> list:
+        lowest, rule = _AXIS_MINIMA[info.field_name]
+        bad = [v for v in values if isinstance(v, int) and v < lowest]
+        if bad:
+            raise ValueError(f"{rule}, got {bad}")
+        return values
+
+    @model_validator(mode="after")
+    def _method_axes(self) -> "SweepSpec":
+        """A method's axis is given exactly when the method is swept (no axis crossed with a method it
+        does not apply to); all problems in one message."""
+        problems = [f"{axis} is empty, but methods has {method}" for method, axis in METHOD_AXES.items()
+                    if method in self.methods and not getattr(self, axis)]
+        problems += [f"{axis} is set, but methods has no {method}" for method, axis in METHOD_AXES.items()
+                     if method not in self.methods and getattr(self, axis)]
+        if problems:
+            raise ValueError("; ".join(problems))
+        return self
+
+    @model_validator(mode="after")
+    def _seeds_or_settle(self) -> "SweepSpec":
+        if self.settle is None and not self.seeds:
+            raise ValueError("seeds: give at least one seed, or a settle section (settle mode chooses them)")
+        if self.settle is not None and self.seeds:
+            raise ValueError("seeds and settle both given: settle mode chooses the seeds (0, 1, … up to "
+                             "settle.max_seeds); drop seeds")
+        if self.settle is not None and not ("freeze" in self.methods and 0 in self.frozen_layers):
+            raise ValueError("settle compares every arm with full fine-tuning: frozen_layers must hold 0")
+        return self
+
+    def seed_values(self) -> list[int]:
+        """The seeds axis: the spec's, or every seed settle mode may run."""
+        return list(range(self.settle.max_seeds)) if self.settle else list(self.seeds)
+
+    @model_validator(mode="after")
+    def _grid_size(self) -> "SweepSpec":
+        if self.cell_count() > MAX_CELLS:
+            raise ValueError(f"the grid has {self.cell_count():,} cells ({self.cell_count_words()}), over the limit "
+                             f"of {MAX_CELLS:,}: split it into several sweeps")
+        return self
+
+    def models(self) -> list[str]:
+        return [self.model] if isinstance(self.model, str) else list(self.model)
+
+    def variants(self) -> int:
+        """Cells per (model, dataset, train size, seed): each method's own axis, the probe one."""
+        return sum(len(getattr(self, METHOD_AXES[m])) if m in METHOD_AXES else 1 for m in self.methods)
+
+    def cell_count(self) -> int:
+        """The grid's size, from the axes alone (``frozen_layers: all`` counted as one more depth)."""
+        return len(self.models()) * len(self.datasets) * len(self.train_sizes) * self.variants() * len(self.seed_values())
+
+    def cell_count_words(self) -> str:
+        return (f"{len(self.models())} models × {len(self.datasets)} datasets × {len(self.train_sizes)} train sizes × "
+                f"{self.variants()} variants × {len(self.seed_values())} seeds")
+
+    def protocol(self, select_metrics: Mapping[str, str]) -> dict[str, Any]:
+        """What makes rows comparable: changing any of it on an existing sweep is refused. How the work
+        is done (checkpoints, evaluation batch size) may change: it is not part of a cell's identity.
+        Axes (models, datasets, sizes, methods, their own axes, seeds) may grow: new cells, new ids.
+        ``select_metrics``: per dataset, resolved ("official" and a name may mean the same)."""
+        training = {k: v for k, v in self.training.model_dump().items() if k not in MACHINE_FIELDS}
+        training["select_metric"] = dict(select_metrics)
+        return {"split_seed": self.split_seed, "training": training, "lora": self.lora.model_dump(),
+                "probe": self.probe.model_dump()}
+
+    def to_yaml(self) -> str:
+        return yaml.safe_dump(self.model_dump(mode="json"), sort_keys=False)
+
+    def trial_template(self) -> dict[str, Any]:
+        """TrialConfig fields shared by every cell (the plan adds the axes, each method's own fields
+        and each dataset's select_metric)."""
+        return {"split_seed": self.split_seed, "data_dir": self.data_dir, **self.training.trial_fields()}
+
+    def method_fields(self, method: str) -> dict[str, Any]:
+        return method_fields(method, self.lora, self.probe)
+
+
+def method_fields(method: str, lora: LoraSpec = LoraSpec(), probe: ProbeSpec = ProbeSpec()) -> dict[str, Any]:
+    """The TrialConfig fields of ``method`` shared by its cells (its axis aside)."""
+    if method == "lora":
+        targets = tuple(lora.targets) if lora.targets else None
+        rate = {"learning_rate": lora.learning_rate} if lora.learning_rate is not None else {}
+        return {"lora_alpha": lora.alpha, "lora_dropout": lora.dropout, "lora_targets": targets, **rate}
+    if method == "probe":
+        return {"probe_pooling": probe.pooling, "probe_folds": probe.folds, "probe_cs": probe.cs}
+    return {}
+
+
+def spec_aliases(raw: Any) -> Any:
+    """Spellings a spec may use: ``models:`` for a list of models, and ``training.method`` (specs
+    written before the methods axis, stored ones included) for ``methods: [that one]``."""
+    if not isinstance(raw, dict):
+        return raw
+    raw = dict(raw)
+    if "models" in raw:
+        if raw.get("model") is not None:
+            raise ValueError("give model or models, not both")
+        raw["model"] = raw.pop("models")
+    training = raw.get("training")
+    if isinstance(training, dict) and "method" in training:
+        raw["training"] = {k: v for k, v in training.items() if k != "method"}
+        raw.setdefault("methods", [training["method"]])
+    return raw
+
+
+def parse(raw: Any) -> tuple[SweepSpec | None, list[str]]:
+    """A parsed YAML mapping as a SweepSpec, and the problems of its shapes and values (the spec is
+    None when there are any). What needs the model, data, store or cluster: orchestrator/checks.py."""
+    if not isinstance(raw, dict):
+        return None, [f"the spec must be a mapping of keys, got {type(raw).__name__}"]
+    try:
+        return SweepSpec.model_validate(raw), []
+    except ValidationError as exc:
+        return None, [_format_pydantic(err) for err in exc.errors()]
+
+
+def read_yaml(path: str | Path, overrides: Mapping[str, Any] | None = None) -> Any:
+    """A spec file's mapping, with ``overrides`` (those not None) on top; SpecError naming the file."""
+    path = Path(path)
+    try:
+        raw = yaml.safe_load(path.read_text())
+    except FileNotFoundError:
+        raise SpecError([f"no such file: {path}"], str(path)) from None
+    except yaml.YAMLError as exc:
+        raise SpecError([f"malformed YAML: {exc}".replace("\n", " ")], str(path)) from None
+    if isinstance(raw, dict) and overrides:
+        raw = {**raw, **{k: v for k, v in overrides.items() if v is not None}}
+    return raw
+
+
+# Rows of a sweep stored before select_metric existed picked their best evaluation by accuracy: the
+# default TrialConfig gives the field for exactly that reason.
+LEGACY_SELECT_METRIC = LATER_FIELDS["select_metric"]
+
+
+# What to do about a stored spec.yaml that cannot be read: ids are content hashes of the cells, so the
+# spec the sweep was launched with, launched again under the same name, finds every row it made.
+DAMAGED_SPEC_HINT = ("relaunch the sweep's original spec file under the same name (`freezesweep launch SPEC`): "
+                     "cell ids are stable, so it continues the sweep and rewrites spec.yaml")
+
+
+def read_stored_spec(text: str, source: str = "spec.yaml") -> dict[str, Any]:
+    """A stored spec.yaml as a mapping. One written before ``select_metric`` existed has no such key;
+    it reads as accuracy (what its rows used), not as the official metric a new spec defaults to, so
+    the sweep resumes with its cell ids unchanged. A damaged one is one SpecError saying what to do."""
+    try:
+        raw = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise SpecError([f"damaged: not YAML ({str(exc).splitlines()[0]}); {DAMAGED_SPEC_HINT}"], source) from None
+    if not isinstance(raw, dict):
+        raise SpecError([f"damaged: not a mapping of keys; {DAMAGED_SPEC_HINT}"], source)
+    training = raw.get("training") or {}
+    if isinstance(training, dict) and "select_metric" not in training:
+        raw = {**raw, "training": {**training, "select_metric": LEGACY_SELECT_METRIC}}
+    return raw
+
+
+def _format_pydantic(err: dict) -> str:
+    where = ".".join(str(p) for p in err["loc"]) or "(top level)"
+    if err["type"] == "extra_forbidden":
+        return f"{where}: unknown key"
+    message = err["msg"].removeprefix("Value error, ")
+    if not err["loc"]:  # a check across keys: its message names them (the input is the whole spec)
+        return message
+    shown = repr(err.get("input"))
+    if len(shown) > _SHOWN_INPUT_CHARS:  # an axis of 100,000 seeds is named, not printed
+        shown = shown[:_SHOWN_INPUT_CHARS] + f"… ({len(shown):,} characters)"
+    return f"{where}: {message} (got {shown})"
+
+
+_SHOWN_INPUT_CHARS = 200

@@ -1,0 +1,83 @@
+"""A sweep as the plan sees it, without running anything: a spec resolved (on this machine, or with
+what a launch measured on the cluster), or the resolved spec a sweep was stored with.
+
+Inspection (status, summary, query, report) needs only this layer: no Ray, no torch.
+"""
+
+from __future__ import annotations
+
+from freezesweep.orchestrator.checks import model_depths, select_metrics, validate
+from freezesweep.orchestrator.local_files import Shipment
+from freezesweep.orchestrator.plan import ResolvedSweep, gpu_request
+from freezesweep.orchestrator.spec import SpecError, SweepSpec, read_stored_spec
+from freezesweep.results.store import ResultStore
+from freezesweep.trials.data import resolve_data_dir
+
+# A stored spec with precision "auto" was written before ids named the resolved precision and before
+# the reference schedule and paired seeds: its rows cannot be continued under the same ids.
+OLD_SWEEP = ("this sweep was made by a freezesweep before 0.2 (other evaluation schedule, seeds and cell ids): "
+             "its rows stay readable, but it cannot be continued; launch the spec under a new sweep name")
+
+
+def resolved(spec: SweepSpec, precision: str, address: str | None = None, shipment: Shipment | None = None,
+             gpus_per_trial: float | None = None, gpu_packing: str | None = None) -> ResolvedSweep:
+    """``spec`` with its precision, each dataset's select metric (stored resolved, so status and report
+    never need the data), the data dir this machine reads (so ``resume`` works without the environment
+    variable) and the models' depths decided; ``gpus_per_trial``: the share ``auto`` measured (the
+    spec keeps ``auto``: a resume on other GPUs measures again)."""
+    local = resolve_data_dir(None)
+    spec = spec.model_copy(update={"data_dir": spec.data_dir or (str(local.resolve()) if local else None)})
+    training = spec.training.model_copy(update={"precision": precision, "select_metric": select_metrics(spec)})
+    return ResolvedSweep(spec.model_copy(update={"training": training}), model_depths(spec), address, shipment,
+                         gpus_per_trial, gpu_packing)
+
+
+def resolve_here(spec: SweepSpec) -> ResolvedSweep:
+    """``spec`` resolved on this machine, without Ray: ``auto`` precision as this machine's CPU or GPU
+    runs it natively (the embedded Ray's trials run here)."""
+    return resolved(spec, precision_here(spec))
+
+
+def resolve_for_plan(spec: SweepSpec) -> tuple[ResolvedSweep, str | None]:
+    """``spec`` resolved for a dry run (no Ray, nothing written): ``auto`` as the stored sweep ran it,
+    else as this machine runs it; GPU trials planned where there is no GPU take bf16 (what GPUs since
+    2020 resolve to), said in the note returned beside the sweep, since cell ids name the precision."""
+    if spec.training.precision != "auto":
+        return resolve_here(spec), None
+    text = ResultStore(spec.store, spec.name).read_spec()
+    stored = (read_stored_spec(text).get("training") or {}).get("precision") if text else None
+    if stored not in (None, "auto"):
+        return resolved(spec, stored), None
+    try:
+        return resolve_here(spec), None
+    except (RuntimeError, AssertionError):  # torch's "no CUDA" for GPU trials planned on a CPU machine
+        return resolved(spec, "bf16"), ("precision auto resolves on the trials' GPUs; planned as bf16 (GPUs of "
+                                        "compute capability 8.0 and later), which fixes the cell ids shown")
+
+
+def precision_here(spec: SweepSpec) -> str:
+    if spec.training.precision != "auto":
+        return spec.training.precision
+    from freezesweep.trials.precision import auto_precision  # torch: deferred, inspection of stored sweeps never needs it
+
+    return auto_precision("cuda" if gpu_request(spec) > 0 else "cpu")
+
+
+def stored_spec(name: str, store_uri: str, semantic: bool = False) -> SweepSpec:
+    """The spec a sweep was launched with, as stored; ``semantic=False`` skips the checks that load
+    the model and data (inspection needs neither)."""
+    text = ResultStore(store_uri, name).read_spec()
+    if text is None:
+        raise SpecError([f"no sweep named {name!r} in store {store_uri!r}"], store_uri)
+    source = f"{store_uri}/{name}/spec.yaml"
+    spec = validate(read_stored_spec(text, source), source, semantic=semantic)
+    if spec.training.precision == "auto":  # stored unresolved: written by a freezesweep before 0.2
+        raise SpecError([OLD_SWEEP], source)
+    return spec
+
+
+def sweep_from_store(name: str, store_uri: str) -> ResolvedSweep:
+    """A stored sweep, resolved as it was launched (its cells are what ``status`` and the report count)."""
+    spec = stored_spec(name, store_uri)
+    training = spec.training.model_copy(update={"select_metric": select_metrics(spec)})  # a legacy one names one metric
+    return ResolvedSweep(spec.model_copy(update={"training": training}), model_depths(spec), address=spec.address)

@@ -1,0 +1,371 @@
+"""The one place where Ray Tune meets a trial (the only user of Ray Tune).
+
+Driver side: ``run_tune`` runs a list of cells as one Tune experiment and hands each cell's outcome to
+the launch (``OutcomeCallback``), so workers never touch the store; ``recover_from_ray`` reads the
+outcomes an earlier launch's Tune recorded but its driver never stored.
+Worker side: ``tune_trainable`` turns Ray's dict into a TrialConfig (unknown keys rejected), points
+it at this node's copies of the files the driver shipped (orchestrator/local_files.py), runs the
+plain-PyTorch trial, reports each evaluation to Tune and finally the whole result as JSON.
+A crash propagates so Ray's FailureConfig retries it; an out-of-memory error does not (it would
+fail again the same way at the same density) and becomes an ``oom`` row at once, after the worker
+has given the memory back; the launch retries such cells once with a larger GPU share.
+
+Every row says where it ran: Ray's node id and IP and the trial's GPU share (gathered here, the one
+place that meets Ray) beside the host and CUDA device the trial saw (trials/placement.py).
+
+Checkpoints (``checkpoint_every_epochs``) are Ray's: each one the trial saves is handed to Tune, which
+copies it to the sweep's Ray storage (orchestrator/ray_storage.py); a retry, on whatever node, starts
+from the latest, and a cell's first attempt from the one an earlier launch left (its driver died); the
+driver deletes them once the trial is over.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import functools
+import json
+import os
+import pickle
+import shutil
+import sys
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import ray
+import transformers
+from ray import cloudpickle, tune
+from ray.tune.search import Searcher
+
+from freezesweep.orchestrator.local_files import Shipment
+from freezesweep.orchestrator.plan import ResolvedSweep
+from freezesweep.orchestrator.ray_storage import RayStorage, drop_checkpoints, latest_checkpoints
+from freezesweep.trials.config import TrialConfig, TrialResult, result_from_dict
+from freezesweep.trials.placement import trials_per_gpu, where
+from freezesweep.trials.precision import trial_device
+from freezesweep.trials.run import failed_result, run_trial_or_oom
+
+# Where each finished or finally failed cell's outcome goes (the launch's row writer), with the number
+# of attempts Ray made.
+OutcomeSink = Callable[[TrialResult, int], None]
+
+CELL_KEY = "cell"  # a trial's config in Tune: the cell's trial_id only (the cells travel once, by id)
+RESULT_KEY = "freezesweep_result"
+PLACEMENT_KEY = "freezesweep_placement"  # in every report, so a trial whose process dies is placed too
+CHECKPOINT_ERROR_KEY = "freezesweep_checkpoint_error"  # Ray's storage refused a checkpoint from this node
+
+
+def trial_config_from_ray(config: dict, cells: dict[str, dict]) -> TrialConfig:
+    """The cell a Tune trial runs: its config names the trial_id, ``cells`` holds each id's fields."""
+    unknown = sorted(set(config) - {CELL_KEY})
+    if unknown:
+        raise ValueError(f"unknown keys in Ray trial config: {', '.join(unknown)}")
+    return TrialConfig.from_dict(cells[config[CELL_KEY]])
+
+
+def tune_trainable(config: dict, cells: dict[str, dict], shipment: Shipment | None = None,
+                   earlier: dict | None = None) -> None:
+    """One Ray trial. ``cells``: the round's cells by trial id (in the object store once, not in each
+    trial's config); ``shipment``: the files the driver shipped; ``earlier``: an earlier launch's last
+    checkpoint of some cells (``tune.Checkpoint`` by trial id)."""
+    transformers.logging.set_verbosity_error()
+    transformers.utils.logging.disable_progress_bar()
+    cfg = trial_config_from_ray(config, cells)
+    local = shipment.place(cfg, fetch=ray.get) if shipment else cfg
+    placement = {**where(trial_device(cfg)), **ray_placement()}
+    placed = json.dumps(placement)
+
+    def on_eval(point) -> None:
+        metrics = {f"val_{name}": value for name, value in point.metrics().items()}
+        tune.report({**metrics, "val_loss": point.loss, "epoch": point.epoch, "step": point.step,
+                     PLACEMENT_KEY: placed})
+
+    with ray_checkpoints(local, placed, (earlier or {}).get(cfg.trial_id)) as (local, on_checkpoint):
+        # an OOM is a row; other errors go to Ray's retries
+        result = run_trial_or_oom(local, on_eval=on_eval, on_checkpoint=on_checkpoint)
+    # The row names the files as the spec does, not this node's temporary copies of them, and no
+    # checkpoint folder (gone with the trial).
+    sent = dataclasses.replace(result.config, dataset_files=cfg.dataset_files, model_dir=cfg.model_dir,
+                               checkpoint_dir=None)
+    result = dataclasses.replace(result, config=sent, placement={**result.placement, **placement})
+    tune.report({"val_score": result.best_val_score or 0.0, RESULT_KEY: json.dumps(result.to_dict(), default=str),
+                 PLACEMENT_KEY: placed})
+
+
+@contextlib.contextmanager
+def ray_checkpoints(cfg: TrialConfig, placed: str,
+                    earlier: tune.Checkpoint | None = None) -> Iterator[tuple[TrialConfig, Callable | None]]:
+    """The trial's config with its checkpoints in a folder on this node, first filled from Ray's
+    latest checkpoint of the trial when this is a retry (the earlier attempt may have run on a node
+    that is gone), else from ``earlier`` (an earlier launch's), and the hook that hands each
+    checkpoint the trial saves to Ray at once."""
+    if not cfg.checkpoint_every_epochs:
+        yield cfg, None
+        return
+    # In Ray's temp folder of the node, named by Ray's id of the trial (unique per run, the same for
+    # its retries): an attempt whose process died leaves its folder behind, and the next attempt
+    # on this node starts by clearing it.
+    context = tune.get_context()
+    folder = (Path(ray.get_runtime_context().get_temp_dir()) / "freezesweep-checkpoints" /
+              f"{context.get_experiment_name()}-{context.get_trial_id()}")
+    shutil.rmtree(folder, ignore_errors=True)
+    folder.mkdir(parents=True)
+    try:
+        fill_from(folder, tune.get_checkpoint() or earlier, placed)
+        yield dataclasses.replace(cfg, checkpoint_dir=str(folder)), RayCheckpoints(str(folder), placed)
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def fill_from(folder: Path, latest: tune.Checkpoint | None, placed: str) -> None:
+    """The folder filled from the checkpoint; one this node cannot read (a local store on another
+    machine, storage down) leaves it empty: the trial starts over, which costs time, never the row."""
+    if latest is None:
+        return
+    try:
+        latest.to_directory(str(folder))
+    except Exception as exc:
+        shutil.rmtree(folder, ignore_errors=True)
+        folder.mkdir(parents=True)
+        tune.report({PLACEMENT_KEY: placed, CHECKPOINT_ERROR_KEY: f"reading {latest.path}: {type(exc).__name__}: {exc}"[:500]})
+
+
+class RayCheckpoints:
+    """Hands the folder to Ray after each save (Tune copies it to its storage before returning). When
+    Ray's storage cannot be written from this node (a local store on a machine of its own), the trial
+    runs on without checkpoints rather than failing: they only save work, the row is the same. The
+    driver is told, once (OutcomeCallback). A node that has saved one already met a passing failure
+    (storage briefly unreachable): it tries again at the next checkpoint."""
+
+    def __init__(self, folder: str, placed: str):
+        self.folder, self.placed, self.saved, self.refused = folder, placed, 0, False
+
+    def __call__(self, path) -> None:
+        if self.refused:
+            return
+        try:
+            tune.report({PLACEMENT_KEY: self.placed}, checkpoint=tune.Checkpoint.from_directory(self.folder))
+            self.saved += 1
+        except Exception as exc:  # raised while copying to storage, before anything was reported
+            self.refused = self.saved == 0
+            error = f"saving: {type(exc).__name__}: {exc}"[:500]
+            tune.report({PLACEMENT_KEY: self.placed, CHECKPOINT_ERROR_KEY: error})
+
+
+def ray_placement() -> dict[str, Any]:
+    """What Ray knows of this trial's place: its node (ids are unique per node even when several
+    nodes share a host), the node's IP, and the GPU share the trial was scheduled with (0 on CPU
+    trials) with the number of trials that share packs on one GPU."""
+    context = ray.get_runtime_context()
+    share = float(context.get_assigned_resources().get("GPU", 0.0))
+    return {"node_id": context.get_node_id(), "node_ip": ray.util.get_node_ip_address(),
+            "gpus_per_trial": share, "trials_per_gpu": trials_per_gpu(share)}
+
+
+class OutcomeCallback(tune.Callback):
+    """Driver-side: hand each finished or finally-failed Ray trial's outcome to the sink (the launch
+    writes it as the cell's row).
+    ``stop_if``: called at every step of Tune's loop; what it raises ends the run (the sweep's lock
+    lost to another driver: no trial keeps running for rows that could not be written).
+    ``trial_over``: called with the trial id of each trial that is over (its checkpoints deleted)."""
+
+    _stop_if: Callable[[], None] | None = None  # also for instances unpickled from an older tuner.pkl
+    _trial_over: Callable[[str], None] | None = None
+    _told_checkpoint_error = False
+
+    def __init__(self, write: OutcomeSink, cells: dict[str, dict], stop_if: Callable[[], None] | None = None,
+                 trial_over: Callable[[str], None] | None = None):
+        self._write, self._cells, self._stop_if, self._trial_over = write, cells, stop_if, trial_over
+
+    def __getstate__(self) -> dict:
+        # Tune pickles its run config into tuner.pkl; the live sink (store, progress bar) stays out.
+        return {"_write": None, "_cells": {}, "_stop_if": None, "_trial_over": None}
+
+    def on_step_begin(self, iteration, trials, **info):
+        if self._stop_if is not None:
+            self._stop_if()  # raised out of Tuner.fit: Tune stops its trials (TuneController.step)
+
+    def _sink(self, outcome: TrialResult, attempts: int) -> None:
+        if self._write is not None:
+            self._write(outcome, attempts)
+
+    def on_trial_result(self, iteration, trials, trial, result, **info):
+        if RESULT_KEY in result:
+            outcome = result_from_dict(json.loads(result[RESULT_KEY]))
+            self._sink(outcome, trial.num_failures + 1)
+        if CHECKPOINT_ERROR_KEY in result and not self._told_checkpoint_error:
+            self._told_checkpoint_error = True
+            where = json.loads(result.get(PLACEMENT_KEY, "{}")).get("node_ip", "a node")
+            print(f"warning: trials on {where} cannot use checkpoints in Ray's storage "
+                  f"({result[CHECKPOINT_ERROR_KEY]}); they run on, resuming only from checkpoints that were saved",
+                  file=sys.stderr)
+
+    def _over(self, trial) -> None:
+        if self._trial_over is not None:
+            self._trial_over(trial.config[CELL_KEY])
+
+    def on_trial_complete(self, iteration, trials, trial, **info):
+        self._over(trial)
+
+    def on_trial_error(self, iteration, trials, trial, **info):
+        cfg = trial_config_from_ray(trial.config, self._cells)
+        error, trace = _trial_error(trial)
+        placement = last_placement(trial.last_result or {})
+        self._sink(failed_result(cfg, error, trace=trace, placement=placement), trial.num_failures)
+        self._over(trial)  # Ray's retries are spent: a later launch starts the cell afresh
+
+
+def last_placement(last: dict) -> dict[str, Any]:
+    """Where a failed trial last reported from: our placement, else the host and IP Ray adds to every
+    result; nothing when it died before its first report."""
+    if PLACEMENT_KEY in last:
+        return json.loads(last[PLACEMENT_KEY])
+    return {key: last[key] for key in ("hostname", "node_ip") if last.get(key)}
+
+
+def _trial_error(trial) -> tuple[BaseException, str | None]:
+    """The trial's own exception (unwrapped from Ray's) and Ray's text traceback of it. Read from
+    the trial's local files, which Ray writes before calling back (its storage copy syncs later)."""
+    error: object = None
+    text: str | None = None
+    try:
+        if trial.pickled_error_file and os.path.exists(trial.pickled_error_file):
+            with open(trial.pickled_error_file, "rb") as f:
+                error = cloudpickle.load(f)
+        if trial.error_file and os.path.exists(trial.error_file):
+            with open(trial.error_file) as f:
+                text = f.read()
+    except Exception as exc:  # the error files themselves unreadable: still a failed row
+        return exc, text
+    cause = getattr(error, "cause", None)  # RayTaskError wraps the trial's own exception
+    if isinstance(cause, BaseException):
+        error = cause
+    if not isinstance(error, BaseException):
+        error = RuntimeError(text.strip().splitlines()[-1] if text else "trial failed (no error recorded by Ray)")
+    return error, text
+
+
+# --- driver side: one Tune experiment over a list of cells -----------------------------------------
+class CellSearcher(Searcher):
+    """Hands Tune the cells one at a time through Tune's extension point for where trials come from
+    (``ray.tune.search.Searcher``), so the driver's work per trial does not grow with the number of
+    cells: one ``grid_search`` over the cells made Tune deep-copy the whole list for every trial it
+    generated (ray/tune/search/variant_generator.py, ``_grid_search_generator``)."""
+
+    def __init__(self, cells: list[TrialConfig]):
+        super().__init__()
+        self._ids, self._next = [c.trial_id for c in cells], 0
+
+    def suggest(self, trial_id: str) -> dict | str | None:
+        if self._next >= len(self._ids):
+            return Searcher.FINISHED
+        self._next += 1
+        return {CELL_KEY: self._ids[self._next - 1]}
+
+    def on_trial_complete(self, trial_id: str, result: dict | None = None, error: bool = False) -> None:
+        """Outcomes reach the store through OutcomeCallback; the next cell does not depend on them."""
+
+    def save(self, checkpoint_path: str) -> None:
+        """Tune's snapshots keep the position only: the store, not Ray's state, says what is left."""
+        with open(checkpoint_path, "wb") as f:
+            pickle.dump({"next": self._next}, f)
+
+    def restore(self, checkpoint_path: str) -> None:
+        with open(checkpoint_path, "rb") as f:
+            self._next = pickle.load(f)["next"]
+
+
+MAX_PENDING_TRIALS = 200  # a user's TUNE_MAX_PENDING_TRIALS_PG (e.g. 1.1 × CPUs of a larger cluster) wins
+
+
+def run_tune(sweep: ResolvedSweep, cells: list[TrialConfig], storage: RayStorage, on_outcome: OutcomeSink,
+             experiment: str, stop_if: Callable[[], None] | None = None, trainable: Callable = None) -> None:
+    """Run ``cells`` as the Tune experiment ``experiment`` in ``storage`` (Ray connected), each outcome
+    to ``on_outcome``. ``stop_if`` is called at every step of Tune's loop: what it raises ends the run.
+    ``trainable``: what a trial runs (``tune_trainable``; benchmarks/scale.py measures Tune alone with
+    an instant one)."""
+    os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")  # with verbose=0: no Tune tables; our bar reports
+    # Tune's own per-trial CSV, JSON and TensorBoard files: nothing here reads them (rows are the store's).
+    os.environ.setdefault("TUNE_DISABLE_AUTO_CALLBACK_LOGGERS", "1")
+    # Trials Tune keeps waiting for a place at once. Its "auto" gives a custom Searcher one, so each
+    # trial waited for the one before it to start: a cluster filled one worker start-up at a time and
+    # short trials all ran on the first node (ray/tune/execution/tune_controller.py,
+    # _get_max_pending_trials). Grid search's own default instead: max(200, 1.1 × the cluster's CPUs).
+    os.environ.setdefault("TUNE_MAX_PENDING_TRIALS_PG", str(MAX_PENDING_TRIALS))
+    resources = sweep.spec.resources
+    checkpoints = bool(sweep.spec.training.checkpoint_every_epochs)
+    # An earlier launch's driver died while some of these cells ran: each starts from its last checkpoint.
+    earlier = checkpoints_to_resume(storage, experiment, {c.trial_id for c in cells}) if checkpoints else {}
+    outcomes: set[str] = set()
+    by_id = {c.trial_id: c.to_dict() for c in cells}
+
+    def sink(result: TrialResult, attempts: int) -> None:
+        on_outcome(result, attempts)
+        outcomes.add(result.trial_id)
+
+    tuner = tune.Tuner(
+        # with_parameters: what every trial may need goes to the object store once, not into each one's config
+        tune.with_resources(tune.with_parameters(trainable or tune_trainable, cells=by_id, shipment=sweep.shipment,
+                                                 earlier=earlier),
+                            {"cpu": resources.cpus_per_trial, "gpu": sweep.gpu_share}),
+        tune_config=tune.TuneConfig(
+            search_alg=CellSearcher(cells),
+            num_samples=len(cells),
+            max_concurrent_trials=resources.max_concurrent_trials,
+            reuse_actors=True,  # one worker process runs many trials: imports, tokenizer and token cache stay warm
+            trial_dirname_creator=lambda trial: trial.config[CELL_KEY],
+        ),
+        run_config=tune.RunConfig(
+            name=experiment,
+            storage_path=storage.path,
+            storage_filesystem=storage.filesystem,
+            # A trial whose process or node dies is run again, from its last checkpoint when it has one
+            # (ray_checkpoints above); only the latest is kept, and none once the trial is over.
+            failure_config=tune.FailureConfig(max_failures=resources.max_failures),
+            checkpoint_config=tune.CheckpointConfig(num_to_keep=1),
+            callbacks=[OutcomeCallback(sink, by_id, stop_if, trial_over=functools.partial(drop_checkpoints, storage, experiment)
+                                       if checkpoints else None)],
+            verbose=0,
+        ),
+    )
+    try:
+        tuner.fit()
+    except OSError as exc:
+        # Once the trials are over Ray reads its experiment state back (a result grid the launch does
+        # not use): a remote store gone by then fails that read, though every outcome has reached the
+        # spool already. The launch's flush then says what is kept where, as it does for rows.
+        # Any other OSError (storage unreachable from the start, a spool write failing) propagates.
+        if not (storage.shared and {c.trial_id for c in cells} <= outcomes):
+            raise
+        print(f"warning: Ray could not read its state back from {storage.path} after the last trial ({exc}); "
+              "every trial's outcome is kept", file=sys.stderr)
+
+
+def checkpoints_to_resume(storage: RayStorage, experiment: str, trial_ids: set[str]) -> dict[str, tune.Checkpoint]:
+    """The latest checkpoint an earlier launch's Ray kept of each of these cells, by trial id."""
+    return {trial: tune.Checkpoint(folder, filesystem=storage.fs)
+            for trial, folder in latest_checkpoints(storage, experiment, trial_ids).items()}
+
+
+def recover_from_ray(storage: RayStorage, experiment: str, done: set[str]) -> list[TrialResult]:
+    """The ok outcomes the experiment's state (an earlier launch's Tune) holds of cells not in ``done``
+    (the store's final rows): the driver died between Ray's record and the store's row. Ray's state is
+    an optimisation only: any problem reading it (absent, corrupt, another Ray version) just means
+    those cells run again."""
+    path = f"{storage.path}/{experiment}"
+    found: list[TrialResult] = []
+    try:
+        if not tune.Tuner.can_restore(path, storage_filesystem=storage.filesystem):
+            return found
+        restored = tune.Tuner.restore(path, trainable=tune_trainable, storage_filesystem=storage.filesystem)
+        for trial in restored.get_results():
+            payload = (trial.metrics or {}).get(RESULT_KEY)
+            result = result_from_dict(json.loads(payload)) if payload else None
+            if result is not None and result.status == "ok" and result.trial_id not in done:
+                # State written before rows were placed has no placement in the result: Ray's host and IP.
+                placement = {**last_placement(trial.metrics), **result.placement}
+                found.append(dataclasses.replace(result, placement=placement))
+    except Exception:
+        return found
+    return found

@@ -1,0 +1,447 @@
+"""Datasets by name: GLUE tasks from local Parquet files or the Hugging Face hub, or any local file pair.
+
+Names:
+- ``glue/<task>`` (sst2, cola, rte, mrpc, stsb, qnli, mnli, qqp): ``<data_dir>/<task>/{train,validation}.parquet``
+  when a data dir is named (``data_dir`` from the config or ``FREEZESWEEP_DATA_DIR``), else
+  ``load_dataset("glue", task)`` (MNLI: its matched validation split). A named data dir without the
+  task is an error naming the folder, never a reason to go to the hub: the rows would come from
+  other data under the same trial_id. Each task knows its text columns, its shape and its official
+  metrics (``GLUE_TASKS``).
+- a local folder holding ``train.<ext>`` and ``validation.<ext>`` with ext in parquet, csv, tsv,
+  json, jsonl, or an explicit pair ``TRAIN_FILE,VALIDATION_FILE`` of such files;
+  ``text_column``/``text_pair_column``/``label_column`` name the columns (default ``sentence``/none/
+  ``label``). A local file whose train labels are floats is a regression task (one output, MSE);
+  any other label is a class (string labels are mapped to ids in sorted order).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import hashlib
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from freezesweep.trials.metrics import REGRESSION_METRICS, compute_metrics, describe_shape, task_metrics
+from freezesweep.trials.worker import WorkerState, process_worker
+
+DATA_DIR_ENV = "FREEZESWEEP_DATA_DIR"
+CACHE_DIR_ENV = "FREEZESWEEP_CACHE_DIR"
+SPLITS = ("train", "validation")
+_EXTENSIONS = ("parquet", "csv", "tsv", "jsonl", "json")
+
+
+@dataclass(frozen=True)
+class GlueTask:
+    text_column: str
+    text_pair_column: str | None  # None: a single-sentence task
+    num_labels: int  # 1: regression
+    official_metrics: tuple[str, ...]  # GLUE's; the first picks the best evaluation unless the spec says otherwise
+    validation_split: str = "validation"  # the hub's name of it
+
+
+GLUE_TASKS = {
+    "sst2": GlueTask("sentence", None, 2, ("accuracy",)),
+    "cola": GlueTask("sentence", None, 2, ("matthews",)),
+    "rte": GlueTask("sentence1", "sentence2", 2, ("accuracy",)),
+    "mrpc": GlueTask("sentence1", "sentence2", 2, ("f1", "accuracy")),
+    "stsb": GlueTask("sentence1", "sentence2", 1, REGRESSION_METRICS),
+    "qnli": GlueTask("question", "sentence", 2, ("accuracy",)),
+    "mnli": GlueTask("premise", "hypothesis", 3, ("accuracy",), "validation_matched"),
+    "qqp": GlueTask("question1", "question2", 2, ("f1", "accuracy")),
+}
+
+
+GLUE_PAIR_TASKS = frozenset(name for name, task in GLUE_TASKS.items() if task.text_pair_column)
+
+
+class DatasetError(ValueError):
+    """``problems``: each problem on its own, where there are several (spec validation lists them)."""
+
+    def __init__(self, message: str, problems: list[str] | None = None):
+        super().__init__(message)
+        self.problems = problems or []
+
+
+@dataclass(frozen=True)
+class Columns:
+    text: str
+    pair: str | None
+    label: str
+
+    def named(self) -> dict[str, str]:
+        """role → column, for the columns in use (errors name the spec key to change)."""
+        roles = {"text_column": self.text, "text_pair_column": self.pair, "label_column": self.label}
+        return {role: column for role, column in roles.items() if column}
+
+
+@dataclass(frozen=True)
+class Split:
+    name: str
+    texts: tuple[str, ...]
+    labels: np.ndarray  # int64 class ids 0..num_labels-1, or float32 scores (regression)
+    pairs: tuple[str, ...] | None = None  # each row's second text (sentence-pair tasks)
+
+    @functools.cached_property
+    def digest(self) -> str:
+        """Content hash: the tokenization cache key must change when the rows change."""
+        h = hashlib.sha256()
+        for text in self.texts:
+            h.update(text.encode())
+            h.update(b"\0")
+        for text in self.pairs or ():  # absent for single sentences: their digests are as before
+            h.update(text.encode())
+            h.update(b"\1")
+        if self.labels.dtype.kind == "f":
+            h.update(self.labels.astype(np.float64).tobytes())
+        else:
+            h.update(self.labels.astype(np.int64).tobytes())
+        return h.hexdigest()[:16]
+
+    def __len__(self) -> int:
+        return len(self.texts)
+
+
+@dataclass(frozen=True)
+class TaskData:
+    dataset: str
+    train: Split
+    validation: Split
+    num_labels: int  # the model's outputs: 1 for regression
+    regression: bool = False
+    official_metrics: tuple[str, ...] = ("accuracy",)
+    dropped: dict[str, int] = dataclasses.field(default_factory=dict)  # rows dropped per split (empty texts)
+
+    @property
+    def metrics(self) -> tuple[str, ...]:
+        return task_metrics(self.regression, self.num_labels)
+
+    @property
+    def majority_baseline(self) -> float | None:
+        """Accuracy of always predicting the most frequent validation label (None for regression)."""
+        return None if self.regression else self.baseline_metrics["accuracy"]
+
+    @functools.cached_property
+    def baseline_metrics(self) -> dict[str, float]:
+        """Every metric of a constant prediction on the validation split: the majority class (the
+        majority baseline) for classification; the train labels' mean for regression (its
+        correlations are 0.0 by definition, see trials/metrics.py)."""
+        if self.regression:
+            constant = float(self.train.labels.astype(np.float64).mean())
+        else:
+            constant = int(np.argmax(np.bincount(self.validation.labels, minlength=self.num_labels)))
+        predictions = np.full(len(self.validation), constant)
+        return compute_metrics(predictions, self.validation.labels, self.regression, self.num_labels)
+
+
+@dataclass(frozen=True)
+class TaskShape:
+    """What spec validation needs to know of a dataset, read as cheaply as its files allow."""
+
+    rows: dict[str, int]
+    regression: bool
+    num_labels: int
+    official_metrics: tuple[str, ...]
+    dropped: dict[str, int] = dataclasses.field(default_factory=dict)  # rows dropped per split (empty texts)
+
+    @property
+    def metrics(self) -> tuple[str, ...]:
+        return task_metrics(self.regression, self.num_labels)
+
+
+def resolve_data_dir(data_dir: str | None) -> Path | None:
+    value = data_dir or os.environ.get(DATA_DIR_ENV)
+    return Path(value).expanduser() if value else None
+
+
+def resolve_cache_dir(cache_dir: str | None) -> Path:
+    """Where token caches, spools and remote stores' local state live."""
+    value = cache_dir or os.environ.get(CACHE_DIR_ENV) or Path.home() / ".cache" / "freezesweep"
+    return Path(value).expanduser()
+
+
+def glue_task(dataset: str) -> GlueTask | None:
+    """The GLUE task a ``glue/<task>`` name means (None for local files); unknown tasks are errors."""
+    if not dataset.startswith("glue/"):
+        return None
+    task = dataset.split("/", 1)[1]
+    if task not in GLUE_TASKS:
+        raise DatasetError(f"unknown GLUE task {task!r}; known: {', '.join(sorted(GLUE_TASKS))}")
+    return GLUE_TASKS[task]
+
+
+def task_columns(dataset: str, text_column: str | None = None, label_column: str | None = None,
+                 text_pair_column: str | None = None) -> Columns:
+    """The columns a trial reads: the given ones, else the GLUE task's, else sentence / none / label."""
+    glue = glue_task(dataset)
+    return Columns(text=text_column or (glue.text_column if glue else "sentence"),
+                   pair=text_pair_column or (glue.text_pair_column if glue else None),
+                   label=label_column or "label")
+
+
+def load_task(dataset: str, data_dir: str | None = None, text_column: str | None = None,
+              label_column: str | None = None, text_pair_column: str | None = None,
+              files: tuple[str, str] | None = None, empty_texts: str = "refuse",
+              worker: WorkerState | None = None) -> TaskData:
+    """``files``: the (train, validation) files to read, where this node holds them (the driver
+    shipped them); None: the ones ``dataset`` and ``data_dir`` name (``split_files``). Every row is
+    checked first (``data_problems``); ``empty_texts``: ``refuse`` rows with an empty or missing
+    text (an error naming them), or ``drop`` them (``TaskData.dropped`` counts them)."""
+    columns = task_columns(dataset, text_column, label_column, text_pair_column)
+    key = (dataset, resolve_data_dir(data_dir), columns, tuple(files) if files else None, empty_texts)
+    tasks = (worker or process_worker()).tasks  # a reused Ray worker loads a dataset once, not once per trial
+    task = tasks.fresh(key)
+    if task is None:
+        task = _load_task(*key)
+        tasks.put(key, task)
+    return task
+
+
+def _load_task(dataset: str, data_dir: Path | None, columns: Columns, files: tuple[str, str] | None,
+               empty_texts: str) -> TaskData:
+    paths = dict(zip(SPLITS, map(Path, files))) if files else split_files(dataset, data_dir)
+    frames = _load_from_hub(dataset) if paths is None else {s: _read_file(f) for s, f in paths.items()}
+    problems = _column_problems({s: list(map(str, df.columns)) for s, df in frames.items()}, columns)
+    if problems:
+        if all(columns.label in df for df in frames.values()):  # the labels' shape, told in the same error
+            problems += _label_shape(dataset, columns.label, {s: pd.api.types.is_float_dtype(df[columns.label])
+                                                              for s, df in frames.items()})[1]
+        raise DatasetError(f"dataset {dataset!r}: " + "; ".join(problems), problems)
+    where = {s: str(paths[s]) if paths else f"{dataset} {s} split (the hub)" for s in frames}
+    frames, dropped, problems = _texts(frames, columns, where, empty_texts)
+    labels = {s: _label_values(df[columns.label]) for s, df in frames.items()}
+    regression, shape_problems = _label_shape(dataset, columns.label,
+                                              {s: pd.api.types.is_float_dtype(v) for s, v in labels.items()})
+    problems += shape_problems or _label_problems(labels, columns.label, where, regression)
+    if problems:
+        raise DatasetError(f"dataset {dataset!r}: " + "; ".join(problems), problems)
+    encoded = _encode_labels(labels, regression)
+    splits = {
+        name: Split(name=name, texts=tuple(df[columns.text]), labels=encoded[name],
+                    pairs=tuple(df[columns.pair]) if columns.pair else None)
+        for name, df in frames.items()
+    }
+    num_labels = 1 if regression else len(set(encoded["train"]) | set(encoded["validation"]))
+    return TaskData(dataset, splits["train"], splits["validation"], num_labels=num_labels, regression=regression,
+                    official_metrics=_official_metrics(dataset, regression), dropped=dropped)
+
+
+# --- the rows checked before any trial: each problem names the file, the column, the rows, the count ----
+SHOWN_ROWS = 5
+
+
+def _rows_words(where: str, positions: np.ndarray) -> str:
+    """The first rows at ``positions`` (0-based data rows) as the file numbers them: a CSV or TSV file's
+    lines (its header is line 1), else 0-based rows; then how many there are."""
+    lines = where.endswith((".csv", ".tsv"))
+    shown = ", ".join(str(int(p) + 2 if lines else int(p)) for p in positions[:SHOWN_ROWS])
+    more = f", … ({len(positions)} in all)" if len(positions) > SHOWN_ROWS else ""
+    return f"{'lines' if lines else 'rows (0-based)'} {shown}{more}"
+
+
+def _blank(series: pd.Series) -> np.ndarray:
+    """Missing (null, NaN) or empty (only whitespace) cells."""
+    text = series.astype("string")
+    return (series.isna() | text.str.strip().eq("")).to_numpy(dtype=bool)
+
+
+def _texts(frames: dict[str, pd.DataFrame], columns: Columns, where: dict[str, str],
+           empty_texts: str) -> tuple[dict[str, pd.DataFrame], dict[str, int], list[str]]:
+    """Rows whose text (or second text) is empty or missing: problems, or dropped and counted. The
+    texts that stay are strings (a number in a CSV text column is its text, never ``None``)."""
+    kept, dropped, problems = {}, {}, []
+    for split, df in frames.items():
+        text_columns = [c for c in (columns.text, columns.pair) if c]
+        blank = {c: _blank(df[c]) for c in text_columns}
+        if empty_texts == "drop":
+            keep = ~np.logical_or.reduce(list(blank.values()))
+            df, dropped[split] = df[keep].reset_index(drop=True), int((~keep).sum())
+        else:
+            problems += [f"{where[split]}: column {column!r} has {int(mask.sum())} empty or missing text(s), "
+                         f"{_rows_words(where[split], np.flatnonzero(mask))} (training.empty_texts: drop drops "
+                         "such rows)" for column, mask in blank.items() if mask.any()]
+        kept[split] = df.assign(**{c: df[c].astype(str) for c in text_columns})
+    return kept, dropped, problems
+
+
+def _label_values(series: pd.Series) -> pd.Series:
+    """Labels as one type: numbers where every present value reads as one (a CSV column with an empty
+    cell comes back as strings), else strings. Missing ones stay missing (NaN / None)."""
+    if pd.api.types.is_numeric_dtype(series) or pd.api.types.is_bool_dtype(series):
+        return series
+    blank = _blank(series)
+    numbers = pd.to_numeric(series[~blank], errors="coerce")
+    if numbers.notna().all():
+        values = pd.to_numeric(series.where(~blank), errors="coerce")
+        # whole numbers with a gap are classes, not scores: the gap alone made them floats
+        return values.astype("Int64") if (numbers == numbers.round()).all() else values
+    return series.where(~blank).map(lambda v: v if v is None or v != v else str(v))
+
+
+def _label_problems(labels: dict[str, pd.Series], column: str, where: dict[str, str], regression: bool) -> list[str]:
+    """Missing or non-finite labels; for classes, labels of validation that train never has, and
+    fewer than two classes in train."""
+    problems = []
+    for split, values in labels.items():
+        bad = values.isna().to_numpy()
+        if pd.api.types.is_numeric_dtype(values):
+            bad = bad | ~np.isfinite(values.to_numpy(dtype=float, na_value=np.nan))
+        if bad.any():
+            what = "missing or non-finite score(s)" if regression else "missing or non-finite label(s)"
+            problems.append(f"{where[split]}: column {column!r} has {int(bad.sum())} {what}, "
+                            f"{_rows_words(where[split], np.flatnonzero(bad))}")
+    if regression or problems:
+        return problems
+    train = set(labels["train"])
+    unseen = ~labels["validation"].isin(train).to_numpy()
+    if unseen.any():
+        names = sorted(set(labels["validation"][unseen]), key=str)
+        problems.append(f"{where['validation']}: column {column!r} holds label(s) {names} that the train split never "
+                        f"has, {_rows_words(where['validation'], np.flatnonzero(unseen))}")
+    if len(train) < 2:
+        problems.append(f"{where['train']}: column {column!r} has {len(train)} class(es) ({sorted(train, key=str)}): "
+                        "a classifier needs at least two")
+    return problems
+
+
+def _column_problems(split_columns: dict[str, list[str]], columns: Columns) -> list[str]:
+    """One problem per missing column, naming the splits that lack it and the spec key that names it."""
+    problems = []
+    for role, column in columns.named().items():
+        lacking = [split for split, names in split_columns.items() if column not in names]
+        if lacking:
+            names = split_columns[lacking[0]]
+            problems.append(f"no column {column!r} ({role}) in the {' and '.join(lacking)} split "
+                            f"(columns: {', '.join(names)})")
+    return problems
+
+
+def _label_shape(dataset: str, label_column: str, float_labels: dict[str, bool]) -> tuple[bool, list[str]]:
+    """(regression?, problems): a GLUE task's shape is known; a local file is a regression task
+    when its train labels are floats. Float labels on a classification task are an error."""
+    glue = glue_task(dataset)
+    regression = glue.num_labels == 1 if glue else float_labels["train"]
+    floats = [split for split, is_float in float_labels.items() if is_float]
+    if regression or not floats:
+        return regression, []
+    why = "" if glue else " (a local dataset is a regression task only when its train labels are floats)"
+    return regression, [f"label column {label_column!r} holds floats in the {' and '.join(floats)} split, but "
+                        f"{dataset} is a classification task{why}"]
+
+
+def _encode_labels(labels: dict[str, pd.Series], regression: bool) -> dict[str, np.ndarray]:
+    if regression:
+        return {split: series.to_numpy(dtype=np.float32) for split, series in labels.items()}
+    values = sorted(set(labels["train"]) | set(labels["validation"]))
+    index = {value: i for i, value in enumerate(values)}
+    return {split: np.asarray([index[v] for v in series], dtype=np.int64) for split, series in labels.items()}
+
+
+def _official_metrics(dataset: str, regression: bool) -> tuple[str, ...]:
+    glue = glue_task(dataset)
+    if glue is not None:
+        return glue.official_metrics
+    return REGRESSION_METRICS if regression else ("accuracy",)
+
+
+def official_metric(dataset: str, data_dir: str | None = None, text_column: str | None = None,
+                    label_column: str | None = None, text_pair_column: str | None = None,
+                    empty_texts: str = "refuse") -> str:
+    """The metric that picks a trial's best evaluation unless the spec names one: GLUE's official
+    one (no data read), else accuracy, or Pearson for a regression file (its labels are read)."""
+    glue = glue_task(dataset)
+    if glue is not None:
+        return glue.official_metrics[0]
+    shape = describe_task(dataset, data_dir, text_column, label_column, text_pair_column, empty_texts)
+    return shape.official_metrics[0]
+
+
+def split_files(dataset: str, data_dir: str | Path | None = None) -> dict[str, Path] | None:
+    """The train and validation files ``dataset`` is read from on this machine, or None for a GLUE
+    task with no data dir (config or ``FREEZESWEEP_DATA_DIR``): the hub. A local path that is named
+    but missing raises DatasetError naming it: it never falls back to the hub."""
+    glue = glue_task(dataset)
+    if glue is not None:
+        root = resolve_data_dir(str(data_dir) if data_dir else None)
+        if root is None:
+            return None
+        folder = root / dataset.split("/", 1)[1]
+        if not folder.is_dir():
+            raise DatasetError(f"{dataset}: no folder {folder} in data_dir {root} (a named data dir is never "
+                               f"replaced by the hub: add the task there, or name no data_dir and no {DATA_DIR_ENV} "
+                               "to read GLUE from the hub)")
+        return _glue_files(folder, glue)
+    if "," in dataset:
+        files = [Path(p.strip()).expanduser() for p in dataset.split(",")]
+        missing = [str(f) for f in files if not f.is_file()]
+        if len(files) != 2 or missing or any(f.suffix.lstrip(".") not in _EXTENSIONS for f in files):
+            raise DatasetError(f"dataset {dataset!r}: expected TRAIN_FILE,VALIDATION_FILE, two existing "
+                               f"{'/'.join(_EXTENSIONS)} files" + (f" (missing: {', '.join(missing)})" if missing else ""))
+        return dict(zip(SPLITS, files))
+    folder = Path(dataset).expanduser()
+    if folder.is_dir():
+        return {s: _find_split_file(folder, s) for s in SPLITS}
+    raise DatasetError(
+        f"unknown dataset {dataset!r}: use glue/<task> ({', '.join(sorted(GLUE_TASKS))}) or a folder "
+        f"holding train and validation files ({', '.join(_EXTENSIONS)})"
+    )
+
+
+def _glue_files(folder: Path, glue: GlueTask) -> dict[str, Path]:
+    """A local GLUE copy: ``validation.*``, or the hub's split name (MNLI's ``validation_matched.*``)."""
+    names = dict.fromkeys((glue.validation_split, "validation"))
+    for name in names:
+        if any((folder / f"{name}.{ext}").is_file() for ext in _EXTENSIONS):
+            return {"train": _find_split_file(folder, "train"), "validation": _find_split_file(folder, name)}
+    return {s: _find_split_file(folder, s) for s in SPLITS}  # raises, naming what is missing
+
+
+def _find_split_file(folder: Path, split: str) -> Path:
+    for ext in _EXTENSIONS:
+        path = folder / f"{split}.{ext}"
+        if path.is_file():
+            return path
+    raise DatasetError(f"no {split}.{{{','.join(_EXTENSIONS)}}} in {folder}")
+
+
+def _read_file(path: Path) -> pd.DataFrame:
+    suffix = path.suffix.lstrip(".")
+    if suffix == "parquet":
+        return pd.read_parquet(path)
+    if suffix in ("csv", "tsv"):
+        return pd.read_csv(path, sep="\t" if suffix == "tsv" else ",", keep_default_na=False)
+    return pd.read_json(path, lines=suffix == "jsonl")
+
+
+def _load_from_hub(dataset: str) -> dict[str, pd.DataFrame]:
+    glue, task = glue_task(dataset), dataset.split("/", 1)[1]
+    try:
+        import datasets
+
+        ds = datasets.load_dataset("glue", task)
+    except Exception as exc:  # offline, hub down, ...: say where local files would be looked for
+        raise DatasetError(
+            f"glue/{task}: no data dir named (set data_dir or {DATA_DIR_ENV} to a folder holding "
+            f"{task}/train.parquet and {task}/validation.parquet) and the hub failed: {exc}"
+        ) from exc
+    return {"train": ds["train"].to_pandas(), "validation": ds[glue.validation_split].to_pandas()}
+
+
+def describe_task(dataset: str, data_dir: str | None = None, text_column: str | None = None,
+                  label_column: str | None = None, text_pair_column: str | None = None,
+                  empty_texts: str = "refuse") -> TaskShape:
+    """Rows per split and the task's shape; raises DatasetError naming every problem (missing
+    columns, float labels on a classification task, every row ``load_task`` refuses). Spec validation
+    runs it per dataset: the rows are read and checked once, before any trial."""
+    task = load_task(dataset, data_dir, text_column, label_column, text_pair_column, empty_texts=empty_texts)
+    return TaskShape({"train": len(task.train), "validation": len(task.validation)}, task.regression,
+                     task.num_labels, task.official_metrics, task.dropped)
+
+
+def shape_words(shape: TaskShape) -> str:
+    """E.g. "a regression task: pearson, spearman" (what fits it), for errors."""
+    return f"{describe_shape(shape.regression, shape.num_labels)}: {', '.join(shape.metrics)}"

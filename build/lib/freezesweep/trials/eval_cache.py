@@ -1,0 +1,172 @@
+"""Exact evaluation cache: the validation set's hidden states after the frozen prefix.
+
+In evaluation every frozen layer runs in eval mode (no dropout) on the same inputs with the same,
+pretrained weights, so for a given (model, validation rows, batching, precision, device) the hidden
+states entering layer k are the same in every trial that freezes k layers, at every evaluation. They
+are computed once per worker process and reused: an evaluation then runs only the embeddings (cheap),
+layers k+1..L and the head. The states after layer j also serve every k > j: a miss at k starts from
+the deepest cached j < k and runs only layers j+1..k (and never the layers above k): met in ascending
+order, a grid's prefixes cost one pass of the pretrained model over the validation set per worker.
+Each entry is checked once against the full model on the first batch; an entry that differs by a
+single bit (e.g. an architecture whose encoder does not simply loop over its layers) is dropped and
+its trials evaluate the full model.
+
+How: the encoder's ``ModuleList`` of layers is swapped, for the duration of an evaluation, for
+``[injector, layer_k+1, …, layer_L]``; the injector ignores the hidden states it is given and returns
+the cached ones for the current batch. Attention masks and everything else stay the model's own.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from freezesweep.trials.freezing import EncoderParts, find_encoder_parts
+from freezesweep.trials.precision import PrecisionPlan
+from freezesweep.trials.tokens import Batch
+from freezesweep.trials.worker import EvalKey, PrefixKey, WorkerState
+
+@dataclass(frozen=True)
+class PrefixStates:
+    layer: int  # the states enter layer ``layer`` (0-based): the first layer that trains
+    states: tuple[torch.Tensor, ...]  # one per evaluation batch, on the evaluation device
+    tuple_output: bool  # the model's layers return tuples (transformers 4) or tensors (5)
+
+
+class _Injector(nn.Module):
+    """Stands in for the frozen layers: returns the cached states of the current batch."""
+
+    def __init__(self, tuple_output: bool):
+        super().__init__()
+        self.tuple_output, self.states = tuple_output, None
+
+    def forward(self, *args, **kwargs):
+        return (self.states,) if self.tuple_output else self.states
+
+
+def exact_prefix(model: nn.Module, batches: list[Batch], plan: PrecisionPlan, device: torch.device,
+                 layer: int, key: EvalKey, worker: WorkerState) -> PrefixStates | None:
+    """The cached states for ``key`` if the cached path is bit-identical to the full model, else
+    None. Checked once per entry: every trial sharing it feeds the same states through the same code
+    path, and identical states give identical logits whatever the trained layers' weights."""
+    entry = PrefixKey(key, layer)
+    if worker.eval_exact.get(entry) is False:
+        return None  # failed once: never computed (nor kept, nor chained from) again
+    prefix = prefix_states(model, batches, plan, device, layer, key, worker)
+    if entry not in worker.eval_exact:
+        worker.eval_exact[entry] = matches_full_model(model, batches[0], prefix, plan, device)
+        if not worker.eval_exact[entry]:
+            worker.eval_states.pop(entry, None)  # never a starting point for deeper prefixes
+    return prefix if worker.eval_exact[entry] else None
+
+
+def prefix_states(model: nn.Module, batches: list[Batch], plan: PrecisionPlan, device: torch.device,
+                  layer: int, key: EvalKey, worker: WorkerState) -> PrefixStates:
+    """The cached states for ``key`` after ``layer`` layers (computed with ``model``'s pretrained
+    prefix on a miss, from the deepest cached shallower entry when there is one)."""
+    cached = worker.eval_states.fresh(PrefixKey(key, layer))
+    if cached is not None:
+        return cached
+    below = [j for j in range(layer - 1, 0, -1) if PrefixKey(key, j) in worker.eval_states]
+    start = worker.eval_states[PrefixKey(key, below[0])] if below else None
+    states = _compute(model, batches, plan, device, layer, start)
+    for dropped in worker.eval_states.put(PrefixKey(key, layer), states):
+        worker.eval_exact.pop(dropped, None)
+    return states
+
+
+@torch.inference_mode()
+def _compute(model: nn.Module, batches: list[Batch], plan: PrecisionPlan, device: torch.device,
+             layer: int, start: PrefixStates | None = None) -> PrefixStates:
+    """The output of layer ``layer`` (1-based count of frozen layers) for every batch, from the
+    embeddings or, with ``start``, from the cached states entering layer ``start.layer``."""
+    parts = find_encoder_parts(model)
+    captured, tuple_output = [], False
+    with eval_mode(model), starting_at(model, start.layer, start.tuple_output, parts) if start \
+            else contextlib.nullcontext() as injector:
+        for i, batch in enumerate(batches):
+            if injector is not None:
+                injector.states = start.states[i]
+            states, tuple_output = output_of(model, parts.layers[layer - 1], batch.to(device), plan)
+            captured.append(states)
+    return PrefixStates(layer=layer, states=tuple(captured), tuple_output=tuple_output)
+
+
+class _Stop(Exception):
+    """Raised by the capture hook: nothing above the captured layer needs to run."""
+
+
+def output_of(model: nn.Module, module: nn.Module, batch: Batch, plan: PrecisionPlan) -> tuple[torch.Tensor, bool]:
+    """``module``'s output for ``batch`` (and whether it returns a tuple); the forward pass stops
+    there. The caller sets inference and eval mode."""
+    captured = []
+
+    def keep(module, args, output):
+        captured.append((output[0] if isinstance(output, tuple) else output).detach().clone())
+        captured.append(isinstance(output, tuple))
+        raise _Stop
+
+    handle = module.register_forward_hook(keep)
+    try:
+        with plan.autocast(), contextlib.suppress(_Stop):
+            model(**batch.model_inputs())
+    finally:
+        handle.remove()
+    return captured[0], captured[1]
+
+
+@contextlib.contextmanager
+def eval_mode(model: nn.Module):
+    """The model in eval mode within the block, its own mode restored after."""
+    was_training = model.training
+    model.eval()
+    try:
+        yield model
+    finally:
+        model.train(was_training)
+
+
+def injected_layers(parts: EncoderParts, layer: int, tuple_output: bool) -> tuple[_Injector, nn.ModuleList]:
+    """``[injector, layer_k+1, …, layer_L]``: the list that stands in for the encoder's layers."""
+    injector = _Injector(tuple_output)
+    return injector, nn.ModuleList([injector, *parts.layers[layer:]])
+
+
+@contextlib.contextmanager
+def layers_swapped(model: nn.Module, parts: EncoderParts, layers: nn.ModuleList):
+    """Within the block, the encoder runs ``layers`` instead of its own."""
+    base = getattr(model, "base_model", model)
+    container_name, _, attribute = parts.layers_name.rpartition(".")
+    container = base.get_submodule(container_name) if container_name else base
+    setattr(container, attribute, layers)
+    try:
+        yield
+    finally:
+        setattr(container, attribute, parts.layers)
+
+
+@contextlib.contextmanager
+def starting_at(model: nn.Module, layer: int, tuple_output: bool, parts: EncoderParts | None = None):
+    """Within the block, the model's encoder starts at layer ``layer`` (0-based), fed by the
+    injector the block receives: set its ``states`` before each forward pass."""
+    parts = parts or find_encoder_parts(model)
+    injector, layers = injected_layers(parts, layer, tuple_output)
+    with layers_swapped(model, parts, layers):
+        yield injector
+
+
+@torch.inference_mode()
+def matches_full_model(model: nn.Module, batch: Batch, prefix: PrefixStates, plan: PrecisionPlan,
+                       device: torch.device) -> bool:
+    """True when the cached path gives bit-identical logits to the full model on ``batch`` (the
+    first evaluation batch, whose states are ``prefix.states[0]``)."""
+    batch = batch.to(device)
+    with eval_mode(model), plan.autocast():
+        full = model(**batch.model_inputs()).logits
+        with starting_at(model, prefix.layer, prefix.tuple_output) as injector:
+            injector.states = prefix.states[0]
+            cached = model(**batch.model_inputs()).logits
+    return torch.equal(full, cached)

@@ -1,0 +1,48 @@
+"""Validation metrics and loss over pre-built, length-sorted batches; the task's loss."""
+
+from __future__ import annotations
+
+import contextlib
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from freezesweep.trials.eval_cache import PrefixStates, eval_mode, starting_at
+from freezesweep.trials.metrics import compute_metrics
+from freezesweep.trials.precision import PrecisionPlan
+from freezesweep.trials.tokens import Batch
+
+
+def task_loss(logits: torch.Tensor, labels: torch.Tensor, reduction: str = "mean") -> torch.Tensor:
+    """Cross-entropy over the classes, or for regression (float labels) the squared error of the one output."""
+    logits = logits.float()
+    if labels.is_floating_point():
+        return F.mse_loss(logits.squeeze(-1), labels, reduction=reduction)
+    return F.cross_entropy(logits, labels, reduction=reduction)
+
+
+@torch.inference_mode()
+def evaluate(model: nn.Module, batches: list[Batch], plan: PrecisionPlan, device: torch.device,
+             prefix: PrefixStates | None = None) -> tuple[dict[str, float], float]:
+    """(every metric of the task, mean loss) over all rows; restores the model's train/eval mode.
+    With ``prefix``, the frozen layers are not run: their cached output is fed to the first trained one."""
+    # Everything stays on the device and is read once at the end: no host sync per batch.
+    loss_sum = torch.zeros((), dtype=torch.float64, device=device)
+    predicted, truth = [], []
+    with eval_mode(model), starting_at(model, prefix.layer, prefix.tuple_output) if prefix is not None \
+            else contextlib.nullcontext() as injector:
+        for i, batch in enumerate(batches):
+            batch = batch.to(device)
+            if injector is not None:
+                injector.states = prefix.states[i]
+            with plan.autocast():
+                logits = model(**batch.model_inputs()).logits
+            logits = logits.float()
+            loss_sum += task_loss(logits, batch.labels, reduction="sum").double()
+            predicted.append(logits.squeeze(-1) if batch.labels.is_floating_point() else logits.argmax(-1))
+            truth.append(batch.labels)
+    labels = torch.cat(truth).cpu().numpy()
+    metrics = compute_metrics(torch.cat(predicted).cpu().numpy(), labels, regression=labels.dtype.kind == "f",
+                              num_labels=logits.shape[-1])
+    return metrics, loss_sum.item() / len(labels)

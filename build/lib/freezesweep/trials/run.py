@@ -1,0 +1,398 @@
+"""One trial: load → subset → tokenize → build → freeze → fit → record. Plain PyTorch, no Ray.
+
+The best evaluation is the one with the highest ``select_metric``; the row records every metric there.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import gc
+import platform
+import random
+import re
+import resource
+import sys
+import time
+import traceback
+from pathlib import Path
+from collections.abc import Callable
+from dataclasses import dataclass
+from importlib import metadata
+
+import numpy as np
+import torch
+
+from freezesweep.trials.config import METHOD_FIELDS, METHODS, EvalPoint, TrialConfig, TrialResult
+from freezesweep.trials import eval_cache, first_token, packing, probe, train_cache
+from freezesweep.trials.data import TaskData, load_task, resolve_cache_dir
+from freezesweep.trials.eval_cache import PrefixStates, exact_prefix
+from freezesweep.trials.first_token import Reader
+from freezesweep.trials.freezing import FreezeReport, find_encoder_parts, freeze
+from freezesweep.trials.lora import apply_lora
+from freezesweep.trials.metrics import METRICS, compute_metrics, describe_shape
+from freezesweep.trials.model import attention_for, build_model, load_tokenizer, resolve_model_path
+from freezesweep.trials.oom import catch_oom, is_oom
+from freezesweep.trials.packing import PackedFeed, PaddedFeed, training_feed
+from freezesweep.trials.placement import where
+from freezesweep.trials.precision import PrecisionPlan, resolve_config, resolve_precision, synchronize, trial_device
+from freezesweep.trials.subsets import indices_digest, stratified_order, subset_indices
+from freezesweep.trials.tokens import Batch, Tokens, collate, eval_batches, tokenize_split
+from freezesweep.trials.train_cache import TrainPrefix, train_prefix
+from freezesweep.trials.train import FitContext, FitState, fit, make_schedule
+from freezesweep.trials.worker import EvalKey, FeedKey, TemplateKey, TrainKey, WorkerState, process_worker
+
+
+def run_trial(cfg: TrialConfig, on_eval: Callable[[EvalPoint], None] | None = None,
+              on_checkpoint: Callable[[Path], None] | None = None, worker: WorkerState | None = None) -> TrialResult:
+    """Run one grid cell and return its result; raises on failure (the caller decides retries).
+    ``on_eval`` gets every evaluation, ``on_checkpoint`` every checkpoint file as it is saved;
+    ``worker``: what this process keeps between trials (trials/worker.py; default: the process's)."""
+    started = time.perf_counter()
+    worker = worker or process_worker()
+    cfg = resolve_config(cfg)  # the id and the row name the precision actually used
+    check_method(cfg)
+    device = trial_device(cfg)
+    plan = resolve_precision(cfg.precision, device)
+    if cfg.num_threads:
+        torch.set_num_threads(cfg.num_threads)
+    reset_peak_memory(device)
+
+    task = load_task(cfg.dataset, cfg.data_dir, cfg.text_column, cfg.label_column, cfg.text_pair_column,
+                     files=cfg.dataset_files, empty_texts=cfg.empty_texts, worker=worker)
+    check_select_metric(cfg, task)
+    train_rows = subset_indices(task.train.labels, cfg.train_size, cfg.split_seed)
+    val_rows = eval_rows(task, cfg)
+    tokenizer = load_tokenizer(cfg.model_files())
+    cache_dir = resolve_cache_dir(cfg.cache_dir)
+    train_ids = tokenize_split(tokenizer, task.train, cfg.max_seq_length, cache_dir, worker)
+    val_ids = tokenize_split(tokenizer, task.validation, cfg.max_seq_length, cache_dir, worker)
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+
+    model = attention_for(initial_model(cfg, task.num_labels, worker).to(device), device)
+    batches = [b.to(device) for b in eval_batches(val_ids.select(val_rows), task.validation.labels[val_rows],
+                                                  cfg.eval_batch_size, pad_id)]  # on the device once, for every evaluation
+    train_tokens = train_ids.select(train_rows)
+    data = TrialData(task, train_rows, train_tokens, batches, (task.validation.digest, indices_digest(val_rows)), worker)
+    if cfg.method == "probe":
+        return _probe_trial(cfg, model, data, plan, device, started)
+    report, lora_targets = adapt(model, cfg)
+
+    fill_started = time.perf_counter()  # the caches' first fill in this worker: recorded on its own
+    eval_prefix = _eval_prefix(cfg, model, data, plan, device)
+    train_prefix = _train_prefix(cfg, model, data, plan, device)
+    synchronize(device)
+    cache_fill_time_s = time.perf_counter() - fill_started
+    reader, feed = _training_feed(cfg, model, data, pad_id, device, packed=train_prefix is None)
+    ctx = FitContext(
+        cfg=cfg,
+        plan=plan,
+        device=device,
+        schedule=make_schedule(len(train_rows), cfg),
+        eval_batches=batches,
+        eval_prefix=eval_prefix,
+        train_prefix=train_prefix,
+        on_eval=on_eval or (lambda point: None),
+        feed=feed,
+        on_checkpoint=on_checkpoint or (lambda path: None),
+    )
+    with first_token.narrowed(model, reader):
+        state = fit(model, train_tokens, task.train.labels[train_rows], pad_id, ctx)
+    result = _result(cfg, data, report, state, device, plan, (eval_prefix, train_prefix),
+                     wall_time_s=time.perf_counter() - started, cache_fill_time_s=cache_fill_time_s)
+    return dataclasses.replace(result, lora_targets=lora_targets)
+
+
+def _probe_trial(cfg: TrialConfig, model, data: TrialData, plan: PrecisionPlan, device: torch.device,
+                 started: float) -> TrialResult:
+    """Features of the frozen model (cached) → C by cross-validation on the train subset → the
+    validation set scored once (trials/probe.py)."""
+    task, layers = data.task, len(find_encoder_parts(model).layers)
+    fill_started = time.perf_counter()
+    val_states = eval_cache.prefix_states(model, data.batches, plan, device, layers, _eval_key(cfg, data, plan, device),
+                                          data.worker)
+    train_states = train_prefix(model, data.train_tokens, data.train_rows, plan, device, layers,
+                                _train_key(cfg, data, plan, device), data.worker)
+    synchronize(device)
+    fill_s = time.perf_counter() - fill_started
+    pooling = probe.resolve_pooling(cfg.probe_pooling, resolve_model_path(cfg.model_files()))
+
+    fit_started = time.perf_counter()
+    fitted = probe.select_and_fit(probe.train_features(train_states.states, pooling), task.train.labels[data.train_rows],
+                                  task.regression, cfg.select_metric, cfg.probe_folds, cfg.probe_cs, cfg.seed)
+    eval_started = time.perf_counter()
+    features, labels = probe.validation_features(val_states, data.batches, pooling)
+    metrics = compute_metrics(fitted.predictor.predict(features), labels, task.regression, task.num_labels)
+    loss = probe.validation_loss(fitted, features, labels, task.regression, task.num_labels)
+    point = EvalPoint(step=0, epoch=0.0, loss=loss, **{name: metrics.get(name) for name in METRICS})
+    state = FitState(curve=[point], train_time_s=eval_started - fit_started,
+                     eval_time_s=time.perf_counter() - eval_started)
+    params = FreezeReport(frozen_layers=None, num_layers=layers, trainable_params=fitted.trainable_params,
+                          total_params=sum(p.numel() for p in model.base_model.parameters()) + fitted.trainable_params)
+    result = _result(cfg, data, params, state, device, plan, (None, None),
+                     wall_time_s=time.perf_counter() - started, cache_fill_time_s=fill_s)
+    return dataclasses.replace(result, probe_pooling=pooling, probe_c=fitted.c, train_examples_per_s=None,
+                               eval_cached_layers=layers, train_cached_layers=layers)
+
+
+@dataclass(frozen=True)
+class TrialData:
+    """What a trial reads, once loaded: the task, its train subset (split indices and tokens) and the
+    validation batches (on the device) with the key that names those rows for the caches."""
+
+    task: TaskData
+    train_rows: np.ndarray
+    train_tokens: Tokens
+    batches: list[Batch]
+    val_key: tuple[str, str]  # (the validation split's digest, the evaluated rows' digest)
+    worker: WorkerState
+
+
+def check_method(cfg: TrialConfig) -> None:
+    """A cell carries its method's own fields and no other method's (the grid builds them so)."""
+    if cfg.method not in METHODS:
+        raise ValueError(f"unknown method {cfg.method!r} (known: {', '.join(METHODS)})")
+    missing = [name for name in METHOD_FIELDS[cfg.method] if getattr(cfg, name) is None and name != "lora_targets"]
+    foreign = [name for method, names in METHOD_FIELDS.items() if method != cfg.method for name in names
+               if getattr(cfg, name) is not None]
+    if missing or foreign:
+        raise ValueError(f"a {cfg.method} cell needs {', '.join(missing) or 'nothing more'} and takes no "
+                         f"{', '.join(foreign) or 'other method fields'}")
+
+
+def adapt(model, cfg: TrialConfig) -> tuple[FreezeReport, tuple[str, ...]]:
+    """Make the model's trainable part what the method says: frozen layers, or LoRA adapters."""
+    if cfg.method == "lora":
+        return apply_lora(model, cfg.lora_rank, cfg.lora_alpha, cfg.lora_dropout, cfg.lora_targets)
+    return freeze(model, cfg.frozen_layers), ()
+
+
+def _weights(cfg: TrialConfig) -> str:
+    """What the model's weights are, for cache keys: random ones differ per seed."""
+    return "pretrained" if cfg.model_init == "pretrained" else f"random-{cfg.derived_seed}"
+
+
+def _eval_key(cfg: TrialConfig, data: TrialData, plan: PrecisionPlan, device: torch.device) -> EvalKey:
+    """The evaluation cache's key: freeze cells (pretrained only) and probe cells share entries."""
+    return EvalKey(cfg.model, *data.val_key, cfg.eval_batch_size, cfg.max_seq_length, _weights(cfg), plan.name,
+                   str(device))
+
+
+def _train_key(cfg: TrialConfig, data: TrialData, plan: PrecisionPlan, device: torch.device) -> TrainKey:
+    return TrainKey(cfg.model, _weights(cfg), data.task.train.digest, cfg.max_seq_length, plan.name, str(device))
+
+
+def _eval_prefix(cfg: TrialConfig, model, data: TrialData, plan, device) -> PrefixStates | None:
+    """The cached output of the frozen layers for evaluation, when it is exact: pretrained weights
+    (a random init differs per seed), at least one frozen layer, and bit-identical to the full model
+    on the first batch."""
+    if not (cfg.eval_cache and cfg.method == "freeze" and cfg.model_init == "pretrained" and cfg.frozen_layers >= 1):
+        return None
+    return exact_prefix(model, data.batches, plan, device, cfg.frozen_layers, _eval_key(cfg, data, plan, device),
+                        data.worker)
+
+
+def _training_feed(cfg: TrialConfig, model, data: TrialData, pad_id: int, device: torch.device,
+                   packed: bool) -> tuple[Reader | None, PaddedFeed | PackedFeed]:
+    """The last layer narrowed to the head's token, training batches packed: each where exact for this
+    model (checked on the first training rows; the opt-in training cache feeds padded states)."""
+    rows = np.arange(min(8, len(data.train_rows)))
+    check = collate(data.train_tokens.select(rows), data.task.train.labels[data.train_rows[rows]], pad_id).to(device)
+    every_layer_frozen = cfg.method == "freeze" and cfg.frozen_layers == len(find_encoder_parts(model).layers)
+    return training_feed(model, check, FeedKey(cfg.model, type(model).__qualname__), data.worker.feed_verdicts,
+                         cfg.narrow_last_layer, cfg.pack_training and packed, narrow_evaluation=not every_layer_frozen)
+
+
+def _train_prefix(cfg: TrialConfig, model, data: TrialData, plan, device) -> TrainPrefix | None:
+    """The opt-in training cache (a deviation from the reference, see trials/train_cache.py)."""
+    if not (cfg.train_cache and cfg.method == "freeze" and cfg.frozen_layers >= 1):
+        return None
+    return train_prefix(model, data.train_tokens, data.train_rows, plan, device, cfg.frozen_layers,
+                        _train_key(cfg, data, plan, device), data.worker)
+
+
+def check_select_metric(cfg: TrialConfig, task: TaskData) -> None:
+    """A metric the task does not have cannot pick its best evaluation (the spec checks this first)."""
+    if cfg.select_metric not in task.metrics:
+        raise ValueError(f"select_metric {cfg.select_metric!r} does not fit {cfg.dataset} "
+                         f"({describe_shape(task.regression, task.num_labels)}: {', '.join(task.metrics)})")
+
+
+def eval_rows(task: TaskData, cfg: TrialConfig) -> np.ndarray:
+    """The validation rows a cell is evaluated on: all of them, or the shrink switch's sample."""
+    n = len(task.validation)
+    if cfg.max_eval_examples is None or cfg.max_eval_examples >= n:
+        return np.arange(n)
+    # A smaller, still stratified validation sample (shrink switch), the same for every cell.
+    return np.sort(stratified_order(task.validation.labels, cfg.split_seed, cfg.max_eval_examples))
+
+
+def initial_model(cfg: TrialConfig, num_labels: int, worker: WorkerState | None = None):
+    """The model before training. Seeded with the paired seed first, so every cell with the same
+    (seed, split_seed, dataset, model) starts from the same classifier head, whatever k or n.
+
+    The last two such (model, init, labels, seed) built in this worker are kept and copied per trial:
+    the copy, and the RNG state restored beside it, are bit for bit what building it again would
+    give, minus the load (or the random initialisation of a whole model, ~1.4 s for a base-size one
+    on a CPU). It pays where a worker meets the cells of one seed in a row (a one-seed grid)."""
+    templates = (worker or process_worker()).templates
+    key = TemplateKey(cfg.model, cfg.model_init, num_labels, cfg.derived_seed)
+    seed_everything(cfg.derived_seed)
+    if key not in templates:
+        templates.put(key, (build_model(cfg.model_files(), num_labels, cfg.model_init), _host_rng_states()))
+    template, states = templates.fresh(key)
+    _set_host_rng_states(states)  # as if the model had just been built (dropout draws continue from here)
+    return copy.deepcopy(template)
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)  # also seeds every CUDA device
+
+
+def _host_rng_states() -> tuple:
+    return random.getstate(), np.random.get_state(), torch.get_rng_state()
+
+
+def _set_host_rng_states(states: tuple) -> None:
+    random.setstate(states[0])
+    np.random.set_state(states[1])
+    torch.set_rng_state(states[2])  # models are built on the CPU: the CUDA generators are as seeded
+
+
+def _result(cfg, data: TrialData, report: FreezeReport, state: FitState, device: torch.device,
+            plan: PrecisionPlan, cached: tuple[PrefixStates | None, TrainPrefix | None], wall_time_s: float,
+            cache_fill_time_s: float) -> TrialResult:
+    task, train_rows, n_eval = data.task, data.train_rows, sum(len(b.labels) for b in data.batches)
+    metric = cfg.select_metric
+    worker_peak_mb = peak_memory_mb(device)  # the process's, with everything the worker keeps
+    # the curve holds finite evaluations only (a diverged fit stops before its first non-finite one)
+    best = max(state.curve, key=lambda p: getattr(p, metric)) if state.curve else None  # first of equals: the earliest
+    last = state.curve[-1] if state.curve else None
+    baseline = task.baseline_metrics
+    return TrialResult(
+        trial_id=cfg.trial_id,
+        config=cfg,
+        status="ok" if state.diverged_at_step is None else "diverged",
+        diverged_at_step=state.diverged_at_step,
+        best_val_accuracy=best and best.accuracy,
+        best_step=best and best.step,
+        best_epoch=best and best.epoch,
+        final_val_accuracy=last and last.accuracy,
+        majority_baseline=task.majority_baseline,
+        select_metric=metric,
+        best_val_score=best and getattr(best, metric),
+        final_val_score=last and getattr(last, metric),
+        baseline_score=baseline[metric],
+        best_val_metrics=best.metrics() if best else {},
+        baseline_metrics=baseline,
+        eval_curve=tuple(state.curve),
+        train_loss_curve=tuple(state.train_loss_curve),
+        trainable_params=report.trainable_params,
+        total_params=report.total_params,
+        train_time_s=state.train_time_s,
+        eval_time_s=state.eval_time_s,
+        wall_time_s=wall_time_s,
+        cache_fill_time_s=cache_fill_time_s,
+        train_examples_per_s=state.step * cfg.batch_size / max(state.train_time_s, 1e-9),
+        peak_mem_mb=max(0.0, worker_peak_mb - data.worker.held_mib(device)),  # the trial's own
+        worker_peak_mem_mb=worker_peak_mb,
+        device=device_name(device),
+        precision=plan.name,
+        train_indices_digest=indices_digest(train_rows),
+        resumed_from_step=state.resumed_from_step,
+        eval_cached_layers=cached[0].layer if cached[0] is not None else None,
+        train_cached_layers=cached[1].layer if cached[1] is not None else None,
+        train_indices=tuple(int(i) for i in train_rows),
+        n_train=len(train_rows),
+        n_eval=n_eval,
+        versions=library_versions(),
+        placement=where(device),
+    )
+
+
+def failed_result(cfg: TrialConfig, exc: BaseException, wall_time_s: float | None = None,
+                  trace: str | None = None, placement: dict | None = None) -> TrialResult:
+    """The row of a trial that raised: ``oom`` for out-of-memory (whichever CUDA call ran out,
+    trials/oom.py), else ``failed``, with the message and the last frames of the traceback
+    (``trace``: a text traceback from elsewhere, e.g. Ray's, when ``exc`` crossed a process and
+    lost its own); ``placement``: where it ran, when known."""
+    status = "oom" if is_oom(exc) else "failed"
+    if trace:
+        frames = "\n".join(trace.strip().splitlines()[-10:]) + "\n"
+    else:
+        frames = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__)[-4:])
+    return TrialResult(trial_id=cfg.trial_id, config=cfg, status=status, error=f"{type(exc).__name__}: {exc}\n{frames}",
+                       select_metric=cfg.select_metric, wall_time_s=wall_time_s, versions=library_versions(),
+                       placement=placement or {})
+
+
+def run_trial_or_oom(cfg: TrialConfig, on_eval: Callable[[EvalPoint], None] | None = None,
+                     on_checkpoint: Callable[[Path], None] | None = None,
+                     worker: WorkerState | None = None) -> TrialResult:
+    """``run_trial``, except that running out of GPU memory gives the cell's ``oom`` row, after this
+    process has given the memory back (so the next trial it takes starts clean). Other errors
+    propagate: whoever runs the trial decides on retries."""
+    cfg = resolve_config(cfg)  # the oom row's id names the precision actually used
+    worker = worker or process_worker()
+    return catch_oom(lambda: run_trial(cfg, on_eval, on_checkpoint, worker),
+                     lambda exc: failed_result(cfg, exc, placement=where(trial_device(cfg))),
+                     free=lambda: free_memory(worker))
+
+
+def free_memory(worker: WorkerState) -> None:
+    """Give this process's memory back: what the worker keeps (states and initial models may sit on
+    the GPU beside the trials packed there), then reference cycles, then the CUDA allocator's unused
+    blocks (only where CUDA is in use: initialising it here would cost a context for nothing)."""
+    worker.clear()
+    gc.collect()
+    _empty_cuda_cache()
+
+
+def _empty_cuda_cache() -> None:
+    if torch.cuda.is_initialized():
+        torch.cuda.empty_cache()
+
+
+def reset_peak_memory(device: torch.device) -> None:
+    """Start this trial's peak from now: a reused worker's earlier trials must not count."""
+    if device.type == "cuda":
+        # CUDA initialised first: on a fresh process the statistics of cuda:N do not exist yet ("Invalid
+        # device argument ... did you call init?"), which only an earlier CUDA call used to hide.
+        torch.cuda.init()
+        torch.cuda.reset_peak_memory_stats(device)
+        return
+    try:  # Linux >= 4.0: writing 5 to clear_refs resets the process's peak RSS (VmHWM), see proc(5)
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+    except OSError:
+        pass  # elsewhere the peak is the process's since it started
+
+
+def peak_memory_mb(device: torch.device) -> float:
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device) / 2**20
+    try:
+        with open("/proc/self/status") as f:
+            return int(re.search(r"VmHWM:\s+(\d+) kB", f.read()).group(1)) / 1024  # peak RSS since the reset
+    except (OSError, AttributeError):
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux: KiB → MiB (process peak)
+
+
+def device_name(device: torch.device) -> str:
+    if device.type == "cuda":
+        return f"cuda:{torch.cuda.get_device_name(device)}"
+    return f"cpu:{platform.processor() or platform.machine()}"
+
+
+def library_versions() -> dict[str, str]:
+    versions = {"python": sys.version.split()[0]}
+    for name in ("freezesweep", "torch", "transformers", "numpy", "pyarrow", "ray"):
+        try:
+            versions[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            continue
+    if torch.version.cuda:
+        versions["cuda"] = torch.version.cuda
+    return versions

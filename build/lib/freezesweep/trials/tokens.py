@@ -1,0 +1,171 @@
+"""Tokenization once per (tokenizer, split), cached on disk, and the batches built from it.
+
+Sentence pairs are encoded by the tokenizer itself (its pair template and segment ids), truncated
+longest-first; every forward pass takes its inputs from ``Batch.model_inputs``.
+
+The cache key fingerprints the tokenizer by what it *does* (its ids for a probe sentence, its class
+and size) and the split by its content, so a changed vocab or changed rows never hit a stale entry.
+Files are written to a temporary name and renamed, so concurrent trials never read a partial one.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import os
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import torch
+
+from freezesweep.trials.data import Split
+from freezesweep.trials.worker import Lru, WorkerState, process_worker
+
+_PROBE = "The quick brown fox can't jump over 12 lazy dogs, can it? Ünïcödé!"
+
+
+def tokenizer_fingerprint(tokenizer) -> str:
+    probe = tokenizer(_PROBE)["input_ids"]
+    # model_input_names decides whether segment ids are stored
+    blob = f"{type(tokenizer).__name__}|{len(tokenizer)}|{probe}|{tuple(tokenizer.model_input_names)}"
+    return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+def tokenize_split(tokenizer, split: Split, max_length: int, cache_dir: Path, worker: WorkerState | None = None) -> Tokens:
+    """Token ids of every row of ``split`` (no padding), from the disk cache when present (and from
+    the worker's memory when this worker read them before)."""
+    key = f"{tokenizer_fingerprint(tokenizer)}-{split.digest}-{max_length}"
+    return _tokenize_cached(tokenizer, split, max_length, cache_dir / "tokens" / f"{key}.parquet",
+                            (worker or process_worker()).token_splits)
+
+
+@dataclass(frozen=True)
+class Tokens:
+    """Each row's token ids (no padding) and, for sentence pairs, its token type (segment) ids where
+    the tokenizer gives them (BERT-like models; RoBERTa's tokenizer gives none, and its model gets none)."""
+
+    input_ids: tuple[np.ndarray, ...]
+    token_type_ids: tuple[np.ndarray, ...] | None = None
+
+    def __len__(self) -> int:
+        return len(self.input_ids)
+
+    def select(self, rows) -> "Tokens":
+        """These rows, in this order."""
+        types = self.token_type_ids
+        return Tokens(tuple(self.input_ids[i] for i in rows),
+                      tuple(types[i] for i in rows) if types is not None else None)
+
+
+def encode(tokenizer, split: Split, max_length: int) -> dict[str, list]:
+    """The tokenizer's own encoding: a pair as the model expects it (its special tokens and segment
+    ids), truncated longest-first so both segments keep tokens. A single sentence keeps no segment
+    ids: they would all be 0, which is what the model assumes without them."""
+    if split.pairs is None:
+        return {"input_ids": tokenizer(list(split.texts), truncation=True, max_length=max_length)["input_ids"]}
+    encoded = tokenizer(list(split.texts), list(split.pairs), truncation="longest_first", max_length=max_length)
+    return {name: encoded[name] for name in ("input_ids", "token_type_ids") if name in encoded}
+
+
+def _read_cache(path: Path) -> Tokens:
+    table = pq.read_table(path)
+
+    def rows(name: str) -> tuple[np.ndarray, ...]:
+        column = table.column(name).combine_chunks()
+        offsets, values = column.offsets.to_numpy(), column.values.to_numpy()
+        return tuple(values[offsets[i] : offsets[i + 1]] for i in range(len(offsets) - 1))
+
+    return Tokens(rows("input_ids"), rows("token_type_ids") if "token_type_ids" in table.column_names else None)
+
+
+def _tokenize_cached(tokenizer, split: Split, max_length: int, path: Path, read: Lru) -> Tokens:
+    if path in read:
+        return read.fresh(path)
+    if not path.exists():
+        columns = encode(tokenizer, split, max_length)
+        table = pa.table({name: pa.array(values, type=pa.list_(pa.int32())) for name, values in columns.items()})
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
+        pq.write_table(table, tmp)
+        os.replace(tmp, path)  # atomic: readers see the whole file or none
+    tokens = _read_cache(path)
+    read.put(path, tokens)
+    return tokens
+
+
+@dataclass(frozen=True)
+class Batch:
+    input_ids: torch.Tensor
+    attention_mask: torch.Tensor
+    labels: torch.Tensor  # class ids (long) or scores (float32, regression)
+    positions: np.ndarray | None = None  # training batches: the rows' positions in the train subset
+    token_type_ids: torch.Tensor | None = None  # sentence pairs on models with segment ids
+
+    def to(self, device: torch.device) -> "Batch":
+        """The batch on ``device``. Asynchronous only towards a GPU: a copy to the host that is read at
+        once must be synchronous (PyTorch's pinned-memory tutorial: ``cuda_tensor.to("cpu",
+        non_blocking=True)`` read before a sync can hold garbage)."""
+        asynchronous = non_blocking_to(device)
+
+        def move(t: torch.Tensor | None) -> torch.Tensor | None:
+            return None if t is None else t.to(device, non_blocking=asynchronous)
+
+        return dataclasses.replace(self, input_ids=move(self.input_ids), attention_mask=move(self.attention_mask),
+                                   labels=move(self.labels), token_type_ids=move(self.token_type_ids))
+
+    def model_inputs(self) -> dict[str, torch.Tensor]:
+        """What every forward pass gets (training, evaluation and both caches): segment ids only
+        where the tokenizer gave them."""
+        inputs = {"input_ids": self.input_ids, "attention_mask": self.attention_mask}
+        if self.token_type_ids is not None:
+            inputs["token_type_ids"] = self.token_type_ids
+        return inputs
+
+
+def non_blocking_to(device: torch.device | str) -> bool:
+    """Whether a copy to ``device`` may be asynchronous: towards a GPU only (the stream orders it
+    before any kernel that reads it); never towards the host, which reads it at once."""
+    return torch.device(device).type != "cpu"
+
+
+def _padded(rows: tuple[np.ndarray, ...], width: int, value: int) -> torch.Tensor:
+    out = np.full((len(rows), width), value, dtype=np.int64)
+    for i, row in enumerate(rows):
+        out[i, : len(row)] = row
+    return torch.from_numpy(out)
+
+
+def collate(tokens: Tokens, labels: np.ndarray, pad_id: int) -> Batch:
+    """Dynamic padding: to the longest row of this batch, not to max_seq_length."""
+    labels = np.asarray(labels)
+    width = max(len(x) for x in tokens.input_ids)
+    lengths = np.array([len(x) for x in tokens.input_ids])
+    mask = torch.from_numpy((np.arange(width) < lengths[:, None]).astype(np.int64))
+    types = _padded(tokens.token_type_ids, width, 0) if tokens.token_type_ids is not None else None  # padding is masked
+    label_dtype = torch.float32 if labels.dtype.kind == "f" else torch.long
+    return Batch(_padded(tokens.input_ids, width, pad_id), mask, torch.as_tensor(labels, dtype=label_dtype),
+                 token_type_ids=types)
+
+
+def eval_batches(tokens: Tokens, labels: np.ndarray, batch_size: int, pad_id: int) -> list[Batch]:
+    """Evaluation batches sorted by length, so each pads to near its own rows' length; built once
+    per trial and reused by every evaluation."""
+    order = np.argsort([len(x) for x in tokens.input_ids], kind="stable")
+    return [
+        collate(tokens.select(chunk), labels[chunk], pad_id)
+        for chunk in np.array_split(order, max(1, -(-len(order) // batch_size)))
+    ]
+
+
+def train_batches(tokens: Tokens, labels: np.ndarray, batch_size: int, pad_id: int,
+                  generator: torch.Generator) -> list[Batch]:
+    """One epoch of shuffled batches; the generator (seeded from the cell) fixes the order."""
+    order = torch.randperm(len(tokens), generator=generator).numpy()
+    return [
+        dataclasses.replace(collate(tokens.select(chunk), labels[chunk], pad_id), positions=chunk)
+        for chunk in (order[s : s + batch_size] for s in range(0, len(order), batch_size))
+    ]

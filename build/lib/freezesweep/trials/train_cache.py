@@ -1,0 +1,88 @@
+"""Opt-in training cache (``train_cache: true``): the frozen prefix runs once per train row, without
+dropout, and every training step starts at the first trained layer.
+
+A documented deviation from the reference, off by default. In the reference, frozen layers still
+apply dropout while training: the HF Trainer puts the whole model in train mode, and
+``requires_grad=False`` does not turn dropout off, so their output differs at every step and cannot
+be cached exactly. With this cache the frozen embeddings and layers run in eval mode, once: the
+trained layers see the frozen layers' deterministic output instead of a dropped-out one. Its
+accuracy effect is measured by ``benchmarks/grid_speed.py --train-cache``; rows say
+``train_cached_layers``, and the flag is part of a cell's identity.
+
+Each row's states are computed on that row alone (no padding), so they depend neither on which
+rows shared a batch nor on which trials ran before in this worker: a cell's result is the same
+wherever it runs. Rows are cached by their index in the train split, so the nested subsets of a
+sweep (50 ⊂ 100 ⊂ …) share them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+from torch import nn
+
+from torch.nn.utils.rnn import pad_sequence
+
+from freezesweep.trials.eval_cache import eval_mode, injected_layers, layers_swapped, output_of
+from freezesweep.trials.freezing import EncoderParts, find_encoder_parts
+from freezesweep.trials.precision import PrecisionPlan
+from freezesweep.trials.tokens import Batch, Tokens, collate
+from freezesweep.trials.worker import PrefixKey, TrainKey, WorkerState
+
+@dataclass
+class _Entry:
+    rows: dict[int, torch.Tensor] = field(default_factory=dict)  # train-split row index → [tokens, hidden]
+    tuple_output: bool = False  # the model's layers return tuples (transformers 4) or tensors (5)
+
+
+@dataclass(frozen=True)
+class TrainPrefix:
+    layer: int  # the states enter layer ``layer`` (0-based): the first layer that trains
+    states: tuple[torch.Tensor, ...]  # per position in the train subset: [tokens, hidden], on the device
+    parts: EncoderParts
+    injector: nn.Module  # built once per trial with the list it heads: a step only swaps them in
+    layers: nn.ModuleList
+
+    @contextlib.contextmanager
+    def feeding(self, model: nn.Module, batch: Batch):
+        """Within the block, ``model`` starts above the frozen layers, fed this batch's cached states
+        (zero-padded to the batch's width, which is its longest row's: padding is masked)."""
+        self.injector.states = pad_sequence([self.states[p] for p in batch.positions], batch_first=True)
+        with layers_swapped(model, self.parts, self.layers):
+            yield
+
+
+def train_prefix(model: nn.Module, train_ids: Tokens, train_rows: np.ndarray, plan: PrecisionPlan,
+                 device: torch.device, layer: int, key: TrainKey, worker: WorkerState) -> TrainPrefix:
+    """The frozen prefix's output for each row of the subset (``train_rows``: their indices in the
+    split, ``train_ids``: their tokens, in the same order); computed for rows not yet cached. An
+    entry per (model, split, k, precision, device): the nested train sizes of each k share rows."""
+    entry = worker.train_states.fresh(PrefixKey(key, layer))
+    if entry is None:
+        entry = _Entry()
+        worker.train_states.put(PrefixKey(key, layer), entry)
+    parts = find_encoder_parts(model)
+    todo = [(int(r), position) for position, r in enumerate(train_rows) if int(r) not in entry.rows]
+    if todo:
+        _run_prefix(model, parts.layers[layer - 1], train_ids, todo, entry, plan, device)
+    injector, layers = injected_layers(parts, layer, entry.tuple_output)
+    return TrainPrefix(layer=layer, states=tuple(entry.rows[int(r)] for r in train_rows), parts=parts,
+                       injector=injector, layers=layers)
+
+
+@torch.inference_mode()
+def _run_prefix(model, last_frozen: nn.Module, tokens: Tokens, todo: list, entry: _Entry, plan: PrecisionPlan,
+                device: torch.device) -> None:
+    with eval_mode(model):  # no dropout: the deviation this cache is
+        for row, position in todo:
+            alone = collate(tokens.select([position]), np.zeros(1, dtype=np.int64), pad_id=0).to(device)  # no padding
+            states, entry.tuple_output = output_of(model, last_frozen, alone, plan)  # segment ids too, for pairs
+            entry.rows[row] = states[0]
+
+
+def entries(worker: WorkerState) -> list[int]:
+    """The number of cached rows of each entry (most recently used last)."""
+    return [len(entry.rows) for entry in worker.train_states.values()]

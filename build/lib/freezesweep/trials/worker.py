@@ -1,0 +1,152 @@
+"""What a worker process keeps between trials, in one object with one ``clear()``.
+
+A Ray worker runs many trials (``reuse_actors``), and keeping what they share is most of the speed:
+the initial models (trials/run.py), the evaluation cache's states and exactness verdicts
+(trials/eval_cache.py), the opt-in training cache (trials/train_cache.py), the packing and narrowing
+verdicts (trials/packing.py), tokenized splits read from the disk cache (trials/tokens.py) and loaded
+datasets (trials/data.py). A trial takes a ``WorkerState``; without one it uses this process's
+(``process_worker``). ``clear`` empties it all: after a CUDA out-of-memory error (states and models may
+sit on the GPU beside the trials packed there), and in tests that want a cold worker.
+
+Not here: look-ups that are pure functions of their arguments and hold no trial's data (a model's
+config and tokenizer, what ``auto`` precision means on this machine): lru_caches beside them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections import OrderedDict
+from dataclasses import dataclass, field, fields
+from typing import TYPE_CHECKING, Any, NamedTuple
+
+import numpy as np
+
+if TYPE_CHECKING:
+    import torch
+
+MAX_TEMPLATES = 2  # initial models kept (a base-size model is ~0.5 GB in fp32)
+MAX_EVAL_ENTRIES = 8  # evaluation cache entries (a few MB to a few hundred MB each)
+MAX_TRAIN_ENTRIES = 8  # training cache entries: a grid's k values all fit
+MAX_TOKEN_SPLITS = 16
+MAX_TASKS = 4
+
+
+class Lru(OrderedDict):
+    """A mapping of at most ``maxsize`` entries; ``put`` drops the least recently used and says which."""
+
+    def __init__(self, maxsize: int):
+        super().__init__()
+        self.maxsize = maxsize
+
+    def fresh(self, key: Any) -> Any:
+        """The entry (None if absent), now the most recently used."""
+        if key not in self:
+            return None
+        self.move_to_end(key)
+        return self[key]
+
+    def put(self, key: Any, value: Any) -> list[Any]:
+        """Store ``value``; returns the keys dropped to make room."""
+        self[key] = value
+        self.move_to_end(key)
+        dropped = []
+        while len(self) > self.maxsize:
+            dropped.append(self.popitem(last=False)[0])
+        return dropped
+
+
+# --- what the caches are keyed by ----------------------------------------------------------------
+class TemplateKey(NamedTuple):
+    model: str
+    model_init: str
+    num_labels: int
+    derived_seed: int
+
+
+class EvalKey(NamedTuple):
+    """The validation rows' frozen-prefix states: the same for every trial sharing all of these."""
+
+    model: str
+    split_digest: str
+    rows_digest: str
+    eval_batch_size: int
+    max_seq_length: int
+    weights: str  # "pretrained", or the random init's seed (a random init differs per seed)
+    precision: str
+    device: str
+
+
+class TrainKey(NamedTuple):
+    model: str
+    weights: str
+    split_digest: str
+    max_seq_length: int
+    precision: str
+    device: str
+
+
+class PrefixKey(NamedTuple):
+    """A cache entry: the states after ``layer`` frozen layers."""
+
+    base: EvalKey | TrainKey
+    layer: int
+
+
+class FeedKey(NamedTuple):
+    model: str
+    model_class: str
+
+
+@dataclass
+class WorkerState:
+    templates: Lru = field(default_factory=lambda: Lru(MAX_TEMPLATES))  # TemplateKey -> (model, RNG states)
+    eval_states: Lru = field(default_factory=lambda: Lru(MAX_EVAL_ENTRIES))  # PrefixKey -> PrefixStates
+    eval_exact: dict = field(default_factory=dict)  # PrefixKey -> the cached path is bit-identical
+    train_states: Lru = field(default_factory=lambda: Lru(MAX_TRAIN_ENTRIES))  # PrefixKey -> rows' states
+    feed_verdicts: dict = field(default_factory=dict)  # FeedKey -> (narrowing exact, packing exact)
+    token_splits: Lru = field(default_factory=lambda: Lru(MAX_TOKEN_SPLITS))  # cache file -> Tokens
+    tasks: Lru = field(default_factory=lambda: Lru(MAX_TASKS))  # how a dataset is read -> TaskData
+
+    def clear(self) -> None:
+        for part in fields(self):
+            getattr(self, part.name).clear()
+
+    def sizes(self) -> dict[str, int]:
+        return {part.name: len(getattr(self, part.name)) for part in fields(self)}
+
+    def held_mib(self, device: torch.device) -> float:
+        """What this worker keeps on ``device``'s kind of memory: tensors on a GPU; on the CPU its
+        tensors and arrays too (cached states, initial models, token ids, labels). A trial's own peak
+        is the process's minus this (trials/run.py): the caches are the worker's, shared by its trials
+        and grown over its life, not what a cell costs."""
+        return sum(_bytes(getattr(self, part.name), device.type) for part in fields(self)) / 2**20
+
+
+def _bytes(value: Any, device_type: str, seen: set[int] | None = None) -> int:
+    """The bytes of the tensors (and, for the CPU, numpy arrays) reachable from ``value``, each counted once."""
+    import torch  # deferred on purpose: trials.data imports this module, and inspection must not pay for torch
+
+    seen = set() if seen is None else seen
+    if id(value) in seen:
+        return 0
+    seen.add(id(value))
+    if isinstance(value, torch.Tensor):
+        return value.nbytes if value.device.type == device_type else 0
+    if isinstance(value, np.ndarray):
+        return value.nbytes if device_type == "cpu" else 0
+    if isinstance(value, torch.nn.Module):
+        return sum(_bytes(t, device_type, seen) for t in (*value.parameters(), *value.buffers()))
+    if isinstance(value, dict):
+        return sum(_bytes(v, device_type, seen) for v in value.values())
+    if isinstance(value, (list, tuple)):
+        return sum(_bytes(v, device_type, seen) for v in value)
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return sum(_bytes(getattr(value, f.name), device_type, seen) for f in fields(value))
+    return 0
+
+
+_PROCESS = WorkerState()  # this process's: a worker process runs one trial at a time
+
+
+def process_worker() -> WorkerState:
+    return _PROCESS
