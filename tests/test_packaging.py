@@ -4,6 +4,7 @@ site-packages, and a clean environment imports freezesweep but none of them."""
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 import sys
 import zipfile
@@ -19,9 +20,13 @@ FOLDERS = ("orchestrator", "trials", "results", "cluster")
 @pytest.fixture(scope="module")
 def wheel(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("wheel")
+    # Built from a copy: setuptools writes build/ and *.egg-info/ beside the sources, never in the checkout.
+    source = out / "source"
+    shutil.copytree(REPO, source, ignore=shutil.ignore_patterns(".git", ".venv", "sweeps", "site", "build", "report",
+                                                                 ".devcarry", "*.egg-info", "__pycache__"))
     # the installed setuptools builds it: no build environment downloaded
     done = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q",
-                           "-w", str(out), str(REPO)], capture_output=True, text=True)
+                           "-w", str(out), str(source)], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr[-3000:]
     (path,) = out.glob("freezesweep-*.whl")
     return path
