@@ -301,8 +301,8 @@ def flush_or_fail(sink: SpoolingWriter, announce: bool = False) -> None:
     spooled = len(sink.pending())
     waiting = sink.flush()
     if announce and spooled > waiting:
-        print(f"note: wrote {spooled - waiting} row(s) kept in the spool ({sink.spool_dir}) while the store was "
-              "unreachable", file=sys.stderr)
+        print(f"note: wrote {spooled - waiting} row(s) kept in the spool ({sink.spool_dir}) while the store could not "
+              "take them", file=sys.stderr)
     if waiting:
         raise StoreUnavailable(
             f"{waiting} finished result(s) could not be written to the store ({sink.last_error}); they are kept "
