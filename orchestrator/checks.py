@@ -38,7 +38,8 @@ def validate(raw: Any, source: str = "sweep spec", cluster: ClusterView | None =
              semantic: bool = True, devices: bool = True) -> SweepSpec:
     """A parsed YAML mapping as a SweepSpec; one SpecError naming every problem of both layers.
     ``semantic=False``: shapes and values only (a stored spec, for inspection); ``devices=False``: not
-    the GPUs and CPUs the trials need (a dry run, planned away from them)."""
+    the GPUs and CPUs the trials need (a dry run, planned away from them; what the spec itself rules
+    out, such as fp16 on CPU trials, is still checked)."""
     spec, problems = parse(raw)
     if semantic and isinstance(raw, dict):
         problems += semantic_problems(raw, cluster, devices)
