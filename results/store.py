@@ -136,8 +136,8 @@ def _delete_quietly(fs: pafs.FileSystem, path: str) -> None:
     """Remove a temporary file if it is there (a failed write may or may not have created it)."""
     try:
         fs.delete_file(path)
-    except (FileNotFoundError, OSError):
-        pass  # not there, or the store is away: nothing more to do here
+    except OSError:
+        pass  # not there (FileNotFoundError), or the store is away: nothing more to do here
 
 
 class ResultStore:

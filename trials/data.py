@@ -326,7 +326,7 @@ def _label_problems(labels: dict[str, pd.Series], column: str, where: dict[str, 
 
 
 def _spelling_problems(labels: dict[str, pd.Series], column: str) -> list[str]:
-    """String labels that differ only in case or surrounding whitespace (``pos`` and ``pos ``): each
+    """String labels that differ only in case or whitespace (``pos``, ``pos `` and ``Pos``): each
     would be a class of its own, silently."""
     counts = pd.concat(list(labels.values())).dropna().value_counts()
     spellings: dict[str, list[str]] = {}

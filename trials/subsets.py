@@ -2,8 +2,8 @@
 
 One deterministic *stratified order* of the whole split is drawn from ``split_seed``; the subset of
 size n is its first n entries. So every subset contains each smaller one (nesting for free), and
-every prefix keeps each label's count within one of ``n * fraction_in_split`` (stratification),
-whatever sizes a sweep asks for. The trial seed plays no part: every seed of a cell sees the same
+every prefix keeps each label's count within one of ``n * fraction_in_split`` (stratification; but
+for the head's one row of a class rarer than that, below), whatever sizes a sweep asks for. The trial seed plays no part: every seed of a cell sees the same
 examples, and only the fine-tune's randomness varies.
 
 Every class has a row in each subset of at least as many rows as there are classes: a class too rare
