@@ -20,7 +20,7 @@ from typing import Any, Protocol
 
 from freezesweep.orchestrator.spec import (NAME_PATTERN, SpecError, SweepSpec, parse, read_stored_spec, read_yaml,
                                spec_aliases)
-from freezesweep.results.store import ResultStore, StoreError
+from freezesweep.results.store import ResultStore, StoreError, check_store_root, open_filesystem
 from freezesweep.trials.data import GLUE_PAIR_TASKS, DatasetError, describe_task, official_metric, shape_words
 from freezesweep.trials.metrics import METRICS
 
@@ -38,7 +38,8 @@ def validate(raw: Any, source: str = "sweep spec", cluster: ClusterView | None =
              semantic: bool = True, devices: bool = True) -> SweepSpec:
     """A parsed YAML mapping as a SweepSpec; one SpecError naming every problem of both layers.
     ``semantic=False``: shapes and values only (a stored spec, for inspection); ``devices=False``: not
-    the GPUs and CPUs the trials need (a dry run, planned away from them)."""
+    the GPUs and CPUs the trials need (a dry run, planned away from them; what the spec itself rules
+    out, such as fp16 on CPU trials, is still checked)."""
     spec, problems = parse(raw)
     if semantic and isinstance(raw, dict):
         problems += semantic_problems(raw, cluster, devices)
@@ -59,9 +60,9 @@ def semantic_problems(raw: dict[str, Any], cluster: ClusterView | None = None, d
     data_dir = raw.get("data_dir") if isinstance(raw.get("data_dir"), str) else None
     problems = _model_problems(raw)
     problems += _data_problems(_strs(raw.get("datasets")), _ints(raw.get("train_sizes")), data_dir, training)
+    problems += _precision_problems(training.get("precision"), resources.get("gpus_per_trial"))
     if devices:
-        problems += _device_problems(training.get("precision"), resources.get("gpus_per_trial"),
-                                     resources.get("cpus_per_trial"), cluster)
+        problems += _device_problems(resources.get("gpus_per_trial"), resources.get("cpus_per_trial"), cluster)
     problems += _store_problems(raw)
     return problems
 
@@ -175,10 +176,7 @@ def _data_problems(datasets: list[str], sizes: list[int], data_dir: str | None, 
         too_big = [s for s in sizes if s > shape.rows["train"]]
         if too_big:
             problems.append(f"train_sizes: {too_big} exceed the {shape.rows['train']} train rows of {dataset}")
-        too_small = [s for s in sizes if not shape.regression and s < shape.num_labels]
-        if too_small:
-            problems.append(f"train_sizes: {too_small} below the {shape.num_labels} classes of {dataset} (a stratified "
-                            "subset holds at least one row of each class)")
+        problems += _class_problems(dataset, sizes, shape)
         metric = chosen.get(dataset) if isinstance(chosen, dict) else chosen
         if metric in METRICS and metric not in shape.metrics:  # an unknown name is pydantic's to report
             problems.append(f"training.select_metric: {metric} does not fit {dataset} ({shape_words(shape)})")
@@ -187,6 +185,19 @@ def _data_problems(datasets: list[str], sizes: list[int], data_dir: str | None, 
         if strays:
             problems.append(f"training.select_metric: {', '.join(strays)} not among the datasets")
     return problems
+
+
+def _class_problems(dataset: str, sizes: list[int], shape) -> list[str]:
+    """Train sizes too small to hold a row of every class (a stratified subset of at least as many rows
+    as classes always does, trials/subsets.py): named with the classes it would leave out, rarest first."""
+    too_small = sorted(s for s in sizes if not shape.regression and s < shape.num_labels)
+    if not too_small:
+        return []
+    rarest = sorted(shape.class_counts.items(), key=lambda item: item[1])[: shape.num_labels - too_small[0]]
+    left_out = ", ".join(f"{name!r} ({count} train rows)" for name, count in rarest)
+    missing = shape.num_labels - too_small[0]
+    return [f"train_sizes: {too_small} below the {shape.num_labels} classes of {dataset} (a stratified subset holds "
+            f"at least one row of each class; {too_small[0]} rows leave out {missing} class(es), the rarest: {left_out})"]
 
 
 def _data_options(training: dict) -> dict[str, str]:
@@ -218,16 +229,25 @@ def data_notes(spec: SweepSpec) -> list[str]:
 _AUTO = "resources.gpus_per_trial: auto measures a trial's memory on a GPU"
 
 
-def _device_problems(precision: Any, gpus_per_trial: Any, cpus_per_trial: Any,
-                     cluster: ClusterView | None) -> list[str]:
+def _gpu_share(gpus_per_trial: Any) -> float:
+    """The GPUs a trial asks for (``auto`` measures on a whole one; a malformed value is pydantic's to report)."""
+    return 1 if gpus_per_trial == "auto" else gpus_per_trial if isinstance(gpus_per_trial, (int, float)) else 0
+
+
+def _precision_problems(precision: Any, gpus_per_trial: Any) -> list[str]:
+    """What the spec itself rules out wherever it runs (so ``plan``, which skips the devices, says it too)."""
+    if precision == "fp16" and _gpu_share(gpus_per_trial) <= 0:
+        return ["training.precision: fp16 needs GPU trials (resources.gpus_per_trial > 0); use bf16 or auto on CPU"]
+    return []
+
+
+def _device_problems(gpus_per_trial: Any, cpus_per_trial: Any, cluster: ClusterView | None) -> list[str]:
     """Resources are checked where the trials will run: the cluster's nodes when there is one, else
     this machine's CUDA."""
     auto = gpus_per_trial == "auto"
-    gpus = 1 if auto else gpus_per_trial if isinstance(gpus_per_trial, (int, float)) else 0
+    gpus = _gpu_share(gpus_per_trial)
     cpus = cpus_per_trial if isinstance(cpus_per_trial, (int, float)) else 1
     problems = []
-    if precision == "fp16" and gpus <= 0:
-        problems.append("training.precision: fp16 needs GPU trials (resources.gpus_per_trial > 0); use bf16 or auto on CPU")
     if cluster is not None and cluster.address:
         return problems + cluster_problems(cluster, cpus, gpus, auto)
     if gpus > 0:
@@ -256,8 +276,10 @@ def cluster_problems(cluster: ClusterView, cpus: float, gpus: float, auto: bool 
 
 def _store_problems(raw: dict[str, Any]) -> list[str]:
     name, store = raw.get("name"), raw.get("store", "./sweeps")
-    if not isinstance(name, str) or not isinstance(store, str) or not re.match(NAME_PATTERN, name):
-        return []  # pydantic reports these; never probe a store under an invalid name
+    if not isinstance(store, str):
+        return []  # pydantic reports it
+    if not isinstance(name, str) or not re.match(NAME_PATTERN, name):
+        return _store_root_problems(store)  # the name is pydantic's to report; never a folder under it
     try:
         target = ResultStore(store, name)
         target.check_writable()
@@ -270,6 +292,18 @@ def _store_problems(raw: dict[str, Any]) -> list[str]:
         return _protocol_changes(read_stored_spec(stored, f"{target.uri}/{name}/spec.yaml"), raw)
     except SpecError as exc:  # a damaged spec.yaml: named with what to do, beside the other problems
         return [f"store: {exc.source}: {p}" for p in exc.problems]
+
+
+def _store_root_problems(store: str) -> list[str]:
+    """The store itself, where the sweep's name is invalid: it takes files (said beside the name's problem)."""
+    try:
+        fs, root = open_filesystem(store)
+        check_store_root(fs, root, store)
+    except StoreError as exc:
+        return [f"store: {exc}"]
+    except Exception as exc:  # pyarrow cannot open such a URI at all
+        return [f"store: cannot open store {store!r}: {exc}"]
+    return []
 
 
 def _protocol_changes(stored: dict[str, Any], raw: dict[str, Any]) -> list[str]:

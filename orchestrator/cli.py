@@ -313,12 +313,15 @@ def _open(sweep: str, store: Optional[str]):
 @app.command()
 def status(sweep: str, store: StoreOpt = None) -> None:
     """done / failed / missing cells per axis value, and the nodes (Ray node ids) the rows ran on."""
+    from freezesweep.results.lock import store_notes
     from freezesweep.results.query import NODE_COLUMNS, collapse_long_axes, placement, status_table
 
     resolved, result_store = _open(sweep, store)
     rows = result_store.read_table(columns=["trial_id", *NODE_COLUMNS]).to_pandas()  # one read: statuses and nodes
     statuses = dict(zip(rows["trial_id"], rows["status"]))
     _warn_unreadable(result_store)
+    for note in store_notes(result_store):
+        err_console.print(note, highlight=False)
     table = collapse_long_axes(status_table(_counted_cells(resolved, result_store), statuses))
     _print_frame(table, OutputFormat.table, f"sweep {sweep}")
     if len(rows):
@@ -438,7 +441,8 @@ def compact(sweep: str, store: StoreOpt = None) -> None:
     try:
         with SweepLock(result_store.fs, result_store.sweep_dir, uri=result_store.uri) as lock:
             result_store.guard = lock.check
-            result_store.clean_staging()
+            for note in result_store.make_ready().notes():  # as a launch does: damaged files set aside, named
+                err_console.print(note, highlight=False)
             compacted = result_store.compact()
     except SweepLocked as exc:
         _fail(exc)

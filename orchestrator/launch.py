@@ -222,13 +222,10 @@ def open_for_writing(store: ResultStore, sweep: ResolvedSweep) -> SpoolingWriter
     """The store made ready under the lock: a crash's staged leftovers removed and its compaction
     finished or undone, unreadable row files set aside (their cells run again), rows kept from a run
     whose store went away written first (they count as done), the resolved spec stored."""
-    store.clean_staging()
-    store.recover_compaction()
-    for path in store.quarantine_unreadable():
-        print(f"warning: {path} could not be read; moved to {store.quarantine_dir} (kept) and its cell runs again",
-              file=sys.stderr)
+    for note in store.make_ready().notes():
+        print(note, file=sys.stderr)
     sink = SpoolingWriter(store, spool_dir(store))
-    flush_or_fail(sink)
+    flush_or_fail(sink, announce=True)
     store.write_spec(sweep.spec.to_yaml())
     return sink
 
@@ -298,8 +295,14 @@ def spool_dir(store: ResultStore) -> str:
     return store_cache_dir(store, "spool")
 
 
-def flush_or_fail(sink: SpoolingWriter) -> None:
+def flush_or_fail(sink: SpoolingWriter, announce: bool = False) -> None:
+    """The spooled rows into the store, or StoreUnavailable naming what waits; ``announce``: say how many
+    rows an earlier run kept in the spool were written now."""
+    spooled = len(sink.pending())
     waiting = sink.flush()
+    if announce and spooled > waiting:
+        print(f"note: wrote {spooled - waiting} row(s) kept in the spool ({sink.spool_dir}) while the store could not "
+              "take them", file=sys.stderr)
     if waiting:
         raise StoreUnavailable(
             f"{waiting} finished result(s) could not be written to the store ({sink.last_error}); they are kept "

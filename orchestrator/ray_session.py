@@ -9,6 +9,8 @@ earlier session (a test, or a resume in the same process) is reused when it is t
 
 from __future__ import annotations
 
+import errno
+import logging
 import os
 import signal
 import socket
@@ -74,6 +76,7 @@ class RaySession:
                  runtime_env={"env_vars": env} if env else None, **self.local_resources)
         if callable(on_term) and threading.current_thread() is threading.main_thread():
             signal.signal(signal.SIGTERM, on_term)  # ray.init replaces the process's own with sys.exit
+        quiet_disk_full(logging.getLogger("ray"))
 
     def nodes(self) -> list[dict[str, float]]:
         """The total resources of each alive node."""
@@ -121,6 +124,35 @@ class RaySession:
             ray.cancel(ref, force=True)
             problems.append(f"node {_node_name(asked[ref])} did not run the check within {timeout_s:g} s")
         return problems
+
+
+class DiskFullAtDebug(logging.Filter):
+    """Ray's own ERROR tracebacks about a full disk (Tune saving its experiment state to the store's
+    ``_ray`` folder) lowered to DEBUG: the launch says it once, plainly (the rows kept in the spool and
+    why, ``StoreUnavailable``); with Ray's logger at DEBUG they still show, as debug records."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno <= logging.DEBUG or not disk_full(record):
+            return True
+        record.levelno, record.levelname = logging.DEBUG, "DEBUG"
+        return logging.getLogger(record.name).isEnabledFor(logging.DEBUG)
+
+
+def disk_full(record: logging.LogRecord) -> bool:
+    """The record's exception, or one it was raised from, is ENOSPC (no space left on the device)."""
+    exc = record.exc_info[1] if record.exc_info else None
+    while exc is not None:
+        if isinstance(exc, OSError) and exc.errno == errno.ENOSPC:
+            return True
+        exc = exc.__cause__ or exc.__context__
+    return "No space left on device" in record.getMessage()
+
+
+def quiet_disk_full(logger: logging.Logger) -> None:
+    """Every handler of ``logger`` (Ray's: its records never reach the root logger) gets the filter once."""
+    for handler in logger.handlers:
+        if not any(isinstance(f, DiskFullAtDebug) for f in handler.filters):
+            handler.addFilter(DiskFullAtDebug())
 
 
 def check_reachable(address: str, timeout_s: float = CONNECT_TIMEOUT_S) -> None:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Hashable, Mapping
 from pathlib import Path
 from typing import Any, Literal
 
@@ -342,15 +342,49 @@ def parse(raw: Any) -> tuple[SweepSpec | None, list[str]]:
         return None, [_format_pydantic(err) for err in exc.errors()]
 
 
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """PyYAML's safe loader, keeping every key given twice in one mapping (at any depth) with both lines:
+    a plain load keeps the last one silently (a second ``seeds:`` or ``store:`` would quietly win)."""
+
+    def __init__(self, stream: str):
+        super().__init__(stream)
+        self.duplicates: list[tuple[int, str]] = []  # (the second line, the problem)
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict:
+        first_lines: dict[Any, int] = {}
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=True)
+            line = key_node.start_mark.line + 1
+            if isinstance(key, Hashable) and key in first_lines:
+                self.duplicates.append((line, f"duplicate key {key!r} on lines {first_lines[key]} and {line} "
+                                              "(YAML keeps only the last; give it once)"))
+            elif isinstance(key, Hashable):
+                first_lines[key] = line
+        return super().construct_mapping(node, deep)
+
+
+def load_yaml_text(text: str) -> tuple[Any, list[str]]:
+    """The document's value and its duplicate keys, each named with both lines (yaml.YAMLError when malformed)."""
+    loader = _UniqueKeyLoader(text)
+    try:
+        data = loader.get_single_data()
+        return data, [problem for _, problem in sorted(loader.duplicates)]  # in the file's order
+    finally:
+        loader.dispose()
+
+
 def read_yaml(path: str | Path, overrides: Mapping[str, Any] | None = None) -> Any:
-    """A spec file's mapping, with ``overrides`` (those not None) on top; SpecError naming the file."""
+    """A spec file's mapping, with ``overrides`` (those not None) on top; SpecError naming the file
+    (every key given twice, with both lines)."""
     path = Path(path)
     try:
-        raw = yaml.safe_load(path.read_text())
+        raw, duplicates = load_yaml_text(path.read_text())
     except FileNotFoundError:
         raise SpecError([f"no such file: {path}"], str(path)) from None
     except yaml.YAMLError as exc:
         raise SpecError([f"malformed YAML: {exc}".replace("\n", " ")], str(path)) from None
+    if duplicates:
+        raise SpecError(duplicates, str(path))
     if isinstance(raw, dict) and overrides:
         raw = {**raw, **{k: v for k, v in overrides.items() if v is not None}}
     return raw

@@ -28,9 +28,13 @@ import threading
 import time
 import uuid
 from dataclasses import asdict, dataclass
+from typing import TYPE_CHECKING
 from urllib.parse import parse_qs, unquote, urlsplit
 
 import pyarrow.fs as pafs
+
+if TYPE_CHECKING:
+    from freezesweep.results.store import ResultStore
 
 LOCK_FILE = "_lock.json"
 STALE_ENV = "FREEZESWEEP_LOCK_STALE_S"
@@ -168,6 +172,8 @@ class SweepLock:
             raise self._refusal(holder)
         if not self._claim(holder, version):
             raise self._refusal(self.holder())
+        if self.s3 is None:
+            self._remove_leftovers()
         self._beat = threading.Thread(target=self._heartbeat, daemon=True, name="sweep-lock-heartbeat")
         self._beat.start()
         return self
@@ -297,7 +303,48 @@ class SweepLock:
             self._mark_lost(current)
             return False  # taken over (we were presumed dead): never write over the new holder
         tmp = f"{self.sweep_dir}/_lock.{self.me.token}.tmp"
-        with self.fs.open_output_stream(tmp) as f:
-            f.write(beat.payload())
-        self.fs.move(tmp, self.path)
+        try:
+            with self.fs.open_output_stream(tmp) as f:
+                f.write(beat.payload())
+            self.fs.move(tmp, self.path)
+        except OSError:
+            self._remove(tmp)  # a full disk leaves an empty one: the lock file itself is unchanged
+            raise
         return True
+
+    def _remove_leftovers(self) -> None:
+        """Heartbeat files of holders killed mid-write (``_lock.<token>.tmp``): the lock is ours now."""
+        try:
+            infos = self.fs.get_file_info(pafs.FileSelector(self.sweep_dir, allow_not_found=True))
+        except OSError:
+            return
+        for info in infos:
+            name = info.path.rsplit("/", 1)[-1]
+            if name.startswith("_lock.") and name.endswith(".tmp") and self.me.token not in name:
+                self._remove(info.path)
+
+    def _remove(self, path: str) -> None:
+        try:
+            self.fs.delete_file(path)
+        except OSError:  # not there (FileNotFoundError) or the store is away: nothing more to do
+            pass
+
+
+def store_notes(store: "ResultStore") -> list[str]:
+    """What ``status`` says of a sweep's store beside its rows: a compaction that was interrupted (plain
+    readers of results/ miss rows until it is finished) and a lock whose holder is gone."""
+    lock = SweepLock(store.fs, store.sweep_dir)  # reads the lock file only: never takes it
+    holder = lock.holder()
+    alive = holder is not None and not lock.is_stale(holder)
+    notes = []
+    if holder is not None and not alive:
+        notes.append(f"note: a stale lock: {lock.path} names {holder.describe()}, which is gone (the next launch, "
+                     "resume or compact takes it over)")
+    pending = store.unfinished_compaction()
+    if pending and not alive:
+        notes.append(f"note: an interrupted compaction holds {pending} row file(s) in {store.compacting_dir}, where "
+                     "plain readers of results/ (pandas, DuckDB) miss them (freezesweep's own readers count them); "
+                     f"`freezesweep compact {store.sweep}` or `freezesweep resume {store.sweep}` finishes it")
+    elif pending:
+        notes.append(f"note: a compaction is under way ({holder.describe()}): {pending} row file(s) are moving into a part")
+    return notes

@@ -110,6 +110,36 @@ def store_identity(uri: str, root: str) -> str:
     return f"{parts.scheme.lower()}://{parts.netloc.lower()}{parts.path.rstrip('/')}"
 
 
+def check_store_root(fs: pafs.FileSystem, root: str, uri: str) -> None:
+    """Write and delete a probe file at the store's root, never inside an existing sweep; a local
+    root that does not exist yet is not created here, only its nearest existing parent checked. The
+    probe is deleted even when writing it failed half-way (a full disk leaves an empty file)."""
+    if isinstance(fs, pafs.LocalFileSystem) and not os.path.isdir(root):
+        parent = root
+        while not os.path.exists(parent):
+            parent = os.path.dirname(parent)
+        if not (os.path.isdir(parent) and os.access(parent, os.W_OK | os.X_OK)):
+            raise StoreError(f"cannot create {root!r}: {parent!r} is not a writable folder")
+        return
+    probe = f"{root}/.freezesweep-probe-{uuid.uuid4().hex}"
+    try:
+        fs.create_dir(root, recursive=True)
+        with fs.open_output_stream(probe) as f:
+            f.write(b"probe")
+    except Exception as exc:
+        raise StoreError(f"cannot write to {uri!r}: {exc}") from exc
+    finally:
+        _delete_quietly(fs, probe)
+
+
+def _delete_quietly(fs: pafs.FileSystem, path: str) -> None:
+    """Remove a temporary file if it is there (a failed write may or may not have created it)."""
+    try:
+        fs.delete_file(path)
+    except OSError:
+        pass  # not there (FileNotFoundError), or the store is away: nothing more to do here
+
+
 class ResultStore:
     """``on_staged``: called with (filesystem, path) once per row file, staged whole but not yet moved
     into place (the driver's fault switch in tests: orchestrator/driver_faults.py).
@@ -148,24 +178,8 @@ class ResultStore:
         return self.fs.get_file_info(f"{self.sweep_dir}/{SPEC_FILE}").type != pafs.FileType.NotFound
 
     def check_writable(self) -> None:
-        """Write and delete a probe file at the store's root, never inside an existing sweep; a local
-        root that does not exist yet is not created here, only its nearest existing parent checked."""
-        root = self.sweep_dir.rsplit("/", 1)[0]
-        if isinstance(self.fs, pafs.LocalFileSystem) and not os.path.isdir(root):
-            parent = root
-            while not os.path.exists(parent):
-                parent = os.path.dirname(parent)
-            if not (os.path.isdir(parent) and os.access(parent, os.W_OK | os.X_OK)):
-                raise StoreError(f"cannot create {root!r}: {parent!r} is not a writable folder")
-            return
-        probe = f"{root}/.freezesweep-probe-{uuid.uuid4().hex}"
-        try:
-            self.fs.create_dir(root, recursive=True)
-            with self.fs.open_output_stream(probe) as f:
-                f.write(b"probe")
-            self.fs.delete_file(probe)
-        except Exception as exc:
-            raise StoreError(f"cannot write to {self.uri!r}: {exc}") from exc
+        """The store's root takes files (``check_store_root``)."""
+        check_store_root(self.fs, self.sweep_dir.rsplit("/", 1)[0], self.uri)
 
     # --- rows -----------------------------------------------------------------------------------
     def write_row(self, row: dict[str, Any]) -> str:
@@ -184,8 +198,12 @@ class ResultStore:
         staged = f"{self.staging_dir}/{uuid.uuid4().hex}.tmp"
         self.fs.create_dir(self.staging_dir, recursive=True)
         self.fs.create_dir(final.rsplit("/", 1)[0], recursive=True)
-        with self.fs.open_output_stream(staged) as f:
-            f.write(payload)
+        try:
+            with self.fs.open_output_stream(staged) as f:
+                f.write(payload)
+        except BaseException:
+            _delete_quietly(self.fs, staged)  # a full disk leaves an empty or partial staged file
+            raise
         if on_staged is not None:
             on_staged(self.fs, staged)
         self.fs.move(staged, final)
@@ -314,7 +332,11 @@ class ResultStore:
         singles = self.layout().singles
         if not singles:
             return 0
-        table = self._read(singles, None)
+        try:
+            table = self._read(singles, None)
+        except (OSError, pa.ArrowException):  # a damaged file stays where it is (readers name it), the rest go on
+            singles = [path for path in singles if self._readable(path)]
+            table = self._read(singles, None)
         final = pc.is_in(table["status"], pa.array(FINAL_STATUSES))
         absorbed = [path for path, keep in zip(singles, final.to_pylist()) if keep]
         if not absorbed:
@@ -338,6 +360,20 @@ class ResultStore:
         self._compaction_step("committed")
         self.fs.delete_dir(folder)
         return len(absorbed)
+
+    def unfinished_compaction(self) -> int:
+        """How many row files an interrupted compaction left in _compacting/ (0: none pending). Plain
+        readers of results/ miss them until ``recover_compaction`` (compact, launch, resume) puts them back."""
+        return len(self.layout().compacting)
+
+    def make_ready(self) -> "Repair":
+        """What a crash or damage left, set right before anything is written (the caller holds the lock):
+        staged leftovers removed, an interrupted compaction finished or undone, unreadable row files
+        moved to _quarantine/ (kept; their cells run again)."""
+        staged = self.clean_staging()
+        pending = self.unfinished_compaction()
+        self.recover_compaction()
+        return Repair(staged, pending, self.quarantine_unreadable(), self.quarantine_dir)
 
     def _compaction_step(self, step: str) -> None:
         if self.on_compaction_step is not None:
@@ -364,6 +400,23 @@ class Layout:
     @property
     def files(self) -> list[str]:
         return [*self.parts, *self.singles, *self.compacting]
+
+
+@dataclass(frozen=True)
+class Repair:
+    staged_removed: int  # leftovers of writes a crash interrupted (never visible to readers)
+    compaction_files: int  # row files an interrupted compaction had moved out of results/, now back or in their part
+    quarantined: list[str]  # unreadable row files, moved aside as they were named
+    quarantine_dir: str
+
+    def notes(self) -> list[str]:
+        """What the user should hear of, one line each."""
+        notes = [f"warning: {path} could not be read; moved to {self.quarantine_dir} (kept) and its cell runs again"
+                 for path in self.quarantined]
+        if self.compaction_files:
+            notes.append(f"note: finished an interrupted compaction ({self.compaction_files} row file(s) back in "
+                         "view of every reader of results/)")
+        return notes
 
 
 def _name(path: str) -> str:
@@ -406,8 +459,12 @@ class SpoolingWriter:
     def _spool(self, row: dict[str, Any]) -> None:
         os.makedirs(self.spool_dir, exist_ok=True)
         tmp = os.path.join(self.spool_dir, f".{row['trial_id']}.tmp")
-        pq.write_table(pa.Table.from_pylist([row], schema=SCHEMA), tmp)
-        os.replace(tmp, os.path.join(self.spool_dir, f"{row['trial_id']}.parquet"))
+        try:
+            pq.write_table(pa.Table.from_pylist([row], schema=SCHEMA), tmp)
+            os.replace(tmp, os.path.join(self.spool_dir, f"{row['trial_id']}.parquet"))
+        finally:
+            if os.path.exists(tmp):  # the write failed (a full disk): no half file left beside the spool
+                os.remove(tmp)
 
     def pending(self) -> list[str]:
         if not os.path.isdir(self.spool_dir):

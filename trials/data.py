@@ -20,6 +20,7 @@ import dataclasses
 import functools
 import hashlib
 import os
+import unicodedata
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -115,10 +116,19 @@ class TaskData:
     regression: bool = False
     official_metrics: tuple[str, ...] = ("accuracy",)
     dropped: dict[str, int] = dataclasses.field(default_factory=dict)  # rows dropped per split (empty texts)
+    label_names: tuple[str, ...] = ()  # class id -> the label as the files spell it (empty for regression)
 
     @property
     def metrics(self) -> tuple[str, ...]:
         return task_metrics(self.regression, self.num_labels)
+
+    def class_counts(self) -> dict[str, int]:
+        """Train rows per class, by the label's own spelling (empty for regression)."""
+        if self.regression:
+            return {}
+        counts = np.bincount(self.train.labels, minlength=self.num_labels)
+        names = self.label_names or tuple(map(str, range(self.num_labels)))
+        return {name: int(n) for name, n in zip(names, counts)}
 
     @property
     def majority_baseline(self) -> float | None:
@@ -147,6 +157,7 @@ class TaskShape:
     num_labels: int
     official_metrics: tuple[str, ...]
     dropped: dict[str, int] = dataclasses.field(default_factory=dict)  # rows dropped per split (empty texts)
+    class_counts: dict[str, int] = dataclasses.field(default_factory=dict)  # train rows per class (classification)
 
     @property
     def metrics(self) -> tuple[str, ...]:
@@ -219,7 +230,7 @@ def _load_task(dataset: str, data_dir: Path | None, columns: Columns, files: tup
     problems += shape_problems or _label_problems(labels, columns.label, where, regression)
     if problems:
         raise DatasetError(f"dataset {dataset!r}: " + "; ".join(problems), problems)
-    encoded = _encode_labels(labels, regression)
+    encoded, names = _encode_labels(labels, regression)
     splits = {
         name: Split(name=name, texts=tuple(df[columns.text]), labels=encoded[name],
                     pairs=tuple(df[columns.pair]) if columns.pair else None)
@@ -227,7 +238,7 @@ def _load_task(dataset: str, data_dir: Path | None, columns: Columns, files: tup
     }
     num_labels = 1 if regression else len(set(encoded["train"]) | set(encoded["validation"]))
     return TaskData(dataset, splits["train"], splits["validation"], num_labels=num_labels, regression=regression,
-                    official_metrics=_official_metrics(dataset, regression), dropped=dropped)
+                    official_metrics=_official_metrics(dataset, regression), dropped=dropped, label_names=names)
 
 
 # --- the rows checked before any trial: each problem names the file, the column, the rows, the count ----
@@ -244,9 +255,15 @@ def _rows_words(where: str, positions: np.ndarray) -> str:
 
 
 def _blank(series: pd.Series) -> np.ndarray:
-    """Missing (null, NaN) or empty (only whitespace) cells."""
+    """Missing (null, NaN) or empty cells: nothing left once whitespace and invisible format characters
+    (zero-width space and joiners, the byte-order mark, soft hyphens: Unicode's Cf) are taken out."""
     text = series.astype("string")
-    return (series.isna() | text.str.strip().eq("")).to_numpy(dtype=bool)
+    return (series.isna() | text.map(_invisible, na_action="ignore").fillna(True)).to_numpy(dtype=bool)
+
+
+def _invisible(text: str) -> bool:
+    """Only whitespace and format characters; stops at the first visible one (a real text's first)."""
+    return all(c.isspace() or unicodedata.category(c) == "Cf" for c in text)
 
 
 def _texts(frames: dict[str, pd.DataFrame], columns: Columns, where: dict[str, str],
@@ -305,7 +322,20 @@ def _label_problems(labels: dict[str, pd.Series], column: str, where: dict[str, 
     if len(train) < 2:
         problems.append(f"{where['train']}: column {column!r} has {len(train)} class(es) ({sorted(train, key=str)}): "
                         "a classifier needs at least two")
-    return problems
+    return problems + _spelling_problems(labels, column)
+
+
+def _spelling_problems(labels: dict[str, pd.Series], column: str) -> list[str]:
+    """String labels that differ only in case or whitespace (``pos``, ``pos `` and ``Pos``): each
+    would be a class of its own, silently."""
+    counts = pd.concat(list(labels.values())).dropna().value_counts()
+    spellings: dict[str, list[str]] = {}
+    for value in sorted(v for v in counts.index if isinstance(v, str)):
+        spellings.setdefault(" ".join(value.split()).casefold(), []).append(value)
+    clashes = [names for names in spellings.values() if len(names) > 1]
+    return [f"label column {column!r}: {', '.join(f'{n!r} ({counts[n]} rows)' for n in names)} differ only in case "
+            "or whitespace, so each would be a class of its own; spell each label one way in the files"
+            for names in clashes]
 
 
 def _column_problems(split_columns: dict[str, list[str]], columns: Columns) -> list[str]:
@@ -333,12 +363,14 @@ def _label_shape(dataset: str, label_column: str, float_labels: dict[str, bool])
                         f"{dataset} is a classification task{why}"]
 
 
-def _encode_labels(labels: dict[str, pd.Series], regression: bool) -> dict[str, np.ndarray]:
+def _encode_labels(labels: dict[str, pd.Series], regression: bool) -> tuple[dict[str, np.ndarray], tuple[str, ...]]:
+    """Each split's labels as float scores or class ids, and the classes' names (by id)."""
     if regression:
-        return {split: series.to_numpy(dtype=np.float32) for split, series in labels.items()}
+        return {split: series.to_numpy(dtype=np.float32) for split, series in labels.items()}, ()
     values = sorted(set(labels["train"]) | set(labels["validation"]))
     index = {value: i for i, value in enumerate(values)}
-    return {split: np.asarray([index[v] for v in series], dtype=np.int64) for split, series in labels.items()}
+    encoded = {split: np.asarray([index[v] for v in series], dtype=np.int64) for split, series in labels.items()}
+    return encoded, tuple(map(str, values))
 
 
 def _official_metrics(dataset: str, regression: bool) -> tuple[str, ...]:
@@ -439,7 +471,7 @@ def describe_task(dataset: str, data_dir: str | None = None, text_column: str | 
     runs it per dataset: the rows are read and checked once, before any trial."""
     task = load_task(dataset, data_dir, text_column, label_column, text_pair_column, empty_texts=empty_texts)
     return TaskShape({"train": len(task.train), "validation": len(task.validation)}, task.regression,
-                     task.num_labels, task.official_metrics, task.dropped)
+                     task.num_labels, task.official_metrics, task.dropped, task.class_counts())
 
 
 def shape_words(shape: TaskShape) -> str:

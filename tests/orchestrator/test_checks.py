@@ -360,3 +360,41 @@ def test_dropped_empty_texts_are_counted_when_the_spec_says_drop(write_spec, tmp
     spec = load_spec(write_spec(datasets=[str(folder)], training={"empty_texts": "drop"}))
     assert data_notes(spec) == [f"{folder}: dropped 6 train and 6 validation row(s) with an empty or missing text "
                                 "(training.empty_texts: drop)"]
+
+
+# --- issue 29: every check of launch in plan, every layer's problems in the one error -------------------
+def test_plan_refuses_fp16_on_cpu_trials_as_launch_does(write_spec):
+    """Before: plan (devices=False) accepted fp16 with CPU trials, which launch refused."""
+    path = write_spec(training={"precision": "fp16"})
+    for devices in (True, False):
+        with pytest.raises(SpecError) as info:
+            load_spec(path, devices=devices)
+        assert any("fp16 needs GPU trials" in p for p in info.value.problems), (devices, info.value.problems)
+
+
+def test_an_unwritable_store_is_named_beside_an_invalid_sweep_name(write_spec, tmp_path):
+    """Before: with the name invalid, "not a writable folder" was left out and appeared only after the fix."""
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a folder")
+    problems = _problems(_renamed(write_spec(store=str(blocker / "store")), "no spaces please"))
+    assert any(p.startswith("name: String should match pattern") for p in problems), problems
+    assert any(p.startswith("store: cannot create") and "is not a writable folder" in p for p in problems), problems
+    assert not list(tmp_path.glob("**/.freezesweep-probe-*"))
+
+
+def _renamed(path, name: str):
+    spec = yaml.safe_load(path.read_text())
+    path.write_text(yaml.safe_dump({**spec, "name": name}))
+    return path
+
+
+def test_a_train_size_below_the_classes_names_the_rarest_with_their_counts(write_spec, tmp_path):
+    folder = tmp_path / "three"
+    folder.mkdir()
+    labels = ["a"] * 30 + ["b"] * 8 + ["c"] * 2
+    frame = pd.DataFrame({"sentence": [f"row {i}" for i in range(40)], "label": labels})
+    frame.to_csv(folder / "train.csv", index=False)
+    frame.iloc[::4].to_csv(folder / "validation.csv", index=False)
+    problems = _problems(write_spec(datasets=[str(folder)], train_sizes=[1, 3]))
+    assert problems == [f"train_sizes: [1] below the 3 classes of {folder} (a stratified subset holds at least one row "
+                        "of each class; 1 rows leave out 2 class(es), the rarest: 'c' (2 train rows), 'b' (8 train rows))"]

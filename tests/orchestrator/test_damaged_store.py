@@ -6,6 +6,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pandas as pd
 import pytest
 
 from freezesweep.orchestrator.checks import load_spec
@@ -76,3 +77,81 @@ def test_garbage_in_spec_yaml_is_one_clear_error(tmp_path):
         assert done.returncode == 2 and "Traceback" not in done.stderr, (command, done.stderr)
         assert f"freezesweep {command}: error:" in done.stderr and "damaged" in done.stderr
         assert "relaunch the sweep's original spec file under the same name" in done.stderr
+
+
+# --- issue 29: compact meets damage as resume does; status names an interrupted compaction ------------
+def _stored_sweep(write_spec, tmp_path, name: str = "s", ok: int = 6):
+    """A stored sweep with ``ok`` rows, made without running anything (the CLI reads its spec)."""
+    from freezesweep.orchestrator.rows import result_row
+    from freezesweep.orchestrator.sweeps import resolve_here
+    from freezesweep.results.store import ResultStore
+    from tests.results.test_store import _result
+
+    spec = resolve_here(load_spec(write_spec(name))).spec
+    store = ResultStore(spec.store, name)
+    store.write_spec(spec.to_yaml())
+    for seed in range(ok):
+        store.write_row(result_row(name, _result(seed)))
+    return store
+
+
+def test_compact_names_and_sets_aside_an_unreadable_row_file(write_spec, tmp_path):
+    """Before: `compact` ended in a traceback (ArrowInvalid … magic bytes not found), nothing compacted."""
+    from typer.testing import CliRunner
+
+    from freezesweep.orchestrator.cli import app
+
+    store = _stored_sweep(write_spec, tmp_path)
+    results = Path(store.results_dir)
+    damaged = sorted(results.glob("*.parquet"))[2]
+    damaged.write_bytes(damaged.read_bytes()[:100])
+    good = store.read().sort_values("trial_id", ignore_index=True)
+    done = CliRunner().invoke(app, ["compact", "s", "--store", store.uri])
+    assert done.exit_code == 0, done.output
+    assert f"warning: {damaged} could not be read; moved to" in done.output and "5 row(s) compacted" in done.output
+    assert [p.name[:5] for p in results.iterdir()] == ["part-"]
+    [aside] = Path(store.quarantine_dir).iterdir()
+    assert aside.name.endswith(damaged.name)
+    assert store.read().sort_values("trial_id", ignore_index=True).equals(good)
+
+
+def test_status_names_an_interrupted_compaction_and_compact_finishes_it(write_spec, tmp_path):
+    """Before: plain readers saw 0 of 6 rows after a compaction killed mid-way, and status said nothing."""
+    from typer.testing import CliRunner
+
+    from freezesweep.orchestrator.cli import app
+
+    store = _stored_sweep(write_spec, tmp_path)
+
+    def die(at: str) -> None:
+        if at == "absorbed":
+            raise SystemExit("killed")
+
+    store.on_compaction_step = die
+    with pytest.raises(SystemExit):
+        store.compact()
+    runner = CliRunner()
+    status = runner.invoke(app, ["status", "s", "--store", store.uri])
+    assert status.exit_code == 0 and "an interrupted compaction holds 6 row file(s)" in status.output, status.output
+    done = runner.invoke(app, ["compact", "s", "--store", store.uri])
+    assert "finished an interrupted compaction (6 row file(s)" in done.output and "6 row(s) compacted" in done.output
+    assert "interrupted compaction" not in runner.invoke(app, ["status", "s", "--store", store.uri]).output
+    assert len(pd.read_parquet(store.results_dir)) == 6
+
+
+def test_resume_says_how_many_spooled_rows_it_wrote(tmp_path, capsys):
+    """Before: the rows kept while the store was away were written without a word."""
+    from freezesweep.orchestrator.launch import flush_or_fail, spool_dir
+    from freezesweep.orchestrator.rows import result_row
+    from freezesweep.results.store import ResultStore, SpoolingWriter
+    from tests.results.test_store import _result
+
+    store = ResultStore(str(tmp_path / "store"), "s")
+    sink = SpoolingWriter(store, spool_dir(store))
+    for seed in range(3):
+        sink._spool(result_row("s", _result(seed)))
+    flush_or_fail(sink, announce=True)
+    assert f"note: wrote 3 row(s) kept in the spool ({sink.spool_dir})" in capsys.readouterr().err
+    assert len(store.statuses()) == 3
+    flush_or_fail(sink, announce=True)
+    assert capsys.readouterr().err == ""  # nothing waited: nothing said

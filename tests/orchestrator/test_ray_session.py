@@ -37,3 +37,30 @@ def test_launch_against_a_cluster_that_does_not_answer_fails_naming_it(write_spe
     assert f"freezesweep launch: error:" in done.stderr
     assert f"cannot reach the Ray cluster at '{address}'" in done.stderr and f"no Ray cluster answers at '{address}'" \
         in done.stderr
+
+
+def test_rays_own_disk_full_traceback_is_at_debug_level():
+    """Before: a launch on a full disk printed Ray's ERROR traceback (Tune saving its experiment state)
+    beside the launch's own clear message. Other errors of Ray's still show."""
+    import errno
+    import io
+    import logging
+
+    from freezesweep.orchestrator.ray_session import quiet_disk_full
+
+    logger = logging.getLogger("ray-like-for-this-test")
+    logger.propagate, shown = False, io.StringIO()
+    logger.addHandler(logging.StreamHandler(shown))
+    quiet_disk_full(logger)
+    quiet_disk_full(logger)  # once per handler, however often a session connects
+    assert len(logger.handlers[0].filters) == 1
+    try:
+        raise RuntimeError("sync failed") from OSError(errno.ENOSPC, "No space left on device")
+    except RuntimeError:
+        logger.error("Saving experiment state to storage failed with exception: ", exc_info=True)
+    assert shown.getvalue() == ""
+    logger.error("something else went wrong")
+    assert shown.getvalue() == "something else went wrong\n"
+    logger.setLevel(logging.DEBUG)  # asked for: there, at debug level
+    logger.error("Error writing bytes to file. Detail: [errno 28] No space left on device")
+    assert shown.getvalue().endswith("No space left on device\n")

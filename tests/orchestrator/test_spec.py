@@ -89,3 +89,21 @@ def test_a_grid_over_the_limit_is_refused_with_its_count():
     spec, _ = parse({**MINIMAL, "methods": ["freeze", "lora", "probe"], "frozen_layers": [0, "all"],
                      "lora_ranks": [4, 8], "seeds": [0, 1]})
     assert spec.cell_count() == 1 * 1 * 1 * (2 + 2 + 1) * 2
+
+
+def test_a_key_given_twice_at_any_depth_is_refused_naming_it_and_both_lines(tmp_path):
+    """Before: the last one won silently (a second `seeds:` ran seed 1, a second `store:` moved the sweep)."""
+    from freezesweep.orchestrator.spec import read_yaml
+
+    path = tmp_path / "twice.yaml"
+    path.write_text("name: s\nseeds: [0]\nstore: ./a\ntraining:\n  epochs: 1\n  epochs: 2\nseeds: [1]\n"
+                    "store: ./b\n")
+    with pytest.raises(SpecError) as info:
+        read_yaml(path)
+    assert info.value.source == str(path)
+    assert info.value.problems == [
+        "duplicate key 'epochs' on lines 5 and 6 (YAML keeps only the last; give it once)",
+        "duplicate key 'seeds' on lines 2 and 7 (YAML keeps only the last; give it once)",
+        "duplicate key 'store' on lines 3 and 8 (YAML keeps only the last; give it once)"]
+    path.write_text("name: s\nseeds: [0]\ntraining:\n  epochs: 1\nlora:\n  epochs: 1\n")  # one key per mapping
+    assert read_yaml(path)["seeds"] == [0]

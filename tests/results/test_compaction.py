@@ -120,3 +120,69 @@ def test_the_spool_is_the_stores_however_it_is_spelled_and_never_overwrites_a_ne
     relative.write_row(final)
     SpoolingWriter(absolute, spool_dir(absolute))._spool(result_row("s", _result(1, status="failed")))
     assert sink.flush() == 0 and relative.statuses()[_result(1).trial_id] == "ok"  # ok rows stay final
+
+
+# --- issue 29: damaged files and interrupted compactions meet compact as they meet resume ---------------
+def _rows(store: ResultStore) -> pd.DataFrame:
+    return store.read().sort_values("trial_id", ignore_index=True)
+
+
+def test_compact_sets_an_unreadable_row_file_aside_and_compacts_the_rest(tmp_path):
+    """Before: ArrowInvalid (magic bytes not found), a traceback, and nothing compacted."""
+    store = _filled(tmp_path, ok=4, failed=0)
+    damaged = tmp_path / "s" / "results" / f"{_result(2).trial_id}.parquet"
+    damaged.write_bytes(damaged.read_bytes()[: damaged.stat().st_size // 2])
+    good = _rows(store)
+    assert store.compact() == 3  # the damaged file stays where it is, named by every reader
+    pd.testing.assert_frame_equal(_rows(store), good)
+    notes = store.make_ready().notes()  # what `compact` and `resume` run first, under the lock
+    assert notes == [f"warning: {damaged} could not be read; moved to {store.quarantine_dir} (kept) and its cell "
+                     "runs again"]
+    [kept] = (tmp_path / "s" / "_quarantine").iterdir()
+    assert kept.name.endswith(damaged.name) and kept.stat().st_size > 0
+    pd.testing.assert_frame_equal(_rows(store), good)  # the good rows: the same values
+    assert _each_reader(tmp_path / "s" / "results")["duckdb"] == 3
+
+
+def test_an_interrupted_compaction_is_named_then_finished(tmp_path):
+    """Before: plain readers missed the absorbed rows until the next compact or resume, and nothing said so."""
+    from freezesweep.results.lock import store_notes
+
+    store = _filled(tmp_path, ok=8, failed=2)
+    expected = _rows(store)
+
+    def die(at: str) -> None:
+        if at == "absorbed":
+            raise SystemExit("killed")
+
+    store.on_compaction_step = die
+    with pytest.raises(SystemExit):
+        store.compact()
+    store.on_compaction_step = None
+    assert _each_reader(tmp_path / "s" / "results")["pandas"] == 2  # the final rows moved out of results/
+    [note] = store_notes(store)
+    assert note.startswith("note: an interrupted compaction holds 8 row file(s) in ") and "compact s" in note
+    assert store.make_ready().notes() == ["note: finished an interrupted compaction (8 row file(s) back in view of "
+                                          "every reader of results/)"]
+    assert store_notes(store) == [] and _each_reader(tmp_path / "s" / "results")["pandas"] == 10
+    pd.testing.assert_frame_equal(_rows(store), expected)
+
+
+def test_a_lock_whose_holder_is_gone_is_named(tmp_path):
+    import json
+    import subprocess
+    import sys
+
+    from freezesweep.results.lock import SweepLock, store_notes
+
+    store = _filled(tmp_path, ok=1, failed=0)
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    holder = {"host": __import__("socket").gethostname(), "pid": int(gone.stdout), "token": "t", "started_at": 0.0,
+              "heartbeat_at": 0.0}
+    (tmp_path / "s" / "_lock.json").write_text(json.dumps(holder))
+    (tmp_path / "s" / "_lock.t.tmp").write_bytes(b"")  # its heartbeat was cut by the kill
+    [note] = store_notes(store)
+    assert note.startswith(f"note: a stale lock: {tmp_path}/s/_lock.json names pid {holder['pid']}")
+    with SweepLock(store.fs, store.sweep_dir):
+        assert not (tmp_path / "s" / "_lock.t.tmp").exists()  # the dead holder's temp file goes with its lock
+    assert store_notes(store) == [] and not list((tmp_path / "s").glob("_lock.*.tmp"))

@@ -249,3 +249,66 @@ def test_diverged_cells_are_counted_apart_and_left_out(tmp_path):
     report = write_report([SweepRows.from_store(store, status.reset_index())], str(tmp_path / "out"))
     assert report.completeness == ["s: complete, 3 cells done; 1 diverged (a non-finite loss: left out of every "
                                    "statistic, not run again)."]
+
+
+# --- issue 29: a full disk leaves no temporary file behind -------------------------------------------------
+def _full_disk():
+    """The local filesystem, but every write fails as on a full disk (the file is created, empty)."""
+    import errno
+    import io
+
+    import pyarrow.fs as pafs
+    from fsspec.implementations.local import LocalFileSystem
+
+    class Full(io.RawIOBase):
+        def __init__(self, f):
+            self.f = f
+
+        def writable(self) -> bool:
+            return True
+
+        def write(self, data) -> int:
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+        def close(self) -> None:
+            self.f.close()
+            super().close()
+
+    class FullDisk(LocalFileSystem):
+        cachable = False
+
+        def _open(self, path, mode="rb", **kwargs):
+            opened = super()._open(path, mode, **kwargs)
+            return Full(opened) if "w" in mode else opened
+
+    return pafs.PyFileSystem(pafs.FSSpecHandler(FullDisk()))
+
+
+def _leftovers(folder) -> list[str]:
+    return sorted(str(p.relative_to(folder)) for p in folder.rglob("*") if p.is_file() and
+                  (p.name.endswith(".tmp") or p.name.startswith(".freezesweep-probe-")))
+
+
+def test_a_full_disk_leaves_no_temporary_file(tmp_path):
+    """Before: an empty .freezesweep-probe-* file at the store's root, an empty staged row file, and an
+    empty _lock.<token>.tmp beside the lock."""
+    from freezesweep.results.lock import SweepLock
+    from freezesweep.results.store import StoreError, check_store_root
+
+    store = ResultStore(str(tmp_path), "s")
+    store.write_row(result_row("s", _result(0)))
+    store.fs = _full_disk()
+    with pytest.raises(StoreError, match="No space left on device"):
+        check_store_root(store.fs, str(tmp_path), str(tmp_path))
+    with pytest.raises(OSError, match="No space left"):
+        store.write_row(result_row("s", _result(1)))
+    lock = SweepLock(ResultStore(str(tmp_path), "s").fs, store.sweep_dir).acquire()
+    try:
+        lock.fs = store.fs
+        with pytest.raises(OSError, match="No space left"):
+            lock._beat_once()
+    finally:
+        lock.fs = ResultStore(str(tmp_path), "s").fs
+        lock.release()
+    assert _leftovers(tmp_path) == []
+    assert set(ResultStore(str(tmp_path), "s").statuses()) == {_result(0).trial_id}  # the good row as it was

@@ -194,3 +194,34 @@ def test_empty_and_null_texts_are_refused_or_dropped_and_counted(tmp_path):
     task = load_task(str(folder), empty_texts="drop")
     assert task.dropped == {"train": 2, "validation": 0} and task.train.texts == ("fine", "good", "bad", "ok")
     assert "None" not in task.train.texts and list(task.train.labels) == [0, 1, 0, 1]
+
+
+def test_labels_that_differ_only_in_case_or_whitespace_are_named(tmp_path):
+    """Before: `pos`, `pos `, `neg`, `neg ` made a 4-class head, exit 0, no word."""
+    train = "sentence,label\n" + "".join(f"row {i},{label}\n" for i, label in enumerate(["pos", "pos ", "neg", "neg ", "pos", "Neg"]))
+    folder = _csv_pair(tmp_path / "d", train, "sentence,label\nx,pos\ny,neg\n")
+    with pytest.raises(DatasetError) as info:
+        load_task(folder)
+    assert info.value.problems == [
+        "label column 'label': 'Neg' (1 rows), 'neg' (2 rows), 'neg ' (1 rows) differ only in case or whitespace, so "
+        "each would be a class of its own; spell each label one way in the files",
+        "label column 'label': 'pos' (3 rows), 'pos ' (1 rows) differ only in case or whitespace, so each would be a "
+        "class of its own; spell each label one way in the files"]
+    clean = _csv_pair(tmp_path / "ok", "sentence,label\na,pos\nb,neg\nc,Positive\n", "sentence,label\nx,pos\ny,neg\n")
+    assert load_task(clean).num_labels == 3  # distinct words stay distinct classes
+
+
+def test_a_text_of_only_invisible_characters_is_empty(tmp_path):
+    """Before: a text of zero-width spaces and joiners (and a byte-order mark) was accepted, where "   " was refused."""
+    frame = pd.DataFrame({"sentence": ["fine", "\u200b\u200b", " \u200d\ufeff ", "good", "caf\u00e9\u200b", "ok"],
+                          "label": [0, 1, 0, 1, 0, 1]})
+    folder = tmp_path / "d"
+    folder.mkdir()
+    frame.to_parquet(folder / "train.parquet")
+    frame.iloc[[0, 3]].to_parquet(folder / "validation.parquet")
+    with pytest.raises(DatasetError) as info:
+        load_task(str(folder))
+    assert info.value.problems == [f"{folder}/train.parquet: column 'sentence' has 2 empty or missing text(s), rows "
+                                   "(0-based) 1, 2 (training.empty_texts: drop drops such rows)"]
+    task = load_task(str(folder), empty_texts="drop")
+    assert task.train.texts == ("fine", "good", "caf\u00e9\u200b", "ok")  # a visible text keeps its bytes

@@ -79,3 +79,47 @@ def test_regression_subsets_are_stratified_by_score_bins():
 def test_real_stsb_subsets_span_the_score_range(glue_dir):
     scores = load_task("glue/stsb", str(glue_dir)).train.labels
     _bin_counts_follow_the_split(scores, SIZES)
+
+
+def _rare_minority() -> np.ndarray:
+    """Issue 29's split: 198 rows of class 1, 2 of class 0, shuffled."""
+    labels = np.array([1] * 198 + [0] * 2)
+    np.random.default_rng(0).shuffle(labels)
+    return labels
+
+
+@pytest.mark.parametrize("split_seed", [0, 1, 2])
+def test_a_rare_class_has_a_row_in_every_subset_at_least_as_large_as_the_classes(split_seed):
+    """Before: subsets of 2, 4, 16 and 32 rows held only class 1 (the minority's quota came up at ~100)."""
+    labels = _rare_minority()
+    previous = set()
+    for size in (2, 4, 16, 32, 50, 100, 150, 200):
+        rows = subset_indices(labels, size, split_seed)
+        assert set(labels[rows]) == {0, 1}, (size, np.bincount(labels[rows]))
+        assert previous <= set(rows), f"{size} does not contain the smaller subset"
+        previous = set(rows)
+    # once the minority's quota comes up on its own, the subsets are the plain stratified ones
+    assert np.bincount(labels[subset_indices(labels, 150, split_seed)]).tolist() == [2, 148]
+
+
+def test_subsets_that_held_every_class_keep_their_rows():
+    """Only the head of the order moves: every prefix that already held each class keeps its rows, and
+    an order whose first rows are distinct classes is left as it is."""
+    from freezesweep.trials.subsets import cover_every_class
+
+    labels = np.array([0] * 6 + [1] * 3 + [2])
+    order = np.array([0, 6, 1, 2, 7, 3, 4, 9, 5, 8])  # class 2 first comes up at position 7
+    covered = cover_every_class(order, labels)
+    assert labels[covered[:3]].tolist() == [0, 1, 2]
+    assert all(set(labels[covered[:n]]) == {0, 1, 2} for n in range(3, 11))
+    assert all(set(covered[:n]) == set(order[:n]) for n in range(8, 11))  # these held every class before
+    assert sorted(covered) == sorted(order)
+    distinct = np.array([0, 6, 9, 1, 7, 2, 3, 4, 5, 8])
+    assert np.array_equal(cover_every_class(distinct, labels), distinct)
+
+
+def test_a_train_size_below_the_classes_names_them_with_their_counts():
+    labels = np.array([0] * 90 + [1] * 8 + [2] * 2)
+    with pytest.raises(SubsetError, match=r"train size 2 is below the 3 classes .* class 2 \(2 rows\), class 1 \(8 rows\)"):
+        subset_indices(labels, 2, 0)
+    assert set(labels[subset_indices(labels, 3, 0)]) == {0, 1, 2}
