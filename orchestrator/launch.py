@@ -35,14 +35,14 @@ from dataclasses import dataclass
 from freezesweep.orchestrator import local_files
 from freezesweep.orchestrator.checks import validation_rows
 from freezesweep.orchestrator.driver_faults import DriverFaults
-from freezesweep.orchestrator.plan import (ResolvedSweep, build_grid, grid_size, hungriest_frozen_layers, iter_grid, rounds,
-                               settle_round, with_doubled_gpu_share, with_resources)
+from freezesweep.orchestrator.plan import (ResolvedSweep, build_grid, grid_size, hungriest_frozen_layers, rounds,
+                               with_doubled_gpu_share, with_resources)
 from freezesweep.orchestrator.progress import SweepProgress
 from freezesweep.orchestrator.ray_session import RaySession, TaskFailed, auto_precision_task, memory_probe_task
 from freezesweep.orchestrator.ray_storage import RayStorage, checkpoint_storage_warning, ray_storage, store_cache_dir
 from freezesweep.orchestrator.rows import result_row
 from freezesweep.orchestrator.spec import SpecError, SweepSpec, read_stored_spec
-from freezesweep.orchestrator.sweeps import OLD_SWEEP, precision_here, resolved
+from freezesweep.orchestrator.sweeps import OLD_SWEEP, next_cells, precision_here, resolved
 from freezesweep.orchestrator.tune_adapter import recover_from_ray, run_tune
 from freezesweep.results.lock import SweepLock
 from freezesweep.results.store import FINAL_STATUSES, ResultStore, SpoolingWriter
@@ -62,6 +62,9 @@ class LaunchSummary:
     unfinished: int = 0  # planned but without an outcome (the launch was interrupted)
     oom_retried: int = 0  # cells run again with twice the GPU share after running out of memory
     gpu_packing: str | None = None  # what gpus_per_trial auto measured and chose
+    sweep: str = ""  # the sweep's name
+    store: str = ""  # its store's root
+    terminated: bool = False  # stopped by SIGTERM (a scheduler), not Ctrl-C: ``unfinished`` cells wait for resume
 
 
 class StoreUnavailable(RuntimeError):
@@ -161,13 +164,14 @@ def run(sweep: ResolvedSweep, session: RaySession, show_progress: bool = True,
         total = grid_size(sweep)
         pending = peeked(next_cells(sweep, store, done))
         if pending is None:
-            return LaunchSummary(total, len(done), 0, 0, 0)
+            return LaunchSummary(total, len(done), 0, 0, 0, sweep=sweep.name, store=sweep.spec.store)
         session.connect()  # before Tune reads its state back: the session decides where Ray runs
         storage = ray_storage(store, cluster=sweep.on_cluster)
         recovered = recover_rows(storage, sink, sweep.name, done)
         pending = peeked(c for c in pending if c.trial_id not in recovered)
         if pending is None:
-            return LaunchSummary(total, len(done), 0, 0, 0, recovered=len(recovered))
+            return LaunchSummary(total, len(done), 0, 0, 0, recovered=len(recovered), sweep=sweep.name,
+                                 store=sweep.spec.store)
         notice = checkpoint_storage_warning(bool(sweep.spec.training.checkpoint_every_epochs), sweep.spec.store,
                                             storage, on_cluster=sweep.on_cluster)
         if notice:
@@ -179,20 +183,7 @@ def run(sweep: ResolvedSweep, session: RaySession, show_progress: bool = True,
         flush_or_fail(sink)
     return LaunchSummary(total, len(done), len(writer.outcomes), writer.ok, writer.failed, writer.diverged,
                          recovered=len(recovered), unfinished=len(writer.planned - set(writer.outcomes)),
-                         oom_retried=retried, gpu_packing=sweep.gpu_packing)
-
-
-SETTLE_COLUMNS = ["trial_id", "status", "best_val_score", "baseline_score"]
-
-
-def next_cells(sweep: ResolvedSweep, store: ResultStore, done: set[str]) -> Iterable[TrialConfig]:
-    """The cells to run now: a fixed grid's every cell without a final row (in ``done``), as the grid
-    yields them (the first round starts before the last cell is built); in settle mode, the next round
-    the stored rows call for (orchestrator/plan.py settle_round)."""
-    if sweep.spec.settle is None:
-        return (c for c in iter_grid(sweep) if c.trial_id not in done)
-    rows = store.read_table(columns=SETTLE_COLUMNS).to_pandas()
-    return [c for c in settle_round(sweep, build_grid(sweep), rows) if c.trial_id not in done]
+                         oom_retried=retried, gpu_packing=sweep.gpu_packing, sweep=sweep.name, store=sweep.spec.store)
 
 
 def peeked(cells: Iterable[TrialConfig]) -> Iterator[TrialConfig] | None:

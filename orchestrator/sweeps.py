@@ -6,11 +6,14 @@ Inspection (status, summary, query, report) needs only this layer: no Ray, no to
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 from freezesweep.orchestrator.checks import model_depths, select_metrics, validate
 from freezesweep.orchestrator.local_files import Shipment
-from freezesweep.orchestrator.plan import ResolvedSweep, gpu_request
+from freezesweep.orchestrator.plan import ResolvedSweep, build_grid, gpu_request, iter_grid, settle_round
 from freezesweep.orchestrator.spec import SpecError, SweepSpec, read_stored_spec
 from freezesweep.results.store import ResultStore
+from freezesweep.trials.config import TrialConfig
 from freezesweep.trials.data import resolve_data_dir
 
 # A stored spec with precision "auto" was written before ids named the resolved precision and before
@@ -81,3 +84,17 @@ def sweep_from_store(name: str, store_uri: str) -> ResolvedSweep:
     spec = stored_spec(name, store_uri)
     training = spec.training.model_copy(update={"select_metric": select_metrics(spec)})  # a legacy one names one metric
     return ResolvedSweep(spec.model_copy(update={"training": training}), model_depths(spec), address=spec.address)
+
+
+# What settle mode reads of the stored rows to choose its next round.
+SETTLE_COLUMNS = ["trial_id", "status", "best_val_score", "baseline_score"]
+
+
+def next_cells(sweep: ResolvedSweep, store: ResultStore, done: set[str]) -> Iterable[TrialConfig]:
+    """The cells a launch runs now (and the dry run shows): a fixed grid's every cell without a final
+    row (in ``done``), as the grid yields them (a launch's first round starts before the last cell is
+    built); in settle mode, the next round the stored rows call for (orchestrator/plan.py settle_round)."""
+    if sweep.spec.settle is None:
+        return (c for c in iter_grid(sweep) if c.trial_id not in done)
+    rows = store.read_table(columns=SETTLE_COLUMNS).to_pandas()
+    return [c for c in settle_round(sweep, build_grid(sweep), rows) if c.trial_id not in done]
