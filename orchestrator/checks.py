@@ -18,8 +18,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Protocol
 
-from freezesweep.orchestrator.spec import (NAME_PATTERN, SpecError, SweepSpec, parse, read_stored_spec, read_yaml,
-                               spec_aliases)
+from freezesweep.orchestrator.spec import (DEFAULT_STORE, NAME_PATTERN, SpecError, SweepSpec, parse, read_stored_spec,
+                               read_yaml, spec_aliases)
 from freezesweep.results.store import ResultStore, StoreError
 from freezesweep.trials.data import GLUE_PAIR_TASKS, DatasetError, describe_task, official_metric, shape_words
 from freezesweep.trials.metrics import METRICS
@@ -255,7 +255,7 @@ def cluster_problems(cluster: ClusterView, cpus: float, gpus: float, auto: bool 
 
 
 def _store_problems(raw: dict[str, Any]) -> list[str]:
-    name, store = raw.get("name"), raw.get("store", "./sweeps")
+    name, store = raw.get("name"), raw.get("store", DEFAULT_STORE)
     if not isinstance(name, str) or not isinstance(store, str) or not re.match(NAME_PATTERN, name):
         return []  # pydantic reports these; never probe a store under an invalid name
     try:

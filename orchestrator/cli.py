@@ -20,6 +20,7 @@ from rich.console import Console
 from rich.table import Table
 
 from freezesweep.orchestrator import api
+from freezesweep.orchestrator.spec import DEFAULT_STORE
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="How many layers to freeze for the data you have: sweeps of fine-tunes into a Parquet store.")
@@ -117,7 +118,7 @@ def _print_trial(result) -> None:
     console.print(table)
 
 
-StoreOpt = Annotated[Optional[str], typer.Option("--store", help="store root (default: the spec's, else ./sweeps)")]
+StoreOpt = Annotated[Optional[str], typer.Option("--store", help=f"store root (default: the spec's, else {DEFAULT_STORE})")]
 
 
 class OutputFormat(str, Enum):
