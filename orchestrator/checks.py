@@ -261,15 +261,19 @@ def _store_problems(raw: dict[str, Any]) -> list[str]:
     try:
         target = ResultStore(store, name)
         target.check_writable()
-        stored = target.read_spec()
+        stored = stored_spec_mapping(target)
     except StoreError as exc:
         return [f"store: {exc}"]
-    if stored is None:
-        return []
-    try:
-        return _protocol_changes(read_stored_spec(stored, f"{target.uri}/{name}/spec.yaml"), raw)
     except SpecError as exc:  # a damaged spec.yaml: named with what to do, beside the other problems
         return [f"store: {exc.source}: {p}" for p in exc.problems]
+    return [] if stored is None else _protocol_changes(stored, raw)
+
+
+def stored_spec_mapping(store: ResultStore) -> dict[str, Any] | None:
+    """The spec.yaml a sweep's store holds, read and parsed as a mapping (spec.read_stored_spec: a
+    damaged one is a SpecError saying what to do); None when the store has no such sweep."""
+    text = store.read_spec()
+    return None if text is None else read_stored_spec(text, f"{store.uri}/{store.sweep}/spec.yaml")
 
 
 def _protocol_changes(stored: dict[str, Any], raw: dict[str, Any]) -> list[str]:

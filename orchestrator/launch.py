@@ -33,7 +33,7 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 
 from freezesweep.orchestrator import local_files
-from freezesweep.orchestrator.checks import validation_rows
+from freezesweep.orchestrator.checks import stored_spec_mapping, validation_rows
 from freezesweep.orchestrator.driver_faults import DriverFaults
 from freezesweep.orchestrator.plan import (ResolvedSweep, build_grid, grid_size, hungriest_frozen_layers, rounds,
                                with_doubled_gpu_share, with_resources)
@@ -41,7 +41,7 @@ from freezesweep.orchestrator.progress import SweepProgress
 from freezesweep.orchestrator.ray_session import RaySession, TaskFailed, auto_precision_task, memory_probe_task
 from freezesweep.orchestrator.ray_storage import RayStorage, checkpoint_storage_warning, ray_storage, store_cache_dir
 from freezesweep.orchestrator.rows import result_row
-from freezesweep.orchestrator.spec import SpecError, SweepSpec, read_stored_spec
+from freezesweep.orchestrator.spec import SpecError, SweepSpec
 from freezesweep.orchestrator.sweeps import OLD_SWEEP, next_cells, precision_here, resolved
 from freezesweep.orchestrator.tune_adapter import recover_from_ray, run_tune
 from freezesweep.results.lock import SweepLock
@@ -118,8 +118,7 @@ def resolve_precision(spec: SweepSpec, session: RaySession) -> str:
 def check_stored_precision(spec: SweepSpec, precision: str) -> None:
     """An ``auto`` sweep continued on other hardware must not mix precisions: refuse, naming both."""
     store = ResultStore(spec.store, spec.name)
-    text = store.read_spec()
-    raw = read_stored_spec(text, f"{store.uri}/{spec.name}/spec.yaml") if text else None
+    raw = stored_spec_mapping(store)
     stored = (raw.get("training") or {}).get("precision", "auto") if raw else None
     if stored is None or stored == precision:
         return

@@ -8,10 +8,10 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from freezesweep.orchestrator.checks import model_depths, select_metrics, validate
+from freezesweep.orchestrator.checks import model_depths, select_metrics, stored_spec_mapping, validate
 from freezesweep.orchestrator.local_files import Shipment
 from freezesweep.orchestrator.plan import ResolvedSweep, build_grid, gpu_request, iter_grid, settle_round
-from freezesweep.orchestrator.spec import SpecError, SweepSpec, read_stored_spec
+from freezesweep.orchestrator.spec import SpecError, SweepSpec
 from freezesweep.results.store import ResultStore
 from freezesweep.trials.config import TrialConfig
 from freezesweep.trials.data import resolve_data_dir
@@ -47,8 +47,8 @@ def resolve_for_plan(spec: SweepSpec) -> tuple[ResolvedSweep, str | None]:
     2020 resolve to), said in the note returned beside the sweep, since cell ids name the precision."""
     if spec.training.precision != "auto":
         return resolve_here(spec), None
-    text = ResultStore(spec.store, spec.name).read_spec()
-    stored = (read_stored_spec(text).get("training") or {}).get("precision") if text else None
+    raw = stored_spec_mapping(ResultStore(spec.store, spec.name))
+    stored = (raw.get("training") or {}).get("precision") if raw else None
     if stored not in (None, "auto"):
         return resolved(spec, stored), None
     try:
@@ -69,11 +69,11 @@ def precision_here(spec: SweepSpec) -> str:
 def stored_spec(name: str, store_uri: str, semantic: bool = False) -> SweepSpec:
     """The spec a sweep was launched with, as stored; ``semantic=False`` skips the checks that load
     the model and data (inspection needs neither)."""
-    text = ResultStore(store_uri, name).read_spec()
-    if text is None:
+    raw = stored_spec_mapping(ResultStore(store_uri, name))
+    if raw is None:
         raise SpecError([f"no sweep named {name!r} in store {store_uri!r}"], store_uri)
     source = f"{store_uri}/{name}/spec.yaml"
-    spec = validate(read_stored_spec(text, source), source, semantic=semantic)
+    spec = validate(raw, source, semantic=semantic)
     if spec.training.precision == "auto":  # stored unresolved: written by a freezesweep before 0.2
         raise SpecError([OLD_SWEEP], source)
     return spec
