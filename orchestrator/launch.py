@@ -25,24 +25,25 @@ it in the next launch. Its row is written once, when it finishes: one row per ce
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import itertools
 import sys
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
+from types import SimpleNamespace
 
 from freezesweep.orchestrator import local_files
-from freezesweep.orchestrator.checks import stored_spec_mapping, validation_rows
+from freezesweep.orchestrator.local_files import Shipment
+from freezesweep.orchestrator.checks import model_depths, stored_spec_mapping, validation_rows
 from freezesweep.orchestrator.driver_faults import DriverFaults
-from freezesweep.orchestrator.plan import (ResolvedSweep, build_grid, grid_size, hungriest_frozen_layers, rounds,
+from freezesweep.orchestrator.plan import (ResolvedSweep, grid_size, hungriest_frozen_layers, method_variants, rounds,
                                with_doubled_gpu_share, with_resources)
 from freezesweep.orchestrator.progress import SweepProgress
 from freezesweep.orchestrator.ray_session import RaySession, TaskFailed, auto_precision_task, memory_probe_task
 from freezesweep.orchestrator.ray_storage import RayStorage, checkpoint_storage_warning, ray_storage, store_cache_dir
 from freezesweep.orchestrator.rows import result_row
 from freezesweep.orchestrator.spec import SpecError, SweepSpec
-from freezesweep.orchestrator.sweeps import OLD_SWEEP, next_cells, precision_here, resolved
+from freezesweep.orchestrator.sweeps import OLD_SWEEP, next_cells, precision_here, resolved_spec
 from freezesweep.orchestrator.tune_adapter import recover_from_ray, run_tune
 from freezesweep.results.lock import SweepLock
 from freezesweep.results.store import FINAL_STATUSES, ResultStore, SpoolingWriter
@@ -84,11 +85,10 @@ def resolve(spec: SweepSpec, session: RaySession) -> ResolvedSweep:
     precision = resolve_precision(spec, session)
     check_stored_precision(spec, precision)
     shipment = session.ship(spec) if local_files.mode(spec, session.on_cluster) == "ship" else None
-    sweep = resolved(spec, precision, session.address, shipment)
-    if spec.resources.gpus_per_trial != "auto":
-        return sweep
-    share, measured = measure_gpu_share(sweep, session)
-    return dataclasses.replace(sweep, gpu_share=share, gpu_packing=measured)
+    decided, depths = resolved_spec(spec, precision), model_depths(spec)
+    share, measured = (None, None) if spec.resources.gpus_per_trial != "auto" else \
+        measure_gpu_share(decided, depths, shipment, session)
+    return ResolvedSweep(decided, depths, session.address, shipment, share, measured)
 
 
 def preflight(spec: SweepSpec, session: RaySession) -> None:
@@ -130,24 +130,33 @@ def check_stored_precision(spec: SweepSpec, precision: str) -> None:
     ], f"{store.uri}/{spec.name}")
 
 
-def measure_gpu_share(sweep: ResolvedSweep, session: RaySession) -> tuple[float, str]:
+def measure_gpu_share(spec: SweepSpec, model_layers: Mapping[str, int], shipment: Shipment | None,
+                      session: RaySession) -> tuple[float, str]:
     """``gpus_per_trial: auto``: one trial of the grid's hungriest depth measured on a GPU where the
     trials run (a Ray task holding a whole GPU, in a worker process that exits after it, so the memory
     it took goes back), one probe per model; the sweep packs as densely as its hungriest model allows
-    (trials/memory_probe.py). Returns the share, and what was measured in words."""
-    t = sweep.spec.training
+    (trials/memory_probe.py). ``spec``: resolved (its precision decided). Returns the share, and what
+    was measured in words."""
+    t = spec.training
     shape = dict(batch_size=t.batch_size, max_seq_length=t.max_seq_length, model_init=t.model_init,
-                 eval_batch_size=t.eval_batch_size, precision=t.precision, eval_rows=validation_rows(sweep.spec),
-                 frozen_layers=hungriest_frozen_layers(build_grid(sweep)))
-    calls = [{"model": model, "shipment": sweep.shipment, **shape} for model in sweep.spec.models()]
+                 eval_batch_size=t.eval_batch_size, precision=t.precision, eval_rows=validation_rows(spec),
+                 frozen_layers=hungriest_depth(spec, model_layers))
+    calls = [{"model": model, "shipment": shipment, **shape} for model in spec.models()]
     try:
-        probes = session.run_task(memory_probe_task, calls, cpus=sweep.spec.resources.cpus_per_trial, gpus=1,
+        probes = session.run_task(memory_probe_task, calls, cpus=spec.resources.cpus_per_trial, gpus=1,
                                   fresh_process=True)
     except TaskFailed as exc:
         raise SpecError([f"resources.gpus_per_trial: auto: measuring one trial on a GPU failed: {exc}"],
                         "launch") from None
     probe = max(probes, key=lambda p: p.gpus_per_trial)
     return probe.gpus_per_trial, f"gpus_per_trial auto: {describe(probe)}"
+
+
+def hungriest_depth(spec: SweepSpec, model_layers: Mapping[str, int]) -> int:
+    """``plan.hungriest_frozen_layers`` of the grid, from each model's variants alone: every dataset,
+    train size and seed has the same ones, so the grid (maybe a million cells) is never built."""
+    variants = [SimpleNamespace(**v) for model in spec.models() for v in method_variants(spec, model, model_layers)]
+    return hungriest_frozen_layers(variants)
 
 
 # --- run: the store is the source of truth --------------------------------------------------------

@@ -22,17 +22,20 @@ OLD_SWEEP = ("this sweep was made by a freezesweep before 0.2 (other evaluation 
              "its rows stay readable, but it cannot be continued; launch the spec under a new sweep name")
 
 
-def resolved(spec: SweepSpec, precision: str, address: str | None = None, shipment: Shipment | None = None,
-             gpus_per_trial: float | None = None, gpu_packing: str | None = None) -> ResolvedSweep:
+def resolved_spec(spec: SweepSpec, precision: str) -> SweepSpec:
     """``spec`` with its precision, each dataset's select metric (stored resolved, so status and report
-    never need the data), the data dir this machine reads (so ``resume`` works without the environment
-    variable) and the models' depths decided; ``gpus_per_trial``: the share ``auto`` measured (the
-    spec keeps ``auto``: a resume on other GPUs measures again)."""
+    never need the data) and the data dir this machine reads (so ``resume`` works without the
+    environment variable) decided. Its GPU share stays as written: ``auto`` is measured by a launch
+    (a resume on other GPUs measures again)."""
     local = resolve_data_dir(None)
     spec = spec.model_copy(update={"data_dir": spec.data_dir or (str(local.resolve()) if local else None)})
     training = spec.training.model_copy(update={"precision": precision, "select_metric": select_metrics(spec)})
-    return ResolvedSweep(spec.model_copy(update={"training": training}), model_depths(spec), address, shipment,
-                         gpus_per_trial, gpu_packing)
+    return spec.model_copy(update={"training": training})
+
+
+def resolved(spec: SweepSpec, precision: str) -> ResolvedSweep:
+    """``spec`` resolved in ``precision``, without Ray (inspection and plans: no cluster, no GPU share measured)."""
+    return ResolvedSweep(resolved_spec(spec, precision), model_depths(spec))
 
 
 def resolve_here(spec: SweepSpec) -> ResolvedSweep:

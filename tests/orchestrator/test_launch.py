@@ -42,3 +42,15 @@ def test_a_sweep_with_nothing_left_never_starts_ray(write_spec, no_ray, tmp_path
     summary = launch(spec, show_progress=False)
     assert (summary.total, summary.already_ok, summary.ran) == (4, 4, 0)
     assert store.read_spec() is not None and not (tmp_path / "store" / "finished" / "_ray").exists()
+
+
+@pytest.mark.parametrize("overrides, depth", [({}, 0), ({"methods": ["freeze"], "frozen_layers": [2, "all"], "lora_ranks": []}, 2),
+                                              ({"methods": ["freeze", "probe"], "frozen_layers": [-1, 2], "lora_ranks": []}, -1),
+                                              ({"methods": ["probe"], "frozen_layers": [], "lora_ranks": []}, 0)])
+def test_the_gpu_probe_depth_comes_from_the_variants_without_the_grid(overrides, depth):
+    from freezesweep.orchestrator.launch import hungriest_depth
+    from freezesweep.orchestrator.plan import hungriest_frozen_layers
+    from tests.orchestrator.test_plan import _sweep
+
+    sweep = _sweep(**overrides)
+    assert hungriest_depth(sweep.spec, sweep.model_layers) == hungriest_frozen_layers(build_grid(sweep)) == depth
