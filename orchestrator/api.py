@@ -207,10 +207,10 @@ def launch(spec: SpecSource, *, store: str | None = None, address: str | None = 
 def resume(name: str, *, store: str | None = None, address: str | None = None, progress: bool = True) -> LaunchSummary:
     """Run the cells of a stored sweep that have no ok row (failed ones are run again), with the spec
     it was launched with; otherwise as :func:`launch`."""
-    from freezesweep.orchestrator.sweeps import stored_spec
+    from freezesweep.orchestrator.sweeps import load_sweep_spec
 
     root = store or DEFAULT_STORE
-    stored = stored_spec(name, root)  # validated in full by the launch, with the cluster
+    stored = load_sweep_spec(name, root)  # validated in full by the launch, with the cluster
     raw = {**stored.model_dump(mode="json"), "store": root, "address": address or stored.address}
     return _launch(raw, f"{root}/{name}/spec.yaml", progress)
 
@@ -297,10 +297,10 @@ def query(name: str, sql: str, *, store: str | None = None) -> pd.DataFrame:
 # --- inspection: status, summary ---------------------------------------------------------------------
 def _stored_sweep(name: str, store: str | None) -> tuple[ResolvedSweep, ResultStore]:
     """A stored sweep, as it was launched, and its store."""
-    from freezesweep.orchestrator.sweeps import sweep_from_store
+    from freezesweep.orchestrator.sweeps import load_sweep
 
     root = store or DEFAULT_STORE
-    return sweep_from_store(name, root), ResultStore(root, name)
+    return load_sweep(name, root), ResultStore(root, name)
 
 
 def _counted_cells(sweep: ResolvedSweep, result_store: ResultStore) -> list[TrialConfig]:

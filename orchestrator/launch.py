@@ -1,6 +1,6 @@
-"""Launch and resume: ``resolve`` a spec once, then ``run`` it (the layer under the CLI).
+"""Launch and resume: ``resolve_for_launch`` a spec once, then ``run`` it (the layer under the CLI).
 
-``resolve(spec, session) -> ResolvedSweep`` decides, once and typed, everything that depends on the
+``resolve_for_launch(spec, session) -> ResolvedSweep`` decides, once and typed, everything that depends on the
 machine, the data or the cluster: each node has what its trials open (preflight), the precision
 ``auto`` means where the trials run, the select metric per dataset, the data dir, the files shipped
 through Ray's object store and the GPU share ``auto`` measures.
@@ -43,7 +43,7 @@ from freezesweep.orchestrator.ray_session import RaySession, TaskFailed, auto_pr
 from freezesweep.orchestrator.ray_storage import RayStorage, checkpoint_storage_warning, ray_storage, store_cache_dir
 from freezesweep.orchestrator.rows import result_row
 from freezesweep.orchestrator.spec import SpecError, SweepSpec
-from freezesweep.orchestrator.sweeps import OLD_SWEEP, next_cells, precision_here, resolved_spec
+from freezesweep.orchestrator.sweeps import OLD_SWEEP, next_cells, precision_here, resolve_spec
 from freezesweep.orchestrator.tune_adapter import recover_from_ray, run_tune
 from freezesweep.results.lock import SweepLock
 from freezesweep.results.store import FINAL_STATUSES, ResultStore, SpoolingWriter
@@ -73,19 +73,19 @@ class StoreUnavailable(RuntimeError):
 
 
 def launch(spec: SweepSpec, show_progress: bool = True, session: RaySession | None = None) -> LaunchSummary:
-    """``resolve`` then ``run``, on the spec's cluster (or an embedded Ray) unless a session is given."""
+    """``resolve_for_launch`` then ``run``, on the spec's cluster (or an embedded Ray) unless a session is given."""
     session = session or RaySession(spec.address)
-    return run(resolve(spec, session), session, show_progress)
+    return run(resolve_for_launch(spec, session), session, show_progress)
 
 
 # --- resolve: decided once, before anything is written ----------------------------------------------
-def resolve(spec: SweepSpec, session: RaySession) -> ResolvedSweep:
+def resolve_for_launch(spec: SweepSpec, session: RaySession) -> ResolvedSweep:
     if session.on_cluster:
         preflight(spec, session)  # every node has what its trials open, before anything is written
     precision = resolve_precision(spec, session)
     check_stored_precision(spec, precision)
     shipment = session.ship(spec) if local_files.mode(spec, session.on_cluster) == "ship" else None
-    decided, depths = resolved_spec(spec, precision), model_depths(spec)
+    decided, depths = resolve_spec(spec, precision), model_depths(spec)
     share, measured = (None, None) if spec.resources.gpus_per_trial != "auto" else \
         measure_gpu_share(decided, depths, shipment, session)
     return ResolvedSweep(decided, depths, session.address, shipment, share, measured)

@@ -2,6 +2,10 @@
 what a launch measured on the cluster), or the resolved spec a sweep was stored with.
 
 Inspection (status, summary, query, report) needs only this layer: no Ray, no torch.
+
+One verb per meaning: ``resolve_*`` decides what depends on the machine, the data or the cluster
+(``resolve_spec``, ``resolve_here``, ``resolve_for_plan``; a launch's is launch.py's
+``resolve_for_launch``); ``load_*`` reads what a sweep's store holds (``load_sweep_spec``, ``load_sweep``).
 """
 
 from __future__ import annotations
@@ -22,7 +26,7 @@ OLD_SWEEP = ("this sweep was made by a freezesweep before 0.2 (other evaluation 
              "its rows stay readable, but it cannot be continued; launch the spec under a new sweep name")
 
 
-def resolved_spec(spec: SweepSpec, precision: str) -> SweepSpec:
+def resolve_spec(spec: SweepSpec, precision: str) -> SweepSpec:
     """``spec`` with its precision, each dataset's select metric (stored resolved, so status and report
     never need the data) and the data dir this machine reads (so ``resume`` works without the
     environment variable) decided. Its GPU share stays as written: ``auto`` is measured by a launch
@@ -33,15 +37,15 @@ def resolved_spec(spec: SweepSpec, precision: str) -> SweepSpec:
     return spec.model_copy(update={"training": training})
 
 
-def resolved(spec: SweepSpec, precision: str) -> ResolvedSweep:
+def _resolve_in(spec: SweepSpec, precision: str) -> ResolvedSweep:
     """``spec`` resolved in ``precision``, without Ray (inspection and plans: no cluster, no GPU share measured)."""
-    return ResolvedSweep(resolved_spec(spec, precision), model_depths(spec))
+    return ResolvedSweep(resolve_spec(spec, precision), model_depths(spec))
 
 
 def resolve_here(spec: SweepSpec) -> ResolvedSweep:
     """``spec`` resolved on this machine, without Ray: ``auto`` precision as this machine's CPU or GPU
     runs it natively (the embedded Ray's trials run here)."""
-    return resolved(spec, precision_here(spec))
+    return _resolve_in(spec, precision_here(spec))
 
 
 def resolve_for_plan(spec: SweepSpec) -> tuple[ResolvedSweep, str | None]:
@@ -53,11 +57,11 @@ def resolve_for_plan(spec: SweepSpec) -> tuple[ResolvedSweep, str | None]:
     raw = stored_spec_mapping(ResultStore(spec.store, spec.name))
     stored = (raw.get("training") or {}).get("precision") if raw else None
     if stored not in (None, "auto"):
-        return resolved(spec, stored), None
+        return _resolve_in(spec, stored), None
     try:
         return resolve_here(spec), None
     except (RuntimeError, AssertionError):  # torch's "no CUDA" for GPU trials planned on a CPU machine
-        return resolved(spec, "bf16"), ("precision auto resolves on the trials' GPUs; planned as bf16 (GPUs of "
+        return _resolve_in(spec, "bf16"), ("precision auto resolves on the trials' GPUs; planned as bf16 (GPUs of "
                                         "compute capability 8.0 and later), which fixes the cell ids shown")
 
 
@@ -69,7 +73,7 @@ def precision_here(spec: SweepSpec) -> str:
     return auto_precision("cuda" if gpu_request(spec) > 0 else "cpu")
 
 
-def stored_spec(name: str, store_uri: str, semantic: bool = False) -> SweepSpec:
+def load_sweep_spec(name: str, store_uri: str, semantic: bool = False) -> SweepSpec:
     """The spec a sweep was launched with, as stored; ``semantic=False`` skips the checks that load
     the model and data (inspection needs neither)."""
     raw = stored_spec_mapping(ResultStore(store_uri, name))
@@ -82,9 +86,9 @@ def stored_spec(name: str, store_uri: str, semantic: bool = False) -> SweepSpec:
     return spec
 
 
-def sweep_from_store(name: str, store_uri: str) -> ResolvedSweep:
+def load_sweep(name: str, store_uri: str) -> ResolvedSweep:
     """A stored sweep, resolved as it was launched (its cells are what ``status`` and the report count)."""
-    spec = stored_spec(name, store_uri)
+    spec = load_sweep_spec(name, store_uri)
     training = spec.training.model_copy(update={"select_metric": select_metrics(spec)})  # a legacy one names one metric
     return ResolvedSweep(spec.model_copy(update={"training": training}), model_depths(spec), address=spec.address)
 
