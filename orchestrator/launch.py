@@ -186,8 +186,7 @@ def run(sweep: ResolvedSweep, session: RaySession, show_progress: bool = True,
             print(f"warning: {notice}", file=sys.stderr)
         writer = RowWriter(sweep.name, sink, done | recovered,
                            SweepProgress(total=total, done=len(done | recovered), enabled=show_progress))
-        retried = run_rounds(sweep, pending, storage, writer, stop_if=lock.raise_if_lost, trainable=trainable,
-                             faults=faults)
+        retried = run_rounds(Launch(sweep, storage, writer, lock.raise_if_lost, faults, trainable), pending)
         flush_or_fail(sink)
     return LaunchSummary(total, len(done), len(writer.outcomes), writer.ok, writer.failed, writer.diverged,
                          recovered=len(recovered), unfinished=len(writer.planned - set(writer.outcomes)),
@@ -201,19 +200,30 @@ def peeked(cells: Iterable[TrialConfig]) -> Iterator[TrialConfig] | None:
     return None if first is None else itertools.chain([first], cells)
 
 
-def run_rounds(sweep: ResolvedSweep, pending: Iterable[TrialConfig], storage: RayStorage, writer: "RowWriter",
-               stop_if: Callable[[], None], trainable: Callable | None = None,
-               faults: DriverFaults = DriverFaults()) -> int:
+@dataclass(frozen=True)
+class Launch:
+    """What every round of one launch runs with, passed down whole."""
+
+    sweep: ResolvedSweep
+    storage: RayStorage  # Ray's experiment state and checkpoints (orchestrator/ray_storage.py)
+    writer: "RowWriter"  # each outcome's row, and the progress shown
+    stop_if: Callable[[], None]  # raises when the sweep's lock was lost: Tune stops
+    faults: DriverFaults  # the driver's fault switch (tests)
+    trainable: Callable | None = None  # what each trial runs (None: the real one)
+
+
+def run_rounds(launch: Launch, pending: Iterable[TrialConfig]) -> int:
     """The pending cells; in settle mode, then each next round the rows call for, until it is settled,
     at its budget, or interrupted (a cell without an outcome: ``resume`` goes on from the store). A cell
     runs once per launch: one that failed waits for the next launch. Returns how many ran again with
     twice the GPU share."""
-    retried = run_cells(sweep, pending, storage, writer, stop_if, trainable, faults)
-    while sweep.spec.settle is not None and not writer.planned - set(writer.outcomes):
-        pending = peeked(next_cells(sweep, writer.sink.store, set(writer.outcomes) | writer.final_ids))
+    writer = launch.writer
+    retried = run_cells(launch, pending)
+    while launch.sweep.spec.settle is not None and not writer.planned - set(writer.outcomes):
+        pending = peeked(next_cells(launch.sweep, writer.sink.store, set(writer.outcomes) | writer.final_ids))
         if pending is None:
             break
-        retried += run_cells(sweep, pending, storage, writer, stop_if, trainable, faults)
+        retried += run_cells(launch, pending)
     return retried
 
 
@@ -232,30 +242,29 @@ def open_for_writing(store: ResultStore, sweep: ResolvedSweep) -> SpoolingWriter
     return sink
 
 
-def run_cells(sweep: ResolvedSweep, pending: Iterable[TrialConfig], storage: RayStorage, writer: "RowWriter",
-              stop_if: Callable[[], None], trainable: Callable | None = None,
-              faults: DriverFaults = DriverFaults()) -> int:
+def run_cells(launch: Launch, pending: Iterable[TrialConfig]) -> int:
     """The pending cells through Tune in rounds (plan.rounds: Tune's state stays bounded), then those
     that ran out of memory once more with twice the GPU share; returns how many were retried. A round
     that ends with a cell without an outcome was interrupted: nothing more starts (``resume`` goes on)."""
+    sweep, writer = launch.sweep, launch.writer
     out_of_memory: list[TrialConfig] = []
     with writer.progress:
         try:
             for cells in rounds(pending, sweep.spec.resources.cells_per_round):
                 cells = [with_resources(c, sweep) for c in cells]
                 writer.planned |= {c.trial_id for c in cells}
-                run_tune(sweep, cells, storage, writer.write, experiment=sweep.name, stop_if=stop_if,
-                         trainable=trainable)
+                run_tune(sweep, cells, launch.storage, writer.write, experiment=sweep.name, stop_if=launch.stop_if,
+                         trainable=launch.trainable)
                 if not writer.has_outcomes(cells):
                     return 0
                 out_of_memory += [c for c in cells if writer.outcomes[c.trial_id] == "oom"]
                 compact(writer.sink.store)
-                faults.on_round_end()
-            retried = retry_out_of_memory(sweep, out_of_memory, storage, writer, stop_if, trainable)
+                launch.faults.on_round_end()
+            retried = retry_out_of_memory(launch, out_of_memory)
             compact(writer.sink.store)
             return retried
         except Exception:
-            stop_if()  # Tune wraps what a callback raised in a TuneError: say why, plainly
+            launch.stop_if()  # Tune wraps what a callback raised in a TuneError: say why, plainly
             raise
 
 
@@ -268,18 +277,17 @@ def compact(store: ResultStore) -> None:
         print(f"warning: the store's rows were not compacted this time ({exc})", file=sys.stderr)
 
 
-def retry_out_of_memory(sweep: ResolvedSweep, out_of_memory: list[TrialConfig], storage: RayStorage,
-                        writer: "RowWriter", stop_if: Callable[[], None], trainable: Callable | None = None) -> int:
+def retry_out_of_memory(launch: Launch, out_of_memory: list[TrialConfig]) -> int:
     """Run once more, with twice the GPU share, the cells that ran out of memory in this launch (see
     the module's docstring for the rows); only once every round had its outcomes (an interrupted
     launch leaves them to ``resume``)."""
-    larger = with_doubled_gpu_share(sweep)
+    larger = with_doubled_gpu_share(launch.sweep)
     if larger is None or not out_of_memory:
         return 0
     # its own experiment: resume recovers from the main one
-    run_tune(larger, [with_resources(c, larger) for c in out_of_memory], storage,
-             functools.partial(writer.write, oom_retry=True), experiment=f"{sweep.name}-oom-retry", stop_if=stop_if,
-             trainable=trainable)
+    run_tune(larger, [with_resources(c, larger) for c in out_of_memory], launch.storage,
+             functools.partial(launch.writer.write, oom_retry=True), experiment=f"{larger.name}-oom-retry",
+             stop_if=launch.stop_if, trainable=launch.trainable)
     return len(out_of_memory)
 
 
