@@ -96,7 +96,7 @@ def build_spec(fields: Mapping[str, Any] | None = None, /, **more: Any) -> Sweep
 
 
 # --- plan: the dry run -----------------------------------------------------------------------------
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)  # DataFrames have no single truth value to compare by
 class Plan:
     """What a launch of the spec would do now; nothing was started or written."""
 
@@ -315,7 +315,7 @@ def _counted_cells(sweep: ResolvedSweep, result_store: ResultStore) -> list[Tria
     return settle_scope(sweep, cells, result_store.read_table(columns=SETTLE_COLUMNS).to_pandas())
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)  # DataFrames have no single truth value to compare by
 class SweepStatus:
     """A stored sweep's progress."""
 
@@ -388,7 +388,7 @@ class Decision:
     record: Mapping[str, Any]  # every column of the decision table (results/decision.py)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)  # DataFrames have no single truth value to compare by
 class Decisions(Sequence[Decision]):
     """The decisions of one or more sweeps: a sequence of :class:`Decision` and, as ``frame``, the same
     as a DataFrame (one row each)."""
