@@ -41,7 +41,11 @@ _EXPORTS = {
     "Report": "freezesweep.results.report",
 }
 
-__all__ = [*_EXPORTS, "__version__"]
+# Written out (not derived from _EXPORTS): static readers (IDEs, the API reference's griffe) read it as text.
+__all__ = ["load_spec", "build_spec", "plan", "launch", "resume", "results", "results_arrow", "results_duckdb", "query",
+           "status", "summary", "decide", "report", "compact", "Plan", "SweepStatus", "Decision", "Decisions",
+           "SpecSource", "UnreadableRowsWarning", "SweepSpec", "SpecError", "LaunchSummary", "StoreUnavailable",
+           "SweepLocked", "Report", "__version__"]
 
 if _TYPE_CHECKING:  # what type checkers, IDEs and the API reference see
     from freezesweep.orchestrator.api import (Decision, Decisions, Plan, SpecSource, SweepStatus,

@@ -97,6 +97,8 @@ def test_importing_freezesweep_stays_cheap():
 
     assert callable(fs.results) and fs.results.__module__ == "freezesweep.orchestrator.api"
     assert set(fs.__all__) <= set(dir(fs))
+    assert all(getattr(fs, name) is not None for name in fs.__all__)  # each exported name resolves
+    assert set(fs.__all__) - {"__version__"} == set(fs._EXPORTS)  # the literal list and the lazy map agree
     with pytest.raises(AttributeError, match="no attribute 'nothing'"):
         fs.nothing  # noqa: B018
 
