@@ -127,7 +127,7 @@ def drive(path: Path, out: Path, stop_after: int | None) -> None:
 
     launching.RowWriter = CountingRowWriter
     session = RaySession(num_cpus=2)
-    summary = launching.run(launching.resolve(load_spec(path), session), session, show_progress=False,
+    summary = launching.run(launching.resolve_for_launch(load_spec(path), session), session, show_progress=False,
                             trainable=instant_trainable)
     end = min(len(marks), stop_after or len(marks))  # the rows before the stop was asked for
     (first_wall, first_cpu), (last_wall, last_cpu) = marks[0], marks[end - 1]

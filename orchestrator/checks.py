@@ -18,8 +18,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Protocol
 
-from freezesweep.orchestrator.spec import (NAME_PATTERN, SpecError, SweepSpec, parse, read_stored_spec, read_yaml,
-                               spec_aliases)
+from freezesweep.orchestrator.spec import (DEFAULT_STORE, NAME_PATTERN, SpecError, SweepSpec, parse, read_stored_spec,
+                               read_yaml, spec_aliases)
 from freezesweep.results.store import ResultStore, StoreError, check_store_root, open_filesystem
 from freezesweep.trials.data import GLUE_PAIR_TASKS, DatasetError, describe_task, official_metric, shape_words
 from freezesweep.trials.metrics import METRICS
@@ -275,7 +275,7 @@ def cluster_problems(cluster: ClusterView, cpus: float, gpus: float, auto: bool 
 
 
 def _store_problems(raw: dict[str, Any]) -> list[str]:
-    name, store = raw.get("name"), raw.get("store", "./sweeps")
+    name, store = raw.get("name"), raw.get("store", DEFAULT_STORE)
     if not isinstance(store, str):
         return []  # pydantic reports it
     if not isinstance(name, str) or not re.match(NAME_PATTERN, name):
@@ -283,15 +283,19 @@ def _store_problems(raw: dict[str, Any]) -> list[str]:
     try:
         target = ResultStore(store, name)
         target.check_writable()
-        stored = target.read_spec()
+        stored = stored_spec_mapping(target)
     except StoreError as exc:
         return [f"store: {exc}"]
-    if stored is None:
-        return []
-    try:
-        return _protocol_changes(read_stored_spec(stored, f"{target.uri}/{name}/spec.yaml"), raw)
     except SpecError as exc:  # a damaged spec.yaml: named with what to do, beside the other problems
         return [f"store: {exc.source}: {p}" for p in exc.problems]
+    return [] if stored is None else _protocol_changes(stored, raw)
+
+
+def stored_spec_mapping(store: ResultStore) -> dict[str, Any] | None:
+    """The spec.yaml a sweep's store holds, read and parsed as a mapping (spec.read_stored_spec: a
+    damaged one is a SpecError saying what to do); None when the store has no such sweep."""
+    text = store.read_spec()
+    return None if text is None else read_stored_spec(text, f"{store.uri}/{store.sweep}/spec.yaml")
 
 
 def _store_root_problems(store: str) -> list[str]:

@@ -7,18 +7,20 @@ pay the seconds that torch, transformers and Ray Tune take to import.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import json
-import signal
 import sys
-from collections.abc import Iterator
+import warnings
+from collections.abc import Callable, Iterator
 from enum import Enum
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated, Any, Optional
 
 import typer
 from rich.console import Console
 from rich.table import Table
+
+from freezesweep.orchestrator import api
+from freezesweep.orchestrator.spec import DEFAULT_STORE
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="How many layers to freeze for the data you have: sweeps of fine-tunes into a Parquet store.")
@@ -34,13 +36,12 @@ _invoked = {"command": None}
 def _group(ctx: typer.Context) -> None:
     """freezesweep: run one trial, or launch/resume/inspect a sweep."""
     _invoked["command"] = ctx.invoked_subcommand
+    warnings.showwarning = _show_warning
 
 
-def _quiet_libraries() -> None:
-    import transformers
-
-    transformers.logging.set_verbosity_error()
-    transformers.utils.logging.disable_progress_bar()
+def _show_warning(message, category, filename, lineno, file=None, line=None) -> None:
+    """The API's warnings (rows left out) as the command's own lines, not Python's file:line form."""
+    err_console.print(f"warning: {message}", highlight=False)
 
 
 @app.command()
@@ -69,7 +70,7 @@ def trial(
     as_json: Annotated[bool, typer.Option("--json", help="print the full result as JSON")] = False,
 ) -> None:
     """Run one trial locally, without Ray, and print its result."""
-    _quiet_libraries()
+    api.quiet_libraries()
     from freezesweep.orchestrator.spec import TrainingSpec, method_fields
     from freezesweep.trials.config import TrialConfig
     from freezesweep.trials.data import DatasetError, official_metric
@@ -117,7 +118,7 @@ def _print_trial(result) -> None:
     console.print(table)
 
 
-StoreOpt = Annotated[Optional[str], typer.Option("--store", help="store root (default: the spec's, else ./sweeps)")]
+StoreOpt = Annotated[Optional[str], typer.Option("--store", help=f"store root (default: the spec's, else {DEFAULT_STORE})")]
 
 
 class OutputFormat(str, Enum):
@@ -133,200 +134,123 @@ def _fail(exc: Exception, code: int = 2) -> None:
     raise typer.Exit(code)
 
 
-@contextlib.contextmanager
-def _sigterm_as_interrupt() -> Iterator[list[int]]:
-    """SIGTERM (a scheduler or ``kill`` stopping the driver) handled like Ctrl-C: Tune stops its trials,
-    the lock is released, Ray shuts down on the way out. Yields the signals received."""
-    received: list[int] = []
-
-    def on_term(signum, frame) -> None:
-        received.append(signum)
-        signal.raise_signal(signal.SIGINT)  # Tune's graceful stop while it runs; KeyboardInterrupt elsewhere
-
-    previous = signal.signal(signal.SIGTERM, on_term)
-    try:
-        yield received
-    finally:
-        signal.signal(signal.SIGTERM, previous)
-
-
-def _run_launch(raw, source: str) -> None:
-    """Validate (against the cluster when there is one), then launch; exit codes: 0 done, 1 some cells
-    failed, 2 refused, 3 rows kept in the spool, 130 interrupted (Ctrl-C), 143 terminated (SIGTERM)."""
-    from freezesweep.orchestrator.checks import data_notes, validate
-    from freezesweep.orchestrator.launch import StoreUnavailable, launch
-    from freezesweep.orchestrator.ray_session import RaySession, RayUnreachable
-    from freezesweep.orchestrator.spec import LARGE_GRID, SpecError
+def _run_launch(run: Callable[[], Any]) -> None:
+    """A launch or resume through the API; exit codes: 0 done, 1 some cells failed, 2 refused, 3 rows
+    kept in the spool, 130 interrupted (Ctrl-C), 143 terminated (SIGTERM)."""
+    from freezesweep.orchestrator.launch import StoreUnavailable
+    from freezesweep.orchestrator.ray_session import RayUnreachable
+    from freezesweep.orchestrator.spec import SpecError
     from freezesweep.results.lock import SweepLocked
 
-    _quiet_libraries()
-    session = RaySession(raw.get("address") if isinstance(raw, dict) else None)
-    with _sigterm_as_interrupt() as terminated:
-        try:
-            spec = validate(raw, source, cluster=session)
-            for note in data_notes(spec):
-                err_console.print(f"note: {note}", highlight=False)
-            if spec.cell_count() > LARGE_GRID:
-                err_console.print(f"a large grid: {spec.cell_count():,} cells ({spec.cell_count_words()}), run in "
-                                  f"rounds of {spec.resources.cells_per_round:,}", highlight=False)
-            summary = launch(spec, session=session)
-        except (SweepLocked, SpecError, RayUnreachable) as exc:
-            _fail(exc)
-        except StoreUnavailable as exc:
-            _fail(exc, code=3)
-        except KeyboardInterrupt:  # before or after Tune ran (Tune itself stops gracefully and returns)
-            err_console.print("interrupted: nothing was lost; `freezesweep resume` continues the sweep", highlight=False)
-            raise typer.Exit(143 if terminated else 130) from None
-    _print_summary(spec, summary, stopped=143 if terminated else 130)
+    terminated = []
+    try:
+        with api.sigterm_as_interrupt() as terminated:  # also around validation, before the API's own
+            summary = run()
+    except (SweepLocked, SpecError, RayUnreachable) as exc:
+        _fail(exc)
+    except StoreUnavailable as exc:
+        _fail(exc, code=3)
+    except KeyboardInterrupt:  # before or after Tune ran (Tune itself stops gracefully and returns)
+        err_console.print("interrupted: nothing was lost; `freezesweep resume` continues the sweep", highlight=False)
+        raise typer.Exit(143 if terminated else 130) from None
+    _print_summary(summary, stopped=143 if summary.terminated or terminated else 130)
 
 
-def _print_summary(spec, summary, stopped: int) -> None:
+def _print_summary(summary, stopped: int) -> None:
     recovered = f", {summary.recovered} recovered from Ray's state" if summary.recovered else ""
     if summary.gpu_packing:
         console.print(summary.gpu_packing, highlight=False)
     retried = f" ({summary.oom_retried} run again with twice the GPU share after running out of memory)" \
         if summary.oom_retried else ""
-    console.print(f"sweep {spec.name}: {summary.total} cells, {summary.already_ok} already done{recovered}, "
+    console.print(f"sweep {summary.sweep}: {summary.total} cells, {summary.already_ok} already done{recovered}, "
                   f"ran {summary.ran}: {summary.ok} ok, {summary.failed} failed/oom{retried}"
                   + (f", {summary.diverged} diverged (a non-finite loss: final, not run again)" if summary.diverged else ""))
-    console.print(f"store: {spec.store}/{spec.name}/results/")
+    console.print(f"store: {summary.store}/{summary.sweep}/results/")
     if summary.unfinished:
-        console.print(f"{summary.unfinished} cells not finished (interrupted): `freezesweep resume {spec.name}` runs them")
+        console.print(f"{summary.unfinished} cells not finished (interrupted): `freezesweep resume {summary.sweep}` runs them")
         raise typer.Exit(stopped)
     if summary.failed:
         raise typer.Exit(1)
 
 
+AddressOpt = Annotated[Optional[str], typer.Option(help="Ray cluster address (default: the spec's, else RAY_ADDRESS, "
+                                                        "else a local Ray)")]
+
+
 @app.command()
-def launch(
-    spec_path: Annotated[Path, typer.Argument(metavar="SPEC", help="sweep spec YAML")],
-    store: StoreOpt = None,
-    address: Annotated[Optional[str], typer.Option(help="Ray cluster address (default: RAY_ADDRESS, else a local Ray)")] = None,
-) -> None:
+def launch(spec_path: Annotated[Path, typer.Argument(metavar="SPEC", help="sweep spec YAML")], store: StoreOpt = None,
+           address: AddressOpt = None) -> None:
     """Validate a spec, then run every cell that has no ok row yet."""
-    from freezesweep.orchestrator.spec import SpecError, read_yaml
-
-    try:
-        raw = read_yaml(spec_path, overrides={"store": store, "address": address})
-    except SpecError as exc:
-        _fail(exc)
-    _run_launch(raw, str(spec_path))
+    _run_launch(lambda: api.launch(spec_path, store=store, address=address))
 
 
 @app.command()
-def resume(sweep: str, store: StoreOpt = None,
-           address: Annotated[Optional[str], typer.Option(help="Ray cluster address")] = None) -> None:
+def resume(sweep: str, store: StoreOpt = None, address: AddressOpt = None) -> None:
     """Run the cells of a stored sweep that have no ok row (failed ones are retried)."""
-    from freezesweep.orchestrator.spec import SpecError
-    from freezesweep.orchestrator.sweeps import stored_spec
-
-    try:
-        spec = stored_spec(sweep, store or "./sweeps")  # validated in full just below, with the cluster
-    except SpecError as exc:
-        _fail(exc)
-    raw = {**spec.model_dump(mode="json"), "store": store or spec.store, "address": address or spec.address}
-    _run_launch(raw, f"{store or './sweeps'}/{sweep}/spec.yaml")
+    _run_launch(lambda: api.resume(sweep, store=store, address=address))
 
 
 @app.command()
 def plan(spec_path: Annotated[Path, typer.Argument(metavar="SPEC", help="sweep spec YAML")], store: StoreOpt = None) -> None:
     """A dry run: the grid's cells per axis, done and pending against the store, and the work left as
     the store's own measured trial times price it. Nothing starts, nothing is written."""
-    from freezesweep.orchestrator.checks import load_spec
-    from freezesweep.orchestrator.plan import build_grid, settle_round
     from freezesweep.orchestrator.spec import SpecError
-    from freezesweep.orchestrator.sweeps import resolve_for_plan
-    from freezesweep.results.query import collapse_long_axes, status_table
-    from freezesweep.results.store import FINAL_STATUSES, ResultStore
+    from freezesweep.results.query import collapse_long_axes
 
     try:
-        spec = load_spec(spec_path, overrides={"store": store}, devices=False)  # the trials' machines are not here
+        planned = api.plan(spec_path, store=store)
     except SpecError as exc:
         _fail(exc)
-    sweep, note = resolve_for_plan(spec)
-    cells = build_grid(sweep)
-    result_store = ResultStore(spec.store, spec.name)
-    rows = result_store.read_table(columns=["trial_id", "status", "wall_time_s", "best_val_score",
-                                            "baseline_score"]).to_pandas()
-    statuses = dict(zip(rows["trial_id"], rows["status"]))
-    pending = [c for c in cells if statuses.get(c.trial_id) not in FINAL_STATUSES]
-    if spec.settle:  # settle mode runs what the rows call for, round by round: the next one is known
-        pending = settle_round(sweep, cells, rows)
-        console.print(f"sweep {spec.name}: settle mode, at most {len(cells):,} cells ({spec.cell_count_words()}); "
-                      f"{sum(s in FINAL_STATUSES for s in statuses.values()):,} done, the next round runs "
-                      f"{len(pending):,}" + ("" if pending else ": settled, or at its budget"), highlight=False)
+    cells, pending = len(planned.cells), len(planned.pending)
+    if planned.settle:  # settle mode runs what the rows call for, round by round: the next one is known
+        console.print(f"sweep {planned.name}: settle mode, at most {cells:,} cells ({planned.size_words}); "
+                      f"{planned.done:,} done, the next round runs {pending:,}"
+                      + ("" if pending else ": settled, or at its budget"), highlight=False)
     else:
-        console.print(f"sweep {spec.name}: {len(cells):,} cells ({spec.cell_count_words()}), "
-                      f"{len(cells) - len(pending):,} done, {len(pending):,} to run in "
-                      f"{-(-len(pending) // spec.resources.cells_per_round)} round(s)", highlight=False)
-    if note:
-        console.print(f"note: {note}", highlight=False)
-    _print_frame(collapse_long_axes(status_table(cells, statuses)), OutputFormat.table,
-                 f"sweep {spec.name}: cells per axis")
-    _print_work(spec, cells, pending, rows)
+        console.print(f"sweep {planned.name}: {cells:,} cells ({planned.size_words}), {planned.done:,} done, "
+                      f"{pending:,} to run in {planned.rounds} round(s)", highlight=False)
+    if planned.note:
+        console.print(f"note: {planned.note}", highlight=False)
+    _print_frame(collapse_long_axes(planned.status), OutputFormat.table, f"sweep {planned.name}: cells per axis")
+    _print_work(planned)
     console.print("nothing was started", highlight=False)
 
 
-def _print_work(spec, cells, pending, rows) -> None:
-    """The pending cells' trial time, priced by the store's own measured rows (orchestrator/plan.py)."""
-    import os
-
-    from freezesweep.orchestrator.plan import estimate_work, work_key
-
-    by_id = {c.trial_id: c for c in cells}
-    measured: dict[tuple, list[float]] = {}
-    for trial_id, status, wall_s in rows[["trial_id", "status", "wall_time_s"]].itertuples(index=False):
-        if status == "ok" and trial_id in by_id and wall_s == wall_s:  # NaN: not measured
-            measured.setdefault(work_key(by_id[trial_id]), []).append(float(wall_s))
-    estimate = estimate_work(pending, measured)
-    at_once = spec.resources.max_concurrent_trials or max(1, int((os.cpu_count() or 1) // spec.resources.cpus_per_trial))
+def _print_work(planned) -> None:
+    estimate, pending = planned.work, len(planned.pending)
     if estimate is None:
         console.print("work: no measured trial in the store yet to estimate it from", highlight=False)
-    else:
-        console.print(f"work: about {estimate.trial_s / 3600:,.2f} trial-hours ({estimate.measured_cells:,} of "
-                      f"{len(pending):,} pending cells priced by rows of their own kind, from {estimate.measured_rows:,} "
-                      f"measured rows); about {estimate.trial_s / at_once / 3600:,.2f} h at {at_once} trials at once "
-                      "(this machine's cores, or max_concurrent_trials)", highlight=False)
+        return
+    console.print(f"work: about {estimate.trial_s / 3600:,.2f} trial-hours ({estimate.measured_cells:,} of "
+                  f"{pending:,} pending cells priced by rows of their own kind, from {estimate.measured_rows:,} "
+                  f"measured rows); about {estimate.trial_s / planned.trials_at_once / 3600:,.2f} h at "
+                  f"{planned.trials_at_once} trials at once (this machine's cores, or max_concurrent_trials)",
+                  highlight=False)
 
 
-def _warn_unreadable(result_store) -> None:
-    """Rows that could not be read are left out, named (``resume`` sets them aside and runs their cells)."""
-    if result_store.unreadable:
-        err_console.print(f"warning: skipped {len(result_store.unreadable)} unreadable row file(s) (`freezesweep resume "
-                          f"{result_store.sweep}` moves them aside and runs their cells again): "
-                          + ", ".join(result_store.unreadable), highlight=False)
-
-
-def _open(sweep: str, store: Optional[str]):
-    """A stored sweep (resolved as launched) and its store."""
+@contextlib.contextmanager
+def _reading(sweep: str) -> Iterator[None]:
+    """A stored sweep's command: its SpecError (no such sweep, a damaged spec.yaml) as the command's error."""
     from freezesweep.orchestrator.spec import SpecError
-    from freezesweep.orchestrator.sweeps import sweep_from_store
-    from freezesweep.results.store import ResultStore
 
     try:
-        resolved = sweep_from_store(sweep, store or "./sweeps")
+        yield
     except SpecError as exc:
         _fail(exc)
-    return resolved, ResultStore(store or "./sweeps", sweep)
 
 
 @app.command()
 def status(sweep: str, store: StoreOpt = None) -> None:
     """done / failed / missing cells per axis value, and the nodes (Ray node ids) the rows ran on."""
-    from freezesweep.results.lock import store_notes
-    from freezesweep.results.query import NODE_COLUMNS, collapse_long_axes, placement, status_table
+    from freezesweep.results.query import collapse_long_axes
 
-    resolved, result_store = _open(sweep, store)
-    rows = result_store.read_table(columns=["trial_id", *NODE_COLUMNS]).to_pandas()  # one read: statuses and nodes
-    statuses = dict(zip(rows["trial_id"], rows["status"]))
-    _warn_unreadable(result_store)
-    for note in store_notes(result_store):
+    with _reading(sweep):
+        found = api.status(sweep, store=store)
+    for note in found.notes:  # an interrupted compaction, a stale lock
         err_console.print(note, highlight=False)
-    table = collapse_long_axes(status_table(_counted_cells(resolved, result_store), statuses))
-    _print_frame(table, OutputFormat.table, f"sweep {sweep}")
-    if len(rows):
-        nodes, gpus = placement(rows), rows["gpu_uuid"].nunique()  # nunique skips nulls (CPU rows)
-        _print_frame(nodes, OutputFormat.table, f"rows ran on {len(nodes)} node(s), {gpus} GPU(s)")
+    _print_frame(collapse_long_axes(found.table), OutputFormat.table, f"sweep {sweep}")
+    if found.nodes is not None:
+        _print_frame(found.nodes, OutputFormat.table, f"rows ran on {len(found.nodes)} node(s), {found.gpus} GPU(s)")
 
 
 @app.command()
@@ -336,14 +260,11 @@ def query(sweep: str, store: StoreOpt = None,
           "best_val_score FROM results ORDER BY dataset, model, method, train_size, frozen_layers, lora_rank, seed",
           fmt: Annotated[OutputFormat, typer.Option("--format")] = OutputFormat.table) -> None:
     """SQL (DuckDB) over the sweep's rows."""
-    from freezesweep.results.query import sql as run_sql
-
-    _, result_store = _open(sweep, store)
-    try:
-        frame = run_sql(result_store, sql)
-    except Exception as exc:  # a SQL error is the user's to fix: say it plainly
-        _fail(exc)
-    _warn_unreadable(result_store)
+    with _reading(sweep):
+        try:
+            frame = api.query(sweep, sql, store=store)
+        except Exception as exc:  # a SQL error is the user's to fix: say it plainly
+            _fail(exc)
     _print_frame(frame, fmt, f"{sweep}: {len(frame)} rows")
 
 
@@ -354,29 +275,13 @@ def summary(sweep: str, store: StoreOpt = None,
             fmt: Annotated[OutputFormat, typer.Option("--format")] = OutputFormat.table) -> None:
     """The selected metric at the best evaluation per dataset × train size × frozen layers (mean, median, std, min,
     max); with several models or methods, per model and method too (a LoRA cell by its rank, a probe on its own)."""
-    from freezesweep.results.query import SUMMARY_COLUMNS, read_rows
-    from freezesweep.results.query import summary as summarize
-
-    _, result_store = _open(sweep, store)
-    try:
-        table = summarize(read_rows(result_store, columns=SUMMARY_COLUMNS), metric=metric)
-    except ValueError as exc:
-        _fail(exc)
-    _warn_unreadable(result_store)
+    with _reading(sweep):
+        try:
+            table = api.summary(sweep, store=store, metric=metric)
+        except ValueError as exc:  # an unknown metric, or no such sweep (SpecError)
+            _fail(exc)
     what = metric or "the selected metric"
     _print_frame(table, fmt, f"sweep {sweep}: {what} at the best evaluation, over seeds")
-
-
-def _counted_cells(resolved, result_store) -> list:
-    """The cells a sweep's rows are counted against: its grid; in settle mode, the cells it ran and
-    its next round (an arm decided early never runs the budget's other seeds)."""
-    from freezesweep.orchestrator.plan import build_grid, settle_scope
-
-    cells = build_grid(resolved)
-    if resolved.spec.settle is None:
-        return cells
-    rows = result_store.read_table(columns=["trial_id", "status", "best_val_score", "baseline_score"]).to_pandas()
-    return settle_scope(resolved, cells, rows)
 
 
 def _print_frame(frame, fmt: OutputFormat, title: str) -> None:
@@ -403,49 +308,24 @@ def report(
              "sweep's own, else 0.01)")] = None,
 ) -> None:
     """The decision (how many layers to freeze per train size), figures, paired statistics: an HTML report."""
-    from freezesweep.results.query import status_table
-    from freezesweep.results.report import SweepRows, write_report
-
-    inputs = []
-    for name in sweeps:  # the grid says what is missing; results/ itself knows nothing of specs
-        resolved, result_store = _open(name, store)
-        settle = resolved.spec.settle  # its rule and every look it may have taken: the report's intervals too
-        rule = settle.rule() if settle else None
-        if rule is not None and tolerance is not None:
-            rule = dataclasses.replace(rule, tolerance=tolerance)
-        inputs.append(SweepRows.from_store(result_store, status_table(_counted_cells(resolved, result_store),
-                                                                      result_store.statuses()),
-                                           _settle_family(resolved, rule)))
-        _warn_unreadable(result_store)
-    built = write_report(inputs, str(out), 0.01 if tolerance is None else tolerance)
+    with _reading(", ".join(sweeps)):
+        built = api.report(sweeps, out, store=store, tolerance=tolerance)
     for line in [*built.decisions["sentence"], *built.completeness]:
         console.print(line, highlight=False, soft_wrap=True)
     console.print(f"report: {out / 'index.html'} (and report.md)")
-
-
-def _settle_family(resolved, rule):
-    """A settle sweep's rule with every look it may take and the comparisons its confidence is shared by
-    (the report's intervals are the ones the rounds were decided by); None for a fixed grid."""
-    from freezesweep.orchestrator.plan import sweep_comparisons
-
-    return (rule, rule.looks, sweep_comparisons(resolved)) if rule else None
 
 
 @app.command()
 def compact(sweep: str, store: StoreOpt = None) -> None:
     """Compact a sweep's final rows into Parquet parts (a launch also does it between rounds): readers
     then open tens of files, not one per cell. Takes the sweep's lock; crash-safe."""
-    from freezesweep.results.lock import SweepLock, SweepLocked
+    from freezesweep.results.lock import SweepLocked
 
-    _, result_store = _open(sweep, store)
-    try:
-        with SweepLock(result_store.fs, result_store.sweep_dir, uri=result_store.uri) as lock:
-            result_store.guard = lock.check
-            for note in result_store.make_ready().notes():  # as a launch does: damaged files set aside, named
-                err_console.print(note, highlight=False)
-            compacted = result_store.compact()
-    except SweepLocked as exc:
-        _fail(exc)
+    with _reading(sweep):
+        try:
+            compacted = api.compact(sweep, store=store, on_note=lambda note: err_console.print(note, highlight=False))
+        except SweepLocked as exc:
+            _fail(exc)
     console.print(f"sweep {sweep}: {compacted} row(s) compacted" + (" into one part" if compacted else ""),
                   highlight=False)
 

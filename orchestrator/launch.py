@@ -1,6 +1,6 @@
-"""Launch and resume: ``resolve`` a spec once, then ``run`` it (the layer under the CLI).
+"""Launch and resume: ``resolve_for_launch`` a spec once, then ``run`` it (the layer under the CLI).
 
-``resolve(spec, session) -> ResolvedSweep`` decides, once and typed, everything that depends on the
+``resolve_for_launch(spec, session) -> ResolvedSweep`` decides, once and typed, everything that depends on the
 machine, the data or the cluster: each node has what its trials open (preflight), the precision
 ``auto`` means where the trials run, the select metric per dataset, the data dir, the files shipped
 through Ray's object store and the GPU share ``auto`` measures.
@@ -25,24 +25,25 @@ it in the next launch. Its row is written once, when it finishes: one row per ce
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import itertools
 import sys
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
+from types import SimpleNamespace
 
 from freezesweep.orchestrator import local_files
-from freezesweep.orchestrator.checks import validation_rows
+from freezesweep.orchestrator.local_files import Shipment
+from freezesweep.orchestrator.checks import model_depths, stored_spec_mapping, validation_rows
 from freezesweep.orchestrator.driver_faults import DriverFaults
-from freezesweep.orchestrator.plan import (ResolvedSweep, build_grid, grid_size, hungriest_frozen_layers, iter_grid, rounds,
-                               settle_round, with_doubled_gpu_share, with_resources)
+from freezesweep.orchestrator.plan import (ResolvedSweep, grid_size, hungriest_frozen_layers, method_variants, rounds,
+                               with_doubled_gpu_share, with_resources)
 from freezesweep.orchestrator.progress import SweepProgress
 from freezesweep.orchestrator.ray_session import RaySession, TaskFailed, auto_precision_task, memory_probe_task
 from freezesweep.orchestrator.ray_storage import RayStorage, checkpoint_storage_warning, ray_storage, store_cache_dir
 from freezesweep.orchestrator.rows import result_row
-from freezesweep.orchestrator.spec import SpecError, SweepSpec, read_stored_spec
-from freezesweep.orchestrator.sweeps import OLD_SWEEP, precision_here, resolved
+from freezesweep.orchestrator.spec import SpecError, SweepSpec
+from freezesweep.orchestrator.sweeps import OLD_SWEEP, next_cells, precision_here, resolve_spec
 from freezesweep.orchestrator.tune_adapter import recover_from_ray, run_tune
 from freezesweep.results.lock import SweepLock
 from freezesweep.results.store import FINAL_STATUSES, ResultStore, SpoolingWriter
@@ -62,6 +63,9 @@ class LaunchSummary:
     unfinished: int = 0  # planned but without an outcome (the launch was interrupted)
     oom_retried: int = 0  # cells run again with twice the GPU share after running out of memory
     gpu_packing: str | None = None  # what gpus_per_trial auto measured and chose
+    sweep: str = ""  # the sweep's name
+    store: str = ""  # its store's root
+    terminated: bool = False  # stopped by SIGTERM (a scheduler), not Ctrl-C: ``unfinished`` cells wait for resume
 
 
 class StoreUnavailable(RuntimeError):
@@ -69,23 +73,22 @@ class StoreUnavailable(RuntimeError):
 
 
 def launch(spec: SweepSpec, show_progress: bool = True, session: RaySession | None = None) -> LaunchSummary:
-    """``resolve`` then ``run``, on the spec's cluster (or an embedded Ray) unless a session is given."""
+    """``resolve_for_launch`` then ``run``, on the spec's cluster (or an embedded Ray) unless a session is given."""
     session = session or RaySession(spec.address)
-    return run(resolve(spec, session), session, show_progress)
+    return run(resolve_for_launch(spec, session), session, show_progress)
 
 
 # --- resolve: decided once, before anything is written ----------------------------------------------
-def resolve(spec: SweepSpec, session: RaySession) -> ResolvedSweep:
+def resolve_for_launch(spec: SweepSpec, session: RaySession) -> ResolvedSweep:
     if session.on_cluster:
         preflight(spec, session)  # every node has what its trials open, before anything is written
     precision = resolve_precision(spec, session)
     check_stored_precision(spec, precision)
     shipment = session.ship(spec) if local_files.mode(spec, session.on_cluster) == "ship" else None
-    sweep = resolved(spec, precision, session.address, shipment)
-    if spec.resources.gpus_per_trial != "auto":
-        return sweep
-    share, measured = measure_gpu_share(sweep, session)
-    return dataclasses.replace(sweep, gpu_share=share, gpu_packing=measured)
+    decided, depths = resolve_spec(spec, precision), model_depths(spec)
+    share, measured = (None, None) if spec.resources.gpus_per_trial != "auto" else \
+        measure_gpu_share(decided, depths, shipment, session)
+    return ResolvedSweep(decided, depths, session.address, shipment, share, measured)
 
 
 def preflight(spec: SweepSpec, session: RaySession) -> None:
@@ -115,8 +118,7 @@ def resolve_precision(spec: SweepSpec, session: RaySession) -> str:
 def check_stored_precision(spec: SweepSpec, precision: str) -> None:
     """An ``auto`` sweep continued on other hardware must not mix precisions: refuse, naming both."""
     store = ResultStore(spec.store, spec.name)
-    text = store.read_spec()
-    raw = read_stored_spec(text, f"{store.uri}/{spec.name}/spec.yaml") if text else None
+    raw = stored_spec_mapping(store)
     stored = (raw.get("training") or {}).get("precision", "auto") if raw else None
     if stored is None or stored == precision:
         return
@@ -128,24 +130,33 @@ def check_stored_precision(spec: SweepSpec, precision: str) -> None:
     ], f"{store.uri}/{spec.name}")
 
 
-def measure_gpu_share(sweep: ResolvedSweep, session: RaySession) -> tuple[float, str]:
+def measure_gpu_share(spec: SweepSpec, model_layers: Mapping[str, int], shipment: Shipment | None,
+                      session: RaySession) -> tuple[float, str]:
     """``gpus_per_trial: auto``: one trial of the grid's hungriest depth measured on a GPU where the
     trials run (a Ray task holding a whole GPU, in a worker process that exits after it, so the memory
     it took goes back), one probe per model; the sweep packs as densely as its hungriest model allows
-    (trials/memory_probe.py). Returns the share, and what was measured in words."""
-    t = sweep.spec.training
+    (trials/memory_probe.py). ``spec``: resolved (its precision decided). Returns the share, and what
+    was measured in words."""
+    t = spec.training
     shape = dict(batch_size=t.batch_size, max_seq_length=t.max_seq_length, model_init=t.model_init,
-                 eval_batch_size=t.eval_batch_size, precision=t.precision, eval_rows=validation_rows(sweep.spec),
-                 frozen_layers=hungriest_frozen_layers(build_grid(sweep)))
-    calls = [{"model": model, "shipment": sweep.shipment, **shape} for model in sweep.spec.models()]
+                 eval_batch_size=t.eval_batch_size, precision=t.precision, eval_rows=validation_rows(spec),
+                 frozen_layers=hungriest_depth(spec, model_layers))
+    calls = [{"model": model, "shipment": shipment, **shape} for model in spec.models()]
     try:
-        probes = session.run_task(memory_probe_task, calls, cpus=sweep.spec.resources.cpus_per_trial, gpus=1,
+        probes = session.run_task(memory_probe_task, calls, cpus=spec.resources.cpus_per_trial, gpus=1,
                                   fresh_process=True)
     except TaskFailed as exc:
         raise SpecError([f"resources.gpus_per_trial: auto: measuring one trial on a GPU failed: {exc}"],
                         "launch") from None
     probe = max(probes, key=lambda p: p.gpus_per_trial)
     return probe.gpus_per_trial, f"gpus_per_trial auto: {describe(probe)}"
+
+
+def hungriest_depth(spec: SweepSpec, model_layers: Mapping[str, int]) -> int:
+    """``plan.hungriest_frozen_layers`` of the grid, from each model's variants alone: every dataset,
+    train size and seed has the same ones, so the grid (maybe a million cells) is never built."""
+    variants = [SimpleNamespace(**v) for model in spec.models() for v in method_variants(spec, model, model_layers)]
+    return hungriest_frozen_layers(variants)
 
 
 # --- run: the store is the source of truth --------------------------------------------------------
@@ -161,38 +172,25 @@ def run(sweep: ResolvedSweep, session: RaySession, show_progress: bool = True,
         total = grid_size(sweep)
         pending = peeked(next_cells(sweep, store, done))
         if pending is None:
-            return LaunchSummary(total, len(done), 0, 0, 0)
+            return LaunchSummary(total, len(done), 0, 0, 0, sweep=sweep.name, store=sweep.spec.store)
         session.connect()  # before Tune reads its state back: the session decides where Ray runs
         storage = ray_storage(store, cluster=sweep.on_cluster)
         recovered = recover_rows(storage, sink, sweep.name, done)
         pending = peeked(c for c in pending if c.trial_id not in recovered)
         if pending is None:
-            return LaunchSummary(total, len(done), 0, 0, 0, recovered=len(recovered))
+            return LaunchSummary(total, len(done), 0, 0, 0, recovered=len(recovered), sweep=sweep.name,
+                                 store=sweep.spec.store)
         notice = checkpoint_storage_warning(bool(sweep.spec.training.checkpoint_every_epochs), sweep.spec.store,
                                             storage, on_cluster=sweep.on_cluster)
         if notice:
             print(f"warning: {notice}", file=sys.stderr)
         writer = RowWriter(sweep.name, sink, done | recovered,
                            SweepProgress(total=total, done=len(done | recovered), enabled=show_progress))
-        retried = run_rounds(sweep, pending, storage, writer, stop_if=lock.raise_if_lost, trainable=trainable,
-                             faults=faults)
+        retried = run_rounds(Launch(sweep, storage, writer, lock.raise_if_lost, faults, trainable), pending)
         flush_or_fail(sink)
     return LaunchSummary(total, len(done), len(writer.outcomes), writer.ok, writer.failed, writer.diverged,
                          recovered=len(recovered), unfinished=len(writer.planned - set(writer.outcomes)),
-                         oom_retried=retried, gpu_packing=sweep.gpu_packing)
-
-
-SETTLE_COLUMNS = ["trial_id", "status", "best_val_score", "baseline_score"]
-
-
-def next_cells(sweep: ResolvedSweep, store: ResultStore, done: set[str]) -> Iterable[TrialConfig]:
-    """The cells to run now: a fixed grid's every cell without a final row (in ``done``), as the grid
-    yields them (the first round starts before the last cell is built); in settle mode, the next round
-    the stored rows call for (orchestrator/plan.py settle_round)."""
-    if sweep.spec.settle is None:
-        return (c for c in iter_grid(sweep) if c.trial_id not in done)
-    rows = store.read_table(columns=SETTLE_COLUMNS).to_pandas()
-    return [c for c in settle_round(sweep, build_grid(sweep), rows) if c.trial_id not in done]
+                         oom_retried=retried, gpu_packing=sweep.gpu_packing, sweep=sweep.name, store=sweep.spec.store)
 
 
 def peeked(cells: Iterable[TrialConfig]) -> Iterator[TrialConfig] | None:
@@ -202,19 +200,30 @@ def peeked(cells: Iterable[TrialConfig]) -> Iterator[TrialConfig] | None:
     return None if first is None else itertools.chain([first], cells)
 
 
-def run_rounds(sweep: ResolvedSweep, pending: Iterable[TrialConfig], storage: RayStorage, writer: "RowWriter",
-               stop_if: Callable[[], None], trainable: Callable | None = None,
-               faults: DriverFaults = DriverFaults()) -> int:
+@dataclass(frozen=True)
+class Launch:
+    """What every round of one launch runs with, passed down whole."""
+
+    sweep: ResolvedSweep
+    storage: RayStorage  # Ray's experiment state and checkpoints (orchestrator/ray_storage.py)
+    writer: "RowWriter"  # each outcome's row, and the progress shown
+    stop_if: Callable[[], None]  # raises when the sweep's lock was lost: Tune stops
+    faults: DriverFaults  # the driver's fault switch (tests)
+    trainable: Callable | None = None  # what each trial runs (None: the real one)
+
+
+def run_rounds(launch: Launch, pending: Iterable[TrialConfig]) -> int:
     """The pending cells; in settle mode, then each next round the rows call for, until it is settled,
     at its budget, or interrupted (a cell without an outcome: ``resume`` goes on from the store). A cell
     runs once per launch: one that failed waits for the next launch. Returns how many ran again with
     twice the GPU share."""
-    retried = run_cells(sweep, pending, storage, writer, stop_if, trainable, faults)
-    while sweep.spec.settle is not None and not writer.planned - set(writer.outcomes):
-        pending = peeked(next_cells(sweep, writer.sink.store, set(writer.outcomes) | writer.final_ids))
+    writer = launch.writer
+    retried = run_cells(launch, pending)
+    while launch.sweep.spec.settle is not None and not writer.planned - set(writer.outcomes):
+        pending = peeked(next_cells(launch.sweep, writer.sink.store, set(writer.outcomes) | writer.final_ids))
         if pending is None:
             break
-        retried += run_cells(sweep, pending, storage, writer, stop_if, trainable, faults)
+        retried += run_cells(launch, pending)
     return retried
 
 
@@ -230,30 +239,29 @@ def open_for_writing(store: ResultStore, sweep: ResolvedSweep) -> SpoolingWriter
     return sink
 
 
-def run_cells(sweep: ResolvedSweep, pending: Iterable[TrialConfig], storage: RayStorage, writer: "RowWriter",
-              stop_if: Callable[[], None], trainable: Callable | None = None,
-              faults: DriverFaults = DriverFaults()) -> int:
+def run_cells(launch: Launch, pending: Iterable[TrialConfig]) -> int:
     """The pending cells through Tune in rounds (plan.rounds: Tune's state stays bounded), then those
     that ran out of memory once more with twice the GPU share; returns how many were retried. A round
     that ends with a cell without an outcome was interrupted: nothing more starts (``resume`` goes on)."""
+    sweep, writer = launch.sweep, launch.writer
     out_of_memory: list[TrialConfig] = []
     with writer.progress:
         try:
             for cells in rounds(pending, sweep.spec.resources.cells_per_round):
                 cells = [with_resources(c, sweep) for c in cells]
                 writer.planned |= {c.trial_id for c in cells}
-                run_tune(sweep, cells, storage, writer.write, experiment=sweep.name, stop_if=stop_if,
-                         trainable=trainable)
+                run_tune(sweep, cells, launch.storage, writer.write, experiment=sweep.name, stop_if=launch.stop_if,
+                         trainable=launch.trainable)
                 if not writer.has_outcomes(cells):
                     return 0
                 out_of_memory += [c for c in cells if writer.outcomes[c.trial_id] == "oom"]
                 compact(writer.sink.store)
-                faults.on_round_end()
-            retried = retry_out_of_memory(sweep, out_of_memory, storage, writer, stop_if, trainable)
+                launch.faults.on_round_end()
+            retried = retry_out_of_memory(launch, out_of_memory)
             compact(writer.sink.store)
             return retried
         except Exception:
-            stop_if()  # Tune wraps what a callback raised in a TuneError: say why, plainly
+            launch.stop_if()  # Tune wraps what a callback raised in a TuneError: say why, plainly
             raise
 
 
@@ -266,18 +274,17 @@ def compact(store: ResultStore) -> None:
         print(f"warning: the store's rows were not compacted this time ({exc})", file=sys.stderr)
 
 
-def retry_out_of_memory(sweep: ResolvedSweep, out_of_memory: list[TrialConfig], storage: RayStorage,
-                        writer: "RowWriter", stop_if: Callable[[], None], trainable: Callable | None = None) -> int:
+def retry_out_of_memory(launch: Launch, out_of_memory: list[TrialConfig]) -> int:
     """Run once more, with twice the GPU share, the cells that ran out of memory in this launch (see
     the module's docstring for the rows); only once every round had its outcomes (an interrupted
     launch leaves them to ``resume``)."""
-    larger = with_doubled_gpu_share(sweep)
+    larger = with_doubled_gpu_share(launch.sweep)
     if larger is None or not out_of_memory:
         return 0
     # its own experiment: resume recovers from the main one
-    run_tune(larger, [with_resources(c, larger) for c in out_of_memory], storage,
-             functools.partial(writer.write, oom_retry=True), experiment=f"{sweep.name}-oom-retry", stop_if=stop_if,
-             trainable=trainable)
+    run_tune(larger, [with_resources(c, larger) for c in out_of_memory], launch.storage,
+             functools.partial(launch.writer.write, oom_retry=True), experiment=f"{larger.name}-oom-retry",
+             stop_if=launch.stop_if, trainable=launch.trainable)
     return len(out_of_memory)
 
 

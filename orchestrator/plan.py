@@ -1,7 +1,7 @@
 """The plan: a pure, deterministic function of a resolved sweep (no I/O, no Ray).
 
 ``ResolvedSweep`` is a spec with everything that depends on the machine, the data or the cluster
-decided once (orchestrator/launch.py ``resolve``; orchestrator/sweeps.py for a stored sweep or this
+decided once (orchestrator/launch.py ``resolve_for_launch``; orchestrator/sweeps.py for a stored sweep or this
 machine). ``build_grid`` expands it into one TrialConfig per cell; the rest says which cells still
 run and with what resources.
 """

@@ -1,35 +1,130 @@
-"""A progress bar for a sweep: done/total, failures, elapsed and ETA (rich)."""
+"""A sweep's progress, where its output goes: a live bar on a terminal; elsewhere (a file, a cluster
+job's log, CI, a notebook) plain lines, which a log shows as they come.
+
+Without a terminal rich's live bar draws only when it stops: a launch whose output went to a file said
+nothing for as long as the sweep ran. Lines instead: one per finished trial (its cell, status, metric
+and time) and a summary (done/total, failed, rate, ETA) at least every ``summary_every_s`` seconds,
+from a timer of its own, so a log shows the sweep alive while long trials run.
+
+On a terminal the bar puts what matters first (done/total, then ETA), the last cell at the end, cut
+where the terminal is narrow.
+"""
 
 from __future__ import annotations
 
+import sys
+import threading
+import time
+from collections.abc import Callable
+from datetime import timedelta
+from typing import TextIO
+
+from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+from rich.table import Column
 
 from freezesweep.trials.config import TrialResult
 
+SUMMARY_EVERY_S = 60.0  # the longest a log goes without a line while a sweep runs
+
+
+def cell_words(result: TrialResult) -> str:
+    """A trial's cell, status and selected metric: ``glue/sst2 n=200 k=0 s=1 ok accuracy=0.785``."""
+    cfg = result.config
+    words = f"{cfg.dataset} n={cfg.train_size} {cfg.variant()} s={cfg.seed} {result.status}"
+    if result.best_val_score is not None:
+        words += f" {result.select_metric}={result.best_val_score:.3f}"
+    return words
+
+
+def _duration(seconds: float) -> str:
+    return str(timedelta(seconds=round(seconds)))
+
 
 class SweepProgress:
-    def __init__(self, total: int, done: int, enabled: bool = True):
-        self.failed = 0
-        self._progress = Progress(
-            TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
-            TextColumn("failed: {task.fields[failed]}"), TextColumn("last: {task.fields[last]}"),
-            TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn(), disable=not enabled,
-        )
-        self._task = self._progress.add_task("trials", total=total, completed=done, failed=0, last="-")
+    """Counts a launch's outcomes and shows them: a bar on a terminal, lines elsewhere, nothing when
+    not ``enabled``.
+
+    ``out``: where lines go (default stdout); ``terminal``: whether it is one (default: ``out.isatty()``);
+    ``clock``: seconds, monotonic (tests pass their own); ``console``: the bar's (tests render it)."""
+
+    def __init__(self, total: int, done: int, enabled: bool = True, *, out: TextIO | None = None,
+                 terminal: bool | None = None, clock: Callable[[], float] = time.monotonic,
+                 summary_every_s: float = SUMMARY_EVERY_S, console: Console | None = None):
+        self.total, self.done, self.failed, self.finished = total, done, 0, 0  # finished: this launch's trials
+        self.out = out or sys.stdout
+        terminal = self.out.isatty() if terminal is None else terminal
+        self.mode = "off" if not enabled else "bar" if terminal else "lines"
+        self.clock, self.summary_every_s = clock, summary_every_s
+        self.started = self.last_summary = clock()
+        self._lock = threading.Lock()  # the timer's summary and a trial's line never interleave
+        self._stop = threading.Event()
+        self._timer: threading.Thread | None = None
+        self._bar = _bar(console, disable=self.mode != "bar")
+        self._task = self._bar.add_task("trials", total=total, completed=done, failed=0, last="-")
 
     def advance(self, result: TrialResult, replaces: str | None = None) -> None:
         """A cell's outcome; ``replaces``: the status of this cell's earlier row in this launch (its
         retry's row replaces it: the cell is counted once)."""
         self.failed += (result.status != "ok") - (replaces not in (None, "ok"))
-        cfg = result.config
-        last = f"{cfg.dataset} n={cfg.train_size} {cfg.variant()} s={cfg.seed} {result.status}"
-        if result.best_val_score is not None:
-            last += f" {result.select_metric}={result.best_val_score:.3f}"
-        self._progress.update(self._task, advance=0 if replaces else 1, failed=self.failed, last=last)
+        if not replaces:
+            self.done, self.finished = self.done + 1, self.finished + 1
+        last = cell_words(result)
+        self._bar.update(self._task, advance=0 if replaces else 1, failed=self.failed, last=last)
+        if self.mode == "lines":
+            took = f" {result.wall_time_s:.1f}s" if result.wall_time_s is not None else ""
+            self._write(f"trial {self.done}/{self.total}: {last}{took}")
+
+    def _summary(self) -> None:
+        self._write(self.summary_line())
+        self.last_summary = self.clock()
+
+    def summary_line(self) -> str:
+        """done/total, failed, this launch's rate and the ETA at that rate."""
+        elapsed_s = self.clock() - self.started
+        rate_per_s = self.finished / elapsed_s if elapsed_s > 0 else 0.0
+        left = self.total - self.done
+        eta = _duration(left / rate_per_s) if rate_per_s > 0 else ("0:00:00" if left == 0 else "unknown")
+        return (f"progress: {self.done}/{self.total} done, {self.failed} failed, {rate_per_s * 60:.2f} trials/min, "
+                f"elapsed {_duration(elapsed_s)}, ETA {eta}")
+
+    def tick(self) -> None:
+        """The timer's call: a summary line once ``summary_every_s`` have passed since the last one."""
+        if self.mode == "lines" and self.clock() - self.last_summary >= self.summary_every_s:
+            self._summary()
+
+    def _write(self, line: str) -> None:
+        with self._lock:
+            print(line, file=self.out, flush=True)  # a file is block-buffered: the log shows it now
+
+    def _run_timer(self) -> None:
+        poll_s = min(1.0, self.summary_every_s / 10)
+        while not self._stop.wait(poll_s):
+            self.tick()
 
     def __enter__(self) -> "SweepProgress":
-        self._progress.__enter__()
+        if self.mode == "lines":
+            self._stop.clear()
+            self._timer = threading.Thread(target=self._run_timer, name="freezesweep-progress", daemon=True)
+            self._timer.start()
+        self._bar.__enter__()
         return self
 
     def __exit__(self, *exc) -> None:
-        self._progress.__exit__(*exc)
+        self._bar.__exit__(*exc)
+        if self._timer is not None:
+            self._stop.set()
+            self._timer.join()
+            self._timer = None
+            self._summary()
+
+
+def _bar(console: Console | None, disable: bool) -> Progress:
+    """done/total and ETA first; the last cell last, cut with an ellipsis where the line ends."""
+    last = Column(no_wrap=True, overflow="ellipsis", ratio=1, min_width=0)
+    return Progress(
+        TextColumn("[bold]{task.description}"), MofNCompleteColumn(), TextColumn("ETA"), TimeRemainingColumn(),
+        BarColumn(bar_width=20), TextColumn("failed: {task.fields[failed]}"), TimeElapsedColumn(),
+        TextColumn("last: {task.fields[last]}", table_column=last), console=console, disable=disable,
+        expand=True,
+    )

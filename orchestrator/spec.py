@@ -24,6 +24,7 @@ from freezesweep.trials.config import LATER_FIELDS, MACHINE_FIELDS, TrialConfig
 from freezesweep.trials.metrics import METRICS
 
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]*$"  # a sweep name is a folder name in the store
+DEFAULT_STORE = "./sweeps"  # the store root when neither the spec nor the command names one
 
 
 class SpecError(ValueError):
@@ -201,7 +202,7 @@ class SweepSpec(_Strict):
         "auto", description="how trials on other nodes get the spec's local data files and model folders: ship = "
         "the driver sends them through Ray's object store; node_local = every node has them at the same paths "
         "(checked on every node before the first trial); auto = ship on a cluster (orchestrator/local_files.py)")
-    store: str = "./sweeps"
+    store: str = DEFAULT_STORE
     address: str | None = None
 
     _check_unique = field_validator("datasets", "train_sizes", "methods", "frozen_layers", "lora_ranks", "seeds")(_unique)

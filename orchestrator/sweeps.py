@@ -2,15 +2,22 @@
 what a launch measured on the cluster), or the resolved spec a sweep was stored with.
 
 Inspection (status, summary, query, report) needs only this layer: no Ray, no torch.
+
+One verb per meaning: ``resolve_*`` decides what depends on the machine, the data or the cluster
+(``resolve_spec``, ``resolve_here``, ``resolve_for_plan``; a launch's is launch.py's
+``resolve_for_launch``); ``load_*`` reads what a sweep's store holds (``load_sweep_spec``, ``load_sweep``).
 """
 
 from __future__ import annotations
 
-from freezesweep.orchestrator.checks import model_depths, select_metrics, validate
+from collections.abc import Iterable
+
+from freezesweep.orchestrator.checks import model_depths, select_metrics, stored_spec_mapping, validate
 from freezesweep.orchestrator.local_files import Shipment
-from freezesweep.orchestrator.plan import ResolvedSweep, gpu_request
-from freezesweep.orchestrator.spec import SpecError, SweepSpec, read_stored_spec
+from freezesweep.orchestrator.plan import ResolvedSweep, build_grid, gpu_request, iter_grid, settle_round
+from freezesweep.orchestrator.spec import SpecError, SweepSpec
 from freezesweep.results.store import ResultStore
+from freezesweep.trials.config import TrialConfig
 from freezesweep.trials.data import resolve_data_dir
 
 # A stored spec with precision "auto" was written before ids named the resolved precision and before
@@ -19,23 +26,26 @@ OLD_SWEEP = ("this sweep was made by a freezesweep before 0.2 (other evaluation 
              "its rows stay readable, but it cannot be continued; launch the spec under a new sweep name")
 
 
-def resolved(spec: SweepSpec, precision: str, address: str | None = None, shipment: Shipment | None = None,
-             gpus_per_trial: float | None = None, gpu_packing: str | None = None) -> ResolvedSweep:
+def resolve_spec(spec: SweepSpec, precision: str) -> SweepSpec:
     """``spec`` with its precision, each dataset's select metric (stored resolved, so status and report
-    never need the data), the data dir this machine reads (so ``resume`` works without the environment
-    variable) and the models' depths decided; ``gpus_per_trial``: the share ``auto`` measured (the
-    spec keeps ``auto``: a resume on other GPUs measures again)."""
+    never need the data) and the data dir this machine reads (so ``resume`` works without the
+    environment variable) decided. Its GPU share stays as written: ``auto`` is measured by a launch
+    (a resume on other GPUs measures again)."""
     local = resolve_data_dir(None)
     spec = spec.model_copy(update={"data_dir": spec.data_dir or (str(local.resolve()) if local else None)})
     training = spec.training.model_copy(update={"precision": precision, "select_metric": select_metrics(spec)})
-    return ResolvedSweep(spec.model_copy(update={"training": training}), model_depths(spec), address, shipment,
-                         gpus_per_trial, gpu_packing)
+    return spec.model_copy(update={"training": training})
+
+
+def _resolve_in(spec: SweepSpec, precision: str) -> ResolvedSweep:
+    """``spec`` resolved in ``precision``, without Ray (inspection and plans: no cluster, no GPU share measured)."""
+    return ResolvedSweep(resolve_spec(spec, precision), model_depths(spec))
 
 
 def resolve_here(spec: SweepSpec) -> ResolvedSweep:
     """``spec`` resolved on this machine, without Ray: ``auto`` precision as this machine's CPU or GPU
     runs it natively (the embedded Ray's trials run here)."""
-    return resolved(spec, precision_here(spec))
+    return _resolve_in(spec, precision_here(spec))
 
 
 def resolve_for_plan(spec: SweepSpec) -> tuple[ResolvedSweep, str | None]:
@@ -44,14 +54,14 @@ def resolve_for_plan(spec: SweepSpec) -> tuple[ResolvedSweep, str | None]:
     2020 resolve to), said in the note returned beside the sweep, since cell ids name the precision."""
     if spec.training.precision != "auto":
         return resolve_here(spec), None
-    text = ResultStore(spec.store, spec.name).read_spec()
-    stored = (read_stored_spec(text).get("training") or {}).get("precision") if text else None
+    raw = stored_spec_mapping(ResultStore(spec.store, spec.name))
+    stored = (raw.get("training") or {}).get("precision") if raw else None
     if stored not in (None, "auto"):
-        return resolved(spec, stored), None
+        return _resolve_in(spec, stored), None
     try:
         return resolve_here(spec), None
     except (RuntimeError, AssertionError):  # torch's "no CUDA" for GPU trials planned on a CPU machine
-        return resolved(spec, "bf16"), ("precision auto resolves on the trials' GPUs; planned as bf16 (GPUs of "
+        return _resolve_in(spec, "bf16"), ("precision auto resolves on the trials' GPUs; planned as bf16 (GPUs of "
                                         "compute capability 8.0 and later), which fixes the cell ids shown")
 
 
@@ -63,21 +73,35 @@ def precision_here(spec: SweepSpec) -> str:
     return auto_precision("cuda" if gpu_request(spec) > 0 else "cpu")
 
 
-def stored_spec(name: str, store_uri: str, semantic: bool = False) -> SweepSpec:
+def load_sweep_spec(name: str, store_uri: str, semantic: bool = False) -> SweepSpec:
     """The spec a sweep was launched with, as stored; ``semantic=False`` skips the checks that load
     the model and data (inspection needs neither)."""
-    text = ResultStore(store_uri, name).read_spec()
-    if text is None:
+    raw = stored_spec_mapping(ResultStore(store_uri, name))
+    if raw is None:
         raise SpecError([f"no sweep named {name!r} in store {store_uri!r}"], store_uri)
     source = f"{store_uri}/{name}/spec.yaml"
-    spec = validate(read_stored_spec(text, source), source, semantic=semantic)
+    spec = validate(raw, source, semantic=semantic)
     if spec.training.precision == "auto":  # stored unresolved: written by a freezesweep before 0.2
         raise SpecError([OLD_SWEEP], source)
     return spec
 
 
-def sweep_from_store(name: str, store_uri: str) -> ResolvedSweep:
+def load_sweep(name: str, store_uri: str) -> ResolvedSweep:
     """A stored sweep, resolved as it was launched (its cells are what ``status`` and the report count)."""
-    spec = stored_spec(name, store_uri)
+    spec = load_sweep_spec(name, store_uri)
     training = spec.training.model_copy(update={"select_metric": select_metrics(spec)})  # a legacy one names one metric
     return ResolvedSweep(spec.model_copy(update={"training": training}), model_depths(spec), address=spec.address)
+
+
+# What settle mode reads of the stored rows to choose its next round.
+SETTLE_COLUMNS = ["trial_id", "status", "best_val_score", "baseline_score"]
+
+
+def next_cells(sweep: ResolvedSweep, store: ResultStore, done: set[str]) -> Iterable[TrialConfig]:
+    """The cells a launch runs now (and the dry run shows): a fixed grid's every cell without a final
+    row (in ``done``), as the grid yields them (a launch's first round starts before the last cell is
+    built); in settle mode, the next round the stored rows call for (orchestrator/plan.py settle_round)."""
+    if sweep.spec.settle is None:
+        return (c for c in iter_grid(sweep) if c.trial_id not in done)
+    rows = store.read_table(columns=SETTLE_COLUMNS).to_pandas()
+    return [c for c in settle_round(sweep, build_grid(sweep), rows) if c.trial_id not in done]

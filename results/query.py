@@ -36,13 +36,18 @@ _LEGACY = {SCORE: "best_val_accuracy", "final_val_score": "final_val_accuracy", 
 
 def sql(store: ResultStore, query: str = "SELECT * FROM results") -> pd.DataFrame:
     """Run SQL over the store; the rows are the table ``results`` (old rows read as picked by accuracy)."""
+    return connect(store).execute(query).df()
+
+
+def connect(store: ResultStore) -> duckdb.DuckDBPyConnection:
+    """A DuckDB connection whose view ``results`` is the store's rows (old rows read as picked by accuracy)."""
     con = duckdb.connect()
     con.register("stored", store.scan())
     legacy = "select_metric IS NULL"
     filled = [f"CASE WHEN {legacy} THEN {old} ELSE {new} END AS {new}" for new, old in _LEGACY.items()]
     filled.append(f"coalesce(select_metric, '{LEGACY_METRIC}') AS select_metric")
     con.execute(f"CREATE VIEW results AS SELECT * REPLACE ({', '.join(filled)}) FROM stored")
-    return con.execute(query).df()
+    return con
 
 
 def with_selected_metric(df: pd.DataFrame) -> pd.DataFrame:

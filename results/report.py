@@ -67,13 +67,10 @@ class Report:
 def build_report(sweeps: list[SweepRows], tolerance: float = TOLERANCE) -> Report:
     """The layer analysis reads the freeze rows; the methods comparison reads every row. A sweep of
     several models is analysed per model (its rows are labelled "sweep · model")."""
-    rows = per_model(with_methods(pd.concat([s.rows for s in sweeps], ignore_index=True)))
+    rows = _all_rows(sweeps)
     layers = freeze_rows(rows)
     contrasts, retained, cost = paired_contrasts(layers), retained_quality(layers), costs(layers)
-    planned = {s.name: {int(v) for v in _axis(s.status, "frozen_layers")} for s in sweeps if s.status is not None}
-    planned.update({label: planned[sweep] for label, sweep in zip(rows["sweep"], rows["sweep_name"]) if sweep in planned})
-    rules = {label: s.rule for s in sweeps if s.rule for label in rows.loc[rows["sweep_name"] == s.name, "sweep"]}
-    decisions = decide(layers, retained, cost, tolerance, planned, rules)
+    decisions = _decide(sweeps, rows, layers, retained, cost, tolerance)
     # no retained quality where nothing is (shown to be) learned: a ratio of two gains near zero
     learned = decisions.loc[decisions["learned"] == LEARNED, GROUP]
     retained = retained.merge(learned, on=GROUP)
@@ -87,6 +84,26 @@ def build_report(sweeps: list[SweepRows], tolerance: float = TOLERANCE) -> Repor
     # several sweeps, or one of several models: every table and sentence names its "sweep · model"
     report.sections = _sections(report, sweeps, tolerance, many=rows["sweep"].nunique() > 1)
     return report
+
+
+def decisions(sweeps: list[SweepRows], tolerance: float = TOLERANCE) -> pd.DataFrame:
+    """The report's decision table alone (results/decision.py), without its figures and other tables."""
+    rows = _all_rows(sweeps)
+    layers = freeze_rows(rows)
+    return _decide(sweeps, rows, layers, retained_quality(layers), costs(layers), tolerance)
+
+
+def _all_rows(sweeps: list[SweepRows]) -> pd.DataFrame:
+    return per_model(with_methods(pd.concat([s.rows for s in sweeps], ignore_index=True)))
+
+
+def _decide(sweeps: list[SweepRows], rows: pd.DataFrame, layers: pd.DataFrame, retained: pd.DataFrame,
+            cost: pd.DataFrame, tolerance: float) -> pd.DataFrame:
+    """Each sweep's grid (its planned frozen layers) and settle rule, by the label its rows carry."""
+    planned = {s.name: {int(v) for v in _axis(s.status, "frozen_layers")} for s in sweeps if s.status is not None}
+    planned.update({label: planned[sweep] for label, sweep in zip(rows["sweep"], rows["sweep_name"]) if sweep in planned})
+    rules = {label: s.rule for s in sweeps if s.rule for label in rows.loc[rows["sweep_name"] == s.name, "sweep"]}
+    return decide(layers, retained, cost, tolerance, planned, rules)
 
 
 def per_model(rows: pd.DataFrame) -> pd.DataFrame:

@@ -153,7 +153,7 @@ def test_auto_resolving_elsewhere_is_refused_naming_both(write_spec, tmp_path, m
 
     monkeypatch.setattr(launch_module, "precision_here", lambda spec: "fp32")
     auto = {"training": {"precision": "auto"}}
-    first = launch_module.resolve(load_spec(write_spec("moved", **auto)), RaySession())
+    first = launch_module.resolve_for_launch(load_spec(write_spec("moved", **auto)), RaySession())
     assert first.spec.training.precision == "fp32" and all(c.precision == "fp32" for c in build_grid(first))
     store = ResultStore(first.spec.store, first.name)
     store.write_spec(first.spec.to_yaml())
@@ -323,11 +323,11 @@ def _store_legacy_spec(spec_path, tmp_path) -> str:
 def test_a_sweep_stored_before_select_metric_reads_as_accuracy(write_spec, tmp_path, glue_dir):
     """Its rows picked by accuracy: resumed, its cells keep their ids; relaunching the spec where the default
     now means another metric (CoLA: Matthews) is a protocol change, named per dataset; SST-2 is not."""
-    from freezesweep.orchestrator.sweeps import sweep_from_store
+    from freezesweep.orchestrator.sweeps import load_sweep
 
     axes = {"datasets": ["glue/sst2", "glue/cola"], "train_sizes": [24], "data_dir": str(glue_dir)}
     store = _store_legacy_spec(write_spec("legacy", **axes), tmp_path)
-    stored = sweep_from_store("legacy", store)
+    stored = load_sweep("legacy", store)
     assert stored.spec.training.select_metric == {"glue/sst2": "accuracy", "glue/cola": "accuracy"}
     as_before = load_spec(write_spec("elsewhere", **axes, training={"select_metric": "accuracy"}))
     assert [c.trial_id for c in build_grid(stored)] == [c.trial_id for c in build_grid(resolve_here(as_before))]

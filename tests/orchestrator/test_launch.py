@@ -1,11 +1,11 @@
-"""orchestrator/launch.py in units: ``resolve`` decides everything once, before anything is written, and
+"""orchestrator/launch.py in units: ``resolve_for_launch`` decides everything once, before anything is written, and
 ``run`` starts Ray only when some cell is left to run (real sweeps: test_sweep.py, test_faults.py)."""
 
 import pytest
 import ray
 
 from freezesweep.orchestrator.checks import load_spec
-from freezesweep.orchestrator.launch import launch, resolve
+from freezesweep.orchestrator.launch import launch, resolve_for_launch
 from freezesweep.orchestrator.plan import build_grid
 from freezesweep.orchestrator.ray_session import RaySession
 from freezesweep.orchestrator.rows import result_row
@@ -24,7 +24,7 @@ def test_resolve_decides_precision_metrics_and_data_dir_once_without_ray(write_s
                                                                           toy_dataset):
     monkeypatch.setenv("FREEZESWEEP_DATA_DIR", str(tmp_path / "glue"))
     spec = load_spec(write_spec("resolved", training={"precision": "auto"}, frozen_layers=[0, "all"]))
-    sweep = resolve(spec, RaySession())
+    sweep = resolve_for_launch(spec, RaySession())
     assert sweep.spec.training.precision == auto_precision("cpu")
     assert sweep.spec.training.select_metric == {toy_dataset: "accuracy"}
     assert sweep.spec.data_dir == str((tmp_path / "glue").resolve())  # recorded: resume needs no environment
@@ -35,10 +35,22 @@ def test_resolve_decides_precision_metrics_and_data_dir_once_without_ray(write_s
 
 def test_a_sweep_with_nothing_left_never_starts_ray(write_spec, no_ray, tmp_path):
     spec = load_spec(write_spec("finished"))
-    sweep = resolve(spec, RaySession())
+    sweep = resolve_for_launch(spec, RaySession())
     store = ResultStore(spec.store, spec.name)
     for cell in build_grid(sweep):
         store.write_row(result_row(spec.name, TrialResult(trial_id=cell.trial_id, config=cell, status="ok")))
     summary = launch(spec, show_progress=False)
     assert (summary.total, summary.already_ok, summary.ran) == (4, 4, 0)
     assert store.read_spec() is not None and not (tmp_path / "store" / "finished" / "_ray").exists()
+
+
+@pytest.mark.parametrize("overrides, depth", [({}, 0), ({"methods": ["freeze"], "frozen_layers": [2, "all"], "lora_ranks": []}, 2),
+                                              ({"methods": ["freeze", "probe"], "frozen_layers": [-1, 2], "lora_ranks": []}, -1),
+                                              ({"methods": ["probe"], "frozen_layers": [], "lora_ranks": []}, 0)])
+def test_the_gpu_probe_depth_comes_from_the_variants_without_the_grid(overrides, depth):
+    from freezesweep.orchestrator.launch import hungriest_depth
+    from freezesweep.orchestrator.plan import hungriest_frozen_layers
+    from tests.orchestrator.test_plan import _sweep
+
+    sweep = _sweep(**overrides)
+    assert hungriest_depth(sweep.spec, sweep.model_layers) == hungriest_frozen_layers(build_grid(sweep)) == depth

@@ -39,7 +39,7 @@ def test_method_axes_are_not_crossed_with_other_methods(write_spec):
 def test_a_sweep_from_before_methods_resumes_with_its_ids(write_spec, tmp_path):
     """A stored spec that says ``training.method: freeze`` and one model as a string (every spec before
     the axes) builds the cells of today's freeze-only spec, ids and all."""
-    from freezesweep.orchestrator.sweeps import sweep_from_store
+    from freezesweep.orchestrator.sweeps import load_sweep
     from freezesweep.results.store import ResultStore
     from freezesweep.trials.config import TrialConfig
 
@@ -47,7 +47,7 @@ def test_a_sweep_from_before_methods_resumes_with_its_ids(write_spec, tmp_path):
     raw = yaml.safe_load(path.read_text())
     raw["training"]["method"] = "freeze"
     ResultStore(raw["store"], "old").write_spec(yaml.safe_dump(raw))
-    stored = build_grid(sweep_from_store("old", raw["store"]))
+    stored = build_grid(load_sweep("old", raw["store"]))
     assert [c.trial_id for c in stored] == [c.trial_id for c in build_grid(resolve_here(load_spec(path)))]
     # and those ids are what a TrialConfig with no method fields at all hashes to
     plain = [TrialConfig(dataset=c.dataset, model=c.model, train_size=c.train_size, frozen_layers=c.frozen_layers,

@@ -50,8 +50,10 @@ def test_kill_driver_then_resume_runs_each_cell_once(write_spec, tmp_path):
     path = write_spec("killed", train_sizes=[24, 48, 96], frozen_layers=[0, 1, 2], training={"epochs": 4},
                       resources={"max_concurrent_trials": 1})
     results_dir = tmp_path / "store" / "killed" / "results"
-    driver = subprocess.Popen(CLI + ["launch", str(path)], start_new_session=True,
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    log = tmp_path / "launch.log"
+    with open(log, "w") as stdout:  # a file, as a cluster job's log: lines must reach it while the sweep runs
+        driver = subprocess.Popen(CLI + ["launch", str(path)], start_new_session=True, stdout=stdout,
+                                  stderr=subprocess.DEVNULL)
     deadline = time.time() + 240
     while time.time() < deadline and count_rows(results_dir) < 2:
         time.sleep(0.1)
@@ -59,6 +61,9 @@ def test_kill_driver_then_resume_runs_each_cell_once(write_spec, tmp_path):
     driver.wait()
     done_at_kill = count_rows(results_dir)
     assert 2 <= done_at_kill < 9, "the kill must land mid-sweep for this test to mean anything"
+    # a trial's line follows its row: every stored row but the last is in the log of the killed driver
+    lines = [line for line in log.read_text().splitlines() if line.startswith("trial ")]
+    assert done_at_kill - 1 <= len(lines) <= done_at_kill and lines[0].startswith("trial 1/9: "), lines
 
     before = rows_by_id(results_dir)
     resumed = subprocess.run(CLI + ["resume", "killed", "--store", str(tmp_path / "store")],

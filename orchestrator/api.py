@@ -1,0 +1,465 @@
+"""freezesweep's Python API: what the command line does, as functions a notebook or a job script calls.
+
+Every function here is exported at ``freezesweep`` itself (``import freezesweep as fs``):
+``fs.load_spec`` / ``fs.build_spec`` make a validated spec, ``fs.plan`` is the dry run, ``fs.launch``
+and ``fs.resume`` run a sweep (blocking) and return its :class:`LaunchSummary`; ``fs.results``,
+``fs.results_arrow``, ``fs.results_duckdb`` and ``fs.query`` read its rows; ``fs.status`` and
+``fs.summary`` inspect it; ``fs.decide`` gives the decisions as objects and as a DataFrame;
+``fs.report`` writes the HTML and Markdown report; ``fs.compact`` compacts the store.
+
+The CLI (orchestrator/cli.py) parses its arguments, calls these and prints what they return.
+
+Deferred on purpose: Ray, torch and transformers are imported inside the functions that need them,
+so reading a stored sweep's rows never pays their import time.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import os
+import signal
+import sys
+import threading
+import warnings
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Union
+
+import pandas as pd
+
+from freezesweep.orchestrator.spec import DEFAULT_STORE, LARGE_GRID, SpecError, SweepSpec, read_yaml
+from freezesweep.results.store import ResultStore
+
+if TYPE_CHECKING:  # the annotations only: importing them at run time would import Ray and torch
+    import duckdb
+    import pyarrow as pa
+
+    from freezesweep.orchestrator.launch import LaunchSummary
+    from freezesweep.orchestrator.plan import ResolvedSweep, WorkEstimate
+    from freezesweep.results.report import Report, SweepRows
+    from freezesweep.trials.config import TrialConfig
+
+#: A spec as the API takes it: a YAML file's path, a mapping of its keys, or a :class:`SweepSpec`.
+SpecSource = Union[str, Path, Mapping[str, Any], SweepSpec]
+
+__all__ = ["SpecSource", "UnreadableRowsWarning", "Plan", "SweepStatus", "Decision", "Decisions", "load_spec",
+           "build_spec", "plan", "launch", "resume", "results", "results_arrow", "results_duckdb", "query", "status",
+           "summary", "decide", "report", "compact"]
+
+
+class UnreadableRowsWarning(UserWarning):
+    """Row files of a sweep that could not be read were left out (``resume`` sets them aside and runs
+    their cells again)."""
+
+
+# --- specs -----------------------------------------------------------------------------------------
+def _raw_spec(source: SpecSource, store: str | None, address: str | None) -> tuple[Any, str]:
+    """The spec's mapping with the overrides on top, and what to call it in errors."""
+    overrides = {"store": store, "address": address}
+    if isinstance(source, SweepSpec):
+        raw, name = source.model_dump(mode="json"), f"sweep spec {source.name!r}"
+    elif isinstance(source, Mapping):
+        raw, name = dict(source), "sweep spec"
+    else:
+        return read_yaml(source, overrides), str(source)
+    return {**raw, **{k: v for k, v in overrides.items() if v is not None}}, name
+
+
+def load_spec(source: SpecSource, *, store: str | None = None, address: str | None = None,
+              check_data: bool = True, check_devices: bool = True) -> SweepSpec:
+    """A sweep spec, validated: every problem named in one :class:`SpecError`.
+
+    Args:
+        source: a YAML file's path, a mapping of the spec's keys, or a spec to check again.
+        store: the store root, over the spec's own (default ``./sweeps``); a local folder or a URI
+            such as ``s3://bucket/sweeps``.
+        address: the Ray cluster the trials run on, over the spec's own.
+        check_data: load the models and data to check them (False: shapes and values only).
+        check_devices: check that the GPUs and CPUs the trials ask for are here (False: planned
+            away from them).
+    """
+    from freezesweep.orchestrator.checks import validate
+
+    raw, name = _raw_spec(source, store, address)
+    return validate(raw, name, semantic=check_data, devices=check_devices)
+
+
+def build_spec(fields: Mapping[str, Any] | None = None, /, **more: Any) -> SweepSpec:
+    """A spec from its keys, as a YAML file would hold them, validated like :func:`load_spec`.
+
+    ``fs.build_spec(name="demo", model="sentence-transformers/all-MiniLM-L6-v2", datasets=["glue/sst2"],
+    train_sizes=[200], frozen_layers=[0, 3, 6], seeds=[0, 1, 2])``
+    """
+    return load_spec({**(fields or {}), **more})
+
+
+# --- plan: the dry run -----------------------------------------------------------------------------
+@dataclass(frozen=True, eq=False)  # DataFrames have no single truth value to compare by
+class Plan:
+    """What a launch of the spec would do now; nothing was started or written."""
+
+    name: str
+    settle: bool  # settle mode: ``pending`` is its next round, ``cells`` its budget
+    cells: list[TrialConfig]  # the grid (settle mode: every cell the budget allows)
+    pending: list[TrialConfig]  # the cells a launch runs now
+    done: int  # cells with a final row (ok, diverged)
+    rounds: int  # Tune runs the pending cells take (``resources.cells_per_round``)
+    status: pd.DataFrame  # per axis value: done / failed / missing cells
+    work: WorkEstimate | None  # the pending cells' trial time, priced by the store's own rows
+    trials_at_once: int  # this machine's cores per trial, or ``max_concurrent_trials``
+    note: str | None = None  # how ``precision: auto`` was planned where the trials' GPUs are not
+    size_words: str = ""  # the grid's axes, e.g. "1 models × 1 datasets × …"
+
+
+def plan(spec: SpecSource, *, store: str | None = None) -> Plan:
+    """The dry run: the grid's cells, which are done and which a launch would run now, and the work
+    left as the store's measured trial times price it. Nothing starts, nothing is written."""
+    from freezesweep.orchestrator.plan import build_grid
+    from freezesweep.orchestrator.sweeps import next_cells, resolve_for_plan
+    from freezesweep.results.query import status_table
+    from freezesweep.results.store import FINAL_STATUSES
+
+    spec = load_spec(spec, store=store, check_devices=False)  # the trials' machines are not here
+    sweep, note = resolve_for_plan(spec)
+    cells = build_grid(sweep)
+    result_store = ResultStore(spec.store, spec.name)
+    rows = result_store.read_table(columns=["trial_id", "status", "wall_time_s"]).to_pandas()
+    statuses = dict(zip(rows["trial_id"], rows["status"]))
+    done = {t for t, s in statuses.items() if s in FINAL_STATUSES}
+    pending = list(next_cells(sweep, result_store, done))
+    per_round = spec.resources.cells_per_round
+    at_once = spec.resources.max_concurrent_trials or max(1, int((os.cpu_count() or 1) // spec.resources.cpus_per_trial))
+    return Plan(spec.name, spec.settle is not None, cells, pending, len(done & {c.trial_id for c in cells}),
+                -(-len(pending) // per_round), status_table(cells, statuses), _work(cells, pending, rows), at_once,
+                note, spec.cell_count_words())
+
+
+def _work(cells: list[TrialConfig], pending: list[TrialConfig], rows: pd.DataFrame) -> WorkEstimate | None:
+    """The pending cells' trial time, priced by the store's own measured ok rows (orchestrator/plan.py)."""
+    from freezesweep.orchestrator.plan import estimate_work, work_key
+
+    by_id = {c.trial_id: c for c in cells}
+    measured: dict[tuple, list[float]] = {}
+    for trial_id, status_, wall_s in rows[["trial_id", "status", "wall_time_s"]].itertuples(index=False):
+        if status_ == "ok" and trial_id in by_id and wall_s == wall_s:  # NaN: not measured
+            measured.setdefault(work_key(by_id[trial_id]), []).append(float(wall_s))
+    return estimate_work(pending, measured)
+
+
+# --- launch and resume -----------------------------------------------------------------------------
+@contextlib.contextmanager
+def sigterm_as_interrupt() -> Iterator[list[int]]:
+    """SIGTERM (a scheduler or ``kill`` stopping the driver) handled like Ctrl-C: Tune stops its trials,
+    the lock is released, Ray shuts down on the way out. Yields the signals received. Only the main
+    thread may set a handler: elsewhere (a notebook's worker thread) SIGTERM keeps its own."""
+    if _RECEIVED:  # nested (the CLI's around the API's): one handler, one list
+        yield _RECEIVED[-1]
+        return
+    received: list[int] = []
+    if threading.current_thread() is not threading.main_thread():
+        yield received
+        return
+
+    def on_term(signum, frame) -> None:
+        received.append(signum)
+        signal.raise_signal(signal.SIGINT)  # Tune's graceful stop while it runs; KeyboardInterrupt elsewhere
+
+    previous = signal.signal(signal.SIGTERM, on_term)
+    _RECEIVED.append(received)
+    try:
+        yield received
+    finally:
+        _RECEIVED.pop()
+        signal.signal(signal.SIGTERM, previous)
+
+
+_RECEIVED: list[list[int]] = []  # the signals list of the handler installed now, if any
+
+
+def launch(spec: SpecSource, *, store: str | None = None, address: str | None = None,
+           progress: bool = True) -> LaunchSummary:
+    """Validate a spec (against the cluster when there is one), then run every cell that has no ok row
+    yet, blocking until the sweep is done, and return what happened.
+
+    Ctrl-C (or SIGTERM) stops it as in the CLI: Tune stops its trials, nothing is lost, and the summary
+    counts the cells left ``unfinished`` (``terminated`` says SIGTERM did it); before or after Tune
+    runs it raises ``KeyboardInterrupt``. :func:`resume` goes on.
+
+    Args:
+        spec: a YAML file's path, a mapping of the spec's keys, or a :class:`SweepSpec`.
+        store: the store root, over the spec's own.
+        address: a Ray cluster's address (default: the spec's, else ``RAY_ADDRESS``, else a Ray of
+            its own on this machine).
+        progress: show progress: a live bar on a terminal; elsewhere (a file, a cluster job's log, a
+            notebook) one line per finished trial and a summary line at least every minute.
+
+    Raises:
+        SpecError: the spec's problems, all of them, before any trial starts.
+        SweepLocked: another driver runs this sweep.
+        StoreUnavailable: finished rows could not reach the store (they wait in the local spool).
+    """
+    raw, name = _raw_spec(spec, store, address)
+    return _launch(raw, name, progress)
+
+
+def resume(name: str, *, store: str | None = None, address: str | None = None, progress: bool = True) -> LaunchSummary:
+    """Run the cells of a stored sweep that have no ok row (failed ones are run again), with the spec
+    it was launched with; otherwise as :func:`launch`."""
+    from freezesweep.orchestrator.sweeps import load_sweep_spec
+
+    root = store or DEFAULT_STORE
+    stored = load_sweep_spec(name, root)  # validated in full by the launch, with the cluster
+    raw = {**stored.model_dump(mode="json"), "store": root, "address": address or stored.address}
+    return _launch(raw, f"{root}/{name}/spec.yaml", progress)
+
+
+def _launch(raw: Any, source: str, progress: bool) -> LaunchSummary:
+    from freezesweep.orchestrator.checks import data_notes, validate
+    from freezesweep.orchestrator.launch import launch as run_launch
+    from freezesweep.orchestrator.ray_session import RaySession
+
+    quiet_libraries()
+    session = RaySession(raw.get("address") if isinstance(raw, dict) else None)
+    with sigterm_as_interrupt() as terminated:
+        spec = validate(raw, source, cluster=session)
+        for note in data_notes(spec):
+            print(f"note: {note}", file=sys.stderr)
+        if spec.cell_count() > LARGE_GRID:
+            print(f"a large grid: {spec.cell_count():,} cells ({spec.cell_count_words()}), run in rounds of "
+                  f"{spec.resources.cells_per_round:,}", file=sys.stderr)
+        summary_ = run_launch(spec, show_progress=progress, session=session)
+    return dataclasses.replace(summary_, terminated=bool(terminated))
+
+
+def quiet_libraries() -> None:
+    """transformers' warnings and download bars would drown the progress lines."""
+    import transformers
+
+    transformers.logging.set_verbosity_error()
+    transformers.utils.logging.disable_progress_bar()
+
+
+# --- a stored sweep's rows -------------------------------------------------------------------------
+def _store(name: str, store: str | None) -> ResultStore:
+    """The sweep's store; SpecError when it holds no such sweep (a typo must not read as no rows)."""
+    result_store = ResultStore(store or DEFAULT_STORE, name)
+    if not result_store.exists():
+        raise SpecError([f"no sweep named {name!r} in store {result_store.uri!r}"], result_store.uri)
+    return result_store
+
+
+def _warn_unreadable(result_store: ResultStore) -> None:
+    if result_store.unreadable:
+        warnings.warn(f"skipped {len(result_store.unreadable)} unreadable row file(s) (`freezesweep resume "
+                      f"{result_store.sweep}` moves them aside and runs their cells again): "
+                      + ", ".join(result_store.unreadable), UnreadableRowsWarning, stacklevel=3)
+
+
+def results(name: str, *, store: str | None = None, columns: Sequence[str] | None = None) -> pd.DataFrame:
+    """A sweep's rows, one per cell that has run, as a pandas DataFrame (``columns``: only these; default
+    every column, the evaluation curves included). Rows of freezesweep before 0.2 read as picked by
+    accuracy (``select_metric``); a row file that cannot be read is left out with an
+    :class:`UnreadableRowsWarning`."""
+    from freezesweep.results.query import read_rows
+
+    result_store = _store(name, store)
+    rows = read_rows(result_store, columns=list(columns) if columns else None)
+    _warn_unreadable(result_store)
+    return rows
+
+
+def results_arrow(name: str, *, store: str | None = None, columns: Sequence[str] | None = None) -> pa.Table:
+    """A sweep's rows as they are stored, as a pyarrow Table (``columns``: only these)."""
+    result_store = _store(name, store)
+    table = result_store.read_table(columns=list(columns) if columns else None)
+    _warn_unreadable(result_store)
+    return table
+
+
+def results_duckdb(name: str, *, store: str | None = None) -> duckdb.DuckDBPyConnection:
+    """A DuckDB connection whose view ``results`` is the sweep's rows (as :func:`query` reads them):
+    ``fs.results_duckdb("demo").sql("SELECT frozen_layers, avg(best_val_score) FROM results GROUP BY 1")``."""
+    from freezesweep.results.query import connect
+
+    result_store = _store(name, store)
+    con = connect(result_store)
+    _warn_unreadable(result_store)
+    return con
+
+
+def query(name: str, sql: str, *, store: str | None = None) -> pd.DataFrame:
+    """SQL (DuckDB) over the sweep's rows, the table ``results``; the answer as a DataFrame."""
+    return results_duckdb(name, store=store).execute(sql).df()
+
+
+# --- inspection: status, summary ---------------------------------------------------------------------
+def _stored_sweep(name: str, store: str | None) -> tuple[ResolvedSweep, ResultStore]:
+    """A stored sweep, as it was launched, and its store."""
+    from freezesweep.orchestrator.sweeps import load_sweep
+
+    root = store or DEFAULT_STORE
+    return load_sweep(name, root), ResultStore(root, name)
+
+
+def _counted_cells(sweep: ResolvedSweep, result_store: ResultStore) -> list[TrialConfig]:
+    """The cells a sweep's rows are counted against: its grid; in settle mode, the cells it ran and its
+    next round (an arm decided early never runs the budget's other seeds)."""
+    from freezesweep.orchestrator.plan import build_grid, settle_scope
+    from freezesweep.orchestrator.sweeps import SETTLE_COLUMNS
+
+    cells = build_grid(sweep)
+    if sweep.spec.settle is None:
+        return cells
+    return settle_scope(sweep, cells, result_store.read_table(columns=SETTLE_COLUMNS).to_pandas())
+
+
+@dataclass(frozen=True, eq=False)  # DataFrames have no single truth value to compare by
+class SweepStatus:
+    """A stored sweep's progress."""
+
+    name: str
+    table: pd.DataFrame  # per axis value: done / failed / missing cells
+    nodes: pd.DataFrame | None  # the Ray nodes the rows ran on (None: no row yet)
+    gpus: int  # distinct GPUs the rows ran on
+    notes: tuple[str, ...] = ()  # the store's state beside its rows: an interrupted compaction, a stale lock
+
+
+def status(name: str, *, store: str | None = None) -> SweepStatus:
+    """Done / failed / missing cells per axis value, and the nodes (Ray node ids) the rows ran on."""
+    from freezesweep.results.lock import store_notes
+    from freezesweep.results.query import NODE_COLUMNS, placement, status_table
+
+    sweep, result_store = _stored_sweep(name, store)
+    rows = result_store.read_table(columns=["trial_id", *NODE_COLUMNS]).to_pandas()  # one read: statuses and nodes
+    _warn_unreadable(result_store)
+    notes = tuple(store_notes(result_store))
+    table = status_table(_counted_cells(sweep, result_store), dict(zip(rows["trial_id"], rows["status"])))
+    if not len(rows):
+        return SweepStatus(name, table, None, 0, notes)
+    # nunique skips CPU rows' nulls
+    return SweepStatus(name, table, placement(rows), int(rows["gpu_uuid"].nunique()), notes)
+
+
+def summary(name: str, *, store: str | None = None, metric: str | None = None) -> pd.DataFrame:
+    """The selected metric (or ``metric``: accuracy, f1, matthews, pearson, spearman) at the best
+    evaluation per dataset × train size × frozen layers, over seeds (mean, median, std, min, max);
+    with several models or methods, per model and method too."""
+    from freezesweep.results.query import SUMMARY_COLUMNS, read_rows
+    from freezesweep.results.query import summary as summarize
+
+    result_store = _store(name, store)
+    table = summarize(read_rows(result_store, columns=SUMMARY_COLUMNS), metric=metric)
+    _warn_unreadable(result_store)
+    return table
+
+
+# --- decisions and the report ----------------------------------------------------------------------
+def _sweep_rows(name: str, store: str | None, tolerance: float | None) -> SweepRows:
+    """A stored sweep's rows for the report: its status against its grid, and a settle sweep's rule with
+    every look it may take and the comparisons its confidence is shared by (the report's intervals are
+    the ones the rounds were decided by)."""
+    from freezesweep.orchestrator.plan import sweep_comparisons
+    from freezesweep.results.query import status_table
+    from freezesweep.results.report import SweepRows
+
+    sweep, result_store = _stored_sweep(name, store)
+    settle = sweep.spec.settle
+    rule = settle.rule() if settle else None
+    if rule is not None and tolerance is not None:
+        rule = dataclasses.replace(rule, tolerance=tolerance)
+    family = (rule, rule.looks, sweep_comparisons(sweep)) if rule else None
+    rows = SweepRows.from_store(result_store, status_table(_counted_cells(sweep, result_store),
+                                                           result_store.statuses()), family)
+    _warn_unreadable(result_store)
+    return rows
+
+
+@dataclass(frozen=True)
+class Decision:
+    """How many layers to freeze for one (sweep, dataset, train size) — per model with several."""
+
+    sweep: str
+    dataset: str
+    train_size: int
+    learned: str  # "learned", "nothing learned" or "undecided": does full fine-tuning beat the baseline
+    frozen_layers: int | None  # the advice: the most-frozen depth shown within tolerance (None: none)
+    mean_diff: float | None  # its mean paired difference from full fine-tuning, on the selected metric
+    ci_low: float | None  # the difference's simultaneous confidence interval
+    ci_high: float | None
+    sentence: str  # the decision in words, as the report says it
+    record: Mapping[str, Any]  # every column of the decision table (results/decision.py)
+
+
+@dataclass(frozen=True, eq=False)  # DataFrames have no single truth value to compare by
+class Decisions(Sequence[Decision]):
+    """The decisions of one or more sweeps: a sequence of :class:`Decision` and, as ``frame``, the same
+    as a DataFrame (one row each)."""
+
+    items: tuple[Decision, ...]
+    frame: pd.DataFrame
+
+    @classmethod
+    def of(cls, frame: pd.DataFrame) -> "Decisions":
+        return cls(tuple(_decision(record) for record in frame.to_dict("records")), frame)
+
+    def __getitem__(self, index):  # type: ignore[override]
+        return self.items[index]
+
+    def __len__(self) -> int:
+        return len(self.frame)
+
+
+def _decision(record: dict[str, Any]) -> Decision:
+    def number(key: str) -> float | None:
+        value = record.get(key)
+        return None if value is None or value != value else float(value)  # NaN: no advice
+
+    k = number("frozen_layers")
+    return Decision(record["sweep"], record["dataset"], int(record["train_size"]), record["learned"],
+                    None if k is None else int(k), number("mean_diff"), number("ci_low"), number("ci_high"),
+                    record["sentence"], record)
+
+
+def decide(names: str | Sequence[str], *, store: str | None = None, tolerance: float | None = None) -> Decisions:
+    """The decision per sweep, dataset and train size: how many layers can be frozen with the selected
+    metric within ``tolerance`` of full fine-tuning (default: a settle sweep's own, else 0.01), with
+    intervals that hold over every look the sweep took. Several sweeps: side by side, as in the report."""
+    from freezesweep.results.report import decisions
+
+    names = [names] if isinstance(names, str) else list(names)
+    frame = decisions([_sweep_rows(n, store, tolerance) for n in names], _tolerance(tolerance))
+    return Decisions.of(frame)
+
+
+def _tolerance(tolerance: float | None) -> float:
+    from freezesweep.results.stats import TOLERANCE
+
+    return TOLERANCE if tolerance is None else tolerance
+
+
+def report(names: str | Sequence[str], out: str | Path, *, store: str | None = None,
+           tolerance: float | None = None) -> Report:
+    """Write the report of one or more sweeps (side by side) to ``out``: ``index.html`` (self-contained),
+    ``report.md`` and ``figures/``. Returns what it holds: ``decisions``, ``completeness``, the tables
+    and figures. Rebuilt at any time, also while a sweep runs: what is missing is said."""
+    from freezesweep.results.report import write_report
+
+    names = [names] if isinstance(names, str) else list(names)
+    return write_report([_sweep_rows(n, store, tolerance) for n in names], str(out), _tolerance(tolerance))
+
+
+def compact(name: str, *, store: str | None = None, on_note: Callable[[str], None] | None = None) -> int:
+    """Compact a sweep's final rows into one Parquet part (a launch also does it between rounds), under
+    the sweep's lock; crash-safe. As a launch does first, it finishes an interrupted compaction and sets
+    unreadable row files aside in ``_quarantine/``, each named to ``on_note`` (default: a warning).
+    Returns how many rows were compacted."""
+    from freezesweep.results.lock import SweepLock
+
+    result_store = _store(name, store)
+    with SweepLock(result_store.fs, result_store.sweep_dir, uri=result_store.uri) as lock:
+        result_store.guard = lock.check
+        for note in result_store.make_ready().notes():
+            on_note(note) if on_note else warnings.warn(note, UserWarning, stacklevel=2)
+        return result_store.compact()

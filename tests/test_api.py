@@ -1,0 +1,115 @@
+"""The Python API as a user calls it: a notebook-style script that imports only ``freezesweep``, runs a
+tiny sweep on Ray with its output going to a file (as a cluster job's does), reads the rows, decides and
+writes the report; the file shows a line per trial while the sweep runs."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+import freezesweep as fs
+
+NOTEBOOK = textwrap.dedent('''
+    import json, sys
+    import freezesweep as fs
+
+    spec_path, out = sys.argv[1], sys.argv[2]
+    spec = fs.load_spec(spec_path)
+    before = fs.plan(spec)
+    summary = fs.launch(spec)
+    after = fs.plan(spec)
+    rows = fs.results(spec.name, store=spec.store)
+    arrow = fs.results_arrow(spec.name, store=spec.store, columns=["trial_id", "status"])
+    counted = fs.results_duckdb(spec.name, store=spec.store).sql(
+        "SELECT frozen_layers, count(*) AS n FROM results WHERE status = 'ok' GROUP BY 1 ORDER BY 1").fetchall()
+    decisions = fs.decide(spec.name, store=spec.store)
+    report = fs.report(spec.name, out, store=spec.store)
+    print("RESULT " + json.dumps({
+        "pending_before": len(before.pending), "pending_after": len(after.pending), "done_after": after.done,
+        "summary": [summary.total, summary.ran, summary.ok, summary.failed, summary.unfinished],
+        "rows": len(rows), "ok": int((rows["status"] == "ok").sum()), "curves": int(rows["eval_curve"].notna().sum()),
+        "arrow": [arrow.num_rows, arrow.column_names], "counted": counted,
+        "decisions": [[d.dataset, d.train_size, d.learned, d.sentence] for d in decisions],
+        "frame": decisions.frame[["train_size", "sentence"]].values.tolist(),
+        "report_sentences": report.decisions["sentence"].tolist(),
+    }), flush=True)
+''')
+
+
+def _wait_for_lines(proc: subprocess.Popen, log: Path, timeout_s: float) -> list[str]:
+    """The log's trial lines as first seen while the script still runs (empty if it ended first)."""
+    deadline = time.monotonic() + timeout_s
+    while proc.poll() is None and time.monotonic() < deadline:
+        lines = [line for line in log.read_text().splitlines() if line.startswith("trial ")]
+        if lines:
+            return lines
+        time.sleep(0.2)  # polling the log file: the condition is the line itself
+    return []
+
+
+def test_a_notebook_runs_a_sweep_reads_decides_and_reports(write_spec, tmp_path):
+    spec_path = write_spec("notebook", train_sizes=[48], frozen_layers=[0, 2], seeds=[0, 1, 2],
+                           resources={"max_concurrent_trials": 1})
+    script, log, out = tmp_path / "notebook.py", tmp_path / "stdout.log", tmp_path / "report"
+    script.write_text(NOTEBOOK)
+    with open(log, "w") as stdout:  # a file, not a terminal: the launch must write lines as it goes
+        proc = subprocess.Popen([sys.executable, str(script), str(spec_path), str(out)], stdout=stdout,
+                                stderr=subprocess.PIPE, text=True)
+        seen_while_running = _wait_for_lines(proc, log, timeout_s=300)
+        _, stderr = proc.communicate(timeout=600)
+    assert proc.returncode == 0, stderr[-3000:]
+    assert seen_while_running, "no trial line reached the log before the launch ended"
+    assert len(seen_while_running) < 6, "the first lines must be readable before the last trial ends"
+
+    text = log.read_text()
+    trial_lines = [line for line in text.splitlines() if line.startswith("trial ")]
+    assert [line.split(":")[0] for line in trial_lines] == [f"trial {i}/6" for i in range(1, 7)]
+    assert all(" ok " in line and "accuracy=" in line and line.endswith("s") for line in trial_lines), trial_lines
+    assert any(line.startswith("progress: 6/6 done, 0 failed") for line in text.splitlines())
+
+    result = json.loads(text.split("RESULT ", 1)[1])
+    assert (result["pending_before"], result["pending_after"], result["done_after"]) == (6, 0, 6)
+    assert result["summary"] == [6, 6, 6, 0, 0]
+    assert (result["rows"], result["ok"], result["curves"]) == (6, 6, 6)
+    assert result["arrow"] == [6, ["trial_id", "status"]]
+    assert result["counted"] == [[0, 3], [2, 3]]
+    [decision] = result["decisions"]  # one dataset at one train size
+    assert decision[1] == 48 and decision[2] in ("learned", "nothing learned", "undecided")
+    assert result["frame"] == [[48, decision[3]]] and result["report_sentences"] == [decision[3]]
+    assert decision[3] in (out / "report.md").read_text()
+    assert (out / "index.html").is_file()
+
+
+def test_importing_freezesweep_stays_cheap():
+    """Ray workers import freezesweep.trials through the top package: the API loads on first use."""
+    code = ("import sys, freezesweep as fs; heavy = {'ray', 'torch', 'pandas', 'freezesweep.orchestrator.api'}; "
+            "print(sorted(heavy & set(sys.modules))); fs.results; print('freezesweep.orchestrator.api' in sys.modules)")
+    shown = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split("\n")
+    assert shown[:2] == ["[]", "True"]
+    # the subpackage freezesweep.results, once imported, does not hide the API's function of that name
+    import freezesweep.results.store  # noqa: F401
+
+    assert callable(fs.results) and fs.results.__module__ == "freezesweep.orchestrator.api"
+    assert set(fs.__all__) <= set(dir(fs))
+    assert all(getattr(fs, name) is not None for name in fs.__all__)  # each exported name resolves
+    assert set(fs.__all__) - {"__version__"} == set(fs._EXPORTS)  # the literal list and the lazy map agree
+    with pytest.raises(AttributeError, match="no attribute 'nothing'"):
+        fs.nothing  # noqa: B018
+
+
+def test_no_such_sweep_is_an_error_not_empty_rows(tmp_path):
+    with pytest.raises(fs.SpecError, match="no sweep named 'typo'"):
+        fs.results("typo", store=str(tmp_path))
+
+
+def test_a_bad_spec_names_every_problem(tmp_path):
+    with pytest.raises(fs.SpecError) as caught:
+        fs.build_spec(name="bad name", model="m", datasets=[], train_sizes=[0], seeds=[0], store=str(tmp_path))
+    problems = "\n".join(caught.value.problems)
+    assert "name" in problems and "datasets" in problems and "train_sizes" in problems
