@@ -241,6 +241,9 @@ class TrialResult:
     eval_cached_layers: int | None = None  # evaluation reused the cached output of this many frozen layers
     train_cached_layers: int | None = None  # training started above this many cached frozen layers (opt-in)
     cache_fill_time_s: float | None = None  # filling this worker's caches for this cell (0 when they were warm)
+    # The optimisations this trial used, each where its check showed it exact for the model
+    # (OPTIMISATIONS; docs/models.md): the others stepped aside and the model ran in full there.
+    optimisations: tuple[str, ...] = ()
     lora_targets: tuple[str, ...] = ()  # lora: the module names adapted in each layer (resolved)
     probe_pooling: str | None = None  # probe: the pooling used (auto resolved)
     probe_c: float | None = None  # probe: the inverse regularisation strength cross-validation chose
@@ -265,4 +268,5 @@ def result_from_dict(data: dict[str, Any]) -> TrialResult:
     data["train_loss_curve"] = tuple(tuple(x) for x in data.get("train_loss_curve", ()))
     data["train_indices"] = tuple(data.get("train_indices", ()))
     data["lora_targets"] = tuple(data.get("lora_targets", ()))
+    data["optimisations"] = tuple(data.get("optimisations", ()))
     return TrialResult(**data)

@@ -68,6 +68,16 @@ def build_model(model: str, num_labels: int, model_init: str) -> PreTrainedModel
     raise ModelError(f"model_init must be 'pretrained' or 'random', got {model_init!r}")
 
 
+def set_padding(model: PreTrainedModel, pad_id: int) -> PreTrainedModel:
+    """The model told which id pads its batches. A decoder-only classifier (Llama, Qwen2, GPT-2, …)
+    reads the last token that is not ``config.pad_token_id`` (left or right padding alike); with none
+    set it refuses batches of more than one row, and with another id than the one the batches carry
+    it would read padding. Encoders read position 0 and never look at it. Set on the trial's own copy."""
+    if model.config.pad_token_id != pad_id:
+        model.config.pad_token_id = pad_id
+    return model
+
+
 def attention_for(model: PreTrainedModel, device: torch.device) -> PreTrainedModel:
     """Eager attention on a CPU, the model's default (SDPA) elsewhere. At these sequence lengths the
     CPU's SDPA kernels are the slower ones (measured, MiniLM-L6 in bf16 on one core: a full validation
