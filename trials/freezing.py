@@ -171,28 +171,21 @@ def _check_input_embeddings(skeleton: nn.Module, base: nn.Module, bottom: tuple[
                             "run before its first layer")
 
 
-def structure_problems(model: nn.Module, frozen_layers: list[int]) -> list[str]:
-    """What keeps ``frozen_layers`` from applying to ``model`` (a skeleton is enough): its layers,
-    embeddings and head found, each value in range. Empty when everything applies."""
-    if all(k == 0 for k in frozen_layers):
-        return []  # nothing frozen: no structure needed
+def structure_problems(model: nn.Module, frozen_layers: list[int], needs_layers: bool = False) -> list[str]:
+    """What keeps ``frozen_layers`` (and, with ``needs_layers``, LoRA or the probe) from applying to
+    ``model``; a meta-device skeleton is enough. Its layers, embeddings and head must be found for
+    any value but 0 (nothing frozen needs no structure). Empty when everything applies."""
+    if not needs_layers and all(k == 0 for k in frozen_layers):
+        return []
     try:
-        parts = find_encoder_parts(model)
+        find_encoder_parts(model)
     except FreezingError as exc:
         return [str(exc)]
-    problems = []
     base = getattr(model, "base_model", model)
-    if not any(True for p in model.parameters() if not _owned_by(base, p)):
-        problems.append(f"cannot find the classification head of {type(model).__name__} (no parameter outside its "
-                        "base model)")
-    wrong = [k for k in frozen_layers if not -1 <= k <= len(parts.layers)]
-    if wrong:
-        problems.append(f"frozen_layers {wrong} out of range for its {len(parts.layers)} layers")
-    return problems
-
-
-def _owned_by(module: nn.Module, parameter: nn.Parameter) -> bool:
-    return any(p is parameter for p in module.parameters())
+    in_base = {id(p) for p in base.parameters()}
+    if not any(id(p) not in in_base for p in model.parameters()):
+        return [f"cannot find the classification head of {type(model).__name__} (no parameter outside its base model)"]
+    return []
 
 
 def freeze(model: nn.Module, frozen_layers: int) -> FreezeReport:

@@ -57,6 +57,14 @@ def load_tokenizer(model: str):
     return AutoTokenizer.from_pretrained(resolve_model_path(model))
 
 
+def build_skeleton(model: str, num_labels: int = 2) -> PreTrainedModel:
+    """The sequence classifier's module tree on the meta device: no memory, no weights read (what
+    validation inspects before any trial)."""
+    config = AutoConfig.from_pretrained(resolve_model_path(model), num_labels=num_labels)
+    with torch.device("meta"):
+        return AutoModelForSequenceClassification.from_config(config)
+
+
 def build_model(model: str, num_labels: int, model_init: str) -> PreTrainedModel:
     """A sequence classifier; the caller seeds the RNG first, which fixes the new head's init."""
     path = resolve_model_path(model)
