@@ -87,7 +87,7 @@ class TrialConfig:
     lora_alpha: float | None = None  # lora: the scale alpha (updates are scaled by alpha / r)
     lora_dropout: float | None = None  # lora: dropout on the adapters' input
     lora_targets: tuple[str, ...] | None = None  # lora: module names in each layer; None: its attention projections
-    probe_pooling: str | None = None  # probe: auto | mean | first (auto: the model's own, else mean)
+    probe_pooling: str | None = None  # probe: auto | mean | first | last (auto: the model's own, last on a decoder, else mean)
     probe_folds: int | None = None  # probe: cross-validation folds on the train subset
     probe_cs: int | None = None  # probe: regularisation strengths tried, log-spaced over 1e-4 … 1e4
     model_init: str = "pretrained"  # "random": same architecture, fresh weights (a control)

@@ -31,7 +31,8 @@ from freezesweep.trials.first_token import Reader
 from freezesweep.trials.freezing import FreezeReport, find_encoder_parts, freeze
 from freezesweep.trials.lora import apply_lora
 from freezesweep.trials.metrics import METRICS, compute_metrics, describe_shape
-from freezesweep.trials.model import attention_for, build_model, load_tokenizer, resolve_model_path, set_padding
+from freezesweep.trials.model import (attention_for, build_model, is_decoder_only, load_tokenizer, resolve_model_path,
+                                     set_padding)
 from freezesweep.trials.oom import catch_oom, is_oom
 from freezesweep.trials.packing import PackedFeed, PaddedFeed, training_feed
 from freezesweep.trials.placement import where
@@ -124,7 +125,7 @@ def _probe_trial(cfg: TrialConfig, model, data: TrialData, plan: PrecisionPlan, 
                                 _train_key(cfg, data, plan, device), data.worker)
     synchronize(device)
     fill_s = time.perf_counter() - fill_started
-    pooling = probe.resolve_pooling(cfg.probe_pooling, resolve_model_path(cfg.model_files()))
+    pooling = probe.resolve_pooling(cfg.probe_pooling, resolve_model_path(cfg.model_files()), is_decoder_only(model.config))
 
     fit_started = time.perf_counter()
     fitted = probe.select_and_fit(probe.train_features(train_states.states, pooling), task.train.labels[data.train_rows],

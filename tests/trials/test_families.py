@@ -145,3 +145,21 @@ def test_a_decoder_s_head_reads_each_row_s_last_real_token(name, folders):
         together = model(input_ids=padded, attention_mask=mask).logits
         alone = torch.cat([model(input_ids=short).logits, model(input_ids=long).logits])
     torch.testing.assert_close(together, alone, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("name", ["llama", "gpt2", "bert"])
+def test_the_probe_pools_a_decoder_s_last_real_token(name, folders, toy_dataset):
+    cfg = TrialConfig(dataset=toy_dataset, model=folders(name), train_size=16, frozen_layers=None, method="probe",
+                      probe_pooling="auto", probe_folds=2, probe_cs=2, max_eval_examples=16, max_seq_length=32,
+                      num_threads=1, precision="fp32")
+    result = run_trial(cfg, worker=WorkerState())
+    assert result.status == "ok" and result.probe_pooling == ("mean" if name == "bert" else "last")
+
+
+def test_last_pooling_reads_each_row_s_last_real_token():
+    from freezesweep.trials.probe import pooled
+
+    states = torch.arange(2 * 3 * 2, dtype=torch.float32).reshape(2, 3, 2)
+    mask = torch.tensor([[1, 1, 0], [1, 1, 1]])
+    assert pooled(states, mask, "last").tolist() == [states[0, 1].tolist(), states[1, 2].tolist()]
+    assert pooled(states[0, :2], None, "last").tolist() == [states[0, 1].tolist()]  # one unpadded row
