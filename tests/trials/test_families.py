@@ -163,3 +163,20 @@ def test_last_pooling_reads_each_row_s_last_real_token():
     mask = torch.tensor([[1, 1, 0], [1, 1, 1]])
     assert pooled(states, mask, "last").tolist() == [states[0, 1].tolist(), states[1, 2].tolist()]
     assert pooled(states[0, :2], None, "last").tolist() == [states[0, 1].tolist()]  # one unpadded row
+
+
+def _raises(*args, **kwargs):
+    raise RuntimeError("this model's layer loop cannot take the stand-in")
+
+
+@pytest.mark.parametrize("broken, absent", [
+    ("freezesweep.trials.eval_cache._Injector.forward", "eval_cache"),
+    ("freezesweep.trials.train_cache._feeds_exactly", "train_cache"),
+    ("freezesweep.trials.first_token.narrowing_agrees", "narrowed_last_layer"),
+])
+def test_an_optimisation_that_raises_steps_aside_and_the_row_is_ok(broken, absent, tiny_trial, monkeypatch, worker):
+    cfg = dataclasses.replace(tiny_trial, frozen_layers=1, train_cache=True, epochs=1)
+    assert absent in run_trial(cfg, worker=WorkerState()).optimisations  # it applies to this model
+    monkeypatch.setattr(broken, _raises)
+    result = run_trial(cfg, worker=worker)
+    assert result.status == "ok" and absent not in result.optimisations and result.optimisations
