@@ -59,6 +59,7 @@ def semantic_problems(raw: dict[str, Any], cluster: ClusterView | None = None, d
     resources = raw.get("resources") if isinstance(raw.get("resources"), dict) else {}
     data_dir = raw.get("data_dir") if isinstance(raw.get("data_dir"), str) else None
     problems = _model_problems(raw)
+    problems += structure_problems(raw)
     problems += _data_problems(_strs(raw.get("datasets")), _ints(raw.get("train_sizes")), data_dir, training)
     problems += _precision_problems(training.get("precision"), resources.get("gpus_per_trial"))
     if devices:
@@ -125,6 +126,37 @@ def _model_problems(raw: dict[str, Any]) -> list[str]:
     return problems
 
 
+def structure_problems(raw: dict[str, Any]) -> list[str]:
+    """Per model, its skeleton built on the meta device (no weights read): the layer stack, the
+    embeddings and the head that the spec's frozen_layers, LoRA or probe need are found (ALBERT's
+    shared layer and encoder-decoder models are refused with the reason), before any trial starts."""
+    from freezesweep.trials.freezing import structure_problems as model_structure_problems
+    from freezesweep.trials.model import ModelError, build_skeleton, load_model_config
+
+    try:
+        models = spec_aliases(raw).get("model")
+    except ValueError:
+        return []  # pydantic reports it
+    models = [models] if isinstance(models, str) else _strs(models)
+    methods = _strs(raw.get("methods")) or ["freeze"]
+    frozen = raw.get("frozen_layers") if isinstance(raw.get("frozen_layers"), list) else []
+    problems = []
+    for model in dict.fromkeys(m for m in models if m):
+        try:
+            load_model_config(model)
+        except ModelError:
+            continue  # reported by _model_problems
+        values = _ints(frozen) + [1] * ("all" in frozen) if "freeze" in methods else []  # "all": some layer frozen
+        try:
+            skeleton = build_skeleton(model)
+        except Exception as exc:  # a config transformers cannot build a sequence classifier from
+            problems.append(f"model: {model}: cannot build a sequence classifier from its config: {exc}")
+            continue
+        found = model_structure_problems(skeleton, values, needs_layers=bool({"lora", "probe"} & set(methods)))
+        problems += [f"model: {model}: {p}" for p in found]
+    return problems
+
+
 def _sequence_problems(model: str, raw: dict[str, Any]) -> list[str]:
     """A max_seq_length that leaves no room for text after the tokenizer's special tokens (two texts of
     a pair take more of them)."""
@@ -149,6 +181,7 @@ def lora_problems(model: str, targets: list[str] | None) -> list[str]:
     import torch  # deferred with transformers: see the module docstring
     from transformers import AutoModelForSequenceClassification
 
+    from freezesweep.trials.freezing import FreezingError
     from freezesweep.trials.lora import LoraError, resolve_targets
     from freezesweep.trials.model import load_model_config
 
@@ -158,6 +191,8 @@ def lora_problems(model: str, targets: list[str] | None) -> list[str]:
         resolve_targets(skeleton, tuple(targets) if targets else None)  # as the trial will
     except LoraError as exc:
         return exc.problems
+    except FreezingError:
+        return []  # no layer stack: structure_problems names it
     return []
 
 

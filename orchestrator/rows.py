@@ -25,6 +25,7 @@ def result_row(sweep: str, result: TrialResult, attempts: int | None = None, oom
     row.update(
         sweep=sweep, split_seed=cfg.split_seed, lora_alpha=cfg.lora_alpha, lora_dropout=cfg.lora_dropout,
         lora_targets=list(result.lora_targets) or None, attempts=attempts, oom_retry=oom_retry,
+        optimisations=list(result.optimisations) if result.status in ("ok", "diverged") else None,
         node=result.placement.get("hostname"),  # the column before node ids existed: the host's name
         eval_curve=[asdict(p) for p in result.eval_curve],
         train_loss_curve=[{"step": s, "loss": loss} for s, loss in result.train_loss_curve],

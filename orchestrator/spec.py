@@ -104,8 +104,9 @@ class LoraSpec(_Strict):
 class ProbeSpec(_Strict):
     """The logistic-regression probe's settings, shared by every probe cell."""
 
-    pooling: Literal["auto", "mean", "first"] = Field("auto", description="auto: the model's own pooling "
-                                                      "(sentence-transformers config), else mean")
+    pooling: Literal["auto", "mean", "first", "last"] = Field("auto", description="auto: the model's own pooling "
+                                                      "(sentence-transformers config; the last token on a decoder-only "
+                                                      "model), else mean")
     folds: int = Field(5, ge=2, description="cross-validation folds on the train subset (fewer when a class has fewer rows)")
     cs: int = Field(10, ge=1, description="regularisation strengths tried, log-spaced over 1e-4 … 1e4")
 

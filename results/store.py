@@ -78,6 +78,9 @@ SCHEMA = pa.schema([
     ("train_indices_digest", pa.string()), ("train_indices", pa.list_(pa.int64())),
     ("resumed_from_step", pa.int64()), ("eval_cached_layers", pa.int64()),
     ("train_cached_layers", pa.int64()), ("cache_fill_time_s", pa.float64()),
+    # What the trial used of eval_cache, train_cache, narrowed_last_layer, packed_training (each only
+    # where its check showed it exact for the model); null on rows stored before the column.
+    ("optimisations", pa.list_(pa.string())),
     ("n_train", pa.int64()), ("n_eval", pa.int64()),
     ("error", pa.string()), ("finished_at", pa.timestamp("us", tz="UTC")),
     ("config", pa.string()),  # the full resolved TrialConfig, JSON

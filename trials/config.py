@@ -87,7 +87,7 @@ class TrialConfig:
     lora_alpha: float | None = None  # lora: the scale alpha (updates are scaled by alpha / r)
     lora_dropout: float | None = None  # lora: dropout on the adapters' input
     lora_targets: tuple[str, ...] | None = None  # lora: module names in each layer; None: its attention projections
-    probe_pooling: str | None = None  # probe: auto | mean | first (auto: the model's own, else mean)
+    probe_pooling: str | None = None  # probe: auto | mean | first | last (auto: the model's own, last on a decoder, else mean)
     probe_folds: int | None = None  # probe: cross-validation folds on the train subset
     probe_cs: int | None = None  # probe: regularisation strengths tried, log-spaced over 1e-4 … 1e4
     model_init: str = "pretrained"  # "random": same architecture, fresh weights (a control)
@@ -241,6 +241,9 @@ class TrialResult:
     eval_cached_layers: int | None = None  # evaluation reused the cached output of this many frozen layers
     train_cached_layers: int | None = None  # training started above this many cached frozen layers (opt-in)
     cache_fill_time_s: float | None = None  # filling this worker's caches for this cell (0 when they were warm)
+    # The optimisations this trial used, each where its check showed it exact for the model
+    # (OPTIMISATIONS; docs/models.md): the others stepped aside and the model ran in full there.
+    optimisations: tuple[str, ...] = ()
     lora_targets: tuple[str, ...] = ()  # lora: the module names adapted in each layer (resolved)
     probe_pooling: str | None = None  # probe: the pooling used (auto resolved)
     probe_c: float | None = None  # probe: the inverse regularisation strength cross-validation chose
@@ -265,4 +268,5 @@ def result_from_dict(data: dict[str, Any]) -> TrialResult:
     data["train_loss_curve"] = tuple(tuple(x) for x in data.get("train_loss_curve", ()))
     data["train_indices"] = tuple(data.get("train_indices", ()))
     data["lora_targets"] = tuple(data.get("lora_targets", ()))
+    data["optimisations"] = tuple(data.get("optimisations", ()))
     return TrialResult(**data)

@@ -8,12 +8,16 @@ layers k+1..L and the head. The states after layer j also serve every k > j: a m
 the deepest cached j < k and runs only layers j+1..k (and never the layers above k): met in ascending
 order, a grid's prefixes cost one pass of the pretrained model over the validation set per worker.
 Each entry is checked once against the full model on the first batch; an entry that differs by a
-single bit (e.g. an architecture whose encoder does not simply loop over its layers) is dropped and
-its trials evaluate the full model.
+single bit (e.g. an architecture whose encoder does not simply loop over its layers), or whose
+cached path raises (a model whose layer loop the injector cannot stand in for), is dropped and its
+trials evaluate the full model: a "no", never a failed trial.
 
 How: the encoder's ``ModuleList`` of layers is swapped, for the duration of an evaluation, for
 ``[injector, layer_k+1, …, layer_L]``; the injector ignores the hidden states it is given and returns
-the cached ones for the current batch. Attention masks and everything else stay the model's own.
+the cached ones for the current batch, shaped as the layer's own output (a tensor, or a tuple of
+that length: DeBERTa's layers return (states, attention)), and answers attribute look-ups as the
+first layer would (ModernBERT's loop reads each layer's ``attention_type``). Attention masks and
+everything else stay the model's own.
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ import torch
 from torch import nn
 
 from freezesweep.trials.freezing import EncoderParts, find_encoder_parts
+from freezesweep.trials.oom import is_oom
 from freezesweep.trials.precision import PrecisionPlan
 from freezesweep.trials.tokens import Batch
 from freezesweep.trials.worker import EvalKey, PrefixKey, WorkerState
@@ -33,18 +38,30 @@ from freezesweep.trials.worker import EvalKey, PrefixKey, WorkerState
 class PrefixStates:
     layer: int  # the states enter layer ``layer`` (0-based): the first layer that trains
     states: tuple[torch.Tensor, ...]  # one per evaluation batch, on the evaluation device
-    tuple_output: bool  # the model's layers return tuples (transformers 4) or tensors (5)
+    tuple_output: int  # the length of the tuple the model's layers return (0: a tensor; True: 1)
 
 
 class _Injector(nn.Module):
     """Stands in for the frozen layers: returns the cached states of the current batch."""
 
-    def __init__(self, tuple_output: bool):
+    def __init__(self, tuple_output: int, stands_for: nn.Module | None = None):
         super().__init__()
-        self.tuple_output, self.states = tuple_output, None
+        self.tuple_output, self.states = int(tuple_output), None
+        self.__dict__["_stands_for"] = stands_for  # not a submodule: its parameters stay the layer's alone
+
+    def __getattr__(self, name: str):
+        try:
+            return super().__getattr__(name)
+        except AttributeError:
+            stands_for = self.__dict__.get("_stands_for")
+            if stands_for is None:
+                raise
+            return getattr(stands_for, name)  # what the encoder's loop reads of a layer (ModernBERT: attention_type)
 
     def forward(self, *args, **kwargs):
-        return (self.states,) if self.tuple_output else self.states
+        if not self.tuple_output:
+            return self.states
+        return (self.states,) + (None,) * (self.tuple_output - 1)  # no attention weights were asked for
 
 
 def exact_prefix(model: nn.Module, batches: list[Batch], plan: PrecisionPlan, device: torch.device,
@@ -55,12 +72,18 @@ def exact_prefix(model: nn.Module, batches: list[Batch], plan: PrecisionPlan, de
     entry = PrefixKey(key, layer)
     if worker.eval_exact.get(entry) is False:
         return None  # failed once: never computed (nor kept, nor chained from) again
-    prefix = prefix_states(model, batches, plan, device, layer, key, worker)
-    if entry not in worker.eval_exact:
-        worker.eval_exact[entry] = matches_full_model(model, batches[0], prefix, plan, device)
-        if not worker.eval_exact[entry]:
-            worker.eval_states.pop(entry, None)  # never a starting point for deeper prefixes
-    return prefix if worker.eval_exact[entry] else None
+    try:
+        prefix = prefix_states(model, batches, plan, device, layer, key, worker)
+        if entry not in worker.eval_exact:
+            worker.eval_exact[entry] = matches_full_model(model, batches[0], prefix, plan, device)
+    except Exception as exc:  # the cached path cannot run this model: a "no", the trial evaluates in full
+        if is_oom(exc):
+            raise  # out of memory is the trial's to handle (trials/oom.py), not a verdict on the model
+        worker.eval_exact[entry] = False
+    if not worker.eval_exact[entry]:
+        worker.eval_states.pop(entry, None)  # never a starting point for deeper prefixes
+        return None
+    return prefix
 
 
 def prefix_states(model: nn.Module, batches: list[Batch], plan: PrecisionPlan, device: torch.device,
@@ -72,7 +95,12 @@ def prefix_states(model: nn.Module, batches: list[Batch], plan: PrecisionPlan, d
         return cached
     below = [j for j in range(layer - 1, 0, -1) if PrefixKey(key, j) in worker.eval_states]
     start = worker.eval_states[PrefixKey(key, below[0])] if below else None
-    states = _compute(model, batches, plan, device, layer, start)
+    try:
+        states = _compute(model, batches, plan, device, layer, start)
+    except Exception as exc:
+        if start is None or is_oom(exc):
+            raise
+        states = _compute(model, batches, plan, device, layer)  # the injected start fails here: from the embeddings
     for dropped in worker.eval_states.put(PrefixKey(key, layer), states):
         worker.eval_exact.pop(dropped, None)
     return states
@@ -84,7 +112,7 @@ def _compute(model: nn.Module, batches: list[Batch], plan: PrecisionPlan, device
     """The output of layer ``layer`` (1-based count of frozen layers) for every batch, from the
     embeddings or, with ``start``, from the cached states entering layer ``start.layer``."""
     parts = find_encoder_parts(model)
-    captured, tuple_output = [], False
+    captured, tuple_output = [], 0
     with eval_mode(model), starting_at(model, start.layer, start.tuple_output, parts) if start \
             else contextlib.nullcontext() as injector:
         for i, batch in enumerate(batches):
@@ -99,14 +127,14 @@ class _Stop(Exception):
     """Raised by the capture hook: nothing above the captured layer needs to run."""
 
 
-def output_of(model: nn.Module, module: nn.Module, batch: Batch, plan: PrecisionPlan) -> tuple[torch.Tensor, bool]:
-    """``module``'s output for ``batch`` (and whether it returns a tuple); the forward pass stops
-    there. The caller sets inference and eval mode."""
+def output_of(model: nn.Module, module: nn.Module, batch: Batch, plan: PrecisionPlan) -> tuple[torch.Tensor, int]:
+    """``module``'s output for ``batch`` (and the length of the tuple it returns, 0 for a tensor);
+    the forward pass stops there. The caller sets inference and eval mode."""
     captured = []
 
     def keep(module, args, output):
         captured.append((output[0] if isinstance(output, tuple) else output).detach().clone())
-        captured.append(isinstance(output, tuple))
+        captured.append(len(output) if isinstance(output, tuple) else 0)
         raise _Stop
 
     handle = module.register_forward_hook(keep)
@@ -129,9 +157,9 @@ def eval_mode(model: nn.Module):
         model.train(was_training)
 
 
-def injected_layers(parts: EncoderParts, layer: int, tuple_output: bool) -> tuple[_Injector, nn.ModuleList]:
+def injected_layers(parts: EncoderParts, layer: int, tuple_output: int) -> tuple[_Injector, nn.ModuleList]:
     """``[injector, layer_k+1, …, layer_L]``: the list that stands in for the encoder's layers."""
-    injector = _Injector(tuple_output)
+    injector = _Injector(tuple_output, stands_for=parts.layers[0])
     return injector, nn.ModuleList([injector, *parts.layers[layer:]])
 
 
@@ -149,7 +177,7 @@ def layers_swapped(model: nn.Module, parts: EncoderParts, layers: nn.ModuleList)
 
 
 @contextlib.contextmanager
-def starting_at(model: nn.Module, layer: int, tuple_output: bool, parts: EncoderParts | None = None):
+def starting_at(model: nn.Module, layer: int, tuple_output: int, parts: EncoderParts | None = None):
     """Within the block, the model's encoder starts at layer ``layer`` (0-based), fed by the
     injector the block receives: set its ``states`` before each forward pass."""
     parts = parts or find_encoder_parts(model)

@@ -30,12 +30,16 @@ import torch
 from torch import nn
 
 from freezesweep.trials.eval_cache import eval_mode
-from freezesweep.trials.freezing import find_encoder_parts
+from freezesweep.trials.freezing import FreezingError, find_encoder_parts
 from freezesweep.trials.tokens import Batch
 
 def _attention_output(model: nn.Module) -> nn.Module | None:
-    """The last layer's attention-output module, where the architecture has one."""
-    last = find_encoder_parts(model).layers[-1]
+    """The last layer's attention-output module, where the architecture has one (a decoder's
+    ``self_attn`` has none: its head reads the last token, which this narrowing does not serve)."""
+    try:
+        last = find_encoder_parts(model).layers[-1]
+    except FreezingError:
+        return None  # no layer stack found (ALBERT, encoder-decoder models): nothing to narrow
     attention = getattr(last, "attention", None)
     output = getattr(attention, "output", None)
     return output if isinstance(output, nn.Module) else None

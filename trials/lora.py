@@ -2,10 +2,11 @@
 low-rank update ``(alpha / r) · B A`` beside chosen Linear modules of every encoder layer, and the
 head (the classifier, and a pooler above the encoder) trained in full, as with ``freeze``.
 
-Targets are module names inside an encoder layer, matched as a name or a dotted suffix ("query"
+Targets are module names inside a layer (of an encoder or a decoder-only model), matched as a name or a dotted suffix ("query"
 matches ``attention.self.query``). The default is the attention projections of every layer (the
 Linear modules under the layer's attention block: query, key, value and the output projection on
-BERT-like models) — the paper's setting widened from W_q, W_v to all four, as peft's examples do.
+BERT-like models; ``self_attn``'s q/k/v/o_proj on Llama, Qwen2, Mistral, Gemma, OPT; ``qkv_proj`` and
+``o_proj`` on Phi-3; GPT-2's ``attn.c_attn`` and ``attn.c_proj``, transformers' Conv1D) — the paper's setting widened from W_q, W_v to all four, as peft's examples do.
 
 ``peft.inject_adapter_in_model`` adds the adapters in place: the model keeps its class and forward,
 so training, evaluation and checkpoints run unchanged (peft docs, "low-level API").
@@ -34,10 +35,20 @@ def _in_attention(name: str) -> bool:
     return any("attention" in part or "attn" in part for part in name.split(".")[:-1])
 
 
+def _linear_types() -> tuple[type, ...]:
+    """``nn.Linear``, and transformers' ``Conv1D`` (GPT-2's projections: a Linear with its weight
+    transposed, which peft adapts with ``fan_in_fan_out``)."""
+    try:
+        from transformers.pytorch_utils import Conv1D
+    except ImportError:
+        return (nn.Linear,)
+    return nn.Linear, Conv1D
+
+
 def layer_linears(model: nn.Module) -> list[str]:
     """The Linear modules of one encoder layer, by their name inside it."""
     layer = find_encoder_parts(model).layers[0]
-    return [name for name, module in layer.named_modules() if isinstance(module, nn.Linear)]
+    return [name for name, module in layer.named_modules() if isinstance(module, _linear_types())]
 
 
 def attention_projections(model: nn.Module) -> tuple[str, ...]:
@@ -80,7 +91,10 @@ def apply_lora(model: nn.Module, rank: int, alpha: float, dropout: float,
     # Full module names, so nothing outside the encoder layers is adapted by a suffix that also fits it.
     by_module = {id(m): name for name, m in model.named_modules()}
     names = [by_module[id(m)] for layer in parts.layers for n, m in layer.named_modules() if n in resolved]
-    config = LoraConfig(r=rank, lora_alpha=alpha, lora_dropout=dropout, target_modules=names, bias="none")
+    transposed = any(not isinstance(m, nn.Linear) for layer in parts.layers for n, m in layer.named_modules()
+                     if n in resolved)  # GPT-2's Conv1D stores its weight as (in, out)
+    config = LoraConfig(r=rank, lora_alpha=alpha, lora_dropout=dropout, target_modules=names, bias="none",
+                        fan_in_fan_out=transposed)
     inject_adapter_in_model(config, model)  # also marks every non-adapter parameter frozen
     for p in head:
         p.requires_grad_(True)

@@ -57,6 +57,14 @@ def load_tokenizer(model: str):
     return AutoTokenizer.from_pretrained(resolve_model_path(model))
 
 
+def build_skeleton(model: str, num_labels: int = 2) -> PreTrainedModel:
+    """The sequence classifier's module tree on the meta device: no memory, no weights read (what
+    validation inspects before any trial)."""
+    config = AutoConfig.from_pretrained(resolve_model_path(model), num_labels=num_labels)
+    with torch.device("meta"):
+        return AutoModelForSequenceClassification.from_config(config)
+
+
 def build_model(model: str, num_labels: int, model_init: str) -> PreTrainedModel:
     """A sequence classifier; the caller seeds the RNG first, which fixes the new head's init."""
     path = resolve_model_path(model)
@@ -66,6 +74,28 @@ def build_model(model: str, num_labels: int, model_init: str) -> PreTrainedModel
         config = AutoConfig.from_pretrained(path, num_labels=num_labels)
         return AutoModelForSequenceClassification.from_config(config)
     raise ModelError(f"model_init must be 'pretrained' or 'random', got {model_init!r}")
+
+
+def is_decoder_only(config) -> bool:
+    """A decoder-only language model (Llama, Qwen2, Mistral, Gemma, Phi-3, GPT-2, OPT, BLOOM): a causal
+    LM architecture with no masked-LM one and no encoder-decoder (BERT, RoBERTa, ELECTRA have both;
+    DeBERTa, DistilBERT, ModernBERT only the masked one)."""
+    from transformers.models.auto.modeling_auto import (MODEL_FOR_CAUSAL_LM_MAPPING_NAMES,
+                                                        MODEL_FOR_MASKED_LM_MAPPING_NAMES)
+
+    kind = getattr(config, "model_type", None)
+    return (kind in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES and kind not in MODEL_FOR_MASKED_LM_MAPPING_NAMES
+            and not getattr(config, "is_encoder_decoder", False))
+
+
+def set_padding(model: PreTrainedModel, pad_id: int) -> PreTrainedModel:
+    """The model told which id pads its batches. A decoder-only classifier (Llama, Qwen2, GPT-2, …)
+    reads the last token that is not ``config.pad_token_id`` (left or right padding alike); with none
+    set it refuses batches of more than one row, and with another id than the one the batches carry
+    it would read padding. Encoders read position 0 and never look at it. Set on the trial's own copy."""
+    if model.config.pad_token_id != pad_id:
+        model.config.pad_token_id = pad_id
+    return model
 
 
 def attention_for(model: PreTrainedModel, device: torch.device) -> PreTrainedModel:

@@ -30,6 +30,7 @@ from torch import nn
 from freezesweep.trials import first_token
 from freezesweep.trials.eval_cache import eval_mode
 from freezesweep.trials.first_token import Reader
+from freezesweep.trials.oom import is_oom
 from freezesweep.trials.tokens import Batch, non_blocking_to
 from freezesweep.trials.worker import FeedKey
 
@@ -108,13 +109,23 @@ def training_feed(model: nn.Module, batch: Batch, key: FeedKey, verdicts: dict, 
     verdicts are measured once per ``key`` (they depend on the architecture only) into ``verdicts``
     (the worker's: trials/worker.py)."""
     if key not in verdicts:
-        narrows = first_token.narrowing_agrees(model, batch)
-        verdicts[key] = (narrows, narrows and _packing_agrees(model, batch))
+        verdicts[key] = _verdicts(model, batch)
     narrows, packs = verdicts[key]
     if not (narrow and narrows):
         return None, PaddedFeed()
     reader = Reader(narrow_evaluation)
     return reader, PackedFeed(reader, position_offset(model)) if packed and packs else PaddedFeed()
+
+
+def _verdicts(model: nn.Module, batch: Batch) -> tuple[bool, bool]:
+    """(narrowing exact, packing exact) for this model; a check that raises is a "no" to both."""
+    try:
+        narrows = first_token.narrowing_agrees(model, batch)
+        return narrows, narrows and _packing_agrees(model, batch)
+    except Exception as exc:  # a model these feeds cannot serve runs in full, never a failed trial
+        if is_oom(exc):
+            raise  # the trial's to handle (trials/oom.py)
+        return False, False
 
 
 @torch.no_grad()
@@ -126,6 +137,8 @@ def _packing_agrees(model: nn.Module, batch: Batch) -> bool:
         try:
             with first_token.narrowed(model, feed.reader):
                 unpadded = feed.logits(model, packed)
-        except (RuntimeError, ValueError, TypeError, IndexError):  # a model that takes no 4D mask or position ids
+        except Exception as exc:  # a model that takes no 4D mask or position ids
+            if is_oom(exc):
+                raise
             return False
     return first_token.logits_agree(padded, unpadded)

@@ -2,9 +2,13 @@
 features of the frozen model — the linear probe of Alain & Bengio (2016, arXiv:1610.01644), the
 cheap alternative practitioners try before fine-tuning.
 
-Features: the last encoder layer's token states, averaged over the real tokens (the attention mask),
-or the first token's state where the model was trained to pool that way (``auto`` reads the
-sentence-transformers pooling config a model folder may carry, ``1_Pooling/config.json``; else mean).
+Features: the last layer's token states, averaged over the real tokens (the attention mask), the
+first token's state where the model was trained to pool that way (``auto`` reads the
+sentence-transformers pooling config a model folder may carry, ``1_Pooling/config.json``), or, on a
+decoder-only model (Llama, Qwen2, GPT-2, …), the last real token's: under causal attention only it
+has seen the whole text, and it is the token the model's own classification head reads (``auto``
+picks it there). The states are the last layer's output, before a decoder's final norm (the probe
+standardises its features anyway).
 They come from the worker's caches, computed once per (model, dataset, split): validation rows from
 the evaluation cache (the states after the last layer, shared with freeze cells at k = L), train rows
 from the per-row cache (rows by split index, so nested subsets share them). Both run the frozen model
@@ -38,11 +42,13 @@ class ProbeError(ValueError):
     pass
 
 
-def resolve_pooling(requested: str, model_path: str) -> str:
-    """``auto``: the model's own pooling (first token where its sentence-transformers config pools the
-    CLS token alone), else mean."""
+def resolve_pooling(requested: str, model_path: str, decoder_only: bool = False) -> str:
+    """``auto``: the model's own pooling (the last token on a decoder-only model, the first token where
+    its sentence-transformers config pools the CLS token alone), else mean."""
     if requested != "auto":
         return requested
+    if decoder_only:
+        return "last"
     config = Path(model_path) / "1_Pooling" / "config.json"
     if config.is_file():
         modes = json.loads(config.read_text())
@@ -63,6 +69,9 @@ def _pool(states: torch.Tensor, mask: torch.Tensor | None, pooling: str) -> torc
     states = states.float()
     if pooling == "first":
         return states[:, 0]
+    if pooling == "last":  # rows are padded on the right: the last real token is at length - 1
+        last = states.shape[1] - 1 if mask is None else mask.sum(1).long() - 1
+        return states[torch.arange(states.shape[0], device=states.device), last]
     weights = torch.ones(states.shape[:2], device=states.device) if mask is None else mask.to(states).float()
     summed = (states * weights[..., None]).sum(1)
     return summed / weights.sum(1, keepdim=True)

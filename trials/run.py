@@ -31,13 +31,14 @@ from freezesweep.trials.first_token import Reader
 from freezesweep.trials.freezing import FreezeReport, find_encoder_parts, freeze
 from freezesweep.trials.lora import apply_lora
 from freezesweep.trials.metrics import METRICS, compute_metrics, describe_shape
-from freezesweep.trials.model import attention_for, build_model, load_tokenizer, resolve_model_path
+from freezesweep.trials.model import (attention_for, build_model, is_decoder_only, load_tokenizer, resolve_model_path,
+                                     set_padding)
 from freezesweep.trials.oom import catch_oom, is_oom
 from freezesweep.trials.packing import PackedFeed, PaddedFeed, training_feed
 from freezesweep.trials.placement import where
 from freezesweep.trials.precision import PrecisionPlan, resolve_config, resolve_precision, synchronize, trial_device
 from freezesweep.trials.subsets import indices_digest, stratified_order, subset_indices
-from freezesweep.trials.tokens import Batch, Tokens, collate, eval_batches, tokenize_split
+from freezesweep.trials.tokens import Batch, Tokens, collate, eval_batches, padding_id, tokenize_split
 from freezesweep.trials.train_cache import TrainPrefix, train_prefix
 from freezesweep.trials.train import FitContext, FitState, fit, make_schedule
 from freezesweep.trials.worker import EvalKey, FeedKey, TemplateKey, TrainKey, WorkerState, process_worker
@@ -67,9 +68,9 @@ def run_trial(cfg: TrialConfig, on_eval: Callable[[EvalPoint], None] | None = No
     cache_dir = resolve_cache_dir(cfg.cache_dir)
     train_ids = tokenize_split(tokenizer, task.train, cfg.max_seq_length, cache_dir, worker)
     val_ids = tokenize_split(tokenizer, task.validation, cfg.max_seq_length, cache_dir, worker)
-    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+    pad_id = padding_id(tokenizer)
 
-    model = attention_for(initial_model(cfg, task.num_labels, worker).to(device), device)
+    model = attention_for(set_padding(initial_model(cfg, task.num_labels, worker), pad_id).to(device), device)
     batches = [b.to(device) for b in eval_batches(val_ids.select(val_rows), task.validation.labels[val_rows],
                                                   cfg.eval_batch_size, pad_id)]  # on the device once, for every evaluation
     train_tokens = train_ids.select(train_rows)
@@ -100,7 +101,16 @@ def run_trial(cfg: TrialConfig, on_eval: Callable[[EvalPoint], None] | None = No
         state = fit(model, train_tokens, task.train.labels[train_rows], pad_id, ctx)
     result = _result(cfg, data, report, state, device, plan, (eval_prefix, train_prefix),
                      wall_time_s=time.perf_counter() - started, cache_fill_time_s=cache_fill_time_s)
-    return dataclasses.replace(result, lora_targets=lora_targets)
+    return dataclasses.replace(result, lora_targets=lora_targets,
+                               optimisations=optimisations_used(eval_prefix, train_prefix, reader, feed))
+
+
+def optimisations_used(eval_prefix: PrefixStates | None, train_prefix: TrainPrefix | None, reader: Reader | None,
+                       feed: PaddedFeed | PackedFeed) -> tuple[str, ...]:
+    """What the row says the trial used (each one decided by its own check, the rest stepped aside)."""
+    used = {"eval_cache": eval_prefix is not None, "train_cache": train_prefix is not None,
+            "narrowed_last_layer": reader is not None, "packed_training": isinstance(feed, PackedFeed)}
+    return tuple(name for name, on in used.items() if on)
 
 
 def _probe_trial(cfg: TrialConfig, model, data: TrialData, plan: PrecisionPlan, device: torch.device,
@@ -115,7 +125,7 @@ def _probe_trial(cfg: TrialConfig, model, data: TrialData, plan: PrecisionPlan, 
                                 _train_key(cfg, data, plan, device), data.worker)
     synchronize(device)
     fill_s = time.perf_counter() - fill_started
-    pooling = probe.resolve_pooling(cfg.probe_pooling, resolve_model_path(cfg.model_files()))
+    pooling = probe.resolve_pooling(cfg.probe_pooling, resolve_model_path(cfg.model_files()), is_decoder_only(model.config))
 
     fit_started = time.perf_counter()
     fitted = probe.select_and_fit(probe.train_features(train_states.states, pooling), task.train.labels[data.train_rows],
@@ -198,7 +208,8 @@ def _training_feed(cfg: TrialConfig, model, data: TrialData, pad_id: int, device
     model (checked on the first training rows; the opt-in training cache feeds padded states)."""
     rows = np.arange(min(8, len(data.train_rows)))
     check = collate(data.train_tokens.select(rows), data.task.train.labels[data.train_rows[rows]], pad_id).to(device)
-    every_layer_frozen = cfg.method == "freeze" and cfg.frozen_layers == len(find_encoder_parts(model).layers)
+    every_layer_frozen = (cfg.method == "freeze" and cfg.frozen_layers > 0
+                          and cfg.frozen_layers == len(find_encoder_parts(model).layers))
     return training_feed(model, check, FeedKey(cfg.model, type(model).__qualname__), data.worker.feed_verdicts,
                          cfg.narrow_last_layer, cfg.pack_training and packed, narrow_evaluation=not every_layer_frozen)
 
@@ -207,8 +218,8 @@ def _train_prefix(cfg: TrialConfig, model, data: TrialData, plan, device) -> Tra
     """The opt-in training cache (a deviation from the reference, see trials/train_cache.py)."""
     if not (cfg.train_cache and cfg.method == "freeze" and cfg.frozen_layers >= 1):
         return None
-    return train_prefix(model, data.train_tokens, data.train_rows, plan, device, cfg.frozen_layers,
-                        _train_key(cfg, data, plan, device), data.worker)
+    return train_cache.usable_prefix(model, data.train_tokens, data.train_rows, plan, device, cfg.frozen_layers,
+                                     _train_key(cfg, data, plan, device), data.worker)
 
 
 def check_select_metric(cfg: TrialConfig, task: TaskData) -> None:

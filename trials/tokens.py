@@ -126,6 +126,17 @@ class Batch:
         return inputs
 
 
+def padding_id(tokenizer) -> int:
+    """The id batches are padded with (always on the right; the attention mask hides it): the
+    tokenizer's pad token; where it has none (most decoder LLM tokenizers: Llama, Mistral, GPT-2) its
+    end-of-sequence token, as Hugging Face's own examples choose; else 0. A decoder classifier's head
+    reads each row's last token that is not this id (trials/model.py ``set_padding``)."""
+    for token_id in (tokenizer.pad_token_id, getattr(tokenizer, "eos_token_id", None)):
+        if isinstance(token_id, int):
+            return token_id
+    return 0
+
+
 def non_blocking_to(device: torch.device | str) -> bool:
     """Whether a copy to ``device`` may be asynchronous: towards a GPU only (the stream orders it
     before any kernel that reads it); never towards the host, which reads it at once."""

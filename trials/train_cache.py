@@ -13,11 +13,17 @@ Each row's states are computed on that row alone (no padding), so they depend ne
 rows shared a batch nor on which trials ran before in this worker: a cell's result is the same
 wherever it runs. Rows are cached by their index in the train split, so the nested subsets of a
 sweep (50 ⊂ 100 ⊂ …) share them.
+
+Whether a model takes the cached path is checked, not assumed (``usable_prefix``): once per entry,
+the first train row's logits fed from the cache must agree with the full model's (eval mode, the
+same precision); a disagreement, or an exception in the cache or its check, is a "no": the trial
+trains in full and its row's ``train_cached_layers`` is empty.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -27,7 +33,9 @@ from torch import nn
 from torch.nn.utils.rnn import pad_sequence
 
 from freezesweep.trials.eval_cache import eval_mode, injected_layers, layers_swapped, output_of
+from freezesweep.trials.first_token import logits_agree
 from freezesweep.trials.freezing import EncoderParts, find_encoder_parts
+from freezesweep.trials.oom import is_oom
 from freezesweep.trials.precision import PrecisionPlan
 from freezesweep.trials.tokens import Batch, Tokens, collate
 from freezesweep.trials.worker import PrefixKey, TrainKey, WorkerState
@@ -35,7 +43,7 @@ from freezesweep.trials.worker import PrefixKey, TrainKey, WorkerState
 @dataclass
 class _Entry:
     rows: dict[int, torch.Tensor] = field(default_factory=dict)  # train-split row index → [tokens, hidden]
-    tuple_output: bool = False  # the model's layers return tuples (transformers 4) or tensors (5)
+    tuple_output: int = 0  # the length of the tuple the model's layers return (0: a tensor)
 
 
 @dataclass(frozen=True)
@@ -81,6 +89,40 @@ def _run_prefix(model, last_frozen: nn.Module, tokens: Tokens, todo: list, entry
             alone = collate(tokens.select([position]), np.zeros(1, dtype=np.int64), pad_id=0).to(device)  # no padding
             states, entry.tuple_output = output_of(model, last_frozen, alone, plan)  # segment ids too, for pairs
             entry.rows[row] = states[0]
+
+
+def usable_prefix(model: nn.Module, train_ids: Tokens, train_rows: np.ndarray, plan: PrecisionPlan,
+                  device: torch.device, layer: int, key: TrainKey, worker: WorkerState) -> TrainPrefix | None:
+    """``train_prefix`` where the cached path gives this model's own logits (checked once per entry,
+    the verdict kept in the worker), else None: the trial trains in full."""
+    entry = PrefixKey(key, layer)
+    if worker.train_exact.get(entry) is False:
+        return None
+    try:
+        prefix = train_prefix(model, train_ids, train_rows, plan, device, layer, key, worker)
+        if entry not in worker.train_exact:
+            worker.train_exact[entry] = _feeds_exactly(model, prefix, train_ids, plan, device)
+    except Exception as exc:  # the cached path cannot run this model: a "no", never a failed trial
+        if is_oom(exc):
+            raise  # the trial's to handle (trials/oom.py)
+        worker.train_exact[entry] = False
+    if not worker.train_exact[entry]:
+        worker.train_states.pop(entry, None)
+        return None
+    return prefix
+
+
+@torch.inference_mode()
+def _feeds_exactly(model: nn.Module, prefix: TrainPrefix, train_ids: Tokens, plan: PrecisionPlan,
+                   device: torch.device) -> bool:
+    """The first train row alone, in eval mode: the model fed from the cache and the full model agree."""
+    row = dataclasses.replace(collate(train_ids.select([0]), np.zeros(1, dtype=np.int64), pad_id=0),
+                              positions=np.zeros(1, dtype=np.int64)).to(device)
+    with eval_mode(model), plan.autocast():
+        full = model(**row.model_inputs()).logits
+        with prefix.feeding(model, row):
+            cached = model(**row.model_inputs()).logits
+    return logits_agree(full, cached)
 
 
 def entries(worker: WorkerState) -> list[int]:

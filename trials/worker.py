@@ -103,6 +103,7 @@ class WorkerState:
     eval_states: Lru = field(default_factory=lambda: Lru(MAX_EVAL_ENTRIES))  # PrefixKey -> PrefixStates
     eval_exact: dict = field(default_factory=dict)  # PrefixKey -> the cached path is bit-identical
     train_states: Lru = field(default_factory=lambda: Lru(MAX_TRAIN_ENTRIES))  # PrefixKey -> rows' states
+    train_exact: dict = field(default_factory=dict)  # PrefixKey -> the cached training path gives the model's logits
     feed_verdicts: dict = field(default_factory=dict)  # FeedKey -> (narrowing exact, packing exact)
     token_splits: Lru = field(default_factory=lambda: Lru(MAX_TOKEN_SPLITS))  # cache file -> Tokens
     tasks: Lru = field(default_factory=lambda: Lru(MAX_TASKS))  # how a dataset is read -> TaskData
