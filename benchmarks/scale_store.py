@@ -12,7 +12,6 @@ own ``compact``, timed too.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import os
 import subprocess
 import sys

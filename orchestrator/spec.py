@@ -305,8 +305,9 @@ class SweepSpec(_Strict):
         return method_fields(method, self.lora, self.probe)
 
 
-def method_fields(method: str, lora: LoraSpec = LoraSpec(), probe: ProbeSpec = ProbeSpec()) -> dict[str, Any]:
-    """The TrialConfig fields of ``method`` shared by its cells (its axis aside)."""
+def method_fields(method: str, lora: LoraSpec | None = None, probe: ProbeSpec | None = None) -> dict[str, Any]:
+    """The TrialConfig fields of ``method`` shared by its cells (its axis aside); unset settings: the defaults."""
+    lora, probe = lora or LoraSpec(), probe or ProbeSpec()
     if method == "lora":
         targets = tuple(lora.targets) if lora.targets else None
         rate = {"learning_rate": lora.learning_rate} if lora.learning_rate is not None else {}

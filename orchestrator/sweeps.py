@@ -13,7 +13,6 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from freezesweep.orchestrator.checks import model_depths, select_metrics, stored_spec_mapping, validate
-from freezesweep.orchestrator.local_files import Shipment
 from freezesweep.orchestrator.plan import ResolvedSweep, build_grid, gpu_request, iter_grid, settle_round
 from freezesweep.orchestrator.spec import SpecError, SweepSpec
 from freezesweep.results.store import ResultStore

@@ -24,7 +24,6 @@ two stacks, so "the first k layers" names none of them).
 
 from __future__ import annotations
 
-import copy
 import functools
 from dataclasses import dataclass
 

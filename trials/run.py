@@ -24,7 +24,7 @@ import numpy as np
 import torch
 
 from freezesweep.trials.config import METHOD_FIELDS, METHODS, EvalPoint, TrialConfig, TrialResult
-from freezesweep.trials import eval_cache, first_token, packing, probe, train_cache
+from freezesweep.trials import eval_cache, first_token, probe, train_cache
 from freezesweep.trials.data import TaskData, load_task, resolve_cache_dir
 from freezesweep.trials.eval_cache import PrefixStates, exact_prefix
 from freezesweep.trials.first_token import Reader

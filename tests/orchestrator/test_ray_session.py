@@ -34,7 +34,7 @@ def test_launch_against_a_cluster_that_does_not_answer_fails_naming_it(write_spe
     done = subprocess.run([sys.executable, "-m", "freezesweep.orchestrator.cli", "launch", str(path), "--address", address],
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 2, done.stderr[-2000:]
-    assert f"freezesweep launch: error:" in done.stderr
+    assert "freezesweep launch: error:" in done.stderr
     assert f"cannot reach the Ray cluster at '{address}'" in done.stderr and f"no Ray cluster answers at '{address}'" \
         in done.stderr
 

@@ -2,6 +2,7 @@
 
 import dataclasses
 
+import pydantic
 import pytest
 
 from freezesweep.orchestrator.spec import (SpecError, SweepSpec, TrainingSpec, parse, read_stored_spec, spec_aliases)
@@ -75,7 +76,7 @@ def test_a_damaged_stored_spec_is_one_clear_error_saying_what_to_do(text):
 
 def test_a_sweep_spec_is_frozen():
     spec = SweepSpec.model_validate(MINIMAL)
-    with pytest.raises(Exception):
+    with pytest.raises(pydantic.ValidationError, match="frozen"):
         spec.name = "other"
 
 

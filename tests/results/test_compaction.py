@@ -1,14 +1,12 @@
 """The store at scale: final rows compacted into parts that every reader reads once, a compaction
 killed at any step, stores from before compaction, and damaged row files that cost only themselves."""
 
-import shutil
 from pathlib import Path
 
 import duckdb
 import pandas as pd
 import polars as pl
 import pyarrow.dataset as ds
-import pyarrow.fs as pafs
 import pytest
 
 from freezesweep.orchestrator.rows import result_row

@@ -5,7 +5,7 @@ from torch import nn
 
 from freezesweep.trials.freezing import FreezingError, find_encoder_parts, freeze
 
-V, H, I, P, L = 100, 16, 32, 64, 3
+V, H, INTER, P, L = 100, 16, 32, 64, 3
 
 
 def _bert_layer(h, i):  # q,k,v,o + LN, intermediate, output + LN
@@ -15,7 +15,7 @@ def _bert_layer(h, i):  # q,k,v,o + LN, intermediate, output + LN
 def _counts_bert_like(model_type, k):
     """Independent arithmetic from the config, not from the modules, for BERT and RoBERTa."""
     emb = (V + P + 2) * H + 2 * H  # word + position + token type (2) + LayerNorm
-    layer = _bert_layer(H, I)
+    layer = _bert_layer(H, INTER)
     head = (H * H + H) + (H * 2 + 2)  # BERT: pooler + classifier; RoBERTa: dense + out_proj
     total = emb + L * layer + head
     frozen = 0 if k == 0 else emb + max(k, 0) * layer
@@ -25,12 +25,12 @@ def _counts_bert_like(model_type, k):
 def _model(kind):
     common = dict(vocab_size=V, num_hidden_layers=L, num_attention_heads=2, max_position_embeddings=P, num_labels=2)
     config = {
-        "bert": lambda: tf.BertConfig(hidden_size=H, intermediate_size=I, type_vocab_size=2, **common),
-        "roberta": lambda: tf.RobertaConfig(hidden_size=H, intermediate_size=I, type_vocab_size=2, **common),
-        "distilbert": lambda: tf.DistilBertConfig(vocab_size=V, dim=H, n_layers=L, n_heads=2, hidden_dim=I,
+        "bert": lambda: tf.BertConfig(hidden_size=H, intermediate_size=INTER, type_vocab_size=2, **common),
+        "roberta": lambda: tf.RobertaConfig(hidden_size=H, intermediate_size=INTER, type_vocab_size=2, **common),
+        "distilbert": lambda: tf.DistilBertConfig(vocab_size=V, dim=H, n_layers=L, n_heads=2, hidden_dim=INTER,
                                                   max_position_embeddings=P, num_labels=2),
-        "electra": lambda: tf.ElectraConfig(embedding_size=8, hidden_size=H, intermediate_size=I, **common),
-        "mpnet": lambda: tf.MPNetConfig(hidden_size=H, intermediate_size=I, **common),
+        "electra": lambda: tf.ElectraConfig(embedding_size=8, hidden_size=H, intermediate_size=INTER, **common),
+        "mpnet": lambda: tf.MPNetConfig(hidden_size=H, intermediate_size=INTER, **common),
     }[kind]()
     return tf.AutoModelForSequenceClassification.from_config(config)
 
@@ -97,7 +97,7 @@ def test_frozen_prefix_gets_no_gradient():
 
 @pytest.mark.parametrize("k", list(range(-1, 7)))
 def test_real_minilm_counts_exact(k):
-    """The pretrained MiniLM-L6 (BERT: V=30522, H=384, I=1536, 512 positions, 6 layers)."""
+    """The pretrained MiniLM-L6 (BERT: V=30522, H=384, INTER=1536, 512 positions, 6 layers)."""
     from freezesweep.trials.model import build_model
 
     model = build_model("sentence-transformers/all-MiniLM-L6-v2", 2, "pretrained")

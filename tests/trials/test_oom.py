@@ -1,6 +1,6 @@
-import dataclasses
 """Out of GPU memory: recognised whichever CUDA call raised it, and the memory really given back."""
 
+import dataclasses
 import weakref
 
 import pytest

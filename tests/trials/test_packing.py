@@ -9,7 +9,7 @@ import torch
 
 from tests.conftest import save_tiny
 from freezesweep.trials.worker import WorkerState
-from freezesweep.trials import first_token, packing
+from freezesweep.trials import first_token
 from freezesweep.trials.data import load_task
 from freezesweep.trials.model import load_tokenizer
 from freezesweep.trials.packing import PackedFeed, PaddedFeed, pack, position_offset, training_feed
