@@ -96,7 +96,7 @@ def write_spec(folder: Path, cells: int, model: str, data: str, cells_per_round:
 def measure_planning(path: Path) -> dict:
     """Validation, resolution and the grid, in process (what a launch does before Ray)."""
     from freezesweep.orchestrator.checks import load_spec
-    from freezesweep.orchestrator.plan import build_grid, pending_cells
+    from freezesweep.orchestrator.plan import build_grid, with_resources
     from freezesweep.orchestrator.sweeps import resolve_here
 
     started = time.perf_counter()
@@ -104,7 +104,7 @@ def measure_planning(path: Path) -> dict:
     validated = time.perf_counter()
     sweep = resolve_here(spec)
     cells = build_grid(sweep)
-    pending = pending_cells(sweep, cells, set())
+    pending = [with_resources(c, sweep) for c in cells]
     done = time.perf_counter()
     return {"cells": len(cells), "validate_s": validated - started, "plan_s": done - started, "pending": len(pending)}
 

@@ -105,11 +105,6 @@ def frozen_layers_of(spec: SweepSpec, model: str, model_layers: Mapping[str, int
     return list(dict.fromkeys(model_layers[model] if k == "all" else k for k in spec.frozen_layers))
 
 
-def pending_cells(sweep: ResolvedSweep, cells: list[TrialConfig], done: set[str]) -> list[TrialConfig]:
-    """The cells without an outcome in ``done``, each with the resources it runs with."""
-    return [with_resources(c, sweep) for c in cells if c.trial_id not in done]
-
-
 def with_resources(cell: TrialConfig, sweep: ResolvedSweep) -> TrialConfig:
     """How a cell runs (machine fields, never identity): its threads and its GPU share (which pins a
     CPU cell to the CPU: trials/precision.py resolve_device). Its checkpoints go where the Tune

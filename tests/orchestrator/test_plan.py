@@ -4,7 +4,7 @@ import dataclasses
 
 import pytest
 
-from freezesweep.orchestrator.plan import (ResolvedSweep, build_grid, hungriest_frozen_layers, pending_cells,
+from freezesweep.orchestrator.plan import (ResolvedSweep, build_grid, hungriest_frozen_layers, with_resources,
                                with_doubled_gpu_share)
 from freezesweep.orchestrator.spec import SweepSpec
 
@@ -42,13 +42,12 @@ def test_an_unresolved_sweep_is_refused():
         ResolvedSweep(SweepSpec.model_validate(RESOLVED))
 
 
-def test_pending_cells_carry_their_resources_not_a_new_identity():
+def test_cells_carry_their_resources_not_a_new_identity():
     sweep = _sweep()
     cells = build_grid(sweep)
-    done = {cells[0].trial_id, cells[5].trial_id}
-    pending = pending_cells(sweep, cells, done)
-    assert [c.trial_id for c in pending] == [c.trial_id for c in cells if c.trial_id not in done]
-    assert {c.num_threads for c in pending} == {2}
+    placed = [with_resources(c, sweep) for c in cells]
+    assert [c.trial_id for c in placed] == [c.trial_id for c in cells]
+    assert {c.num_threads for c in placed} == {2}
 
 
 def test_the_hungriest_depth_and_the_doubled_share():

@@ -24,11 +24,11 @@ def test_a_cpu_cell_runs_on_the_cpu_on_a_node_with_gpus(tiny_trial, monkeypatch)
 def test_the_plan_gives_each_cell_its_share(write_spec):
     pytest.importorskip("ray")  # the device machines run trials/ without Ray or the orchestrator
     from freezesweep.orchestrator.checks import load_spec
-    from freezesweep.orchestrator.plan import build_grid, pending_cells, with_doubled_gpu_share, with_resources
+    from freezesweep.orchestrator.plan import build_grid, with_doubled_gpu_share, with_resources
     from freezesweep.orchestrator.sweeps import resolve_here
 
     sweep = resolve_here(load_spec(write_spec()))
-    assert {c.gpus_per_trial for c in pending_cells(sweep, build_grid(sweep), set())} == {0.0}
+    assert {with_resources(c, sweep).gpus_per_trial for c in build_grid(sweep)} == {0.0}
     shared = dataclasses.replace(sweep, gpu_share=0.25)
     retry = with_doubled_gpu_share(shared)
     assert with_resources(build_grid(sweep)[0], retry).gpus_per_trial == 0.5  # the retry's cells ask for more
