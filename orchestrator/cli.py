@@ -297,6 +297,19 @@ def _warn_unreadable(result_store) -> None:
                           + ", ".join(result_store.unreadable), highlight=False)
 
 
+def _advise_compact(result_store, statuses: dict[str, str]) -> None:
+    """Thousands of single-row files (a store from before compaction, rounds that never finished): every
+    read opens each of them; one `compact` makes them one part."""
+    from freezesweep.results.store import COMPACT_ADVICE_FILES
+
+    singles = result_store.compactable(statuses)
+    if singles > COMPACT_ADVICE_FILES:
+        where = "" if result_store.uri == "./sweeps" else f" --store {result_store.uri}"
+        err_console.print(f"note: {singles:,} final rows are in single-row files, each opened by every command: run "
+                          f"`freezesweep compact {result_store.sweep}{where}` to put them into one Parquet part",
+                          highlight=False)
+
+
 def _open(sweep: str, store: Optional[str]):
     """A stored sweep (resolved as launched) and its store."""
     from freezesweep.orchestrator.spec import SpecError
@@ -319,6 +332,7 @@ def status(sweep: str, store: StoreOpt = None) -> None:
     rows = result_store.read_table(columns=["trial_id", *NODE_COLUMNS]).to_pandas()  # one read: statuses and nodes
     statuses = dict(zip(rows["trial_id"], rows["status"]))
     _warn_unreadable(result_store)
+    _advise_compact(result_store, statuses)
     table = collapse_long_axes(status_table(_counted_cells(resolved, result_store), statuses))
     _print_frame(table, OutputFormat.table, f"sweep {sweep}")
     if len(rows):

@@ -307,6 +307,11 @@ class ResultStore:
     def ok_ids(self) -> set[str]:
         return {tid for tid, status in self.statuses().items() if status == "ok"}
 
+    def compactable(self, statuses: dict[str, str]) -> int:
+        """How many single-row files hold a final row (``statuses``: trial_id → status, as read):
+        what ``compact`` would put into one part."""
+        return sum(statuses.get(_name(p).removesuffix(".parquet")) in FINAL_STATUSES for p in self.layout().singles)
+
     def final_ids(self) -> set[str]:
         """Cells whose row is an outcome no rerun changes (FINAL_STATUSES): a launch runs the others."""
         return {tid for tid, status in self.statuses().items() if status in FINAL_STATUSES}

@@ -9,7 +9,10 @@ import pandas as pd
 import polars as pl
 import pyarrow.dataset as ds
 import pyarrow.fs as pafs
+import pyarrow.parquet as pq
 import pytest
+
+from freezesweep.results import store as store_module
 
 from freezesweep.orchestrator.rows import result_row
 from freezesweep.results.query import read_rows, sql
@@ -82,6 +85,22 @@ def test_a_store_from_before_compaction_is_read_and_compacted(tmp_path):
     assert store.compact() == 40
     assert [p.name[:5] for p in (tmp_path / "s" / "results").iterdir()] == ["part-"]
     assert len(read_rows(store)) == 40 and store.ok_ids() == {_result(s).trial_id for s in range(40)}
+
+
+def test_many_single_row_files_are_read_and_compacted_a_batch_at_a_time(tmp_path, monkeypatch):
+    """Memory holds one batch of files, not the store (a dataset over 20,000 files held every footer):
+    readers get the rows batch by batch, and compact writes its part one row group per batch."""
+    monkeypatch.setattr(store_module, "FILES_PER_BATCH", 4)
+    store = _filled(tmp_path, ok=10, failed=2)
+    whole = ds.dataset(str(tmp_path / "s" / "results")).to_table().to_pandas()
+    batches = list(store.read_batches(store.row_files(), ["trial_id", "status"]))
+    assert [len(files) for files, _ in batches] == [4, 4, 4]
+    before = store.read().sort_values("trial_id", ignore_index=True)
+    pd.testing.assert_frame_equal(before, whole.sort_values("trial_id", ignore_index=True), check_dtype=False)
+    assert store.compact() == 10
+    [part] = (tmp_path / "s" / "results").glob("part-*.parquet")
+    assert pq.ParquetFile(part).metadata.num_row_groups == 3  # every batch holds final rows
+    pd.testing.assert_frame_equal(store.read().sort_values("trial_id", ignore_index=True), before)
 
 
 def test_a_damaged_row_file_costs_only_its_row(tmp_path):
