@@ -263,7 +263,7 @@ class ResultStore:
             with self.fs.open_input_file(path) as f:
                 parquet = pq.ParquetFile(f)
                 present = set(parquet.schema_arrow.names)
-                table = parquet.read(columns=[c for c in columns if c in present])
+                table = parquet.read(columns=[c for c in columns if c in present], use_threads=False)
         except (OSError, pa.ArrowException):
             if raise_errors:
                 raise
