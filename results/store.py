@@ -275,11 +275,31 @@ class ResultStore:
 
     def scan(self) -> ds.Dataset | pa.Table:
         """The rows for a lazy reader (DuckDB reads only the columns a query needs): a dataset over the
-        readable files, or the rows themselves in the moment a compaction shows a cell twice."""
+        readable files, or the rows themselves in the moment a compaction shows a cell twice. Many
+        single-row files: see ``_scan_many``."""
+        layout = self.layout()
+        loose = [*layout.singles, *layout.compacting]
+        if len(loose) > FILES_PER_BATCH:
+            return self._scan_many(layout.parts, loose)
         cells = self.read_table(columns=["trial_id"])  # also names the unreadable files
         files = [f for f in self.row_files() if f not in self.unreadable]
         dataset = ds.dataset(files, schema=SCHEMA, format="parquet", filesystem=self.fs)
         return dataset if dataset.count_rows() == len(cells) else self.read_table()
+
+    def _scan_many(self, parts: list[str], loose: list[str]) -> ds.Dataset:
+        """A dataset over the parts beside the loose files' rows, read once in batches: a dataset over
+        thousands of single-row files would hold every file's footer (gigabytes) while DuckDB reads it."""
+        unreadable: list[str] = []
+        in_parts = [batch for _, batch in self.read_batches(parts, ["trial_id"], unreadable)]
+        batches = [batch for _, batch in self.read_batches(loose, list(SCHEMA.names), unreadable)]
+        rows = pa.concat_tables(batches) if batches else SCHEMA.empty_table()
+        if in_parts:  # a compaction under way: a row its part holds is read from the part
+            held = pa.concat_tables(in_parts)["trial_id"].combine_chunks()
+            rows = rows.filter(pc.invert(pc.is_in(rows["trial_id"], held)))
+        self.unreadable = unreadable
+        readable_parts = [p for p in parts if p not in unreadable]
+        return ds.dataset([ds.dataset(readable_parts, schema=SCHEMA, format="parquet", filesystem=self.fs),
+                           ds.dataset(_first_of_each_cell(rows))])
 
     def statuses(self) -> dict[str, str]:
         """trial_id → status of every stored row."""

@@ -97,10 +97,15 @@ def test_many_single_row_files_are_read_and_compacted_a_batch_at_a_time(tmp_path
     assert [len(files) for files, _ in batches] == [4, 4, 4]
     before = store.read().sort_values("trial_id", ignore_index=True)
     pd.testing.assert_frame_equal(before, whole.sort_values("trial_id", ignore_index=True), check_dtype=False)
+    query = "SELECT count(*) AS n, sum(best_val_accuracy) AS total FROM results"
+    assert sql(store, query).to_dict("records") == [{"n": 12, "total": pytest.approx(before["best_val_accuracy"].sum())}]
     assert store.compact() == 10
     [part] = (tmp_path / "s" / "results").glob("part-*.parquet")
     assert pq.ParquetFile(part).metadata.num_row_groups == 3  # every batch holds final rows
     pd.testing.assert_frame_equal(store.read().sort_values("trial_id", ignore_index=True), before)
+    for seed in range(12, 17):  # more rows than a batch beside the part: the part's dataset and these rows
+        store.write_row(result_row("s", _result(seed, acc=0.6)))
+    assert sql(store, query).to_dict("records") == [{"n": 17, "total": pytest.approx(before["best_val_accuracy"].sum() + 3)}]
 
 
 def test_a_damaged_row_file_costs_only_its_row(tmp_path):
