@@ -129,3 +129,22 @@ def test_a_spec_asking_for_mlflow_without_it_installed_is_refused_before_anythin
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "mlflow" else real(name, *a))
     with pytest.raises(SpecError, match=r"tracking.mlflow: MLflow is not installed"):
         load_spec(write_spec("tracked", tracking={"mlflow": "http://127.0.0.1:5000"}))
+
+
+@with_server
+def test_a_launch_with_tracking_in_its_spec_logs_every_row(mlflow_server, write_spec, tmp_path):
+    """The spec's opt-in, end to end: a real launch (Ray, the tiny model) and its rows as runs."""
+    import ray
+
+    from freezesweep.orchestrator.launch import launch
+
+    spec = load_spec(write_spec("tracked", tracking={"mlflow": mlflow_server, "experiment": "tracked-live"}))
+    try:
+        summary = launch(spec, show_progress=False)
+    finally:
+        ray.shutdown()
+    stored = ResultStore(spec.store, "tracked").statuses()
+    runs = _runs(mlflow_server, "tracked-live")
+    assert summary.ok == 4 and set(runs) == set(stored)
+    assert {run.data.tags["status"] for run in runs.values()} == {"ok"}
+    assert all("eval_accuracy" in run.data.metrics and "best_val_score" in run.data.metrics for run in runs.values())
