@@ -246,9 +246,14 @@ class ResultStore:
         over 20,000 single-row files keeps every file's footer, gigabytes). A few threads open the
         files, their latency (object stores) and footer parsing overlapping. A file that cannot be read
         is named in ``unreadable``; without that list, its error is raised."""
+        local = isinstance(self.fs, pafs.LocalFileSystem)
         with ThreadPoolExecutor(READ_THREADS) as pool:
             for start in range(0, len(files), FILES_PER_BATCH):
                 chunk = files[start:start + FILES_PER_BATCH]
+                scanned = _scan_local(chunk, columns) if local else None
+                if scanned is not None:
+                    yield scanned
+                    continue
                 read = list(pool.map(lambda path: self._read_file(path, columns, unreadable is None), chunk))
                 kept = [(path, table) for path, table in zip(chunk, read) if table is not None]
                 if unreadable is not None:
@@ -427,6 +432,22 @@ class Layout:
 
 def _name(path: str) -> str:
     return path.rsplit("/", 1)[-1]
+
+
+def _scan_local(files: list[str], columns: list[str]) -> tuple[list[str], pa.Table] | None:
+    """Local files in one DuckDB scan (C++ threads, no Python per file: status on 20,000 single-row
+    files in half the time), with the file of each row. None where it cannot (a damaged file, files
+    that differ in their columns): the per-file reader then reads the batch and names what it skips."""
+    import duckdb  # deferred: the trial workers that write rows never need it
+
+    selected = ", ".join(f'"{c}"' for c in columns)
+    with duckdb.connect() as con:
+        try:
+            table = con.sql(f"SELECT {selected}, filename AS __file FROM read_parquet($files, filename = true)",
+                            params={"files": files}).to_arrow_table()
+        except duckdb.Error:
+            return None
+    return table["__file"].to_pylist(), _conformed(table.drop_columns(["__file"]), columns)
 
 
 def _empty(columns: list[str]) -> pa.Table:
