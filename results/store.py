@@ -40,7 +40,7 @@ COMPACTING_DIR, QUARANTINE_DIR, PART_PREFIX = "_compacting", "_quarantine", "par
 FINAL_STATUSES = ("ok", "diverged")
 # Readers open row files FILES_PER_BATCH at a time, READ_THREADS at once: memory holds one batch's rows
 # and footers however many single-row files a store has.
-FILES_PER_BATCH, READ_THREADS = 1000, 4
+FILES_PER_BATCH, READ_THREADS = 5000, 4
 # More single-row files of final rows than this: `status` says to run `compact` (each is opened by every read).
 COMPACT_ADVICE_FILES = 2000
 
@@ -243,9 +243,10 @@ class ResultStore:
                      unreadable: list[str] | None = None) -> Iterator[tuple[list[str], pa.Table]]:
         """The rows of ``files`` (only ``columns``), FILES_PER_BATCH files at a time, each batch with
         the file of each of its rows: memory holds one batch, whatever the number of files (a dataset
-        over 20,000 single-row files keeps every file's footer, gigabytes). A few threads open the
-        files, their latency (object stores) and footer parsing overlapping. A file that cannot be read
-        is named in ``unreadable``; without that list, its error is raised."""
+        over 20,000 single-row files keeps every file's footer, gigabytes). Local files: one DuckDB
+        scan per batch; elsewhere, or where that scan fails, a few threads open the batch's files one by
+        one (their latency and footer parsing overlapping). A file that cannot be read is named in
+        ``unreadable``; without that list, its error is raised."""
         local = isinstance(self.fs, pafs.LocalFileSystem)
         with ThreadPoolExecutor(READ_THREADS) as pool:
             for start in range(0, len(files), FILES_PER_BATCH):
@@ -442,6 +443,7 @@ def _scan_local(files: list[str], columns: list[str]) -> tuple[list[str], pa.Tab
 
     selected = ", ".join(f'"{c}"' for c in columns)
     with duckdb.connect() as con:
+        con.execute(f"SET threads = {max(READ_THREADS, os.cpu_count() or 1)}")  # more than cores: opens overlap
         try:
             table = con.sql(f"SELECT {selected}, filename AS __file FROM read_parquet($files, filename = true)",
                             params={"files": files}).to_arrow_table()
