@@ -483,8 +483,8 @@ def export_mlflow(
     except Exception as exc:  # the server unreachable or refusing: said plainly, no traceback
         _fail(f"MLflow export to {tracking_uri or 'the default tracking URI'} failed: {type(exc).__name__}: {exc}")
     _warn_unreadable(result_store)
-    console.print(f"sweep {sweep}: {done.added} run(s) added, {done.replaced} replaced by a newer row, {done.unchanged} "
-                  f"already in MLflow (experiment id {done.experiment_id})", highlight=False)
+    console.print(f"sweep {sweep}: {done.added} run(s) added, {done.replaced} replaced by a newer row, "
+                  f"{done.unchanged} already in MLflow (experiment id {done.experiment_id})", highlight=False)
 
 
 def main() -> None:  # python -m freezesweep.orchestrator.cli

@@ -32,7 +32,7 @@ TAGS = ("status", "node", "precision", "device", "hostname", "node_id", "gpu_nam
 COLUMNS = ["sweep", "trial_id", *AXES, *METHOD_PARAMS, *SCALARS, *TAGS, "eval_curve", "train_loss_curve",
            "finished_at", "config", "attempts"]
 # MLflow's limits per request (mlflow.utils.validation): 100 params and tags, 1,000 metrics; a tag value's length.
-PARAMS_PER_REQUEST, METRICS_PER_REQUEST, MAX_TAG_CHARS = 100, 1000, 5000
+PARAMS_PER_REQUEST, METRICS_PER_REQUEST, MAX_TAG_CHARS, MAX_PARAM_CHARS = 100, 1000, 5000, 6000
 
 
 @dataclass(frozen=True)
@@ -141,7 +141,7 @@ def run_params(row: dict[str, Any]) -> dict[str, str]:
     config = json.loads(row["config"]) if row.get("config") else {}
     protocol = {k: v for k, v in config.items() if k not in AXES and not isinstance(v, (dict, list))}
     values = {**{k: row.get(k) for k in (*AXES, *METHOD_PARAMS)}, **protocol}
-    return {k: str(v) for k, v in values.items() if v is not None}
+    return {k: str(v)[:MAX_PARAM_CHARS] for k, v in values.items() if v is not None}
 
 
 def run_metrics(row: dict[str, Any]) -> list[tuple[str, float, int]]:

@@ -39,8 +39,9 @@ COMPACTING_DIR, QUARANTINE_DIR, PART_PREFIX = "_compacting", "_quarantine", "par
 # Outcomes that no rerun changes: the row is kept for good (a failed or oom row is replaced by a retry).
 FINAL_STATUSES = ("ok", "diverged")
 # Readers open row files FILES_PER_BATCH at a time, READ_THREADS at once: memory holds one batch's rows
-# and footers however many single-row files a store has.
-FILES_PER_BATCH, READ_THREADS = 5000, 4
+# and footers however many single-row files a store has. Reads of whole rows (compaction, query's single-row
+# files) take smaller batches: compacting 20,000 files peaked at 1.6 GB in batches of 5,000, 0.56 GB in 1,000.
+FILES_PER_BATCH, WHOLE_ROW_FILES_PER_BATCH, READ_THREADS = 5000, 1000, 4
 # More single-row files of final rows than this: `status` says to run `compact` (each is opened by every read).
 COMPACT_ADVICE_FILES = 2000
 
@@ -239,18 +240,19 @@ class ResultStore:
         table = _first_of_each_cell(table)
         return table if columns is None else table.select(columns)
 
-    def read_batches(self, files: list[str], columns: list[str],
-                     unreadable: list[str] | None = None) -> Iterator[tuple[list[str], pa.Table]]:
-        """The rows of ``files`` (only ``columns``), FILES_PER_BATCH files at a time, each batch with
-        the file of each of its rows: memory holds one batch, whatever the number of files (a dataset
-        over 20,000 single-row files keeps every file's footer, gigabytes). Local files: one DuckDB
+    def read_batches(self, files: list[str], columns: list[str], unreadable: list[str] | None = None,
+                     files_per_batch: int | None = None) -> Iterator[tuple[list[str], pa.Table]]:
+        """The rows of ``files`` (only ``columns``), ``files_per_batch`` (default FILES_PER_BATCH) files
+        at a time, each batch with the file of each of its rows: memory holds one batch, whatever the
+        number of files (a dataset over 20,000 single-row files keeps every file's footer, gigabytes).
+        Local files: one DuckDB
         scan per batch; elsewhere, or where that scan fails, a few threads open the batch's files one by
         one (their latency and footer parsing overlapping). A file that cannot be read is named in
         ``unreadable``; without that list, its error is raised."""
-        local = isinstance(self.fs, pafs.LocalFileSystem)
+        local, size = isinstance(self.fs, pafs.LocalFileSystem), files_per_batch or FILES_PER_BATCH
         with ThreadPoolExecutor(READ_THREADS) as pool:
-            for start in range(0, len(files), FILES_PER_BATCH):
-                chunk = files[start:start + FILES_PER_BATCH]
+            for start in range(0, len(files), size):
+                chunk = files[start:start + size]
                 scanned = _scan_local(chunk, columns) if local else None
                 if scanned is not None:
                     yield scanned
@@ -297,7 +299,8 @@ class ResultStore:
         thousands of single-row files would hold every file's footer (gigabytes) while DuckDB reads it."""
         unreadable: list[str] = []
         in_parts = [batch for _, batch in self.read_batches(parts, ["trial_id"], unreadable)]
-        batches = [batch for _, batch in self.read_batches(loose, list(SCHEMA.names), unreadable)]
+        batches = [batch for _, batch in self.read_batches(loose, list(SCHEMA.names), unreadable,
+                                                           WHOLE_ROW_FILES_PER_BATCH)]
         rows = pa.concat_tables(batches) if batches else SCHEMA.empty_table()
         if in_parts:  # a compaction under way: a row its part holds is read from the part
             held = pa.concat_tables(in_parts)["trial_id"].combine_chunks()
@@ -390,7 +393,8 @@ class ResultStore:
         absorbed: list[str] = []
         with contextlib.ExitStack() as open_part:
             writer = None
-            for files, batch in self.read_batches(singles, list(SCHEMA.names)):
+            for files, batch in self.read_batches(singles, list(SCHEMA.names),
+                                                  files_per_batch=WHOLE_ROW_FILES_PER_BATCH):
                 final = pc.is_in(batch["status"], pa.array(FINAL_STATUSES)).to_pylist()
                 kept = {f for f, keep in zip(files, final) if not keep}  # a file with any other row stays whole
                 absorb = [keep and f not in kept for f, keep in zip(files, final)]

@@ -64,7 +64,7 @@ def test_export_writes_each_row_as_a_run_and_adds_only_what_is_new(mlflow_server
     assert run.data.params["precision"] == "fp32" and "learning_rate" in run.data.params  # the protocol
     assert run.data.metrics["best_val_accuracy"] == pytest.approx(0.8)
     assert run.data.metrics["final_val_accuracy"] == pytest.approx(0.8)
-    assert run.data.tags["status"] == "ok" and run.data.tags["precision"] == "fp32" and run.data.tags["node"] == "node-a"
+    assert (run.data.tags["status"], run.data.tags["precision"], run.data.tags["node"]) == ("ok", "fp32", "node-a")
     assert run.info.status == "FINISHED" and runs[_result(3).trial_id].info.status == "FAILED"
     curve = MlflowClient(tracking_uri=mlflow_server).get_metric_history(run.info.run_id, "eval_accuracy")
     assert [(m.step, round(m.value, 6)) for m in sorted(curve, key=lambda m: m.step)] == [(2, 0.7), (4, 0.8)]
