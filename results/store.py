@@ -39,9 +39,9 @@ COMPACTING_DIR, QUARANTINE_DIR, PART_PREFIX = "_compacting", "_quarantine", "par
 # Outcomes that no rerun changes: the row is kept for good (a failed or oom row is replaced by a retry).
 FINAL_STATUSES = ("ok", "diverged")
 # Readers open row files FILES_PER_BATCH at a time, READ_THREADS at once: memory holds one batch's rows
-# and footers however many single-row files a store has. Reads of whole rows (compaction, query's single-row
-# files) take smaller batches: compacting 20,000 files peaked at 1.6 GB in batches of 5,000, 0.56 GB in 1,000.
-FILES_PER_BATCH, WHOLE_ROW_FILES_PER_BATCH, READ_THREADS = 5000, 1000, 4
+# and footers however many single-row files a store has (compacting 20,000 files in batches of 5,000
+# peaked at 1.6 GB, in batches of 1,000 at 0.57 GB).
+FILES_PER_BATCH, READ_THREADS = 1000, 4
 # More single-row files of final rows than this: `status` says to run `compact` (each is opened by every read).
 COMPACT_ADVICE_FILES = 2000
 
@@ -240,19 +240,18 @@ class ResultStore:
         table = _first_of_each_cell(table)
         return table if columns is None else table.select(columns)
 
-    def read_batches(self, files: list[str], columns: list[str], unreadable: list[str] | None = None,
-                     files_per_batch: int | None = None) -> Iterator[tuple[list[str], pa.Table]]:
-        """The rows of ``files`` (only ``columns``), ``files_per_batch`` (default FILES_PER_BATCH) files
-        at a time, each batch with the file of each of its rows: memory holds one batch, whatever the
-        number of files (a dataset over 20,000 single-row files keeps every file's footer, gigabytes).
-        Local files: one DuckDB
-        scan per batch; elsewhere, or where that scan fails, a few threads open the batch's files one by
-        one (their latency and footer parsing overlapping). A file that cannot be read is named in
+    def read_batches(self, files: list[str], columns: list[str],
+                     unreadable: list[str] | None = None) -> Iterator[tuple[list[str], pa.Table]]:
+        """The rows of ``files`` (only ``columns``), FILES_PER_BATCH files at a time, each batch with the
+        file of each of its rows: memory holds one batch, whatever the number of files (a dataset over
+        20,000 single-row files keeps every file's footer, gigabytes). Local files: one DuckDB scan per
+        batch; elsewhere, or where that scan fails, a few threads open the batch's files one by one
+        (their latency and footer parsing overlapping). A file that cannot be read is named in
         ``unreadable``; without that list, its error is raised."""
-        local, size = isinstance(self.fs, pafs.LocalFileSystem), files_per_batch or FILES_PER_BATCH
+        local = isinstance(self.fs, pafs.LocalFileSystem)
         with ThreadPoolExecutor(READ_THREADS) as pool:
-            for start in range(0, len(files), size):
-                chunk = files[start:start + size]
+            for start in range(0, len(files), FILES_PER_BATCH):
+                chunk = files[start:start + FILES_PER_BATCH]
                 scanned = _scan_local(chunk, columns) if local else None
                 if scanned is not None:
                     yield scanned
@@ -299,8 +298,7 @@ class ResultStore:
         thousands of single-row files would hold every file's footer (gigabytes) while DuckDB reads it."""
         unreadable: list[str] = []
         in_parts = [batch for _, batch in self.read_batches(parts, ["trial_id"], unreadable)]
-        batches = [batch for _, batch in self.read_batches(loose, list(SCHEMA.names), unreadable,
-                                                           WHOLE_ROW_FILES_PER_BATCH)]
+        batches = [batch for _, batch in self.read_batches(loose, list(SCHEMA.names), unreadable)]
         rows = pa.concat_tables(batches) if batches else SCHEMA.empty_table()
         if in_parts:  # a compaction under way: a row its part holds is read from the part
             held = pa.concat_tables(in_parts)["trial_id"].combine_chunks()
@@ -393,8 +391,7 @@ class ResultStore:
         absorbed: list[str] = []
         with contextlib.ExitStack() as open_part:
             writer = None
-            for files, batch in self.read_batches(singles, list(SCHEMA.names),
-                                                  files_per_batch=WHOLE_ROW_FILES_PER_BATCH):
+            for files, batch in self.read_batches(singles, list(SCHEMA.names)):
                 final = pc.is_in(batch["status"], pa.array(FINAL_STATUSES)).to_pylist()
                 kept = {f for f, keep in zip(files, final) if not keep}  # a file with any other row stays whole
                 absorb = [keep and f not in kept for f, keep in zip(files, final)]
@@ -440,14 +437,17 @@ def _name(path: str) -> str:
 
 
 def _scan_local(files: list[str], columns: list[str]) -> tuple[list[str], pa.Table] | None:
-    """Local files in one DuckDB scan (C++ threads, no Python per file: status on 20,000 single-row
-    files in half the time), with the file of each row. None where it cannot (a damaged file, files
-    that differ in their columns): the per-file reader then reads the batch and names what it skips."""
+    """Local files in one DuckDB scan (no Python per file: status on 20,000 single-row files in half
+    the time of opening each with pyarrow), with the file of each row. None where it cannot (a damaged
+    file, files that differ in their columns): the per-file reader then reads the batch and names
+    what it skips."""
     import duckdb  # deferred: the trial workers that write rows never need it
 
     selected = ", ".join(f'"{c}"' for c in columns)
     with duckdb.connect() as con:
-        con.execute(f"SET threads = {max(READ_THREADS, os.cpu_count() or 1)}")  # more than cores: opens overlap
+        # One thread: over 20,000 single-row files on 2 cores, 1 thread read status's columns in 5.5-6.8 s and
+        # 230 MB, 2 and 4 threads in 10-11 s and 460 MB (summary's: 9 s, 240 MB against 14 s, 1.2 GB).
+        con.execute("SET threads = 1")
         try:
             table = con.sql(f"SELECT {selected}, filename AS __file FROM read_parquet($files, filename = true)",
                             params={"files": files}).to_arrow_table()

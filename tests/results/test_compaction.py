@@ -91,7 +91,6 @@ def test_many_single_row_files_are_read_and_compacted_a_batch_at_a_time(tmp_path
     """Memory holds one batch of files, not the store (a dataset over 20,000 files held every footer):
     readers get the rows batch by batch, and compact writes its part one row group per batch."""
     monkeypatch.setattr(store_module, "FILES_PER_BATCH", 4)
-    monkeypatch.setattr(store_module, "WHOLE_ROW_FILES_PER_BATCH", 4)
     store = _filled(tmp_path, ok=10, failed=2)
     whole = ds.dataset(str(tmp_path / "s" / "results")).to_table().to_pandas()
     batches = list(store.read_batches(store.row_files(), ["trial_id", "status"]))
