@@ -6,7 +6,11 @@ A store of N rows is what a launch leaves: the sweep's resolved spec and N rows 
 compaction writes them between rounds) plus the last 1,000 as single-row files compacted by the store's
 own ``compact``, timed too.
 
-    python benchmarks/scale_store.py [--rows 1000 10000 100000]
+An uncompacted store (``--singles``): N single-row files and no part, as a store from before compaction
+or one whose rounds never finished leaves them; ``status`` and then ``compact`` timed on it, each in a
+fresh process with its peak RSS, then ``status`` again on the compacted store.
+
+    python benchmarks/scale_store.py [--rows 1000 10000 100000] [--singles 20000]
 """
 
 from __future__ import annotations
@@ -78,6 +82,24 @@ def build_store(rows: int, root: Path) -> tuple[ResultStore, float]:
     return store, time.perf_counter() - started
 
 
+def build_uncompacted(rows: int, root: Path) -> ResultStore:
+    """``rows`` single-row files written as a launch writes them (``write_row``), never compacted."""
+    sweep = sweep_of(rows, str(root))
+    store = ResultStore(str(root), sweep.name)
+    store.write_spec(sweep.spec.to_yaml())
+    for cell in build_grid(sweep)[:rows]:
+        store.write_row(fake_row(sweep.name, cell, 0))
+    return store
+
+
+def uncompacted(cli: list[str], rows: int, root: Path) -> None:
+    """status, compact, status again on a store of ``rows`` single-row files."""
+    store = build_uncompacted(rows, root)
+    args = [store.sweep, "--store", str(root)]
+    figures = [timed(cli + ["status", *args]), timed(cli + ["compact", *args]), timed(cli + ["status", *args])]
+    print(f"{rows:>8} " + " ".join(f"{wall:>10.2f} {rss:>10.0f}" for wall, rss in figures), flush=True)
+
+
 def timed(command: list[str]) -> tuple[float, float]:
     """Wall seconds and peak RSS (MB) of one command in a fresh process."""
     done = subprocess.run(["/usr/bin/time", "-f", "%e %M", *command], capture_output=True, text=True)
@@ -89,12 +111,16 @@ def timed(command: list[str]) -> tuple[float, float]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--rows", type=int, nargs="+", default=[1000, 10_000, 100_000])
+    parser.add_argument("--rows", type=int, nargs="*", default=[1000, 10_000, 100_000],
+                        help="stores of this many rows, mostly compacted (none: skip)")
+    parser.add_argument("--singles", type=int, nargs="*", default=[20_000],
+                        help="uncompacted stores of this many single-row files (none: skip)")
     args = parser.parse_args()
     root = Path(tempfile.mkdtemp(prefix="freezesweep-store-scale-"))
     cli = [sys.executable, "-m", "freezesweep.orchestrator.cli"]
-    print(f"{'rows':>8} {'files':>6} {'MB':>6} {'compact s':>9} " +
-          " ".join(f"{name + ' s':>10} {name + ' MB':>10}" for name in COMMANDS), flush=True)
+    if args.rows:
+        print(f"{'rows':>8} {'files':>6} {'MB':>6} {'compact s':>9} " +
+              " ".join(f"{name + ' s':>10} {name + ' MB':>10}" for name in COMMANDS), flush=True)
     for rows in args.rows:
         store, compact_s = build_store(rows, root / str(rows))
         files = store.row_files()
@@ -106,6 +132,11 @@ def main() -> None:
                               [e.format(out=out) for e in extra])
             cells.append(f"{wall:>10.2f} {rss:>10.0f}")
         print(f"{rows:>8} {len(files):>6} {size_mb:>6.0f} {compact_s:>9.2f} " + " ".join(cells), flush=True)
+    if args.singles:
+        print(f"\n{'singles':>8} " + " ".join(f"{name + ' s':>10} {name + ' MB':>10}"
+                                           for name in ("status", "compact", "then status")), flush=True)
+    for rows in args.singles:
+        uncompacted(cli, rows, root / f"singles-{rows}")
 
 
 if __name__ == "__main__":

@@ -38,6 +38,7 @@ if TYPE_CHECKING:  # the annotations only: importing them at run time would impo
 
     from freezesweep.orchestrator.launch import LaunchSummary
     from freezesweep.orchestrator.plan import ResolvedSweep, WorkEstimate
+    from freezesweep.results.mlflow_export import Exported
     from freezesweep.results.report import Report, SweepRows
     from freezesweep.trials.config import TrialConfig
 
@@ -46,7 +47,7 @@ SpecSource = Union[str, Path, Mapping[str, Any], SweepSpec]
 
 __all__ = ["SpecSource", "UnreadableRowsWarning", "Plan", "SweepStatus", "Decision", "Decisions", "load_spec",
            "build_spec", "plan", "launch", "resume", "results", "results_arrow", "results_duckdb", "query", "status",
-           "summary", "decide", "report", "compact"]
+           "summary", "decide", "report", "compact", "export_mlflow"]
 
 
 class UnreadableRowsWarning(UserWarning):
@@ -334,12 +335,26 @@ def status(name: str, *, store: str | None = None) -> SweepStatus:
     sweep, result_store = _stored_sweep(name, store)
     rows = result_store.read_table(columns=["trial_id", *NODE_COLUMNS]).to_pandas()  # one read: statuses and nodes
     _warn_unreadable(result_store)
-    notes = tuple(store_notes(result_store))
-    table = status_table(_counted_cells(sweep, result_store), dict(zip(rows["trial_id"], rows["status"])))
+    statuses = dict(zip(rows["trial_id"], rows["status"]))
+    notes = (*store_notes(result_store), *_compact_advice(result_store, statuses))
+    table = status_table(_counted_cells(sweep, result_store), statuses)
     if not len(rows):
         return SweepStatus(name, table, None, 0, notes)
     # nunique skips CPU rows' nulls
     return SweepStatus(name, table, placement(rows), int(rows["gpu_uuid"].nunique()), notes)
+
+
+def _compact_advice(result_store: ResultStore, statuses: dict[str, str]) -> list[str]:
+    """Thousands of single-row files (a store from before compaction, rounds that never finished): every
+    read opens each of them; one `compact` makes them one part."""
+    from freezesweep.results.store import COMPACT_ADVICE_FILES
+
+    singles = result_store.compactable(statuses)
+    if singles <= COMPACT_ADVICE_FILES:
+        return []
+    where = "" if result_store.uri == DEFAULT_STORE else f" --store {result_store.uri}"
+    return [f"note: {singles:,} final rows are in single-row files, each opened by every command: run "
+            f"`freezesweep compact {result_store.sweep}{where}` to put them into one Parquet part"]
 
 
 def summary(name: str, *, store: str | None = None, metric: str | None = None) -> pd.DataFrame:
@@ -463,3 +478,18 @@ def compact(name: str, *, store: str | None = None, on_note: Callable[[str], Non
         for note in result_store.make_ready().notes():
             on_note(note) if on_note else warnings.warn(note, UserWarning, stacklevel=2)
         return result_store.compact()
+
+
+def export_mlflow(name: str, *, store: str | None = None, tracking_uri: str | None = None,
+                  experiment: str | None = None) -> "Exported":
+    """Every row of a sweep as an MLflow run (axes and protocol as params, best and final metrics, the
+    evaluation curve as stepped metrics, status/node/precision as tags), in ``experiment`` (default: the
+    sweep's name) at ``tracking_uri`` (default: MLflow's own, ``MLFLOW_TRACKING_URI``). Idempotent: run
+    again, it adds only the rows MLflow lacks and replaces a cell's run by a newer row. Needs the
+    ``mlflow`` extra (ImportError without it)."""
+    from freezesweep.results.mlflow_export import export_store
+
+    result_store = _store(name, store)
+    done = export_store(result_store, tracking_uri, experiment)
+    _warn_unreadable(result_store)
+    return done

@@ -65,7 +65,18 @@ def semantic_problems(raw: dict[str, Any], cluster: ClusterView | None = None, d
     if devices:
         problems += _device_problems(resources.get("gpus_per_trial"), resources.get("cpus_per_trial"), cluster)
     problems += _store_problems(raw)
+    problems += _tracking_problems(raw)
     return problems
+
+
+def _tracking_problems(raw: dict[str, Any]) -> list[str]:
+    """``tracking: {mlflow: URI}`` needs MLflow installed: said before anything runs."""
+    import importlib.util
+
+    tracking = raw.get("tracking") if isinstance(raw.get("tracking"), dict) else {}
+    if tracking.get("mlflow") and importlib.util.find_spec("mlflow") is None:
+        return ["tracking.mlflow: MLflow is not installed (pip install 'freezesweep[mlflow]')"]
+    return []
 
 
 def select_metrics(spec: SweepSpec) -> dict[str, str]:

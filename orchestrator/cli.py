@@ -330,6 +330,30 @@ def compact(sweep: str, store: StoreOpt = None) -> None:
                   highlight=False)
 
 
+export_app = typer.Typer(no_args_is_help=True, help="A sweep's rows to another tool.")
+app.add_typer(export_app, name="export")
+
+
+@export_app.command("mlflow")
+def export_mlflow(
+    sweep: str, store: StoreOpt = None,
+    tracking_uri: Annotated[Optional[str], typer.Option(help="MLflow tracking URI (default: MLflow's own, "
+                                                              "MLFLOW_TRACKING_URI)")] = None,
+    experiment: Annotated[Optional[str], typer.Option(help="MLflow experiment (default: the sweep's name)")] = None,
+) -> None:
+    """Every row of a sweep as an MLflow run: axes and protocol as params, best and final metrics, the evaluation
+    curve as stepped metrics, status/node/precision as tags. Run again: adds only rows MLflow lacks."""
+    with _reading(sweep):
+        try:
+            done = api.export_mlflow(sweep, store=store, tracking_uri=tracking_uri, experiment=experiment)
+        except ImportError as exc:
+            _fail(f"MLflow is not installed ({exc}): pip install 'freezesweep[mlflow]'")
+        except Exception as exc:  # the server unreachable or refusing: said plainly, no traceback
+            _fail(f"MLflow export to {tracking_uri or 'the default tracking URI'} failed: {type(exc).__name__}: {exc}")
+    console.print(f"sweep {sweep}: {done.added} run(s) added, {done.replaced} replaced by a newer row, "
+                  f"{done.unchanged} already in MLflow (experiment id {done.experiment_id})", highlight=False)
+
+
 def main() -> None:  # python -m freezesweep.orchestrator.cli
     app()
 

@@ -185,7 +185,8 @@ def run(sweep: ResolvedSweep, session: RaySession, show_progress: bool = True,
         if notice:
             print(f"warning: {notice}", file=sys.stderr)
         writer = RowWriter(sweep.name, sink, done | recovered,
-                           SweepProgress(total=total, done=len(done | recovered), enabled=show_progress))
+                           SweepProgress(total=total, done=len(done | recovered), enabled=show_progress),
+                           on_row=row_tracker(sweep))
         retried = run_rounds(Launch(sweep, storage, writer, lock.raise_if_lost, faults, trainable), pending)
         flush_or_fail(sink)
     return LaunchSummary(total, len(done), len(writer.outcomes), writer.ok, writer.failed, writer.diverged,
@@ -317,11 +318,23 @@ def flush_or_fail(sink: SpoolingWriter, announce: bool = False) -> None:
         )
 
 
-class RowWriter:
-    """Driver-side sink of trial outcomes: one row per cell, final rows (ok, diverged) kept for good."""
+def row_tracker(sweep: ResolvedSweep) -> Callable[[dict], None] | None:
+    """The spec's opt-in tracker (``tracking: {mlflow: URI}``): each row logged as it lands."""
+    tracking = sweep.spec.tracking
+    if not tracking.mlflow:
+        return None
+    from freezesweep.results.mlflow_export import LiveTracker
 
-    def __init__(self, sweep: str, sink: SpoolingWriter, final_ids: set[str], progress: SweepProgress):
-        self.sweep, self.sink, self.progress = sweep, sink, progress
+    return LiveTracker(tracking.mlflow, tracking.experiment or sweep.name, sweep.name)
+
+
+class RowWriter:
+    """Driver-side sink of trial outcomes: one row per cell, final rows (ok, diverged) kept for good.
+    ``on_row``: called with each row written (the spec's tracker; it never raises)."""
+
+    def __init__(self, sweep: str, sink: SpoolingWriter, final_ids: set[str], progress: SweepProgress,
+                 on_row: Callable[[dict], None] | None = None):
+        self.sweep, self.sink, self.progress, self.on_row = sweep, sink, progress, on_row
         self.final_ids = set(final_ids)
         self.outcomes: dict[str, str] = {}  # trial_id -> status of the row this launch wrote last
         self.planned: set[str] = set()  # the cells this launch set out to run
@@ -344,7 +357,10 @@ class RowWriter:
     def write(self, result: TrialResult, attempts: int, oom_retry: bool = False) -> None:
         if result.trial_id in self.final_ids:
             return  # a final row is never overwritten
-        self.sink.write_row(result_row(self.sweep, result, attempts=attempts, oom_retry=oom_retry))
+        row = result_row(self.sweep, result, attempts=attempts, oom_retry=oom_retry)
+        self.sink.write_row(row)
+        if self.on_row is not None:
+            self.on_row(row)
         replaced = self.outcomes.get(result.trial_id)  # a retry's row replaces this launch's oom row
         self.outcomes[result.trial_id] = result.status
         if result.status in FINAL_STATUSES:

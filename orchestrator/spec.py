@@ -162,6 +162,13 @@ class ResourcesSpec(_Strict):
         return value
 
 
+class TrackingSpec(_Strict):
+    mlflow: str | None = Field(None, description="an MLflow tracking URI: the launch logs each row as a run as it "
+                               "lands (needs the extra: pip install 'freezesweep[mlflow]'); a tracking failure "
+                               "never fails the sweep")
+    experiment: str | None = Field(None, description="the MLflow experiment (default: the sweep's name)")
+
+
 # Smallest allowed value of each integer axis, and the rule as the error states it.
 _AXIS_MINIMA = {
     "train_sizes": (1, "train sizes must be positive"),
@@ -205,6 +212,7 @@ class SweepSpec(_Strict):
         "(checked on every node before the first trial); auto = ship on a cluster (orchestrator/local_files.py)")
     store: str = DEFAULT_STORE
     address: str | None = None
+    tracking: TrackingSpec = TrackingSpec()
 
     _check_unique = field_validator("datasets", "train_sizes", "methods", "frozen_layers", "lora_ranks", "seeds")(_unique)
 

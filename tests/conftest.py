@@ -232,6 +232,42 @@ def s3(monkeypatch):
 
 
 
+# --- a real MLflow tracking server (sqlite backend) on a free loopback port, for the session ----------
+@pytest.fixture(scope="session")
+def mlflow_server(tmp_path_factory):
+    """The server's tracking URI, once its health endpoint answers (a bounded wait, never a fixed sleep)."""
+    import subprocess
+    import sys
+    import time
+    import urllib.request
+
+    pytest.importorskip("mlflow")
+    folder, port = tmp_path_factory.mktemp("mlflow"), free_port()
+    server = subprocess.Popen([sys.executable, "-m", "mlflow", "server", "--backend-store-uri",
+                               f"sqlite:///{folder / 'mlflow.db'}", "--default-artifact-root", str(folder / "artifacts"),
+                               "--host", "127.0.0.1", "--port", str(port), "--workers", "1"],
+                              stdout=subprocess.DEVNULL, stderr=open(folder / "server.log", "w"),
+                              start_new_session=True)  # its own group: the server's workers end with it
+    uri, deadline = f"http://127.0.0.1:{port}", time.monotonic() + 180
+    try:
+        while True:
+            try:
+                with urllib.request.urlopen(f"{uri}/health", timeout=5) as answer:
+                    if answer.status == 200:
+                        break
+            except OSError:
+                if server.poll() is not None or time.monotonic() > deadline:
+                    pytest.fail(f"the MLflow server did not start: {(folder / 'server.log').read_text()[-3000:]}")
+                time.sleep(0.5)  # the poll's interval, not a wait standing in for readiness
+        yield uri
+    finally:
+        import os
+        import signal
+
+        os.killpg(server.pid, signal.SIGKILL)  # a throwaway sqlite database: no graceful shutdown to wait for
+        server.wait(timeout=60)
+
+
 # --- a sweep's stored rows, however they are laid out (single-row files or compacted parts) ---------
 def count_rows(results_dir: Path) -> int:
     """Rows in a results folder now (files a compaction moves away meanwhile are skipped)."""

@@ -107,3 +107,25 @@ def test_plan_of_a_settle_sweep_names_its_next_round(write_spec):
     together = write_spec("together", seeds=[], frozen_layers=[0, 1, 2],
                           settle={"initial_seeds": 3, "max_seeds": 6, "learned_first": False})
     assert "the next round runs 18\n" in runner.invoke(app, ["plan", str(together)]).stdout
+
+
+def test_status_on_many_single_row_files_says_to_compact(write_spec, tmp_path, monkeypatch):
+    from freezesweep.orchestrator.rows import result_row
+    from freezesweep.results import store as store_module
+    from freezesweep.trials.config import TrialResult
+
+    monkeypatch.setattr(store_module, "COMPACT_ADVICE_FILES", 2)
+    sweep = resolve_here(load_spec(write_spec("many")))
+    store = store_module.ResultStore(str(tmp_path / "store"), "many")
+    store.write_spec(sweep.spec.to_yaml())
+    cells = build_grid(sweep)
+    for cell in cells[:3]:
+        store.write_row(result_row("many", TrialResult(trial_id=cell.trial_id, config=cell, status="ok")))
+    store.write_row(result_row("many", TrialResult(trial_id=cells[3].trial_id, config=cells[3], status="failed")))
+    args = ["status", "many", "--store", str(tmp_path / "store")]
+    done = runner.invoke(app, args)
+    assert done.exit_code == 0, done.output
+    assert "note: 3 final rows are in single-row files" in done.stderr
+    assert f"`freezesweep compact many --store {tmp_path / 'store'}`" in done.stderr.replace("\n", "")
+    assert runner.invoke(app, ["compact", *args[1:]]).exit_code == 0
+    assert "compact" not in runner.invoke(app, args).stderr  # the failed row's file alone: nothing to compact

@@ -7,7 +7,10 @@ import duckdb
 import pandas as pd
 import polars as pl
 import pyarrow.dataset as ds
+import pyarrow.parquet as pq
 import pytest
+
+from freezesweep.results import store as store_module
 
 from freezesweep.orchestrator.rows import result_row
 from freezesweep.results.query import read_rows, sql
@@ -80,6 +83,28 @@ def test_a_store_from_before_compaction_is_read_and_compacted(tmp_path):
     assert store.compact() == 40
     assert [p.name[:5] for p in (tmp_path / "s" / "results").iterdir()] == ["part-"]
     assert len(read_rows(store)) == 40 and store.ok_ids() == {_result(s).trial_id for s in range(40)}
+
+
+def test_many_single_row_files_are_read_and_compacted_a_batch_at_a_time(tmp_path, monkeypatch):
+    """Memory holds one batch of files, not the store (a dataset over 20,000 files held every footer):
+    readers get the rows batch by batch, and compact writes its part one row group per batch."""
+    monkeypatch.setattr(store_module, "FILES_PER_BATCH", 4)
+    store = _filled(tmp_path, ok=10, failed=2)
+    whole = ds.dataset(str(tmp_path / "s" / "results")).to_table().to_pandas()
+    batches = list(store.read_batches(store.row_files(), ["trial_id", "status"]))
+    assert [len(files) for files, _ in batches] == [4, 4, 4]
+    before = store.read().sort_values("trial_id", ignore_index=True)
+    pd.testing.assert_frame_equal(before, whole.sort_values("trial_id", ignore_index=True), check_dtype=False)
+    query = "SELECT count(*) AS n, sum(best_val_accuracy) AS total FROM results"
+    total = before["best_val_accuracy"].sum()
+    assert sql(store, query).to_dict("records") == [{"n": 12, "total": pytest.approx(total)}]
+    assert store.compact() == 10
+    [part] = (tmp_path / "s" / "results").glob("part-*.parquet")
+    assert pq.ParquetFile(part).metadata.num_row_groups == 3  # every batch holds final rows
+    pd.testing.assert_frame_equal(store.read().sort_values("trial_id", ignore_index=True), before)
+    for seed in range(12, 17):  # more rows than a batch beside the part: the part's dataset and these rows
+        store.write_row(result_row("s", _result(seed, acc=0.6)))
+    assert sql(store, query).to_dict("records") == [{"n": 17, "total": pytest.approx(total + 3)}]
 
 
 def test_a_damaged_row_file_costs_only_its_row(tmp_path):

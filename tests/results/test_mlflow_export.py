@@ -1,0 +1,150 @@
+"""A sweep's rows in MLflow, against a real tracking server on loopback (sqlite backend), read back with
+MLflow's own client: ``freezesweep export mlflow`` (idempotent; new and replaced rows added) and a
+launch's live tracking through the row writer, whose failures never fail the sweep."""
+
+import pytest
+from dataclasses import replace
+
+from typer.testing import CliRunner
+
+from freezesweep.orchestrator.checks import load_spec
+from freezesweep.orchestrator.cli import app
+from freezesweep.orchestrator.launch import RowWriter
+from freezesweep.orchestrator.progress import SweepProgress
+from freezesweep.orchestrator.rows import result_row
+from freezesweep.orchestrator.sweeps import resolve_here
+from freezesweep.results.store import ResultStore, SpoolingWriter
+from tests.results.test_store import _result as _plain_result
+
+mlflow = pytest.importorskip("mlflow")
+from mlflow.tracking import MlflowClient  # noqa: E402
+
+runner = CliRunner()
+# The server's start (its database migrations, on 2 busy cores up to a minute) makes these slow.
+with_server = pytest.mark.slow
+
+
+def _result(seed=0, status="ok", acc=0.8):
+    """A row as a trial on a host returns it: the precision it ran in, the node it ran on."""
+    return replace(_plain_result(seed, status, acc), precision="fp32", placement={"hostname": "node-a"})
+
+
+def _runs(uri: str, experiment: str) -> dict[str, object]:
+    """trial_id → run, as MLflow's own client reads them back."""
+    client = MlflowClient(tracking_uri=uri)
+    found = client.get_experiment_by_name(experiment)
+    runs = client.search_runs([found.experiment_id], max_results=1000) if found else []
+    return {run.data.tags["freezesweep.trial_id"]: run for run in runs}
+
+
+def _stored_sweep(write_spec, tmp_path, name: str) -> ResultStore:
+    """A stored sweep (its spec, as a launch stores it) holding three ok rows and one failed row."""
+    store = ResultStore(str(tmp_path / "store"), name)
+    store.write_spec(resolve_here(load_spec(write_spec(name))).spec.to_yaml())
+    for seed in range(3):
+        store.write_row(result_row(name, _result(seed, acc=0.7 + seed / 10)))
+    store.write_row(result_row(name, _result(3, status="failed")))
+    return store
+
+
+@with_server
+def test_export_writes_each_row_as_a_run_and_adds_only_what_is_new(mlflow_server, write_spec, tmp_path):
+    store = _stored_sweep(write_spec, tmp_path, "exported")
+    args = ["export", "mlflow", "exported", "--store", str(tmp_path / "store"), "--tracking-uri", mlflow_server,
+            "--experiment", "freeze-study"]
+    done = runner.invoke(app, args)
+    assert done.exit_code == 0, done.output
+    assert "4 run(s) added, 0 replaced by a newer row" in done.stdout
+    runs = _runs(mlflow_server, "freeze-study")
+    assert set(runs) == {_result(seed).trial_id for seed in range(4)}
+
+    run = runs[_result(1).trial_id]  # accuracy 0.8 at step 4, 0.7 at step 2
+    assert run.data.params["dataset"] == "glue/sst2" and run.data.params["train_size"] == "50"
+    assert run.data.params["frozen_layers"] == "2" and run.data.params["seed"] == "1"
+    assert run.data.params["precision"] == "fp32" and "learning_rate" in run.data.params  # the protocol
+    assert run.data.metrics["best_val_accuracy"] == pytest.approx(0.8)
+    assert run.data.metrics["final_val_accuracy"] == pytest.approx(0.8)
+    assert (run.data.tags["status"], run.data.tags["precision"], run.data.tags["node"]) == ("ok", "fp32", "node-a")
+    assert run.info.status == "FINISHED" and runs[_result(3).trial_id].info.status == "FAILED"
+    curve = MlflowClient(tracking_uri=mlflow_server).get_metric_history(run.info.run_id, "eval_accuracy")
+    assert [(m.step, round(m.value, 6)) for m in sorted(curve, key=lambda m: m.step)] == [(2, 0.7), (4, 0.8)]
+    losses = MlflowClient(tracking_uri=mlflow_server).get_metric_history(run.info.run_id, "train_loss")
+    assert sorted((m.step, m.value) for m in losses) == [(2, 0.7), (4, 0.6)]
+
+    again = runner.invoke(app, args)
+    assert "0 run(s) added, 0 replaced by a newer row, 4 already in MLflow" in again.stdout
+    assert {t: r.info.run_id for t, r in _runs(mlflow_server, "freeze-study").items()} == \
+        {t: r.info.run_id for t, r in runs.items()}  # the same runs, nothing added
+
+    store.write_row(result_row("exported", _result(3)))  # the failed cell's retry: ok now
+    store.write_row(result_row("exported", _result(4)))  # a new cell
+    third = runner.invoke(app, args)
+    assert "1 run(s) added, 1 replaced by a newer row, 3 already in MLflow" in third.stdout
+    after = _runs(mlflow_server, "freeze-study")
+    assert len(after) == 5 and after[_result(3).trial_id].data.tags["status"] == "ok"
+
+
+@with_server
+def test_live_tracking_logs_each_row_as_it_lands_and_a_dead_server_never_fails_the_sweep(
+        mlflow_server, tmp_path, capsys, monkeypatch):
+    from freezesweep.orchestrator.launch import row_tracker
+
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")  # the dead server below: fail at once, not in minutes
+
+    store = ResultStore(str(tmp_path / "store"), "live")
+    sweep = _tracked_sweep(mlflow_server, "live")
+    writer = RowWriter("live", SpoolingWriter(store, str(tmp_path / "spool")), set(),
+                       SweepProgress(total=3, done=0, enabled=False), on_row=row_tracker(sweep))
+    writer.write(_result(0), 1)
+    assert set(_runs(mlflow_server, "live")) == {_result(0).trial_id}  # logged as it landed
+    writer.write(_result(1, status="failed"), 2)
+    writer.write(_result(1), 1)  # the retry's row replaces the failed cell's run
+    runs = _runs(mlflow_server, "live")
+    assert len(runs) == 2 and runs[_result(1).trial_id].data.tags["status"] == "ok"
+
+    dead = RowWriter("dead", SpoolingWriter(ResultStore(str(tmp_path / "store"), "dead"), str(tmp_path / "spool2")),
+                     set(), SweepProgress(total=2, done=0, enabled=False),
+                     on_row=row_tracker(_tracked_sweep("http://127.0.0.1:9", "dead")))  # nothing listens there
+    for seed in range(2):
+        dead.write(_result(seed), 1)
+    assert dead.ok == 2 and len(ResultStore(str(tmp_path / "store"), "dead").statuses()) == 2  # rows all stored
+    assert capsys.readouterr().err.count("warning: MLflow tracking at http://127.0.0.1:9 stopped") == 1
+
+
+def _tracked_sweep(uri: str, name: str):
+    """The little of a resolved sweep ``row_tracker`` reads: its name and the spec's tracking."""
+    from types import SimpleNamespace
+
+    from freezesweep.orchestrator.spec import TrackingSpec
+
+    return SimpleNamespace(name=name, spec=SimpleNamespace(tracking=TrackingSpec(mlflow=uri)))
+
+
+def test_a_spec_asking_for_mlflow_without_it_installed_is_refused_before_anything_runs(write_spec, monkeypatch):
+    import importlib.util
+
+    from freezesweep.orchestrator.spec import SpecError
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "mlflow" else real(name, *a))
+    with pytest.raises(SpecError, match=r"tracking.mlflow: MLflow is not installed"):
+        load_spec(write_spec("tracked", tracking={"mlflow": "http://127.0.0.1:5000"}))
+
+
+@with_server
+def test_a_launch_with_tracking_in_its_spec_logs_every_row(mlflow_server, write_spec, tmp_path):
+    """The spec's opt-in, end to end: a real launch (Ray, the tiny model) and its rows as runs."""
+    import ray
+
+    from freezesweep.orchestrator.launch import launch
+
+    spec = load_spec(write_spec("tracked", tracking={"mlflow": mlflow_server, "experiment": "tracked-live"}))
+    try:
+        summary = launch(spec, show_progress=False)
+    finally:
+        ray.shutdown()
+    stored = ResultStore(spec.store, "tracked").statuses()
+    runs = _runs(mlflow_server, "tracked-live")
+    assert summary.ok == 4 and set(runs) == set(stored)
+    assert {run.data.tags["status"] for run in runs.values()} == {"ok"}
+    assert all("eval_accuracy" in run.data.metrics and "best_val_score" in run.data.metrics for run in runs.values())
