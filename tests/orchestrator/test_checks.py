@@ -11,6 +11,7 @@ from freezesweep.orchestrator.plan import build_grid
 from freezesweep.orchestrator.sweeps import resolve_here
 from freezesweep.orchestrator.checks import load_spec, validate
 from freezesweep.orchestrator.spec import SpecError
+from freezesweep.results.store import ResultStore
 
 
 def _problems(path) -> list[str]:
@@ -360,3 +361,16 @@ def test_dropped_empty_texts_are_counted_when_the_spec_says_drop(write_spec, tmp
     spec = load_spec(write_spec(datasets=[str(folder)], training={"empty_texts": "drop"}))
     assert data_notes(spec) == [f"{folder}: dropped 6 train and 6 validation row(s) with an empty or missing text "
                                 "(training.empty_texts: drop)"]
+
+
+def test_a_settle_sweeps_question_and_budget_are_refused_once_it_has_rows(write_spec):
+    """Before: a grown max_seeds or a new tolerance on a settle sweep with rows was accepted silently (the
+    stored spec rewritten; the intervals then shared by looks the old ones were not paid for)."""
+    settle = {"tolerance": 0.01, "initial_seeds": 3, "max_seeds": 5, "seeds_per_round": 2}
+    raw = yaml.safe_load(write_spec("asked", seeds=[], settle=settle).read_text())
+    ResultStore(raw["store"], "asked").write_spec(yaml.safe_dump(raw))  # as a launch stores it
+    problems = _problems(write_spec("asked", seeds=[], settle={**settle, "max_seeds": 9, "tolerance": 0.5}))
+    assert [p.split(":")[0] for p in problems] == ["settle.tolerance", "settle.max_seeds"]
+    assert "voids the confidence" in problems[0] and "4 looks where the stored rows' confidence was shared by 2" \
+        in problems[1]
+    load_spec(write_spec("asked", seeds=[], settle={**settle, "learned_first": False}))  # the order: accepted
