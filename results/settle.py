@@ -48,6 +48,7 @@ advice where nothing is learned.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import math
 from collections.abc import Collection, Mapping
@@ -256,6 +257,26 @@ def _quality(diffs: np.ndarray, low: float, high: float, learned: bool, toleranc
         return (NOTHING_LEARNED if learned else WORSE), ("its gain when it trains is below the tolerance"
                                                          if learned else "")
     return UNDECIDED, "the bounds straddle the boundary"
+
+
+def seeds_to_decide(c: Comparison, rule: SettleRule, comparisons: int, most: int = 100) -> int | None:
+    """The smallest budget (max_seeds of a new sweep, its looks and claims paid anew) whose last look would
+    decide ``c`` if its mean, its spread and its share of trained seeds stayed as they are: what to ask
+    ``freezesweep plan`` to price. None: undecidable so (its mean on the boundary, too few pairs) or above ``most``."""
+    from scipy import stats
+
+    if c.pairs < 2 or math.isnan(c.low) or c.seeds == 0:
+        return None
+    spread = (c.mean - c.low) / stats.t.ppf(1 - rule.alphas(comparisons).quality, c.pairs - 1) * math.sqrt(c.pairs)
+    gap = abs(c.mean - (rule.tolerance if c.arm == "learned" else -rule.tolerance))
+    if spread <= 0 or gap == 0:
+        return None
+    for budget in range(max(rule.max_seeds, rule.initial_seeds) + 1, most + 1):
+        trained = budget * c.pairs / c.seeds
+        alpha = dataclasses.replace(rule, max_seeds=budget).alphas(comparisons).quality
+        if trained >= 2 and stats.t.ppf(1 - alpha, trained - 1) * spread / math.sqrt(trained) < gap:
+            return budget
+    return None
 
 
 def variant_label(method: str, frozen_layers, lora_rank) -> str:
