@@ -247,7 +247,7 @@ def plan(spec_path: Annotated[Path, typer.Argument(metavar="SPEC", help="sweep s
     cells = build_grid(sweep)
     result_store = ResultStore(spec.store, spec.name)
     rows = result_store.read_table(columns=["trial_id", "status", "wall_time_s", "best_val_score",
-                                            "baseline_score"]).to_pandas()
+                                            "baseline_score", "collapsed"]).to_pandas()
     statuses = dict(zip(rows["trial_id"], rows["status"]))
     pending = [c for c in cells if statuses.get(c.trial_id) not in FINAL_STATUSES]
     if spec.settle:  # settle mode runs what the rows call for, round by round: the next one is known
@@ -372,7 +372,8 @@ def _counted_cells(resolved, result_store) -> list:
     cells = build_grid(resolved)
     if resolved.spec.settle is None:
         return cells
-    rows = result_store.read_table(columns=["trial_id", "status", "best_val_score", "baseline_score"]).to_pandas()
+    rows = result_store.read_table(columns=["trial_id", "status", "best_val_score", "baseline_score",
+                                            "collapsed"]).to_pandas()
     return settle_scope(resolved, cells, rows)
 
 

@@ -182,7 +182,7 @@ def run(sweep: ResolvedSweep, session: RaySession, show_progress: bool = True,
                          oom_retried=retried, gpu_packing=sweep.gpu_packing)
 
 
-SETTLE_COLUMNS = ["trial_id", "status", "best_val_score", "baseline_score"]
+SETTLE_COLUMNS = ["trial_id", "status", "best_val_score", "baseline_score", "collapsed"]
 
 
 def next_cells(sweep: ResolvedSweep, store: ResultStore, done: set[str]) -> Iterable[TrialConfig]:

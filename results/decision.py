@@ -75,7 +75,8 @@ def _running(group: pd.DataFrame, ks: set[int] | None, seeds: set[int] | None) -
 def _arms(group: pd.DataFrame) -> pd.DataFrame:
     """A group's freeze rows as settle mode reads them: arm, seed, score, baseline_score, status."""
     return pd.DataFrame({"arm": [f"freeze k={int(k)}" for k in group["frozen_layers"]], "seed": group["seed"],
-                         "score": group[SCORE], "baseline_score": group[BASELINE], "status": group["status"]})
+                         "score": group[SCORE], "baseline_score": group[BASELINE], "status": group["status"],
+                         "collapsed": group["collapsed"] if "collapsed" in group else None})
 
 
 def _record(key: tuple, group: pd.DataFrame, decision: GroupDecision, rule: SettleRule, looks: int,
