@@ -409,16 +409,49 @@ def report(
         resolved, result_store = _open(name, store)
         settle = resolved.spec.settle  # its rule and every look it may have taken: the report's intervals too
         rule = settle.rule() if settle else None
-        if rule is not None and tolerance is not None:
-            rule = dataclasses.replace(rule, tolerance=tolerance)
+        if rule is not None and tolerance is not None and tolerance != rule.tolerance:
+            _fail(ValueError(f"sweep {name!r} is a settle sweep asked at tolerance {rule.tolerance:g}: its rounds "
+                             "stopped on that question, and a tolerance chosen after seeing the rows voids the confidence; "
+                             f"report it without --tolerance, or ask {tolerance:g} as a new settle sweep (a new name)"))
         inputs.append(SweepRows.from_store(result_store, status_table(_counted_cells(resolved, result_store),
                                                                       result_store.statuses()),
                                            _settle_family(resolved, rule)))
         _warn_unreadable(result_store)
     built = write_report(inputs, str(out), 0.01 if tolerance is None else tolerance)
-    for line in [*built.decisions["sentence"], *built.completeness]:
+    for line in [*built.decisions["sentence"], *built.completeness, *_budget_prices(built.decisions, sweeps, store)]:
         console.print(line, highlight=False, soft_wrap=True)
     console.print(f"report: {out / 'index.html'} (and report.md)")
+
+
+def _budget_prices(decisions, sweeps: list[str], store) -> list[str]:
+    """What deciding an open settle group would cost: a new sweep at the budget the report names, priced
+    as ``plan`` prices pending cells (the store's measured trial times; orchestrator/plan.py)."""
+    from freezesweep.orchestrator.plan import build_grid, estimate_work, work_key
+
+    lines = []
+    for name in sweeps:
+        resolved, result_store = _open(name, store)
+        asked = decisions[(decisions["sweep"] == name) & decisions["decided_at_seeds"].notna()]
+        if resolved.spec.settle is None or asked.empty:
+            continue
+        rows = result_store.read_table(columns=["trial_id", "status", "wall_time_s"]).to_pandas()
+        wall = dict(zip(rows.loc[rows["status"] == "ok", "trial_id"], rows.loc[rows["status"] == "ok", "wall_time_s"]))
+        measured: dict[tuple, list[float]] = {}
+        for cell in build_grid(resolved):
+            wall_s = wall.get(cell.trial_id)
+            if wall_s is not None and wall_s == wall_s:  # NaN: not measured
+                measured.setdefault(work_key(cell), []).append(float(wall_s))
+        for _, group in asked.iterrows():
+            budget = int(group["decided_at_seeds"])
+            settle = resolved.spec.settle.model_copy(update={"max_seeds": budget})
+            grown = dataclasses.replace(resolved, spec=resolved.spec.model_copy(update={"settle": settle}))
+            cells = [c for c in build_grid(grown) if (c.dataset, c.train_size) == (group["dataset"], group["train_size"])]
+            estimate = estimate_work(cells, measured)
+            cost = "" if estimate is None else f", about {estimate.trial_s / 3600:,.2f} trial-hours at the measured times"
+            lines.append(f"{group['dataset']}, n = {group['train_size']}: a new settle sweep with settle.max_seeds "
+                         f"{budget} runs at most {len(cells):,} trials for this size{cost} (`freezesweep plan` on "
+                         "its spec prices the whole sweep)")
+    return lines
 
 
 def _settle_family(resolved, rule):

@@ -48,6 +48,8 @@ def decide(rows: pd.DataFrame, retained: pd.DataFrame, costs: pd.DataFrame, tole
         rule, looks, comparisons = (rules or {}).get(key[0], (SettleRule(tolerance=tolerance), 1, None))
         decision = decide_group(_arms(group), rule, looks, comparisons)
         record = _record(key, group, decision, rule, looks, costs)
+        if key[0] in (rules or {}) and decision.advice is None:  # a settle sweep: what budget would decide it
+            record["decided_at_seeds"] = _budget_to_decide(decision, rule, looks)
         running = _running(group, (planned_ks or {}).get(key[0]), (planned_seeds or {}).get(key[0]))
         if key[0] not in (rules or {}) and running:
             records.append({**{c: record[c] for c in (*GROUP, "metric", "baseline_seeds", "confidence", "looks")},
@@ -89,7 +91,6 @@ def _record(key: tuple, group: pd.DataFrame, decision: GroupDecision, rule: Sett
                      for name, state in (("within", WITHIN), ("worse", WORSE), ("undecided", UNDECIDED))})
     chosen = next((c for c in decision.arms if c.arm == decision.advice), None)
     if chosen is None:
-        record["decided_at_seeds"] = _budget_to_decide(decision, rule, looks)
         return record
     k = int(chosen.arm.split("=")[1])
     # the sentence pairs paired numbers only: both means over the seeds where both trained
@@ -105,7 +106,7 @@ def _record(key: tuple, group: pd.DataFrame, decision: GroupDecision, rule: Sett
 def _budget_to_decide(decision: GroupDecision, rule: SettleRule, looks: int) -> int | None:
     """The seeds per arm that would decide what is open, if the means and spreads stay as they are
     (None: no such budget up to 100 seeds, or nothing open)."""
-    if looks <= 1 or decision.learned.decision == NOTHING_LEARNED:
+    if decision.learned.decision == NOTHING_LEARNED:
         return None
     open_ones = [decision.learned] if decision.learned.decision != LEARNED else \
         [c for c in decision.arms if c.decision == UNDECIDED]
