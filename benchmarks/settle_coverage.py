@@ -5,8 +5,9 @@ baseline); each group is run through settle mode's rounds (results/settle.py: de
 it is answered or its budget is spent, and the same draws are decided by fixed grids. Counted per group:
 
 - wrong: any claim the truth contradicts, in the claim's own words (family-wise); the nominal bound is
-  1 − confidence. Today's rule claims means; the rule with collapses claims quality when a seed trains
-  (the mean paired difference of trained seeds) and bounds each arm's collapse rate;
+  1 − confidence. Today's rule claims means; the rule with collapses claims "within" and "learned" when a
+  seed trains (the mean paired difference of trained seeds), "worse" in mean over every seed, and bounds
+  each arm's collapse rate;
 - false within: an arm said within the tolerance that is not (in the rule's own words); "within, mean
   worse": said within while its mean with collapses is below −tolerance (what "when it trains" excludes,
   and the collapse count says);
@@ -193,8 +194,8 @@ def judge(decision, truth: Truth, tolerance: float) -> dict:
         if c.decision == current.WITHIN:
             false_within |= diffs[c.arm] < -tolerance
             mean_worse |= truth.mean_diff[c.arm] < -tolerance
-        elif c.decision == current.WORSE:
-            wrong |= diffs[c.arm] >= -tolerance
+        elif c.decision == current.WORSE:  # with collapses: over every seed (the rule's words)
+            wrong |= truth.mean_diff[c.arm] >= -tolerance
         if stable and c.seeds:
             wrong |= truth.collapse[c.arm] > c.collapse_upper
     if stable and learned.seeds:

@@ -26,7 +26,12 @@ other (they share the k = 0 runs) or on the looks' spacing. Of the error α = 1 
 (L: the most looks the budget allows, ``SettleRule.looks``; m: the group's comparisons, every arm of the
 grid whether or not it has run yet, and full fine-tuning against the baseline):
 
-- QUALITY_SHARE · α / (L · m) to each quality bound (one-sided: more than the two-sided α / (2 L m) before);
+- QUALITY_SHARE · α / (L · m) to each quality bound: "within" (the lower bound, on trained pairs), and for
+  full fine-tuning "learned" and "nothing learned" (its gain's two bounds: at most one can be wrong);
+- WORSE_SHARE · α / (L · m) to each arm's "worse": the upper bound of its mean paired difference over every
+  seed looked at, collapses at their scores (an arm that mostly collapses is worse, though its trained
+  pairs are too few to say how it does when it trains; left-skewed differences make this upper bound
+  conservative, not liberal);
 - STABILITY_SHARE · α / (L · m) to each collapse upper bound;
 - NOTHING_SHARE · α / L to full fine-tuning's collapse lower bound (nothing learned: it collapses on
   most seeds; one claim, so 10 of 10 seeds at the baseline settle it within a budget of 10).
@@ -64,7 +69,7 @@ LEARNED, NOTHING_LEARNED = "learned", "nothing learned"
 COLUMNS = ["arm", "seed", "score", "baseline_score", "status", "collapsed"]  # collapsed: optional (derived)
 FINAL = ("ok", "diverged")  # a seed with one of these is looked at; others (failed, oom) run again
 COLLAPSE_ATOL = 1e-9  # a score this near its constant baseline is the constant predictor's
-QUALITY_SHARE, STABILITY_SHARE, NOTHING_SHARE = 0.6, 0.2, 0.2  # of α: see the module's docstring
+QUALITY_SHARE, WORSE_SHARE, STABILITY_SHARE, NOTHING_SHARE = 0.5, 0.2, 0.15, 0.15  # of α: see the docstring
 
 
 @dataclass(frozen=True)
@@ -90,13 +95,14 @@ class SettleRule:
     def alphas(self, comparisons: int, looks: int | None = None) -> "Alphas":
         """Each one-sided claim's error at each look: α shared by every look and every claim."""
         alpha, looks = 1 - self.confidence, looks or self.looks
-        return Alphas(QUALITY_SHARE * alpha / (looks * comparisons), STABILITY_SHARE * alpha / (looks * comparisons),
-                      NOTHING_SHARE * alpha / looks)
+        each = alpha / (looks * comparisons)
+        return Alphas(QUALITY_SHARE * each, WORSE_SHARE * each, STABILITY_SHARE * each, NOTHING_SHARE * alpha / looks)
 
 
 @dataclass(frozen=True)
 class Alphas:
     quality: float  # each quality bound's (one-sided)
+    worse: float  # each arm's "worse" bound's (over every seed looked at)
     stability: float  # each collapse upper bound's
     nothing: float  # full fine-tuning's collapse lower bound's
 
@@ -120,6 +126,8 @@ class Comparison:
     collapse_lower: float = math.nan  # the lower one (full fine-tuning's only: nothing learned)
     score: float = math.nan  # the arm's mean score over the trained pairs (full fine-tuning: over its trained seeds)
     reference: float = math.nan  # full fine-tuning's over the same pairs (the baseline's, for "learned")
+    mean_all: float = math.nan  # the mean paired difference over every seed looked at, collapses included
+    high_all: float = math.nan  # its upper bound ("worse" when below −tolerance)
 
     def nearness(self, tolerance: float) -> float:
         """How near deciding it is: its mean's distance from the boundary (−tolerance) in half-widths of
@@ -177,6 +185,8 @@ def decide(group: pd.DataFrame, rule: SettleRule, looks: int | None = None, comp
     final = group[group["status"].isin(FINAL)]
     trained = final[(final["status"] == "ok") & ~_collapsed(final)]
     scores = trained.pivot(index="seed", columns="arm", values="score") if len(trained) else pd.DataFrame()
+    as_scored = final.assign(score=final["score"].where(final["status"] == "ok", final["baseline_score"]))  # diverged: no better
+    every = as_scored.pivot(index="seed", columns="arm", values="score") if len(final) else pd.DataFrame()
     seen = {arm: set(s) for arm, s in final.groupby("arm")["seed"]} if len(final) else {}
     arms = [a for a in seen if a != FULL]
     looks = looks or rule.looks
@@ -184,8 +194,8 @@ def decide(group: pd.DataFrame, rule: SettleRule, looks: int | None = None, comp
     schedule = rule.schedule if looks > 1 else None  # a fixed grid is read once, whole
     baseline = final.groupby("seed")["baseline_score"].first()
     learned = _learned(_looked(seen.get(FULL, set()), schedule), scores, baseline, alphas, rule.tolerance)
-    compared = tuple(_arm(arm, _looked(seen[arm] & seen.get(FULL, set()), schedule), scores, alphas, rule.tolerance)
-                     for arm in sorted(arms))
+    compared = tuple(_arm(arm, _looked(seen[arm] & seen.get(FULL, set()), schedule), scores, every, alphas,
+                          rule.tolerance) for arm in sorted(arms))
     within = [c.arm for c in compared if c.decision == WITHIN and c.arm.startswith("freeze")]
     advice = max(within, key=_depth) if within and learned.decision == LEARNED else None
     return GroupDecision(learned, compared, len(seen.get(FULL, ())), advice, excluded, alphas)
@@ -226,16 +236,23 @@ def _learned(seeds: list[int], scores: pd.DataFrame, baseline: pd.Series, alphas
     return Comparison("learned", len(diffs), mean, low, high, decision, why, **facts)
 
 
-def _arm(arm: str, seeds: list[int], scores: pd.DataFrame, alphas: Alphas, tolerance: float) -> Comparison:
+def _arm(arm: str, seeds: list[int], scores: pd.DataFrame, every: pd.DataFrame, alphas: Alphas, tolerance: float
+         ) -> Comparison:
     mine = scores[arm].reindex(seeds) if arm in scores else pd.Series(math.nan, index=seeds)
     full = scores[FULL].reindex(seeds) if FULL in scores else pd.Series(math.nan, index=seeds)
     both = mine.notna() & full.notna()
     diffs = (mine[both] - full[both]).to_numpy()
     _, upper = collapse_bounds(int(mine.isna().sum()), len(seeds), alphas.stability)
     mean, low, high = _bounds(diffs, alphas.quality)
+    all_diffs = (every[arm].reindex(seeds) - every[FULL].reindex(seeds)).dropna().to_numpy() if FULL in every \
+        else np.array([])
+    mean_all, low_all, high_all = _bounds(all_diffs, alphas.worse)
     decision, why = _quality(diffs, low, high, learned=False, tolerance=tolerance)
+    if decision != WITHIN:  # worse: over every seed looked at, collapses included
+        worse, _ = _quality(all_diffs, low_all, high_all, learned=False, tolerance=tolerance)
+        decision, why = (WORSE, "") if worse == WORSE else (UNDECIDED, why)
     return Comparison(arm, len(diffs), mean, low, high, decision, why, seeds=len(seeds),
-                      collapsed=int(mine.isna().sum()), collapse_upper=upper,
+                      collapsed=int(mine.isna().sum()), collapse_upper=upper, mean_all=mean_all, high_all=high_all,
                       score=float(mine[both].mean()) if both.any() else math.nan,
                       reference=float(full[both].mean()) if both.any() else math.nan)
 
