@@ -1,137 +1,286 @@
-"""Settle mode's intervals under its own stopping, on results drawn like the reference study's.
+"""Settle mode's wrong decisions under its own stopping, on seeds drawn the way fine-tuning's fall.
 
-For each (dataset, train size) group of the reference study (benchmarks/reference/roberta_base_blog.csv:
-per-cell mean and spread of best accuracy over 5 seeds, roberta-base on SST-2 and CoLA), per-seed scores
-are drawn with those means and spreads, paired across frozen depths with correlation --rho (a seed's
-luck shared by every depth: the same head init and batch order), and run through settle mode's rounds
-(results/settle.py) until the group is answered (nothing learned; or learned, every arm decided) or the
-budget is spent. Printed:
+Each scenario is a family of groups (one full fine-tuning arm, its frozen arms and the constant
+baseline); each group is run through settle mode's rounds (results/settle.py: decide / next_round) until
+it is answered or its budget is spent, and the same draws are decided by fixed grids. Counted per group:
 
-- coverage: how often every interval of a group at its stop holds the true difference (arm − full
-  fine-tuning, and full fine-tuning − the majority baseline) at once, against the nominal level;
-- trials: settle mode's against the fixed grid at --max-seeds for every arm, and how often the fixed
-  grid (its intervals taken once) reaches the same decisions (whether anything is learned; and where it
-  is, each arm's decision).
+- wrong: any claim the truth contradicts, in the claim's own words (family-wise); the nominal bound is
+  1 − confidence. Today's rule claims means; the rule with collapses claims "within" and "learned" when a
+  seed trains (the mean paired difference of trained seeds), "worse" in mean over every seed, and bounds
+  each arm's collapse rate;
+- false within: an arm said within the tolerance that is not (in the rule's own words); "within, mean
+  worse": said within while its mean with collapses is below −tolerance (what "when it trains" excludes,
+  and the collapse count says);
+- answered: nothing learned, or learned with every arm decided; trials: the share of the budget's grid.
 
---draws normal | skewed | clipped: normal draws; a right-skewed (gamma) luck of the same spread; normal
-draws clipped to the majority baseline below (a run that learns nothing stays at the majority class).
+Scenarios (--scenarios, default all):
+  reference    five values per reference cell (benchmarks/reference/roberta_base_blog.csv) matching its
+               min, median, max, mean and std, resampled per seed, paired across depths (--rho: a seed's
+               draw shared by every depth); a value at the majority baseline is a collapse
+  normal       normal draws with each reference cell's mean and spread
+  collapse     the same, each seed of every arm falling to the baseline with probability --collapse-p
+  collapse-6   6 arms 0.01 above full fine-tuning when they train, each seed collapsing 0.3 to the
+               baseline with probability 0.1 (mean: 0.02 below)
+  ties         every trial the constant predictor (every score exactly the baseline)
+  boundary-6   6 arms exactly at −tolerance in mean (normal), full fine-tuning far above the baseline
+  boundary-24  the same with 24 arms
+  nothing-0    full fine-tuning's gain exactly 0 in mean (normal), 6 arms
+  nothing-tol  full fine-tuning's gain exactly the tolerance, 6 arms
 
-    python benchmarks/settle_coverage.py [--rho 0.5] [--simulations 200] [--max-seeds 10] [--tolerance 0.01]
+Rules: settle mode (this checkout's), and with --before REV today's rule (results/settle.py at git REV)
+the same way; fixed grids of the budget's seeds and of settle mode's trials (rounded to whole seeds per
+arm), each decided once by the same rule.
+
+    python benchmarks/settle_coverage.py [--simulations 200] [--before main] [--scenarios reference ties]
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
-from freezesweep.results.settle import FULL, LEARNED, UNDECIDED, SettleRule, decide, next_round
+from freezesweep.results import settle as current
 
 REFERENCE = Path(__file__).resolve().parent / "reference" / "roberta_base_blog.csv"
-COLUMNS = ["arm", "seed", "score", "baseline_score", "status"]
 BASELINES = {"glue/sst2": 0.509, "glue/cola": 0.691}
+FULL = current.FULL
 
 
-def luck(rng: np.random.Generator, size: int, draws: str) -> np.ndarray:
-    """Standardised draws (mean 0, sd 1) of one seed's luck."""
-    if draws == "skewed":
-        shape = 2.0
-        return (rng.gamma(shape, 1.0, size) - shape) / np.sqrt(shape)
-    return rng.standard_normal(size)
+@dataclass(frozen=True)
+class Truth:
+    """What the claims are about: per arm (full fine-tuning included) the collapse rate, the mean score
+    when it trains, the mean paired difference to full fine-tuning when both train, and with collapses."""
+    collapse: dict[str, float]
+    trained_diff: dict[str, float]  # arm − full fine-tuning, both trained; FULL: its gain over the baseline
+    mean_diff: dict[str, float]  # arm − full fine-tuning with collapses; FULL: its mean gain
 
 
-def simulate_group(cells: pd.DataFrame, baseline: float, rule: SettleRule, rho: float, draws: str,
-                   rng: np.random.Generator) -> dict:
-    """One group's settle run on drawn scores: its decisions, trials, and whether its intervals cover."""
-    means = dict(zip(_arms(cells), cells["mean"]))
-    spreads = dict(zip(_arms(cells), cells["std"].clip(lower=1e-3)))
-    arms = [a for a in means if a != FULL]
-    shared = luck(rng, rule.max_seeds, draws)  # per seed: what every depth of that seed shares
-    own = {arm: luck(rng, rule.max_seeds, draws) for arm in means}
-    score = {arm: means[arm] + spreads[arm] * (np.sqrt(rho) * shared + np.sqrt(1 - rho) * own[arm]) for arm in means}
-    if draws == "clipped":
-        score = {arm: np.maximum(values, baseline) for arm, values in score.items()}
-    rows, seeds_done = [], {}
+@dataclass(frozen=True)
+class World:
+    arms: list[str]  # full fine-tuning first
+    baseline: float
+    truth: Truth
+    draw: object  # (rng, seeds) -> {arm: scores}
+
+
+def normal_world(means: dict[str, float], spreads: dict[str, float], baseline: float, rho: float,
+                 collapse: dict[str, float] | None = None) -> World:
+    """Normal luck paired across arms (correlation rho); a seed collapses to the baseline with its arm's probability."""
+    collapse = collapse or {arm: 0.0 for arm in means}
+    arms = [FULL, *sorted(a for a in means if a != FULL)]
+
+    def draw(rng, seeds):
+        shared = rng.standard_normal(seeds)
+        scores = {}
+        for arm in arms:
+            luck = np.sqrt(rho) * shared + np.sqrt(1 - rho) * rng.standard_normal(seeds)
+            values = means[arm] + spreads[arm] * luck
+            scores[arm] = np.where(rng.random(seeds) < collapse[arm], baseline, values)
+        return scores
+
+    with_collapse = {a: (1 - collapse[a]) * means[a] + collapse[a] * baseline for a in arms}
+    truth = Truth(dict(collapse),
+                  {a: means[a] - (baseline if a == FULL else means[FULL]) for a in arms},
+                  {a: with_collapse[a] - (baseline if a == FULL else with_collapse[FULL]) for a in arms})
+    return World(arms, baseline, truth, draw)
+
+
+def five_values(cell: pd.Series) -> np.ndarray:
+    """Five values with the cell's min, median, max, mean and (sample) std; the two free ones solved
+    from the sum and the sum of squares, clipped to their order."""
+    low, mid, high, mean, std = cell["min"], cell["median"], cell["max"], cell["mean"], cell["std"]
+    total = 5 * mean - low - mid - high
+    squares = 4 * std**2 + 5 * mean**2 - low**2 - mid**2 - high**2
+    spread = np.sqrt(max(0.0, 2 * squares - total**2))
+    second, fourth = np.clip((total - spread) / 2, low, mid), np.clip((total + spread) / 2, mid, high)
+    return np.array([low, second, mid, fourth, high])
+
+
+def reference_world(cells: pd.DataFrame, baseline: float, rho: float) -> World:
+    """Seeds resampled from each cell's five values, paired: with probability rho every depth takes the
+    seed's shared rank, else its own."""
+    values = {f"freeze k={int(k)}": five_values(c) for k, (_, c) in zip(cells["frozen_layers"], cells.iterrows())}
+    arms = [FULL, *sorted(a for a in values if a != FULL)]
+
+    def draw(rng, seeds):
+        shared = rng.integers(0, 5, seeds)
+        return {arm: values[arm][np.where(rng.random(seeds) < rho, shared, rng.integers(0, 5, seeds))] for arm in arms}
+
+    weights = rho * np.eye(5) / 5 + (1 - rho) / 25  # joint law of (full's rank, the arm's rank)
+    trained = {arm: ~np.isclose(values[arm], baseline, atol=1e-9) for arm in arms}
+    collapse = {arm: 1 - trained[arm].mean() for arm in arms}
+    trained_diff, mean_diff = {}, {}
+    full = values[FULL]
+    trained_diff[FULL] = full[trained[FULL]].mean() - baseline if trained[FULL].any() else 0.0
+    mean_diff[FULL] = full.mean() - baseline
+    for arm in arms[1:]:
+        both = weights * np.outer(trained[FULL], trained[arm])
+        diff = values[arm][None, :] - full[:, None]
+        trained_diff[arm] = float((both * diff).sum() / both.sum()) if both.sum() else 0.0
+        mean_diff[arm] = float(values[arm].mean() - full.mean())
+    return World(arms, baseline, Truth(collapse, trained_diff, mean_diff), draw)
+
+
+def scenario_worlds(name: str, reference: pd.DataFrame, args) -> list[World]:
+    groups = list(reference.groupby(["dataset", "train_size"]))
+    cells = {key: (dict(zip(_arms(c), c["mean"])), dict(zip(_arms(c), c["std"]))) for key, c in groups}
+    tol = args.tolerance
+    synthetic = {FULL: 0.85}
+    if name == "reference":
+        return [reference_world(c, BASELINES[d], args.rho) for (d, _), c in groups]
+    if name in ("normal", "collapse"):
+        p = args.collapse_p if name == "collapse" else 0.0
+        return [normal_world(m, s, BASELINES[d], args.rho, {a: p for a in m}) for (d, _), (m, s) in cells.items()]
+    if name == "collapse-6":
+        means = {FULL: 0.85, **{f"freeze k={k}": 0.86 for k in range(1, 7)}}
+        collapse = {FULL: 0.0, **{a: 0.1 for a in means if a != FULL}}
+        return [normal_world(means, dict.fromkeys(means, 0.01), 0.56, args.rho, collapse)]
+    if name == "ties":
+        means = {FULL: 0.509, **{f"freeze k={k}": 0.509 for k in (2, 4, 8)}}
+        return [normal_world(means, dict.fromkeys(means, 0.02), 0.509, args.rho, dict.fromkeys(means, 1.0))]
+    if name.startswith("boundary-"):
+        means = {**synthetic, **{f"freeze k={k}": 0.85 - tol for k in range(1, int(name.split("-")[1]) + 1)}}
+        return [normal_world(means, dict.fromkeys(means, 0.02), 0.5, args.rho)]
+    if name.startswith("nothing-"):
+        gain = 0.0 if name == "nothing-0" else tol
+        means = {FULL: 0.5 + gain, **{f"freeze k={k}": 0.5 + gain for k in range(1, 7)}}
+        return [normal_world(means, dict.fromkeys(means, 0.02), 0.5, args.rho)]
+    raise ValueError(f"unknown scenario {name!r}")
+
+
+def run_settle(world: World, rule, module, scores: dict) -> tuple[object, int]:
+    """Settle mode's rounds on the drawn scores: its decision at the stop and the trials it ran."""
+    rows, done = [], {}
+    arms, m = world.arms[1:], len(world.arms)
     while True:
-        decision = decide(pd.DataFrame(rows, columns=COLUMNS), rule, comparisons=len(means))
-        wanted = next_round(decision, rule, arms, seeds_done)
+        decision = module.decide(pd.DataFrame(rows, columns=["arm", "seed", "score", "baseline_score", "status"]),
+                                 rule, comparisons=m)
+        wanted = module.next_round(decision, rule, arms, done)
         if not wanted:
-            break
-        rows += [(arm, seed, float(score[arm][seed]), baseline, "ok") for arm, seed in wanted]
+            return decision, len(rows)
+        rows += [(arm, seed, float(scores[arm][seed]), world.baseline, "ok") for arm, seed in wanted]
         for arm, seed in wanted:
-            seeds_done.setdefault(arm, set()).add(seed)
-    truth = {arm: _true_mean(means, spreads, arm, baseline, draws) for arm in means}
-    covered = all(c.low <= truth[c.arm] - truth[FULL] <= c.high for c in decision.arms if not np.isnan(c.low))
-    covered &= np.isnan(decision.learned.low) or decision.learned.low <= truth[FULL] - baseline <= decision.learned.high
-    fixed = decide(pd.DataFrame([(arm, s, float(score[arm][s]), baseline, "ok") for arm in means
-                                 for s in range(rule.max_seeds)],
-                                columns=COLUMNS), rule, looks=1)
-    return {"trials": len(rows), "fixed_trials": len(means) * rule.max_seeds, "covered": covered,
-            "answered": _answered(decision, arms),
-            "same": _decisions(decision) == _decisions(fixed)}
+            done.setdefault(arm, set()).add(seed)
 
 
-def _true_mean(means, spreads, arm, baseline, draws) -> float:
-    """The population mean the draws have (clipping at the baseline moves it: estimated by a large draw)."""
-    if draws != "clipped":
-        return means[arm]
-    z = np.random.default_rng(0).standard_normal(400_000)
-    return float(np.maximum(means[arm] + spreads[arm] * z, baseline).mean())
+def run_fixed(world: World, rule, module, scores: dict, seeds: int):
+    rows = [(arm, s, float(scores[arm][s]), world.baseline, "ok") for arm in world.arms for s in range(seeds)]
+    return module.decide(pd.DataFrame(rows, columns=["arm", "seed", "score", "baseline_score", "status"]), rule,
+                         looks=1, comparisons=len(world.arms))
 
 
-def _answered(decision, arms: list[str]) -> bool:
-    """Nothing learned, or learned with every arm decided: the group's question has its answer."""
-    if decision.learned.decision != LEARNED:
-        return decision.learned.decision != UNDECIDED
-    return len(decision.arms) == len(arms) and all(c.decision != UNDECIDED for c in decision.arms)
+def judge(decision, truth: Truth, tolerance: float) -> dict:
+    """Each claim against the truth, in its own words: a rule with collapse counts (Comparison.
+    collapse_upper) claims quality when trained and collapse bounds; today's claims means."""
+    stable = hasattr(decision.learned, "collapse_upper")
+    diffs = truth.trained_diff if stable else truth.mean_diff
+    learned, wrong = decision.learned, False
+    if learned.decision == current.LEARNED:
+        wrong |= diffs[FULL] <= (tolerance if stable else 0.0)
+    elif learned.decision == current.NOTHING_LEARNED:
+        by_collapse = stable and "collapses" in learned.why
+        wrong |= truth.collapse[FULL] <= 0.5 if by_collapse else diffs[FULL] > tolerance
+    false_within = mean_worse = False
+    for c in decision.arms:
+        if c.decision == current.WITHIN:
+            false_within |= diffs[c.arm] < -tolerance
+            mean_worse |= truth.mean_diff[c.arm] < -tolerance
+        elif c.decision == current.WORSE:  # with collapses: over every seed (the rule's words)
+            wrong |= truth.mean_diff[c.arm] >= -tolerance
+        if stable and c.seeds:
+            wrong |= truth.collapse[c.arm] > c.collapse_upper
+    if stable and learned.seeds:
+        wrong |= truth.collapse[FULL] > learned.collapse_upper
+    return {"wrong": wrong or false_within, "false_within": false_within, "within_mean_worse": mean_worse,
+            "answered": _answered(decision, len(decision.arms))}
 
 
-def _decisions(decision) -> tuple:
-    """What the user is told: whether anything is learned, and only then each arm's decision (a group
-    that learns nothing gets no freezing advice, whatever its arms' intervals say)."""
-    if decision.learned.decision != LEARNED:
-        return (decision.learned.decision,)
-    return decision.learned.decision, tuple((c.arm, c.decision) for c in decision.arms)
+def _answered(decision, arms: int) -> bool:
+    if decision.learned.decision != current.LEARNED:
+        return decision.learned.decision != current.UNDECIDED
+    return all(c.decision != current.UNDECIDED for c in decision.arms)
+
+
+def simulate(name: str, worlds: list[World], rules: dict, args, rng) -> list[dict]:
+    out = []
+    for _ in range(args.simulations):
+        for world in worlds:
+            budget = len(world.arms) * args.max_seeds
+            scores = world.draw(rng, 4 * args.max_seeds)  # enough for any grid below
+            for label, (module, rule) in rules.items():
+                decision, trials = run_settle(world, rule, module, scores)
+                out.append({"scenario": name, "rule": label, "trials": trials / budget,
+                            **judge(decision, world.truth, args.tolerance)})
+                same = max(3, round(trials / len(world.arms)))
+                for grid, seeds in ((f"{label}: fixed grid, same trials", same),
+                                    (f"{label}: fixed grid, {args.max_seeds} seeds", args.max_seeds)):
+                    fixed = run_fixed(world, rule, module, scores, seeds)
+                    out.append({"scenario": name, "rule": grid, "trials": seeds * len(world.arms) / budget,
+                                **judge(fixed, world.truth, args.tolerance)})
+    return out
+
+
+def rule_before(rev: str):
+    """results/settle.py as it was at git ``rev``, imported on its own."""
+    source = subprocess.run(["git", "show", f"{rev}:results/settle.py"], capture_output=True, text=True, check=True,
+                            cwd=Path(__file__).resolve().parent).stdout
+    path = Path(tempfile.mkdtemp()) / "settle_before.py"
+    path.write_text(source)
+    spec = importlib.util.spec_from_file_location("settle_before", path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["settle_before"] = module
+    spec.loader.exec_module(module)
+    return module
 
 
 def _arms(cells: pd.DataFrame) -> list[str]:
     return [f"freeze k={int(k)}" for k in cells["frozen_layers"]]
 
 
+SCENARIOS = ["reference", "normal", "collapse", "collapse-6", "ties", "boundary-6", "boundary-24", "nothing-0",
+             "nothing-tol"]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--rho", type=float, default=0.5, help="pairing correlation of a seed's luck across depths")
-    parser.add_argument("--simulations", type=int, default=200)
+    parser.add_argument("--rho", type=float, default=0.5, help="pairing: how much of a seed's luck every depth shares")
+    parser.add_argument("--simulations", type=int, default=100, help="per scenario group")
     parser.add_argument("--max-seeds", type=int, default=10)
     parser.add_argument("--initial-seeds", type=int, default=3)
     parser.add_argument("--seeds-per-round", type=int, default=2)
     parser.add_argument("--tolerance", type=float, default=0.01)
     parser.add_argument("--confidence", type=float, default=0.95)
-    parser.add_argument("--together", action="store_true",
-                        help="every arm from the first round (settle.learned_first: false)")
-    parser.add_argument("--draws", choices=["normal", "skewed", "clipped"], default="normal")
+    parser.add_argument("--collapse-p", type=float, default=0.1)
+    parser.add_argument("--before", help="also today's rule: results/settle.py at this git revision")
+    parser.add_argument("--scenarios", nargs="+", choices=SCENARIOS, default=SCENARIOS)
     args = parser.parse_args()
-    rule = SettleRule(args.tolerance, args.confidence, args.initial_seeds, args.max_seeds, args.seeds_per_round,
-                      learned_first=not args.together)
     reference = pd.read_csv(REFERENCE)
-    rng = np.random.default_rng(0)
-    results = pd.DataFrame([
-        {"dataset": dataset, "train_size": n, **simulate_group(cells, BASELINES[dataset], rule, args.rho, args.draws, rng)}
-        for _ in range(args.simulations) for (dataset, n), cells in reference.groupby(["dataset", "train_size"])])
-    print(f"{args.simulations} simulations × {results.groupby(['dataset', 'train_size']).ngroups} groups, rho "
-          f"{args.rho}, {args.draws} draws, tolerance {args.tolerance}, budget {args.max_seeds} seeds "
-          f"({rule.looks} looks), {'learned first' if rule.learned_first else 'every arm from the first round'}")
-    print(f"coverage (every interval of a group at its stop): {results['covered'].mean():.3f} "
-          f"(nominal {args.confidence})")
-    print(f"trials: settle {results['trials'].sum():,} against the fixed grid's {results['fixed_trials'].sum():,} "
-          f"({100 * results['trials'].sum() / results['fixed_trials'].sum():.0f} %); groups answered "
-          f"{results['answered'].mean():.1%}; the fixed grid reaches the same decisions in "
-          f"{results['same'].mean():.1%} of the groups")
-    table = results.groupby(["dataset", "train_size"]).agg(coverage=("covered", "mean"), trials=("trials", "mean"),
-                                                            fixed=("fixed_trials", "mean"), same=("same", "mean"))
-    print(table.round(3).to_string())
+    rules = {"settle": (current, current.SettleRule(args.tolerance, args.confidence, args.initial_seeds,
+                                                     args.max_seeds, args.seeds_per_round))}
+    if args.before:
+        before = rule_before(args.before)
+        rules[f"settle@{args.before}"] = (before, before.SettleRule(args.tolerance, args.confidence, args.initial_seeds,
+                                                                     args.max_seeds, args.seeds_per_round))
+    started, rows = time.perf_counter(), []
+    for i, name in enumerate(args.scenarios):
+        rows += simulate(name, scenario_worlds(name, reference, args), rules, args, np.random.default_rng(i))
+    table = pd.DataFrame(rows).groupby(["scenario", "rule"], sort=False).agg(
+        groups=("wrong", "size"), wrong=("wrong", "mean"), false_within=("false_within", "mean"),
+        within_mean_worse=("within_mean_worse", "mean"), answered=("answered", "mean"), trials=("trials", "mean"))
+    print(f"{args.simulations} simulations per scenario group; tolerance {args.tolerance}, confidence "
+          f"{args.confidence} (wrong must stay ≤ {1 - args.confidence:.3f}), budget {args.max_seeds} seeds; "
+          f"collapse p {args.collapse_p}; rho {args.rho}; {time.perf_counter() - started:.0f} s")
+    with pd.option_context("display.width", 200, "display.max_rows", 500):
+        print(table.round(3).to_string())
 
 
 if __name__ == "__main__":

@@ -2,8 +2,10 @@
 the trials? (issue 22, 4b)
 
 Two launches of one sweep on the real model and data: first in settle mode (rounds of seeds only where a
-comparison is undecided, results/settle.py), timed, its decisions taken as the rule takes them (intervals
-valid over every look the budget allows); then the same sweep as a fixed grid of ``max_seeds`` seeds for
+comparison is undecided, results/settle.py), timed, its decisions taken as the rule takes them (one-sided
+bounds valid over every look the budget allows, on the seeds that trained; "collapsed": seeds at the
+constant baseline or diverged, of those looked at; "worse bound": the upper bound over every seed, which
+decides "worse"); then the same sweep as a fixed grid of ``max_seeds`` seeds for
 every arm, which reuses the settle run's trials (the same cells: ids are content hashes) and runs the
 rest, its decisions taken once at the end (one look). Prints both side by side per (train size, arm)
 with the trials each needed.
@@ -92,6 +94,8 @@ def decisions(rows: pd.DataFrame, rule: SettleRule, looks: int | None, compariso
             arm = FULL if c.arm == "learned" else c.arm  # full fine-tuning against the baseline
             table.append({"train_size": size, "arm": c.arm, "decision": MOOT if moot and arm != FULL else c.decision,
                           "pairs": c.pairs, "interval": f"[{c.low:+.3f}, {c.high:+.3f}]",
+                          "collapsed": f"{c.collapsed}/{c.seeds}",
+                          "worse bound": "—" if c.arm == "learned" else f"{c.high_all:+.3f}",  # every seed's upper
                           "trials": int(trials.get(arm, 0)), "advice": decision.advice or "none"})
     return pd.DataFrame(table)
 
@@ -103,7 +107,7 @@ def side_by_side(settle: pd.DataFrame, fixed: pd.DataFrame) -> pd.DataFrame:
     learned = settle[settle["arm"] == "learned"].set_index("train_size")["decision"]
     never = side["decision settle"].isna()
     side.loc[never, ["pairs settle", "trials settle"]] = 0
-    side.loc[never, ["interval settle", "advice settle"]] = ["—", "none"]
+    side.loc[never, ["interval settle", "collapsed settle", "worse bound settle", "advice settle"]] = ["—", "—", "—", "none"]
     side.loc[never, "decision settle"] = [MOOT if learned[n] == NOTHING_LEARNED else f"not run (learned: {learned[n]})"
                                           for n in side.loc[never, "train_size"]]
     side = side.astype({"pairs settle": int, "trials settle": int})

@@ -47,7 +47,7 @@ SpecSource = Union[str, Path, Mapping[str, Any], SweepSpec]
 
 __all__ = ["SpecSource", "UnreadableRowsWarning", "Plan", "SweepStatus", "Decision", "Decisions", "load_spec",
            "build_spec", "plan", "launch", "resume", "results", "results_arrow", "results_duckdb", "query", "status",
-           "summary", "decide", "report", "compact", "export_mlflow"]
+           "summary", "decide", "report", "compact", "export_mlflow", "budget_prices"]
 
 
 class UnreadableRowsWarning(UserWarning):
@@ -382,8 +382,10 @@ def _sweep_rows(name: str, store: str | None, tolerance: float | None) -> SweepR
     sweep, result_store = _stored_sweep(name, store)
     settle = sweep.spec.settle
     rule = settle.rule() if settle else None
-    if rule is not None and tolerance is not None:
-        rule = dataclasses.replace(rule, tolerance=tolerance)
+    if rule is not None and tolerance is not None and tolerance != rule.tolerance:
+        raise SpecError([f"sweep {name!r} is a settle sweep asked at tolerance {rule.tolerance:g}: its rounds stopped "
+                         "on that question, and a tolerance chosen after seeing the rows voids the confidence; report "
+                         f"it without a tolerance, or ask {tolerance:g} as a new settle sweep (a new name)"], name)
     family = (rule, rule.looks, sweep_comparisons(sweep)) if rule else None
     rows = SweepRows.from_store(result_store, status_table(_counted_cells(sweep, result_store),
                                                            result_store.statuses()), family)
@@ -463,6 +465,43 @@ def report(names: str | Sequence[str], out: str | Path, *, store: str | None = N
 
     names = [names] if isinstance(names, str) else list(names)
     return write_report([_sweep_rows(n, store, tolerance) for n in names], str(out), _tolerance(tolerance))
+
+
+def budget_prices(decisions: pd.DataFrame, names: str | Sequence[str], store: str | None = None) -> list[str]:
+    """What deciding each open settle group would cost: a new sweep at the budget the decision names
+    (``decided_at_seeds``), priced as ``plan`` prices pending cells (the store's measured trial times)."""
+    from freezesweep.orchestrator.plan import build_grid, work_key
+
+    lines = []
+    for name in [names] if isinstance(names, str) else names:
+        resolved, result_store = _stored_sweep(name, store)
+        asked = decisions[(decisions["sweep"] == name) & decisions["decided_at_seeds"].notna()]
+        if resolved.spec.settle is None or asked.empty:
+            continue
+        rows = result_store.read_table(columns=["trial_id", "status", "wall_time_s"]).to_pandas()
+        ok = rows[rows["status"] == "ok"]
+        wall = dict(zip(ok["trial_id"], ok["wall_time_s"]))
+        measured: dict[tuple, list[float]] = {}
+        for cell in build_grid(resolved):
+            wall_s = wall.get(cell.trial_id)
+            if wall_s is not None and wall_s == wall_s:  # NaN: not measured
+                measured.setdefault(work_key(cell), []).append(float(wall_s))
+        for _, group in asked.iterrows():
+            lines.append(_budget_price(resolved, group, measured))
+    return lines
+
+
+def _budget_price(resolved: ResolvedSweep, group: pd.Series, measured: dict[tuple, list[float]]) -> str:
+    from freezesweep.orchestrator.plan import build_grid, estimate_work
+
+    budget = int(group["decided_at_seeds"])
+    settle = resolved.spec.settle.model_copy(update={"max_seeds": budget})
+    grown = dataclasses.replace(resolved, spec=resolved.spec.model_copy(update={"settle": settle}))
+    cells = [c for c in build_grid(grown) if (c.dataset, c.train_size) == (group["dataset"], group["train_size"])]
+    estimate = estimate_work(cells, measured)
+    cost = "" if estimate is None else f", about {estimate.trial_s / 3600:,.2f} trial-hours at the measured times"
+    return (f"{group['dataset']}, n = {group['train_size']}: a new settle sweep with settle.max_seeds {budget} runs "
+            f"at most {len(cells):,} trials for this size{cost} (`freezesweep plan` on its spec prices the whole sweep)")
 
 
 def compact(name: str, *, store: str | None = None, on_note: Callable[[str], None] | None = None) -> int:

@@ -18,8 +18,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Protocol
 
-from freezesweep.orchestrator.spec import (DEFAULT_STORE, NAME_PATTERN, SpecError, SweepSpec, parse, read_stored_spec,
-                               read_yaml, spec_aliases)
+from freezesweep.orchestrator.spec import (DEFAULT_STORE, NAME_PATTERN, SettleSpec, SpecError, SweepSpec, parse,
+                                          read_stored_spec, read_yaml, spec_aliases)
 from freezesweep.results.store import ResultStore, StoreError, check_store_root, open_filesystem
 from freezesweep.trials.data import GLUE_PAIR_TASKS, DatasetError, describe_task, official_metric, shape_words
 from freezesweep.trials.metrics import METRICS
@@ -334,7 +334,7 @@ def _store_problems(raw: dict[str, Any]) -> list[str]:
         return [f"store: {exc}"]
     except SpecError as exc:  # a damaged spec.yaml: named with what to do, beside the other problems
         return [f"store: {exc.source}: {p}" for p in exc.problems]
-    return [] if stored is None else _protocol_changes(stored, raw)
+    return [] if stored is None else _protocol_changes(stored, raw) + _settle_changes(stored, raw)
 
 
 def stored_spec_mapping(store: ResultStore) -> dict[str, Any] | None:
@@ -382,6 +382,33 @@ def _protocol_changes(stored: dict[str, Any], raw: dict[str, Any]) -> list[str]:
         "with the old protocol (start a new sweep name to compare protocols)"
         for k in changed
     ]
+
+
+SETTLE_QUESTION = ("tolerance", "confidence", "initial_seeds", "seeds_per_round", "max_seeds")
+
+
+def _settle_changes(stored: dict[str, Any], raw: dict[str, Any]) -> list[str]:
+    """A settle sweep's question and looks are fixed once it has rows: its past looks were paid at the old
+    rule's level (results/settle.py), and a tolerance chosen after seeing the data voids the confidence."""
+    if not (isinstance(stored.get("settle"), dict) and isinstance(raw.get("settle"), dict)):
+        return []  # a fixed grid on either side: the seeds axis (and its protocol) say the rest
+    try:
+        old, new = (SettleSpec.model_validate(s) for s in (stored["settle"], raw["settle"]))
+    except Exception:
+        return []  # the new section's own problems are reported by pydantic
+    problems = []
+    for key in SETTLE_QUESTION:
+        before, after = getattr(old, key), getattr(new, key)
+        if before == after:
+            continue
+        why = (f"it would take {new.rule().looks} looks where the stored rows' confidence was shared by "
+               f"{old.rule().looks}" if key in ("initial_seeds", "seeds_per_round", "max_seeds") and
+               new.rule().looks != old.rule().looks else "its looks so far were paid for at the old rule's level"
+               if key != "tolerance" else "a tolerance chosen after seeing the rows voids the confidence")
+        problems.append(f"settle.{key}: changed from {before!r} to {after!r}, but sweep {raw['name']!r} already has "
+                        f"rows: {why} (a new question: start a new sweep name, whose seeds and looks are its own; "
+                        "`freezesweep plan` prices it)")
+    return problems
 
 
 def _flatten(d: dict, prefix: str = "") -> dict[str, Any]:

@@ -310,7 +310,7 @@ def report(
     """The decision (how many layers to freeze per train size), figures, paired statistics: an HTML report."""
     with _reading(", ".join(sweeps)):
         built = api.report(sweeps, out, store=store, tolerance=tolerance)
-    for line in [*built.decisions["sentence"], *built.completeness]:
+    for line in [*built.decisions["sentence"], *built.completeness, *api.budget_prices(built.decisions, sweeps, store)]:
         console.print(line, highlight=False, soft_wrap=True)
     console.print(f"report: {out / 'index.html'} (and report.md)")
 

@@ -226,7 +226,8 @@ def _group_round(members: list[TrialConfig], stored: pd.DataFrame, rule) -> list
     mine = stored[stored["trial_id"].isin(ids)]
     arms = pd.DataFrame({"arm": [arm_of(ids[t]) for t in mine["trial_id"]], "seed": [ids[t].seed for t in mine["trial_id"]],
                          "score": mine["best_val_score"].to_numpy(), "baseline_score": mine["baseline_score"].to_numpy(),
-                         "status": mine["status"].to_numpy()})
+                         "status": mine["status"].to_numpy(),
+                         "collapsed": mine["collapsed"].to_numpy() if "collapsed" in mine else None})
     grid_arms = {arm_of(c) for c in members}
     decision = decide(arms, rule, comparisons=settle_comparisons(grid_arms))
     seeds_done = arms.groupby("arm")["seed"].agg(set).to_dict()

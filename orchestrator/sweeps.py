@@ -93,7 +93,7 @@ def load_sweep(name: str, store_uri: str) -> ResolvedSweep:
 
 
 # What settle mode reads of the stored rows to choose its next round.
-SETTLE_COLUMNS = ["trial_id", "status", "best_val_score", "baseline_score"]
+SETTLE_COLUMNS = ["trial_id", "status", "best_val_score", "baseline_score", "collapsed"]
 
 
 def next_cells(sweep: ResolvedSweep, store: ResultStore, done: set[str]) -> Iterable[TrialConfig]:

@@ -147,10 +147,16 @@ COST_PANELS = [("trainable_params", "trainable parameters"), ("train_time_s", "t
 
 
 def cost_plot(costs: pd.DataFrame) -> bytes:
+    return to_png(cost_figure(costs))
+
+
+def cost_figure(costs: pd.DataFrame):
     """Per (sweep, dataset) a row: each cost against k, then the selected metric against train time with the
-    frontier (the cells no other k beats on both) drawn as a line."""
+    frontier (the cells no other k beats on both) drawn as a line. Constrained layout: each panel's y-label
+    and tick labels (parameters run to eight digits) get their own room instead of the neighbour's."""
     keys = sorted(costs.groupby(["sweep", "dataset"]).groups)
-    fig, axes = plt.subplots(len(keys), 4, figsize=(PANEL_IN[0] * 4, PANEL_IN[1] * len(keys)), squeeze=False)
+    fig, axes = plt.subplots(len(keys), 4, figsize=(PANEL_IN[0] * 4, PANEL_IN[1] * len(keys)), squeeze=False,
+                             layout="constrained")
     colours, many = _colours(costs["train_size"]), costs["sweep"].nunique() > 1
     for row, (sweep, dataset) in zip(axes, keys):
         panel = costs[(costs["sweep"] == sweep) & (costs["dataset"] == dataset)]
@@ -166,7 +172,7 @@ def cost_plot(costs: pd.DataFrame) -> bytes:
             _title(ax, sweep, dataset, many)
         row[0].legend(fontsize=8)
         _title(row[3], sweep, dataset, many)
-    return to_png(fig)
+    return fig
 
 
 def _frontier(ax, cell: pd.DataFrame, colour, n: int) -> None:

@@ -23,7 +23,7 @@ SUMMARY_STATS = ["n", "mean", "median", "std", "min", "max"]
 SCORE, BASELINE = "best_val_score", "baseline_score"  # the selected metric's, in every row
 # What the report reads: not the curves or train indices, which dominate a row's size.
 REPORT_COLUMNS = ["sweep", "trial_id", "dataset", "model", "train_size", "frozen_layers", "seed", "method", "lora_rank",
-                  "status", "select_metric", SCORE, BASELINE, "best_val_accuracy", "majority_baseline",
+                  "status", "select_metric", SCORE, BASELINE, "collapsed", "best_val_accuracy", "majority_baseline",
                   "trainable_params", "total_params", "train_time_s", "eval_time_s", "wall_time_s", "peak_mem_mb",
                   "precision", "device", "node", "error"]
 # What summary reads: every metric at the best evaluation and of the baseline, no curves.

@@ -103,7 +103,10 @@ def _decide(sweeps: list[SweepRows], rows: pd.DataFrame, layers: pd.DataFrame, r
     planned = {s.name: {int(v) for v in _axis(s.status, "frozen_layers")} for s in sweeps if s.status is not None}
     planned.update({label: planned[sweep] for label, sweep in zip(rows["sweep"], rows["sweep_name"]) if sweep in planned})
     rules = {label: s.rule for s in sweeps if s.rule for label in rows.loc[rows["sweep_name"] == s.name, "sweep"]}
-    return decide(layers, retained, cost, tolerance, planned, rules)
+    # a fixed grid's planned seeds: a group still running is not decided as if complete (one look)
+    seeds = {s.name: {int(v) for v in _axis(s.status, "seed")} for s in sweeps if s.status is not None and not s.rule}
+    seeds.update({label: seeds[sweep] for label, sweep in zip(rows["sweep"], rows["sweep_name"]) if sweep in seeds})
+    return decide(layers, retained, cost, tolerance, planned, rules, seeds)
 
 
 def per_model(rows: pd.DataFrame) -> pd.DataFrame:
@@ -169,20 +172,29 @@ def _sections(report: Report, sweeps: list[SweepRows], tolerance: float, many: b
     ]
 
 
+DECISION_SHOWN = [*GROUP, "learned", "frozen_layers", "pairs", "score_0", "score_k", "mean_diff", "ci_low", "collapsed",
+                  "collapse_upper", "within", "worse", "undecided", "params_saved_pct", "time_saved_pct", "mem_saved_pct",
+                  "decided_at_seeds"]  # the answer's evidence; the rest (the other bound, looks, …) is in report.decisions
+
+
 def _decision_section(report: Report, tolerance: float, many: bool) -> Section:
-    intro = (f"Per dataset and train size, the largest k shown to be within the tolerance (−{tolerance:g} unless the "
-             "sweep's settle section says otherwise) of full fine-tuning (k = 0) in the selected metric: its paired "
-             "difference's interval, simultaneous over the group's comparisons and every look the sweep took "
-             "(results/settle.py), lies above −tolerance; and what freezing it saves against k = 0. No advice from "
-             "fewer than 3 paired seeds, from identical differences, or where full fine-tuning does not beat the "
-             "constant baseline (nothing learned at this size).")
-    table = report.decisions.drop(columns=["sentence"])
+    intro = (f"Per dataset and train size, one answer: the largest k shown to be within the tolerance (−{tolerance:g} "
+             "unless the sweep's settle section says otherwise) of full fine-tuning (k = 0) in the selected metric when "
+             "it trains — on the seeds where both trained, the lower bound of the mean paired difference (ci_low, "
+             "one-sided, simultaneous over the group's claims and every look the sweep took: results/settle.py) lies "
+             "above −tolerance — with how many of its seeds collapsed to the constant predictor (collapsed) and an "
+             "exact bound on how often that happens (collapse_upper); and what freezing it saves against k = 0. No "
+             "advice from fewer than 3 trained pairs, from identical differences, or where full fine-tuning is not "
+             "shown to beat the constant baseline by more than the tolerance. Where it is open, decided_at_seeds is "
+             "the budget that would decide it if the spread stays as it is. The sections below are its evidence.")
+    table = report.decisions[[c for c in DECISION_SHOWN if c in report.decisions]]
     return Section("The decision", [intro, *report.decisions["sentence"]], [_shown(table, many)])
 
 
 def _retained_section(report: Report, many: bool) -> Section:
     keeps = largest_k_retaining(report.retained)
-    lines = [f"{_where(r, many)}: largest k keeping ≥ 90 % is k = {int(r['k_retaining_90'])}"
+    lines = [f"{_where(r, many)}: k = {int(r['k_retaining_90'])} is the largest whose mean keeps ≥ 90 % of full "
+             "fine-tuning's gain — a point estimate, evidence for the decision above, not a second answer"
              for _, r in keeps.iterrows()]
     intro = ("Retained quality (score_k − baseline) / (score_0 − baseline) on the paired seeds' means, with a "
              "bootstrap 95 % CI (seeds resampled as pairs).")
@@ -305,10 +317,11 @@ def render_markdown(title: str, report: Report) -> str:
     return "\n\n".join(parts) + "\n"
 
 
+# Wide tables scroll inside their own box (never the page) and their headers wrap at underscores' words.
 STYLE = """body{font-family:sans-serif;max-width:1400px;margin:1em auto;padding:0 1em;color:#222}
 table{border-collapse:collapse;font-size:13px;margin:0.5em 0 1em}td,th{border:1px solid #ccc;padding:2px 6px;
-text-align:right}th{background:#f0f0f0}img{max-width:100%;display:block;margin:0.5em 0}
-.table{overflow-x:auto}.decision p{font-size:15px;background:#eef6ee;padding:4px 8px}"""
+text-align:right}th{background:#f0f0f0;max-width:7em;overflow-wrap:anywhere}img{max-width:100%;display:block;margin:0.5em 0}
+.table{overflow-x:auto;max-width:100%}.decision p{font-size:15px;background:#eef6ee;padding:4px 8px}"""
 
 
 def render_html(title: str, report: Report) -> str:

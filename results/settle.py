@@ -1,36 +1,59 @@
 """Deciding, with confidence that holds however often the rows are looked at, which arms of a group are
-as good as full fine-tuning, and which seeds to run next to settle the rest.
+as good as full fine-tuning when they train, how often they do not, and which seeds to run next.
 
 A group is (sweep, dataset, train size) — with several models, per model. An arm is a frozen depth, a
 LoRA rank or the probe; each is compared with full fine-tuning (``freeze k=0``) on paired seeds (the
-same seed shares head initialisation and batch order: trials/config.py), and full fine-tuning with the
-constant baseline (the majority class, the mean score), which says whether anything is learned at all.
+same seed shares head initialisation and batch order: trials/config.py), and full fine-tuning with
+the constant baseline (the majority class, the mean score), which says whether anything is learned at all.
 
-The intervals are repeated confidence intervals (Jennison & Turnbull 1989, "Interim analyses: the
-repeated confidence interval approach", JRSS-B 51:305–361; Group Sequential Methods, 2000, ch. 9) made
-simultaneous by the Bonferroni inequality over every look a sweep may take and every comparison of its
-group: at each look, a Student-t interval of the mean paired difference at level 1 − α / (L · m), where
-L is the most looks the budget allows (``SettleRule.looks``) and m the group's comparisons (every arm
-of the grid, whether or not it has run yet, and full fine-tuning against the baseline). Each comparison
-is looked at only at seed counts on one schedule (initial_seeds, then seeds_per_round more, up to
-max_seeds: at most L of them), whichever order the rounds take them in (learned first: next_round) —
-as long as its rows are ok: a seed that failed (run again at the next launch) or diverged (left out)
-moves its comparisons' pair counts off the schedule, a look or more beyond L for them.
-Whatever the stopping rule — stopping a contrast as soon as it looks decided, looking after every
-round — all of them hold at once with probability ≥ 1 − α for normal paired differences, so each
-decision does too, and the multiplicity across arms is controlled with no assumption on how the arms
-depend on each other (they share the k = 0 runs). Bonferroni over looks is more conservative than
-Pocock's or O'Brien–Fleming's boundaries but needs no assumption on the looks' spacing;
-benchmarks/settle_coverage.py measures the coverage on data drawn like the reference study's, skewed
-and clipped draws included.
+Two claims per arm, because fine-tuning's seeds are not normal: a seed either trains, or it collapses
+(its best evaluation scores exactly the constant baseline: it never left the constant predictor) or
+diverges (Mosbach et al. 2021, "On the Stability of Fine-tuning BERT"; Dodge et al. 2020). A Student-t
+interval over seeds with collapses among them covers far less often than it says (a collapse is rare
+enough to be missing from the first looks, large enough to move the mean), and no rule can bound a
+mean from ≤ 10 such seeds without an assumption. So:
 
-Honest by construction: no decision from fewer than MIN_PAIRS paired seeds or from an interval of zero
-width (identical differences: their spread is not known, not zero), and no freezing advice for a group
-where full fine-tuning does not beat the constant baseline (nothing learned at this size).
+- quality is decided on the seeds where both sides trained ("within the tolerance of full fine-tuning
+  when it trains"): a Student-t bound of the mean paired difference;
+- stability is counted on every seed looked at (``Comparison.collapsed``), with an exact one-sided
+  Clopper–Pearson upper bound on the arm's collapse rate (``collapse_upper``). No assumption.
+
+Every claim is one-sided — "within" needs only the lower bound above −tolerance, "worse" only the upper
+bound below it, and a truth can contradict at most one of the two — and every claim holds with the others
+at once, by Bonferroni's inequality over looks and claims (weighted; repeated confidence intervals:
+Jennison & Turnbull 1989, JRSS-B 51:305–361), which needs no assumption on how the arms depend on each
+other (they share the k = 0 runs) or on the looks' spacing. Of the error α = 1 − confidence, per look
+(L: the most looks the budget allows, ``SettleRule.looks``; m: the group's comparisons, every arm of the
+grid whether or not it has run yet, and full fine-tuning against the baseline):
+
+- QUALITY_SHARE · α / (L · m) to each quality bound: "within" (the lower bound, on trained pairs), and for
+  full fine-tuning "learned" and "nothing learned" (its gain's two bounds: at most one can be wrong);
+- WORSE_SHARE · α / (L · m) to each arm's "worse": the upper bound of its mean paired difference over every
+  seed looked at, collapses at their scores (an arm that mostly collapses is worse, though its trained
+  pairs are too few to say how it does when it trains; left-skewed differences make this upper bound
+  conservative, not liberal);
+- STABILITY_SHARE · α / (L · m) to each collapse upper bound;
+- NOTHING_SHARE · α / L to full fine-tuning's collapse lower bound (nothing learned: it collapses on
+  most seeds; one claim, so 10 of 10 seeds at the baseline settle it within a budget of 10).
+
+Every look is paid for: a comparison is looked at only at seed counts on its schedule (``SettleRule.
+schedule``: initial_seeds, then seeds_per_round more, up to max_seeds). When a failed seed (run again
+at the next launch) leaves it between two counts, the seeds beyond the last count it reached wait, so a
+look sees the same seeds as the one before and is no new look. A rule that changes on a sweep with rows
+is refused (orchestrator/checks.py): its past looks were paid at the old level.
+
+"Learned" and "nothing learned" never overlap: full fine-tuning has learned when its gain over the
+constant baseline, when it trains, is shown above the tolerance (its lower bound > tolerance); nothing is
+learned when it is shown below it (upper bound < tolerance), or when it is shown to collapse on most
+seeds (the lower bound of its collapse rate > 1/2: every seed at the baseline is such a fact, not an
+unknown spread). No decision from fewer than MIN_PAIRS trained pairs or from a quality bound of zero
+width (identical differences of trained seeds: their spread is not known, not zero), and no freezing
+advice where nothing is learned.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import math
 from collections.abc import Collection, Mapping
@@ -43,21 +66,45 @@ MIN_PAIRS = 3
 FULL = "freeze k=0"  # the arm every other is compared with
 WITHIN, WORSE, UNDECIDED = "within", "worse", "undecided"
 LEARNED, NOTHING_LEARNED = "learned", "nothing learned"
+COLUMNS = ["arm", "seed", "score", "baseline_score", "status", "collapsed"]  # collapsed: optional (derived)
+FINAL = ("ok", "diverged")  # a seed with one of these is looked at; others (failed, oom) run again
+COLLAPSE_ATOL = 1e-9  # a score this near its constant baseline is the constant predictor's
+QUALITY_SHARE, WORSE_SHARE, STABILITY_SHARE, NOTHING_SHARE = 0.5, 0.2, 0.15, 0.15  # of α: see the docstring
 
 
 @dataclass(frozen=True)
 class SettleRule:
     tolerance: float = 0.01  # how much below full fine-tuning still counts as as good
-    confidence: float = 0.95  # that every decision of a group holds, whenever the sweep stops
+    confidence: float = 0.95  # that every claim of a group holds, whenever the sweep stops
     initial_seeds: int = 3  # paired seeds every arm gets before the first look
     max_seeds: int = 10  # the budget: no arm gets more
     seeds_per_round: int = 2  # added to each undecided arm at each later look
     learned_first: bool = True  # arms wait until full fine-tuning is known to beat the baseline (next_round)
 
     @property
+    def schedule(self) -> tuple[int, ...]:
+        """The seed counts a comparison is looked at: initial_seeds, then seeds_per_round more, up to max_seeds."""
+        counts = range(self.initial_seeds, self.max_seeds, self.seeds_per_round)
+        return (*counts, self.max_seeds) if self.max_seeds >= self.initial_seeds else (self.max_seeds,)
+
+    @property
     def looks(self) -> int:
-        """The most looks a group can take: the first, then one per round until max_seeds."""
-        return 1 + math.ceil(max(0, self.max_seeds - self.initial_seeds) / self.seeds_per_round)
+        """The most looks a group can take: one per seed count of the schedule."""
+        return len(self.schedule)
+
+    def alphas(self, comparisons: int, looks: int | None = None) -> "Alphas":
+        """Each one-sided claim's error at each look: α shared by every look and every claim."""
+        alpha, looks = 1 - self.confidence, looks or self.looks
+        each = alpha / (looks * comparisons)
+        return Alphas(QUALITY_SHARE * each, WORSE_SHARE * each, STABILITY_SHARE * each, NOTHING_SHARE * alpha / looks)
+
+
+@dataclass(frozen=True)
+class Alphas:
+    quality: float  # each quality bound's (one-sided)
+    worse: float  # each arm's "worse" bound's (over every seed looked at)
+    stability: float  # each collapse upper bound's
+    nothing: float  # full fine-tuning's collapse lower bound's
 
 
 FIXED_GRID = None  # a fixed grid is looked at once: decide(..., looks=1)
@@ -66,14 +113,21 @@ FIXED_GRID = None  # a fixed grid is looked at once: decide(..., looks=1)
 @dataclass(frozen=True)
 class Comparison:
     arm: str  # e.g. "freeze k=3", "lora r=8", "probe"; "learned" for full fine-tuning against the baseline
-    pairs: int
-    mean: float  # mean paired difference (arm − full fine-tuning; full fine-tuning − baseline)
-    low: float  # the simultaneous interval (NaN: none yet)
+    pairs: int  # seeds where both sides trained: the quality bound's
+    mean: float  # mean paired difference over them (arm − full fine-tuning; full fine-tuning − baseline)
+    low: float  # its one-sided bounds, each at the claim level (NaN: none yet)
     high: float
-    # within / worse / undecided; for full fine-tuning against the baseline: nothing learned (its gain's
-    # interval lies below the tolerance), learned (above 0), undecided
+    # within / worse / undecided; for full fine-tuning against the baseline: nothing learned, learned, undecided
     decision: str
-    why: str = ""  # why undecided: too few seeds, zero width, straddles the boundary
+    why: str = ""  # why undecided, or why nothing learned
+    seeds: int = 0  # seeds looked at (trained or not): the collapse count's denominator
+    collapsed: int = 0  # of them, where the arm (full fine-tuning, for "learned") collapsed or diverged
+    collapse_upper: float = math.nan  # exact one-sided upper bound of its collapse rate, at the claim level
+    collapse_lower: float = math.nan  # the lower one (full fine-tuning's only: nothing learned)
+    score: float = math.nan  # the arm's mean score over the trained pairs (full fine-tuning: over its trained seeds)
+    reference: float = math.nan  # full fine-tuning's over the same pairs (the baseline's, for "learned")
+    mean_all: float = math.nan  # the mean paired difference over every seed looked at, collapses included
+    high_all: float = math.nan  # its upper bound ("worse" when below −tolerance)
 
     def nearness(self, tolerance: float) -> float:
         """How near deciding it is: its mean's distance from the boundary (−tolerance) in half-widths of
@@ -91,10 +145,12 @@ class GroupDecision:
     seeds: int  # seeds of full fine-tuning so far (an arm's own pairs: Comparison.pairs)
     advice: str | None = None  # the most-frozen arm within the tolerance (None: no advice)
     excluded: dict[str, int] = field(default_factory=dict)  # status -> rows left out (failed, diverged, …)
+    alphas: Alphas | None = None  # each claim's error (a quality bound holds at 1 − alphas.quality)
 
 
 def interval(diffs: np.ndarray, level: float) -> tuple[float, float, float]:
-    """Mean and Student-t interval at ``level``; NaN bounds from fewer than two values."""
+    """Mean and two-sided Student-t interval at ``level``; NaN bounds from fewer than two values.
+    (A one-sided bound at 1 − a is the two-sided interval's at 1 − 2a.)"""
     from scipy import stats  # deferred on purpose: the spec's layer imports this module (SettleRule), scipy is slow
 
     diffs = np.asarray(diffs, dtype=float)
@@ -105,40 +161,139 @@ def interval(diffs: np.ndarray, level: float) -> tuple[float, float, float]:
     return mean, mean - half, mean + half
 
 
+def collapse_bounds(collapsed: int, seeds: int, alpha: float) -> tuple[float, float]:
+    """Exact (Clopper–Pearson) one-sided lower and upper bounds of a collapse rate, each at 1 − alpha."""
+    from scipy import stats
+
+    if seeds == 0:
+        return 0.0, 1.0
+    lower = 0.0 if collapsed == 0 else float(stats.beta.ppf(alpha, collapsed, seeds - collapsed + 1))
+    upper = 1.0 if collapsed == seeds else float(stats.beta.ppf(1 - alpha, collapsed + 1, seeds - collapsed))
+    return lower, upper
+
+
 def decide(group: pd.DataFrame, rule: SettleRule, looks: int | None = None, comparisons: int | None = None
            ) -> GroupDecision:
-    """One group's decisions from its rows (columns: arm, seed, score, baseline_score, status).
-    ``looks``: how many looks the intervals must survive (default: the rule's; 1 for a fixed grid);
-    ``comparisons``: how many the confidence is shared by — the grid's arms, full fine-tuning's check
-    against the baseline among them (default: those with rows). Learned first runs full fine-tuning
-    alone at first: its interval must not take the whole confidence because the arms have no rows yet."""
-    group = group.reindex(columns=["arm", "seed", "score", "baseline_score", "status"])  # also no rows yet
-    ok = group[group["status"] == "ok"]
+    """One group's decisions from its rows (columns: arm, seed, score, baseline_score, status; optional
+    collapsed, else a score at its baseline is a collapse). ``looks``: how many looks the claims must
+    survive (default: the rule's; 1 for a fixed grid, whose rows are then read whole); ``comparisons``:
+    how many the confidence is shared by — the grid's arms, full fine-tuning's check against the baseline
+    among them (default: those with rows). Learned first runs full fine-tuning alone at first: its claims
+    must not take the whole confidence because the arms have no rows yet."""
+    group = group.reindex(columns=COLUMNS)  # also no rows yet
     excluded = group[group["status"] != "ok"]["status"].value_counts().to_dict()
-    scores = ok.pivot(index="seed", columns="arm", values="score") if len(ok) else pd.DataFrame()
-    arms = [a for a in scores.columns if a != FULL]
-    level = 1 - (1 - rule.confidence) / ((looks or rule.looks) * max(comparisons or 0, len(arms) + 1))
-    full = scores[FULL].dropna() if FULL in scores else pd.Series(dtype=float)
-    baseline = ok.groupby("seed")["baseline_score"].first().reindex(full.index)
-    learned = _compare("learned", (full - baseline).to_numpy(), level, rule.tolerance, learned=True)
-    compared = tuple(_compare(arm, (scores[arm] - full).dropna().to_numpy(), level, rule.tolerance) for arm in arms)
+    final = group[group["status"].isin(FINAL)]
+    trained = final[(final["status"] == "ok") & ~_collapsed(final)]
+    scores = trained.pivot(index="seed", columns="arm", values="score") if len(trained) else pd.DataFrame()
+    as_scored = final.assign(score=final["score"].where(final["status"] == "ok", final["baseline_score"]))  # diverged: no better
+    every = as_scored.pivot(index="seed", columns="arm", values="score") if len(final) else pd.DataFrame()
+    seen = {arm: set(s) for arm, s in final.groupby("arm")["seed"]} if len(final) else {}
+    arms = [a for a in seen if a != FULL]
+    looks = looks or rule.looks
+    alphas = rule.alphas(max(comparisons or 0, len(arms) + 1), looks)
+    schedule = rule.schedule if looks > 1 else None  # a fixed grid is read once, whole
+    baseline = final.groupby("seed")["baseline_score"].first()
+    learned = _learned(_looked(seen.get(FULL, set()), schedule), scores, baseline, alphas, rule.tolerance)
+    compared = tuple(_arm(arm, _looked(seen[arm] & seen.get(FULL, set()), schedule), scores, every, alphas,
+                          rule.tolerance) for arm in sorted(arms))
     within = [c.arm for c in compared if c.decision == WITHIN and c.arm.startswith("freeze")]
     advice = max(within, key=_depth) if within and learned.decision == LEARNED else None
-    return GroupDecision(learned, compared, len(full), advice, excluded)
+    return GroupDecision(learned, compared, len(seen.get(FULL, ())), advice, excluded, alphas)
 
 
-def _compare(arm: str, diffs: np.ndarray, level: float, tolerance: float, learned: bool = False) -> Comparison:
-    mean, low, high = interval(diffs, level)
+def _collapsed(rows: pd.DataFrame) -> pd.Series:
+    """A row's collapse: recorded, else a score exactly at its constant baseline; a diverged row did not train either."""
+    at_baseline = (rows["score"] - rows["baseline_score"]).abs() <= COLLAPSE_ATOL
+    recorded = rows["collapsed"].astype("boolean").fillna(False).astype(bool)
+    return recorded | at_baseline | (rows["status"] != "ok")
+
+
+def _looked(seeds: set[int], schedule: tuple[int, ...] | None) -> list[int]:
+    """The seeds a look sees: the lowest ones, as many as the last count of the schedule reached (a
+    failed seed's gap waits for its re-run instead of making a look off the schedule)."""
+    ordered = sorted(seeds)
+    if schedule is None:
+        return ordered
+    reached = max((n for n in schedule if n <= len(ordered)), default=0)
+    return ordered[:reached]
+
+
+def _learned(seeds: list[int], scores: pd.DataFrame, baseline: pd.Series, alphas: Alphas, tolerance: float
+             ) -> Comparison:
+    full = scores[FULL].reindex(seeds).dropna() if FULL in scores else pd.Series(dtype=float)
+    diffs = (full - baseline.reindex(full.index)).to_numpy()
+    collapsed = len(seeds) - len(full)
+    lower, _ = collapse_bounds(collapsed, len(seeds), alphas.nothing)
+    _, upper = collapse_bounds(collapsed, len(seeds), alphas.stability)
+    mean, low, high = _bounds(diffs, alphas.quality)
+    facts = dict(seeds=len(seeds), collapsed=collapsed, collapse_upper=upper, collapse_lower=lower,
+                 score=float(full.mean()) if len(full) else math.nan,
+                 reference=float(baseline.reindex(full.index).mean()) if len(full) else math.nan)
+    if lower > 0.5:  # shown: it collapses on most seeds (every seed at the baseline is such a fact)
+        return Comparison("learned", len(diffs), mean, low, high, NOTHING_LEARNED,
+                          "full fine-tuning collapses to the constant predictor on most seeds", **facts)
+    decision, why = _quality(diffs, low, high, learned=True, tolerance=tolerance)
+    return Comparison("learned", len(diffs), mean, low, high, decision, why, **facts)
+
+
+def _arm(arm: str, seeds: list[int], scores: pd.DataFrame, every: pd.DataFrame, alphas: Alphas, tolerance: float
+         ) -> Comparison:
+    mine = scores[arm].reindex(seeds) if arm in scores else pd.Series(math.nan, index=seeds)
+    full = scores[FULL].reindex(seeds) if FULL in scores else pd.Series(math.nan, index=seeds)
+    both = mine.notna() & full.notna()
+    diffs = (mine[both] - full[both]).to_numpy()
+    _, upper = collapse_bounds(int(mine.isna().sum()), len(seeds), alphas.stability)
+    mean, low, high = _bounds(diffs, alphas.quality)
+    all_diffs = (every[arm].reindex(seeds) - every[FULL].reindex(seeds)).dropna().to_numpy() if FULL in every \
+        else np.array([])
+    mean_all, low_all, high_all = _bounds(all_diffs, alphas.worse)
+    decision, why = _quality(diffs, low, high, learned=False, tolerance=tolerance)
+    if decision != WITHIN:  # worse: over every seed looked at, collapses included
+        worse, _ = _quality(all_diffs, low_all, high_all, learned=False, tolerance=tolerance)
+        decision, why = (WORSE, "") if worse == WORSE else (UNDECIDED, why)
+    return Comparison(arm, len(diffs), mean, low, high, decision, why, seeds=len(seeds),
+                      collapsed=int(mine.isna().sum()), collapse_upper=upper, mean_all=mean_all, high_all=high_all,
+                      score=float(mine[both].mean()) if both.any() else math.nan,
+                      reference=float(full[both].mean()) if both.any() else math.nan)
+
+
+def _bounds(diffs: np.ndarray, alpha: float) -> tuple[float, float, float]:
+    """The mean and its one-sided lower and upper Student-t bounds, each at 1 − alpha."""
+    return interval(diffs, 1 - 2 * alpha)
+
+
+def _quality(diffs: np.ndarray, low: float, high: float, learned: bool, tolerance: float) -> tuple[str, str]:
     if len(diffs) < MIN_PAIRS:
-        return Comparison(arm, len(diffs), mean, low, high, UNDECIDED, f"fewer than {MIN_PAIRS} paired seeds")
+        return UNDECIDED, f"fewer than {MIN_PAIRS} seeds where both sides trained"
     if high - low <= 0:
-        return Comparison(arm, len(diffs), mean, low, high, UNDECIDED, "identical differences: their spread is unknown")
-    if learned:  # full fine-tuning against the constant baseline: no gain worth the tolerance, or a gain
-        decision = NOTHING_LEARNED if high < tolerance else LEARNED if low > 0 else UNDECIDED
-    else:  # an arm against full fine-tuning: no worse than the tolerance, or worse
-        decision = WITHIN if low > -tolerance else WORSE if high < -tolerance else UNDECIDED
-    return Comparison(arm, len(diffs), mean, low, high, decision,
-                      "" if decision != UNDECIDED else "the interval straddles the boundary")
+        return UNDECIDED, "identical differences: their spread is unknown"
+    boundary = tolerance if learned else -tolerance  # one boundary: the two claims cannot overlap
+    if low > boundary:
+        return (LEARNED if learned else WITHIN), ""
+    if high < boundary:
+        return (NOTHING_LEARNED if learned else WORSE), ("its gain when it trains is below the tolerance"
+                                                         if learned else "")
+    return UNDECIDED, "the bounds straddle the boundary"
+
+
+def seeds_to_decide(c: Comparison, rule: SettleRule, comparisons: int, most: int = 100) -> int | None:
+    """The smallest budget (max_seeds of a new sweep, its looks and claims paid anew) whose last look would
+    decide ``c`` if its mean, its spread and its share of trained seeds stayed as they are: what to ask
+    ``freezesweep plan`` to price. None: undecidable so (its mean on the boundary, too few pairs) or above ``most``."""
+    from scipy import stats
+
+    if c.pairs < 2 or math.isnan(c.low) or c.seeds == 0:
+        return None
+    spread = (c.mean - c.low) / stats.t.ppf(1 - rule.alphas(comparisons).quality, c.pairs - 1) * math.sqrt(c.pairs)
+    gap = abs(c.mean - (rule.tolerance if c.arm == "learned" else -rule.tolerance))
+    if spread <= 0 or gap == 0:
+        return None
+    for budget in range(max(rule.max_seeds, rule.initial_seeds) + 1, most + 1):
+        trained = budget * c.pairs / c.seeds
+        alpha = dataclasses.replace(rule, max_seeds=budget).alphas(comparisons).quality
+        if trained >= 2 and stats.t.ppf(1 - alpha, trained - 1) * spread / math.sqrt(trained) < gap:
+            return budget
+    return None
 
 
 def variant_label(method: str, frozen_layers, lora_rank) -> str:

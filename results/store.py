@@ -69,6 +69,9 @@ SCHEMA = pa.schema([
     # baseline's (majority class / train mean); then every metric at the best evaluation and of the baseline.
     ("select_metric", pa.string()), ("best_val_score", pa.float64()), ("final_val_score", pa.float64()),
     ("baseline_score", pa.float64()),
+    # the best evaluation is the constant predictor's (scored exactly the constant baseline): a collapsed
+    # fine-tune, counted apart by settle mode (results/settle.py); rows stored before it read null
+    ("collapsed", pa.bool_()),
     *((f"best_val_{m}", pa.float64()) for m in METRICS[1:]),  # best_val_accuracy is above
     *((f"baseline_{m}", pa.float64()) for m in METRICS),
     ("trainable_params", pa.int64()), ("total_params", pa.int64()),

@@ -222,6 +222,7 @@ class TrialResult:
     best_val_score: float | None = None  # that metric at the best evaluation
     final_val_score: float | None = None  # that metric at the last evaluation
     baseline_score: float | None = None  # that metric of the constant baseline (majority class / train mean)
+    collapsed: bool | None = None  # the best evaluation scored exactly the constant baseline (None: no evaluation)
     best_val_metrics: dict[str, float] = field(default_factory=dict)  # every metric at the best evaluation
     baseline_metrics: dict[str, float] = field(default_factory=dict)  # every metric of the constant baseline
     eval_curve: tuple[EvalPoint, ...] = ()

@@ -272,6 +272,17 @@ def _set_host_rng_states(states: tuple) -> None:
     torch.set_rng_state(states[2])  # models are built on the CPU: the CUDA generators are as seeded
 
 
+COLLAPSE_ATOL = 1e-9  # metrics are computed in float64: an equal score is the same predictions' score
+
+
+def collapsed(best_score: float, baseline_score: float) -> bool:
+    """A fine-tune that never left the constant predictor: its best evaluation scores exactly what always
+    answering the majority class (the train mean) scores — one class for every validation row gives the
+    majority's accuracy, 0 F1 and Matthews; a constant regression output 0 correlation. Recognised by
+    the score, whichever way the model got there, so old rows and other metrics read the same."""
+    return abs(best_score - baseline_score) <= COLLAPSE_ATOL
+
+
 def _result(cfg, data: TrialData, report: FreezeReport, state: FitState, device: torch.device,
             plan: PrecisionPlan, cached: tuple[PrefixStates | None, TrainPrefix | None], wall_time_s: float,
             cache_fill_time_s: float) -> TrialResult:
@@ -296,6 +307,7 @@ def _result(cfg, data: TrialData, report: FreezeReport, state: FitState, device:
         best_val_score=best and getattr(best, metric),
         final_val_score=last and getattr(last, metric),
         baseline_score=baseline[metric],
+        collapsed=None if best is None else collapsed(getattr(best, metric), baseline[metric]),
         best_val_metrics=best.metrics() if best else {},
         baseline_metrics=baseline,
         eval_curve=tuple(state.curve),

@@ -11,6 +11,7 @@ from freezesweep.orchestrator.plan import build_grid
 from freezesweep.orchestrator.sweeps import resolve_here
 from freezesweep.orchestrator.checks import load_spec, validate
 from freezesweep.orchestrator.spec import SpecError
+from freezesweep.results.store import ResultStore
 
 
 def _problems(path) -> list[str]:
@@ -398,3 +399,16 @@ def test_a_train_size_below_the_classes_names_the_rarest_with_their_counts(write
     problems = _problems(write_spec(datasets=[str(folder)], train_sizes=[1, 3]))
     assert problems == [f"train_sizes: [1] below the 3 classes of {folder} (a stratified subset holds at least one row "
                         "of each class; 1 rows leave out 2 class(es), the rarest: 'c' (2 train rows), 'b' (8 train rows))"]
+
+
+def test_a_settle_sweeps_question_and_budget_are_refused_once_it_has_rows(write_spec):
+    """Before: a grown max_seeds or a new tolerance on a settle sweep with rows was accepted silently (the
+    stored spec rewritten; the intervals then shared by looks the old ones were not paid for)."""
+    settle = {"tolerance": 0.01, "initial_seeds": 3, "max_seeds": 5, "seeds_per_round": 2}
+    raw = yaml.safe_load(write_spec("asked", seeds=[], settle=settle).read_text())
+    ResultStore(raw["store"], "asked").write_spec(yaml.safe_dump(raw))  # as a launch stores it
+    problems = _problems(write_spec("asked", seeds=[], settle={**settle, "max_seeds": 9, "tolerance": 0.5}))
+    assert [p.split(":")[0] for p in problems] == ["settle.tolerance", "settle.max_seeds"]
+    assert "voids the confidence" in problems[0] and "4 looks where the stored rows' confidence was shared by 2" \
+        in problems[1]
+    load_spec(write_spec("asked", seeds=[], settle={**settle, "learned_first": False}))  # the order: accepted

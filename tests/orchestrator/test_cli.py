@@ -129,3 +129,29 @@ def test_status_on_many_single_row_files_says_to_compact(write_spec, tmp_path, m
     assert f"`freezesweep compact many --store {tmp_path / 'store'}`" in done.stderr.replace("\n", "")
     assert runner.invoke(app, ["compact", *args[1:]]).exit_code == 0
     assert "compact" not in runner.invoke(app, args).stderr  # the failed row's file alone: nothing to compact
+
+
+def test_report_of_an_open_settle_sweep_names_the_budget_that_would_decide_it_and_its_price(write_spec, tmp_path):
+    """The demo before: "no k is shown within 0.01", and nothing on what would decide it. And a report at
+    another tolerance than the sweep asked was accepted (the question chosen after seeing the rows)."""
+    from freezesweep.results.store import ResultStore
+    from tests.results.test_report import row
+
+    spec = load_spec(write_spec("open", seeds=[], train_sizes=[24], frozen_layers=[0, 2],
+                                settle={"initial_seeds": 3, "max_seeds": 3}), semantic=False)
+    sweep = resolve_here(spec)
+    store = ResultStore(spec.store, "open")
+    store.write_spec(sweep.spec.to_yaml())
+    acc = {0: [0.70, 0.80, 0.75], 2: [0.704, 0.812, 0.75]}  # k = 2: +0.004, +0.012, 0: open at 3 seeds
+    for cell in build_grid(sweep):
+        store.write_row(row("open", dataset=cell.dataset, n=24, k=cell.frozen_layers, seed=cell.seed,
+                            acc=acc[cell.frozen_layers][cell.seed], trial_id=cell.trial_id, cost=(10, 5.0, 1.0),
+                            wall_time_s=60.0))
+    done = runner.invoke(app, ["report", "open", "--store", spec.store, "--out", str(tmp_path / "out")])
+    assert done.exit_code == 0, done.output
+    assert "5 seeds per arm would decide it if the spread stays as it is" in done.stdout
+    assert "n = 24: a new settle sweep with settle.max_seeds 5 runs at most 10 trials for this size, about 0.17 " \
+           "trial-hours at the measured times" in done.stdout
+    refused = runner.invoke(app, ["report", "open", "--store", spec.store, "--out", str(tmp_path / "o"),
+                                  "--tolerance", "0.5"])
+    assert refused.exit_code == 2 and "a tolerance chosen after seeing the rows voids the confidence" in refused.output

@@ -11,6 +11,7 @@ import pytest
 import yaml
 
 from freezesweep.orchestrator.checks import load_spec
+from freezesweep.orchestrator.spec import SpecError
 from freezesweep.orchestrator.launch import launch
 from freezesweep.orchestrator.plan import build_grid, sweep_comparisons
 from freezesweep.orchestrator.sweeps import resolve_here
@@ -82,17 +83,17 @@ def test_a_settle_sweep_killed_between_rounds_resumes_to_the_same_decisions(writ
     assert _decisions(killed, load_spec(path, semantic=False)) == expected
 
 
-def test_a_grown_budget_continues_from_what_is_stored(write_spec, tmp_path):
-    """Learned first through Ray: while it is open whether full fine-tuning learns, no arm runs."""
+def test_a_grown_budget_is_refused_and_learned_first_runs_full_fine_tuning_alone(write_spec, tmp_path):
+    """Learned first through Ray: while it is open whether full fine-tuning learns, no arm runs. A grown
+    budget on the stored rows would take looks their confidence was not shared by: refused, with the count."""
     small = load_spec(_settle_spec(write_spec, "grown", max_seeds=3))
     launch(small, show_progress=False)
     store = ResultStore(small.store, "grown")
     first = _runs(store).set_index("trial_id")["finished_at"]
     assert len(first) == 3 and set(_runs(store)["frozen_layers"]) == {0}
-    grown = load_spec(_settle_spec(write_spec, "grown", max_seeds=5))
-    again = launch(grown, show_progress=False)
-    later = _runs(store).set_index("trial_id")["finished_at"]
-    assert (later.loc[first.index] == first).all()  # nothing stored ran again
-    assert again.ran == len(later) - len(first) == 2 and set(_runs(store)["frozen_layers"]) == {0}
+    with pytest.raises(SpecError) as info:
+        load_spec(_settle_spec(write_spec, "grown", max_seeds=5))
+    assert any("settle.max_seeds" in p and "3 looks where the stored rows' confidence was shared by 1" in p
+               for p in info.value.problems)
     spec = yaml.safe_load((tmp_path / "store" / "grown" / "spec.yaml").read_text())
-    assert spec["settle"]["max_seeds"] == 5 and spec["seeds"] == []
+    assert spec["settle"]["max_seeds"] == 3 and spec["seeds"] == []

@@ -20,6 +20,8 @@ def test_tiny_trial_result_is_complete(tiny_trial, tmp_path):
     assert result.best_val_accuracy == max(p.accuracy for p in result.eval_curve)
     assert result.final_val_accuracy == result.eval_curve[-1].accuracy
     assert 0.5 <= result.majority_baseline <= 0.75
+    # 6 steps on the toy task never leave the majority class: a collapse, recorded as such (settle mode)
+    assert result.best_val_score == result.baseline_score and result.collapsed is True
     assert result.trainable_params == result.total_params > 0
     assert result.precision == "fp32" and result.device.startswith("cpu")
     assert len(result.train_indices) == result.n_train == 48 and result.n_eval == 60
@@ -41,7 +43,7 @@ def test_seed_changes_the_run_but_not_the_subset(tiny_trial):
 
 def test_it_learns_and_freezing_limits_trainable(tiny_trial):
     full = run_trial(dataclasses.replace(tiny_trial, epochs=10, train_size=120))
-    assert full.best_val_accuracy > full.majority_baseline + 0.1
+    assert full.best_val_accuracy > full.majority_baseline + 0.1 and full.collapsed is False
     frozen = run_trial(dataclasses.replace(tiny_trial, frozen_layers=2))
     assert frozen.trainable_params < frozen.total_params == full.total_params
 
