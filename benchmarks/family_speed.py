@@ -38,14 +38,29 @@ from freezesweep.trials.worker import WorkerState  # noqa: E402
 
 MINILM = "sentence-transformers/all-MiniLM-L6-v2"
 SWITCHES = ("eval_cache", "train_cache", "narrow_last_layer", "pack_training")
-USED = {"eval_cache": "eval_cache", "train_cache": "train_cache", "narrow_last_layer": "narrowed_last_layer",
-        "pack_training": "packed_training"}
+USED = {
+    "eval_cache": "eval_cache",
+    "train_cache": "train_cache",
+    "narrow_last_layer": "narrowed_last_layer",
+    "pack_training": "packed_training",
+}
 
 
-def config(model: str, data: str, data_dir: str | None, threads: int, frozen_layers: int, on: set[str], **size) -> TrialConfig:
-    return TrialConfig(dataset=data, data_dir=data_dir, model=model, frozen_layers=frozen_layers, seed=0,
-                       learning_rate=1e-3, precision="fp32", num_threads=threads,
-                       **{name: name in on for name in SWITCHES}, **size)
+def config(
+    model: str, data: str, data_dir: str | None, threads: int, frozen_layers: int, on: set[str], **size
+) -> TrialConfig:
+    return TrialConfig(
+        dataset=data,
+        data_dir=data_dir,
+        model=model,
+        frozen_layers=frozen_layers,
+        seed=0,
+        learning_rate=1e-3,
+        precision="fp32",
+        num_threads=threads,
+        **{name: name in on for name in SWITCHES},
+        **size,
+    )
 
 
 def family_table(root: Path, tokenizer, data: str, data_dir: str | None, threads: int) -> None:
@@ -55,20 +70,24 @@ def family_table(root: Path, tokenizer, data: str, data_dir: str | None, threads
     worker = WorkerState()
     for name, family in FAMILIES.items():
         folder = save_family(root / name, family, tokenizer)
-        used = [run_trial(config(folder, data, data_dir, threads, k, set(SWITCHES), **size), worker=worker)
-                for k in (2, -1)]
+        used = [
+            run_trial(config(folder, data, data_dir, threads, k, set(SWITCHES), **size), worker=worker) for k in (2, -1)
+        ]
         print(f"   {name:<12} {', '.join(used[0].optimisations) or '-':<46} {', '.join(used[1].optimisations) or '-'}")
 
 
 def speed(folder: str, data: str, data_dir: str | None, threads: int, repeats: int) -> None:
-    size = dict(train_size=64, epochs=2, batch_size=16, eval_every_epochs=0.5, max_eval_examples=256,
-                max_seq_length=64)
+    size = dict(train_size=64, epochs=2, batch_size=16, eval_every_epochs=0.5, max_eval_examples=256, max_seq_length=64)
     runs = {"plain (all off)": set(), **{f"{name} alone": {name} for name in SWITCHES}, "all on": set(SWITCHES)}
-    print(f"2. seconds per trial, k = 2 of 4 layers frozen, {threads} thread(s), warm worker (median of {repeats});"
-          " x: plain / this")
+    print(
+        f"2. seconds per trial, k = 2 of 4 layers frozen, {threads} thread(s), warm worker (median of {repeats});"
+        " x: plain / this"
+    )
     print(f"   {'':<26} {'trial':>8} {'':>6} {'training':>9} {'':>6} {'evaluation':>10} {'':>6}  used")
     # Round-robin: each repeat runs every variant once, so the machine's load meets them alike.
-    setups = {label: (WorkerState(), config(folder, data, data_dir, threads, 2, on, **size)) for label, on in runs.items()}
+    setups = {
+        label: (WorkerState(), config(folder, data, data_dir, threads, 2, on, **size)) for label, on in runs.items()
+    }
     colds = {label: run_trial(cfg, worker=worker) for label, (worker, cfg) in setups.items()}  # fills the caches
     samples = {label: [] for label in runs}
     for _ in range(repeats):
@@ -106,8 +125,14 @@ def main() -> None:
         root = Path(tmp)
         family_table(root, tokenizer, "glue/sst2", args.data_dir, args.threads)
         base = FAMILIES[args.family]
-        options = {**base.options, "hidden_size": 256, "num_hidden_layers": 4, "num_attention_heads": 4,
-                   "num_key_value_heads": 2, "intermediate_size": 688}
+        options = {
+            **base.options,
+            "hidden_size": 256,
+            "num_hidden_layers": 4,
+            "num_attention_heads": 4,
+            "num_key_value_heads": 2,
+            "intermediate_size": 688,
+        }
         bigger = dataclasses.replace(base, options=options)
         print(f"\n{args.family}: 4 layers, hidden 256, random weights, SST-2")
         speed(save_family(root / "bigger", bigger, tokenizer), "glue/sst2", args.data_dir, args.threads, args.repeats)

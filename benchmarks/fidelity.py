@@ -49,14 +49,21 @@ def run_sweep(args: argparse.Namespace, layers: int) -> pd.DataFrame:
     from freezesweep.results.store import ResultStore
 
     name = args.name or "fidelity-" + args.model.rsplit("/", 1)[-1]
-    spec = validate({
-        "name": name, "model": args.model, "datasets": args.datasets, "train_sizes": args.train_sizes,
-        "frozen_layers": args.frozen_layers or [-1, 0, layers // 2, layers], "seeds": args.seeds,
-        # accuracy, as the study reported it (not CoLA's official Matthews); the rest: the reference defaults
-        "training": {"precision": args.precision, "select_metric": "accuracy"},
-        "resources": {"gpus_per_trial": args.gpus_per_trial, "cpus_per_trial": args.cpus_per_trial},
-        "store": args.store,
-    }, "fidelity benchmark")
+    spec = validate(
+        {
+            "name": name,
+            "model": args.model,
+            "datasets": args.datasets,
+            "train_sizes": args.train_sizes,
+            "frozen_layers": args.frozen_layers or [-1, 0, layers // 2, layers],
+            "seeds": args.seeds,
+            # accuracy, as the study reported it (not CoLA's official Matthews); the rest: the reference defaults
+            "training": {"precision": args.precision, "select_metric": "accuracy"},
+            "resources": {"gpus_per_trial": args.gpus_per_trial, "cpus_per_trial": args.cpus_per_trial},
+            "store": args.store,
+        },
+        "fidelity benchmark",
+    )
     summary = launch(spec)
     print(f"sweep {name}: {summary.total} cells, {summary.already_ok} already done, ran {summary.ran}")
     cells = {c.trial_id for c in build_grid(resolve_here(spec))}
@@ -83,18 +90,31 @@ def qualitative_checks(table: pd.DataFrame, layers: int) -> list[tuple[str, bool
         ks = sorted(cells["frozen_layers"].unique())
         gains = {k: mean[large, k] - mean[small, k] for k in ks if (large, k) in mean and (small, k) in mean}
         if small < large:
-            checks.append((f"{dataset}: more data helps (n={small} → {large}, every k except all frozen)",
-                           all(g > 0 for k, g in gains.items() if k != layers),
-                           ", ".join(f"k={k}: {g:+.3f}" for k, g in gains.items())))
+            checks.append(
+                (
+                    f"{dataset}: more data helps (n={small} → {large}, every k except all frozen)",
+                    all(g > 0 for k, g in gains.items() if k != layers),
+                    ", ".join(f"k={k}: {g:+.3f}" for k, g in gains.items()),
+                )
+            )
         if (small, layers) in mean:
             gap = mean[small, layers] - majority
-            checks.append((f"{dataset}: everything frozen (k={layers}) is near majority at n={small}",
-                           gap <= NEAR_MAJORITY, f"{mean[small, layers]:.3f} vs majority {majority:.3f} ({gap:+.3f})"))
+            checks.append(
+                (
+                    f"{dataset}: everything frozen (k={layers}) is near majority at n={small}",
+                    gap <= NEAR_MAJORITY,
+                    f"{mean[small, layers]:.3f} vs majority {majority:.3f} ({gap:+.3f})",
+                )
+            )
         if (large, 0) in mean and (large, layers // 2) in mean:
             cost = mean[large, 0] - mean[large, layers // 2]
-            checks.append((f"{dataset}: freezing half (k={layers // 2}) costs little at n={large}",
-                           cost <= HALF_FROZEN_COST, f"{mean[large, layers // 2]:.3f} vs {mean[large, 0]:.3f} at k=0 "
-                                                     f"(cost {cost:+.3f})"))
+            checks.append(
+                (
+                    f"{dataset}: freezing half (k={layers // 2}) costs little at n={large}",
+                    cost <= HALF_FROZEN_COST,
+                    f"{mean[large, layers // 2]:.3f} vs {mean[large, 0]:.3f} at k=0 (cost {cost:+.3f})",
+                )
+            )
     return checks
 
 
@@ -117,8 +137,10 @@ def main() -> None:
     pd.set_option("display.width", 200)
     pd.set_option("display.max_rows", 200)
     precision = ", ".join(sorted(rows["precision"].unique()))
-    print(f"\n{args.model} ({layers} layers), {precision}; best validation accuracy over seeds, "
-          "beside the reference study (roberta-base, 5 seeds):")
+    print(
+        f"\n{args.model} ({layers} layers), {precision}; best validation accuracy over seeds, "
+        "beside the reference study (roberta-base, 5 seeds):"
+    )
     columns = KEYS + ["n", "mean", "median", "std", "min", "max", "baseline", "ref_mean", "ref_min", "ref_max"]
     if args.model.rsplit("/", 1)[-1] == "roberta-base":
         print(table[columns + ["outside"]].round(3).to_string(index=False))

@@ -72,11 +72,24 @@ def grid(args: argparse.Namespace, train_cache: bool = False) -> list:
     if args.eval_batch_size:
         extra["eval_batch_size"] = args.eval_batch_size
     return [
-        TrialConfig(dataset=dataset, train_size=n, frozen_layers=k, seed=seed, model=args.model, split_seed=0,
-                    epochs=args.epochs, model_init=args.model_init, max_eval_examples=args.max_eval_examples,
-                    precision=auto_precision(args.device), data_dir=str(Path(args.data_dir).resolve()), **extra)
-        for dataset in args.datasets for n in args.train_sizes
-        for k in (args.frozen_layers or range(-1, layers + 1)) for seed in args.seeds
+        TrialConfig(
+            dataset=dataset,
+            train_size=n,
+            frozen_layers=k,
+            seed=seed,
+            model=args.model,
+            split_seed=0,
+            epochs=args.epochs,
+            model_init=args.model_init,
+            max_eval_examples=args.max_eval_examples,
+            precision=auto_precision(args.device),
+            data_dir=str(Path(args.data_dir).resolve()),
+            **extra,
+        )
+        for dataset in args.datasets
+        for n in args.train_sizes
+        for k in (args.frozen_layers or range(-1, layers + 1))
+        for seed in args.seeds
     ]
 
 
@@ -88,20 +101,31 @@ def sweep_spec(cells: list, args: argparse.Namespace):
 
     first = cells[0]
     gpus = args.gpus_per_trial if args.gpus_per_trial is not None else (0.25 if args.device == "cuda" else 0.0)
-    spec = validate({
-        "name": f"grid-speed-{int(time.time() * 1000)}", "model": first.model,
-        "datasets": list(dict.fromkeys(c.dataset for c in cells)),
-        "train_sizes": list(dict.fromkeys(c.train_size for c in cells)),
-        "frozen_layers": list(dict.fromkeys(c.frozen_layers for c in cells)),
-        "seeds": list(dict.fromkeys(c.seed for c in cells)),
-        "training": {"epochs": first.epochs, "model_init": first.model_init, "precision": first.precision,
-                     "eval_batch_size": first.eval_batch_size,
-                     "max_eval_examples": first.max_eval_examples,
-                     **({"train_cache": True} if getattr(first, "train_cache", False) else {})},
-        "resources": {"gpus_per_trial": gpus, "cpus_per_trial": 1},
-        "data_dir": first.data_dir, "store": tempfile.mkdtemp(prefix="grid-speed-"),
-    }, "grid speed benchmark")
-    assert [c.trial_id for c in build_grid(resolve_here(spec))] == [c.trial_id for c in cells], "spec and cells disagree"
+    spec = validate(
+        {
+            "name": f"grid-speed-{int(time.time() * 1000)}",
+            "model": first.model,
+            "datasets": list(dict.fromkeys(c.dataset for c in cells)),
+            "train_sizes": list(dict.fromkeys(c.train_size for c in cells)),
+            "frozen_layers": list(dict.fromkeys(c.frozen_layers for c in cells)),
+            "seeds": list(dict.fromkeys(c.seed for c in cells)),
+            "training": {
+                "epochs": first.epochs,
+                "model_init": first.model_init,
+                "precision": first.precision,
+                "eval_batch_size": first.eval_batch_size,
+                "max_eval_examples": first.max_eval_examples,
+                **({"train_cache": True} if getattr(first, "train_cache", False) else {}),
+            },
+            "resources": {"gpus_per_trial": gpus, "cpus_per_trial": 1},
+            "data_dir": first.data_dir,
+            "store": tempfile.mkdtemp(prefix="grid-speed-"),
+        },
+        "grid speed benchmark",
+    )
+    assert [c.trial_id for c in build_grid(resolve_here(spec))] == [c.trial_id for c in cells], (
+        "spec and cells disagree"
+    )
     return spec
 
 
@@ -112,11 +136,17 @@ def run_baseline(cells, precision: str) -> tuple[float, dict]:
     started, rows = time.perf_counter(), {}
     for i, cell in enumerate(cells, 1):
         result = run_baseline_trial(cell, precision)
-        rows[cell.trial_id] = {"accuracy": result.best_val_accuracy, "wall_time_s": result.wall_time_s,
-                               "overhead_s": result.wall_time_s - result.train_time_s - result.eval_time_s,
-                               "checkpoint_time_s": result.checkpoint_time_s}
-        print(f"  baseline {i}/{len(cells)} n={cell.train_size} k={cell.frozen_layers}: "
-              f"{result.best_val_accuracy:.4f} in {result.wall_time_s:.1f} s", flush=True)
+        rows[cell.trial_id] = {
+            "accuracy": result.best_val_accuracy,
+            "wall_time_s": result.wall_time_s,
+            "overhead_s": result.wall_time_s - result.train_time_s - result.eval_time_s,
+            "checkpoint_time_s": result.checkpoint_time_s,
+        }
+        print(
+            f"  baseline {i}/{len(cells)} n={cell.train_size} k={cell.frozen_layers}: "
+            f"{result.best_val_accuracy:.4f} in {result.wall_time_s:.1f} s",
+            flush=True,
+        )
     return time.perf_counter() - started, rows
 
 
@@ -126,12 +156,17 @@ def run_freezesweep(cells, args) -> tuple[float, dict]:
     started = time.perf_counter()
     results = _through_ray(spec) if spec is not None else _through_processes(cells, args)
     wall = time.perf_counter() - started
-    rows = {r["trial_id"]: {"accuracy": r["best_val_accuracy"], "wall_time_s": r["wall_time_s"],
-                            # fixed cost: outside training, evaluation and filling the caches (compute)
-                            "overhead_s": r["wall_time_s"] - r["train_time_s"] - r["eval_time_s"]
-                            - (r.get("cache_fill_time_s") or 0.0),
-                            "peak_mem_mb": r["peak_mem_mb"]}
-            for r in results if r["status"] == "ok"}
+    rows = {
+        r["trial_id"]: {
+            "accuracy": r["best_val_accuracy"],
+            "wall_time_s": r["wall_time_s"],
+            # fixed cost: outside training, evaluation and filling the caches (compute)
+            "overhead_s": r["wall_time_s"] - r["train_time_s"] - r["eval_time_s"] - (r.get("cache_fill_time_s") or 0.0),
+            "peak_mem_mb": r["peak_mem_mb"],
+        }
+        for r in results
+        if r["status"] == "ok"
+    }
     failed = [r for r in results if r["status"] != "ok"]
     if failed:
         print(f"  {len(failed)} freezesweep trials failed, first: {failed[0].get('error')}")
@@ -178,15 +213,22 @@ def report(cells, sides: dict[str, tuple[float, dict]], reference: str) -> None:
     for name, (wall, rows) in sides.items():
         overhead = statistics.median(r["overhead_s"] for r in rows.values()) if rows else math.nan
         mean_acc = statistics.mean(r["accuracy"] for r in rows.values()) if rows else math.nan
-        print(f"{name:<28}{wall:9.1f}{base_wall / wall:8.2f}{len(rows) / wall * 3600:10.0f}{overhead:20.2f}"
-              f"{mean_acc:10.4f}")
+        print(
+            f"{name:<28}{wall:9.1f}{base_wall / wall:8.2f}{len(rows) / wall * 3600:10.0f}{overhead:20.2f}"
+            f"{mean_acc:10.4f}"
+        )
     names = list(sides)
-    print("\nbest validation accuracy per cell\n" + f"{'dataset':<12}{'n':>5}{'k':>4}{'seed':>5}"
-          + "".join(f"{n[:20]:>22}" for n in names))
+    print(
+        "\nbest validation accuracy per cell\n"
+        + f"{'dataset':<12}{'n':>5}{'k':>4}{'seed':>5}"
+        + "".join(f"{n[:20]:>22}" for n in names)
+    )
     for cell in cells:
         accs = [sides[n][1].get(cell.trial_id, {}).get("accuracy", math.nan) for n in names]
-        print(f"{cell.dataset:<12}{cell.train_size:>5}{cell.frozen_layers:>4}{cell.seed:>5}"
-              + "".join(f"{a:22.4f}" for a in accs))
+        print(
+            f"{cell.dataset:<12}{cell.train_size:>5}{cell.frozen_layers:>4}{cell.seed:>5}"
+            + "".join(f"{a:22.4f}" for a in accs)
+        )
     for name, (_, rows) in sides.items():
         peaks = [r["peak_mem_mb"] for r in rows.values() if r.get("peak_mem_mb")]
         if peaks:
@@ -194,11 +236,12 @@ def report(cells, sides: dict[str, tuple[float, dict]], reference: str) -> None:
     for name in names:
         if name == reference:
             continue
-        diffs = [sides[name][1][c][ "accuracy"] - base_rows[c]["accuracy"]
-                 for c in base_rows if c in sides[name][1]]
+        diffs = [sides[name][1][c]["accuracy"] - base_rows[c]["accuracy"] for c in base_rows if c in sides[name][1]]
         if diffs:
-            print(f"{name} − {reference}: largest |difference| {max(map(abs, diffs)):.4f}, "
-                  f"difference of the means {statistics.mean(diffs):+.4f} over {len(diffs)} cells")
+            print(
+                f"{name} − {reference}: largest |difference| {max(map(abs, diffs)):.4f}, "
+                f"difference of the means {statistics.mean(diffs):+.4f} over {len(diffs)} cells"
+            )
 
 
 def main(argv=None) -> None:
@@ -207,10 +250,15 @@ def main(argv=None) -> None:
     args = parse_args(argv)
     cells = grid(args)
     precision = cells[0].precision
-    baseline_precision = precision if args.baseline_precision == "same" else ("fp16" if args.device == "cuda" else "fp32")
+    baseline_precision = (
+        precision if args.baseline_precision == "same" else ("fp16" if args.device == "cuda" else "fp32")
+    )
     device = torch.cuda.get_device_name() if args.device == "cuda" else f"{os.cpu_count()} CPU cores"
-    print(f"{len(cells)} cells of {args.model} on {', '.join(args.datasets)}, {device}; freezesweep in {precision}, "
-          f"baseline in {baseline_precision}", flush=True)
+    print(
+        f"{len(cells)} cells of {args.model} on {', '.join(args.datasets)}, {device}; freezesweep in {precision}, "
+        f"baseline in {baseline_precision}",
+        flush=True,
+    )
     sides: dict[str, tuple[float, dict]] = {}
     if not args.skip_baseline:
         sides["HF Trainer (reference)"] = run_baseline(cells, baseline_precision)
@@ -219,8 +267,14 @@ def main(argv=None) -> None:
         cached_cells = grid(args, train_cache=True)
         wall, rows = run_freezesweep(cached_cells, args)
         by_cell = {(c.dataset, c.train_size, c.frozen_layers, c.seed): c.trial_id for c in cells}
-        sides["freezesweep+train cache"] = (wall, {by_cell[(c.dataset, c.train_size, c.frozen_layers, c.seed)]: rows[c.trial_id]
-                                                   for c in cached_cells if c.trial_id in rows})
+        sides["freezesweep+train cache"] = (
+            wall,
+            {
+                by_cell[(c.dataset, c.train_size, c.frozen_layers, c.seed)]: rows[c.trial_id]
+                for c in cached_cells
+                if c.trial_id in rows
+            },
+        )
     report(cells, sides, next(iter(sides)))
     if args.out:
         Path(args.out).write_text(json.dumps({n: {"wall_s": w, "cells": r} for n, (w, r) in sides.items()}, indent=1))

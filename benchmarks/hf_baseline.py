@@ -25,8 +25,7 @@ import numpy as np
 import torch
 import pandas as pd
 import transformers
-from transformers import (AutoTokenizer, DataCollatorWithPadding, Trainer,
-                          TrainerCallback, TrainingArguments, set_seed)
+from transformers import AutoTokenizer, DataCollatorWithPadding, Trainer, TrainerCallback, TrainingArguments, set_seed
 from transformers.trainer_callback import PrinterCallback
 
 from freezesweep.trials.config import TrialConfig
@@ -107,24 +106,51 @@ def run_baseline_trial(cfg: TrialConfig, precision: str) -> BaselineResult:
     every = steps_for(cfg.eval_every_epochs, cfg.train_size, cfg.batch_size)
     out = Path(tempfile.mkdtemp(prefix="hf-baseline-"))
     args = TrainingArguments(
-        output_dir=str(out), per_device_train_batch_size=cfg.batch_size, per_device_eval_batch_size=cfg.batch_size,
-        learning_rate=cfg.learning_rate, weight_decay=cfg.weight_decay, max_grad_norm=cfg.max_grad_norm,
-        num_train_epochs=cfg.epochs, lr_scheduler_type="linear",
+        output_dir=str(out),
+        per_device_train_batch_size=cfg.batch_size,
+        per_device_eval_batch_size=cfg.batch_size,
+        learning_rate=cfg.learning_rate,
+        weight_decay=cfg.weight_decay,
+        max_grad_norm=cfg.max_grad_norm,
+        num_train_epochs=cfg.epochs,
+        lr_scheduler_type="linear",
         warmup_steps=steps_for(cfg.warmup_epochs, cfg.train_size, cfg.batch_size),
-        eval_strategy="steps", eval_steps=every, save_strategy="steps", save_steps=every,
-        load_best_model_at_end=True, metric_for_best_model="accuracy", save_total_limit=2,
-        bf16=precision == "bf16", fp16=precision == "fp16", use_cpu=not torch.cuda.is_available(),
-        seed=cfg.derived_seed, report_to=[], logging_strategy="no", disable_tqdm=True,
+        eval_strategy="steps",
+        eval_steps=every,
+        save_strategy="steps",
+        save_steps=every,
+        load_best_model_at_end=True,
+        metric_for_best_model="accuracy",
+        save_total_limit=2,
+        bf16=precision == "bf16",
+        fp16=precision == "fp16",
+        use_cpu=not torch.cuda.is_available(),
+        seed=cfg.derived_seed,
+        report_to=[],
+        logging_strategy="no",
+        disable_tqdm=True,
     )
     clock = _Clock()
-    trainer = Trainer(model=model, args=args, train_dataset=train, eval_dataset=validation,
-                      data_collator=DataCollatorWithPadding(tokenizer), processing_class=tokenizer,
-                      compute_metrics=_accuracy, callbacks=[_NoFinalEvaluation(), clock])
+    trainer = Trainer(
+        model=model,
+        args=args,
+        train_dataset=train,
+        eval_dataset=validation,
+        data_collator=DataCollatorWithPadding(tokenizer),
+        processing_class=tokenizer,
+        compute_metrics=_accuracy,
+        callbacks=[_NoFinalEvaluation(), clock],
+    )
     trainer.remove_callback(PrinterCallback)  # no metrics dict printed per evaluation
     try:
         trainer.train()
         best = max(entry["eval_accuracy"] for entry in trainer.state.log_history if "eval_accuracy" in entry)
     finally:
         shutil.rmtree(out, ignore_errors=True)
-    return BaselineResult(best_val_accuracy=best, wall_time_s=time.perf_counter() - started,
-                          train_time_s=clock.train_s, eval_time_s=clock.eval_s, checkpoint_time_s=clock.save_s)
+    return BaselineResult(
+        best_val_accuracy=best,
+        wall_time_s=time.perf_counter() - started,
+        train_time_s=clock.train_s,
+        eval_time_s=clock.eval_s,
+        checkpoint_time_s=clock.save_s,
+    )

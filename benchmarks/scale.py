@@ -44,16 +44,30 @@ def instant_trainable(config: dict, cells: dict, shipment=None, earlier=None) ->
     from freezesweep.trials.config import EvalPoint, TrialResult
 
     cfg = trial_config_from_ray(config, cells)
-    curve = tuple(EvalPoint(step=2 * i, epoch=i / 2, accuracy=0.5 + i / 100, loss=0.7 - i / 100)
-                  for i in range(1, 21))
+    curve = tuple(EvalPoint(step=2 * i, epoch=i / 2, accuracy=0.5 + i / 100, loss=0.7 - i / 100) for i in range(1, 21))
     placement = ray_placement()
-    result = TrialResult(trial_id=cfg.trial_id, config=cfg, status="ok", select_metric=cfg.select_metric,
-                         best_val_accuracy=0.7, best_val_score=0.7, best_step=40, best_epoch=10.0,
-                         best_val_metrics={"accuracy": 0.7}, eval_curve=curve,
-                         train_indices=tuple(range(cfg.train_size)), n_train=cfg.train_size, n_eval=60,
-                         wall_time_s=0.0, precision=cfg.precision, device="cpu", placement=placement)
-    tune.report({"val_score": 0.7, RESULT_KEY: json.dumps(result.to_dict(), default=str),
-                 PLACEMENT_KEY: json.dumps(placement)})
+    result = TrialResult(
+        trial_id=cfg.trial_id,
+        config=cfg,
+        status="ok",
+        select_metric=cfg.select_metric,
+        best_val_accuracy=0.7,
+        best_val_score=0.7,
+        best_step=40,
+        best_epoch=10.0,
+        best_val_metrics={"accuracy": 0.7},
+        eval_curve=curve,
+        train_indices=tuple(range(cfg.train_size)),
+        n_train=cfg.train_size,
+        n_eval=60,
+        wall_time_s=0.0,
+        precision=cfg.precision,
+        device="cpu",
+        placement=placement,
+    )
+    tune.report(
+        {"val_score": 0.7, RESULT_KEY: json.dumps(result.to_dict(), default=str), PLACEMENT_KEY: json.dumps(placement)}
+    )
 
 
 # --- fixtures: a tiny model and a toy dataset ------------------------------------------------------
@@ -65,8 +79,14 @@ def make_inputs(folder: Path) -> tuple[str, str]:
     from freezesweep.trials.model import load_tokenizer
 
     tokenizer = load_tokenizer("sentence-transformers/all-MiniLM-L6-v2")
-    config = BertConfig(vocab_size=len(tokenizer), hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
-                        intermediate_size=64, max_position_embeddings=128)
+    config = BertConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        intermediate_size=64,
+        max_position_embeddings=128,
+    )
     model = folder / "model"
     AutoModel.from_config(config).save_pretrained(model)
     tokenizer.save_pretrained(model)
@@ -75,18 +95,25 @@ def make_inputs(folder: Path) -> tuple[str, str]:
     data.mkdir()
     for split, n in (("train", 240), ("validation", 60)):
         labels = [rng.randint(0, 1) for _ in range(n)]
-        pd.DataFrame({"sentence": [f"row {i} is {'good' if y else 'bad'}" for i, y in enumerate(labels)],
-                      "label": labels}).to_csv(data / f"{split}.csv", index=False)
+        pd.DataFrame(
+            {"sentence": [f"row {i} is {'good' if y else 'bad'}" for i, y in enumerate(labels)], "label": labels}
+        ).to_csv(data / f"{split}.csv", index=False)
     return str(model), str(data)
 
 
 def write_spec(folder: Path, cells: int, model: str, data: str, cells_per_round: int | None = None) -> Path:
     per_seed = len(TRAIN_SIZES) * len(FROZEN_LAYERS)
-    spec = {"name": f"scale-{cells}", "model": model, "datasets": [data], "train_sizes": TRAIN_SIZES,
-            "frozen_layers": FROZEN_LAYERS, "seeds": list(range(cells // per_seed)),
-            "training": {"precision": "fp32", "epochs": 1},
-            "resources": {"cpus_per_trial": 0.5, **({"cells_per_round": cells_per_round} if cells_per_round else {})},
-            "store": str(folder / "store")}
+    spec = {
+        "name": f"scale-{cells}",
+        "model": model,
+        "datasets": [data],
+        "train_sizes": TRAIN_SIZES,
+        "frozen_layers": FROZEN_LAYERS,
+        "seeds": list(range(cells // per_seed)),
+        "training": {"precision": "fp32", "epochs": 1},
+        "resources": {"cpus_per_trial": 0.5, **({"cells_per_round": cells_per_round} if cells_per_round else {})},
+        "store": str(folder / "store"),
+    }
     path = folder / f"scale-{cells}.yaml"
     path.write_text(yaml.safe_dump(spec))
     return path
@@ -127,17 +154,27 @@ def drive(path: Path, out: Path, stop_after: int | None) -> None:
 
     launching.RowWriter = CountingRowWriter
     session = RaySession(num_cpus=2)
-    summary = launching.run(launching.resolve_for_launch(load_spec(path), session), session, show_progress=False,
-                            trainable=instant_trainable)
+    summary = launching.run(
+        launching.resolve_for_launch(load_spec(path), session),
+        session,
+        show_progress=False,
+        trainable=instant_trainable,
+    )
     end = min(len(marks), stop_after or len(marks))  # the rows before the stop was asked for
     (first_wall, first_cpu), (last_wall, last_cpu) = marks[0], marks[end - 1]
     rows = end
-    out.write_text(json.dumps({
-        "rows": rows, "ran": summary.ran, "first_row_s": first_wall - started_wall,
-        "driver_cpu_ms_per_trial": 1000 * (last_cpu - first_cpu) / max(1, rows - 1),
-        "wall_ms_per_trial": 1000 * (last_wall - first_wall) / max(1, rows - 1),
-        "driver_peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
-    }))
+    out.write_text(
+        json.dumps(
+            {
+                "rows": rows,
+                "ran": summary.ran,
+                "first_row_s": first_wall - started_wall,
+                "driver_cpu_ms_per_trial": 1000 * (last_cpu - first_cpu) / max(1, rows - 1),
+                "wall_ms_per_trial": 1000 * (last_wall - first_wall) / max(1, rows - 1),
+                "driver_peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+            }
+        )
+    )
 
 
 def main() -> None:
@@ -147,31 +184,41 @@ def main() -> None:
         return
     folder = Path(tempfile.mkdtemp(prefix="freezesweep-scale-"))
     model, data = make_inputs(folder)
-    print(f"{'cells':>8} {'validate s':>10} {'plan s':>7} {'trials run':>10} {'first row s':>11} "
-          f"{'driver CPU ms/trial':>19} {'wall ms/trial':>13} {'driver RSS MB':>13}")
+    print(
+        f"{'cells':>8} {'validate s':>10} {'plan s':>7} {'trials run':>10} {'first row s':>11} "
+        f"{'driver CPU ms/trial':>19} {'wall ms/trial':>13} {'driver RSS MB':>13}"
+    )
     for cells in args.cells:
         path = write_spec(folder, cells, model, data, args.cells_per_round)
         planning = measure_planning(path)
         out = folder / f"driver-{cells}.json"
         stop = args.sample if cells > args.full_max else None
-        command = [sys.executable, __file__, "--driver", str(path), "--out", str(out)] + \
-            (["--stop-after", str(stop)] if stop else [])
+        command = [sys.executable, __file__, "--driver", str(path), "--out", str(out)] + (
+            ["--stop-after", str(stop)] if stop else []
+        )
         done = subprocess.run(command, capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(REPO)})
         if not out.exists():
             print(f"{cells}: the driver failed: {done.stderr[-3000:]}", file=sys.stderr)
             continue
         d = json.loads(out.read_text())
-        print(f"{planning['cells']:>8} {planning['validate_s']:>10.2f} {planning['plan_s']:>7.2f} {d['rows']:>10} "
-              f"{d['first_row_s']:>11.1f} {d['driver_cpu_ms_per_trial']:>19.2f} {d['wall_ms_per_trial']:>13.2f} "
-              f"{d['driver_peak_rss_mb']:>13.0f}", flush=True)
+        print(
+            f"{planning['cells']:>8} {planning['validate_s']:>10.2f} {planning['plan_s']:>7.2f} {d['rows']:>10} "
+            f"{d['first_row_s']:>11.1f} {d['driver_cpu_ms_per_trial']:>19.2f} {d['wall_ms_per_trial']:>13.2f} "
+            f"{d['driver_peak_rss_mb']:>13.0f}",
+            flush=True,
+        )
 
 
 def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--cells", type=int, nargs="+", default=[1000, 10_000, 100_000])
     parser.add_argument("--full-max", type=int, default=10_000, help="larger grids run only --sample trials")
-    parser.add_argument("--sample", type=int, default=2500, help="mid-round (rounds of 1,000), where Tune stops at once")
-    parser.add_argument("--cells-per-round", type=int, help="the spec's resources.cells_per_round (default: its default)")
+    parser.add_argument(
+        "--sample", type=int, default=2500, help="mid-round (rounds of 1,000), where Tune stops at once"
+    )
+    parser.add_argument(
+        "--cells-per-round", type=int, help="the spec's resources.cells_per_round (default: its default)"
+    )
     parser.add_argument("--driver", help=argparse.SUPPRESS)
     parser.add_argument("--out", help=argparse.SUPPRESS)
     parser.add_argument("--stop-after", type=int, help=argparse.SUPPRESS)

@@ -33,31 +33,67 @@ from freezesweep.results.store import PART_PREFIX, SCHEMA, ResultStore
 from freezesweep.trials.config import EvalPoint, TrialResult
 
 PART_ROWS, SINGLE_ROWS = 5000, 1000
-COMMANDS = {"status": [], "summary": [], "query": ["--sql", "SELECT count(*) AS n, avg(best_val_score) FROM results"],
-            "report": ["--out", "{out}"]}
+COMMANDS = {
+    "status": [],
+    "summary": [],
+    "query": ["--sql", "SELECT count(*) AS n, avg(best_val_score) FROM results"],
+    "report": ["--out", "{out}"],
+}
 
 
 def sweep_of(rows: int, store: str) -> ResolvedSweep:
     """A stored-looking resolved sweep of ``rows`` cells: 2 datasets × 5 sizes × 4 depths × seeds."""
-    spec = SweepSpec.model_validate({
-        "name": f"rows-{rows}", "model": "m", "datasets": ["glue/sst2", "glue/cola"], "train_sizes": [50, 100, 200, 500, 1000],
-        "frozen_layers": [-1, 0, 2, 4], "seeds": list(range(rows // 40)), "store": store,
-        "training": {"precision": "bf16", "select_metric": {"glue/sst2": "accuracy", "glue/cola": "accuracy"}}})
+    spec = SweepSpec.model_validate(
+        {
+            "name": f"rows-{rows}",
+            "model": "m",
+            "datasets": ["glue/sst2", "glue/cola"],
+            "train_sizes": [50, 100, 200, 500, 1000],
+            "frozen_layers": [-1, 0, 2, 4],
+            "seeds": list(range(rows // 40)),
+            "store": store,
+            "training": {"precision": "bf16", "select_metric": {"glue/sst2": "accuracy", "glue/cola": "accuracy"}},
+        }
+    )
     return ResolvedSweep(spec)
 
 
 def fake_row(sweep: str, cell, rng: int) -> dict:
     score = 0.5 + (hash((cell.trial_id, rng)) % 400) / 1000
-    curve = tuple(EvalPoint(step=5 * i, epoch=i / 2, accuracy=score - 0.01 * (20 - i) / 20, loss=0.7 - i / 100)
-                  for i in range(1, 21))
-    result = TrialResult(trial_id=cell.trial_id, config=cell, status="ok", select_metric="accuracy",
-                         best_val_accuracy=score, best_val_score=score, baseline_score=0.509, majority_baseline=0.509,
-                         best_step=50, best_epoch=5.0, final_val_accuracy=score, final_val_score=score,
-                         best_val_metrics={"accuracy": score}, baseline_metrics={"accuracy": 0.509}, eval_curve=curve,
-                         train_loss_curve=tuple((5 * i, 0.5) for i in range(1, 21)), trainable_params=1000,
-                         total_params=2000, train_time_s=30.0, eval_time_s=5.0, wall_time_s=40.0, peak_mem_mb=900.0,
-                         train_indices=tuple(range(cell.train_size)), n_train=cell.train_size, n_eval=872,
-                         precision="bf16", device="cpu", placement={"hostname": "h", "node_id": "n"})
+    curve = tuple(
+        EvalPoint(step=5 * i, epoch=i / 2, accuracy=score - 0.01 * (20 - i) / 20, loss=0.7 - i / 100)
+        for i in range(1, 21)
+    )
+    result = TrialResult(
+        trial_id=cell.trial_id,
+        config=cell,
+        status="ok",
+        select_metric="accuracy",
+        best_val_accuracy=score,
+        best_val_score=score,
+        baseline_score=0.509,
+        majority_baseline=0.509,
+        best_step=50,
+        best_epoch=5.0,
+        final_val_accuracy=score,
+        final_val_score=score,
+        best_val_metrics={"accuracy": score},
+        baseline_metrics={"accuracy": 0.509},
+        eval_curve=curve,
+        train_loss_curve=tuple((5 * i, 0.5) for i in range(1, 21)),
+        trainable_params=1000,
+        total_params=2000,
+        train_time_s=30.0,
+        eval_time_s=5.0,
+        wall_time_s=40.0,
+        peak_mem_mb=900.0,
+        train_indices=tuple(range(cell.train_size)),
+        n_train=cell.train_size,
+        n_eval=872,
+        precision="bf16",
+        device="cpu",
+        placement={"hostname": "h", "node_id": "n"},
+    )
     return result_row(sweep, result)
 
 
@@ -72,10 +108,11 @@ def build_store(rows: int, root: Path) -> tuple[ResultStore, float]:
     parted = cells[: rows - singles]
     os.makedirs(store.results_dir, exist_ok=True)
     for start in range(0, len(parted), PART_ROWS):
-        batch = [fake_row(sweep.name, c, start) for c in parted[start:start + PART_ROWS]]
-        pq.write_table(pa.Table.from_pylist(batch, schema=SCHEMA),
-                       f"{store.results_dir}/{PART_PREFIX}{start:08d}.parquet")
-    for cell in cells[rows - singles:]:
+        batch = [fake_row(sweep.name, c, start) for c in parted[start : start + PART_ROWS]]
+        pq.write_table(
+            pa.Table.from_pylist(batch, schema=SCHEMA), f"{store.results_dir}/{PART_PREFIX}{start:08d}.parquet"
+        )
+    for cell in cells[rows - singles :]:
         store.write_row(fake_row(sweep.name, cell, 0))
     started = time.perf_counter()
     store.compact()
@@ -111,16 +148,29 @@ def timed(command: list[str]) -> tuple[float, float]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--rows", type=int, nargs="*", default=[1000, 10_000, 100_000],
-                        help="stores of this many rows, mostly compacted (none: skip)")
-    parser.add_argument("--singles", type=int, nargs="*", default=[20_000],
-                        help="uncompacted stores of this many single-row files (none: skip)")
+    parser.add_argument(
+        "--rows",
+        type=int,
+        nargs="*",
+        default=[1000, 10_000, 100_000],
+        help="stores of this many rows, mostly compacted (none: skip)",
+    )
+    parser.add_argument(
+        "--singles",
+        type=int,
+        nargs="*",
+        default=[20_000],
+        help="uncompacted stores of this many single-row files (none: skip)",
+    )
     args = parser.parse_args()
     root = Path(tempfile.mkdtemp(prefix="freezesweep-store-scale-"))
     cli = [sys.executable, "-m", "freezesweep.orchestrator.cli"]
     if args.rows:
-        print(f"{'rows':>8} {'files':>6} {'MB':>6} {'compact s':>9} " +
-              " ".join(f"{name + ' s':>10} {name + ' MB':>10}" for name in COMMANDS), flush=True)
+        print(
+            f"{'rows':>8} {'files':>6} {'MB':>6} {'compact s':>9} "
+            + " ".join(f"{name + ' s':>10} {name + ' MB':>10}" for name in COMMANDS),
+            flush=True,
+        )
     for rows in args.rows:
         store, compact_s = build_store(rows, root / str(rows))
         files = store.row_files()
@@ -128,13 +178,17 @@ def main() -> None:
         cells = []
         for name, extra in COMMANDS.items():
             out = str(root / f"report-{rows}")
-            wall, rss = timed(cli + [name, store.sweep, "--store", str(root / str(rows))] +
-                              [e.format(out=out) for e in extra])
+            wall, rss = timed(
+                cli + [name, store.sweep, "--store", str(root / str(rows))] + [e.format(out=out) for e in extra]
+            )
             cells.append(f"{wall:>10.2f} {rss:>10.0f}")
         print(f"{rows:>8} {len(files):>6} {size_mb:>6.0f} {compact_s:>9.2f} " + " ".join(cells), flush=True)
     if args.singles:
-        print(f"\n{'singles':>8} " + " ".join(f"{name + ' s':>10} {name + ' MB':>10}"
-                                           for name in ("status", "compact", "then status")), flush=True)
+        print(
+            f"\n{'singles':>8} "
+            + " ".join(f"{name + ' s':>10} {name + ' MB':>10}" for name in ("status", "compact", "then status")),
+            flush=True,
+        )
     for rows in args.singles:
         uncompacted(cli, rows, root / f"singles-{rows}")
 

@@ -59,6 +59,7 @@ FULL = current.FULL
 class Truth:
     """What the claims are about: per arm (full fine-tuning included) the collapse rate, the mean score
     when it trains, the mean paired difference to full fine-tuning when both train, and with collapses."""
+
     collapse: dict[str, float]
     trained_diff: dict[str, float]  # arm − full fine-tuning, both trained; FULL: its gain over the baseline
     mean_diff: dict[str, float]  # arm − full fine-tuning with collapses; FULL: its mean gain
@@ -72,8 +73,13 @@ class World:
     draw: object  # (rng, seeds) -> {arm: scores}
 
 
-def normal_world(means: dict[str, float], spreads: dict[str, float], baseline: float, rho: float,
-                 collapse: dict[str, float] | None = None) -> World:
+def normal_world(
+    means: dict[str, float],
+    spreads: dict[str, float],
+    baseline: float,
+    rho: float,
+    collapse: dict[str, float] | None = None,
+) -> World:
     """Normal luck paired across arms (correlation rho); a seed collapses to the baseline with its arm's probability."""
     collapse = collapse or {arm: 0.0 for arm in means}
     arms = [FULL, *sorted(a for a in means if a != FULL)]
@@ -88,9 +94,11 @@ def normal_world(means: dict[str, float], spreads: dict[str, float], baseline: f
         return scores
 
     with_collapse = {a: (1 - collapse[a]) * means[a] + collapse[a] * baseline for a in arms}
-    truth = Truth(dict(collapse),
-                  {a: means[a] - (baseline if a == FULL else means[FULL]) for a in arms},
-                  {a: with_collapse[a] - (baseline if a == FULL else with_collapse[FULL]) for a in arms})
+    truth = Truth(
+        dict(collapse),
+        {a: means[a] - (baseline if a == FULL else means[FULL]) for a in arms},
+        {a: with_collapse[a] - (baseline if a == FULL else with_collapse[FULL]) for a in arms},
+    )
     return World(arms, baseline, truth, draw)
 
 
@@ -162,8 +170,9 @@ def run_settle(world: World, rule, module, scores: dict) -> tuple[object, int]:
     rows, done = [], {}
     arms, m = world.arms[1:], len(world.arms)
     while True:
-        decision = module.decide(pd.DataFrame(rows, columns=["arm", "seed", "score", "baseline_score", "status"]),
-                                 rule, comparisons=m)
+        decision = module.decide(
+            pd.DataFrame(rows, columns=["arm", "seed", "score", "baseline_score", "status"]), rule, comparisons=m
+        )
         wanted = module.next_round(decision, rule, arms, done)
         if not wanted:
             return decision, len(rows)
@@ -174,8 +183,12 @@ def run_settle(world: World, rule, module, scores: dict) -> tuple[object, int]:
 
 def run_fixed(world: World, rule, module, scores: dict, seeds: int):
     rows = [(arm, s, float(scores[arm][s]), world.baseline, "ok") for arm in world.arms for s in range(seeds)]
-    return module.decide(pd.DataFrame(rows, columns=["arm", "seed", "score", "baseline_score", "status"]), rule,
-                         looks=1, comparisons=len(world.arms))
+    return module.decide(
+        pd.DataFrame(rows, columns=["arm", "seed", "score", "baseline_score", "status"]),
+        rule,
+        looks=1,
+        comparisons=len(world.arms),
+    )
 
 
 def judge(decision, truth: Truth, tolerance: float) -> dict:
@@ -200,8 +213,12 @@ def judge(decision, truth: Truth, tolerance: float) -> dict:
             wrong |= truth.collapse[c.arm] > c.collapse_upper
     if stable and learned.seeds:
         wrong |= truth.collapse[FULL] > learned.collapse_upper
-    return {"wrong": wrong or false_within, "false_within": false_within, "within_mean_worse": mean_worse,
-            "answered": _answered(decision, len(decision.arms))}
+    return {
+        "wrong": wrong or false_within,
+        "false_within": false_within,
+        "within_mean_worse": mean_worse,
+        "answered": _answered(decision, len(decision.arms)),
+    }
 
 
 def _answered(decision, arms: int) -> bool:
@@ -218,21 +235,40 @@ def simulate(name: str, worlds: list[World], rules: dict, args, rng) -> list[dic
             scores = world.draw(rng, 4 * args.max_seeds)  # enough for any grid below
             for label, (module, rule) in rules.items():
                 decision, trials = run_settle(world, rule, module, scores)
-                out.append({"scenario": name, "rule": label, "trials": trials / budget,
-                            **judge(decision, world.truth, args.tolerance)})
+                out.append(
+                    {
+                        "scenario": name,
+                        "rule": label,
+                        "trials": trials / budget,
+                        **judge(decision, world.truth, args.tolerance),
+                    }
+                )
                 same = max(3, round(trials / len(world.arms)))
-                for grid, seeds in ((f"{label}: fixed grid, same trials", same),
-                                    (f"{label}: fixed grid, {args.max_seeds} seeds", args.max_seeds)):
+                for grid, seeds in (
+                    (f"{label}: fixed grid, same trials", same),
+                    (f"{label}: fixed grid, {args.max_seeds} seeds", args.max_seeds),
+                ):
                     fixed = run_fixed(world, rule, module, scores, seeds)
-                    out.append({"scenario": name, "rule": grid, "trials": seeds * len(world.arms) / budget,
-                                **judge(fixed, world.truth, args.tolerance)})
+                    out.append(
+                        {
+                            "scenario": name,
+                            "rule": grid,
+                            "trials": seeds * len(world.arms) / budget,
+                            **judge(fixed, world.truth, args.tolerance),
+                        }
+                    )
     return out
 
 
 def rule_before(rev: str):
     """results/settle.py as it was at git ``rev``, imported on its own."""
-    source = subprocess.run(["git", "show", f"{rev}:results/settle.py"], capture_output=True, text=True, check=True,
-                            cwd=Path(__file__).resolve().parent).stdout
+    source = subprocess.run(
+        ["git", "show", f"{rev}:results/settle.py"],
+        capture_output=True,
+        text=True,
+        check=True,
+        cwd=Path(__file__).resolve().parent,
+    ).stdout
     path = Path(tempfile.mkdtemp()) / "settle_before.py"
     path.write_text(source)
     spec = importlib.util.spec_from_file_location("settle_before", path)
@@ -246,8 +282,17 @@ def _arms(cells: pd.DataFrame) -> list[str]:
     return [f"freeze k={int(k)}" for k in cells["frozen_layers"]]
 
 
-SCENARIOS = ["reference", "normal", "collapse", "collapse-6", "ties", "boundary-6", "boundary-24", "nothing-0",
-             "nothing-tol"]
+SCENARIOS = [
+    "reference",
+    "normal",
+    "collapse",
+    "collapse-6",
+    "ties",
+    "boundary-6",
+    "boundary-24",
+    "nothing-0",
+    "nothing-tol",
+]
 
 
 def main() -> None:
@@ -264,21 +309,42 @@ def main() -> None:
     parser.add_argument("--scenarios", nargs="+", choices=SCENARIOS, default=SCENARIOS)
     args = parser.parse_args()
     reference = pd.read_csv(REFERENCE)
-    rules = {"settle": (current, current.SettleRule(args.tolerance, args.confidence, args.initial_seeds,
-                                                     args.max_seeds, args.seeds_per_round))}
+    rules = {
+        "settle": (
+            current,
+            current.SettleRule(
+                args.tolerance, args.confidence, args.initial_seeds, args.max_seeds, args.seeds_per_round
+            ),
+        )
+    }
     if args.before:
         before = rule_before(args.before)
-        rules[f"settle@{args.before}"] = (before, before.SettleRule(args.tolerance, args.confidence, args.initial_seeds,
-                                                                     args.max_seeds, args.seeds_per_round))
+        rules[f"settle@{args.before}"] = (
+            before,
+            before.SettleRule(
+                args.tolerance, args.confidence, args.initial_seeds, args.max_seeds, args.seeds_per_round
+            ),
+        )
     started, rows = time.perf_counter(), []
     for i, name in enumerate(args.scenarios):
         rows += simulate(name, scenario_worlds(name, reference, args), rules, args, np.random.default_rng(i))
-    table = pd.DataFrame(rows).groupby(["scenario", "rule"], sort=False).agg(
-        groups=("wrong", "size"), wrong=("wrong", "mean"), false_within=("false_within", "mean"),
-        within_mean_worse=("within_mean_worse", "mean"), answered=("answered", "mean"), trials=("trials", "mean"))
-    print(f"{args.simulations} simulations per scenario group; tolerance {args.tolerance}, confidence "
-          f"{args.confidence} (wrong must stay ≤ {1 - args.confidence:.3f}), budget {args.max_seeds} seeds; "
-          f"collapse p {args.collapse_p}; rho {args.rho}; {time.perf_counter() - started:.0f} s")
+    table = (
+        pd.DataFrame(rows)
+        .groupby(["scenario", "rule"], sort=False)
+        .agg(
+            groups=("wrong", "size"),
+            wrong=("wrong", "mean"),
+            false_within=("false_within", "mean"),
+            within_mean_worse=("within_mean_worse", "mean"),
+            answered=("answered", "mean"),
+            trials=("trials", "mean"),
+        )
+    )
+    print(
+        f"{args.simulations} simulations per scenario group; tolerance {args.tolerance}, confidence "
+        f"{args.confidence} (wrong must stay ≤ {1 - args.confidence:.3f}), budget {args.max_seeds} seeds; "
+        f"collapse p {args.collapse_p}; rho {args.rho}; {time.perf_counter() - started:.0f} s"
+    )
     with pd.option_context("display.width", 200, "display.max_rows", 500):
         print(table.round(3).to_string())
 

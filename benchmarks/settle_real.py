@@ -35,8 +35,17 @@ from freezesweep.results.store import ResultStore
 
 MOOT = "moot: nothing learned"
 KEEP = ["arm", "seed", "score", "baseline_score", "status"]
-COLUMNS = ["trial_id", "method", "frozen_layers", "lora_rank", "train_size", "seed", "status", "best_val_score",
-           "baseline_score"]  # not the curves
+COLUMNS = [
+    "trial_id",
+    "method",
+    "frozen_layers",
+    "lora_rank",
+    "train_size",
+    "seed",
+    "status",
+    "best_val_score",
+    "baseline_score",
+]  # not the curves
 
 
 def parse_args() -> argparse.Namespace:
@@ -49,8 +58,9 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--initial-seeds", type=int, default=3)
     parser.add_argument("--max-seeds", type=int, default=12)
     parser.add_argument("--seeds-per-round", type=int, default=1)
-    parser.add_argument("--together", action="store_true",
-                        help="every arm from the first round (settle.learned_first: false)")
+    parser.add_argument(
+        "--together", action="store_true", help="every arm from the first round (settle.learned_first: false)"
+    )
     parser.add_argument("--precision", default="auto")
     parser.add_argument("--cpus-per-trial", type=float, default=1.0)
     parser.add_argument("--store", default="./sweeps")
@@ -60,13 +70,24 @@ def parse_args() -> argparse.Namespace:
 
 def spec_of(args: argparse.Namespace, settle: bool):
     """The sweep in settle mode, or the fixed grid of max_seeds seeds: the same cells either way."""
-    raw = {"name": args.name, "model": args.model, "datasets": [args.dataset], "train_sizes": args.train_sizes,
-           "frozen_layers": args.frozen_layers, "training": {"precision": args.precision},
-           "resources": {"gpus_per_trial": 0, "cpus_per_trial": args.cpus_per_trial}, "store": args.store}
+    raw = {
+        "name": args.name,
+        "model": args.model,
+        "datasets": [args.dataset],
+        "train_sizes": args.train_sizes,
+        "frozen_layers": args.frozen_layers,
+        "training": {"precision": args.precision},
+        "resources": {"gpus_per_trial": 0, "cpus_per_trial": args.cpus_per_trial},
+        "store": args.store,
+    }
     if settle:
-        raw["settle"] = {"tolerance": args.tolerance, "initial_seeds": args.initial_seeds,
-                         "max_seeds": args.max_seeds, "seeds_per_round": args.seeds_per_round,
-                         "learned_first": not args.together}
+        raw["settle"] = {
+            "tolerance": args.tolerance,
+            "initial_seeds": args.initial_seeds,
+            "max_seeds": args.max_seeds,
+            "seeds_per_round": args.seeds_per_round,
+            "learned_first": not args.together,
+        }
     else:
         raw["seeds"] = list(range(args.max_seeds))
     return validate(raw, "settle_real benchmark")
@@ -92,11 +113,19 @@ def decisions(rows: pd.DataFrame, rule: SettleRule, looks: int | None, compariso
         moot = decision.learned.decision == NOTHING_LEARNED
         for c in (decision.learned, *decision.arms):
             arm = FULL if c.arm == "learned" else c.arm  # full fine-tuning against the baseline
-            table.append({"train_size": size, "arm": c.arm, "decision": MOOT if moot and arm != FULL else c.decision,
-                          "pairs": c.pairs, "interval": f"[{c.low:+.3f}, {c.high:+.3f}]",
-                          "collapsed": f"{c.collapsed}/{c.seeds}",
-                          "worse bound": "—" if c.arm == "learned" else f"{c.high_all:+.3f}",  # every seed's upper
-                          "trials": int(trials.get(arm, 0)), "advice": decision.advice or "none"})
+            table.append(
+                {
+                    "train_size": size,
+                    "arm": c.arm,
+                    "decision": MOOT if moot and arm != FULL else c.decision,
+                    "pairs": c.pairs,
+                    "interval": f"[{c.low:+.3f}, {c.high:+.3f}]",
+                    "collapsed": f"{c.collapsed}/{c.seeds}",
+                    "worse bound": "—" if c.arm == "learned" else f"{c.high_all:+.3f}",  # every seed's upper
+                    "trials": int(trials.get(arm, 0)),
+                    "advice": decision.advice or "none",
+                }
+            )
     return pd.DataFrame(table)
 
 
@@ -107,12 +136,25 @@ def side_by_side(settle: pd.DataFrame, fixed: pd.DataFrame) -> pd.DataFrame:
     learned = settle[settle["arm"] == "learned"].set_index("train_size")["decision"]
     never = side["decision settle"].isna()
     side.loc[never, ["pairs settle", "trials settle"]] = 0
-    side.loc[never, ["interval settle", "collapsed settle", "worse bound settle", "advice settle"]] = ["—", "—", "—", "none"]
-    side.loc[never, "decision settle"] = [MOOT if learned[n] == NOTHING_LEARNED else f"not run (learned: {learned[n]})"
-                                          for n in side.loc[never, "train_size"]]
+    side.loc[never, ["interval settle", "collapsed settle", "worse bound settle", "advice settle"]] = [
+        "—",
+        "—",
+        "—",
+        "none",
+    ]
+    side.loc[never, "decision settle"] = [
+        MOOT if learned[n] == NOTHING_LEARNED else f"not run (learned: {learned[n]})"
+        for n in side.loc[never, "train_size"]
+    ]
     side = side.astype({"pairs settle": int, "trials settle": int})
-    side = side[["train_size", "arm", *(c for c in side.columns if c.endswith(" settle")),
-                 *(c for c in side.columns if c.endswith(" fixed"))]]
+    side = side[
+        [
+            "train_size",
+            "arm",
+            *(c for c in side.columns if c.endswith(" settle")),
+            *(c for c in side.columns if c.endswith(" fixed")),
+        ]
+    ]
     return side.assign(same=side["decision settle"] == side["decision fixed"])
 
 
@@ -138,14 +180,18 @@ def main() -> None:
     side = side_by_side(settle, fixed)
     pd.set_option("display.width", 250)
     pd.set_option("display.max_columns", 20)
-    print(f"\n{args.model} on {args.dataset}, tolerance {rule.tolerance}, confidence {rule.confidence}, "
-          f"{rule.initial_seeds} initial seeds, +{rule.seeds_per_round} per round, max {rule.max_seeds} "
-          f"(settle: {rule.looks} looks; fixed grid: one look at {rule.max_seeds} seeds)\n")
+    print(
+        f"\n{args.model} on {args.dataset}, tolerance {rule.tolerance}, confidence {rule.confidence}, "
+        f"{rule.initial_seeds} initial seeds, +{rule.seeds_per_round} per round, max {rule.max_seeds} "
+        f"(settle: {rule.looks} looks; fixed grid: one look at {rule.max_seeds} seeds)\n"
+    )
     print(side.to_string(index=False))
     n_settle, n_fixed = len(settle_rows), len(fixed_rows)
     undecided = side[side["decision settle"] == UNDECIDED]
-    print(f"\ntrials: settle {n_settle}, fixed grid {n_fixed} ({n_settle / n_fixed:.0%}); "
-          f"same decisions: {int(side['same'].sum())}/{len(side)}; undecided in settle mode: {len(undecided)}")
+    print(
+        f"\ntrials: settle {n_settle}, fixed grid {n_fixed} ({n_settle / n_fixed:.0%}); "
+        f"same decisions: {int(side['same'].sum())}/{len(side)}; undecided in settle mode: {len(undecided)}"
+    )
     print(f"wall: settle run {settle_s / 60:.1f} min, the fixed grid's other trials {fixed_extra_s / 60:.1f} min")
 
 

@@ -60,8 +60,14 @@ def bench_eval(model, ids, labels, pad_id, plan, device, repeats) -> float:
     rows = ids.input_ids
     chunks = np.array_split(np.arange(len(ids)), len(sorted_batches))
     file_order = [collate(ids.select(c), labels[c], pad_id) for c in chunks]
-    padded = [collate(Tokens(tuple(np.pad(rows[i], (0, 128 - len(rows[i])), constant_values=pad_id) for i in c)),
-                      labels[c], pad_id) for c in chunks]
+    padded = [
+        collate(
+            Tokens(tuple(np.pad(rows[i], (0, 128 - len(rows[i])), constant_values=pad_id) for i in c)),
+            labels[c],
+            pad_id,
+        )
+        for c in chunks
+    ]
     base = timed(lambda: evaluate(model, padded, plan, device), repeats)
     row("padded to max_seq_length=128 (baseline)", base, base)
     row("dynamic padding, file order", timed(lambda: evaluate(model, file_order, plan, device), repeats), base)
@@ -74,8 +80,13 @@ def bench_checkpoint(model, eval_s: float, train_step_s: float, repeats: int) ->
     print("3. checkpoint at every evaluation (reference: 20 evaluations, 10 epochs)")
     optimizer = torch.optim.AdamW(model.parameters(), lr=5e-5)
     for p in model.parameters():  # AdamW state as after a first step: exp_avg and exp_avg_sq per weight
-        optimizer.state[p] = {"step": torch.tensor(1.0), "exp_avg": torch.zeros_like(p), "exp_avg_sq": torch.zeros_like(p)}
+        optimizer.state[p] = {
+            "step": torch.tensor(1.0),
+            "exp_avg": torch.zeros_like(p),
+            "exp_avg_sq": torch.zeros_like(p),
+        }
     with tempfile.TemporaryDirectory() as tmp:
+
         def save():
             model.save_pretrained(tmp)
             torch.save(optimizer.state_dict(), os.path.join(tmp, "optimizer.pt"))
@@ -85,13 +96,16 @@ def bench_checkpoint(model, eval_s: float, train_step_s: float, repeats: int) ->
     for n in (50, 1000):  # the smallest and largest cells of the study
         steps = 10 * -(-n // 16)
         trial_s = steps * train_step_s + 20 * eval_s
-        print(f"  train size {n:>4}: trial ≈ {trial_s:7.1f} s without checkpoints, {trial_s + 20 * save_s:7.1f} s with"
-              f"   x{(trial_s + 20 * save_s) / trial_s:5.2f} slower with (one save {save_s * 1000:.0f} ms)")
+        print(
+            f"  train size {n:>4}: trial ≈ {trial_s:7.1f} s without checkpoints, {trial_s + 20 * save_s:7.1f} s with"
+            f"   x{(trial_s + 20 * save_s) / trial_s:5.2f} slower with (one save {save_s * 1000:.0f} ms)"
+        )
 
 
 def bench_tokenize(tokenizer, split, repeats: int) -> None:
     print(f"4. tokenization of the train split ({len(split)} rows)")
     with tempfile.TemporaryDirectory() as tmp:
+
         def cold():
             for f in Path(tmp).rglob("*.parquet"):
                 f.unlink()
@@ -104,14 +118,19 @@ def bench_tokenize(tokenizer, split, repeats: int) -> None:
             tokenize_split(tokenizer, split, 128, Path(tmp), WorkerState())
 
         row("disk cache (another process, same machine)", timed(disk, repeats), base)
-        row("in-process cache (a reused Ray worker)", timed(lambda: tokenize_split(tokenizer, split, 128, Path(tmp)),
-                                                             repeats), base)
+        row(
+            "in-process cache (a reused Ray worker)",
+            timed(lambda: tokenize_split(tokenizer, split, 128, Path(tmp)), repeats),
+            base,
+        )
 
 
 def bench_precision(model_name, ids, labels, pad_id, device, repeats) -> float:
     print("2. one training step (batch 16, nothing frozen)")
     names = ["fp32", "bf16"] + (["fp16"] if device.type == "cuda" else [])
-    batch = train_batches(ids.select(range(16)), labels[:16], 16, pad_id, torch.Generator().manual_seed(0))[0].to(device)
+    batch = train_batches(ids.select(range(16)), labels[:16], 16, pad_id, torch.Generator().manual_seed(0))[0].to(
+        device
+    )
     results = {}
     for name in names:
         plan = resolve_precision(name, device)
@@ -147,8 +166,11 @@ def bench_eval_cache(model, ids, labels, pad_id, plan, device, repeats) -> None:
         assert matches_full_model(model, batches[0], prefix, plan, device), "the cached path must be exact"
         same = evaluate(model, batches, plan, device, prefix) == evaluate(model, batches, plan, device)
         runs = f"layers {k + 1}..{layers} and the head" if k < layers else "the head only"
-        row(f"k = {k}: {runs}" + ("" if same else " (NOT EXACT)"),
-            timed(lambda: evaluate(model, batches, plan, device, prefix), repeats), full)
+        row(
+            f"k = {k}: {runs}" + ("" if same else " (NOT EXACT)"),
+            timed(lambda: evaluate(model, batches, plan, device, prefix), repeats),
+            full,
+        )
 
 
 def bench_unpadded(model_name, train_ids, val_ids, train_labels, val_labels, pad_id, plan, device, repeats) -> None:
@@ -164,8 +186,10 @@ def bench_unpadded(model_name, train_ids, val_ids, train_labels, val_labels, pad
     model = build_model(model_name, 2, "pretrained").to(device)
     rows = np.arange(200)
     epoch = train_batches(train_ids.select(rows), train_labels[rows], 16, pad_id, torch.Generator().manual_seed(0))
-    print(f"  training batches: {np.mean([b.input_ids.numel() for b in epoch]):.0f} positions, "
-          f"{np.mean([int(b.attention_mask.sum()) for b in epoch]):.0f} tokens on average")
+    print(
+        f"  training batches: {np.mean([b.input_ids.numel() for b in epoch]):.0f} positions, "
+        f"{np.mean([int(b.attention_mask.sum()) for b in epoch]):.0f} tokens on average"
+    )
     val = eval_batches(val_ids, val_labels, 64, pad_id)
     optimizer = torch.optim.AdamW(model.parameters(), lr=5e-5, fused=True)
 
@@ -189,7 +213,11 @@ def bench_unpadded(model_name, train_ids, val_ids, train_labels, val_labels, pad
     print(f"  validation pass ({len(val)} batches of 64), attention {model.config._attn_implementation}")
     row("full last layer, default attention (baseline)", base_eval, base_eval)
     with narrowed(model, reader):
-        row("last layer for the head's token only", timed(lambda: evaluate(model, val, plan, device), repeats), base_eval)
+        row(
+            "last layer for the head's token only",
+            timed(lambda: evaluate(model, val, plan, device), repeats),
+            base_eval,
+        )
         print(f"  one epoch of training ({len(epoch)} steps)")
         row("padded, full last layer, default attention (baseline)", base_train, base_train)
         row("padded, last layer narrowed", timed(lambda: train_epoch(PaddedFeed()), repeats), base_train)
@@ -203,8 +231,14 @@ def main() -> None:
     parser.add_argument("--data-dir", default=None)
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--only", type=int, nargs="+", choices=range(1, 7), default=range(1, 7),
-                        help="sections to run (3 needs 1 and 2)")
+    parser.add_argument(
+        "--only",
+        type=int,
+        nargs="+",
+        choices=range(1, 7),
+        default=range(1, 7),
+        help="sections to run (3 needs 1 and 2)",
+    )
     args = parser.parse_args()
     import transformers
 
@@ -217,8 +251,10 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         val_ids = tokenize_split(tokenizer, task.validation, 128, Path(tmp))
         train_ids = tokenize_split(tokenizer, task.train, 128, Path(tmp))
-    print(f"model {args.model} on {args.dataset}, device {device} ({plan.name} autocast), "
-          f"torch {torch.__version__}, {torch.get_num_threads()} threads\n")
+    print(
+        f"model {args.model} on {args.dataset}, device {device} ({plan.name} autocast), "
+        f"torch {torch.__version__}, {torch.get_num_threads()} threads\n"
+    )
     model = build_model(args.model, task.num_labels, "pretrained").to(device)
     pad, labels, only = tokenizer.pad_token_id, task.validation.labels, set(args.only)
     if only & {1, 3}:

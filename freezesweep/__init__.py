@@ -31,10 +31,32 @@ if (_CHECKOUT / "pyproject.toml").is_file() and (_CHECKOUT / "trials" / "__init_
 
 # Each exported name and the module that defines it.
 _EXPORTS = {
-    **dict.fromkeys(["load_spec", "build_spec", "plan", "launch", "resume", "results", "results_arrow",
-                     "results_duckdb", "query", "status", "summary", "decide", "report", "compact", "export_mlflow", "Plan",
-                     "SweepStatus", "Decision", "Decisions", "SpecSource", "UnreadableRowsWarning"],
-                    "freezesweep.orchestrator.api"),
+    **dict.fromkeys(
+        [
+            "load_spec",
+            "build_spec",
+            "plan",
+            "launch",
+            "resume",
+            "results",
+            "results_arrow",
+            "results_duckdb",
+            "query",
+            "status",
+            "summary",
+            "decide",
+            "report",
+            "compact",
+            "export_mlflow",
+            "Plan",
+            "SweepStatus",
+            "Decision",
+            "Decisions",
+            "SpecSource",
+            "UnreadableRowsWarning",
+        ],
+        "freezesweep.orchestrator.api",
+    ),
     **dict.fromkeys(["SweepSpec", "SpecError"], "freezesweep.orchestrator.spec"),
     **dict.fromkeys(["LaunchSummary", "StoreUnavailable"], "freezesweep.orchestrator.launch"),
     "SweepLocked": "freezesweep.results.lock",
@@ -42,16 +64,61 @@ _EXPORTS = {
 }
 
 # Written out (not derived from _EXPORTS): static readers (IDEs, the API reference's griffe) read it as text.
-__all__ = ["load_spec", "build_spec", "plan", "launch", "resume", "results", "results_arrow", "results_duckdb", "query",
-           "status", "summary", "decide", "report", "compact", "export_mlflow", "Plan", "SweepStatus", "Decision", "Decisions",
-           "SpecSource", "UnreadableRowsWarning", "SweepSpec", "SpecError", "LaunchSummary", "StoreUnavailable",
-           "SweepLocked", "Report", "__version__"]
+__all__ = [
+    "load_spec",
+    "build_spec",
+    "plan",
+    "launch",
+    "resume",
+    "results",
+    "results_arrow",
+    "results_duckdb",
+    "query",
+    "status",
+    "summary",
+    "decide",
+    "report",
+    "compact",
+    "export_mlflow",
+    "Plan",
+    "SweepStatus",
+    "Decision",
+    "Decisions",
+    "SpecSource",
+    "UnreadableRowsWarning",
+    "SweepSpec",
+    "SpecError",
+    "LaunchSummary",
+    "StoreUnavailable",
+    "SweepLocked",
+    "Report",
+    "__version__",
+]
 
 if _TYPE_CHECKING:  # what type checkers, IDEs and the API reference see
-    from freezesweep.orchestrator.api import (Decision, Decisions, Plan, SpecSource, SweepStatus,
-                                              UnreadableRowsWarning, build_spec, compact, decide, export_mlflow, launch,
-                                              load_spec, plan, query, report, results, results_arrow,
-                                              results_duckdb, resume, status, summary)
+    from freezesweep.orchestrator.api import (
+        Decision,
+        Decisions,
+        Plan,
+        SpecSource,
+        SweepStatus,
+        UnreadableRowsWarning,
+        build_spec,
+        compact,
+        decide,
+        export_mlflow,
+        launch,
+        load_spec,
+        plan,
+        query,
+        report,
+        results,
+        results_arrow,
+        results_duckdb,
+        resume,
+        status,
+        summary,
+    )
     from freezesweep.orchestrator.launch import LaunchSummary, StoreUnavailable
     from freezesweep.orchestrator.spec import SpecError, SweepSpec
     from freezesweep.results.lock import SweepLocked

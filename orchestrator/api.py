@@ -45,9 +45,30 @@ if TYPE_CHECKING:  # the annotations only: importing them at run time would impo
 #: A spec as the API takes it: a YAML file's path, a mapping of its keys, or a :class:`SweepSpec`.
 SpecSource = Union[str, Path, Mapping[str, Any], SweepSpec]
 
-__all__ = ["SpecSource", "UnreadableRowsWarning", "Plan", "SweepStatus", "Decision", "Decisions", "load_spec",
-           "build_spec", "plan", "launch", "resume", "results", "results_arrow", "results_duckdb", "query", "status",
-           "summary", "decide", "report", "compact", "export_mlflow", "budget_prices"]
+__all__ = [
+    "SpecSource",
+    "UnreadableRowsWarning",
+    "Plan",
+    "SweepStatus",
+    "Decision",
+    "Decisions",
+    "load_spec",
+    "build_spec",
+    "plan",
+    "launch",
+    "resume",
+    "results",
+    "results_arrow",
+    "results_duckdb",
+    "query",
+    "status",
+    "summary",
+    "decide",
+    "report",
+    "compact",
+    "export_mlflow",
+    "budget_prices",
+]
 
 
 class UnreadableRowsWarning(UserWarning):
@@ -68,8 +89,14 @@ def _raw_spec(source: SpecSource, store: str | None, address: str | None) -> tup
     return {**raw, **{k: v for k, v in overrides.items() if v is not None}}, name
 
 
-def load_spec(source: SpecSource, *, store: str | None = None, address: str | None = None,
-              check_data: bool = True, check_devices: bool = True) -> SweepSpec:
+def load_spec(
+    source: SpecSource,
+    *,
+    store: str | None = None,
+    address: str | None = None,
+    check_data: bool = True,
+    check_devices: bool = True,
+) -> SweepSpec:
     """A sweep spec, validated: every problem named in one :class:`SpecError`.
 
     Args:
@@ -131,10 +158,22 @@ def plan(spec: SpecSource, *, store: str | None = None) -> Plan:
     done = {t for t, s in statuses.items() if s in FINAL_STATUSES}
     pending = list(next_cells(sweep, result_store, done))
     per_round = spec.resources.cells_per_round
-    at_once = spec.resources.max_concurrent_trials or max(1, int((os.cpu_count() or 1) // spec.resources.cpus_per_trial))
-    return Plan(spec.name, spec.settle is not None, cells, pending, len(done & {c.trial_id for c in cells}),
-                -(-len(pending) // per_round), status_table(cells, statuses), _work(cells, pending, rows), at_once,
-                note, spec.cell_count_words())
+    at_once = spec.resources.max_concurrent_trials or max(
+        1, int((os.cpu_count() or 1) // spec.resources.cpus_per_trial)
+    )
+    return Plan(
+        spec.name,
+        spec.settle is not None,
+        cells,
+        pending,
+        len(done & {c.trial_id for c in cells}),
+        -(-len(pending) // per_round),
+        status_table(cells, statuses),
+        _work(cells, pending, rows),
+        at_once,
+        note,
+        spec.cell_count_words(),
+    )
 
 
 def _work(cells: list[TrialConfig], pending: list[TrialConfig], rows: pd.DataFrame) -> WorkEstimate | None:
@@ -179,8 +218,9 @@ def sigterm_as_interrupt() -> Iterator[list[int]]:
 _RECEIVED: list[list[int]] = []  # the signals list of the handler installed now, if any
 
 
-def launch(spec: SpecSource, *, store: str | None = None, address: str | None = None,
-           progress: bool = True) -> LaunchSummary:
+def launch(
+    spec: SpecSource, *, store: str | None = None, address: str | None = None, progress: bool = True
+) -> LaunchSummary:
     """Validate a spec (against the cluster when there is one), then run every cell that has no ok row
     yet, blocking until the sweep is done, and return what happened.
 
@@ -228,8 +268,11 @@ def _launch(raw: Any, source: str, progress: bool) -> LaunchSummary:
         for note in data_notes(spec):
             print(f"note: {note}", file=sys.stderr)
         if spec.cell_count() > LARGE_GRID:
-            print(f"a large grid: {spec.cell_count():,} cells ({spec.cell_count_words()}), run in rounds of "
-                  f"{spec.resources.cells_per_round:,}", file=sys.stderr)
+            print(
+                f"a large grid: {spec.cell_count():,} cells ({spec.cell_count_words()}), run in rounds of "
+                f"{spec.resources.cells_per_round:,}",
+                file=sys.stderr,
+            )
         summary_ = run_launch(spec, show_progress=progress, session=session)
     return dataclasses.replace(summary_, terminated=bool(terminated))
 
@@ -253,9 +296,13 @@ def _store(name: str, store: str | None) -> ResultStore:
 
 def _warn_unreadable(result_store: ResultStore) -> None:
     if result_store.unreadable:
-        warnings.warn(f"skipped {len(result_store.unreadable)} unreadable row file(s) (`freezesweep resume "
-                      f"{result_store.sweep}` moves them aside and runs their cells again): "
-                      + ", ".join(result_store.unreadable), UnreadableRowsWarning, stacklevel=3)
+        warnings.warn(
+            f"skipped {len(result_store.unreadable)} unreadable row file(s) (`freezesweep resume "
+            f"{result_store.sweep}` moves them aside and runs their cells again): "
+            + ", ".join(result_store.unreadable),
+            UnreadableRowsWarning,
+            stacklevel=3,
+        )
 
 
 def results(name: str, *, store: str | None = None, columns: Sequence[str] | None = None) -> pd.DataFrame:
@@ -353,8 +400,10 @@ def _compact_advice(result_store: ResultStore, statuses: dict[str, str]) -> list
     if singles <= COMPACT_ADVICE_FILES:
         return []
     where = "" if result_store.uri == DEFAULT_STORE else f" --store {result_store.uri}"
-    return [f"note: {singles:,} final rows are in single-row files, each opened by every command: run "
-            f"`freezesweep compact {result_store.sweep}{where}` to put them into one Parquet part"]
+    return [
+        f"note: {singles:,} final rows are in single-row files, each opened by every command: run "
+        f"`freezesweep compact {result_store.sweep}{where}` to put them into one Parquet part"
+    ]
 
 
 def summary(name: str, *, store: str | None = None, metric: str | None = None) -> pd.DataFrame:
@@ -383,12 +432,18 @@ def _sweep_rows(name: str, store: str | None, tolerance: float | None) -> SweepR
     settle = sweep.spec.settle
     rule = settle.rule() if settle else None
     if rule is not None and tolerance is not None and tolerance != rule.tolerance:
-        raise SpecError([f"sweep {name!r} is a settle sweep asked at tolerance {rule.tolerance:g}: its rounds stopped "
-                         "on that question, and a tolerance chosen after seeing the rows voids the confidence; report "
-                         f"it without a tolerance, or ask {tolerance:g} as a new settle sweep (a new name)"], name)
+        raise SpecError(
+            [
+                f"sweep {name!r} is a settle sweep asked at tolerance {rule.tolerance:g}: its rounds stopped "
+                "on that question, and a tolerance chosen after seeing the rows voids the confidence; report "
+                f"it without a tolerance, or ask {tolerance:g} as a new settle sweep (a new name)"
+            ],
+            name,
+        )
     family = (rule, rule.looks, sweep_comparisons(sweep)) if rule else None
-    rows = SweepRows.from_store(result_store, status_table(_counted_cells(sweep, result_store),
-                                                           result_store.statuses()), family)
+    rows = SweepRows.from_store(
+        result_store, status_table(_counted_cells(sweep, result_store), result_store.statuses()), family
+    )
     _warn_unreadable(result_store)
     return rows
 
@@ -434,9 +489,18 @@ def _decision(record: dict[str, Any]) -> Decision:
         return None if value is None or value != value else float(value)  # NaN: no advice
 
     k = number("frozen_layers")
-    return Decision(record["sweep"], record["dataset"], int(record["train_size"]), record["learned"],
-                    None if k is None else int(k), number("mean_diff"), number("ci_low"), number("ci_high"),
-                    record["sentence"], record)
+    return Decision(
+        record["sweep"],
+        record["dataset"],
+        int(record["train_size"]),
+        record["learned"],
+        None if k is None else int(k),
+        number("mean_diff"),
+        number("ci_low"),
+        number("ci_high"),
+        record["sentence"],
+        record,
+    )
 
 
 def decide(names: str | Sequence[str], *, store: str | None = None, tolerance: float | None = None) -> Decisions:
@@ -456,8 +520,9 @@ def _tolerance(tolerance: float | None) -> float:
     return TOLERANCE if tolerance is None else tolerance
 
 
-def report(names: str | Sequence[str], out: str | Path, *, store: str | None = None,
-           tolerance: float | None = None) -> Report:
+def report(
+    names: str | Sequence[str], out: str | Path, *, store: str | None = None, tolerance: float | None = None
+) -> Report:
     """Write the report of one or more sweeps (side by side) to ``out``: ``index.html`` (self-contained),
     ``report.md`` and ``figures/``. Returns what it holds: ``decisions``, ``completeness``, the tables
     and figures. Rebuilt at any time, also while a sweep runs: what is missing is said."""
@@ -500,8 +565,10 @@ def _budget_price(resolved: ResolvedSweep, group: pd.Series, measured: dict[tupl
     cells = [c for c in build_grid(grown) if (c.dataset, c.train_size) == (group["dataset"], group["train_size"])]
     estimate = estimate_work(cells, measured)
     cost = "" if estimate is None else f", about {estimate.trial_s / 3600:,.2f} trial-hours at the measured times"
-    return (f"{group['dataset']}, n = {group['train_size']}: a new settle sweep with settle.max_seeds {budget} runs "
-            f"at most {len(cells):,} trials for this size{cost} (`freezesweep plan` on its spec prices the whole sweep)")
+    return (
+        f"{group['dataset']}, n = {group['train_size']}: a new settle sweep with settle.max_seeds {budget} runs "
+        f"at most {len(cells):,} trials for this size{cost} (`freezesweep plan` on its spec prices the whole sweep)"
+    )
 
 
 def compact(name: str, *, store: str | None = None, on_note: Callable[[str], None] | None = None) -> int:
@@ -519,8 +586,9 @@ def compact(name: str, *, store: str | None = None, on_note: Callable[[str], Non
         return result_store.compact()
 
 
-def export_mlflow(name: str, *, store: str | None = None, tracking_uri: str | None = None,
-                  experiment: str | None = None) -> "Exported":
+def export_mlflow(
+    name: str, *, store: str | None = None, tracking_uri: str | None = None, experiment: str | None = None
+) -> "Exported":
     """Every row of a sweep as an MLflow run (axes and protocol as params, best and final metrics, the
     evaluation curve as stepped metrics, status/node/precision as tags), in ``experiment`` (default: the
     sweep's name) at ``tracking_uri`` (default: MLflow's own, ``MLFLOW_TRACKING_URI``). Idempotent: run

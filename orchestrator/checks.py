@@ -18,8 +18,17 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Protocol
 
-from freezesweep.orchestrator.spec import (DEFAULT_STORE, NAME_PATTERN, SettleSpec, SpecError, SweepSpec, parse,
-                                          read_stored_spec, read_yaml, spec_aliases)
+from freezesweep.orchestrator.spec import (
+    DEFAULT_STORE,
+    NAME_PATTERN,
+    SettleSpec,
+    SpecError,
+    SweepSpec,
+    parse,
+    read_stored_spec,
+    read_yaml,
+    spec_aliases,
+)
 from freezesweep.results.store import ResultStore, StoreError, check_store_root, open_filesystem
 from freezesweep.trials.data import GLUE_PAIR_TASKS, DatasetError, describe_task, official_metric, shape_words
 from freezesweep.trials.metrics import METRICS
@@ -34,8 +43,13 @@ class ClusterView(Protocol):
         """The total resources of each alive node (connecting to the cluster if need be)."""
 
 
-def validate(raw: Any, source: str = "sweep spec", cluster: ClusterView | None = None,
-             semantic: bool = True, devices: bool = True) -> SweepSpec:
+def validate(
+    raw: Any,
+    source: str = "sweep spec",
+    cluster: ClusterView | None = None,
+    semantic: bool = True,
+    devices: bool = True,
+) -> SweepSpec:
     """A parsed YAML mapping as a SweepSpec; one SpecError naming every problem of both layers.
     ``semantic=False``: shapes and values only (a stored spec, for inspection); ``devices=False``: not
     the GPUs and CPUs the trials need (a dry run, planned away from them; what the spec itself rules
@@ -48,8 +62,13 @@ def validate(raw: Any, source: str = "sweep spec", cluster: ClusterView | None =
     return spec
 
 
-def load_spec(path: str | Path, overrides: Mapping[str, Any] | None = None, semantic: bool = True,
-              cluster: ClusterView | None = None, devices: bool = True) -> SweepSpec:
+def load_spec(
+    path: str | Path,
+    overrides: Mapping[str, Any] | None = None,
+    semantic: bool = True,
+    cluster: ClusterView | None = None,
+    devices: bool = True,
+) -> SweepSpec:
     """A spec file, validated (``overrides``: keys given on the command line, those not None)."""
     return validate(read_yaml(path, overrides), str(path), cluster, semantic, devices)
 
@@ -85,9 +104,11 @@ def select_metrics(spec: SweepSpec) -> dict[str, str]:
     chosen, t = spec.training.select_metric, spec.training
     if isinstance(chosen, str):
         return dict.fromkeys(spec.datasets, chosen)
-    return {d: (chosen or {}).get(d) or official_metric(d, spec.data_dir, t.text_column, t.label_column,
-                                                       t.text_pair_column, t.empty_texts)
-            for d in spec.datasets}
+    return {
+        d: (chosen or {}).get(d)
+        or official_metric(d, spec.data_dir, t.text_column, t.label_column, t.text_pair_column, t.empty_texts)
+        for d in spec.datasets
+    }
 
 
 def model_depths(spec: SweepSpec) -> dict[str, int]:
@@ -130,8 +151,10 @@ def _model_problems(raw: dict[str, Any]) -> list[str]:
         problems += _sequence_problems(model, raw)
         too_deep = [k for k in _ints(raw.get("frozen_layers")) if layers is not None and k > layers]
         if too_deep and "freeze" in methods:
-            problems.append(f"frozen_layers: {too_deep} exceed the {layers} encoder layers of {model} "
-                            "('all' freezes every layer of each model)")
+            problems.append(
+                f"frozen_layers: {too_deep} exceed the {layers} encoder layers of {model} "
+                "('all' freezes every layer of each model)"
+            )
         if "lora" in methods:
             problems += [f"lora.targets: {model}: {p}" for p in lora_problems(model, _strs(targets) or None)]
     return problems
@@ -179,12 +202,15 @@ def _sequence_problems(model: str, raw: dict[str, Any]) -> list[str]:
         return []  # pydantic's to report
     tokenizer = load_tokenizer(model)
     pair = bool(training.get("text_pair_column")) or any(
-        d.startswith("glue/") and d.split("/", 1)[1] in GLUE_PAIR_TASKS for d in _strs(raw.get("datasets")))
+        d.startswith("glue/") and d.split("/", 1)[1] in GLUE_PAIR_TASKS for d in _strs(raw.get("datasets"))
+    )
     special = tokenizer.num_special_tokens_to_add(pair=pair)
     if length > special:
         return []
-    return [f"training.max_seq_length: {length} leaves no room for text: {model}'s tokenizer adds {special} special "
-            f"tokens{' to a sentence pair' if pair else ''} (at least {special + 1}; the reference uses 128)"]
+    return [
+        f"training.max_seq_length: {length} leaves no room for text: {model}'s tokenizer adds {special} special "
+        f"tokens{' to a sentence pair' if pair else ''} (at least {special + 1}; the reference uses 128)"
+    ]
 
 
 def lora_problems(model: str, targets: list[str] | None) -> list[str]:
@@ -242,8 +268,10 @@ def _class_problems(dataset: str, sizes: list[int], shape) -> list[str]:
     rarest = sorted(shape.class_counts.items(), key=lambda item: item[1])[: shape.num_labels - too_small[0]]
     left_out = ", ".join(f"{name!r} ({count} train rows)" for name, count in rarest)
     missing = shape.num_labels - too_small[0]
-    return [f"train_sizes: {too_small} below the {shape.num_labels} classes of {dataset} (a stratified subset holds "
-            f"at least one row of each class; {too_small[0]} rows leave out {missing} class(es), the rarest: {left_out})"]
+    return [
+        f"train_sizes: {too_small} below the {shape.num_labels} classes of {dataset} (a stratified subset holds "
+        f"at least one row of each class; {too_small[0]} rows leave out {missing} class(es), the rarest: {left_out})"
+    ]
 
 
 def _data_options(training: dict) -> dict[str, str]:
@@ -267,7 +295,9 @@ def data_notes(spec: SweepSpec) -> list[str]:
         dropped = {split: n for split, n in describe_task(dataset, spec.data_dir, **options).dropped.items() if n}
         if dropped:
             counts = " and ".join(f"{n} {split}" for split, n in dropped.items())
-            notes.append(f"{dataset}: dropped {counts} row(s) with an empty or missing text (training.empty_texts: drop)")
+            notes.append(
+                f"{dataset}: dropped {counts} row(s) with an empty or missing text (training.empty_texts: drop)"
+            )
     return notes
 
 
@@ -301,8 +331,10 @@ def _device_problems(gpus_per_trial: Any, cpus_per_trial: Any, cluster: ClusterV
 
         if not torch.cuda.is_available():
             needs = _AUTO if auto else f"resources.gpus_per_trial: {gpus} GPU per trial"
-            problems.append(f"{needs}, but this machine has no CUDA GPU (set a share, 0 for CPU trials, or pass "
-                            "--address of a cluster with GPUs)")
+            problems.append(
+                f"{needs}, but this machine has no CUDA GPU (set a share, 0 for CPU trials, or pass "
+                "--address of a cluster with GPUs)"
+            )
     return problems
 
 
@@ -315,8 +347,11 @@ def cluster_problems(cluster: ClusterView, cpus: float, gpus: float, auto: bool 
     if any(n.get("CPU", 0) >= cpus and n.get("GPU", 0) >= gpus for n in nodes):
         return []
     has = "; ".join(f"{n.get('CPU', 0):g} CPU, {n.get('GPU', 0):g} GPU" for n in nodes) or "no alive node"
-    needs = f"{_AUTO} ({cpus:g} CPU and 1 GPU on one node)" if auto else \
-        f"resources: a trial needs {cpus:g} CPU and {gpus:g} GPU on one node"
+    needs = (
+        f"{_AUTO} ({cpus:g} CPU and 1 GPU on one node)"
+        if auto
+        else f"resources: a trial needs {cpus:g} CPU and {gpus:g} GPU on one node"
+    )
     return [f"{needs}, but no node of the cluster at {cluster.address!r} has them (its nodes: {has})"]
 
 
@@ -361,7 +396,9 @@ def _protocol_changes(stored: dict[str, Any], raw: dict[str, Any]) -> list[str]:
     protocol_keys = ("split_seed", "training", "lora", "probe")
     # The new protocol on its own: the stored spec's other keys stand in for the new spec's, so a
     # protocol change is reported even when other parts of the new spec are invalid.
-    overlay = {k: v for k, v in stored.items() if k not in protocol_keys} | {k: raw[k] for k in protocol_keys if k in raw}
+    overlay = {k: v for k, v in stored.items() if k not in protocol_keys} | {
+        k: raw[k] for k in protocol_keys if k in raw
+    }
     # "auto" is resolved on the trials' hardware at launch, which refuses a mismatch naming both.
     training = overlay.get("training") if isinstance(overlay.get("training"), dict) else {}
     if training.get("precision", "auto") == "auto":
@@ -370,7 +407,9 @@ def _protocol_changes(stored: dict[str, Any], raw: dict[str, Any]) -> list[str]:
     new_datasets = raw.get("datasets") if isinstance(raw.get("datasets"), list) else []
     common = [d for d in stored.get("datasets") or [] if d in new_datasets]
     try:
-        old, new = (SweepSpec.model_validate({**s, "datasets": common or stored["datasets"]}) for s in (stored, overlay))
+        old, new = (
+            SweepSpec.model_validate({**s, "datasets": common or stored["datasets"]}) for s in (stored, overlay)
+        )
         # nothing to compare select_metric on: leave it out, never resolve it from the data
         old_protocol, new_protocol = (s.protocol(select_metrics(s) if common else {}) for s in (old, new))
     except Exception:
@@ -401,13 +440,18 @@ def _settle_changes(stored: dict[str, Any], raw: dict[str, Any]) -> list[str]:
         before, after = getattr(old, key), getattr(new, key)
         if before == after:
             continue
-        why = (f"it would take {new.rule().looks} looks where the stored rows' confidence was shared by "
-               f"{old.rule().looks}" if key in ("initial_seeds", "seeds_per_round", "max_seeds") and
-               new.rule().looks != old.rule().looks else "its looks so far were paid for at the old rule's level"
-               if key != "tolerance" else "a tolerance chosen after seeing the rows voids the confidence")
-        problems.append(f"settle.{key}: changed from {before!r} to {after!r}, but sweep {raw['name']!r} already has "
-                        f"rows: {why} (a new question: start a new sweep name, whose seeds and looks are its own; "
-                        "`freezesweep plan` prices it)")
+        why = (
+            f"it would take {new.rule().looks} looks where the stored rows' confidence was shared by {old.rule().looks}"
+            if key in ("initial_seeds", "seeds_per_round", "max_seeds") and new.rule().looks != old.rule().looks
+            else "its looks so far were paid for at the old rule's level"
+            if key != "tolerance"
+            else "a tolerance chosen after seeing the rows voids the confidence"
+        )
+        problems.append(
+            f"settle.{key}: changed from {before!r} to {after!r}, but sweep {raw['name']!r} already has "
+            f"rows: {why} (a new question: start a new sweep name, whose seeds and looks are its own; "
+            "`freezesweep plan` prices it)"
+        )
     return problems
 
 

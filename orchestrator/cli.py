@@ -22,8 +22,12 @@ from rich.table import Table
 from freezesweep.orchestrator import api
 from freezesweep.orchestrator.spec import DEFAULT_STORE
 
-app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
-                  help="How many layers to freeze for the data you have: sweeps of fine-tunes into a Parquet store.")
+app = typer.Typer(
+    add_completion=False,
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    help="How many layers to freeze for the data you have: sweeps of fine-tunes into a Parquet store.",
+)
 console = Console(width=None if sys.stdout.isatty() else 200)
 err_console = Console(stderr=True, soft_wrap=True)
 
@@ -47,11 +51,17 @@ def _show_warning(message, category, filename, lineno, file=None, line=None) -> 
 @app.command()
 def trial(
     model: Annotated[str, typer.Option(help="hub id or local model folder")],
-    dataset: Annotated[str, typer.Option(help="glue/<task> (sst2, cola, rte, mrpc, stsb, qnli, mnli, qqp), a folder with "
-                                               "train/validation files, or TRAIN,VALIDATION files")],
+    dataset: Annotated[
+        str,
+        typer.Option(
+            help="glue/<task> (sst2, cola, rte, mrpc, stsb, qnli, mnli, qqp), a folder with "
+            "train/validation files, or TRAIN,VALIDATION files"
+        ),
+    ],
     train_size: Annotated[int, typer.Option()],
-    frozen_layers: Annotated[Optional[int], typer.Option(
-        help="freeze: -1 embeddings only, 0 nothing, k embeddings + first k layers")] = None,
+    frozen_layers: Annotated[
+        Optional[int], typer.Option(help="freeze: -1 embeddings only, 0 nothing, k embeddings + first k layers")
+    ] = None,
     method: Annotated[str, typer.Option(help="freeze | lora | probe")] = "freeze",
     lora_rank: Annotated[Optional[int], typer.Option(help="lora: the adapters' rank")] = None,
     seed: Annotated[int, typer.Option()] = 0,
@@ -65,8 +75,9 @@ def trial(
     text_pair_column: Annotated[Optional[str], typer.Option(help="second text of a sentence pair")] = None,
     label_column: Annotated[Optional[str], typer.Option()] = None,
     empty_texts: Annotated[Optional[str], typer.Option(help="refuse (default) | drop: rows with an empty text")] = None,
-    select_metric: Annotated[Optional[str], typer.Option(
-        help="picks the best evaluation (default: the task's official metric)")] = None,
+    select_metric: Annotated[
+        Optional[str], typer.Option(help="picks the best evaluation (default: the task's official metric)")
+    ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="print the full result as JSON")] = False,
 ) -> None:
     """Run one trial locally, without Ray, and print its result."""
@@ -77,17 +88,36 @@ def trial(
     from freezesweep.trials.precision import PrecisionError, resolve_config
     from freezesweep.trials.run import check_method, failed_result, run_trial
 
-    given = {"epochs": epochs, "max_eval_examples": max_eval_examples, "precision": precision, "model_init": model_init,
-             "text_column": text_column, "text_pair_column": text_pair_column, "label_column": label_column,
-             "empty_texts": empty_texts}
+    given = {
+        "epochs": epochs,
+        "max_eval_examples": max_eval_examples,
+        "precision": precision,
+        "model_init": model_init,
+        "text_column": text_column,
+        "text_pair_column": text_pair_column,
+        "label_column": label_column,
+        "empty_texts": empty_texts,
+    }
     try:
         # the protocol as a sweep's cell gets it: the spec's training section, its defaults TrialConfig's
         protocol = TrainingSpec(**{k: v for k, v in given.items() if v is not None})
-        select_metric = select_metric or official_metric(dataset, data_dir, text_column, label_column, text_pair_column,
-                                                         protocol.empty_texts)
-        cfg = TrialConfig(dataset=dataset, model=model, train_size=train_size, frozen_layers=frozen_layers, seed=seed,
-                          method=method, lora_rank=lora_rank, **method_fields(method), split_seed=split_seed,
-                          data_dir=data_dir, select_metric=select_metric, **protocol.trial_fields())
+        select_metric = select_metric or official_metric(
+            dataset, data_dir, text_column, label_column, text_pair_column, protocol.empty_texts
+        )
+        cfg = TrialConfig(
+            dataset=dataset,
+            model=model,
+            train_size=train_size,
+            frozen_layers=frozen_layers,
+            seed=seed,
+            method=method,
+            lora_rank=lora_rank,
+            **method_fields(method),
+            split_seed=split_seed,
+            data_dir=data_dir,
+            select_metric=select_metric,
+            **protocol.trial_fields(),
+        )
         cfg = resolve_config(cfg)  # "auto" → what this machine runs natively; the row names it
         check_method(cfg)
     except (PrecisionError, DatasetError, ValueError) as exc:  # pydantic's ValidationError is a ValueError
@@ -105,9 +135,27 @@ def trial(
 
 def _print_trial(result) -> None:
     table = Table(title=f"trial {result.trial_id}", show_header=False)
-    fields = ["status", "select_metric", "best_val_score", "best_epoch", "final_val_score", "baseline_score",
-              "best_val_accuracy", "majority_baseline", "trainable_params", "total_params", "train_time_s",
-              "eval_time_s", "wall_time_s", "train_examples_per_s", "peak_mem_mb", "device", "precision", "train_indices_digest", "error"]
+    fields = [
+        "status",
+        "select_metric",
+        "best_val_score",
+        "best_epoch",
+        "final_val_score",
+        "baseline_score",
+        "best_val_accuracy",
+        "majority_baseline",
+        "trainable_params",
+        "total_params",
+        "train_time_s",
+        "eval_time_s",
+        "wall_time_s",
+        "train_examples_per_s",
+        "peak_mem_mb",
+        "device",
+        "precision",
+        "train_indices_digest",
+        "error",
+    ]
     for name in fields:
         value = getattr(result, name)
         if value is not None:
@@ -118,7 +166,9 @@ def _print_trial(result) -> None:
     console.print(table)
 
 
-StoreOpt = Annotated[Optional[str], typer.Option("--store", help=f"store root (default: the spec's, else {DEFAULT_STORE})")]
+StoreOpt = Annotated[
+    Optional[str], typer.Option("--store", help=f"store root (default: the spec's, else {DEFAULT_STORE})")
+]
 
 
 class OutputFormat(str, Enum):
@@ -160,26 +210,37 @@ def _print_summary(summary, stopped: int) -> None:
     recovered = f", {summary.recovered} recovered from Ray's state" if summary.recovered else ""
     if summary.gpu_packing:
         console.print(summary.gpu_packing, highlight=False)
-    retried = f" ({summary.oom_retried} run again with twice the GPU share after running out of memory)" \
-        if summary.oom_retried else ""
-    console.print(f"sweep {summary.sweep}: {summary.total} cells, {summary.already_ok} already done{recovered}, "
-                  f"ran {summary.ran}: {summary.ok} ok, {summary.failed} failed/oom{retried}"
-                  + (f", {summary.diverged} diverged (a non-finite loss: final, not run again)" if summary.diverged else ""))
+    retried = (
+        f" ({summary.oom_retried} run again with twice the GPU share after running out of memory)"
+        if summary.oom_retried
+        else ""
+    )
+    console.print(
+        f"sweep {summary.sweep}: {summary.total} cells, {summary.already_ok} already done{recovered}, "
+        f"ran {summary.ran}: {summary.ok} ok, {summary.failed} failed/oom{retried}"
+        + (f", {summary.diverged} diverged (a non-finite loss: final, not run again)" if summary.diverged else "")
+    )
     console.print(f"store: {summary.store}/{summary.sweep}/results/")
     if summary.unfinished:
-        console.print(f"{summary.unfinished} cells not finished (interrupted): `freezesweep resume {summary.sweep}` runs them")
+        console.print(
+            f"{summary.unfinished} cells not finished (interrupted): `freezesweep resume {summary.sweep}` runs them"
+        )
         raise typer.Exit(stopped)
     if summary.failed:
         raise typer.Exit(1)
 
 
-AddressOpt = Annotated[Optional[str], typer.Option(help="Ray cluster address (default: the spec's, else RAY_ADDRESS, "
-                                                        "else a local Ray)")]
+AddressOpt = Annotated[
+    Optional[str], typer.Option(help="Ray cluster address (default: the spec's, else RAY_ADDRESS, else a local Ray)")
+]
 
 
 @app.command()
-def launch(spec_path: Annotated[Path, typer.Argument(metavar="SPEC", help="sweep spec YAML")], store: StoreOpt = None,
-           address: AddressOpt = None) -> None:
+def launch(
+    spec_path: Annotated[Path, typer.Argument(metavar="SPEC", help="sweep spec YAML")],
+    store: StoreOpt = None,
+    address: AddressOpt = None,
+) -> None:
     """Validate a spec, then run every cell that has no ok row yet."""
     _run_launch(lambda: api.launch(spec_path, store=store, address=address))
 
@@ -191,7 +252,9 @@ def resume(sweep: str, store: StoreOpt = None, address: AddressOpt = None) -> No
 
 
 @app.command()
-def plan(spec_path: Annotated[Path, typer.Argument(metavar="SPEC", help="sweep spec YAML")], store: StoreOpt = None) -> None:
+def plan(
+    spec_path: Annotated[Path, typer.Argument(metavar="SPEC", help="sweep spec YAML")], store: StoreOpt = None
+) -> None:
     """A dry run: the grid's cells per axis, done and pending against the store, and the work left as
     the store's own measured trial times price it. Nothing starts, nothing is written."""
     from freezesweep.orchestrator.spec import SpecError
@@ -203,12 +266,18 @@ def plan(spec_path: Annotated[Path, typer.Argument(metavar="SPEC", help="sweep s
         _fail(exc)
     cells, pending = len(planned.cells), len(planned.pending)
     if planned.settle:  # settle mode runs what the rows call for, round by round: the next one is known
-        console.print(f"sweep {planned.name}: settle mode, at most {cells:,} cells ({planned.size_words}); "
-                      f"{planned.done:,} done, the next round runs {pending:,}"
-                      + ("" if pending else ": settled, or at its budget"), highlight=False)
+        console.print(
+            f"sweep {planned.name}: settle mode, at most {cells:,} cells ({planned.size_words}); "
+            f"{planned.done:,} done, the next round runs {pending:,}"
+            + ("" if pending else ": settled, or at its budget"),
+            highlight=False,
+        )
     else:
-        console.print(f"sweep {planned.name}: {cells:,} cells ({planned.size_words}), {planned.done:,} done, "
-                      f"{pending:,} to run in {planned.rounds} round(s)", highlight=False)
+        console.print(
+            f"sweep {planned.name}: {cells:,} cells ({planned.size_words}), {planned.done:,} done, "
+            f"{pending:,} to run in {planned.rounds} round(s)",
+            highlight=False,
+        )
     if planned.note:
         console.print(f"note: {planned.note}", highlight=False)
     _print_frame(collapse_long_axes(planned.status), OutputFormat.table, f"sweep {planned.name}: cells per axis")
@@ -221,11 +290,13 @@ def _print_work(planned) -> None:
     if estimate is None:
         console.print("work: no measured trial in the store yet to estimate it from", highlight=False)
         return
-    console.print(f"work: about {estimate.trial_s / 3600:,.2f} trial-hours ({estimate.measured_cells:,} of "
-                  f"{pending:,} pending cells priced by rows of their own kind, from {estimate.measured_rows:,} "
-                  f"measured rows); about {estimate.trial_s / planned.trials_at_once / 3600:,.2f} h at "
-                  f"{planned.trials_at_once} trials at once (this machine's cores, or max_concurrent_trials)",
-                  highlight=False)
+    console.print(
+        f"work: about {estimate.trial_s / 3600:,.2f} trial-hours ({estimate.measured_cells:,} of "
+        f"{pending:,} pending cells priced by rows of their own kind, from {estimate.measured_rows:,} "
+        f"measured rows); about {estimate.trial_s / planned.trials_at_once / 3600:,.2f} h at "
+        f"{planned.trials_at_once} trials at once (this machine's cores, or max_concurrent_trials)",
+        highlight=False,
+    )
 
 
 @contextlib.contextmanager
@@ -254,11 +325,15 @@ def status(sweep: str, store: StoreOpt = None) -> None:
 
 
 @app.command()
-def query(sweep: str, store: StoreOpt = None,
-          sql: Annotated[str, typer.Option("--sql", help="SQL over the table `results`")] =
-          "SELECT dataset, model, method, train_size, frozen_layers, lora_rank, seed, status, select_metric, "
-          "best_val_score FROM results ORDER BY dataset, model, method, train_size, frozen_layers, lora_rank, seed",
-          fmt: Annotated[OutputFormat, typer.Option("--format")] = OutputFormat.table) -> None:
+def query(
+    sweep: str,
+    store: StoreOpt = None,
+    sql: Annotated[
+        str, typer.Option("--sql", help="SQL over the table `results`")
+    ] = "SELECT dataset, model, method, train_size, frozen_layers, lora_rank, seed, status, select_metric, "
+    "best_val_score FROM results ORDER BY dataset, model, method, train_size, frozen_layers, lora_rank, seed",
+    fmt: Annotated[OutputFormat, typer.Option("--format")] = OutputFormat.table,
+) -> None:
     """SQL (DuckDB) over the sweep's rows."""
     with _reading(sweep):
         try:
@@ -269,10 +344,15 @@ def query(sweep: str, store: StoreOpt = None,
 
 
 @app.command()
-def summary(sweep: str, store: StoreOpt = None,
-            metric: Annotated[Optional[str], typer.Option(help="another recorded metric (accuracy, f1, matthews, "
-                                                          "pearson, spearman) at the best evaluation")] = None,
-            fmt: Annotated[OutputFormat, typer.Option("--format")] = OutputFormat.table) -> None:
+def summary(
+    sweep: str,
+    store: StoreOpt = None,
+    metric: Annotated[
+        Optional[str],
+        typer.Option(help="another recorded metric (accuracy, f1, matthews, pearson, spearman) at the best evaluation"),
+    ] = None,
+    fmt: Annotated[OutputFormat, typer.Option("--format")] = OutputFormat.table,
+) -> None:
     """The selected metric at the best evaluation per dataset × train size × frozen layers (mean, median, std, min,
     max); with several models or methods, per model and method too (a LoRA cell by its rank, a probe on its own)."""
     with _reading(sweep):
@@ -303,9 +383,13 @@ def report(
     sweeps: Annotated[list[str], typer.Argument(metavar="SWEEP...", help="one or more sweeps, side by side")],
     out: Annotated[Path, typer.Option("--out", help="folder for index.html, report.md and figures/")],
     store: StoreOpt = None,
-    tolerance: Annotated[Optional[float], typer.Option(
-        help="how much of the selected metric below full fine-tuning still counts as as good (default: a settle "
-             "sweep's own, else 0.01)")] = None,
+    tolerance: Annotated[
+        Optional[float],
+        typer.Option(
+            help="how much of the selected metric below full fine-tuning still counts as as good (default: a settle "
+            "sweep's own, else 0.01)"
+        ),
+    ] = None,
 ) -> None:
     """The decision (how many layers to freeze per train size), figures, paired statistics: an HTML report."""
     with _reading(", ".join(sweeps)):
@@ -326,8 +410,9 @@ def compact(sweep: str, store: StoreOpt = None) -> None:
             compacted = api.compact(sweep, store=store, on_note=lambda note: err_console.print(note, highlight=False))
         except SweepLocked as exc:
             _fail(exc)
-    console.print(f"sweep {sweep}: {compacted} row(s) compacted" + (" into one part" if compacted else ""),
-                  highlight=False)
+    console.print(
+        f"sweep {sweep}: {compacted} row(s) compacted" + (" into one part" if compacted else ""), highlight=False
+    )
 
 
 export_app = typer.Typer(no_args_is_help=True, help="A sweep's rows to another tool.")
@@ -336,9 +421,11 @@ app.add_typer(export_app, name="export")
 
 @export_app.command("mlflow")
 def export_mlflow(
-    sweep: str, store: StoreOpt = None,
-    tracking_uri: Annotated[Optional[str], typer.Option(help="MLflow tracking URI (default: MLflow's own, "
-                                                              "MLFLOW_TRACKING_URI)")] = None,
+    sweep: str,
+    store: StoreOpt = None,
+    tracking_uri: Annotated[
+        Optional[str], typer.Option(help="MLflow tracking URI (default: MLflow's own, MLFLOW_TRACKING_URI)")
+    ] = None,
     experiment: Annotated[Optional[str], typer.Option(help="MLflow experiment (default: the sweep's name)")] = None,
 ) -> None:
     """Every row of a sweep as an MLflow run: axes and protocol as params, best and final metrics, the evaluation
@@ -350,8 +437,11 @@ def export_mlflow(
             _fail(f"MLflow is not installed ({exc}): pip install 'freezesweep[mlflow]'")
         except Exception as exc:  # the server unreachable or refusing: said plainly, no traceback
             _fail(f"MLflow export to {tracking_uri or 'the default tracking URI'} failed: {type(exc).__name__}: {exc}")
-    console.print(f"sweep {sweep}: {done.added} run(s) added, {done.replaced} replaced by a newer row, "
-                  f"{done.unchanged} already in MLflow (experiment id {done.experiment_id})", highlight=False)
+    console.print(
+        f"sweep {sweep}: {done.added} run(s) added, {done.replaced} replaced by a newer row, "
+        f"{done.unchanged} already in MLflow (experiment id {done.experiment_id})",
+        highlight=False,
+    )
 
 
 def main() -> None:  # python -m freezesweep.orchestrator.cli

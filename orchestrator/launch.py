@@ -36,8 +36,15 @@ from freezesweep.orchestrator import local_files
 from freezesweep.orchestrator.local_files import Shipment
 from freezesweep.orchestrator.checks import model_depths, stored_spec_mapping, validation_rows
 from freezesweep.orchestrator.driver_faults import DriverFaults
-from freezesweep.orchestrator.plan import (ResolvedSweep, grid_size, hungriest_frozen_layers, method_variants, rounds,
-                               with_doubled_gpu_share, with_resources)
+from freezesweep.orchestrator.plan import (
+    ResolvedSweep,
+    grid_size,
+    hungriest_frozen_layers,
+    method_variants,
+    rounds,
+    with_doubled_gpu_share,
+    with_resources,
+)
 from freezesweep.orchestrator.progress import SweepProgress
 from freezesweep.orchestrator.ray_session import RaySession, TaskFailed, auto_precision_task, memory_probe_task
 from freezesweep.orchestrator.ray_storage import RayStorage, checkpoint_storage_warning, ray_storage, store_cache_dir
@@ -86,8 +93,11 @@ def resolve_for_launch(spec: SweepSpec, session: RaySession) -> ResolvedSweep:
     check_stored_precision(spec, precision)
     shipment = session.ship(spec) if local_files.mode(spec, session.on_cluster) == "ship" else None
     decided, depths = resolve_spec(spec, precision), model_depths(spec)
-    share, measured = (None, None) if spec.resources.gpus_per_trial != "auto" else \
-        measure_gpu_share(decided, depths, shipment, session)
+    share, measured = (
+        (None, None)
+        if spec.resources.gpus_per_trial != "auto"
+        else measure_gpu_share(decided, depths, shipment, session)
+    )
     return ResolvedSweep(decided, depths, session.address, shipment, share, measured)
 
 
@@ -96,8 +106,14 @@ def preflight(spec: SweepSpec, session: RaySession) -> None:
     how = local_files.mode(spec, on_cluster=True)
     problems = session.check_nodes(local_files.NodeNeeds.of(spec, how))
     if problems:
-        why = (" (local_files: node_local: every node must hold the spec's data files and model folders at the "
-               "same paths; local_files: ship sends them)") if how == "node_local" else ""
+        why = (
+            (
+                " (local_files: node_local: every node must hold the spec's data files and model folders at the "
+                "same paths; local_files: ship sends them)"
+            )
+            if how == "node_local"
+            else ""
+        )
         raise SpecError(problems, f"preflight on the cluster's nodes{why}")
 
 
@@ -108,8 +124,12 @@ def resolve_precision(spec: SweepSpec, session: RaySession) -> str:
         return precision_here(spec)
     gpus = 1.0 if spec.resources.gpus_per_trial == "auto" else spec.resources.gpus_per_trial
     try:
-        [precision] = session.run_task(auto_precision_task, [{"device_type": "cuda" if gpus > 0 else "cpu"}],
-                                       cpus=spec.resources.cpus_per_trial, gpus=gpus)
+        [precision] = session.run_task(
+            auto_precision_task,
+            [{"device_type": "cuda" if gpus > 0 else "cpu"}],
+            cpus=spec.resources.cpus_per_trial,
+            gpus=gpus,
+        )
     except TaskFailed as exc:
         raise SpecError([f"resources: precision auto could not be resolved on the cluster: {exc}"], "launch") from None
     return precision
@@ -124,30 +144,42 @@ def check_stored_precision(spec: SweepSpec, precision: str) -> None:
         return
     if stored == "auto":
         raise SpecError([OLD_SWEEP], f"{store.uri}/{spec.name}")
-    raise SpecError([
-        f"training.precision: {spec.training.precision} resolves to {precision} here, but sweep {spec.name!r} was "
-        f"run in {stored} (set training.precision: {stored} to continue it in {stored}, or start a new sweep name)"
-    ], f"{store.uri}/{spec.name}")
+    raise SpecError(
+        [
+            f"training.precision: {spec.training.precision} resolves to {precision} here, but sweep {spec.name!r} was "
+            f"run in {stored} (set training.precision: {stored} to continue it in {stored}, or start a new sweep name)"
+        ],
+        f"{store.uri}/{spec.name}",
+    )
 
 
-def measure_gpu_share(spec: SweepSpec, model_layers: Mapping[str, int], shipment: Shipment | None,
-                      session: RaySession) -> tuple[float, str]:
+def measure_gpu_share(
+    spec: SweepSpec, model_layers: Mapping[str, int], shipment: Shipment | None, session: RaySession
+) -> tuple[float, str]:
     """``gpus_per_trial: auto``: one trial of the grid's hungriest depth measured on a GPU where the
     trials run (a Ray task holding a whole GPU, in a worker process that exits after it, so the memory
     it took goes back), one probe per model; the sweep packs as densely as its hungriest model allows
     (trials/memory_probe.py). ``spec``: resolved (its precision decided). Returns the share, and what
     was measured in words."""
     t = spec.training
-    shape = dict(batch_size=t.batch_size, max_seq_length=t.max_seq_length, model_init=t.model_init,
-                 eval_batch_size=t.eval_batch_size, precision=t.precision, eval_rows=validation_rows(spec),
-                 frozen_layers=hungriest_depth(spec, model_layers))
+    shape = dict(
+        batch_size=t.batch_size,
+        max_seq_length=t.max_seq_length,
+        model_init=t.model_init,
+        eval_batch_size=t.eval_batch_size,
+        precision=t.precision,
+        eval_rows=validation_rows(spec),
+        frozen_layers=hungriest_depth(spec, model_layers),
+    )
     calls = [{"model": model, "shipment": shipment, **shape} for model in spec.models()]
     try:
-        probes = session.run_task(memory_probe_task, calls, cpus=spec.resources.cpus_per_trial, gpus=1,
-                                  fresh_process=True)
+        probes = session.run_task(
+            memory_probe_task, calls, cpus=spec.resources.cpus_per_trial, gpus=1, fresh_process=True
+        )
     except TaskFailed as exc:
-        raise SpecError([f"resources.gpus_per_trial: auto: measuring one trial on a GPU failed: {exc}"],
-                        "launch") from None
+        raise SpecError(
+            [f"resources.gpus_per_trial: auto: measuring one trial on a GPU failed: {exc}"], "launch"
+        ) from None
     probe = max(probes, key=lambda p: p.gpus_per_trial)
     return probe.gpus_per_trial, f"gpus_per_trial auto: {describe(probe)}"
 
@@ -160,8 +192,9 @@ def hungriest_depth(spec: SweepSpec, model_layers: Mapping[str, int]) -> int:
 
 
 # --- run: the store is the source of truth --------------------------------------------------------
-def run(sweep: ResolvedSweep, session: RaySession, show_progress: bool = True,
-        trainable: Callable | None = None) -> LaunchSummary:
+def run(
+    sweep: ResolvedSweep, session: RaySession, show_progress: bool = True, trainable: Callable | None = None
+) -> LaunchSummary:
     """``trainable``: what each trial runs (None: the real one; benchmarks/scale.py passes an instant one)."""
     faults = DriverFaults.from_env()
     store = ResultStore(sweep.spec.store, sweep.name, on_staged=faults.on_staged)
@@ -178,20 +211,37 @@ def run(sweep: ResolvedSweep, session: RaySession, show_progress: bool = True,
         recovered = recover_rows(storage, sink, sweep.name, done)
         pending = peeked(c for c in pending if c.trial_id not in recovered)
         if pending is None:
-            return LaunchSummary(total, len(done), 0, 0, 0, recovered=len(recovered), sweep=sweep.name,
-                                 store=sweep.spec.store)
-        notice = checkpoint_storage_warning(bool(sweep.spec.training.checkpoint_every_epochs), sweep.spec.store,
-                                            storage, on_cluster=sweep.on_cluster)
+            return LaunchSummary(
+                total, len(done), 0, 0, 0, recovered=len(recovered), sweep=sweep.name, store=sweep.spec.store
+            )
+        notice = checkpoint_storage_warning(
+            bool(sweep.spec.training.checkpoint_every_epochs), sweep.spec.store, storage, on_cluster=sweep.on_cluster
+        )
         if notice:
             print(f"warning: {notice}", file=sys.stderr)
-        writer = RowWriter(sweep.name, sink, done | recovered,
-                           SweepProgress(total=total, done=len(done | recovered), enabled=show_progress),
-                           on_row=row_tracker(sweep))
+        writer = RowWriter(
+            sweep.name,
+            sink,
+            done | recovered,
+            SweepProgress(total=total, done=len(done | recovered), enabled=show_progress),
+            on_row=row_tracker(sweep),
+        )
         retried = run_rounds(Launch(sweep, storage, writer, lock.raise_if_lost, faults, trainable), pending)
         flush_or_fail(sink)
-    return LaunchSummary(total, len(done), len(writer.outcomes), writer.ok, writer.failed, writer.diverged,
-                         recovered=len(recovered), unfinished=len(writer.planned - set(writer.outcomes)),
-                         oom_retried=retried, gpu_packing=sweep.gpu_packing, sweep=sweep.name, store=sweep.spec.store)
+    return LaunchSummary(
+        total,
+        len(done),
+        len(writer.outcomes),
+        writer.ok,
+        writer.failed,
+        writer.diverged,
+        recovered=len(recovered),
+        unfinished=len(writer.planned - set(writer.outcomes)),
+        oom_retried=retried,
+        gpu_packing=sweep.gpu_packing,
+        sweep=sweep.name,
+        store=sweep.spec.store,
+    )
 
 
 def peeked(cells: Iterable[TrialConfig]) -> Iterator[TrialConfig] | None:
@@ -251,8 +301,15 @@ def run_cells(launch: Launch, pending: Iterable[TrialConfig]) -> int:
             for cells in rounds(pending, sweep.spec.resources.cells_per_round):
                 cells = [with_resources(c, sweep) for c in cells]
                 writer.planned |= {c.trial_id for c in cells}
-                run_tune(sweep, cells, launch.storage, writer.write, experiment=sweep.name, stop_if=launch.stop_if,
-                         trainable=launch.trainable)
+                run_tune(
+                    sweep,
+                    cells,
+                    launch.storage,
+                    writer.write,
+                    experiment=sweep.name,
+                    stop_if=launch.stop_if,
+                    trainable=launch.trainable,
+                )
                 if not writer.has_outcomes(cells):
                     return 0
                 out_of_memory += [c for c in cells if writer.outcomes[c.trial_id] == "oom"]
@@ -283,9 +340,15 @@ def retry_out_of_memory(launch: Launch, out_of_memory: list[TrialConfig]) -> int
     if larger is None or not out_of_memory:
         return 0
     # its own experiment: resume recovers from the main one
-    run_tune(larger, [with_resources(c, larger) for c in out_of_memory], launch.storage,
-             functools.partial(launch.writer.write, oom_retry=True), experiment=f"{larger.name}-oom-retry",
-             stop_if=launch.stop_if, trainable=launch.trainable)
+    run_tune(
+        larger,
+        [with_resources(c, larger) for c in out_of_memory],
+        launch.storage,
+        functools.partial(launch.writer.write, oom_retry=True),
+        experiment=f"{larger.name}-oom-retry",
+        stop_if=launch.stop_if,
+        trainable=launch.trainable,
+    )
     return len(out_of_memory)
 
 
@@ -309,8 +372,11 @@ def flush_or_fail(sink: SpoolingWriter, announce: bool = False) -> None:
     spooled = len(sink.pending())
     waiting = sink.flush()
     if announce and spooled > waiting:
-        print(f"note: wrote {spooled - waiting} row(s) kept in the spool ({sink.spool_dir}) while the store could not "
-              "take them", file=sys.stderr)
+        print(
+            f"note: wrote {spooled - waiting} row(s) kept in the spool ({sink.spool_dir}) while the store could not "
+            "take them",
+            file=sys.stderr,
+        )
     if waiting:
         raise StoreUnavailable(
             f"{waiting} finished result(s) could not be written to the store ({sink.last_error}); they are kept "
@@ -332,8 +398,14 @@ class RowWriter:
     """Driver-side sink of trial outcomes: one row per cell, final rows (ok, diverged) kept for good.
     ``on_row``: called with each row written (the spec's tracker; it never raises)."""
 
-    def __init__(self, sweep: str, sink: SpoolingWriter, final_ids: set[str], progress: SweepProgress,
-                 on_row: Callable[[dict], None] | None = None):
+    def __init__(
+        self,
+        sweep: str,
+        sink: SpoolingWriter,
+        final_ids: set[str],
+        progress: SweepProgress,
+        on_row: Callable[[dict], None] | None = None,
+    ):
         self.sweep, self.sink, self.progress, self.on_row = sweep, sink, progress, on_row
         self.final_ids = set(final_ids)
         self.outcomes: dict[str, str] = {}  # trial_id -> status of the row this launch wrote last

@@ -124,8 +124,10 @@ def pack(spec: SweepSpec, put: Put) -> Shipment:
     """Driver side: the files of the spec's local datasets and model folders, in the object store.
     GLUE tasks read from the hub and hub models are not files: nothing to ship."""
     # a split's file keeps its format's extension: the reader picks by it
-    datasets = {dataset: ShippedFolder.put({f"{split}{path.suffix}": path for split, path in files.items()}, put)
-                for dataset, files in local_datasets(spec).items()}
+    datasets = {
+        dataset: ShippedFolder.put({f"{split}{path.suffix}": path for split, path in files.items()}, put)
+        for dataset, files in local_datasets(spec).items()
+    }
     models = {model: ShippedFolder.put(_folder_files(Path(model).expanduser()), put) for model in local_models(spec)}
     return Shipment(datasets, models)
 
@@ -143,8 +145,11 @@ def local_models(spec: SweepSpec) -> list[str]:
 
 def _folder_files(folder: Path) -> dict[str, Path]:
     """Every file of a model folder, by relative path; hidden ones (``.git``, ``.cache``) stay home."""
-    return {str(p.relative_to(folder)): p for p in sorted(folder.rglob("*"))
-            if p.is_file() and not any(part.startswith(".") for part in p.relative_to(folder).parts)}
+    return {
+        str(p.relative_to(folder)): p
+        for p in sorted(folder.rglob("*"))
+        if p.is_file() and not any(part.startswith(".") for part in p.relative_to(folder).parts)
+    }
 
 
 @dataclass(frozen=True)
@@ -163,12 +168,17 @@ class NodeNeeds:
         # deferred on purpose: trials.model imports transformers (seconds), which inspection never needs
         from freezesweep.trials.model import OFFLINE_PACKAGES
 
-        packages = {OFFLINE_PACKAGES[m]: m for m in spec.models()
-                    if m in OFFLINE_PACKAGES and importlib.util.find_spec(OFFLINE_PACKAGES[m]) is not None}
+        packages = {
+            OFFLINE_PACKAGES[m]: m
+            for m in spec.models()
+            if m in OFFLINE_PACKAGES and importlib.util.find_spec(OFFLINE_PACKAGES[m]) is not None
+        }
         if how == "ship":
             return cls(packages=packages)
-        digests = {dataset: {split: file_digest(path) for split, path in files.items()}
-                   for dataset, files in local_datasets(spec).items()}
+        digests = {
+            dataset: {split: file_digest(path) for split, path in files.items()}
+            for dataset, files in local_datasets(spec).items()
+        }
         return cls(spec.data_dir, digests, tuple(local_models(spec)), packages)
 
 
@@ -181,9 +191,15 @@ def node_lacks(needs: NodeNeeds) -> list[str]:
         except DatasetError as exc:
             lacks.append(str(exc))
             continue
-        lacks += [f"{path} (its content differs from the driver's)"
-                  for split, path in files.items() if file_digest(path) != digests[split]]
+        lacks += [
+            f"{path} (its content differs from the driver's)"
+            for split, path in files.items()
+            if file_digest(path) != digests[split]
+        ]
     lacks += [f"model folder {model}" for model in needs.model_dirs if not Path(model).expanduser().is_dir()]
-    lacks += [f"package {package} (it ships the model {model})" for package, model in needs.packages.items()
-              if importlib.util.find_spec(package) is None]
+    lacks += [
+        f"package {package} (it ships the model {model})"
+        for package, model in needs.packages.items()
+        if importlib.util.find_spec(package) is None
+    ]
     return lacks

@@ -75,8 +75,14 @@ def iter_grid(sweep: ResolvedSweep) -> Iterator[TrialConfig]:
         for dataset, size in itertools.product(spec.datasets, spec.train_sizes):
             for variant in variants[model]:
                 for seed in spec.seed_values():  # a method's own settings win (e.g. lora.learning_rate)
-                    yield TrialConfig(model=model, dataset=dataset, train_size=size, seed=seed,
-                                      select_metric=metrics[dataset], **{**template, **variant})
+                    yield TrialConfig(
+                        model=model,
+                        dataset=dataset,
+                        train_size=size,
+                        seed=seed,
+                        select_metric=metrics[dataset],
+                        **{**template, **variant},
+                    )
 
 
 def grid_size(sweep: ResolvedSweep) -> int:
@@ -109,8 +115,9 @@ def with_resources(cell: TrialConfig, sweep: ResolvedSweep) -> TrialConfig:
     """How a cell runs (machine fields, never identity): its threads and its GPU share (which pins a
     CPU cell to the CPU: trials/precision.py resolve_device). Its checkpoints go where the Tune
     adapter puts them (Ray's storage)."""
-    return dataclasses.replace(cell, num_threads=max(1, math.floor(sweep.spec.resources.cpus_per_trial)),
-                               gpus_per_trial=sweep.gpu_share)
+    return dataclasses.replace(
+        cell, num_threads=max(1, math.floor(sweep.spec.resources.cpus_per_trial)), gpus_per_trial=sweep.gpu_share
+    )
 
 
 def rounds(cells: Iterable[TrialConfig], size: int) -> Iterator[list[TrialConfig]]:
@@ -175,7 +182,6 @@ def work_key(cell: TrialConfig) -> tuple:
     return cell.model, cell.dataset, cell.train_size, cell.variant()
 
 
-
 def arm_of(cell: TrialConfig) -> str:
     """The cell's arm in settle mode's terms: "freeze k=3", "lora r=8", "probe"."""
     return variant_label(cell.method, cell.frozen_layers, cell.lora_rank)
@@ -216,18 +222,28 @@ def sweep_comparisons(sweep: ResolvedSweep) -> int:
     """``settle_comparisons`` of the sweep's groups from its variants, without building the grid: the
     most any model's groups have (the same for every model unless 'all' gives them different depths;
     then the report's intervals are, if anything, wider than the rounds')."""
-    return max(settle_comparisons(variant_label(v["method"], v["frozen_layers"], v.get("lora_rank"))
-                                  for v in method_variants(sweep.spec, model, sweep.model_layers))
-               for model in sweep.spec.models())
+    return max(
+        settle_comparisons(
+            variant_label(v["method"], v["frozen_layers"], v.get("lora_rank"))
+            for v in method_variants(sweep.spec, model, sweep.model_layers)
+        )
+        for model in sweep.spec.models()
+    )
 
 
 def _group_round(members: list[TrialConfig], stored: pd.DataFrame, rule) -> list[TrialConfig]:
     ids = {c.trial_id: c for c in members}
     mine = stored[stored["trial_id"].isin(ids)]
-    arms = pd.DataFrame({"arm": [arm_of(ids[t]) for t in mine["trial_id"]], "seed": [ids[t].seed for t in mine["trial_id"]],
-                         "score": mine["best_val_score"].to_numpy(), "baseline_score": mine["baseline_score"].to_numpy(),
-                         "status": mine["status"].to_numpy(),
-                         "collapsed": mine["collapsed"].to_numpy() if "collapsed" in mine else None})
+    arms = pd.DataFrame(
+        {
+            "arm": [arm_of(ids[t]) for t in mine["trial_id"]],
+            "seed": [ids[t].seed for t in mine["trial_id"]],
+            "score": mine["best_val_score"].to_numpy(),
+            "baseline_score": mine["baseline_score"].to_numpy(),
+            "status": mine["status"].to_numpy(),
+            "collapsed": mine["collapsed"].to_numpy() if "collapsed" in mine else None,
+        }
+    )
     grid_arms = {arm_of(c) for c in members}
     decision = decide(arms, rule, comparisons=settle_comparisons(grid_arms))
     seeds_done = arms.groupby("arm")["seed"].agg(set).to_dict()

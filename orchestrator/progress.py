@@ -48,9 +48,18 @@ class SweepProgress:
     ``out``: where lines go (default stdout); ``terminal``: whether it is one (default: ``out.isatty()``);
     ``clock``: seconds, monotonic (tests pass their own); ``console``: the bar's (tests render it)."""
 
-    def __init__(self, total: int, done: int, enabled: bool = True, *, out: TextIO | None = None,
-                 terminal: bool | None = None, clock: Callable[[], float] = time.monotonic,
-                 summary_every_s: float = SUMMARY_EVERY_S, console: Console | None = None):
+    def __init__(
+        self,
+        total: int,
+        done: int,
+        enabled: bool = True,
+        *,
+        out: TextIO | None = None,
+        terminal: bool | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        summary_every_s: float = SUMMARY_EVERY_S,
+        console: Console | None = None,
+    ):
         self.total, self.done, self.failed, self.finished = total, done, 0, 0  # finished: this launch's trials
         self.out = out or sys.stdout
         terminal = self.out.isatty() if terminal is None else terminal
@@ -85,8 +94,10 @@ class SweepProgress:
         rate_per_s = self.finished / elapsed_s if elapsed_s > 0 else 0.0
         left = self.total - self.done
         eta = _duration(left / rate_per_s) if rate_per_s > 0 else ("0:00:00" if left == 0 else "unknown")
-        return (f"progress: {self.done}/{self.total} done, {self.failed} failed, {rate_per_s * 60:.2f} trials/min, "
-                f"elapsed {_duration(elapsed_s)}, ETA {eta}")
+        return (
+            f"progress: {self.done}/{self.total} done, {self.failed} failed, {rate_per_s * 60:.2f} trials/min, "
+            f"elapsed {_duration(elapsed_s)}, ETA {eta}"
+        )
 
     def tick(self) -> None:
         """The timer's call: a summary line once ``summary_every_s`` have passed since the last one."""
@@ -123,8 +134,15 @@ def _bar(console: Console | None, disable: bool) -> Progress:
     """done/total and ETA first; the last cell last, cut with an ellipsis where the line ends."""
     last = Column(no_wrap=True, overflow="ellipsis", ratio=1, min_width=0)
     return Progress(
-        TextColumn("[bold]{task.description}"), MofNCompleteColumn(), TextColumn("ETA"), TimeRemainingColumn(),
-        BarColumn(bar_width=20), TextColumn("failed: {task.fields[failed]}"), TimeElapsedColumn(),
-        TextColumn("last: {task.fields[last]}", table_column=last), console=console, disable=disable,
+        TextColumn("[bold]{task.description}"),
+        MofNCompleteColumn(),
+        TextColumn("ETA"),
+        TimeRemainingColumn(),
+        BarColumn(bar_width=20),
+        TextColumn("failed: {task.fields[failed]}"),
+        TimeElapsedColumn(),
+        TextColumn("last: {task.fields[last]}", table_column=last),
+        console=console,
+        disable=disable,
         expand=True,
     )

@@ -31,8 +31,17 @@ from freezesweep.trials.precision import auto_precision
 _FORWARDED_ENV_PREFIXES = ("FREEZESWEEP_", "HF_", "TRANSFORMERS_")
 # ...except the driver's folders: a node has its own caches, and the data dir is in the spec (its
 # files shipped or checked on every node).
-_DRIVER_PATH_ENV = frozenset({"FREEZESWEEP_DATA_DIR", "FREEZESWEEP_CACHE_DIR", "HF_HOME", "HF_HUB_CACHE",
-                              "HF_DATASETS_CACHE", "HF_TOKEN_PATH", "TRANSFORMERS_CACHE"})
+_DRIVER_PATH_ENV = frozenset(
+    {
+        "FREEZESWEEP_DATA_DIR",
+        "FREEZESWEEP_CACHE_DIR",
+        "HF_HOME",
+        "HF_HUB_CACHE",
+        "HF_DATASETS_CACHE",
+        "HF_TOKEN_PATH",
+        "TRANSFORMERS_CACHE",
+    }
+)
 CONNECT_TIMEOUT_S = 30  # an address where nothing answers is an error within this, naming it
 PREFLIGHT_TIMEOUT_S = 120  # a node's first task starts a worker process and imports freezesweep
 PROBE_TIMEOUT_S = 300  # a probe waits for a node with the trial's resources (an autoscaler may add one)
@@ -70,10 +79,18 @@ class RaySession:
             return
         if self.address:
             check_reachable(self.address)
-        env = {k: v for k, v in os.environ.items() if k.startswith(_FORWARDED_ENV_PREFIXES) and k not in _DRIVER_PATH_ENV}
+        env = {
+            k: v for k, v in os.environ.items() if k.startswith(_FORWARDED_ENV_PREFIXES) and k not in _DRIVER_PATH_ENV
+        }
         on_term = signal.getsignal(signal.SIGTERM)
-        ray.init(address=self.address, include_dashboard=False, log_to_driver=False, logging_level="ERROR",
-                 runtime_env={"env_vars": env} if env else None, **self.local_resources)
+        ray.init(
+            address=self.address,
+            include_dashboard=False,
+            log_to_driver=False,
+            logging_level="ERROR",
+            runtime_env={"env_vars": env} if env else None,
+            **self.local_resources,
+        )
         if callable(on_term) and threading.current_thread() is threading.main_thread():
             signal.signal(signal.SIGTERM, on_term)  # ray.init replaces the process's own with sys.exit
         quiet_disk_full(logging.getLogger("ray"))
@@ -88,8 +105,15 @@ class RaySession:
         self.connect()
         return pack(spec, put=ray.put)
 
-    def run_task(self, fn: Callable, calls: list[dict[str, Any]], cpus: float, gpus: float,
-                 timeout_s: float = PROBE_TIMEOUT_S, fresh_process: bool = False) -> list[Any]:
+    def run_task(
+        self,
+        fn: Callable,
+        calls: list[dict[str, Any]],
+        cpus: float,
+        gpus: float,
+        timeout_s: float = PROBE_TIMEOUT_S,
+        fresh_process: bool = False,
+    ) -> list[Any]:
         """``fn(**kwargs)`` for each of ``calls`` as Ray tasks holding these resources, their results in
         order; ``fresh_process``: each in a worker that exits after it (so the memory it took goes back)."""
         self.connect()
@@ -97,8 +121,9 @@ class RaySession:
         try:
             return ray.get([task.remote(**kwargs) for kwargs in calls], timeout=timeout_s)
         except ray.exceptions.GetTimeoutError:
-            raise TaskFailed(f"no node ran it ({cpus:g} CPU, {gpus:g} GPU) within {timeout_s:g} s "
-                             "(are there such nodes?)") from None
+            raise TaskFailed(
+                f"no node ran it ({cpus:g} CPU, {gpus:g} GPU) within {timeout_s:g} s (are there such nodes?)"
+            ) from None
         except ray.exceptions.RayTaskError as exc:
             raise TaskFailed(first_line(exc)) from None
 
@@ -107,8 +132,13 @@ class RaySession:
         all, or does not answer (a task pinned to each node)."""
         self.connect()
         task = ray.remote(num_cpus=0, max_retries=0)(node_lacks)
-        asked = {task.options(scheduling_strategy=NodeAffinitySchedulingStrategy(node["NodeID"], soft=False))
-                 .remote(needs): node for node in ray.nodes() if node.get("Alive")}
+        asked = {
+            task.options(scheduling_strategy=NodeAffinitySchedulingStrategy(node["NodeID"], soft=False)).remote(
+                needs
+            ): node
+            for node in ray.nodes()
+            if node.get("Alive")
+        }
         if not asked:
             return []
         done, late = ray.wait(list(asked), num_returns=len(asked), timeout=timeout_s)
@@ -167,8 +197,10 @@ def check_reachable(address: str, timeout_s: float = CONNECT_TIMEOUT_S) -> None:
     try:
         socket.create_connection((host, port), timeout=timeout_s).close()
     except OSError as exc:
-        raise RayUnreachable(f"no Ray cluster answers at {address!r} ({type(exc).__name__}: {exc}); check the "
-                             "address (--address, the spec's address or RAY_ADDRESS) and that the head node is up") from None
+        raise RayUnreachable(
+            f"no Ray cluster answers at {address!r} ({type(exc).__name__}: {exc}); check the "
+            "address (--address, the spec's address or RAY_ADDRESS) and that the head node is up"
+        ) from None
 
 
 def first_line(exc: BaseException) -> str:

@@ -64,11 +64,13 @@ def checkpoint_storage_warning(checkpoints: bool, store: str, storage: RayStorag
     whose node dies starts over instead of resuming."""
     if not (checkpoints and on_cluster and not storage.shared):
         return None
-    return (f"training.checkpoint_every_epochs on a cluster with the local store {store!r}: Ray keeps trial "
-            f"checkpoints in {storage.path} on this machine's disk, which trials on other nodes can write only if "
-            "it is a shared filesystem mounted at that path on every node; elsewhere they run without checkpoints, "
-            "and a trial whose node dies starts over. A remote store (s3://…, gs://…) keeps them where every "
-            "node reaches them.")
+    return (
+        f"training.checkpoint_every_epochs on a cluster with the local store {store!r}: Ray keeps trial "
+        f"checkpoints in {storage.path} on this machine's disk, which trials on other nodes can write only if "
+        "it is a shared filesystem mounted at that path on every node; elsewhere they run without checkpoints, "
+        "and a trial whose node dies starts over. A remote store (s3://…, gs://…) keeps them where every "
+        "node reaches them."
+    )
 
 
 def checkpoint_folders(storage: RayStorage, experiment: str) -> dict[str, list[str]]:
@@ -88,8 +90,9 @@ def checkpoint_folders(storage: RayStorage, experiment: str) -> dict[str, list[s
 def latest_checkpoints(storage: RayStorage, experiment: str, trial_ids: set[str]) -> dict[str, str]:
     """The latest checkpoint folder an earlier launch's Ray kept of each of these cells (on the
     storage's filesystem, by trial id): their first attempt in this launch starts from it."""
-    return {trial: folders[-1] for trial, folders in checkpoint_folders(storage, experiment).items()
-            if trial in trial_ids}
+    return {
+        trial: folders[-1] for trial, folders in checkpoint_folders(storage, experiment).items() if trial in trial_ids
+    }
 
 
 def drop_checkpoints(storage: RayStorage, experiment: str, trial_id: str) -> None:

@@ -23,8 +23,13 @@ def result_row(sweep: str, result: TrialResult, attempts: int | None = None, oom
     row.update({f"best_val_{m}": result.best_val_metrics.get(m) for m in METRICS if m != "accuracy"})
     row.update({f"baseline_{m}": result.baseline_metrics.get(m) for m in METRICS})
     row.update(
-        sweep=sweep, split_seed=cfg.split_seed, lora_alpha=cfg.lora_alpha, lora_dropout=cfg.lora_dropout,
-        lora_targets=list(result.lora_targets) or None, attempts=attempts, oom_retry=oom_retry,
+        sweep=sweep,
+        split_seed=cfg.split_seed,
+        lora_alpha=cfg.lora_alpha,
+        lora_dropout=cfg.lora_dropout,
+        lora_targets=list(result.lora_targets) or None,
+        attempts=attempts,
+        oom_retry=oom_retry,
         optimisations=list(result.optimisations) if result.status in ("ok", "diverged") else None,
         node=result.placement.get("hostname"),  # the column before node ids existed: the host's name
         eval_curve=[asdict(p) for p in result.eval_curve],

@@ -51,30 +51,44 @@ class TrainingSpec(_Strict):
 
     epochs: float = _default("epochs", gt=0)
     batch_size: int = _default("batch_size", gt=0)
-    eval_batch_size: int = _default("eval_batch_size", gt=0, description="length-sorted batches: speed only (64 "
-                                    "suits a CPU core, where 128 is ~10% slower; a GPU wants 256 or more)")
+    eval_batch_size: int = _default(
+        "eval_batch_size",
+        gt=0,
+        description="length-sorted batches: speed only (64 "
+        "suits a CPU core, where 128 is ~10% slower; a GPU wants 256 or more)",
+    )
     learning_rate: float = _default("learning_rate", gt=0)
     weight_decay: float = _default("weight_decay", ge=0)
     warmup_epochs: float = _default("warmup_epochs", ge=0)
     eval_every_epochs: float = _default("eval_every_epochs", gt=0)
-    eval_at_end: bool = _default("eval_at_end", description="also evaluate after the last step (the reference does not)")
+    eval_at_end: bool = _default(
+        "eval_at_end", description="also evaluate after the last step (the reference does not)"
+    )
     max_grad_norm: float = _default("max_grad_norm", gt=0)
     precision: Literal["auto", "fp16", "bf16", "fp32"] = _default("precision")
     max_eval_examples: int | None = _default("max_eval_examples", gt=0)
     max_seq_length: int = _default("max_seq_length", gt=0)
     model_init: Literal["pretrained", "random"] = _default("model_init")
     text_column: str | None = _default("text_column")
-    text_pair_column: str | None = _default("text_pair_column", description="second text of a sentence pair "
-                                            "(GLUE pair tasks: theirs)")
+    text_pair_column: str | None = _default(
+        "text_pair_column", description="second text of a sentence pair (GLUE pair tasks: theirs)"
+    )
     label_column: str | None = _default("label_column")
-    empty_texts: Literal["refuse", "drop"] = _default("empty_texts", description="rows with an empty or missing "
-                                                      "text: refuse (an error naming them) or drop (their count said)")
+    empty_texts: Literal["refuse", "drop"] = _default(
+        "empty_texts",
+        description="rows with an empty or missing text: refuse (an error naming them) or drop (their count said)",
+    )
     select_metric: str | dict[str, str] | None = Field(
-        None, description="the metric that picks each trial's best evaluation: one name for every dataset, or "
-        "{dataset: name}; unset: each task's official metric (a launch stores the resolved {dataset: name})")
+        None,
+        description="the metric that picks each trial's best evaluation: one name for every dataset, or "
+        "{dataset: name}; unset: each task's official metric (a launch stores the resolved {dataset: name})",
+    )
     checkpoint_every_epochs: float | None = _default("checkpoint_every_epochs", gt=0)
-    train_cache: bool = _default("train_cache", description="opt-in deviation from the reference: frozen layers "
-                                 "run once, without dropout, and training starts above them (trials/train_cache.py)")
+    train_cache: bool = _default(
+        "train_cache",
+        description="opt-in deviation from the reference: frozen layers "
+        "run once, without dropout, and training starts above them (trials/train_cache.py)",
+    )
 
     def trial_fields(self) -> dict[str, Any]:
         """The TrialConfig fields this protocol sets (every field but ``select_metric``, resolved per dataset)."""
@@ -95,19 +109,32 @@ class LoraSpec(_Strict):
 
     alpha: float = Field(16.0, gt=0, description="updates are scaled by alpha / rank (peft's examples: 16 at rank 8)")
     dropout: float = Field(0.1, ge=0, lt=1, description="dropout on the adapters' input")
-    targets: list[str] | None = Field(None, min_length=1, description="module names (or dotted suffixes) inside "
-                                      "each encoder layer; unset: the layer's attention projections")
-    learning_rate: float | None = Field(None, gt=0, description="unset: the protocol's (training.learning_rate); "
-                                        "LoRA usually wants more (Hu et al. 2021 used 4e-4 to 5e-4 on RoBERTa-base)")
+    targets: list[str] | None = Field(
+        None,
+        min_length=1,
+        description="module names (or dotted suffixes) inside "
+        "each encoder layer; unset: the layer's attention projections",
+    )
+    learning_rate: float | None = Field(
+        None,
+        gt=0,
+        description="unset: the protocol's (training.learning_rate); "
+        "LoRA usually wants more (Hu et al. 2021 used 4e-4 to 5e-4 on RoBERTa-base)",
+    )
 
 
 class ProbeSpec(_Strict):
     """The logistic-regression probe's settings, shared by every probe cell."""
 
-    pooling: Literal["auto", "mean", "first", "last"] = Field("auto", description="auto: the model's own pooling "
-                                                      "(sentence-transformers config; the last token on a decoder-only "
-                                                      "model), else mean")
-    folds: int = Field(5, ge=2, description="cross-validation folds on the train subset (fewer when a class has fewer rows)")
+    pooling: Literal["auto", "mean", "first", "last"] = Field(
+        "auto",
+        description="auto: the model's own pooling "
+        "(sentence-transformers config; the last token on a decoder-only "
+        "model), else mean",
+    )
+    folds: int = Field(
+        5, ge=2, description="cross-validation folds on the train subset (fewer when a class has fewer rows)"
+    )
     cs: int = Field(10, ge=1, description="regularisation strengths tried, log-spaced over 1e-4 … 1e4")
 
 
@@ -121,31 +148,48 @@ class SettleSpec(_Strict):
     initial_seeds: int = Field(3, ge=3, description="paired seeds every arm gets before the first look")
     max_seeds: int = Field(10, ge=3, description="the budget: no arm gets more seeds")
     seeds_per_round: int = Field(2, ge=1, description="seeds added to each undecided arm per round")
-    learned_first: bool = Field(True, description="run the arms only once full fine-tuning is known to beat the "
-                                "constant baseline (fewest trials); false: every arm from the first round (fewest rounds)")
+    learned_first: bool = Field(
+        True,
+        description="run the arms only once full fine-tuning is known to beat the "
+        "constant baseline (fewest trials); false: every arm from the first round (fewest rounds)",
+    )
 
     @model_validator(mode="after")
     def _budget(self) -> "SettleSpec":
         if self.max_seeds < self.initial_seeds:
-            raise ValueError(f"settle.max_seeds ({self.max_seeds}) is below settle.initial_seeds ({self.initial_seeds})")
+            raise ValueError(
+                f"settle.max_seeds ({self.max_seeds}) is below settle.initial_seeds ({self.initial_seeds})"
+            )
         return self
 
     def rule(self) -> SettleRule:
-        return SettleRule(self.tolerance, self.confidence, self.initial_seeds, self.max_seeds, self.seeds_per_round,
-                          self.learned_first)
+        return SettleRule(
+            self.tolerance,
+            self.confidence,
+            self.initial_seeds,
+            self.max_seeds,
+            self.seeds_per_round,
+            self.learned_first,
+        )
 
 
 class ResourcesSpec(_Strict):
     gpus_per_trial: float | Literal["auto"] = Field(
-        0.0, description="0: CPU trials; (0, 1]: a GPU share; auto: measure one trial's GPU memory at launch and "
-        "pack as many per GPU as fit (trials/memory_probe.py)")
+        0.0,
+        description="0: CPU trials; (0, 1]: a GPU share; auto: measure one trial's GPU memory at launch and "
+        "pack as many per GPU as fit (trials/memory_probe.py)",
+    )
     cpus_per_trial: float = Field(1.0, gt=0)
     max_concurrent_trials: int | None = Field(None, gt=0)
     max_failures: int = Field(2, ge=0, description="Ray retries of a crashed trial")
     # 1,000: on 2 cores, 10,000 instant trials took 19 ms of driver CPU each and 1.2 GB at most in rounds of
     # 1,000, 2.5 GB in rounds of 5,000 (Tune keeps every trial of a run; ray#64231) (benchmarks/scale.py)
-    cells_per_round: int = Field(1000, gt=0, description="a launch runs its cells in rounds of at most this many, "
-                                 "each one Tune run: Tune's state and bookkeeping grow with the trials of a run")
+    cells_per_round: int = Field(
+        1000,
+        gt=0,
+        description="a launch runs its cells in rounds of at most this many, "
+        "each one Tune run: Tune's state and bookkeeping grow with the trials of a run",
+    )
 
     @field_validator("gpus_per_trial", mode="before")
     @classmethod
@@ -163,9 +207,12 @@ class ResourcesSpec(_Strict):
 
 
 class TrackingSpec(_Strict):
-    mlflow: str | None = Field(None, description="an MLflow tracking URI: the launch logs each row as a run as it "
-                               "lands (needs the extra: pip install 'freezesweep[mlflow]'); a tracking failure "
-                               "never fails the sweep")
+    mlflow: str | None = Field(
+        None,
+        description="an MLflow tracking URI: the launch logs each row as a run as it "
+        "lands (needs the extra: pip install 'freezesweep[mlflow]'); a tracking failure "
+        "never fails the sweep",
+    )
     experiment: str | None = Field(None, description="the MLflow experiment (default: the sweep's name)")
 
 
@@ -207,14 +254,18 @@ class SweepSpec(_Strict):
     resources: ResourcesSpec = ResourcesSpec()
     data_dir: str | None = None
     local_files: Literal["auto", "ship", "node_local"] = Field(
-        "auto", description="how trials on other nodes get the spec's local data files and model folders: ship = "
+        "auto",
+        description="how trials on other nodes get the spec's local data files and model folders: ship = "
         "the driver sends them through Ray's object store; node_local = every node has them at the same paths "
-        "(checked on every node before the first trial); auto = ship on a cluster (orchestrator/local_files.py)")
+        "(checked on every node before the first trial); auto = ship on a cluster (orchestrator/local_files.py)",
+    )
     store: str = DEFAULT_STORE
     address: str | None = None
     tracking: TrackingSpec = TrackingSpec()
 
-    _check_unique = field_validator("datasets", "train_sizes", "methods", "frozen_layers", "lora_ranks", "seeds")(_unique)
+    _check_unique = field_validator("datasets", "train_sizes", "methods", "frozen_layers", "lora_ranks", "seeds")(
+        _unique
+    )
 
     @model_validator(mode="before")
     @classmethod
@@ -246,10 +297,16 @@ class SweepSpec(_Strict):
     def _method_axes(self) -> "SweepSpec":
         """A method's axis is given exactly when the method is swept (no axis crossed with a method it
         does not apply to); all problems in one message."""
-        problems = [f"{axis} is empty, but methods has {method}" for method, axis in METHOD_AXES.items()
-                    if method in self.methods and not getattr(self, axis)]
-        problems += [f"{axis} is set, but methods has no {method}" for method, axis in METHOD_AXES.items()
-                     if method not in self.methods and getattr(self, axis)]
+        problems = [
+            f"{axis} is empty, but methods has {method}"
+            for method, axis in METHOD_AXES.items()
+            if method in self.methods and not getattr(self, axis)
+        ]
+        problems += [
+            f"{axis} is set, but methods has no {method}"
+            for method, axis in METHOD_AXES.items()
+            if method not in self.methods and getattr(self, axis)
+        ]
         if problems:
             raise ValueError("; ".join(problems))
         return self
@@ -259,8 +316,10 @@ class SweepSpec(_Strict):
         if self.settle is None and not self.seeds:
             raise ValueError("seeds: give at least one seed, or a settle section (settle mode chooses them)")
         if self.settle is not None and self.seeds:
-            raise ValueError("seeds and settle both given: settle mode chooses the seeds (0, 1, … up to "
-                             "settle.max_seeds); drop seeds")
+            raise ValueError(
+                "seeds and settle both given: settle mode chooses the seeds (0, 1, … up to "
+                "settle.max_seeds); drop seeds"
+            )
         if self.settle is not None and not ("freeze" in self.methods and 0 in self.frozen_layers):
             raise ValueError("settle compares every arm with full fine-tuning: frozen_layers must hold 0")
         return self
@@ -272,8 +331,10 @@ class SweepSpec(_Strict):
     @model_validator(mode="after")
     def _grid_size(self) -> "SweepSpec":
         if self.cell_count() > MAX_CELLS:
-            raise ValueError(f"the grid has {self.cell_count():,} cells ({self.cell_count_words()}), over the limit "
-                             f"of {MAX_CELLS:,}: split it into several sweeps")
+            raise ValueError(
+                f"the grid has {self.cell_count():,} cells ({self.cell_count_words()}), over the limit "
+                f"of {MAX_CELLS:,}: split it into several sweeps"
+            )
         return self
 
     def models(self) -> list[str]:
@@ -285,11 +346,15 @@ class SweepSpec(_Strict):
 
     def cell_count(self) -> int:
         """The grid's size, from the axes alone (``frozen_layers: all`` counted as one more depth)."""
-        return len(self.models()) * len(self.datasets) * len(self.train_sizes) * self.variants() * len(self.seed_values())
+        return (
+            len(self.models()) * len(self.datasets) * len(self.train_sizes) * self.variants() * len(self.seed_values())
+        )
 
     def cell_count_words(self) -> str:
-        return (f"{len(self.models())} models × {len(self.datasets)} datasets × {len(self.train_sizes)} train sizes × "
-                f"{self.variants()} variants × {len(self.seed_values())} seeds")
+        return (
+            f"{len(self.models())} models × {len(self.datasets)} datasets × {len(self.train_sizes)} train sizes × "
+            f"{self.variants()} variants × {len(self.seed_values())} seeds"
+        )
 
     def protocol(self, select_metrics: Mapping[str, str]) -> dict[str, Any]:
         """What makes rows comparable: changing any of it on an existing sweep is refused. How the work
@@ -298,8 +363,12 @@ class SweepSpec(_Strict):
         ``select_metrics``: per dataset, resolved ("official" and a name may mean the same)."""
         training = {k: v for k, v in self.training.model_dump().items() if k not in MACHINE_FIELDS}
         training["select_metric"] = dict(select_metrics)
-        return {"split_seed": self.split_seed, "training": training, "lora": self.lora.model_dump(),
-                "probe": self.probe.model_dump()}
+        return {
+            "split_seed": self.split_seed,
+            "training": training,
+            "lora": self.lora.model_dump(),
+            "probe": self.probe.model_dump(),
+        }
 
     def to_yaml(self) -> str:
         return yaml.safe_dump(self.model_dump(mode="json"), sort_keys=False)
@@ -367,8 +436,13 @@ class _UniqueKeyLoader(yaml.SafeLoader):
             key = self.construct_object(key_node, deep=True)
             line = key_node.start_mark.line + 1
             if isinstance(key, Hashable) and key in first_lines:
-                self.duplicates.append((line, f"duplicate key {key!r} on lines {first_lines[key]} and {line} "
-                                              "(YAML keeps only the last; give it once)"))
+                self.duplicates.append(
+                    (
+                        line,
+                        f"duplicate key {key!r} on lines {first_lines[key]} and {line} "
+                        "(YAML keeps only the last; give it once)",
+                    )
+                )
             elif isinstance(key, Hashable):
                 first_lines[key] = line
         return super().construct_mapping(node, deep)
@@ -408,8 +482,10 @@ LEGACY_SELECT_METRIC = LATER_FIELDS["select_metric"]
 
 # What to do about a stored spec.yaml that cannot be read: ids are content hashes of the cells, so the
 # spec the sweep was launched with, launched again under the same name, finds every row it made.
-DAMAGED_SPEC_HINT = ("relaunch the sweep's original spec file under the same name (`freezesweep launch SPEC`): "
-                     "cell ids are stable, so it continues the sweep and rewrites spec.yaml")
+DAMAGED_SPEC_HINT = (
+    "relaunch the sweep's original spec file under the same name (`freezesweep launch SPEC`): "
+    "cell ids are stable, so it continues the sweep and rewrites spec.yaml"
+)
 
 
 def read_stored_spec(text: str, source: str = "spec.yaml") -> dict[str, Any]:

@@ -21,8 +21,10 @@ from freezesweep.trials.data import resolve_data_dir
 
 # A stored spec with precision "auto" was written before ids named the resolved precision and before
 # the reference schedule and paired seeds: its rows cannot be continued under the same ids.
-OLD_SWEEP = ("this sweep was made by a freezesweep before 0.2 (other evaluation schedule, seeds and cell ids): "
-             "its rows stay readable, but it cannot be continued; launch the spec under a new sweep name")
+OLD_SWEEP = (
+    "this sweep was made by a freezesweep before 0.2 (other evaluation schedule, seeds and cell ids): "
+    "its rows stay readable, but it cannot be continued; launch the spec under a new sweep name"
+)
 
 
 def resolve_spec(spec: SweepSpec, precision: str) -> SweepSpec:
@@ -60,14 +62,18 @@ def resolve_for_plan(spec: SweepSpec) -> tuple[ResolvedSweep, str | None]:
     try:
         return resolve_here(spec), None
     except (RuntimeError, AssertionError):  # torch's "no CUDA" for GPU trials planned on a CPU machine
-        return _resolve_in(spec, "bf16"), ("precision auto resolves on the trials' GPUs; planned as bf16 (GPUs of "
-                                        "compute capability 8.0 and later), which fixes the cell ids shown")
+        return _resolve_in(spec, "bf16"), (
+            "precision auto resolves on the trials' GPUs; planned as bf16 (GPUs of "
+            "compute capability 8.0 and later), which fixes the cell ids shown"
+        )
 
 
 def precision_here(spec: SweepSpec) -> str:
     if spec.training.precision != "auto":
         return spec.training.precision
-    from freezesweep.trials.precision import auto_precision  # torch: deferred, inspection of stored sweeps never needs it
+    from freezesweep.trials.precision import (
+        auto_precision,
+    )  # torch: deferred, inspection of stored sweeps never needs it
 
     return auto_precision("cuda" if gpu_request(spec) > 0 else "cpu")
 

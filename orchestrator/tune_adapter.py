@@ -64,8 +64,9 @@ def trial_config_from_ray(config: dict, cells: dict[str, dict]) -> TrialConfig:
     return TrialConfig.from_dict(cells[config[CELL_KEY]])
 
 
-def tune_trainable(config: dict, cells: dict[str, dict], shipment: Shipment | None = None,
-                   earlier: dict | None = None) -> None:
+def tune_trainable(
+    config: dict, cells: dict[str, dict], shipment: Shipment | None = None, earlier: dict | None = None
+) -> None:
     """One Ray trial. ``cells``: the round's cells by trial id (in the object store once, not in each
     trial's config); ``shipment``: the files the driver shipped; ``earlier``: an earlier launch's last
     checkpoint of some cells (``tune.Checkpoint`` by trial id)."""
@@ -78,24 +79,32 @@ def tune_trainable(config: dict, cells: dict[str, dict], shipment: Shipment | No
 
     def on_eval(point) -> None:
         metrics = {f"val_{name}": value for name, value in point.metrics().items()}
-        tune.report({**metrics, "val_loss": point.loss, "epoch": point.epoch, "step": point.step,
-                     PLACEMENT_KEY: placed})
+        tune.report(
+            {**metrics, "val_loss": point.loss, "epoch": point.epoch, "step": point.step, PLACEMENT_KEY: placed}
+        )
 
     with ray_checkpoints(local, placed, (earlier or {}).get(cfg.trial_id)) as (local, on_checkpoint):
         # an OOM is a row; other errors go to Ray's retries
         result = run_trial_or_oom(local, on_eval=on_eval, on_checkpoint=on_checkpoint)
     # The row names the files as the spec does, not this node's temporary copies of them, and no
     # checkpoint folder (gone with the trial).
-    sent = dataclasses.replace(result.config, dataset_files=cfg.dataset_files, model_dir=cfg.model_dir,
-                               checkpoint_dir=None)
+    sent = dataclasses.replace(
+        result.config, dataset_files=cfg.dataset_files, model_dir=cfg.model_dir, checkpoint_dir=None
+    )
     result = dataclasses.replace(result, config=sent, placement={**result.placement, **placement})
-    tune.report({"val_score": result.best_val_score or 0.0, RESULT_KEY: json.dumps(result.to_dict(), default=str),
-                 PLACEMENT_KEY: placed})
+    tune.report(
+        {
+            "val_score": result.best_val_score or 0.0,
+            RESULT_KEY: json.dumps(result.to_dict(), default=str),
+            PLACEMENT_KEY: placed,
+        }
+    )
 
 
 @contextlib.contextmanager
-def ray_checkpoints(cfg: TrialConfig, placed: str,
-                    earlier: tune.Checkpoint | None = None) -> Iterator[tuple[TrialConfig, Callable | None]]:
+def ray_checkpoints(
+    cfg: TrialConfig, placed: str, earlier: tune.Checkpoint | None = None
+) -> Iterator[tuple[TrialConfig, Callable | None]]:
     """The trial's config with its checkpoints in a folder on this node, first filled from Ray's
     latest checkpoint of the trial when this is a retry (the earlier attempt may have run on a node
     that is gone), else from ``earlier`` (an earlier launch's), and the hook that hands each
@@ -107,8 +116,11 @@ def ray_checkpoints(cfg: TrialConfig, placed: str,
     # its retries): an attempt whose process died leaves its folder behind, and the next attempt
     # on this node starts by clearing it.
     context = tune.get_context()
-    folder = (Path(ray.get_runtime_context().get_temp_dir()) / "freezesweep-checkpoints" /
-              f"{context.get_experiment_name()}-{context.get_trial_id()}")
+    folder = (
+        Path(ray.get_runtime_context().get_temp_dir())
+        / "freezesweep-checkpoints"
+        / f"{context.get_experiment_name()}-{context.get_trial_id()}"
+    )
     shutil.rmtree(folder, ignore_errors=True)
     folder.mkdir(parents=True)
     try:
@@ -128,7 +140,9 @@ def fill_from(folder: Path, latest: tune.Checkpoint | None, placed: str) -> None
     except Exception as exc:
         shutil.rmtree(folder, ignore_errors=True)
         folder.mkdir(parents=True)
-        tune.report({PLACEMENT_KEY: placed, CHECKPOINT_ERROR_KEY: f"reading {latest.path}: {type(exc).__name__}: {exc}"[:500]})
+        tune.report(
+            {PLACEMENT_KEY: placed, CHECKPOINT_ERROR_KEY: f"reading {latest.path}: {type(exc).__name__}: {exc}"[:500]}
+        )
 
 
 class RayCheckpoints:
@@ -159,8 +173,12 @@ def ray_placement() -> dict[str, Any]:
     trials) with the number of trials that share packs on one GPU."""
     context = ray.get_runtime_context()
     share = float(context.get_assigned_resources().get("GPU", 0.0))
-    return {"node_id": context.get_node_id(), "node_ip": ray.util.get_node_ip_address(),
-            "gpus_per_trial": share, "trials_per_gpu": trials_per_gpu(share)}
+    return {
+        "node_id": context.get_node_id(),
+        "node_ip": ray.util.get_node_ip_address(),
+        "gpus_per_trial": share,
+        "trials_per_gpu": trials_per_gpu(share),
+    }
 
 
 class OutcomeCallback(tune.Callback):
@@ -174,8 +192,13 @@ class OutcomeCallback(tune.Callback):
     _trial_over: Callable[[str], None] | None = None
     _told_checkpoint_error = False
 
-    def __init__(self, write: OutcomeSink, cells: dict[str, dict], stop_if: Callable[[], None] | None = None,
-                 trial_over: Callable[[str], None] | None = None):
+    def __init__(
+        self,
+        write: OutcomeSink,
+        cells: dict[str, dict],
+        stop_if: Callable[[], None] | None = None,
+        trial_over: Callable[[str], None] | None = None,
+    ):
         self._write, self._cells, self._stop_if, self._trial_over = write, cells, stop_if, trial_over
 
     def __getstate__(self) -> dict:
@@ -197,9 +220,11 @@ class OutcomeCallback(tune.Callback):
         if CHECKPOINT_ERROR_KEY in result and not self._told_checkpoint_error:
             self._told_checkpoint_error = True
             where = json.loads(result.get(PLACEMENT_KEY, "{}")).get("node_ip", "a node")
-            print(f"warning: trials on {where} cannot use checkpoints in Ray's storage "
-                  f"({result[CHECKPOINT_ERROR_KEY]}); they run on, resuming only from checkpoints that were saved",
-                  file=sys.stderr)
+            print(
+                f"warning: trials on {where} cannot use checkpoints in Ray's storage "
+                f"({result[CHECKPOINT_ERROR_KEY]}); they run on, resuming only from checkpoints that were saved",
+                file=sys.stderr,
+            )
 
     def _over(self, trial) -> None:
         if self._trial_over is not None:
@@ -279,8 +304,15 @@ class CellSearcher(Searcher):
 MAX_PENDING_TRIALS = 200  # a user's TUNE_MAX_PENDING_TRIALS_PG (e.g. 1.1 × CPUs of a larger cluster) wins
 
 
-def run_tune(sweep: ResolvedSweep, cells: list[TrialConfig], storage: RayStorage, on_outcome: OutcomeSink,
-             experiment: str, stop_if: Callable[[], None] | None = None, trainable: Callable = None) -> None:
+def run_tune(
+    sweep: ResolvedSweep,
+    cells: list[TrialConfig],
+    storage: RayStorage,
+    on_outcome: OutcomeSink,
+    experiment: str,
+    stop_if: Callable[[], None] | None = None,
+    trainable: Callable = None,
+) -> None:
     """Run ``cells`` as the Tune experiment ``experiment`` in ``storage`` (Ray connected), each outcome
     to ``on_outcome``. ``stop_if`` is called at every step of Tune's loop: what it raises ends the run.
     ``trainable``: what a trial runs (``tune_trainable``; benchmarks/scale.py measures Tune alone with
@@ -306,9 +338,10 @@ def run_tune(sweep: ResolvedSweep, cells: list[TrialConfig], storage: RayStorage
 
     tuner = tune.Tuner(
         # with_parameters: what every trial may need goes to the object store once, not into each one's config
-        tune.with_resources(tune.with_parameters(trainable or tune_trainable, cells=by_id, shipment=sweep.shipment,
-                                                 earlier=earlier),
-                            {"cpu": resources.cpus_per_trial, "gpu": sweep.gpu_share}),
+        tune.with_resources(
+            tune.with_parameters(trainable or tune_trainable, cells=by_id, shipment=sweep.shipment, earlier=earlier),
+            {"cpu": resources.cpus_per_trial, "gpu": sweep.gpu_share},
+        ),
         tune_config=tune.TuneConfig(
             search_alg=CellSearcher(cells),
             num_samples=len(cells),
@@ -324,8 +357,14 @@ def run_tune(sweep: ResolvedSweep, cells: list[TrialConfig], storage: RayStorage
             # (ray_checkpoints above); only the latest is kept, and none once the trial is over.
             failure_config=tune.FailureConfig(max_failures=resources.max_failures),
             checkpoint_config=tune.CheckpointConfig(num_to_keep=1),
-            callbacks=[OutcomeCallback(sink, by_id, stop_if, trial_over=functools.partial(drop_checkpoints, storage, experiment)
-                                       if checkpoints else None)],
+            callbacks=[
+                OutcomeCallback(
+                    sink,
+                    by_id,
+                    stop_if,
+                    trial_over=functools.partial(drop_checkpoints, storage, experiment) if checkpoints else None,
+                )
+            ],
             verbose=0,
         ),
     )
@@ -338,14 +377,19 @@ def run_tune(sweep: ResolvedSweep, cells: list[TrialConfig], storage: RayStorage
         # Any other OSError (storage unreachable from the start, a spool write failing) propagates.
         if not (storage.shared and {c.trial_id for c in cells} <= outcomes):
             raise
-        print(f"warning: Ray could not read its state back from {storage.path} after the last trial ({exc}); "
-              "every trial's outcome is kept", file=sys.stderr)
+        print(
+            f"warning: Ray could not read its state back from {storage.path} after the last trial ({exc}); "
+            "every trial's outcome is kept",
+            file=sys.stderr,
+        )
 
 
 def checkpoints_to_resume(storage: RayStorage, experiment: str, trial_ids: set[str]) -> dict[str, tune.Checkpoint]:
     """The latest checkpoint an earlier launch's Ray kept of each of these cells, by trial id."""
-    return {trial: tune.Checkpoint(folder, filesystem=storage.fs)
-            for trial, folder in latest_checkpoints(storage, experiment, trial_ids).items()}
+    return {
+        trial: tune.Checkpoint(folder, filesystem=storage.fs)
+        for trial, folder in latest_checkpoints(storage, experiment, trial_ids).items()
+    }
 
 
 def recover_from_ray(storage: RayStorage, experiment: str, done: set[str]) -> list[TrialResult]:

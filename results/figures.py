@@ -32,7 +32,7 @@ def _panels(keys: list[tuple], ncols: int | None = None):
     ncols = ncols or min(len(keys), 3) or 1
     nrows = max(1, -(-len(keys) // ncols))
     fig, axes = plt.subplots(nrows, ncols, figsize=(PANEL_IN[0] * ncols, PANEL_IN[1] * nrows), squeeze=False)
-    for extra in axes.flat[len(keys):]:
+    for extra in axes.flat[len(keys) :]:
         extra.set_visible(False)
     return fig, dict(zip(keys, axes.flat))
 
@@ -74,8 +74,7 @@ def accuracy_vs_frozen(rows: pd.DataFrame) -> bytes:
         panel = ok[(ok["sweep"] == sweep) & (ok["dataset"] == dataset)]
         for n, runs in panel.groupby("train_size"):
             x = runs["frozen_layers"].map(freeze_depth)
-            ax.scatter(x + jitter.uniform(-0.08, 0.08, len(x)), runs[SCORE], s=14, alpha=0.6,
-                       color=colours[n])
+            ax.scatter(x + jitter.uniform(-0.08, 0.08, len(x)), runs[SCORE], s=14, alpha=0.6, color=colours[n])
             means = runs.groupby("frozen_layers")[SCORE].mean()
             order = sorted(means.index, key=freeze_depth)
             ax.plot([freeze_depth(k) for k in order], means[order], color=colours[n], label=f"n = {n}")
@@ -122,8 +121,15 @@ def interval_plot(table: pd.DataFrame, value: str, ylabel: str, reference: float
             cell = cell.sort_values("frozen_layers", key=lambda ks: ks.map(freeze_depth))
             x = cell["frozen_layers"].map(freeze_depth) + 0.06 * offset
             below, above = (cell[value] - cell["ci_low"]).clip(lower=0), (cell["ci_high"] - cell[value]).clip(lower=0)
-            ax.errorbar(x, cell[value], yerr=[below.fillna(0), above.fillna(0)], marker="o", capsize=3,
-                        color=colours[n], label=f"n = {n}")
+            ax.errorbar(
+                x,
+                cell[value],
+                yerr=[below.fillna(0), above.fillna(0)],
+                marker="o",
+                capsize=3,
+                color=colours[n],
+                label=f"n = {n}",
+            )
         ax.axhline(reference, color="grey", linestyle="--")
         if band is not None:
             ax.axhspan(reference - band, reference + band, color="grey", alpha=0.15, label=f"±{band:g}")
@@ -142,8 +148,11 @@ def contrast_plot(contrasts: pd.DataFrame, tolerance: float) -> bytes:
     return interval_plot(contrasts, "mean_diff", "score_k − score_0, paired (95 % CI)", 0.0, tolerance)
 
 
-COST_PANELS = [("trainable_params", "trainable parameters"), ("train_time_s", "train time (s)"),
-               ("peak_mem_mb", "peak memory (MB)")]
+COST_PANELS = [
+    ("trainable_params", "trainable parameters"),
+    ("train_time_s", "train time (s)"),
+    ("peak_mem_mb", "peak memory (MB)"),
+]
 
 
 def cost_plot(costs: pd.DataFrame) -> bytes:
@@ -155,16 +164,22 @@ def cost_figure(costs: pd.DataFrame):
     frontier (the cells no other k beats on both) drawn as a line. Constrained layout: each panel's y-label
     and tick labels (parameters run to eight digits) get their own room instead of the neighbour's."""
     keys = sorted(costs.groupby(["sweep", "dataset"]).groups)
-    fig, axes = plt.subplots(len(keys), 4, figsize=(PANEL_IN[0] * 4, PANEL_IN[1] * len(keys)), squeeze=False,
-                             layout="constrained")
+    fig, axes = plt.subplots(
+        len(keys), 4, figsize=(PANEL_IN[0] * 4, PANEL_IN[1] * len(keys)), squeeze=False, layout="constrained"
+    )
     colours, many = _colours(costs["train_size"]), costs["sweep"].nunique() > 1
     for row, (sweep, dataset) in zip(axes, keys):
         panel = costs[(costs["sweep"] == sweep) & (costs["dataset"] == dataset)]
         for n, cell in panel.groupby("train_size"):
             cell = cell.sort_values("frozen_layers", key=lambda ks: ks.map(freeze_depth))
             for ax, (column, label) in zip(row, COST_PANELS):
-                ax.plot(cell["frozen_layers"].map(freeze_depth), cell[column], marker="o", color=colours[n],
-                        label=f"n = {n}")
+                ax.plot(
+                    cell["frozen_layers"].map(freeze_depth),
+                    cell[column],
+                    marker="o",
+                    color=colours[n],
+                    label=f"n = {n}",
+                )
                 ax.set_ylabel(label)
             _frontier(row[3], cell, colours[n], n)
         for ax in row[:3]:
@@ -178,8 +193,13 @@ def cost_figure(costs: pd.DataFrame):
 def _frontier(ax, cell: pd.DataFrame, colour, n: int) -> None:
     ax.scatter(cell["train_time_s"], cell[SCORE], color=colour, s=18)
     for _, point in cell.iterrows():
-        ax.annotate(f"k={point['frozen_layers']}", (point["train_time_s"], point[SCORE]),
-                    fontsize=7, xytext=(3, 3), textcoords="offset points")
+        ax.annotate(
+            f"k={point['frozen_layers']}",
+            (point["train_time_s"], point[SCORE]),
+            fontsize=7,
+            xytext=(3, 3),
+            textcoords="offset points",
+        )
     front = cell[cell["on_frontier"]].sort_values("train_time_s")
     ax.plot(front["train_time_s"], front[SCORE], color=colour, label=f"n = {n} frontier")
     ax.set_xlabel("train time (s)")
@@ -201,12 +221,23 @@ def methods_plot(table: pd.DataFrame) -> bytes:
     for (sweep, dataset), ax in axes.items():
         panel = table[(table["sweep"] == sweep) & (table["dataset"] == dataset)]
         for (method, n), points in panel.groupby(["method", "train_size"]):
-            ax.scatter(points["wall_time_s"], points["score"], color=METHOD_COLOURS.get(method, "tab:gray"),
-                       marker=markers[n], s=28, label=f"{method}, n = {n}")
+            ax.scatter(
+                points["wall_time_s"],
+                points["score"],
+                color=METHOD_COLOURS.get(method, "tab:gray"),
+                marker=markers[n],
+                s=28,
+                label=f"{method}, n = {n}",
+            )
             best = points[points["best_in_method"]]
             for _, point in best.iterrows():
-                ax.annotate(point["variant"], (point["wall_time_s"], point["score"]), fontsize=7,
-                            xytext=(3, 3), textcoords="offset points")
+                ax.annotate(
+                    point["variant"],
+                    (point["wall_time_s"], point["score"]),
+                    fontsize=7,
+                    xytext=(3, 3),
+                    textcoords="offset points",
+                )
         ax.set_xscale("log")
         ax.set_xlabel("wall time per trial (s, log)")
         ax.set_ylabel("mean best score (selected metric)")

@@ -100,7 +100,9 @@ class S3Object:
         try:
             import boto3
         except ImportError:
-            raise SweepLocked("an s3:// store needs boto3 for its exclusive lock: pip install 'freezesweep[s3]'") from None
+            raise SweepLocked(
+                "an s3:// store needs boto3 for its exclusive lock: pip install 'freezesweep[s3]'"
+            ) from None
         parts = urlsplit(uri)
         query = {k: v[-1] for k, v in parse_qs(parts.query).items()}
         options = {}
@@ -123,11 +125,15 @@ class S3Object:
             return None, None
         return answer["Body"].read(), answer["ETag"]
 
-    def put(self, body: bytes, *, if_absent: bool = False, if_match: str | None = None, key: str | None = None) -> str | None:
+    def put(
+        self, body: bytes, *, if_absent: bool = False, if_match: str | None = None, key: str | None = None
+    ) -> str | None:
         """The new ETag, or None when the precondition failed (someone else wrote first)."""
         conditions = {"IfNoneMatch": "*"} if if_absent else {"IfMatch": if_match} if if_match else {}
         try:
-            answer = self._call(self.client.put_object, Bucket=self.bucket, Key=key or self.key, Body=body, **conditions)
+            answer = self._call(
+                self.client.put_object, Bucket=self.bucket, Key=key or self.key, Body=body, **conditions
+            )
         except _Lost:
             return None
         return answer["ETag"]
@@ -152,8 +158,7 @@ class _Lost(Exception):
 class SweepLock:
     """``uri``: the store's URI, which says how to reach an ``s3://`` store for conditional writes."""
 
-    def __init__(self, fs: pafs.FileSystem, sweep_dir: str, stale_after_s: float | None = None,
-                 uri: str | None = None):
+    def __init__(self, fs: pafs.FileSystem, sweep_dir: str, stale_after_s: float | None = None, uri: str | None = None):
         self.fs, self.path = fs, f"{sweep_dir}/{LOCK_FILE}"
         self.sweep_dir = sweep_dir
         self.stale_after_s = stale_after_s or float(os.environ.get(STALE_ENV, "120"))
@@ -236,9 +241,11 @@ class SweepLock:
 
     def _mark_lost(self, current: Holder | None) -> None:
         now = "was deleted" if current is None else f"is now held by {current.describe()}"
-        self.lost = (f"this driver lost the sweep's lock: {self.path} {now}. It stopped writing to the store "
-                     f"(a lock whose heartbeat is older than {self.stale_after_s:g}s is taken over by the next "
-                     "launch); the sweep's holder writes the remaining cells")
+        self.lost = (
+            f"this driver lost the sweep's lock: {self.path} {now}. It stopped writing to the store "
+            f"(a lock whose heartbeat is older than {self.stale_after_s:g}s is taken over by the next "
+            "launch); the sweep's holder writes the remaining cells"
+        )
 
     # --- taking the lock ------------------------------------------------------------------------
     def _claim(self, stale: Holder | None, version: str | None) -> bool:
@@ -338,13 +345,19 @@ def store_notes(store: "ResultStore") -> list[str]:
     alive = holder is not None and not lock.is_stale(holder)
     notes = []
     if holder is not None and not alive:
-        notes.append(f"note: a stale lock: {lock.path} names {holder.describe()}, which is gone (the next launch, "
-                     "resume or compact takes it over)")
+        notes.append(
+            f"note: a stale lock: {lock.path} names {holder.describe()}, which is gone (the next launch, "
+            "resume or compact takes it over)"
+        )
     pending = store.unfinished_compaction()
     if pending and not alive:
-        notes.append(f"note: an interrupted compaction holds {pending} row file(s) in {store.compacting_dir}, where "
-                     "plain readers of results/ (pandas, DuckDB) miss them (freezesweep's own readers count them); "
-                     f"`freezesweep compact {store.sweep}` or `freezesweep resume {store.sweep}` finishes it")
+        notes.append(
+            f"note: an interrupted compaction holds {pending} row file(s) in {store.compacting_dir}, where "
+            "plain readers of results/ (pandas, DuckDB) miss them (freezesweep's own readers count them); "
+            f"`freezesweep compact {store.sweep}` or `freezesweep resume {store.sweep}` finishes it"
+        )
     elif pending:
-        notes.append(f"note: a compaction is under way ({holder.describe()}): {pending} row file(s) are moving into a part")
+        notes.append(
+            f"note: a compaction is under way ({holder.describe()}): {pending} row file(s) are moving into a part"
+        )
     return notes

@@ -23,14 +23,41 @@ TRIAL_TAG, SWEEP_TAG, FINISHED_TAG = "freezesweep.trial_id", "freezesweep.sweep"
 AXES = ("dataset", "model", "method", "train_size", "frozen_layers", "lora_rank", "seed", "split_seed")
 METHOD_PARAMS = ("lora_alpha", "lora_dropout", "probe_pooling", "probe_c")
 # One value per run: the best evaluation (selected metric, then every recorded one), the end, the baselines, cost.
-SCALARS = ("best_val_score", "final_val_score", "baseline_score", "best_val_accuracy", "final_val_accuracy",
-           "majority_baseline", *(f"best_val_{m}" for m in METRICS[1:]), *(f"baseline_{m}" for m in METRICS),
-           "best_step", "best_epoch", "trainable_params", "total_params", "train_time_s", "eval_time_s",
-           "wall_time_s", "train_examples_per_s", "peak_mem_mb", "worker_peak_mem_mb")
+SCALARS = (
+    "best_val_score",
+    "final_val_score",
+    "baseline_score",
+    "best_val_accuracy",
+    "final_val_accuracy",
+    "majority_baseline",
+    *(f"best_val_{m}" for m in METRICS[1:]),
+    *(f"baseline_{m}" for m in METRICS),
+    "best_step",
+    "best_epoch",
+    "trainable_params",
+    "total_params",
+    "train_time_s",
+    "eval_time_s",
+    "wall_time_s",
+    "train_examples_per_s",
+    "peak_mem_mb",
+    "worker_peak_mem_mb",
+)
 TAGS = ("status", "node", "precision", "device", "hostname", "node_id", "gpu_name", "select_metric", "error")
 # What an export reads: not the train indices, which dominate a row's size.
-COLUMNS = ["sweep", "trial_id", *AXES, *METHOD_PARAMS, *SCALARS, *TAGS, "eval_curve", "train_loss_curve",
-           "finished_at", "config", "attempts"]
+COLUMNS = [
+    "sweep",
+    "trial_id",
+    *AXES,
+    *METHOD_PARAMS,
+    *SCALARS,
+    *TAGS,
+    "eval_curve",
+    "train_loss_curve",
+    "finished_at",
+    "config",
+    "attempts",
+]
 # MLflow's limits per request (mlflow.utils.validation): 100 params and tags, 1,000 metrics; a tag value's length.
 PARAMS_PER_REQUEST, METRICS_PER_REQUEST, MAX_TAG_CHARS, MAX_PARAM_CHARS = 100, 1000, 5000, 6000
 
@@ -70,8 +97,9 @@ class MlflowRuns:
         from mlflow.entities import Metric, Param
 
         started_ms = _ms(row.get("finished_at"))
-        run = self.client.create_run(self.experiment_id, start_time=started_ms, run_name=run_name(row),
-                                     tags=run_tags(row))
+        run = self.client.create_run(
+            self.experiment_id, start_time=started_ms, run_name=run_name(row), tags=run_tags(row)
+        )
         run_id = run.info.run_id
         params = [Param(k, v) for k, v in run_params(row).items()]
         metrics = [Metric(k, v, started_ms or 0, step) for k, v, step in run_metrics(row)]
@@ -79,8 +107,9 @@ class MlflowRuns:
             self.client.log_batch(run_id, params=chunk)
         for chunk in _chunks(metrics, METRICS_PER_REQUEST):
             self.client.log_batch(run_id, metrics=chunk)
-        self.client.set_terminated(run_id, "FINISHED" if row.get("status") in ("ok", "diverged") else "FAILED",
-                                   end_time=started_ms)
+        self.client.set_terminated(
+            run_id, "FINISHED" if row.get("status") in ("ok", "diverged") else "FAILED", end_time=started_ms
+        )
         return run_id
 
     def sync(self, rows: Iterable[dict[str, Any]], known: dict[str, Any] | None = None) -> Exported:
@@ -126,13 +155,19 @@ class LiveTracker:
             self.runs.sync([row], self.runs.existing(row["trial_id"]))
         except Exception as exc:  # any failure of the tracker (unreachable, refused, a bug): warn once, go on
             self.failed = True
-            print(f"warning: MLflow tracking at {self.tracking_uri} stopped ({type(exc).__name__}: {exc}); the sweep "
-                  f"goes on; `freezesweep export mlflow {self.sweep}` adds its rows later", file=sys.stderr)
+            print(
+                f"warning: MLflow tracking at {self.tracking_uri} stopped ({type(exc).__name__}: {exc}); the sweep "
+                f"goes on; `freezesweep export mlflow {self.sweep}` adds its rows later",
+                file=sys.stderr,
+            )
 
 
 def run_name(row: dict[str, Any]) -> str:
-    axis = f"k={row.get('frozen_layers')}" if row.get("method") in (None, "freeze") else (
-        f"lora r={row.get('lora_rank')}" if row.get("method") == "lora" else str(row.get("method")))
+    axis = (
+        f"k={row.get('frozen_layers')}"
+        if row.get("method") in (None, "freeze")
+        else (f"lora r={row.get('lora_rank')}" if row.get("method") == "lora" else str(row.get("method")))
+    )
     return f"{row.get('dataset')} n={row.get('train_size')} {axis} s={row.get('seed')}"
 
 
@@ -149,10 +184,16 @@ def run_metrics(row: dict[str, Any]) -> list[tuple[str, float, int]]:
     each logged training loss (``train_loss``) at its training step."""
     metrics = [(k, float(row[k]), 0) for k in SCALARS if row.get(k) is not None]
     for point in row.get("eval_curve") or []:
-        metrics += [(f"eval_{k}", float(v), int(point["step"])) for k, v in point.items()
-                    if k not in ("step", "epoch") and v is not None]
-    metrics += [("train_loss", float(p["loss"]), int(p["step"])) for p in row.get("train_loss_curve") or []
-                if p.get("loss") is not None]
+        metrics += [
+            (f"eval_{k}", float(v), int(point["step"]))
+            for k, v in point.items()
+            if k not in ("step", "epoch") and v is not None
+        ]
+    metrics += [
+        ("train_loss", float(p["loss"]), int(p["step"]))
+        for p in row.get("train_loss_curve") or []
+        if p.get("loss") is not None
+    ]
     return metrics
 
 
@@ -171,4 +212,4 @@ def _ms(finished_at: datetime | None) -> int | None:
 
 def _chunks(items: list, size: int) -> Iterator[list]:
     for start in range(0, len(items), size):
-        yield items[start:start + size]
+        yield items[start : start + size]

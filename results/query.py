@@ -22,16 +22,46 @@ METHOD_AXES = ("frozen_layers", "lora_rank")  # each method's own axis: null on 
 SUMMARY_STATS = ["n", "mean", "median", "std", "min", "max"]
 SCORE, BASELINE = "best_val_score", "baseline_score"  # the selected metric's, in every row
 # What the report reads: not the curves or train indices, which dominate a row's size.
-REPORT_COLUMNS = ["sweep", "trial_id", "dataset", "model", "train_size", "frozen_layers", "seed", "method", "lora_rank",
-                  "status", "select_metric", SCORE, BASELINE, "collapsed", "best_val_accuracy", "majority_baseline",
-                  "trainable_params", "total_params", "train_time_s", "eval_time_s", "wall_time_s", "peak_mem_mb",
-                  "precision", "device", "node", "error"]
+REPORT_COLUMNS = [
+    "sweep",
+    "trial_id",
+    "dataset",
+    "model",
+    "train_size",
+    "frozen_layers",
+    "seed",
+    "method",
+    "lora_rank",
+    "status",
+    "select_metric",
+    SCORE,
+    BASELINE,
+    "collapsed",
+    "best_val_accuracy",
+    "majority_baseline",
+    "trainable_params",
+    "total_params",
+    "train_time_s",
+    "eval_time_s",
+    "wall_time_s",
+    "peak_mem_mb",
+    "precision",
+    "device",
+    "node",
+    "error",
+]
 # What summary reads: every metric at the best evaluation and of the baseline, no curves.
-SUMMARY_COLUMNS = list(dict.fromkeys(REPORT_COLUMNS + [f"{kind}_{m}" for kind in ("best_val", "baseline") for m in METRICS]))
+SUMMARY_COLUMNS = list(
+    dict.fromkeys(REPORT_COLUMNS + [f"{kind}_{m}" for kind in ("best_val", "baseline") for m in METRICS])
+)
 # Rows stored before select_metric existed: their selected metric was accuracy (column ← legacy column).
 LEGACY_METRIC = "accuracy"
-_LEGACY = {SCORE: "best_val_accuracy", "final_val_score": "final_val_accuracy", BASELINE: "majority_baseline",
-           "baseline_accuracy": "majority_baseline"}
+_LEGACY = {
+    SCORE: "best_val_accuracy",
+    "final_val_score": "final_val_accuracy",
+    BASELINE: "majority_baseline",
+    "baseline_accuracy": "majority_baseline",
+}
 
 
 def sql(store: ResultStore, query: str = "SELECT * FROM results") -> pd.DataFrame:
@@ -113,9 +143,11 @@ def summary(df: pd.DataFrame, keys: list[str] = SUMMARY_KEYS, metric: str | None
     return table.drop(columns=[k for k in keys if k not in _shown_keys(ok, keys)])
 
 
-_SHOWN_WHEN = {"model": lambda column: column.nunique() > 1,  # more than one model
-               "method": lambda column: (column != "freeze").any(),  # a method beyond freezing
-               "lora_rank": lambda column: column.notna().any()}  # LoRA rows
+_SHOWN_WHEN = {
+    "model": lambda column: column.nunique() > 1,  # more than one model
+    "method": lambda column: (column != "freeze").any(),  # a method beyond freezing
+    "lora_rank": lambda column: column.notna().any(),
+}  # LoRA rows
 
 
 def _shown_keys(ok: pd.DataFrame, keys: list[str]) -> list[str]:
@@ -154,11 +186,21 @@ def placement(df: pd.DataFrame) -> pd.DataFrame:
     if df.empty:
         return pd.DataFrame(columns=columns)
     legacy = df["node"].map(lambda host: None if pd.isna(host) else f"host {host}")
-    df = df.assign(node=df["node_id"].fillna(legacy).fillna("unknown"), hostname=df["hostname"].fillna(df["node"]),
-                   ok=df["status"] == "ok")
+    df = df.assign(
+        node=df["node_id"].fillna(legacy).fillna("unknown"),
+        hostname=df["hostname"].fillna(df["node"]),
+        ok=df["status"] == "ok",
+    )
     grouped = df.groupby("node", sort=True)
-    table = pd.DataFrame({"node_ip": grouped["node_ip"].first(), "hostname": grouped["hostname"].first(),
-                          "rows": grouped.size(), "ok": grouped["ok"].sum(), "gpus": grouped["gpu_uuid"].nunique()})
+    table = pd.DataFrame(
+        {
+            "node_ip": grouped["node_ip"].first(),
+            "hostname": grouped["hostname"].first(),
+            "rows": grouped.size(),
+            "ok": grouped["ok"].sum(),
+            "gpus": grouped["gpu_uuid"].nunique(),
+        }
+    )
     return table.reset_index()[columns]
 
 

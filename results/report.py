@@ -19,8 +19,15 @@ from freezesweep.results import figures
 from freezesweep.results.decision import decide
 from freezesweep.results.settle import LEARNED, SettleRule
 from freezesweep.results.query import CELL_KEYS, freeze_rows, read_rows, summary, with_methods
-from freezesweep.results.stats import (GROUP, TOLERANCE, costs, largest_k_retaining, method_comparison, paired_contrasts,
-                           retained_quality)
+from freezesweep.results.stats import (
+    GROUP,
+    TOLERANCE,
+    costs,
+    largest_k_retaining,
+    method_comparison,
+    paired_contrasts,
+    retained_quality,
+)
 from freezesweep.results.store import ResultStore
 
 
@@ -36,8 +43,9 @@ class SweepRows:
     rule: tuple[SettleRule, int, int] | None = None
 
     @classmethod
-    def from_store(cls, store: ResultStore, status: pd.DataFrame | None = None,
-                   rule: tuple[SettleRule, int, int] | None = None) -> "SweepRows":
+    def from_store(
+        cls, store: ResultStore, status: pd.DataFrame | None = None, rule: tuple[SettleRule, int, int] | None = None
+    ) -> "SweepRows":
         rows = read_rows(store)
         rows["sweep"] = store.sweep  # the folder names the sweep, whatever a row says
         return cls(store.sweep, rows, status, rule)
@@ -97,11 +105,19 @@ def _all_rows(sweeps: list[SweepRows]) -> pd.DataFrame:
     return per_model(with_methods(pd.concat([s.rows for s in sweeps], ignore_index=True)))
 
 
-def _decide(sweeps: list[SweepRows], rows: pd.DataFrame, layers: pd.DataFrame, retained: pd.DataFrame,
-            cost: pd.DataFrame, tolerance: float) -> pd.DataFrame:
+def _decide(
+    sweeps: list[SweepRows],
+    rows: pd.DataFrame,
+    layers: pd.DataFrame,
+    retained: pd.DataFrame,
+    cost: pd.DataFrame,
+    tolerance: float,
+) -> pd.DataFrame:
     """Each sweep's grid (its planned frozen layers) and settle rule, by the label its rows carry."""
     planned = {s.name: {int(v) for v in _axis(s.status, "frozen_layers")} for s in sweeps if s.status is not None}
-    planned.update({label: planned[sweep] for label, sweep in zip(rows["sweep"], rows["sweep_name"]) if sweep in planned})
+    planned.update(
+        {label: planned[sweep] for label, sweep in zip(rows["sweep"], rows["sweep_name"]) if sweep in planned}
+    )
     rules = {label: s.rule for s in sweeps if s.rule for label in rows.loc[rows["sweep_name"] == s.name, "sweep"]}
     # a fixed grid's planned seeds: a group still running is not decided as if complete (one look)
     seeds = {s.name: {int(v) for v in _axis(s.status, "seed")} for s in sweeps if s.status is not None and not s.rule}
@@ -125,8 +141,11 @@ def _axis(status: pd.DataFrame, axis: str) -> list[str]:
 def _figures(rows, appendix, retained, contrasts, cost, tolerance: float) -> dict[str, bytes]:
     if appendix.empty:  # nothing finished yet: the report is the completeness section alone
         return {}
-    figs = {"accuracy": figures.accuracy_vs_frozen(rows), "heatmap": figures.accuracy_heatmap(appendix),
-            "cost": figures.cost_plot(cost)}
+    figs = {
+        "accuracy": figures.accuracy_vs_frozen(rows),
+        "heatmap": figures.accuracy_heatmap(appendix),
+        "cost": figures.cost_plot(cost),
+    }
     if not retained.empty:  # both need k = 0 and another k on the same seeds
         figs["retained"] = figures.retained_plot(retained)
         figs["contrasts"] = figures.contrast_plot(contrasts, tolerance)
@@ -156,87 +175,136 @@ def _write(path: str, payload: bytes) -> None:
 def _sections(report: Report, sweeps: list[SweepRows], tolerance: float, many: bool) -> list[Section]:
     return [
         _decision_section(report, tolerance, many),
-        Section("Selected metric against frozen layers",
-                ["Each row's selected metric (accuracy unless the sweep chose another, e.g. CoLA's Matthews "
-                 "correlation): every run is a dot, the mean over seeds a line, the constant baseline (majority class, "
-                 "or mean score for regression) dashed."],
-                figure="accuracy"),
+        Section(
+            "Selected metric against frozen layers",
+            [
+                "Each row's selected metric (accuracy unless the sweep chose another, e.g. CoLA's Matthews "
+                "correlation): every run is a dot, the mean over seeds a line, the constant baseline (majority class, "
+                "or mean score for regression) dashed."
+            ],
+            figure="accuracy",
+        ),
         Section("Mean selected metric: train size × frozen layers", figure="heatmap"),
         _retained_section(report, many),
         _contrast_section(report, tolerance, many),
         _cost_section(report, many),
         *([_methods_section(report, many)] if report.methods is not None else []),
         _completeness_section(sweeps, report.completeness),
-        Section("Appendix: the selected metric at the best evaluation, per cell over seeds", [],
-                [_shown(report.appendix, many)]),
+        Section(
+            "Appendix: the selected metric at the best evaluation, per cell over seeds",
+            [],
+            [_shown(report.appendix, many)],
+        ),
     ]
 
 
-DECISION_SHOWN = [*GROUP, "learned", "frozen_layers", "pairs", "score_0", "score_k", "mean_diff", "ci_low", "collapsed",
-                  "collapse_upper", "within", "worse", "undecided", "params_saved_pct", "time_saved_pct", "mem_saved_pct",
-                  "decided_at_seeds"]  # the answer's evidence; the rest (the other bound, looks, …) is in report.decisions
+DECISION_SHOWN = [
+    *GROUP,
+    "learned",
+    "frozen_layers",
+    "pairs",
+    "score_0",
+    "score_k",
+    "mean_diff",
+    "ci_low",
+    "collapsed",
+    "collapse_upper",
+    "within",
+    "worse",
+    "undecided",
+    "params_saved_pct",
+    "time_saved_pct",
+    "mem_saved_pct",
+    "decided_at_seeds",
+]  # the answer's evidence; the rest (the other bound, looks, …) is in report.decisions
 
 
 def _decision_section(report: Report, tolerance: float, many: bool) -> Section:
-    intro = (f"Per dataset and train size, one answer: the largest k shown to be within the tolerance (−{tolerance:g} "
-             "unless the sweep's settle section says otherwise) of full fine-tuning (k = 0) in the selected metric when "
-             "it trains — on the seeds where both trained, the lower bound of the mean paired difference (ci_low, "
-             "one-sided, simultaneous over the group's claims and every look the sweep took: results/settle.py) lies "
-             "above −tolerance — with how many of its seeds collapsed to the constant predictor (collapsed) and an "
-             "exact bound on how often that happens (collapse_upper); and what freezing it saves against k = 0. No "
-             "advice from fewer than 3 trained pairs, from identical differences, or where full fine-tuning is not "
-             "shown to beat the constant baseline by more than the tolerance. Where it is open, decided_at_seeds is "
-             "the budget that would decide it if the spread stays as it is. The sections below are its evidence.")
+    intro = (
+        f"Per dataset and train size, one answer: the largest k shown to be within the tolerance (−{tolerance:g} "
+        "unless the sweep's settle section says otherwise) of full fine-tuning (k = 0) in the selected metric when "
+        "it trains — on the seeds where both trained, the lower bound of the mean paired difference (ci_low, "
+        "one-sided, simultaneous over the group's claims and every look the sweep took: results/settle.py) lies "
+        "above −tolerance — with how many of its seeds collapsed to the constant predictor (collapsed) and an "
+        "exact bound on how often that happens (collapse_upper); and what freezing it saves against k = 0. No "
+        "advice from fewer than 3 trained pairs, from identical differences, or where full fine-tuning is not "
+        "shown to beat the constant baseline by more than the tolerance. Where it is open, decided_at_seeds is "
+        "the budget that would decide it if the spread stays as it is. The sections below are its evidence."
+    )
     table = report.decisions[[c for c in DECISION_SHOWN if c in report.decisions]]
     return Section("The decision", [intro, *report.decisions["sentence"]], [_shown(table, many)])
 
 
 def _retained_section(report: Report, many: bool) -> Section:
     keeps = largest_k_retaining(report.retained)
-    lines = [f"{_where(r, many)}: k = {int(r['k_retaining_90'])} is the largest whose mean keeps ≥ 90 % of full "
-             "fine-tuning's gain — a point estimate, evidence for the decision above, not a second answer"
-             for _, r in keeps.iterrows()]
-    intro = ("Retained quality (score_k − baseline) / (score_0 − baseline) on the paired seeds' means, with a "
-             "bootstrap 95 % CI (seeds resampled as pairs).")
+    lines = [
+        f"{_where(r, many)}: k = {int(r['k_retaining_90'])} is the largest whose mean keeps ≥ 90 % of full "
+        "fine-tuning's gain — a point estimate, evidence for the decision above, not a second answer"
+        for _, r in keeps.iterrows()
+    ]
+    intro = (
+        "Retained quality (score_k − baseline) / (score_0 − baseline) on the paired seeds' means, with a "
+        "bootstrap 95 % CI (seeds resampled as pairs)."
+    )
     return Section("Retained quality", [intro, *lines], [_shown(report.retained, many)], "retained")
 
 
 def _contrast_section(report: Report, tolerance: float, many: bool) -> Section:
     c = report.contrasts.dropna(subset=["narrower_pct"])
     how_much = _narrower_line(c["narrower_pct"]) if len(c) else "Too few paired seeds to compare CIs."
-    intro = (f"score_k − score_0 per seed (seeds are paired: same head init and batch order), its mean and Student-t "
-             f"95 % CI; the shaded band is ±{tolerance:g}.")
-    return Section("Paired contrasts against full fine-tuning", [intro, how_much], [_shown(report.contrasts, many)],
-                   "contrasts")
+    intro = (
+        f"score_k − score_0 per seed (seeds are paired: same head init and batch order), its mean and Student-t "
+        f"95 % CI; the shaded band is ±{tolerance:g}."
+    )
+    return Section(
+        "Paired contrasts against full fine-tuning", [intro, how_much], [_shown(report.contrasts, many)], "contrasts"
+    )
 
 
 def _narrower_line(narrower_pct: pd.Series) -> str:
     median = narrower_pct.median()
-    line = (f"Pairing makes the CI {abs(median):.0f} % {'narrower' if median >= 0 else 'wider'} than the unpaired "
-            f"(Welch) CI over the same runs")
+    line = (
+        f"Pairing makes the CI {abs(median):.0f} % {'narrower' if median >= 0 else 'wider'} than the unpaired "
+        f"(Welch) CI over the same runs"
+    )
     if len(narrower_pct) == 1:
         return line + "."
-    return (line + f" (median over {len(narrower_pct)} contrasts; narrower_pct per contrast from "
-            f"{narrower_pct.min():.0f} to {narrower_pct.max():.0f}, negative where pairing widens it).")
+    return (
+        line + f" (median over {len(narrower_pct)} contrasts; narrower_pct per contrast from "
+        f"{narrower_pct.min():.0f} to {narrower_pct.max():.0f}, negative where pairing widens it)."
+    )
 
 
 def _cost_section(report: Report, many: bool) -> Section:
-    return Section("Cost", ["Means over seeds; savings are against k = 0 of the same train size. The frontier: "
-                            "cells no other k beats on both the selected metric and train time."],
-                   [_shown(report.costs, many)], "cost")
+    return Section(
+        "Cost",
+        [
+            "Means over seeds; savings are against k = 0 of the same train size. The frontier: "
+            "cells no other k beats on both the selected metric and train time."
+        ],
+        [_shown(report.costs, many)],
+        "cost",
+    )
 
 
 def _methods_section(report: Report, many: bool) -> Section:
     table = report.methods
-    intro = ("Freezing, LoRA and a logistic-regression probe on frozen features, on the same subsets and seeds: each "
-             "variant's mean selected metric over seeds (Student-t 95 % CI) and mean cost per trial. Per train size, "
-             "each method's best variant:")
+    intro = (
+        "Freezing, LoRA and a logistic-regression probe on frozen features, on the same subsets and seeds: each "
+        "variant's mean selected metric over seeds (Student-t 95 % CI) and mean cost per trial. Per train size, "
+        "each method's best variant:"
+    )
     lines = []
     for _, cell in table.groupby(GROUP):
         best = cell[cell["best_in_method"]].sort_values("score", ascending=False)
-        lines.append(f"{_where(cell.iloc[0], many)}: " + "; ".join(
-            f"{b['variant']} {b['score']:.3f}" + ("" if pd.isna(b["wall_time_s"]) else f" in {b['wall_time_s']:.0f} s")
-            for _, b in best.iterrows()))
+        lines.append(
+            f"{_where(cell.iloc[0], many)}: "
+            + "; ".join(
+                f"{b['variant']} {b['score']:.3f}"
+                + ("" if pd.isna(b["wall_time_s"]) else f" in {b['wall_time_s']:.0f} s")
+                for _, b in best.iterrows()
+            )
+        )
     return Section("Methods side by side", [intro, *lines], [_shown(table, many)], "methods")
 
 
@@ -249,26 +317,37 @@ def _completeness_section(sweeps: list[SweepRows], lines: list[str]) -> Section:
                 tables.append(gaps.assign(sweep=s.name)[["sweep", *s.status.columns]])
         failed = s.rows[s.rows["status"] != "ok"]
         if len(failed):
-            shown = [*GROUP, *(c for c in ("method", "frozen_layers", "lora_rank") if c in failed), "seed", "status", "error"]
-            tables.append(failed[shown]
-                          .assign(error=failed["error"].fillna("").str.slice(0, 100)))
+            shown = [
+                *GROUP,
+                *(c for c in ("method", "frozen_layers", "lora_rank") if c in failed),
+                "seed",
+                "status",
+                "error",
+            ]
+            tables.append(failed[shown].assign(error=failed["error"].fillna("").str.slice(0, 100)))
     return Section("Completeness", lines, tables)
 
 
 def _completeness_line(s: SweepRows) -> str:
     ok = int((s.rows["status"] == "ok").sum())
     if s.status is None:
-        return (f"{s.name}: {ok} ok rows, {len(s.rows) - ok} failed; the grid is unknown, so missing cells are "
-                f"not listed.")
+        return (
+            f"{s.name}: {ok} ok rows, {len(s.rows) - ok} failed; the grid is unknown, so missing cells are not listed."
+        )
     total = s.status[s.status["axis"] == "total"].iloc[0]
     done, failed, missing = int(total["done"]), int(total["failed"]), int(total["missing"])
     diverged = int(total.get("diverged", 0))
-    apart = (f"; {diverged} diverged (a non-finite loss: left out of every statistic, not run again)"
-             if diverged else "")
+    apart = f"; {diverged} diverged (a non-finite loss: left out of every statistic, not run again)" if diverged else ""
     if failed == missing == 0:
-        return f"{s.name}: complete, {done} cells done{apart}." if diverged else f"{s.name}: complete, all {done} cells done."
-    return (f"{s.name}: INCOMPLETE — {done} of {done + diverged + failed + missing} cells done, {failed} failed, "
-            f"{missing} missing (not run yet, or running now){apart}; the statistics above use the {done} done cells.")
+        return (
+            f"{s.name}: complete, {done} cells done{apart}."
+            if diverged
+            else f"{s.name}: complete, all {done} cells done."
+        )
+    return (
+        f"{s.name}: INCOMPLETE — {done} of {done + diverged + failed + missing} cells done, {failed} failed, "
+        f"{missing} missing (not run yet, or running now){apart}; the statistics above use the {done} done cells."
+    )
 
 
 def _where(record, many: bool) -> str:
@@ -311,7 +390,9 @@ def render_markdown(title: str, report: Report) -> str:
     for section in report.sections:
         parts.append(f"## {section.title}")
         parts += section.paragraphs
-        parts += [format_table(t).to_markdown(index=False, stralign="right", disable_numparse=True) for t in section.tables]
+        parts += [
+            format_table(t).to_markdown(index=False, stralign="right", disable_numparse=True) for t in section.tables
+        ]
         if section.figure in report.figures:
             parts.append(f"![{section.title}](figures/{section.figure}.png)")
     return "\n\n".join(parts) + "\n"
@@ -329,11 +410,15 @@ def render_html(title: str, report: Report) -> str:
     for i, section in enumerate(report.sections):
         body.append(f'<section class="{"decision" if i == 0 else "part"}"><h2>{html.escape(section.title)}</h2>')
         body += [f"<p>{html.escape(p)}</p>" for p in section.paragraphs]
-        body += [f'<div class="table">{format_table(t).to_html(index=False, border=0, escape=True)}</div>'
-                 for t in section.tables]
+        body += [
+            f'<div class="table">{format_table(t).to_html(index=False, border=0, escape=True)}</div>'
+            for t in section.tables
+        ]
         if section.figure in report.figures:
             data = base64.b64encode(report.figures[section.figure]).decode()
             body.append(f'<img alt="{html.escape(section.title)}" src="data:image/png;base64,{data}">')
         body.append("</section>")
-    return (f'<!DOCTYPE html><html><head><meta charset="utf-8"><title>{html.escape(title)}</title>'
-            f"<style>{STYLE}</style></head><body>{''.join(body)}</body></html>\n")
+    return (
+        f'<!DOCTYPE html><html><head><meta charset="utf-8"><title>{html.escape(title)}</title>'
+        f"<style>{STYLE}</style></head><body>{''.join(body)}</body></html>\n"
+    )

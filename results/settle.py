@@ -172,8 +172,9 @@ def collapse_bounds(collapsed: int, seeds: int, alpha: float) -> tuple[float, fl
     return lower, upper
 
 
-def decide(group: pd.DataFrame, rule: SettleRule, looks: int | None = None, comparisons: int | None = None
-           ) -> GroupDecision:
+def decide(
+    group: pd.DataFrame, rule: SettleRule, looks: int | None = None, comparisons: int | None = None
+) -> GroupDecision:
     """One group's decisions from its rows (columns: arm, seed, score, baseline_score, status; optional
     collapsed, else a score at its baseline is a collapse). ``looks``: how many looks the claims must
     survive (default: the rule's; 1 for a fixed grid, whose rows are then read whole); ``comparisons``:
@@ -185,7 +186,9 @@ def decide(group: pd.DataFrame, rule: SettleRule, looks: int | None = None, comp
     final = group[group["status"].isin(FINAL)]
     trained = final[(final["status"] == "ok") & ~_collapsed(final)]
     scores = trained.pivot(index="seed", columns="arm", values="score") if len(trained) else pd.DataFrame()
-    as_scored = final.assign(score=final["score"].where(final["status"] == "ok", final["baseline_score"]))  # diverged: no better
+    as_scored = final.assign(
+        score=final["score"].where(final["status"] == "ok", final["baseline_score"])
+    )  # diverged: no better
     every = as_scored.pivot(index="seed", columns="arm", values="score") if len(final) else pd.DataFrame()
     seen = {arm: set(s) for arm, s in final.groupby("arm")["seed"]} if len(final) else {}
     arms = [a for a in seen if a != FULL]
@@ -194,8 +197,10 @@ def decide(group: pd.DataFrame, rule: SettleRule, looks: int | None = None, comp
     schedule = rule.schedule if looks > 1 else None  # a fixed grid is read once, whole
     baseline = final.groupby("seed")["baseline_score"].first()
     learned = _learned(_looked(seen.get(FULL, set()), schedule), scores, baseline, alphas, rule.tolerance)
-    compared = tuple(_arm(arm, _looked(seen[arm] & seen.get(FULL, set()), schedule), scores, every, alphas,
-                          rule.tolerance) for arm in sorted(arms))
+    compared = tuple(
+        _arm(arm, _looked(seen[arm] & seen.get(FULL, set()), schedule), scores, every, alphas, rule.tolerance)
+        for arm in sorted(arms)
+    )
     within = [c.arm for c in compared if c.decision == WITHIN and c.arm.startswith("freeze")]
     advice = max(within, key=_depth) if within and learned.decision == LEARNED else None
     return GroupDecision(learned, compared, len(seen.get(FULL, ())), advice, excluded, alphas)
@@ -218,43 +223,71 @@ def _looked(seeds: set[int], schedule: tuple[int, ...] | None) -> list[int]:
     return ordered[:reached]
 
 
-def _learned(seeds: list[int], scores: pd.DataFrame, baseline: pd.Series, alphas: Alphas, tolerance: float
-             ) -> Comparison:
+def _learned(
+    seeds: list[int], scores: pd.DataFrame, baseline: pd.Series, alphas: Alphas, tolerance: float
+) -> Comparison:
     full = scores[FULL].reindex(seeds).dropna() if FULL in scores else pd.Series(dtype=float)
     diffs = (full - baseline.reindex(full.index)).to_numpy()
     collapsed = len(seeds) - len(full)
     lower, _ = collapse_bounds(collapsed, len(seeds), alphas.nothing)
     _, upper = collapse_bounds(collapsed, len(seeds), alphas.stability)
     mean, low, high = _bounds(diffs, alphas.quality)
-    facts = dict(seeds=len(seeds), collapsed=collapsed, collapse_upper=upper, collapse_lower=lower,
-                 score=float(full.mean()) if len(full) else math.nan,
-                 reference=float(baseline.reindex(full.index).mean()) if len(full) else math.nan)
+    facts = dict(
+        seeds=len(seeds),
+        collapsed=collapsed,
+        collapse_upper=upper,
+        collapse_lower=lower,
+        score=float(full.mean()) if len(full) else math.nan,
+        reference=float(baseline.reindex(full.index).mean()) if len(full) else math.nan,
+    )
     if lower > 0.5:  # shown: it collapses on most seeds (every seed at the baseline is such a fact)
-        return Comparison("learned", len(diffs), mean, low, high, NOTHING_LEARNED,
-                          "full fine-tuning collapses to the constant predictor on most seeds", **facts)
+        return Comparison(
+            "learned",
+            len(diffs),
+            mean,
+            low,
+            high,
+            NOTHING_LEARNED,
+            "full fine-tuning collapses to the constant predictor on most seeds",
+            **facts,
+        )
     decision, why = _quality(diffs, low, high, learned=True, tolerance=tolerance)
     return Comparison("learned", len(diffs), mean, low, high, decision, why, **facts)
 
 
-def _arm(arm: str, seeds: list[int], scores: pd.DataFrame, every: pd.DataFrame, alphas: Alphas, tolerance: float
-         ) -> Comparison:
+def _arm(
+    arm: str, seeds: list[int], scores: pd.DataFrame, every: pd.DataFrame, alphas: Alphas, tolerance: float
+) -> Comparison:
     mine = scores[arm].reindex(seeds) if arm in scores else pd.Series(math.nan, index=seeds)
     full = scores[FULL].reindex(seeds) if FULL in scores else pd.Series(math.nan, index=seeds)
     both = mine.notna() & full.notna()
     diffs = (mine[both] - full[both]).to_numpy()
     _, upper = collapse_bounds(int(mine.isna().sum()), len(seeds), alphas.stability)
     mean, low, high = _bounds(diffs, alphas.quality)
-    all_diffs = (every[arm].reindex(seeds) - every[FULL].reindex(seeds)).dropna().to_numpy() if FULL in every \
-        else np.array([])
+    all_diffs = (
+        (every[arm].reindex(seeds) - every[FULL].reindex(seeds)).dropna().to_numpy() if FULL in every else np.array([])
+    )
     mean_all, low_all, high_all = _bounds(all_diffs, alphas.worse)
     decision, why = _quality(diffs, low, high, learned=False, tolerance=tolerance)
     if decision != WITHIN:  # worse: over every seed looked at, collapses included
         worse, _ = _quality(all_diffs, low_all, high_all, learned=False, tolerance=tolerance)
         decision, why = (WORSE, "") if worse == WORSE else (UNDECIDED, why)
-    return Comparison(arm, len(diffs), mean, low, high, decision, why, seeds=len(seeds),
-                      collapsed=int(mine.isna().sum()), collapse_upper=upper, mean_all=mean_all, high_all=high_all,
-                      score=float(mine[both].mean()) if both.any() else math.nan,
-                      reference=float(full[both].mean()) if both.any() else math.nan)
+    return Comparison(
+        arm,
+        len(diffs),
+        mean,
+        low,
+        high,
+        decision,
+        why,
+        seeds=len(seeds),
+        collapsed=int(mine.isna().sum()),
+        collapse_upper=upper,
+        mean_all=mean_all,
+        high_all=high_all,
+        score=float(mine[both].mean()) if both.any() else math.nan,
+        reference=float(full[both].mean()) if both.any() else math.nan,
+    )
 
 
 def _bounds(diffs: np.ndarray, alpha: float) -> tuple[float, float, float]:
@@ -271,8 +304,9 @@ def _quality(diffs: np.ndarray, low: float, high: float, learned: bool, toleranc
     if low > boundary:
         return (LEARNED if learned else WITHIN), ""
     if high < boundary:
-        return (NOTHING_LEARNED if learned else WORSE), ("its gain when it trains is below the tolerance"
-                                                         if learned else "")
+        return (NOTHING_LEARNED if learned else WORSE), (
+            "its gain when it trains is below the tolerance" if learned else ""
+        )
     return UNDECIDED, "the bounds straddle the boundary"
 
 
@@ -311,8 +345,9 @@ def _depth(arm: str) -> float:
     return 0.5 if k == -1 else float(k)
 
 
-def next_round(decision: GroupDecision, rule: SettleRule, arms: list[str],
-               seeds_done: Mapping[str, Collection[int]]) -> list[tuple[str, int]]:
+def next_round(
+    decision: GroupDecision, rule: SettleRule, arms: list[str], seeds_done: Mapping[str, Collection[int]]
+) -> list[tuple[str, int]]:
     """The (arm, seed) cells the next round runs for this group (``arms``: the group's arms in the grid,
     full fine-tuning aside; ``seeds_done``: per arm, full fine-tuning included, the seeds it has a row
     for). Nothing when the group is settled (nothing learned, or every arm of the grid decided) or at
@@ -336,8 +371,10 @@ def next_round(decision: GroupDecision, rule: SettleRule, arms: list[str],
     if not learned and rule.learned_first:
         return [(FULL, s) for s in full_asked]  # that question first
     compared = {c.arm: c for c in decision.arms}
-    open_arms = sorted((a for a in arms if a not in compared or compared[a].decision == UNDECIDED),
-                       key=lambda a: -compared[a].nearness(rule.tolerance) if a in compared else 0.0)
+    open_arms = sorted(
+        (a for a in arms if a not in compared or compared[a].decision == UNDECIDED),
+        key=lambda a: -compared[a].nearness(rule.tolerance) if a in compared else 0.0,
+    )
     arm_cells = [(arm, s) for arm in open_arms for s in _next_seeds(set(seeds_done.get(arm, ())), rule)]
     full_seeds = sorted(set(full_asked) | ({s for _, s in arm_cells} - full_done))  # every pair needs it
     return [*((FULL, s) for s in full_seeds), *arm_cells]

@@ -74,8 +74,19 @@ def paired_contrasts(rows: pd.DataFrame) -> pd.DataFrame:
     pairs = paired_by_seed(rows)
     pairs = pairs[pairs["frozen_layers"] != 0]
     records = [_contrast(key, cell) for key, cell in pairs.groupby([*GROUP, "frozen_layers"])]
-    columns = [*GROUP, "frozen_layers", "pairs", "score_k", "score_0", "mean_diff", "ci_low", "ci_high",
-               "unpaired_ci_low", "unpaired_ci_high", "narrower_pct"]
+    columns = [
+        *GROUP,
+        "frozen_layers",
+        "pairs",
+        "score_k",
+        "score_0",
+        "mean_diff",
+        "ci_low",
+        "ci_high",
+        "unpaired_ci_low",
+        "unpaired_ci_high",
+        "narrower_pct",
+    ]
     return pd.DataFrame(records, columns=columns)
 
 
@@ -85,9 +96,18 @@ def _contrast(key: tuple, cell: pd.DataFrame) -> dict:
     unpaired_low, unpaired_high = welch_interval(score_k, score_0)
     unpaired_width = unpaired_high - unpaired_low
     narrower = 100 * (1 - (high - low) / unpaired_width) if unpaired_width > 0 else NAN
-    return dict(zip([*GROUP, "frozen_layers"], key), pairs=len(cell), score_k=score_k.mean(), score_0=score_0.mean(),
-                mean_diff=mean, ci_low=low, ci_high=high, unpaired_ci_low=unpaired_low,
-                unpaired_ci_high=unpaired_high, narrower_pct=narrower)
+    return dict(
+        zip([*GROUP, "frozen_layers"], key),
+        pairs=len(cell),
+        score_k=score_k.mean(),
+        score_0=score_0.mean(),
+        mean_diff=mean,
+        ci_low=low,
+        ci_high=high,
+        unpaired_ci_low=unpaired_low,
+        unpaired_ci_high=unpaired_high,
+        narrower_pct=narrower,
+    )
 
 
 # --- retained quality ---------------------------------------------------------------------------
@@ -108,8 +128,16 @@ def retained_quality(rows: pd.DataFrame) -> pd.DataFrame:
         score_k, score_0 = cell[SCORE].to_numpy(), cell[SCORE + "_base"].to_numpy()
         baseline = float(cell[BASELINE].mean())
         low, high = _bootstrap_retained(score_k, score_0, baseline)
-        records.append(dict(zip([*GROUP, "frozen_layers"], key), pairs=len(cell), baseline=baseline,
-                            retained=float(retained_ratio(score_k, score_0, baseline)), ci_low=low, ci_high=high))
+        records.append(
+            dict(
+                zip([*GROUP, "frozen_layers"], key),
+                pairs=len(cell),
+                baseline=baseline,
+                retained=float(retained_ratio(score_k, score_0, baseline)),
+                ci_low=low,
+                ci_high=high,
+            )
+        )
     columns = [*GROUP, "frozen_layers", "pairs", "baseline", "retained", "ci_low", "ci_high"]
     return pd.DataFrame(records, columns=columns)
 
@@ -120,9 +148,16 @@ def _bootstrap_retained(score_k: np.ndarray, score_0: np.ndarray, baseline: floa
     with warnings.catch_warnings():  # all-equal seeds: a degenerate (zero-width) interval is the answer
         warnings.simplefilter("ignore")
         # percentile, not the default BCa: BCa's jackknife is unstable with a handful of seeds
-        result = stats.bootstrap((score_k, score_0), lambda k, z, axis=-1: retained_ratio(k, z, baseline, axis),
-                                 paired=True, vectorized=True, method="percentile", confidence_level=CONFIDENCE,
-                                 n_resamples=BOOTSTRAP_RESAMPLES, rng=np.random.default_rng(BOOTSTRAP_SEED))
+        result = stats.bootstrap(
+            (score_k, score_0),
+            lambda k, z, axis=-1: retained_ratio(k, z, baseline, axis),
+            paired=True,
+            vectorized=True,
+            method="percentile",
+            confidence_level=CONFIDENCE,
+            n_resamples=BOOTSTRAP_RESAMPLES,
+            rng=np.random.default_rng(BOOTSTRAP_SEED),
+        )
     return float(result.confidence_interval.low), float(result.confidence_interval.high)
 
 
@@ -175,9 +210,18 @@ def method_comparison(rows: pd.DataFrame) -> pd.DataFrame:
         mean, low, high = mean_interval(cell[SCORE])
         first = cell.iloc[0]  # within a method: by frozen depth, or by rank
         depth = freeze_depth(first["frozen_layers"]) if key[-2] == "freeze" else first.get("lora_rank")
-        records.append(dict(zip([*GROUP, "method", "variant"], key), seeds=len(cell), score=mean, ci_low=low,
-                            ci_high=high, **{c: float(cell[c].mean()) for c in METHOD_COSTS},
-                            _method=METHOD_ORDER.get(key[-2], len(METHOD_ORDER)), _depth=0 if pd.isna(depth) else depth))
+        records.append(
+            dict(
+                zip([*GROUP, "method", "variant"], key),
+                seeds=len(cell),
+                score=mean,
+                ci_low=low,
+                ci_high=high,
+                **{c: float(cell[c].mean()) for c in METHOD_COSTS},
+                _method=METHOD_ORDER.get(key[-2], len(METHOD_ORDER)),
+                _depth=0 if pd.isna(depth) else depth,
+            )
+        )
     table = pd.DataFrame(records)
     table["best_in_method"] = table["score"] == table.groupby([*GROUP, "method"])["score"].transform("max")
     return table.sort_values([*GROUP, "_method", "_depth"], ignore_index=True)[columns]

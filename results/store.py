@@ -47,56 +47,102 @@ COMPACT_ADVICE_FILES = 2000
 
 # Every metric a row can hold (trials.metrics.METRICS; a test checks the two agree): a task records its own.
 METRICS = ("accuracy", "f1", "matthews", "pearson", "spearman")
-_CURVE = pa.list_(pa.struct([("step", pa.int64()), ("epoch", pa.float64()), ("accuracy", pa.float64()),
-                             ("loss", pa.float64()), *((m, pa.float64()) for m in METRICS[1:])]))
-PLACEMENT_TYPES = {"node_id": pa.string(), "node_ip": pa.string(), "hostname": pa.string(), "gpu_index": pa.int64(),
-                   "gpu_name": pa.string(), "gpu_uuid": pa.string(), "gpus_per_trial": pa.float64(),
-                   "trials_per_gpu": pa.int64()}
+_CURVE = pa.list_(
+    pa.struct(
+        [
+            ("step", pa.int64()),
+            ("epoch", pa.float64()),
+            ("accuracy", pa.float64()),
+            ("loss", pa.float64()),
+            *((m, pa.float64()) for m in METRICS[1:]),
+        ]
+    )
+)
+PLACEMENT_TYPES = {
+    "node_id": pa.string(),
+    "node_ip": pa.string(),
+    "hostname": pa.string(),
+    "gpu_index": pa.int64(),
+    "gpu_name": pa.string(),
+    "gpu_uuid": pa.string(),
+    "gpus_per_trial": pa.float64(),
+    "trials_per_gpu": pa.int64(),
+}
 PLACEMENT_COLUMNS = tuple(PLACEMENT_TYPES)
-SCHEMA = pa.schema([
-    ("sweep", pa.string()), ("trial_id", pa.string()),
-    ("dataset", pa.string()), ("model", pa.string()), ("train_size", pa.int64()), ("frozen_layers", pa.int64()),
-    ("seed", pa.int64()), ("split_seed", pa.int64()), ("method", pa.string()),
-    # A method's own parameters (null on other methods' rows): LoRA's rank (an axis), scale, dropout and
-    # the module names adapted in each layer; the probe's pooling and the C cross-validation chose.
-    ("lora_rank", pa.int64()), ("lora_alpha", pa.float64()), ("lora_dropout", pa.float64()),
-    ("lora_targets", pa.list_(pa.string())), ("probe_pooling", pa.string()), ("probe_c", pa.float64()),
-    ("status", pa.string()),
-    ("diverged_at_step", pa.int64()),  # status diverged: the first step whose loss was not finite
-    ("best_val_accuracy", pa.float64()), ("best_step", pa.int64()), ("best_epoch", pa.float64()),
-    ("final_val_accuracy", pa.float64()), ("majority_baseline", pa.float64()),
-    # The metric that picked the best evaluation, its value there and at the end, and the constant
-    # baseline's (majority class / train mean); then every metric at the best evaluation and of the baseline.
-    ("select_metric", pa.string()), ("best_val_score", pa.float64()), ("final_val_score", pa.float64()),
-    ("baseline_score", pa.float64()),
-    # the best evaluation is the constant predictor's (scored exactly the constant baseline): a collapsed
-    # fine-tune, counted apart by settle mode (results/settle.py); rows stored before it read null
-    ("collapsed", pa.bool_()),
-    *((f"best_val_{m}", pa.float64()) for m in METRICS[1:]),  # best_val_accuracy is above
-    *((f"baseline_{m}", pa.float64()) for m in METRICS),
-    ("trainable_params", pa.int64()), ("total_params", pa.int64()),
-    ("train_time_s", pa.float64()), ("eval_time_s", pa.float64()), ("wall_time_s", pa.float64()),
-    ("train_examples_per_s", pa.float64()), ("peak_mem_mb", pa.float64()),
-    ("worker_peak_mem_mb", pa.float64()),  # the process's peak with the worker's caches (peak_mem_mb: without)
-    ("precision", pa.string()), ("device", pa.string()), ("node", pa.string()), ("attempts", pa.int64()),
-    # Where it ran (rows stored before these columns read them as null): Ray's node (two nodes on one
-    # host differ here, not in ``node``, the host's name), the CUDA device (null on CPU), the GPU share
-    # the trial was scheduled with and how many trials that share packs per GPU, and whether the row
-    # is the retry at the larger share of a cell that ran out of GPU memory.
-    *PLACEMENT_TYPES.items(), ("oom_retry", pa.bool_()),
-    ("eval_curve", _CURVE),
-    ("train_loss_curve", pa.list_(pa.struct([("step", pa.int64()), ("loss", pa.float64())]))),
-    ("train_indices_digest", pa.string()), ("train_indices", pa.list_(pa.int64())),
-    ("resumed_from_step", pa.int64()), ("eval_cached_layers", pa.int64()),
-    ("train_cached_layers", pa.int64()), ("cache_fill_time_s", pa.float64()),
-    # What the trial used of eval_cache, train_cache, narrowed_last_layer, packed_training (each only
-    # where its check showed it exact for the model); null on rows stored before the column.
-    ("optimisations", pa.list_(pa.string())),
-    ("n_train", pa.int64()), ("n_eval", pa.int64()),
-    ("error", pa.string()), ("finished_at", pa.timestamp("us", tz="UTC")),
-    ("config", pa.string()),  # the full resolved TrialConfig, JSON
-    ("versions", pa.string()),  # library versions, JSON
-])
+SCHEMA = pa.schema(
+    [
+        ("sweep", pa.string()),
+        ("trial_id", pa.string()),
+        ("dataset", pa.string()),
+        ("model", pa.string()),
+        ("train_size", pa.int64()),
+        ("frozen_layers", pa.int64()),
+        ("seed", pa.int64()),
+        ("split_seed", pa.int64()),
+        ("method", pa.string()),
+        # A method's own parameters (null on other methods' rows): LoRA's rank (an axis), scale, dropout and
+        # the module names adapted in each layer; the probe's pooling and the C cross-validation chose.
+        ("lora_rank", pa.int64()),
+        ("lora_alpha", pa.float64()),
+        ("lora_dropout", pa.float64()),
+        ("lora_targets", pa.list_(pa.string())),
+        ("probe_pooling", pa.string()),
+        ("probe_c", pa.float64()),
+        ("status", pa.string()),
+        ("diverged_at_step", pa.int64()),  # status diverged: the first step whose loss was not finite
+        ("best_val_accuracy", pa.float64()),
+        ("best_step", pa.int64()),
+        ("best_epoch", pa.float64()),
+        ("final_val_accuracy", pa.float64()),
+        ("majority_baseline", pa.float64()),
+        # The metric that picked the best evaluation, its value there and at the end, and the constant
+        # baseline's (majority class / train mean); then every metric at the best evaluation and of the baseline.
+        ("select_metric", pa.string()),
+        ("best_val_score", pa.float64()),
+        ("final_val_score", pa.float64()),
+        ("baseline_score", pa.float64()),
+        # the best evaluation is the constant predictor's (scored exactly the constant baseline): a collapsed
+        # fine-tune, counted apart by settle mode (results/settle.py); rows stored before it read null
+        ("collapsed", pa.bool_()),
+        *((f"best_val_{m}", pa.float64()) for m in METRICS[1:]),  # best_val_accuracy is above
+        *((f"baseline_{m}", pa.float64()) for m in METRICS),
+        ("trainable_params", pa.int64()),
+        ("total_params", pa.int64()),
+        ("train_time_s", pa.float64()),
+        ("eval_time_s", pa.float64()),
+        ("wall_time_s", pa.float64()),
+        ("train_examples_per_s", pa.float64()),
+        ("peak_mem_mb", pa.float64()),
+        ("worker_peak_mem_mb", pa.float64()),  # the process's peak with the worker's caches (peak_mem_mb: without)
+        ("precision", pa.string()),
+        ("device", pa.string()),
+        ("node", pa.string()),
+        ("attempts", pa.int64()),
+        # Where it ran (rows stored before these columns read them as null): Ray's node (two nodes on one
+        # host differ here, not in ``node``, the host's name), the CUDA device (null on CPU), the GPU share
+        # the trial was scheduled with and how many trials that share packs per GPU, and whether the row
+        # is the retry at the larger share of a cell that ran out of GPU memory.
+        *PLACEMENT_TYPES.items(),
+        ("oom_retry", pa.bool_()),
+        ("eval_curve", _CURVE),
+        ("train_loss_curve", pa.list_(pa.struct([("step", pa.int64()), ("loss", pa.float64())]))),
+        ("train_indices_digest", pa.string()),
+        ("train_indices", pa.list_(pa.int64())),
+        ("resumed_from_step", pa.int64()),
+        ("eval_cached_layers", pa.int64()),
+        ("train_cached_layers", pa.int64()),
+        ("cache_fill_time_s", pa.float64()),
+        # What the trial used of eval_cache, train_cache, narrowed_last_layer, packed_training (each only
+        # where its check showed it exact for the model); null on rows stored before the column.
+        ("optimisations", pa.list_(pa.string())),
+        ("n_train", pa.int64()),
+        ("n_eval", pa.int64()),
+        ("error", pa.string()),
+        ("finished_at", pa.timestamp("us", tz="UTC")),
+        ("config", pa.string()),  # the full resolved TrialConfig, JSON
+        ("versions", pa.string()),  # library versions, JSON
+    ]
+)
 
 
 class StoreError(RuntimeError):
@@ -205,8 +251,9 @@ class ResultStore:
         self._write_atomic(final, sink.getvalue().to_pybytes(), on_staged=self.on_staged)
         return final
 
-    def _write_atomic(self, final: str, payload: bytes,
-                      on_staged: Callable[[pafs.FileSystem, str], None] | None = None) -> None:
+    def _write_atomic(
+        self, final: str, payload: bytes, on_staged: Callable[[pafs.FileSystem, str], None] | None = None
+    ) -> None:
         if self.guard is not None:
             self.guard()
         staged = f"{self.staging_dir}/{uuid.uuid4().hex}.tmp"
@@ -264,8 +311,9 @@ class ResultStore:
         table = _first_of_each_cell(table)
         return table if columns is None else table.select(columns)
 
-    def read_batches(self, files: list[str], columns: list[str],
-                     unreadable: list[str] | None = None) -> Iterator[tuple[list[str], pa.Table]]:
+    def read_batches(
+        self, files: list[str], columns: list[str], unreadable: list[str] | None = None
+    ) -> Iterator[tuple[list[str], pa.Table]]:
         """The rows of ``files`` (only ``columns``), FILES_PER_BATCH files at a time, each batch with the
         file of each of its rows: memory holds one batch, whatever the number of files (a dataset over
         20,000 single-row files keeps every file's footer, gigabytes). Local files: one DuckDB scan per
@@ -275,7 +323,7 @@ class ResultStore:
         local, raise_errors = isinstance(self.fs, pafs.LocalFileSystem), unreadable is None
         with ThreadPoolExecutor(READ_THREADS) as pool:
             for start in range(0, len(files), FILES_PER_BATCH):
-                chunk = files[start:start + FILES_PER_BATCH]
+                chunk = files[start : start + FILES_PER_BATCH]
                 scanned = _scan_local(chunk, columns) if local else None
                 if scanned is not None:
                     yield scanned
@@ -329,8 +377,12 @@ class ResultStore:
             rows = rows.filter(pc.invert(pc.is_in(rows["trial_id"], held)))
         self.unreadable = unreadable
         readable_parts = [p for p in parts if p not in unreadable]
-        return ds.dataset([ds.dataset(readable_parts, schema=SCHEMA, format="parquet", filesystem=self.fs),
-                           ds.dataset(_first_of_each_cell(rows))])
+        return ds.dataset(
+            [
+                ds.dataset(readable_parts, schema=SCHEMA, format="parquet", filesystem=self.fs),
+                ds.dataset(_first_of_each_cell(rows)),
+            ]
+        )
 
     def statuses(self) -> dict[str, str]:
         """trial_id → status of every stored row."""
@@ -348,7 +400,8 @@ class ResultStore:
         if not parts:
             return None
         table = pq.ParquetDataset(parts, filesystem=self.fs, schema=SCHEMA).read(
-            columns=["trial_id", "status", "finished_at"], filter=pc.field("trial_id") == trial_id)
+            columns=["trial_id", "status", "finished_at"], filter=pc.field("trial_id") == trial_id
+        )
         return (table["status"][0].as_py(), table["finished_at"][0].as_py()) if len(table) else None
 
     def has_ok_row(self, trial_id: str) -> bool:
@@ -480,11 +533,15 @@ class Repair:
 
     def notes(self) -> list[str]:
         """What the user should hear of, one line each."""
-        notes = [f"warning: {path} could not be read; moved to {self.quarantine_dir} (kept) and its cell runs again"
-                 for path in self.quarantined]
+        notes = [
+            f"warning: {path} could not be read; moved to {self.quarantine_dir} (kept) and its cell runs again"
+            for path in self.quarantined
+        ]
         if self.compaction_files:
-            notes.append(f"note: finished an interrupted compaction ({self.compaction_files} row file(s) back in "
-                         "view of every reader of results/)")
+            notes.append(
+                f"note: finished an interrupted compaction ({self.compaction_files} row file(s) back in "
+                "view of every reader of results/)"
+            )
         return notes
 
 
@@ -505,8 +562,10 @@ def _scan_local(files: list[str], columns: list[str]) -> tuple[list[str], pa.Tab
         # 230 MB, 2 and 4 threads in 10-11 s and 460 MB (summary's: 9 s, 240 MB against 14 s, 1.2 GB).
         con.execute("SET threads = 1")
         try:
-            table = con.sql(f"SELECT {selected}, filename AS __file FROM read_parquet($files, filename = true)",
-                            params={"files": files}).to_arrow_table()
+            table = con.sql(
+                f"SELECT {selected}, filename AS __file FROM read_parquet($files, filename = true)",
+                params={"files": files},
+            ).to_arrow_table()
         except duckdb.Error:
             return None
     return table["__file"].to_pylist(), _conformed(table.drop_columns(["__file"]), columns)
@@ -596,5 +655,6 @@ class SpoolingWriter:
         if stored is None:
             return False
         status, finished_at = stored
-        return status in FINAL_STATUSES or (finished_at is not None and row["finished_at"] is not None
-                                            and finished_at >= row["finished_at"])
+        return status in FINAL_STATUSES or (
+            finished_at is not None and row["finished_at"] is not None and finished_at >= row["finished_at"]
+        )

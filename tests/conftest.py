@@ -65,8 +65,14 @@ def save_tiny(path: Path, config, tokenizer) -> str:
 def tiny_bert(tmp_path_factory, minilm_tokenizer) -> str:
     from transformers import BertConfig
 
-    config = BertConfig(vocab_size=len(minilm_tokenizer), hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
-                        intermediate_size=64, max_position_embeddings=128)
+    config = BertConfig(
+        vocab_size=len(minilm_tokenizer),
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        intermediate_size=64,
+        max_position_embeddings=128,
+    )
     return save_tiny(tmp_path_factory.mktemp("tiny-bert"), config, minilm_tokenizer)
 
 
@@ -74,13 +80,27 @@ def tiny_bert(tmp_path_factory, minilm_tokenizer) -> str:
 def tiny_roberta(tmp_path_factory, minilm_tokenizer) -> str:
     from transformers import RobertaConfig
 
-    config = RobertaConfig(vocab_size=len(minilm_tokenizer), hidden_size=32, num_hidden_layers=3, num_attention_heads=2,
-                           intermediate_size=64, max_position_embeddings=140, pad_token_id=minilm_tokenizer.pad_token_id)
+    config = RobertaConfig(
+        vocab_size=len(minilm_tokenizer),
+        hidden_size=32,
+        num_hidden_layers=3,
+        num_attention_heads=2,
+        intermediate_size=64,
+        max_position_embeddings=140,
+        pad_token_id=minilm_tokenizer.pad_token_id,
+    )
     return save_tiny(tmp_path_factory.mktemp("tiny-roberta"), config, minilm_tokenizer)
 
 
-def make_toy_dataset(folder: Path, n_train: int = 240, n_val: int = 60, fmt: str = "csv", seed: int = 0,
-                     text_column: str = "sentence", label_column: str = "label") -> Path:
+def make_toy_dataset(
+    folder: Path,
+    n_train: int = 240,
+    n_val: int = 60,
+    fmt: str = "csv",
+    seed: int = 0,
+    text_column: str = "sentence",
+    label_column: str = "label",
+) -> Path:
     """A learnable sentiment toy task: the label is which word list the sentence draws from."""
     rng = random.Random(seed)
     good, bad = ["great", "lovely", "superb", "fine", "happy"], ["awful", "bad", "poor", "dull", "sad"]
@@ -107,8 +127,9 @@ def make_toy_dataset(folder: Path, n_train: int = 240, n_val: int = 60, fmt: str
     return folder
 
 
-def make_toy_pair_dataset(folder: Path, n_train: int = 160, n_val: int = 40, regression: bool = False,
-                          seed: int = 0) -> Path:
+def make_toy_pair_dataset(
+    folder: Path, n_train: int = 160, n_val: int = 40, regression: bool = False, seed: int = 0
+) -> Path:
     """A learnable sentence-pair toy task (Parquet, GLUE's column names): the label is whether the second
     sentence carries the first one's sentiment (classification), or a 0-5 score of how much of it it
     carries (regression: float labels)."""
@@ -124,8 +145,9 @@ def make_toy_pair_dataset(folder: Path, n_train: int = 160, n_val: int = 40, reg
         for _ in range(n):
             first = rng.choice([good, bad])
             agree = rng.randint(0, 5)  # how many of the second sentence's 5 mood words match the first's
-            second = [rng.choice(first) for _ in range(agree)] + [rng.choice(bad if first is good else good)
-                                                                  for _ in range(5 - agree)]
+            second = [rng.choice(first) for _ in range(agree)] + [
+                rng.choice(bad if first is good else good) for _ in range(5 - agree)
+            ]
             label = float(agree) + (rng.random() - 0.5) * 0.2 if regression else int(agree >= 3)
             out.append({"sentence1": sentence([rng.choice(first)]), "sentence2": sentence(second), "label": label})
         return pd.DataFrame(out)
@@ -156,8 +178,18 @@ def tiny_trial(tiny_bert, toy_dataset):
     """A TrialConfig that runs in about a second on CPU (fp32: the same numbers on every CPU)."""
     from freezesweep.trials.config import TrialConfig
 
-    return TrialConfig(dataset=toy_dataset, model=tiny_bert, train_size=48, frozen_layers=0, seed=0, epochs=2,
-                       learning_rate=3e-3, eval_batch_size=32, num_threads=1, precision="fp32")
+    return TrialConfig(
+        dataset=toy_dataset,
+        model=tiny_bert,
+        train_size=48,
+        frozen_layers=0,
+        seed=0,
+        epochs=2,
+        learning_rate=3e-3,
+        eval_batch_size=32,
+        num_threads=1,
+        precision="fp32",
+    )
 
 
 @pytest.fixture
@@ -190,8 +222,12 @@ def write_spec(tmp_path, tiny_bert, toy_dataset):
 
 
 # --- a real S3 API for the store, its lock and Ray's storage: moto's server on a free loopback port ---
-FAKE_AWS = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1",
-            "AWS_EC2_METADATA_DISABLED": "true"}
+FAKE_AWS = {
+    "AWS_ACCESS_KEY_ID": "testing",
+    "AWS_SECRET_ACCESS_KEY": "testing",
+    "AWS_DEFAULT_REGION": "us-east-1",
+    "AWS_EC2_METADATA_DISABLED": "true",
+}
 
 
 def free_port() -> int:
@@ -231,7 +267,6 @@ def s3(monkeypatch):
     server.stop()
 
 
-
 # --- a real MLflow tracking server (sqlite backend) on a free loopback port, for the session ----------
 @pytest.fixture(scope="session")
 def mlflow_server(tmp_path_factory):
@@ -243,11 +278,27 @@ def mlflow_server(tmp_path_factory):
 
     pytest.importorskip("mlflow")
     folder, port = tmp_path_factory.mktemp("mlflow"), free_port()
-    server = subprocess.Popen([sys.executable, "-m", "mlflow", "server", "--backend-store-uri",
-                               f"sqlite:///{folder / 'mlflow.db'}", "--default-artifact-root", str(folder / "artifacts"),
-                               "--host", "127.0.0.1", "--port", str(port), "--workers", "1"],
-                              stdout=subprocess.DEVNULL, stderr=open(folder / "server.log", "w"),
-                              start_new_session=True)  # its own group: the server's workers end with it
+    server = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "mlflow",
+            "server",
+            "--backend-store-uri",
+            f"sqlite:///{folder / 'mlflow.db'}",
+            "--default-artifact-root",
+            str(folder / "artifacts"),
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--workers",
+            "1",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=open(folder / "server.log", "w"),
+        start_new_session=True,
+    )  # its own group: the server's workers end with it
     uri, deadline = f"http://127.0.0.1:{port}", time.monotonic() + 180
     try:
         while True:

@@ -15,7 +15,7 @@ import pytest
 
 import freezesweep as fs
 
-NOTEBOOK = textwrap.dedent('''
+NOTEBOOK = textwrap.dedent("""
     import json, sys
     import freezesweep as fs
 
@@ -39,7 +39,7 @@ NOTEBOOK = textwrap.dedent('''
         "frame": decisions.frame[["train_size", "sentence"]].values.tolist(),
         "report_sentences": report.decisions["sentence"].tolist(),
     }), flush=True)
-''')
+""")
 
 
 def _wait_for_lines(proc: subprocess.Popen, log: Path, timeout_s: float) -> list[str]:
@@ -54,13 +54,15 @@ def _wait_for_lines(proc: subprocess.Popen, log: Path, timeout_s: float) -> list
 
 
 def test_a_notebook_runs_a_sweep_reads_decides_and_reports(write_spec, tmp_path):
-    spec_path = write_spec("notebook", train_sizes=[48], frozen_layers=[0, 2], seeds=[0, 1, 2],
-                           resources={"max_concurrent_trials": 1})
+    spec_path = write_spec(
+        "notebook", train_sizes=[48], frozen_layers=[0, 2], seeds=[0, 1, 2], resources={"max_concurrent_trials": 1}
+    )
     script, log, out = tmp_path / "notebook.py", tmp_path / "stdout.log", tmp_path / "report"
     script.write_text(NOTEBOOK)
     with open(log, "w") as stdout:  # a file, not a terminal: the launch must write lines as it goes
-        proc = subprocess.Popen([sys.executable, str(script), str(spec_path), str(out)], stdout=stdout,
-                                stderr=subprocess.PIPE, text=True)
+        proc = subprocess.Popen(
+            [sys.executable, str(script), str(spec_path), str(out)], stdout=stdout, stderr=subprocess.PIPE, text=True
+        )
         seen_while_running = _wait_for_lines(proc, log, timeout_s=300)
         _, stderr = proc.communicate(timeout=600)
     assert proc.returncode == 0, stderr[-3000:]
@@ -88,8 +90,10 @@ def test_a_notebook_runs_a_sweep_reads_decides_and_reports(write_spec, tmp_path)
 
 def test_importing_freezesweep_stays_cheap():
     """Ray workers import freezesweep.trials through the top package: the API loads on first use."""
-    code = ("import sys, freezesweep as fs; heavy = {'ray', 'torch', 'pandas', 'freezesweep.orchestrator.api'}; "
-            "print(sorted(heavy & set(sys.modules))); fs.results; print('freezesweep.orchestrator.api' in sys.modules)")
+    code = (
+        "import sys, freezesweep as fs; heavy = {'ray', 'torch', 'pandas', 'freezesweep.orchestrator.api'}; "
+        "print(sorted(heavy & set(sys.modules))); fs.results; print('freezesweep.orchestrator.api' in sys.modules)"
+    )
     shown = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split("\n")
     assert shown[:2] == ["[]", "True"]
     # the subpackage freezesweep.results, once imported, does not hide the API's function of that name

@@ -54,8 +54,10 @@ def _product_targets(module: str, names: list[str]) -> set[str]:
 
 
 def _graph() -> dict[str, set[str]]:
-    return {name: {target for module, names in _imports(path) for target in _product_targets(module, names)} - {name}
-            for name, path in MODULES.items()}
+    return {
+        name: {target for module, names in _imports(path) for target in _product_targets(module, names)} - {name}
+        for name, path in MODULES.items()
+    }
 
 
 def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
@@ -100,32 +102,55 @@ def test_the_cycle_finder_finds_cycles():
 
 
 def test_no_private_name_is_imported_across_modules():
-    private = [f"{name}: from {module} import {imported}"
-               for name, path in MODULES.items() for module, names in _imports(path)
-               if module.split(".")[0] == "freezesweep" for imported in names if imported.startswith("_")]
+    private = [
+        f"{name}: from {module} import {imported}"
+        for name, path in MODULES.items()
+        for module, names in _imports(path)
+        if module.split(".")[0] == "freezesweep"
+        for imported in names
+        if imported.startswith("_")
+    ]
     assert private == []
 
 
 def test_ray_is_imported_by_at_most_three_modules():
-    users = sorted(name for name, path in MODULES.items()
-                   if any(module == "ray" or module.startswith("ray.") for module, _ in _imports(path)))
+    users = sorted(
+        name
+        for name, path in MODULES.items()
+        if any(module == "ray" or module.startswith("ray.") for module, _ in _imports(path))
+    )
     assert len(users) <= RAY_MODULES_MAX, users
 
 
-@pytest.mark.parametrize("package, forbidden", [("results", ("torch", "trials", "orchestrator", "ray")),
-                                                ("trials", ("orchestrator", "results", "ray"))])
+@pytest.mark.parametrize(
+    "package, forbidden",
+    [("results", ("torch", "trials", "orchestrator", "ray")), ("trials", ("orchestrator", "results", "ray"))],
+)
 def test_package_boundaries(package, forbidden):
     """results/ reads and writes the store without torch or trials; trials/ runs without Ray."""
-    crossing = [f"{name}: {module}" for name, path in MODULES.items() if _package(name) == package
-                for module, _ in _imports(path) if _package(module) in forbidden]
+    crossing = [
+        f"{name}: {module}"
+        for name, path in MODULES.items()
+        if _package(name) == package
+        for module, _ in _imports(path)
+        if _package(module) in forbidden
+    ]
     assert crossing == []
 
 
 def test_every_product_import_goes_through_the_one_import_name():
     """The folders are installed under freezesweep only: an import of a bare `trials` or `results` would
     find an unrelated package of that name (or a user's own results.py) first."""
-    bare = [f"{name}: {module}" for name, path in MODULES.items() for module, _ in _imports(path)
-            if module.split(".")[0] in PACKAGES[:-1]]
-    tests = [f"{path.relative_to(REPO)}: {module}" for path in sorted((REPO / "tests").rglob("*.py"))
-             for module, _ in _imports(path) if module.split(".")[0] in PACKAGES[:-1]]
+    bare = [
+        f"{name}: {module}"
+        for name, path in MODULES.items()
+        for module, _ in _imports(path)
+        if module.split(".")[0] in PACKAGES[:-1]
+    ]
+    tests = [
+        f"{path.relative_to(REPO)}: {module}"
+        for path in sorted((REPO / "tests").rglob("*.py"))
+        for module, _ in _imports(path)
+        if module.split(".")[0] in PACKAGES[:-1]
+    ]
     assert bare == [] and tests == []

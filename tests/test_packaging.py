@@ -22,11 +22,19 @@ def wheel(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("wheel")
     # Built from a copy: setuptools writes build/ and *.egg-info/ beside the sources, never in the checkout.
     source = out / "source"
-    shutil.copytree(REPO, source, ignore=shutil.ignore_patterns(".git", ".venv", "sweeps", "site", "build", "report",
-                                                                 ".devcarry", "*.egg-info", "__pycache__"))
+    shutil.copytree(
+        REPO,
+        source,
+        ignore=shutil.ignore_patterns(
+            ".git", ".venv", "sweeps", "site", "build", "report", ".devcarry", "*.egg-info", "__pycache__"
+        ),
+    )
     # the installed setuptools builds it: no build environment downloaded
-    done = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q",
-                           "-w", str(out), str(source)], capture_output=True, text=True)
+    done = subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(out), str(source)],
+        capture_output=True,
+        text=True,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     (path,) = out.glob("freezesweep-*.whl")
     return path
@@ -48,8 +56,9 @@ def test_a_clean_environment_imports_freezesweep_and_none_of_the_folder_names(wh
     env = tmp_path / "venv"
     subprocess.run([sys.executable, "-m", "venv", str(env)], check=True)
     python = env / "bin" / "python"
-    done = subprocess.run([str(python), "-m", "pip", "install", "-q", "--no-deps", str(wheel)],
-                          capture_output=True, text=True)
+    done = subprocess.run(
+        [str(python), "-m", "pip", "install", "-q", "--no-deps", str(wheel)], capture_output=True, text=True
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     # Only freezesweep's own top package is imported: its subpackages need torch, Ray and the rest, which
     # --no-deps left out; what matters is which names resolve at all.

@@ -28,24 +28,61 @@ from freezesweep.trials.metrics import METRICS
 # The identity of a cell, pinned on 2026-11-21 (tests/trials/test_identity.py holds ids as literals).
 # Never add to or reorder this tuple: a new field goes into LATER_FIELDS.
 IDENTITY_FIELDS = (
-    "dataset", "model", "model_init", "train_size", "frozen_layers", "seed", "split_seed",
-    "text_column", "label_column", "max_eval_examples", "max_seq_length",
-    "epochs", "batch_size", "learning_rate", "weight_decay", "warmup_epochs", "eval_every_epochs",
-    "max_grad_norm", "precision",
+    "dataset",
+    "model",
+    "model_init",
+    "train_size",
+    "frozen_layers",
+    "seed",
+    "split_seed",
+    "text_column",
+    "label_column",
+    "max_eval_examples",
+    "max_seq_length",
+    "epochs",
+    "batch_size",
+    "learning_rate",
+    "weight_decay",
+    "warmup_epochs",
+    "eval_every_epochs",
+    "max_grad_norm",
+    "precision",
 )
 # Fields hashed only when not at these defaults. A field added after the ids were pinned goes here,
 # with the default that reproduces what rows made before it did, so their ids stay (every row made
 # before select_metric picked its best evaluation by accuracy, and had no second text).
-LATER_FIELDS: dict[str, Any] = {"method": "freeze", "eval_at_end": False, "train_cache": False,
-                                "text_pair_column": None, "select_metric": "accuracy",
-                                "empty_texts": "refuse",  # rows with an empty text: refused, or dropped (trials/data.py)
-                                # the methods beyond freezing (trials/lora.py, trials/probe.py): unset on freeze cells
-                                "lora_rank": None, "lora_alpha": None, "lora_dropout": None, "lora_targets": None,
-                                "probe_pooling": None, "probe_folds": None, "probe_cs": None}
+LATER_FIELDS: dict[str, Any] = {
+    "method": "freeze",
+    "eval_at_end": False,
+    "train_cache": False,
+    "text_pair_column": None,
+    "select_metric": "accuracy",
+    "empty_texts": "refuse",  # rows with an empty text: refused, or dropped (trials/data.py)
+    # the methods beyond freezing (trials/lora.py, trials/probe.py): unset on freeze cells
+    "lora_rank": None,
+    "lora_alpha": None,
+    "lora_dropout": None,
+    "lora_targets": None,
+    "probe_pooling": None,
+    "probe_folds": None,
+    "probe_cs": None,
+}
 # How the work is done and where things live: never identity (moving a data dir re-runs nothing).
-MACHINE_FIELDS = ("eval_batch_size", "eval_cache", "narrow_last_layer", "pack_training", "data_dir", "cache_dir",
-                  "checkpoint_dir", "checkpoint_every_epochs", "num_threads", "device", "gpus_per_trial",
-                  "dataset_files", "model_dir")
+MACHINE_FIELDS = (
+    "eval_batch_size",
+    "eval_cache",
+    "narrow_last_layer",
+    "pack_training",
+    "data_dir",
+    "cache_dir",
+    "checkpoint_dir",
+    "checkpoint_every_epochs",
+    "num_threads",
+    "device",
+    "gpus_per_trial",
+    "dataset_files",
+    "model_dir",
+)
 # What the RNG seed derives from: not frozen_layers, train_size or the protocol (paired seeds).
 SEED_FIELDS = ("seed", "split_seed", "dataset", "model")
 # The axes of the grid; every other identity field is the sweep's protocol. An axis that does not
@@ -53,9 +90,11 @@ SEED_FIELDS = ("seed", "split_seed", "dataset", "model")
 CELL_AXES = ("dataset", "model", "method", "train_size", "frozen_layers", "lora_rank", "seed")
 METHODS = ("freeze", "lora", "probe")
 # Per method, the method's own fields: set on its cells, None on every other cell.
-METHOD_FIELDS = {"freeze": ("frozen_layers",),
-                 "lora": ("lora_rank", "lora_alpha", "lora_dropout", "lora_targets"),
-                 "probe": ("probe_pooling", "probe_folds", "probe_cs")}
+METHOD_FIELDS = {
+    "freeze": ("frozen_layers",),
+    "lora": ("lora_rank", "lora_alpha", "lora_dropout", "lora_targets"),
+    "probe": ("probe_pooling", "probe_folds", "probe_cs"),
+}
 
 
 _ENCODER = json.JSONEncoder(sort_keys=True, default=str)  # json.dumps(values, sort_keys=True, default=str), built once
@@ -87,7 +126,9 @@ class TrialConfig:
     lora_alpha: float | None = None  # lora: the scale alpha (updates are scaled by alpha / r)
     lora_dropout: float | None = None  # lora: dropout on the adapters' input
     lora_targets: tuple[str, ...] | None = None  # lora: module names in each layer; None: its attention projections
-    probe_pooling: str | None = None  # probe: auto | mean | first | last (auto: the model's own, last on a decoder, else mean)
+    probe_pooling: str | None = (
+        None  # probe: auto | mean | first | last (auto: the model's own, last on a decoder, else mean)
+    )
     probe_folds: int | None = None  # probe: cross-validation folds on the train subset
     probe_cs: int | None = None  # probe: regularisation strengths tried, log-spaced over 1e-4 … 1e4
     model_init: str = "pretrained"  # "random": same architecture, fresh weights (a control)
@@ -122,7 +163,10 @@ class TrialConfig:
     model_dir: str | None = None
 
     def __post_init__(self):
-        for name in ("lora_targets", "dataset_files"):  # from JSON (Ray's trial config): tuples, so configs compare equal
+        for name in (
+            "lora_targets",
+            "dataset_files",
+        ):  # from JSON (Ray's trial config): tuples, so configs compare equal
             if isinstance(getattr(self, name), list):
                 object.__setattr__(self, name, tuple(getattr(self, name)))
 
@@ -134,11 +178,16 @@ class TrialConfig:
     def identity(self) -> dict[str, Any]:
         """The fields that make a cell what it is (see the module docstring)."""
         if self.precision == "auto":
-            raise ValueError("resolve precision 'auto' before asking for a cell's identity "
-                             "(trials.precision.resolve_config): ids must name the precision actually used")
+            raise ValueError(
+                "resolve precision 'auto' before asking for a cell's identity "
+                "(trials.precision.resolve_config): ids must name the precision actually used"
+            )
         values = {name: getattr(self, name) for name in IDENTITY_FIELDS}
-        values.update((name, value) for name, default in LATER_FIELDS.items()
-                      if (value := getattr(self, name)) != default and not self._inert(name))
+        values.update(
+            (name, value)
+            for name, default in LATER_FIELDS.items()
+            if (value := getattr(self, name)) != default and not self._inert(name)
+        )
         # 10 and 10.0 epochs are one protocol: float fields hash as floats whatever the caller passed.
         for name in _HASHED_FLOAT_FIELDS:
             if isinstance(values.get(name), int) and not isinstance(values[name], bool):

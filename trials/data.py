@@ -185,19 +185,28 @@ def glue_task(dataset: str) -> GlueTask | None:
     return GLUE_TASKS[task]
 
 
-def task_columns(dataset: str, text_column: str | None = None, label_column: str | None = None,
-                 text_pair_column: str | None = None) -> Columns:
+def task_columns(
+    dataset: str, text_column: str | None = None, label_column: str | None = None, text_pair_column: str | None = None
+) -> Columns:
     """The columns a trial reads: the given ones, else the GLUE task's, else sentence / none / label."""
     glue = glue_task(dataset)
-    return Columns(text=text_column or (glue.text_column if glue else "sentence"),
-                   pair=text_pair_column or (glue.text_pair_column if glue else None),
-                   label=label_column or "label")
+    return Columns(
+        text=text_column or (glue.text_column if glue else "sentence"),
+        pair=text_pair_column or (glue.text_pair_column if glue else None),
+        label=label_column or "label",
+    )
 
 
-def load_task(dataset: str, data_dir: str | None = None, text_column: str | None = None,
-              label_column: str | None = None, text_pair_column: str | None = None,
-              files: tuple[str, str] | None = None, empty_texts: str = "refuse",
-              worker: WorkerState | None = None) -> TaskData:
+def load_task(
+    dataset: str,
+    data_dir: str | None = None,
+    text_column: str | None = None,
+    label_column: str | None = None,
+    text_pair_column: str | None = None,
+    files: tuple[str, str] | None = None,
+    empty_texts: str = "refuse",
+    worker: WorkerState | None = None,
+) -> TaskData:
     """``files``: the (train, validation) files to read, where this node holds them (the driver
     shipped them); None: the ones ``dataset`` and ``data_dir`` name (``split_files``). Every row is
     checked first (``data_problems``); ``empty_texts``: ``refuse`` rows with an empty or missing
@@ -212,33 +221,48 @@ def load_task(dataset: str, data_dir: str | None = None, text_column: str | None
     return task
 
 
-def _load_task(dataset: str, data_dir: Path | None, columns: Columns, files: tuple[str, str] | None,
-               empty_texts: str) -> TaskData:
+def _load_task(
+    dataset: str, data_dir: Path | None, columns: Columns, files: tuple[str, str] | None, empty_texts: str
+) -> TaskData:
     paths = dict(zip(SPLITS, map(Path, files))) if files else split_files(dataset, data_dir)
     frames = _load_from_hub(dataset) if paths is None else {s: _read_file(f) for s, f in paths.items()}
     problems = _column_problems({s: list(map(str, df.columns)) for s, df in frames.items()}, columns)
     if problems:
         if all(columns.label in df for df in frames.values()):  # the labels' shape, told in the same error
-            problems += _label_shape(dataset, columns.label, {s: pd.api.types.is_float_dtype(df[columns.label])
-                                                              for s, df in frames.items()})[1]
+            problems += _label_shape(
+                dataset, columns.label, {s: pd.api.types.is_float_dtype(df[columns.label]) for s, df in frames.items()}
+            )[1]
         raise DatasetError(f"dataset {dataset!r}: " + "; ".join(problems), problems)
     where = {s: str(paths[s]) if paths else f"{dataset} {s} split (the hub)" for s in frames}
     frames, dropped, problems = _texts(frames, columns, where, empty_texts)
     labels = {s: _label_values(df[columns.label]) for s, df in frames.items()}
-    regression, shape_problems = _label_shape(dataset, columns.label,
-                                              {s: pd.api.types.is_float_dtype(v) for s, v in labels.items()})
+    regression, shape_problems = _label_shape(
+        dataset, columns.label, {s: pd.api.types.is_float_dtype(v) for s, v in labels.items()}
+    )
     problems += shape_problems or _label_problems(labels, columns.label, where, regression)
     if problems:
         raise DatasetError(f"dataset {dataset!r}: " + "; ".join(problems), problems)
     encoded, names = _encode_labels(labels, regression)
     splits = {
-        name: Split(name=name, texts=tuple(df[columns.text]), labels=encoded[name],
-                    pairs=tuple(df[columns.pair]) if columns.pair else None)
+        name: Split(
+            name=name,
+            texts=tuple(df[columns.text]),
+            labels=encoded[name],
+            pairs=tuple(df[columns.pair]) if columns.pair else None,
+        )
         for name, df in frames.items()
     }
     num_labels = 1 if regression else len(set(encoded["train"]) | set(encoded["validation"]))
-    return TaskData(dataset, splits["train"], splits["validation"], num_labels=num_labels, regression=regression,
-                    official_metrics=_official_metrics(dataset, regression), dropped=dropped, label_names=names)
+    return TaskData(
+        dataset,
+        splits["train"],
+        splits["validation"],
+        num_labels=num_labels,
+        regression=regression,
+        official_metrics=_official_metrics(dataset, regression),
+        dropped=dropped,
+        label_names=names,
+    )
 
 
 # --- the rows checked before any trial: each problem names the file, the column, the rows, the count ----
@@ -266,8 +290,9 @@ def _invisible(text: str) -> bool:
     return all(c.isspace() or unicodedata.category(c) == "Cf" for c in text)
 
 
-def _texts(frames: dict[str, pd.DataFrame], columns: Columns, where: dict[str, str],
-           empty_texts: str) -> tuple[dict[str, pd.DataFrame], dict[str, int], list[str]]:
+def _texts(
+    frames: dict[str, pd.DataFrame], columns: Columns, where: dict[str, str], empty_texts: str
+) -> tuple[dict[str, pd.DataFrame], dict[str, int], list[str]]:
     """Rows whose text (or second text) is empty or missing: problems, or dropped and counted. The
     texts that stay are strings (a number in a CSV text column is its text, never ``None``)."""
     kept, dropped, problems = {}, {}, []
@@ -278,9 +303,13 @@ def _texts(frames: dict[str, pd.DataFrame], columns: Columns, where: dict[str, s
             keep = ~np.logical_or.reduce(list(blank.values()))
             df, dropped[split] = df[keep].reset_index(drop=True), int((~keep).sum())
         else:
-            problems += [f"{where[split]}: column {column!r} has {int(mask.sum())} empty or missing text(s), "
-                         f"{_rows_words(where[split], np.flatnonzero(mask))} (training.empty_texts: drop drops "
-                         "such rows)" for column, mask in blank.items() if mask.any()]
+            problems += [
+                f"{where[split]}: column {column!r} has {int(mask.sum())} empty or missing text(s), "
+                f"{_rows_words(where[split], np.flatnonzero(mask))} (training.empty_texts: drop drops "
+                "such rows)"
+                for column, mask in blank.items()
+                if mask.any()
+            ]
         kept[split] = df.assign(**{c: df[c].astype(str) for c in text_columns})
     return kept, dropped, problems
 
@@ -309,19 +338,25 @@ def _label_problems(labels: dict[str, pd.Series], column: str, where: dict[str, 
             bad = bad | ~np.isfinite(values.to_numpy(dtype=float, na_value=np.nan))
         if bad.any():
             what = "missing or non-finite score(s)" if regression else "missing or non-finite label(s)"
-            problems.append(f"{where[split]}: column {column!r} has {int(bad.sum())} {what}, "
-                            f"{_rows_words(where[split], np.flatnonzero(bad))}")
+            problems.append(
+                f"{where[split]}: column {column!r} has {int(bad.sum())} {what}, "
+                f"{_rows_words(where[split], np.flatnonzero(bad))}"
+            )
     if regression or problems:
         return problems
     train = set(labels["train"])
     unseen = ~labels["validation"].isin(train).to_numpy()
     if unseen.any():
         names = sorted(set(labels["validation"][unseen]), key=str)
-        problems.append(f"{where['validation']}: column {column!r} holds label(s) {names} that the train split never "
-                        f"has, {_rows_words(where['validation'], np.flatnonzero(unseen))}")
+        problems.append(
+            f"{where['validation']}: column {column!r} holds label(s) {names} that the train split never "
+            f"has, {_rows_words(where['validation'], np.flatnonzero(unseen))}"
+        )
     if len(train) < 2:
-        problems.append(f"{where['train']}: column {column!r} has {len(train)} class(es) ({sorted(train, key=str)}): "
-                        "a classifier needs at least two")
+        problems.append(
+            f"{where['train']}: column {column!r} has {len(train)} class(es) ({sorted(train, key=str)}): "
+            "a classifier needs at least two"
+        )
     return problems + _spelling_problems(labels, column)
 
 
@@ -333,9 +368,11 @@ def _spelling_problems(labels: dict[str, pd.Series], column: str) -> list[str]:
     for value in sorted(v for v in counts.index if isinstance(v, str)):
         spellings.setdefault(" ".join(value.split()).casefold(), []).append(value)
     clashes = [names for names in spellings.values() if len(names) > 1]
-    return [f"label column {column!r}: {', '.join(f'{n!r} ({counts[n]} rows)' for n in names)} differ only in case "
-            "or whitespace, so each would be a class of its own; spell each label one way in the files"
-            for names in clashes]
+    return [
+        f"label column {column!r}: {', '.join(f'{n!r} ({counts[n]} rows)' for n in names)} differ only in case "
+        "or whitespace, so each would be a class of its own; spell each label one way in the files"
+        for names in clashes
+    ]
 
 
 def _column_problems(split_columns: dict[str, list[str]], columns: Columns) -> list[str]:
@@ -345,8 +382,9 @@ def _column_problems(split_columns: dict[str, list[str]], columns: Columns) -> l
         lacking = [split for split, names in split_columns.items() if column not in names]
         if lacking:
             names = split_columns[lacking[0]]
-            problems.append(f"no column {column!r} ({role}) in the {' and '.join(lacking)} split "
-                            f"(columns: {', '.join(names)})")
+            problems.append(
+                f"no column {column!r} ({role}) in the {' and '.join(lacking)} split (columns: {', '.join(names)})"
+            )
     return problems
 
 
@@ -359,8 +397,10 @@ def _label_shape(dataset: str, label_column: str, float_labels: dict[str, bool])
     if regression or not floats:
         return regression, []
     why = "" if glue else " (a local dataset is a regression task only when its train labels are floats)"
-    return regression, [f"label column {label_column!r} holds floats in the {' and '.join(floats)} split, but "
-                        f"{dataset} is a classification task{why}"]
+    return regression, [
+        f"label column {label_column!r} holds floats in the {' and '.join(floats)} split, but "
+        f"{dataset} is a classification task{why}"
+    ]
 
 
 def _encode_labels(labels: dict[str, pd.Series], regression: bool) -> tuple[dict[str, np.ndarray], tuple[str, ...]]:
@@ -380,9 +420,14 @@ def _official_metrics(dataset: str, regression: bool) -> tuple[str, ...]:
     return REGRESSION_METRICS if regression else ("accuracy",)
 
 
-def official_metric(dataset: str, data_dir: str | None = None, text_column: str | None = None,
-                    label_column: str | None = None, text_pair_column: str | None = None,
-                    empty_texts: str = "refuse") -> str:
+def official_metric(
+    dataset: str,
+    data_dir: str | None = None,
+    text_column: str | None = None,
+    label_column: str | None = None,
+    text_pair_column: str | None = None,
+    empty_texts: str = "refuse",
+) -> str:
     """The metric that picks a trial's best evaluation unless the spec names one: GLUE's official
     one (no data read), else accuracy, or Pearson for a regression file (its labels are read)."""
     glue = glue_task(dataset)
@@ -403,16 +448,20 @@ def split_files(dataset: str, data_dir: str | Path | None = None) -> dict[str, P
             return None
         folder = root / dataset.split("/", 1)[1]
         if not folder.is_dir():
-            raise DatasetError(f"{dataset}: no folder {folder} in data_dir {root} (a named data dir is never "
-                               f"replaced by the hub: add the task there, or name no data_dir and no {DATA_DIR_ENV} "
-                               "to read GLUE from the hub)")
+            raise DatasetError(
+                f"{dataset}: no folder {folder} in data_dir {root} (a named data dir is never "
+                f"replaced by the hub: add the task there, or name no data_dir and no {DATA_DIR_ENV} "
+                "to read GLUE from the hub)"
+            )
         return _glue_files(folder, glue)
     if "," in dataset:
         files = [Path(p.strip()).expanduser() for p in dataset.split(",")]
         missing = [str(f) for f in files if not f.is_file()]
         if len(files) != 2 or missing or any(f.suffix.lstrip(".") not in _EXTENSIONS for f in files):
-            raise DatasetError(f"dataset {dataset!r}: expected TRAIN_FILE,VALIDATION_FILE, two existing "
-                               f"{'/'.join(_EXTENSIONS)} files" + (f" (missing: {', '.join(missing)})" if missing else ""))
+            raise DatasetError(
+                f"dataset {dataset!r}: expected TRAIN_FILE,VALIDATION_FILE, two existing "
+                f"{'/'.join(_EXTENSIONS)} files" + (f" (missing: {', '.join(missing)})" if missing else "")
+            )
         return dict(zip(SPLITS, files))
     folder = Path(dataset).expanduser()
     if folder.is_dir():
@@ -463,15 +512,26 @@ def _load_from_hub(dataset: str) -> dict[str, pd.DataFrame]:
     return {"train": ds["train"].to_pandas(), "validation": ds[glue.validation_split].to_pandas()}
 
 
-def describe_task(dataset: str, data_dir: str | None = None, text_column: str | None = None,
-                  label_column: str | None = None, text_pair_column: str | None = None,
-                  empty_texts: str = "refuse") -> TaskShape:
+def describe_task(
+    dataset: str,
+    data_dir: str | None = None,
+    text_column: str | None = None,
+    label_column: str | None = None,
+    text_pair_column: str | None = None,
+    empty_texts: str = "refuse",
+) -> TaskShape:
     """Rows per split and the task's shape; raises DatasetError naming every problem (missing
     columns, float labels on a classification task, every row ``load_task`` refuses). Spec validation
     runs it per dataset: the rows are read and checked once, before any trial."""
     task = load_task(dataset, data_dir, text_column, label_column, text_pair_column, empty_texts=empty_texts)
-    return TaskShape({"train": len(task.train), "validation": len(task.validation)}, task.regression,
-                     task.num_labels, task.official_metrics, task.dropped, task.class_counts())
+    return TaskShape(
+        {"train": len(task.train), "validation": len(task.validation)},
+        task.regression,
+        task.num_labels,
+        task.official_metrics,
+        task.dropped,
+        task.class_counts(),
+    )
 
 
 def shape_words(shape: TaskShape) -> str:

@@ -34,6 +34,7 @@ from freezesweep.trials.precision import PrecisionPlan
 from freezesweep.trials.tokens import Batch
 from freezesweep.trials.worker import EvalKey, PrefixKey, WorkerState
 
+
 @dataclass(frozen=True)
 class PrefixStates:
     layer: int  # the states enter layer ``layer`` (0-based): the first layer that trains
@@ -64,8 +65,15 @@ class _Injector(nn.Module):
         return (self.states,) + (None,) * (self.tuple_output - 1)  # no attention weights were asked for
 
 
-def exact_prefix(model: nn.Module, batches: list[Batch], plan: PrecisionPlan, device: torch.device,
-                 layer: int, key: EvalKey, worker: WorkerState) -> PrefixStates | None:
+def exact_prefix(
+    model: nn.Module,
+    batches: list[Batch],
+    plan: PrecisionPlan,
+    device: torch.device,
+    layer: int,
+    key: EvalKey,
+    worker: WorkerState,
+) -> PrefixStates | None:
     """The cached states for ``key`` if the cached path is bit-identical to the full model, else
     None. Checked once per entry: every trial sharing it feeds the same states through the same code
     path, and identical states give identical logits whatever the trained layers' weights."""
@@ -86,8 +94,15 @@ def exact_prefix(model: nn.Module, batches: list[Batch], plan: PrecisionPlan, de
     return prefix
 
 
-def prefix_states(model: nn.Module, batches: list[Batch], plan: PrecisionPlan, device: torch.device,
-                  layer: int, key: EvalKey, worker: WorkerState) -> PrefixStates:
+def prefix_states(
+    model: nn.Module,
+    batches: list[Batch],
+    plan: PrecisionPlan,
+    device: torch.device,
+    layer: int,
+    key: EvalKey,
+    worker: WorkerState,
+) -> PrefixStates:
     """The cached states for ``key`` after ``layer`` layers (computed with ``model``'s pretrained
     prefix on a miss, from the deepest cached shallower entry when there is one)."""
     cached = worker.eval_states.fresh(PrefixKey(key, layer))
@@ -107,14 +122,22 @@ def prefix_states(model: nn.Module, batches: list[Batch], plan: PrecisionPlan, d
 
 
 @torch.inference_mode()
-def _compute(model: nn.Module, batches: list[Batch], plan: PrecisionPlan, device: torch.device,
-             layer: int, start: PrefixStates | None = None) -> PrefixStates:
+def _compute(
+    model: nn.Module,
+    batches: list[Batch],
+    plan: PrecisionPlan,
+    device: torch.device,
+    layer: int,
+    start: PrefixStates | None = None,
+) -> PrefixStates:
     """The output of layer ``layer`` (1-based count of frozen layers) for every batch, from the
     embeddings or, with ``start``, from the cached states entering layer ``start.layer``."""
     parts = find_encoder_parts(model)
     captured, tuple_output = [], 0
-    with eval_mode(model), starting_at(model, start.layer, start.tuple_output, parts) if start \
-            else contextlib.nullcontext() as injector:
+    with (
+        eval_mode(model),
+        starting_at(model, start.layer, start.tuple_output, parts) if start else contextlib.nullcontext() as injector,
+    ):
         for i, batch in enumerate(batches):
             if injector is not None:
                 injector.states = start.states[i]
@@ -187,8 +210,9 @@ def starting_at(model: nn.Module, layer: int, tuple_output: int, parts: EncoderP
 
 
 @torch.inference_mode()
-def matches_full_model(model: nn.Module, batch: Batch, prefix: PrefixStates, plan: PrecisionPlan,
-                       device: torch.device) -> bool:
+def matches_full_model(
+    model: nn.Module, batch: Batch, prefix: PrefixStates, plan: PrecisionPlan, device: torch.device
+) -> bool:
     """True when the cached path gives bit-identical logits to the full model on ``batch`` (the
     first evaluation batch, whose states are ``prefix.states[0]``)."""
     batch = batch.to(device)

@@ -23,15 +23,24 @@ def task_loss(logits: torch.Tensor, labels: torch.Tensor, reduction: str = "mean
 
 
 @torch.inference_mode()
-def evaluate(model: nn.Module, batches: list[Batch], plan: PrecisionPlan, device: torch.device,
-             prefix: PrefixStates | None = None) -> tuple[dict[str, float], float]:
+def evaluate(
+    model: nn.Module,
+    batches: list[Batch],
+    plan: PrecisionPlan,
+    device: torch.device,
+    prefix: PrefixStates | None = None,
+) -> tuple[dict[str, float], float]:
     """(every metric of the task, mean loss) over all rows; restores the model's train/eval mode.
     With ``prefix``, the frozen layers are not run: their cached output is fed to the first trained one."""
     # Everything stays on the device and is read once at the end: no host sync per batch.
     loss_sum = torch.zeros((), dtype=torch.float64, device=device)
     predicted, truth = [], []
-    with eval_mode(model), starting_at(model, prefix.layer, prefix.tuple_output) if prefix is not None \
-            else contextlib.nullcontext() as injector:
+    with (
+        eval_mode(model),
+        starting_at(model, prefix.layer, prefix.tuple_output)
+        if prefix is not None
+        else contextlib.nullcontext() as injector,
+    ):
         for i, batch in enumerate(batches):
             batch = batch.to(device)
             if injector is not None:
@@ -43,6 +52,7 @@ def evaluate(model: nn.Module, batches: list[Batch], plan: PrecisionPlan, device
             predicted.append(logits.squeeze(-1) if batch.labels.is_floating_point() else logits.argmax(-1))
             truth.append(batch.labels)
     labels = torch.cat(truth).cpu().numpy()
-    metrics = compute_metrics(torch.cat(predicted).cpu().numpy(), labels, regression=labels.dtype.kind == "f",
-                              num_labels=logits.shape[-1])
+    metrics = compute_metrics(
+        torch.cat(predicted).cpu().numpy(), labels, regression=labels.dtype.kind == "f", num_labels=logits.shape[-1]
+    )
     return metrics, loss_sum.item() / len(labels)

@@ -26,6 +26,8 @@ from freezesweep.trials.config import TrialConfig
 
 FAULT_ENV = "FREEZESWEEP_FAULT"
 FAULT_DIR_ENV = "FREEZESWEEP_FAULT_DIR"
+
+
 def maybe_inject(cfg: TrialConfig, evals_done: int) -> None:
     spec = os.environ.get(FAULT_ENV)
     if not spec:
@@ -44,8 +46,9 @@ def _parse(rule: str) -> tuple[str, float, int, str, int | None]:
     kind, bounded, below = kind.partition("<")
     bad_bound = bounded and (kind != "oom" or not _is_share(below))
     if kind not in ("crash", "exit", "oom", "hang") or not after.isdigit() or bad_bound:
-        raise ValueError(f"bad {FAULT_ENV} rule {rule!r}: expected KIND@N[:MATCH][*TIMES], KIND crash, exit, oom, "
-                         "oom<SHARE or hang")
+        raise ValueError(
+            f"bad {FAULT_ENV} rule {rule!r}: expected KIND@N[:MATCH][*TIMES], KIND crash, exit, oom, oom<SHARE or hang"
+        )
     return kind, float(below) if bounded else float("inf"), int(after), match, int(times) if times else None
 
 

@@ -33,6 +33,7 @@ from freezesweep.trials.eval_cache import eval_mode
 from freezesweep.trials.freezing import FreezingError, find_encoder_parts
 from freezesweep.trials.tokens import Batch
 
+
 def _attention_output(model: nn.Module) -> nn.Module | None:
     """The last layer's attention-output module, where the architecture has one (a decoder's
     ``self_attn`` has none: its head reads the last token, which this narrowing does not serve)."""

@@ -59,8 +59,9 @@ class Structure:
 
 
 # What applies to a model whose structure is refused (the message names it).
-_WHAT_APPLIES = ("only frozen_layers: 0 (full fine-tuning) applies to it here; LoRA and the probe need the layer "
-                 "stack too")
+_WHAT_APPLIES = (
+    "only frozen_layers: 0 (full fine-tuning) applies to it here; LoRA and the probe need the layer stack too"
+)
 
 
 def find_encoder_parts(model: nn.Module) -> EncoderParts:
@@ -68,8 +69,9 @@ def find_encoder_parts(model: nn.Module) -> EncoderParts:
     layers_name = _layers_name(model)
     structure = _structure(model, layers_name)
     modules = dict(base.named_modules())
-    bottom = [p for name in structure.bottom_modules if name in modules
-              for p in modules[name].parameters(recurse=False)]
+    bottom = [
+        p for name in structure.bottom_modules if name in modules for p in modules[name].parameters(recurse=False)
+    ]
     return EncoderParts(bottom=tuple(bottom), layers=base.get_submodule(layers_name), layers_name=layers_name)
 
 
@@ -80,15 +82,19 @@ def _layers_name(model: nn.Module) -> str:
     num_layers = getattr(config, "num_hidden_layers", None)
     name = type(model).__name__
     if getattr(config, "is_encoder_decoder", False):
-        raise FreezingError(f"{name} is an encoder-decoder model: it has an encoder and a decoder stack, so "
-                            f"'the first k layers' names no single stack to freeze from; {_WHAT_APPLIES}")
+        raise FreezingError(
+            f"{name} is an encoder-decoder model: it has an encoder and a decoder stack, so "
+            f"'the first k layers' names no single stack to freeze from; {_WHAT_APPLIES}"
+        )
     candidates = [(n, m) for n, m in base.named_modules() if isinstance(m, nn.ModuleList) and len(m) == num_layers]
     if len(candidates) == 1:
         return candidates[0][0]
     stacks = [(n, m) for n, m in base.named_modules() if isinstance(m, nn.ModuleList)]
     if not candidates and isinstance(num_layers, int) and stacks and all(len(m) < num_layers for _, m in stacks):
-        raise FreezingError(f"{name} runs {num_layers} layers from fewer layer modules (one layer shared by every "
-                            f"depth, as ALBERT's): freezing 'the first k layers' would freeze them all; {_WHAT_APPLIES}")
+        raise FreezingError(
+            f"{name} runs {num_layers} layers from fewer layer modules (one layer shared by every "
+            f"depth, as ALBERT's): freezing 'the first k layers' would freeze them all; {_WHAT_APPLIES}"
+        )
     found = ", ".join(f"{n} ({len(m)})" for n, m in candidates) or "none"
     raise FreezingError(
         f"cannot find the encoder layers of {name}: expected exactly one ModuleList "
@@ -99,8 +105,10 @@ def _layers_name(model: nn.Module) -> str:
 def _structure(model: nn.Module, layers_name: str) -> Structure:
     config = getattr(model, "config", None)
     if not hasattr(config, "to_json_string"):
-        raise FreezingError(f"cannot find the embeddings of {type(model).__name__}: not a transformers model "
-                            "(no config to build its skeleton from)")
+        raise FreezingError(
+            f"cannot find the embeddings of {type(model).__name__}: not a transformers model "
+            "(no config to build its skeleton from)"
+        )
     return _traced_structure(type(model), config.to_json_string(), layers_name)
 
 
@@ -143,14 +151,19 @@ def _trace(skeleton: nn.Module, layers_name: str) -> Structure:
         with torch.no_grad():
             base(**_trace_inputs())
     except Exception as exc:  # a structure we cannot run: named, never a crash elsewhere
-        raise FreezingError(f"cannot run {type(skeleton).__name__}'s skeleton to find its embeddings: "
-                            f"{type(exc).__name__}: {exc}") from exc
+        raise FreezingError(
+            f"cannot run {type(skeleton).__name__}'s skeleton to find its embeddings: {type(exc).__name__}: {exc}"
+        ) from exc
     finally:
         for handle in handles:
             handle.remove()
-    bottom = tuple(name for name, module in base.named_modules()
-                   if id(module) not in in_layers and any(True for _ in module.parameters(recurse=False))
-                   and not first_run_after.get(name, False))
+    bottom = tuple(
+        name
+        for name, module in base.named_modules()
+        if id(module) not in in_layers
+        and any(True for _ in module.parameters(recurse=False))
+        and not first_run_after.get(name, False)
+    )
     _check_input_embeddings(skeleton, base, bottom)
     return Structure(layers_name=layers_name, bottom_modules=bottom)
 
@@ -166,8 +179,10 @@ def _check_input_embeddings(skeleton: nn.Module, base: nn.Module, bottom: tuple[
     embeddings = skeleton.get_input_embeddings() if hasattr(skeleton, "get_input_embeddings") else None
     names = {id(m): n for n, m in base.named_modules()}
     if embeddings is None or names.get(id(embeddings)) not in bottom:
-        raise FreezingError(f"cannot find the embeddings of {type(skeleton).__name__}: its input embeddings do not "
-                            "run before its first layer")
+        raise FreezingError(
+            f"cannot find the embeddings of {type(skeleton).__name__}: its input embeddings do not "
+            "run before its first layer"
+        )
 
 
 def structure_problems(model: nn.Module, frozen_layers: list[int], needs_layers: bool = False) -> list[str]:
@@ -194,8 +209,12 @@ def freeze(model: nn.Module, frozen_layers: int) -> FreezeReport:
         for p in model.parameters():
             p.requires_grad_(True)
         total = sum(p.numel() for p in model.parameters())
-        return FreezeReport(frozen_layers=0, num_layers=getattr(getattr(model, "config", None), "num_hidden_layers", 0),
-                            trainable_params=total, total_params=total)
+        return FreezeReport(
+            frozen_layers=0,
+            num_layers=getattr(getattr(model, "config", None), "num_hidden_layers", 0),
+            trainable_params=total,
+            total_params=total,
+        )
     parts = find_encoder_parts(model)
     num_layers = len(parts.layers)
     if not -1 <= frozen_layers <= num_layers:

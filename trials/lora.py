@@ -18,6 +18,7 @@ from torch import nn
 
 from freezesweep.trials.freezing import FreezeReport, find_encoder_parts
 
+
 class LoraError(ValueError):
     """LoRA targets a model cannot take; ``problems``: each one in words."""
 
@@ -55,8 +56,10 @@ def attention_projections(model: nn.Module) -> tuple[str, ...]:
     """The default targets: the Linear modules under each layer's attention block."""
     found = tuple(n for n in layer_linears(model) if _in_attention(n))
     if not found:
-        raise LoraError(f"{type(model).__name__}: no Linear module under an attention block in its layers "
-                        f"(its layers have: {', '.join(layer_linears(model))}); name lora targets")
+        raise LoraError(
+            f"{type(model).__name__}: no Linear module under an attention block in its layers "
+            f"(its layers have: {', '.join(layer_linears(model))}); name lora targets"
+        )
     return found
 
 
@@ -64,8 +67,11 @@ def target_problems(model: nn.Module, targets: tuple[str, ...] | None) -> list[s
     """Targets that match no Linear module of an encoder layer: one line each, naming what exists."""
     linears = layer_linears(model)
     missing = [t for t in targets or () if not any(_matches(n, t) for n in linears)]
-    return [f"lora target {t!r} matches no Linear module in the layers of {type(model).__name__} "
-            f"(they have: {', '.join(linears)})" for t in missing]
+    return [
+        f"lora target {t!r} matches no Linear module in the layers of {type(model).__name__} "
+        f"(they have: {', '.join(linears)})"
+        for t in missing
+    ]
 
 
 def resolve_targets(model: nn.Module, targets: tuple[str, ...] | None) -> tuple[str, ...]:
@@ -78,8 +84,9 @@ def resolve_targets(model: nn.Module, targets: tuple[str, ...] | None) -> tuple[
     return tuple(n for n in layer_linears(model) if any(_matches(n, t) for t in targets))
 
 
-def apply_lora(model: nn.Module, rank: int, alpha: float, dropout: float,
-               targets: tuple[str, ...] | None) -> tuple[FreezeReport, tuple[str, ...]]:
+def apply_lora(
+    model: nn.Module, rank: int, alpha: float, dropout: float, targets: tuple[str, ...] | None
+) -> tuple[FreezeReport, tuple[str, ...]]:
     """Adapt ``model`` in place; returns its parameter counts and the resolved targets. The caller
     seeds the RNG first: peft initialises A randomly (B at zero, so the model starts as it was)."""
     from peft import LoraConfig, inject_adapter_in_model
@@ -91,14 +98,19 @@ def apply_lora(model: nn.Module, rank: int, alpha: float, dropout: float,
     # Full module names, so nothing outside the encoder layers is adapted by a suffix that also fits it.
     by_module = {id(m): name for name, m in model.named_modules()}
     names = [by_module[id(m)] for layer in parts.layers for n, m in layer.named_modules() if n in resolved]
-    transposed = any(not isinstance(m, nn.Linear) for layer in parts.layers for n, m in layer.named_modules()
-                     if n in resolved)  # GPT-2's Conv1D stores its weight as (in, out)
-    config = LoraConfig(r=rank, lora_alpha=alpha, lora_dropout=dropout, target_modules=names, bias="none",
-                        fan_in_fan_out=transposed)
+    transposed = any(
+        not isinstance(m, nn.Linear) for layer in parts.layers for n, m in layer.named_modules() if n in resolved
+    )  # GPT-2's Conv1D stores its weight as (in, out)
+    config = LoraConfig(
+        r=rank, lora_alpha=alpha, lora_dropout=dropout, target_modules=names, bias="none", fan_in_fan_out=transposed
+    )
     inject_adapter_in_model(config, model)  # also marks every non-adapter parameter frozen
     for p in head:
         p.requires_grad_(True)
-    report = FreezeReport(frozen_layers=None, num_layers=len(parts.layers),
-                          trainable_params=sum(p.numel() for p in model.parameters() if p.requires_grad),
-                          total_params=sum(p.numel() for p in model.parameters()))
+    report = FreezeReport(
+        frozen_layers=None,
+        num_layers=len(parts.layers),
+        trainable_params=sum(p.numel() for p in model.parameters() if p.requires_grad),
+        total_params=sum(p.numel() for p in model.parameters()),
+    )
     return report, resolved

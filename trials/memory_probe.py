@@ -53,8 +53,9 @@ class MemoryProbe:
         return self.peak_reserved_mib + self.outside_allocator_mib + self.eval_cache_mib
 
 
-def packing(per_trial_mib: float, gpu_total_mib: float, margin: float = MARGIN,
-            max_per_gpu: int = MAX_TRIALS_PER_GPU) -> tuple[int, float]:
+def packing(
+    per_trial_mib: float, gpu_total_mib: float, margin: float = MARGIN, max_per_gpu: int = MAX_TRIALS_PER_GPU
+) -> tuple[int, float]:
     """(trials per GPU, gpus_per_trial): as many trials as fit on the GPU each with its ``margin`` (a
     fraction of its own memory: n trials keep n margins, not one shared by all), at least 1 (one that
     does not fit still gets a GPU of its own) and at most ``max_per_gpu``. The share is 1/n rounded
@@ -66,10 +67,21 @@ def packing(per_trial_mib: float, gpu_total_mib: float, margin: float = MARGIN,
     return n, share_for(n)
 
 
-def probe(model: str, batch_size: int, max_seq_length: int, eval_batch_size: int = 64, precision: str = "auto",
-          frozen_layers: int = 0, model_init: str = "pretrained", num_labels: int = 2, steps: int = 3,
-          device: str = "cuda", margin: float = MARGIN, max_per_gpu: int = MAX_TRIALS_PER_GPU,
-          eval_rows: int = 0) -> MemoryProbe:
+def probe(
+    model: str,
+    batch_size: int,
+    max_seq_length: int,
+    eval_batch_size: int = 64,
+    precision: str = "auto",
+    frozen_layers: int = 0,
+    model_init: str = "pretrained",
+    num_labels: int = 2,
+    steps: int = 3,
+    device: str = "cuda",
+    margin: float = MARGIN,
+    max_per_gpu: int = MAX_TRIALS_PER_GPU,
+    eval_rows: int = 0,
+) -> MemoryProbe:
     """Measure one trial (``device="cpu"`` runs the same steps for tests and reports the process's
     peak RSS, with no packing) and pick the packing."""
     from freezesweep.trials.freezing import freeze
@@ -98,8 +110,9 @@ def eval_cache_bound_mib(net, eval_rows: int, max_seq_length: int, plan) -> floa
     return eval_rows * max_seq_length * net.config.hidden_size * element / 2**20
 
 
-def _measure(net, plan, device: torch.device, batch_size: int, max_seq_length: int, eval_batch_size: int,
-             steps: int) -> tuple[float, float]:
+def _measure(
+    net, plan, device: torch.device, batch_size: int, max_seq_length: int, eval_batch_size: int, steps: int
+) -> tuple[float, float]:
     """(peak MiB, MiB outside the allocator) of moving the model to ``device`` and running the steps."""
     from freezesweep.trials.run import peak_memory_mb, reset_peak_memory
 
@@ -116,8 +129,9 @@ def _measure(net, plan, device: torch.device, batch_size: int, max_seq_length: i
     return torch.cuda.max_memory_reserved(device) / 2**20, outside
 
 
-def _run_steps(net, plan, device: torch.device, batch_size: int, max_seq_length: int, eval_batch_size: int,
-               steps: int) -> None:
+def _run_steps(
+    net, plan, device: torch.device, batch_size: int, max_seq_length: int, eval_batch_size: int, steps: int
+) -> None:
     """Training steps as trials/train.py takes them, fed as a trial feeds them (packed where the model
     qualifies: trials/packing.py), then one evaluation batch as trials/evaluate.py."""
     from transformers import get_linear_schedule_with_warmup
@@ -159,13 +173,17 @@ def _batch(rows: int, length: int, vocab: int, num_labels: int, generator: torch
 
 def describe(result: MemoryProbe) -> str:
     if result.gpu_total_mib is None:
-        return (f"one trial: the process's peak RSS {result.peak_reserved_mib:.0f} MiB ({result.precision}) "
-                "on the CPU (no packing)")
-    return (f"one trial: peak {result.peak_reserved_mib:.0f} MiB reserved + {result.outside_allocator_mib:.0f} MiB "
-            f"outside the allocator + {result.eval_cache_mib:.0f} MiB evaluation cache (bound) = "
-            f"{result.per_trial_mib:.0f} MiB ({result.precision}) on {result.gpu_name} "
-            f"({result.gpu_total_mib:.0f} MiB): {result.trials_per_gpu} trials per GPU, "
-            f"gpus_per_trial {result.gpus_per_trial:g}")
+        return (
+            f"one trial: the process's peak RSS {result.peak_reserved_mib:.0f} MiB ({result.precision}) "
+            "on the CPU (no packing)"
+        )
+    return (
+        f"one trial: peak {result.peak_reserved_mib:.0f} MiB reserved + {result.outside_allocator_mib:.0f} MiB "
+        f"outside the allocator + {result.eval_cache_mib:.0f} MiB evaluation cache (bound) = "
+        f"{result.per_trial_mib:.0f} MiB ({result.precision}) on {result.gpu_name} "
+        f"({result.gpu_total_mib:.0f} MiB): {result.trials_per_gpu} trials per GPU, "
+        f"gpus_per_trial {result.gpus_per_trial:g}"
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -178,7 +196,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--frozen-layers", type=int, default=0, help="the sweep's fewest (the largest footprint)")
     parser.add_argument("--model-init", default="pretrained", choices=["pretrained", "random"])
     parser.add_argument("--num-labels", type=int, default=2)
-    parser.add_argument("--eval-rows", type=int, default=0, help="validation rows a worker caches (their bound is added)")
+    parser.add_argument(
+        "--eval-rows", type=int, default=0, help="validation rows a worker caches (their bound is added)"
+    )
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--margin", type=float, default=MARGIN)
     parser.add_argument("--max-per-gpu", type=int, default=MAX_TRIALS_PER_GPU)

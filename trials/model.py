@@ -80,12 +80,17 @@ def is_decoder_only(config) -> bool:
     """A decoder-only language model (Llama, Qwen2, Mistral, Gemma, Phi-3, GPT-2, OPT, BLOOM): a causal
     LM architecture with no masked-LM one and no encoder-decoder (BERT, RoBERTa, ELECTRA have both;
     DeBERTa, DistilBERT, ModernBERT only the masked one)."""
-    from transformers.models.auto.modeling_auto import (MODEL_FOR_CAUSAL_LM_MAPPING_NAMES,
-                                                        MODEL_FOR_MASKED_LM_MAPPING_NAMES)
+    from transformers.models.auto.modeling_auto import (
+        MODEL_FOR_CAUSAL_LM_MAPPING_NAMES,
+        MODEL_FOR_MASKED_LM_MAPPING_NAMES,
+    )
 
     kind = getattr(config, "model_type", None)
-    return (kind in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES and kind not in MODEL_FOR_MASKED_LM_MAPPING_NAMES
-            and not getattr(config, "is_encoder_decoder", False))
+    return (
+        kind in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+        and kind not in MODEL_FOR_MASKED_LM_MAPPING_NAMES
+        and not getattr(config, "is_encoder_decoder", False)
+    )
 
 
 def set_padding(model: PreTrainedModel, pad_id: int) -> PreTrainedModel:

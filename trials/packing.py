@@ -34,6 +34,7 @@ from freezesweep.trials.oom import is_oom
 from freezesweep.trials.tokens import Batch, non_blocking_to
 from freezesweep.trials.worker import FeedKey
 
+
 @dataclass(frozen=True)
 class Packed:
     input_ids: torch.Tensor  # [1, tokens]
@@ -45,9 +46,15 @@ class Packed:
 
     def to(self, device: torch.device) -> "Packed":
         asynchronous = non_blocking_to(device)  # never towards the host (trials/tokens.py Batch.to)
-        return dataclasses.replace(self, **{f.name: None if getattr(self, f.name) is None else
-                                            getattr(self, f.name).to(device, non_blocking=asynchronous)
-                                            for f in dataclasses.fields(self)})
+        return dataclasses.replace(
+            self,
+            **{
+                f.name: None
+                if getattr(self, f.name) is None
+                else getattr(self, f.name).to(device, non_blocking=asynchronous)
+                for f in dataclasses.fields(self)
+            },
+        )
 
     def model_inputs(self) -> dict[str, torch.Tensor]:
         # Additive, as the model's own masks for eager attention are (SDPA takes it too): 0 within a
@@ -66,9 +73,14 @@ def pack(batch: Batch, position_offset: int) -> Packed:
     lengths = real.sum(1)
     positions = torch.arange(real.shape[1]).expand_as(real)
     rows = torch.arange(real.shape[0])[:, None].expand_as(real)
-    return Packed(input_ids=batch.input_ids[real][None], position_ids=(positions[real] + position_offset)[None],
-                  sequence=rows[real], first_tokens=torch.cumsum(lengths, 0) - lengths, labels=batch.labels,
-                  token_type_ids=None if batch.token_type_ids is None else batch.token_type_ids[real][None])
+    return Packed(
+        input_ids=batch.input_ids[real][None],
+        position_ids=(positions[real] + position_offset)[None],
+        sequence=rows[real],
+        first_tokens=torch.cumsum(lengths, 0) - lengths,
+        labels=batch.labels,
+        token_type_ids=None if batch.token_type_ids is None else batch.token_type_ids[real][None],
+    )
 
 
 def position_offset(model: nn.Module) -> int:
@@ -102,8 +114,15 @@ class PackedFeed:
             self.reader.rows = None  # evaluation batches are padded: position 0 again
 
 
-def training_feed(model: nn.Module, batch: Batch, key: FeedKey, verdicts: dict, narrow: bool = True,
-                  packed: bool = True, narrow_evaluation: bool = True) -> tuple[Reader | None, PaddedFeed | PackedFeed]:
+def training_feed(
+    model: nn.Module,
+    batch: Batch,
+    key: FeedKey,
+    verdicts: dict,
+    narrow: bool = True,
+    packed: bool = True,
+    narrow_evaluation: bool = True,
+) -> tuple[Reader | None, PaddedFeed | PackedFeed]:
     """The last layer's reader (None: the model runs in full) and how training batches are fed,
     each only where ``batch`` (a few training rows, on the model's device) shows it exact; the
     verdicts are measured once per ``key`` (they depend on the architecture only) into ``verdicts``

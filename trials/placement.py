@@ -25,8 +25,11 @@ def where(device: torch.device) -> dict[str, Any]:
     if device.type == "cuda":
         index = device.index if device.index is not None else torch.cuda.current_device()
         props = torch.cuda.get_device_properties(index)
-        gpu = {"gpu_index": physical_index(os.environ.get("CUDA_VISIBLE_DEVICES"), index),
-               "gpu_name": props.name, "gpu_uuid": _uuid(props)}
+        gpu = {
+            "gpu_index": physical_index(os.environ.get("CUDA_VISIBLE_DEVICES"), index),
+            "gpu_name": props.name,
+            "gpu_uuid": _uuid(props),
+        }
     return {"hostname": socket.gethostname(), **gpu}
 
 

@@ -38,6 +38,7 @@ from freezesweep.trials.eval_cache import PrefixStates
 from freezesweep.trials.metrics import metric_value
 from freezesweep.trials.tokens import Batch
 
+
 class ProbeError(ValueError):
     pass
 
@@ -97,16 +98,22 @@ class ProbeFit:
     trainable_params: int  # the linear model's coefficients and intercepts
 
 
-def select_and_fit(features: np.ndarray, labels: np.ndarray, regression: bool, metric: str, folds: int,
-                   cs: int, seed: int) -> ProbeFit:
+def select_and_fit(
+    features: np.ndarray, labels: np.ndarray, regression: bool, metric: str, folds: int, cs: int, seed: int
+) -> ProbeFit:
     """Choose C by cross-validation on these (train) rows alone and refit on all of them."""
     from sklearn.metrics import make_scorer
     from sklearn.model_selection import GridSearchCV
 
     grid = np.logspace(-4, 4, cs)
     estimator, parameter, values = _estimator(regression, grid)
-    search = GridSearchCV(estimator, {parameter: values}, cv=_folds(labels, regression, folds, seed),
-                          scoring=make_scorer(lambda y, p: metric_value(metric, y, p)), refit=True)
+    search = GridSearchCV(
+        estimator,
+        {parameter: values},
+        cv=_folds(labels, regression, folds, seed),
+        scoring=make_scorer(lambda y, p: metric_value(metric, y, p)),
+        refit=True,
+    )
     search.fit(features, labels)
     c = float(grid[search.best_index_])  # GridSearchCV keeps the first best: the smallest C of a tie
     model = search.best_estimator_[-1]
@@ -134,13 +141,16 @@ def _folds(labels: np.ndarray, regression: bool, folds: int, seed: int):
     classes, counts = np.unique(labels, return_counts=True)
     if len(classes) < 2 or counts.min() < 2:
         found = ", ".join(f"class {c}: {n}" for c, n in zip(classes, counts))
-        raise ProbeError(f"the probe cross-validates on the train subset and needs at least 2 rows of each of "
-                         f"at least 2 classes there ({found})")
+        raise ProbeError(
+            f"the probe cross-validates on the train subset and needs at least 2 rows of each of "
+            f"at least 2 classes there ({found})"
+        )
     return StratifiedKFold(min(folds, int(counts.min())), shuffle=True, random_state=seed)
 
 
-def validation_loss(fit: ProbeFit, features: np.ndarray, labels: np.ndarray, regression: bool,
-                    num_labels: int) -> float:
+def validation_loss(
+    fit: ProbeFit, features: np.ndarray, labels: np.ndarray, regression: bool, num_labels: int
+) -> float:
     """Mean cross-entropy of the predicted probabilities (classification) or squared error, as training reports."""
     from sklearn.metrics import log_loss, mean_squared_error
 

@@ -31,8 +31,14 @@ from freezesweep.trials.first_token import Reader
 from freezesweep.trials.freezing import FreezeReport, find_encoder_parts, freeze
 from freezesweep.trials.lora import apply_lora
 from freezesweep.trials.metrics import METRICS, compute_metrics, describe_shape
-from freezesweep.trials.model import (attention_for, build_model, is_decoder_only, load_tokenizer, resolve_model_path,
-                                     set_padding)
+from freezesweep.trials.model import (
+    attention_for,
+    build_model,
+    is_decoder_only,
+    load_tokenizer,
+    resolve_model_path,
+    set_padding,
+)
 from freezesweep.trials.oom import catch_oom, is_oom
 from freezesweep.trials.packing import PackedFeed, PaddedFeed, training_feed
 from freezesweep.trials.placement import where
@@ -44,8 +50,12 @@ from freezesweep.trials.train import FitContext, FitState, fit, make_schedule
 from freezesweep.trials.worker import EvalKey, FeedKey, TemplateKey, TrainKey, WorkerState, process_worker
 
 
-def run_trial(cfg: TrialConfig, on_eval: Callable[[EvalPoint], None] | None = None,
-              on_checkpoint: Callable[[Path], None] | None = None, worker: WorkerState | None = None) -> TrialResult:
+def run_trial(
+    cfg: TrialConfig,
+    on_eval: Callable[[EvalPoint], None] | None = None,
+    on_checkpoint: Callable[[Path], None] | None = None,
+    worker: WorkerState | None = None,
+) -> TrialResult:
     """Run one grid cell and return its result; raises on failure (the caller decides retries).
     ``on_eval`` gets every evaluation, ``on_checkpoint`` every checkpoint file as it is saved;
     ``worker``: what this process keeps between trials (trials/worker.py; default: the process's)."""
@@ -59,8 +69,16 @@ def run_trial(cfg: TrialConfig, on_eval: Callable[[EvalPoint], None] | None = No
         torch.set_num_threads(cfg.num_threads)
     reset_peak_memory(device)
 
-    task = load_task(cfg.dataset, cfg.data_dir, cfg.text_column, cfg.label_column, cfg.text_pair_column,
-                     files=cfg.dataset_files, empty_texts=cfg.empty_texts, worker=worker)
+    task = load_task(
+        cfg.dataset,
+        cfg.data_dir,
+        cfg.text_column,
+        cfg.label_column,
+        cfg.text_pair_column,
+        files=cfg.dataset_files,
+        empty_texts=cfg.empty_texts,
+        worker=worker,
+    )
     check_select_metric(cfg, task)
     train_rows = subset_indices(task.train.labels, cfg.train_size, cfg.split_seed)
     val_rows = eval_rows(task, cfg)
@@ -71,10 +89,14 @@ def run_trial(cfg: TrialConfig, on_eval: Callable[[EvalPoint], None] | None = No
     pad_id = padding_id(tokenizer)
 
     model = attention_for(set_padding(initial_model(cfg, task.num_labels, worker), pad_id).to(device), device)
-    batches = [b.to(device) for b in eval_batches(val_ids.select(val_rows), task.validation.labels[val_rows],
-                                                  cfg.eval_batch_size, pad_id)]  # on the device once, for every evaluation
+    batches = [
+        b.to(device)
+        for b in eval_batches(val_ids.select(val_rows), task.validation.labels[val_rows], cfg.eval_batch_size, pad_id)
+    ]  # on the device once, for every evaluation
     train_tokens = train_ids.select(train_rows)
-    data = TrialData(task, train_rows, train_tokens, batches, (task.validation.digest, indices_digest(val_rows)), worker)
+    data = TrialData(
+        task, train_rows, train_tokens, batches, (task.validation.digest, indices_digest(val_rows)), worker
+    )
     if cfg.method == "probe":
         return _probe_trial(cfg, model, data, plan, device, started)
     report, lora_targets = adapt(model, cfg)
@@ -99,50 +121,107 @@ def run_trial(cfg: TrialConfig, on_eval: Callable[[EvalPoint], None] | None = No
     )
     with first_token.narrowed(model, reader):
         state = fit(model, train_tokens, task.train.labels[train_rows], pad_id, ctx)
-    result = _result(cfg, data, report, state, device, plan, (eval_prefix, train_prefix),
-                     wall_time_s=time.perf_counter() - started, cache_fill_time_s=cache_fill_time_s)
-    return dataclasses.replace(result, lora_targets=lora_targets,
-                               optimisations=optimisations_used(eval_prefix, train_prefix, reader, feed))
+    result = _result(
+        cfg,
+        data,
+        report,
+        state,
+        device,
+        plan,
+        (eval_prefix, train_prefix),
+        wall_time_s=time.perf_counter() - started,
+        cache_fill_time_s=cache_fill_time_s,
+    )
+    return dataclasses.replace(
+        result, lora_targets=lora_targets, optimisations=optimisations_used(eval_prefix, train_prefix, reader, feed)
+    )
 
 
-def optimisations_used(eval_prefix: PrefixStates | None, train_prefix: TrainPrefix | None, reader: Reader | None,
-                       feed: PaddedFeed | PackedFeed) -> tuple[str, ...]:
+def optimisations_used(
+    eval_prefix: PrefixStates | None,
+    train_prefix: TrainPrefix | None,
+    reader: Reader | None,
+    feed: PaddedFeed | PackedFeed,
+) -> tuple[str, ...]:
     """What the row says the trial used (each one decided by its own check, the rest stepped aside)."""
-    used = {"eval_cache": eval_prefix is not None, "train_cache": train_prefix is not None,
-            "narrowed_last_layer": reader is not None, "packed_training": isinstance(feed, PackedFeed)}
+    used = {
+        "eval_cache": eval_prefix is not None,
+        "train_cache": train_prefix is not None,
+        "narrowed_last_layer": reader is not None,
+        "packed_training": isinstance(feed, PackedFeed),
+    }
     return tuple(name for name, on in used.items() if on)
 
 
-def _probe_trial(cfg: TrialConfig, model, data: TrialData, plan: PrecisionPlan, device: torch.device,
-                 started: float) -> TrialResult:
+def _probe_trial(
+    cfg: TrialConfig, model, data: TrialData, plan: PrecisionPlan, device: torch.device, started: float
+) -> TrialResult:
     """Features of the frozen model (cached) → C by cross-validation on the train subset → the
     validation set scored once (trials/probe.py)."""
     task, layers = data.task, len(find_encoder_parts(model).layers)
     fill_started = time.perf_counter()
-    val_states = eval_cache.prefix_states(model, data.batches, plan, device, layers, _eval_key(cfg, data, plan, device),
-                                          data.worker)
-    train_states = train_prefix(model, data.train_tokens, data.train_rows, plan, device, layers,
-                                _train_key(cfg, data, plan, device), data.worker)
+    val_states = eval_cache.prefix_states(
+        model, data.batches, plan, device, layers, _eval_key(cfg, data, plan, device), data.worker
+    )
+    train_states = train_prefix(
+        model,
+        data.train_tokens,
+        data.train_rows,
+        plan,
+        device,
+        layers,
+        _train_key(cfg, data, plan, device),
+        data.worker,
+    )
     synchronize(device)
     fill_s = time.perf_counter() - fill_started
-    pooling = probe.resolve_pooling(cfg.probe_pooling, resolve_model_path(cfg.model_files()), is_decoder_only(model.config))
+    pooling = probe.resolve_pooling(
+        cfg.probe_pooling, resolve_model_path(cfg.model_files()), is_decoder_only(model.config)
+    )
 
     fit_started = time.perf_counter()
-    fitted = probe.select_and_fit(probe.train_features(train_states.states, pooling), task.train.labels[data.train_rows],
-                                  task.regression, cfg.select_metric, cfg.probe_folds, cfg.probe_cs, cfg.seed)
+    fitted = probe.select_and_fit(
+        probe.train_features(train_states.states, pooling),
+        task.train.labels[data.train_rows],
+        task.regression,
+        cfg.select_metric,
+        cfg.probe_folds,
+        cfg.probe_cs,
+        cfg.seed,
+    )
     eval_started = time.perf_counter()
     features, labels = probe.validation_features(val_states, data.batches, pooling)
     metrics = compute_metrics(fitted.predictor.predict(features), labels, task.regression, task.num_labels)
     loss = probe.validation_loss(fitted, features, labels, task.regression, task.num_labels)
     point = EvalPoint(step=0, epoch=0.0, loss=loss, **{name: metrics.get(name) for name in METRICS})
-    state = FitState(curve=[point], train_time_s=eval_started - fit_started,
-                     eval_time_s=time.perf_counter() - eval_started)
-    params = FreezeReport(frozen_layers=None, num_layers=layers, trainable_params=fitted.trainable_params,
-                          total_params=sum(p.numel() for p in model.base_model.parameters()) + fitted.trainable_params)
-    result = _result(cfg, data, params, state, device, plan, (None, None),
-                     wall_time_s=time.perf_counter() - started, cache_fill_time_s=fill_s)
-    return dataclasses.replace(result, probe_pooling=pooling, probe_c=fitted.c, train_examples_per_s=None,
-                               eval_cached_layers=layers, train_cached_layers=layers)
+    state = FitState(
+        curve=[point], train_time_s=eval_started - fit_started, eval_time_s=time.perf_counter() - eval_started
+    )
+    params = FreezeReport(
+        frozen_layers=None,
+        num_layers=layers,
+        trainable_params=fitted.trainable_params,
+        total_params=sum(p.numel() for p in model.base_model.parameters()) + fitted.trainable_params,
+    )
+    result = _result(
+        cfg,
+        data,
+        params,
+        state,
+        device,
+        plan,
+        (None, None),
+        wall_time_s=time.perf_counter() - started,
+        cache_fill_time_s=fill_s,
+    )
+    return dataclasses.replace(
+        result,
+        probe_pooling=pooling,
+        probe_c=fitted.c,
+        train_examples_per_s=None,
+        eval_cached_layers=layers,
+        train_cached_layers=layers,
+    )
 
 
 @dataclass(frozen=True)
@@ -163,11 +242,18 @@ def check_method(cfg: TrialConfig) -> None:
     if cfg.method not in METHODS:
         raise ValueError(f"unknown method {cfg.method!r} (known: {', '.join(METHODS)})")
     missing = [name for name in METHOD_FIELDS[cfg.method] if getattr(cfg, name) is None and name != "lora_targets"]
-    foreign = [name for method, names in METHOD_FIELDS.items() if method != cfg.method for name in names
-               if getattr(cfg, name) is not None]
+    foreign = [
+        name
+        for method, names in METHOD_FIELDS.items()
+        if method != cfg.method
+        for name in names
+        if getattr(cfg, name) is not None
+    ]
     if missing or foreign:
-        raise ValueError(f"a {cfg.method} cell needs {', '.join(missing) or 'nothing more'} and takes no "
-                         f"{', '.join(foreign) or 'other method fields'}")
+        raise ValueError(
+            f"a {cfg.method} cell needs {', '.join(missing) or 'nothing more'} and takes no "
+            f"{', '.join(foreign) or 'other method fields'}"
+        )
 
 
 def adapt(model, cfg: TrialConfig) -> tuple[FreezeReport, tuple[str, ...]]:
@@ -184,8 +270,9 @@ def _weights(cfg: TrialConfig) -> str:
 
 def _eval_key(cfg: TrialConfig, data: TrialData, plan: PrecisionPlan, device: torch.device) -> EvalKey:
     """The evaluation cache's key: freeze cells (pretrained only) and probe cells share entries."""
-    return EvalKey(cfg.model, *data.val_key, cfg.eval_batch_size, cfg.max_seq_length, _weights(cfg), plan.name,
-                   str(device))
+    return EvalKey(
+        cfg.model, *data.val_key, cfg.eval_batch_size, cfg.max_seq_length, _weights(cfg), plan.name, str(device)
+    )
 
 
 def _train_key(cfg: TrialConfig, data: TrialData, plan: PrecisionPlan, device: torch.device) -> TrainKey:
@@ -198,35 +285,55 @@ def _eval_prefix(cfg: TrialConfig, model, data: TrialData, plan, device) -> Pref
     on the first batch."""
     if not (cfg.eval_cache and cfg.method == "freeze" and cfg.model_init == "pretrained" and cfg.frozen_layers >= 1):
         return None
-    return exact_prefix(model, data.batches, plan, device, cfg.frozen_layers, _eval_key(cfg, data, plan, device),
-                        data.worker)
+    return exact_prefix(
+        model, data.batches, plan, device, cfg.frozen_layers, _eval_key(cfg, data, plan, device), data.worker
+    )
 
 
-def _training_feed(cfg: TrialConfig, model, data: TrialData, pad_id: int, device: torch.device,
-                   packed: bool) -> tuple[Reader | None, PaddedFeed | PackedFeed]:
+def _training_feed(
+    cfg: TrialConfig, model, data: TrialData, pad_id: int, device: torch.device, packed: bool
+) -> tuple[Reader | None, PaddedFeed | PackedFeed]:
     """The last layer narrowed to the head's token, training batches packed: each where exact for this
     model (checked on the first training rows; the opt-in training cache feeds padded states)."""
     rows = np.arange(min(8, len(data.train_rows)))
     check = collate(data.train_tokens.select(rows), data.task.train.labels[data.train_rows[rows]], pad_id).to(device)
-    every_layer_frozen = (cfg.method == "freeze" and cfg.frozen_layers > 0
-                          and cfg.frozen_layers == len(find_encoder_parts(model).layers))
-    return training_feed(model, check, FeedKey(cfg.model, type(model).__qualname__), data.worker.feed_verdicts,
-                         cfg.narrow_last_layer, cfg.pack_training and packed, narrow_evaluation=not every_layer_frozen)
+    every_layer_frozen = (
+        cfg.method == "freeze" and cfg.frozen_layers > 0 and cfg.frozen_layers == len(find_encoder_parts(model).layers)
+    )
+    return training_feed(
+        model,
+        check,
+        FeedKey(cfg.model, type(model).__qualname__),
+        data.worker.feed_verdicts,
+        cfg.narrow_last_layer,
+        cfg.pack_training and packed,
+        narrow_evaluation=not every_layer_frozen,
+    )
 
 
 def _train_prefix(cfg: TrialConfig, model, data: TrialData, plan, device) -> TrainPrefix | None:
     """The opt-in training cache (a deviation from the reference, see trials/train_cache.py)."""
     if not (cfg.train_cache and cfg.method == "freeze" and cfg.frozen_layers >= 1):
         return None
-    return train_cache.usable_prefix(model, data.train_tokens, data.train_rows, plan, device, cfg.frozen_layers,
-                                     _train_key(cfg, data, plan, device), data.worker)
+    return train_cache.usable_prefix(
+        model,
+        data.train_tokens,
+        data.train_rows,
+        plan,
+        device,
+        cfg.frozen_layers,
+        _train_key(cfg, data, plan, device),
+        data.worker,
+    )
 
 
 def check_select_metric(cfg: TrialConfig, task: TaskData) -> None:
     """A metric the task does not have cannot pick its best evaluation (the spec checks this first)."""
     if cfg.select_metric not in task.metrics:
-        raise ValueError(f"select_metric {cfg.select_metric!r} does not fit {cfg.dataset} "
-                         f"({describe_shape(task.regression, task.num_labels)}: {', '.join(task.metrics)})")
+        raise ValueError(
+            f"select_metric {cfg.select_metric!r} does not fit {cfg.dataset} "
+            f"({describe_shape(task.regression, task.num_labels)}: {', '.join(task.metrics)})"
+        )
 
 
 def eval_rows(task: TaskData, cfg: TrialConfig) -> np.ndarray:
@@ -283,9 +390,17 @@ def collapsed(best_score: float, baseline_score: float) -> bool:
     return abs(best_score - baseline_score) <= COLLAPSE_ATOL
 
 
-def _result(cfg, data: TrialData, report: FreezeReport, state: FitState, device: torch.device,
-            plan: PrecisionPlan, cached: tuple[PrefixStates | None, TrainPrefix | None], wall_time_s: float,
-            cache_fill_time_s: float) -> TrialResult:
+def _result(
+    cfg,
+    data: TrialData,
+    report: FreezeReport,
+    state: FitState,
+    device: torch.device,
+    plan: PrecisionPlan,
+    cached: tuple[PrefixStates | None, TrainPrefix | None],
+    wall_time_s: float,
+    cache_fill_time_s: float,
+) -> TrialResult:
     task, train_rows, n_eval = data.task, data.train_rows, sum(len(b.labels) for b in data.batches)
     metric = cfg.select_metric
     worker_peak_mb = peak_memory_mb(device)  # the process's, with everything the worker keeps
@@ -335,8 +450,13 @@ def _result(cfg, data: TrialData, report: FreezeReport, state: FitState, device:
     )
 
 
-def failed_result(cfg: TrialConfig, exc: BaseException, wall_time_s: float | None = None,
-                  trace: str | None = None, placement: dict | None = None) -> TrialResult:
+def failed_result(
+    cfg: TrialConfig,
+    exc: BaseException,
+    wall_time_s: float | None = None,
+    trace: str | None = None,
+    placement: dict | None = None,
+) -> TrialResult:
     """The row of a trial that raised: ``oom`` for out-of-memory (whichever CUDA call ran out,
     trials/oom.py), else ``failed``, with the message and the last frames of the traceback
     (``trace``: a text traceback from elsewhere, e.g. Ray's, when ``exc`` crossed a process and
@@ -346,22 +466,34 @@ def failed_result(cfg: TrialConfig, exc: BaseException, wall_time_s: float | Non
         frames = "\n".join(trace.strip().splitlines()[-10:]) + "\n"
     else:
         frames = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__)[-4:])
-    return TrialResult(trial_id=cfg.trial_id, config=cfg, status=status, error=f"{type(exc).__name__}: {exc}\n{frames}",
-                       select_metric=cfg.select_metric, wall_time_s=wall_time_s, versions=library_versions(),
-                       placement=placement or {})
+    return TrialResult(
+        trial_id=cfg.trial_id,
+        config=cfg,
+        status=status,
+        error=f"{type(exc).__name__}: {exc}\n{frames}",
+        select_metric=cfg.select_metric,
+        wall_time_s=wall_time_s,
+        versions=library_versions(),
+        placement=placement or {},
+    )
 
 
-def run_trial_or_oom(cfg: TrialConfig, on_eval: Callable[[EvalPoint], None] | None = None,
-                     on_checkpoint: Callable[[Path], None] | None = None,
-                     worker: WorkerState | None = None) -> TrialResult:
+def run_trial_or_oom(
+    cfg: TrialConfig,
+    on_eval: Callable[[EvalPoint], None] | None = None,
+    on_checkpoint: Callable[[Path], None] | None = None,
+    worker: WorkerState | None = None,
+) -> TrialResult:
     """``run_trial``, except that running out of GPU memory gives the cell's ``oom`` row, after this
     process has given the memory back (so the next trial it takes starts clean). Other errors
     propagate: whoever runs the trial decides on retries."""
     cfg = resolve_config(cfg)  # the oom row's id names the precision actually used
     worker = worker or process_worker()
-    return catch_oom(lambda: run_trial(cfg, on_eval, on_checkpoint, worker),
-                     lambda exc: failed_result(cfg, exc, placement=where(trial_device(cfg))),
-                     free=lambda: free_memory(worker))
+    return catch_oom(
+        lambda: run_trial(cfg, on_eval, on_checkpoint, worker),
+        lambda exc: failed_result(cfg, exc, placement=where(trial_device(cfg))),
+        free=lambda: free_memory(worker),
+    )
 
 
 def free_memory(worker: WorkerState) -> None:

@@ -80,7 +80,7 @@ def cover_every_class(order: np.ndarray, labels: np.ndarray) -> np.ndarray:
     if last < len(classes):
         return order
     rest = np.delete(order[: last + 1], firsts)
-    return np.concatenate([order[firsts], rest, order[last + 1:]])
+    return np.concatenate([order[firsts], rest, order[last + 1 :]])
 
 
 def subset_indices(labels: np.ndarray, size: int, split_seed: int) -> np.ndarray:
@@ -92,8 +92,10 @@ def subset_indices(labels: np.ndarray, size: int, split_seed: int) -> np.ndarray
         classes, counts = np.unique(labels, return_counts=True)
         if size < len(classes):
             rarest = ", ".join(f"class {c} ({n} rows)" for c, n in sorted(zip(classes, counts), key=lambda cn: cn[1]))
-            raise SubsetError(f"train size {size} is below the {len(classes)} classes of the split: a stratified "
-                              f"subset holds at least one row of each (classes, rarest first: {rarest})")
+            raise SubsetError(
+                f"train size {size} is below the {len(classes)} classes of the split: a stratified "
+                f"subset holds at least one row of each (classes, rarest first: {rarest})"
+            )
     return np.sort(stratified_order(labels, split_seed, size))
 
 

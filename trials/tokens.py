@@ -35,12 +35,15 @@ def tokenizer_fingerprint(tokenizer) -> str:
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
-def tokenize_split(tokenizer, split: Split, max_length: int, cache_dir: Path, worker: WorkerState | None = None) -> Tokens:
+def tokenize_split(
+    tokenizer, split: Split, max_length: int, cache_dir: Path, worker: WorkerState | None = None
+) -> Tokens:
     """Token ids of every row of ``split`` (no padding), from the disk cache when present (and from
     the worker's memory when this worker read them before)."""
     key = f"{tokenizer_fingerprint(tokenizer)}-{split.digest}-{max_length}"
-    return _tokenize_cached(tokenizer, split, max_length, cache_dir / "tokens" / f"{key}.parquet",
-                            (worker or process_worker()).token_splits)
+    return _tokenize_cached(
+        tokenizer, split, max_length, cache_dir / "tokens" / f"{key}.parquet", (worker or process_worker()).token_splits
+    )
 
 
 @dataclass(frozen=True)
@@ -57,8 +60,9 @@ class Tokens:
     def select(self, rows) -> "Tokens":
         """These rows, in this order."""
         types = self.token_type_ids
-        return Tokens(tuple(self.input_ids[i] for i in rows),
-                      tuple(types[i] for i in rows) if types is not None else None)
+        return Tokens(
+            tuple(self.input_ids[i] for i in rows), tuple(types[i] for i in rows) if types is not None else None
+        )
 
 
 def encode(tokenizer, split: Split, max_length: int) -> dict[str, list]:
@@ -114,8 +118,13 @@ class Batch:
         def move(t: torch.Tensor | None) -> torch.Tensor | None:
             return None if t is None else t.to(device, non_blocking=asynchronous)
 
-        return dataclasses.replace(self, input_ids=move(self.input_ids), attention_mask=move(self.attention_mask),
-                                   labels=move(self.labels), token_type_ids=move(self.token_type_ids))
+        return dataclasses.replace(
+            self,
+            input_ids=move(self.input_ids),
+            attention_mask=move(self.attention_mask),
+            labels=move(self.labels),
+            token_type_ids=move(self.token_type_ids),
+        )
 
     def model_inputs(self) -> dict[str, torch.Tensor]:
         """What every forward pass gets (training, evaluation and both caches): segment ids only
@@ -158,8 +167,9 @@ def collate(tokens: Tokens, labels: np.ndarray, pad_id: int) -> Batch:
     mask = torch.from_numpy((np.arange(width) < lengths[:, None]).astype(np.int64))
     types = _padded(tokens.token_type_ids, width, 0) if tokens.token_type_ids is not None else None  # padding is masked
     label_dtype = torch.float32 if labels.dtype.kind == "f" else torch.long
-    return Batch(_padded(tokens.input_ids, width, pad_id), mask, torch.as_tensor(labels, dtype=label_dtype),
-                 token_type_ids=types)
+    return Batch(
+        _padded(tokens.input_ids, width, pad_id), mask, torch.as_tensor(labels, dtype=label_dtype), token_type_ids=types
+    )
 
 
 def eval_batches(tokens: Tokens, labels: np.ndarray, batch_size: int, pad_id: int) -> list[Batch]:
@@ -172,8 +182,9 @@ def eval_batches(tokens: Tokens, labels: np.ndarray, batch_size: int, pad_id: in
     ]
 
 
-def train_batches(tokens: Tokens, labels: np.ndarray, batch_size: int, pad_id: int,
-                  generator: torch.Generator) -> list[Batch]:
+def train_batches(
+    tokens: Tokens, labels: np.ndarray, batch_size: int, pad_id: int, generator: torch.Generator
+) -> list[Batch]:
     """One epoch of shuffled batches; the generator (seeded from the cell) fixes the order."""
     order = torch.randperm(len(tokens), generator=generator).numpy()
     return [

@@ -137,12 +137,16 @@ def fit(model: nn.Module, train_ids: Tokens, train_labels: np.ndarray, pad_id: i
             batch = ctx.feed.prepare(batch).to(ctx.device)
             with ctx.train_prefix.feeding(model, batch) if ctx.train_prefix else contextlib.nullcontext():
                 # opt-in cache: above k
-                loss = train_step(model, batch, optimizer, scheduler, scaler, params, ctx.plan, ctx.feed,
-                                  ctx.cfg.max_grad_norm)
+                loss = train_step(
+                    model, batch, optimizer, scheduler, scaler, params, ctx.plan, ctx.feed, ctx.cfg.max_grad_norm
+                )
             state.loss_sum, state.loss_count = state.loss_sum + loss, state.loss_count + 1
             state.step += 1
-            state.nonfinite_step = torch.where((torch.as_tensor(state.nonfinite_step, device=loss.device) < 0)
-                                               & ~torch.isfinite(loss), state.step, state.nonfinite_step)
+            state.nonfinite_step = torch.where(
+                (torch.as_tensor(state.nonfinite_step, device=loss.device) < 0) & ~torch.isfinite(loss),
+                state.step,
+                state.nonfinite_step,
+            )
             if state.step in schedule.eval_steps or state.step in schedule.checkpoint_steps:
                 synchronize(ctx.device)  # queued GPU work belongs to training, not to what follows
                 state.train_time_s += time.perf_counter() - segment_started
@@ -157,8 +161,17 @@ def fit(model: nn.Module, train_ids: Tokens, train_labels: np.ndarray, pad_id: i
     return state
 
 
-def train_step(model, batch: Batch, optimizer, scheduler, scaler, params, plan: PrecisionPlan,
-               feed: PaddedFeed | PackedFeed, max_grad_norm: float) -> torch.Tensor:
+def train_step(
+    model,
+    batch: Batch,
+    optimizer,
+    scheduler,
+    scaler,
+    params,
+    plan: PrecisionPlan,
+    feed: PaddedFeed | PackedFeed,
+    max_grad_norm: float,
+) -> torch.Tensor:
     """One optimisation step (also what trials/memory_probe.py measures)."""
     with plan.autocast():
         logits = feed.logits(model, batch)
@@ -196,8 +209,9 @@ def _evaluate_into(model: nn.Module, state: FitState, ctx: FitContext) -> None:
         first = int(state.nonfinite_step)
         state.diverged_at_step = first if first >= 0 else state.step
         return
-    point = EvalPoint(step=state.step, epoch=state.step / ctx.schedule.steps_per_epoch, loss=loss,
-                      **{"accuracy": None, **metrics})
+    point = EvalPoint(
+        step=state.step, epoch=state.step / ctx.schedule.steps_per_epoch, loss=loss, **{"accuracy": None, **metrics}
+    )
     state.curve.append(point)
     state.train_loss_curve.append((state.step, train_loss))
     state.loss_sum, state.loss_count = 0.0, 0

@@ -40,6 +40,7 @@ from freezesweep.trials.precision import PrecisionPlan
 from freezesweep.trials.tokens import Batch, Tokens, collate
 from freezesweep.trials.worker import PrefixKey, TrainKey, WorkerState
 
+
 @dataclass
 class _Entry:
     rows: dict[int, torch.Tensor] = field(default_factory=dict)  # train-split row index → [tokens, hidden]
@@ -63,8 +64,16 @@ class TrainPrefix:
             yield
 
 
-def train_prefix(model: nn.Module, train_ids: Tokens, train_rows: np.ndarray, plan: PrecisionPlan,
-                 device: torch.device, layer: int, key: TrainKey, worker: WorkerState) -> TrainPrefix:
+def train_prefix(
+    model: nn.Module,
+    train_ids: Tokens,
+    train_rows: np.ndarray,
+    plan: PrecisionPlan,
+    device: torch.device,
+    layer: int,
+    key: TrainKey,
+    worker: WorkerState,
+) -> TrainPrefix:
     """The frozen prefix's output for each row of the subset (``train_rows``: their indices in the
     split, ``train_ids``: their tokens, in the same order); computed for rows not yet cached. An
     entry per (model, split, k, precision, device): the nested train sizes of each k share rows."""
@@ -77,13 +86,15 @@ def train_prefix(model: nn.Module, train_ids: Tokens, train_rows: np.ndarray, pl
     if todo:
         _run_prefix(model, parts.layers[layer - 1], train_ids, todo, entry, plan, device)
     injector, layers = injected_layers(parts, layer, entry.tuple_output)
-    return TrainPrefix(layer=layer, states=tuple(entry.rows[int(r)] for r in train_rows), parts=parts,
-                       injector=injector, layers=layers)
+    return TrainPrefix(
+        layer=layer, states=tuple(entry.rows[int(r)] for r in train_rows), parts=parts, injector=injector, layers=layers
+    )
 
 
 @torch.inference_mode()
-def _run_prefix(model, last_frozen: nn.Module, tokens: Tokens, todo: list, entry: _Entry, plan: PrecisionPlan,
-                device: torch.device) -> None:
+def _run_prefix(
+    model, last_frozen: nn.Module, tokens: Tokens, todo: list, entry: _Entry, plan: PrecisionPlan, device: torch.device
+) -> None:
     with eval_mode(model):  # no dropout: the deviation this cache is
         for row, position in todo:
             alone = collate(tokens.select([position]), np.zeros(1, dtype=np.int64), pad_id=0).to(device)  # no padding
@@ -91,8 +102,16 @@ def _run_prefix(model, last_frozen: nn.Module, tokens: Tokens, todo: list, entry
             entry.rows[row] = states[0]
 
 
-def usable_prefix(model: nn.Module, train_ids: Tokens, train_rows: np.ndarray, plan: PrecisionPlan,
-                  device: torch.device, layer: int, key: TrainKey, worker: WorkerState) -> TrainPrefix | None:
+def usable_prefix(
+    model: nn.Module,
+    train_ids: Tokens,
+    train_rows: np.ndarray,
+    plan: PrecisionPlan,
+    device: torch.device,
+    layer: int,
+    key: TrainKey,
+    worker: WorkerState,
+) -> TrainPrefix | None:
     """``train_prefix`` where the cached path gives this model's own logits (checked once per entry,
     the verdict kept in the worker), else None: the trial trains in full."""
     entry = PrefixKey(key, layer)
@@ -113,11 +132,13 @@ def usable_prefix(model: nn.Module, train_ids: Tokens, train_rows: np.ndarray, p
 
 
 @torch.inference_mode()
-def _feeds_exactly(model: nn.Module, prefix: TrainPrefix, train_ids: Tokens, plan: PrecisionPlan,
-                   device: torch.device) -> bool:
+def _feeds_exactly(
+    model: nn.Module, prefix: TrainPrefix, train_ids: Tokens, plan: PrecisionPlan, device: torch.device
+) -> bool:
     """The first train row alone, in eval mode: the model fed from the cache and the full model agree."""
-    row = dataclasses.replace(collate(train_ids.select([0]), np.zeros(1, dtype=np.int64), pad_id=0),
-                              positions=np.zeros(1, dtype=np.int64)).to(device)
+    row = dataclasses.replace(
+        collate(train_ids.select([0]), np.zeros(1, dtype=np.int64), pad_id=0), positions=np.zeros(1, dtype=np.int64)
+    ).to(device)
     with eval_mode(model), plan.autocast():
         full = model(**row.model_inputs()).logits
         with prefix.feeding(model, row):

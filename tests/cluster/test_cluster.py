@@ -40,18 +40,26 @@ def test_stop_ends_this_clusters_processes_only(tmp_path):
     folder = tmp_path / "ours"
     idle = "import signal; signal.pause()"  # a stand-in process: waits for the signal that ends it
     # A node process whose child renamed itself (as Ray's agents and workers do): no folder in its command line.
-    parent = ("import signal, subprocess, sys; subprocess.Popen([sys.executable, '-c', 'import signal; signal.pause()',"
-              " 'ray::IDLE']); signal.pause()")
+    parent = (
+        "import signal, subprocess, sys; subprocess.Popen([sys.executable, '-c', 'import signal; signal.pause()',"
+        " 'ray::IDLE']); signal.pause()"
+    )
 
     def stand_in(*args: str, code: str = idle) -> subprocess.Popen:
         return subprocess.Popen([sys.executable, "-c", code, *args])
 
-    ours = [stand_in("raylet", f"--session_dir={folder}/session_1"), stand_in("gcs_server", f"--log_dir={folder}/session_1/logs"),
-            stand_in("dashboard.py", f"--temp-dir={folder}/"), stand_in("ray.util.client.server", "--address=10.0.0.1:6399", "--port=10001"),
-            stand_in("raylet", f"--session_dir={folder}/w1/session_1", code=parent)]
-    theirs = [stand_in("raylet", f"--session_dir={tmp_path}/ours2/session_1"),  # a folder whose name starts like ours
-              stand_in("gcs_server", f"--log_dir={tmp_path}/theirs/session_1/logs"),
-              stand_in("ray.util.client.server", "--address=10.0.0.1:63990", "--port=10001")]
+    ours = [
+        stand_in("raylet", f"--session_dir={folder}/session_1"),
+        stand_in("gcs_server", f"--log_dir={folder}/session_1/logs"),
+        stand_in("dashboard.py", f"--temp-dir={folder}/"),
+        stand_in("ray.util.client.server", "--address=10.0.0.1:6399", "--port=10001"),
+        stand_in("raylet", f"--session_dir={folder}/w1/session_1", code=parent),
+    ]
+    theirs = [
+        stand_in("raylet", f"--session_dir={tmp_path}/ours2/session_1"),  # a folder whose name starts like ours
+        stand_in("gcs_server", f"--log_dir={tmp_path}/theirs/session_1/logs"),
+        stand_in("ray.util.client.server", "--address=10.0.0.1:63990", "--port=10001"),
+    ]
     child = _children(ours[-1].pid)
     try:
         env = {**os.environ, "RAY_CLUSTER_DIR": str(folder), "RAY_PORT": "6399", "RAY_STOP_GRACE_S": "10"}
@@ -72,11 +80,23 @@ def test_kill_worker_ends_that_node_at_once(tmp_path):
     """`kill-worker NAME`: SIGKILL for that worker's processes and what they started (a machine that
     vanishes says goodbye to no one); the head and the other workers keep running."""
     folder = tmp_path / "ours"
-    parent = ("import signal, subprocess, sys; subprocess.Popen([sys.executable, '-c', 'import signal; signal.pause()',"
-              " 'ray::ImplicitFunc']); signal.pause()")
+    parent = (
+        "import signal, subprocess, sys; subprocess.Popen([sys.executable, '-c', 'import signal; signal.pause()',"
+        " 'ray::ImplicitFunc']); signal.pause()"
+    )
     victim = subprocess.Popen([sys.executable, "-c", parent, "raylet", f"--session_dir={folder}/w1/session_1"])
-    others = [subprocess.Popen([sys.executable, "-c", "import signal; signal.pause()", "raylet",
-                                f"--session_dir={folder}/{node}/session_1"]) for node in ("w10", "session_1")]
+    others = [
+        subprocess.Popen(
+            [
+                sys.executable,
+                "-c",
+                "import signal; signal.pause()",
+                "raylet",
+                f"--session_dir={folder}/{node}/session_1",
+            ]
+        )
+        for node in ("w10", "session_1")
+    ]
     child = _children(victim.pid)
     try:
         env = {**os.environ, "RAY_CLUSTER_DIR": str(folder)}
@@ -143,8 +163,22 @@ class Cluster:
         `ray start` just started registers with the head a moment later)."""
         deadline = time.time() + timeout_s
         while True:
-            listed = subprocess.run(["ray", "list", "nodes", "--address", f"http://127.0.0.1:{self.dashboard}",
-                                     "--format", "json", "--limit", "100"], env=self.env, capture_output=True, text=True)
+            listed = subprocess.run(
+                [
+                    "ray",
+                    "list",
+                    "nodes",
+                    "--address",
+                    f"http://127.0.0.1:{self.dashboard}",
+                    "--format",
+                    "json",
+                    "--limit",
+                    "100",
+                ],
+                env=self.env,
+                capture_output=True,
+                text=True,
+            )
             nodes = json.loads(listed.stdout) if listed.returncode == 0 else []
             alive = {n["node_name"]: n["node_id"] for n in nodes if n.get("state") == "ALIVE"}
             if all(name in alive for name in names):
@@ -157,16 +191,30 @@ class Cluster:
 def cluster(tmp_path_factory):
     port, dashboard = free_port(), free_port()
     folder = tempfile.mkdtemp(prefix="fs-ray-")  # short: Ray's socket paths below it must fit in 107 bytes
-    env = {**os.environ, **FAKE_AWS, "RAY_AUTH_MODE": "token", "RAY_PORT": str(port), "RAY_DASHBOARD_PORT": str(dashboard),
-           "RAY_CLUSTER_DIR": folder,
-           "RAY_HEAD_CPUS": "1", "RAY_HEAD_GPUS": "1", "RAY_WORKER_CPUS": "1",
-           "PATH": str(Path(sys.executable).parent) + os.pathsep + os.environ["PATH"],
-           # every node (and a job's driver, which gets the head's environment) keeps its caches here
-           "FREEZESWEEP_CACHE_DIR": str(tmp_path_factory.getbasetemp() / "cache")}
+    env = {
+        **os.environ,
+        **FAKE_AWS,
+        "RAY_AUTH_MODE": "token",
+        "RAY_PORT": str(port),
+        "RAY_DASHBOARD_PORT": str(dashboard),
+        "RAY_CLUSTER_DIR": folder,
+        "RAY_HEAD_CPUS": "1",
+        "RAY_HEAD_GPUS": "1",
+        "RAY_WORKER_CPUS": "1",
+        "PATH": str(Path(sys.executable).parent) + os.pathsep + os.environ["PATH"],
+        # every node (and a job's driver, which gets the head's environment) keeps its caches here
+        "FREEZESWEEP_CACHE_DIR": str(tmp_path_factory.getbasetemp() / "cache"),
+    }
     env.pop("RAY_ADDRESS", None)
     basetemp = tmp_path_factory.getbasetemp()
-    hidden = [str(basetemp), *(p for p in (os.path.expanduser("~/.cache"), os.environ.get("FREEZESWEEP_DATA_DIR"),
-                                           os.environ.get("HF_HOME")) if p and os.path.isdir(p))]
+    hidden = [
+        str(basetemp),
+        *(
+            p
+            for p in (os.path.expanduser("~/.cache"), os.environ.get("FREEZESWEEP_DATA_DIR"), os.environ.get("HF_HOME"))
+            if p and os.path.isdir(p)
+        ),
+    ]
     cluster = Cluster(env, port, dashboard, hidden=hidden if _can_hide() else [])
     try:
         cluster.script("start", "1", "1")  # the head and w1, one fake GPU each
@@ -194,8 +242,13 @@ def test_sweep_submitted_as_a_ray_job_spreads_over_nodes(cluster, write_spec):
     """`ray job submit` (token authentication, through the head's dashboard) runs the driver on the
     head; half a fake GPU per trial packs two trials on each GPU node, and the rows name both."""
     path = write_spec("jobbed", resources={"gpus_per_trial": 0.5, "cpus_per_trial": 0.5})
-    done = subprocess.run(["ray", "job", "submit", "--address", f"http://127.0.0.1:{cluster.dashboard}", "--",
-                           *CLI, "launch", str(path)], env=cluster.env, capture_output=True, text=True, timeout=600)
+    done = subprocess.run(
+        ["ray", "job", "submit", "--address", f"http://127.0.0.1:{cluster.dashboard}", "--", *CLI, "launch", str(path)],
+        env=cluster.env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     rows = _rows(path)
     nodes = cluster.node_ids("head", "w1")
@@ -209,12 +262,18 @@ def test_worker_that_cannot_see_the_drivers_files_runs_trials(cluster, write_spe
     if not cluster.hidden:
         pytest.skip("no private mount namespace here (unshare --mount needs root or CAP_SYS_ADMIN)")
     path = write_spec("unseen", resources={"gpus_per_trial": 0, "cpus_per_trial": 1})  # every node can take one
-    done = subprocess.run([*CLI, "launch", str(path), "--address", cluster.address], env=cluster.env,
-                          capture_output=True, text=True, timeout=600)
+    done = subprocess.run(
+        [*CLI, "launch", str(path), "--address", cluster.address],
+        env=cluster.env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     rows = _rows(path)
-    assert cluster.node_ids("hidden")["hidden"] in set(rows["node_id"]), \
+    assert cluster.node_ids("hidden")["hidden"] in set(rows["node_id"]), (
         f"no trial ended on the worker without our files:\n{rows[['node_id', 'attempts']]}"
+    )
 
 
 @pytest.mark.cluster
@@ -228,13 +287,20 @@ def test_worker_node_killed_mid_sweep_loses_and_duplicates_no_cell(cluster, writ
     victim = cluster.node_ids("victim")["victim"]
     # 2 or 3 steps an epoch: an evaluation and then a checkpoint after each epoch; the hang comes at
     # the second evaluation, before the second checkpoint.
-    path = write_spec("preempted", store=s3.uri, training={"epochs": 3, "eval_every_epochs": 1,
-                                                           "checkpoint_every_epochs": 1},
-                      resources={"gpus_per_trial": 1, "cpus_per_trial": 1, "max_failures": 2})
+    path = write_spec(
+        "preempted",
+        store=s3.uri,
+        training={"epochs": 3, "eval_every_epochs": 1, "checkpoint_every_epochs": 1},
+        resources={"gpus_per_trial": 1, "cpus_per_trial": 1, "max_failures": 2},
+    )
     log = tmp_path / "driver.log"  # a file, not a pipe: nobody reads while the test waits
     with open(log, "w") as out:
-        driver = subprocess.Popen([*CLI, "launch", str(path), "--address", cluster.address], env=cluster.env,
-                                  stdout=out, stderr=subprocess.STDOUT)
+        driver = subprocess.Popen(
+            [*CLI, "launch", str(path), "--address", cluster.address],
+            env=cluster.env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
     try:
         hung = _first_hang(faults, driver, log)
         cluster.script("kill-worker", "victim")

@@ -45,6 +45,7 @@ def test_pins_agree_with_pyproject():
 
 # --- the autoscaler configs (ray up) ------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("name", AUTOSCALER)
 def test_autoscaler_config_matches_rays_schema(name):
     schema = json.loads((resources.files("ray") / "autoscaler" / "ray-schema.json").read_text())
@@ -90,10 +91,12 @@ def test_no_working_tree_is_synced(name):
     assert "-e " not in " ".join(config["setup_commands"])  # an installed wheel, not an editable checkout
     wheel_folder = next(remote for remote, local in config["file_mounts"].items() if local == "./dist")
     assert wheel_folder.endswith("/freezesweep-dist") and "$HOME/freezesweep-dist/" + WHEEL in " ".join(
-        config["setup_commands"]).replace("~", "$HOME")
+        config["setup_commands"]
+    ).replace("~", "$HOME")
 
 
 # --- KubeRay ----------------------------------------------------------------------------------------
+
 
 def _manifest(name: str) -> dict:
     (doc,) = list(yaml.safe_load_all((CLUSTER / name).read_text()))
@@ -105,8 +108,10 @@ def _cluster_spec(doc: dict) -> dict:
 
 
 def _containers(spec: dict) -> dict[str, list[dict]]:
-    return {"head": spec["headGroupSpec"]["template"]["spec"]["containers"],
-            "workers": [c for g in spec["workerGroupSpecs"] for c in g["template"]["spec"]["containers"]]}
+    return {
+        "head": spec["headGroupSpec"]["template"]["spec"]["containers"],
+        "workers": [c for g in spec["workerGroupSpecs"] for c in g["template"]["spec"]["containers"]],
+    }
 
 
 def _image_python(image: str) -> str:
@@ -168,10 +173,13 @@ def test_kuberay_image_is_built_with_the_same_pins():
 
 # --- the walk-through names real commands -----------------------------------------------------------
 
+
 def _freezesweep_calls() -> list[tuple[str, list[str]]]:
     """(command, its --options) of every freezesweep call in the README's code blocks and the RayJob."""
     readme = (CLUSTER / "README.md").read_text()
-    code = re.findall(r"^```[a-z]*\n(.*?)^```", readme, re.S | re.M) + [_manifest("kuberay-rayjob.yaml")["spec"]["entrypoint"]]
+    code = re.findall(r"^```[a-z]*\n(.*?)^```", readme, re.S | re.M) + [
+        _manifest("kuberay-rayjob.yaml")["spec"]["entrypoint"]
+    ]
     calls = re.findall(r"\bfreezesweep (\w+)([^\n]*)", "\n".join(code))
     return [(command, re.findall(r"(?<!\S)(--[a-z-]+)", rest)) for command, rest in calls]
 

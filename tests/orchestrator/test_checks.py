@@ -31,12 +31,23 @@ BAD = {
     "empty axis": ({"seeds": []}, "seeds: give at least one seed, or a settle section"),
     "seeds beside settle": ({"settle": {"max_seeds": 4}}, "seeds and settle both given"),
     "settle without k = 0": ({"seeds": [], "frozen_layers": [2], "settle": {}}, "frozen_layers must hold 0"),
-    "a budget below the initial seeds": ({"seeds": [], "settle": {"initial_seeds": 5, "max_seeds": 4}},
-                                         "settle.max_seeds (4) is below settle.initial_seeds (5)"),
-    "fewer than 3 initial seeds": ({"seeds": [], "settle": {"initial_seeds": 2}}, "settle.initial_seeds: Input should be"),
+    "a budget below the initial seeds": (
+        {"seeds": [], "settle": {"initial_seeds": 5, "max_seeds": 4}},
+        "settle.max_seeds (4) is below settle.initial_seeds (5)",
+    ),
+    "fewer than 3 initial seeds": (
+        {"seeds": [], "settle": {"initial_seeds": 2}},
+        "settle.initial_seeds: Input should be",
+    ),
     "empty axis of a swept method": ({"frozen_layers": []}, "frozen_layers is empty, but methods has freeze"),
-    "GPU share above 1": ({"resources": {"gpus_per_trial": 1.5}}, "gpus_per_trial: Input should be less than or equal to 1"),
-    "negative GPU share": ({"resources": {"gpus_per_trial": -0.5}}, "gpus_per_trial: Input should be greater than or equal to 0"),
+    "GPU share above 1": (
+        {"resources": {"gpus_per_trial": 1.5}},
+        "gpus_per_trial: Input should be less than or equal to 1",
+    ),
+    "negative GPU share": (
+        {"resources": {"gpus_per_trial": -0.5}},
+        "gpus_per_trial: Input should be greater than or equal to 0",
+    ),
     "unknown precision": ({"training": {"precision": "fp8"}}, "training.precision: Input should be"),
     "fp16 on CPU": ({"training": {"precision": "fp16"}}, "fp16 needs GPU trials"),
     "unknown dataset": ({"datasets": ["glue/mnli-nope"]}, "unknown GLUE task 'mnli-nope'"),
@@ -45,10 +56,14 @@ BAD = {
     "missing required key": ({"model": None}, "model: should be a model name (hub id or folder) or a list of them"),
     "wrong type": ({"train_sizes": "fifty"}, "train_sizes: Input should be a valid list"),
     "unknown metric": ({"training": {"select_metric": "acc"}}, "training.select_metric: unknown metric 'acc' (known: "),
-    "metric that does not fit": ({"training": {"select_metric": "pearson"}},
-                                 "training.select_metric: pearson does not fit"),
-    "metric for a dataset not swept": ({"training": {"select_metric": {"glue/mrpc": "f1"}}},
-                                       "training.select_metric: glue/mrpc not among the datasets"),
+    "metric that does not fit": (
+        {"training": {"select_metric": "pearson"}},
+        "training.select_metric: pearson does not fit",
+    ),
+    "metric for a dataset not swept": (
+        {"training": {"select_metric": {"glue/mrpc": "f1"}}},
+        "training.select_metric: glue/mrpc not among the datasets",
+    ),
 }
 
 
@@ -61,8 +76,14 @@ def test_each_kind_of_bad_spec_is_named(case, write_spec):
 
 
 def test_all_problems_in_one_error(write_spec, tmp_path):
-    path = write_spec(colour="red", frozen_layers=[-2, 3], train_sizes=[0, 5000], seeds=[1, 1],
-                      training={"precision": "fp16"}, resources={"gpus_per_trial": -1})
+    path = write_spec(
+        colour="red",
+        frozen_layers=[-2, 3],
+        train_sizes=[0, 5000],
+        seeds=[1, 1],
+        training={"precision": "fp16"},
+        resources={"gpus_per_trial": -1},
+    )
     problems = _problems(path)
     for expected in ["colour", "-2", "[3] exceed", "positive", "[5000] exceed", "duplicate", "fp16", "gpus_per_trial"]:
         assert any(expected in p for p in problems), (expected, problems)
@@ -112,8 +133,11 @@ def test_shipped_configs_are_valid(glue_dir, monkeypatch):
 def _tree(folder):
     import hashlib
 
-    return {str(p.relative_to(folder)): (p.stat().st_mtime_ns, hashlib.sha256(p.read_bytes()).hexdigest())
-            for p in sorted(folder.rglob("*")) if p.is_file()}
+    return {
+        str(p.relative_to(folder)): (p.stat().st_mtime_ns, hashlib.sha256(p.read_bytes()).hexdigest())
+        for p in sorted(folder.rglob("*"))
+        if p.is_file()
+    }
 
 
 def test_cli_bad_spec_on_existing_sweep_touches_nothing(write_spec, tmp_path):
@@ -131,12 +155,25 @@ def test_cli_bad_spec_on_existing_sweep_touches_nothing(write_spec, tmp_path):
     store.write_row(result_row("existing", _result()))
     before = _tree(tmp_path / "store")
 
-    bad = write_spec("existing", colour="red", frozen_layers=[0, 9], seeds=[3, 3], training={"learning_rate": 1.0},
-                     resources={"gpus_per_trial": 4})
-    done = subprocess.run([sys.executable, "-m", "freezesweep.orchestrator.cli", "launch", str(bad)], capture_output=True, text=True)
+    bad = write_spec(
+        "existing",
+        colour="red",
+        frozen_layers=[0, 9],
+        seeds=[3, 3],
+        training={"learning_rate": 1.0},
+        resources={"gpus_per_trial": 4},
+    )
+    done = subprocess.run(
+        [sys.executable, "-m", "freezesweep.orchestrator.cli", "launch", str(bad)], capture_output=True, text=True
+    )
     assert done.returncode == 2
-    for expected in ["colour: unknown key", "[9] exceed", "duplicate values [3]", "gpus_per_trial",
-                     "training.learning_rate: changed from 0.003 to 1.0"]:
+    for expected in [
+        "colour: unknown key",
+        "[9] exceed",
+        "duplicate values [3]",
+        "gpus_per_trial",
+        "training.learning_rate: changed from 0.003 to 1.0",
+    ]:
         assert expected in done.stderr, (expected, done.stderr)
     assert _tree(tmp_path / "store") == before
     assert not (tmp_path / "store" / "existing" / "_ray").exists()
@@ -187,8 +224,11 @@ def test_a_sweep_from_before_pinned_ids_is_refused_not_rerun(write_spec, tmp_pat
     with pytest.raises(SpecError, match="made by a freezesweep before 0.2"):
         launch(load_spec(write_spec("old", training={"precision": "auto"})), show_progress=False)
     for command in ("status", "resume"):  # every path that reads a stored spec says the same
-        done = subprocess.run([sys.executable, "-m", "freezesweep.orchestrator.cli", command, "old", "--store", old["store"]],
-                              capture_output=True, text=True)
+        done = subprocess.run(
+            [sys.executable, "-m", "freezesweep.orchestrator.cli", command, "old", "--store", old["store"]],
+            capture_output=True,
+            text=True,
+        )
         assert done.returncode == 2 and "made by a freezesweep before 0.2" in done.stderr, (command, done.stderr)
     assert not (tmp_path / "store" / "old" / "results").exists()
 
@@ -237,20 +277,30 @@ def test_gpus_per_trial_auto_needs_a_gpu_to_measure_on(write_spec, monkeypatch):
     problems = _problems(write_spec("no-gpu", resources={"gpus_per_trial": "auto"}))
     assert [p for p in problems if "gpus_per_trial" in p] == [
         "resources.gpus_per_trial: auto measures a trial's memory on a GPU, but this machine has no CUDA GPU (set a "
-        "share, 0 for CPU trials, or pass --address of a cluster with GPUs)"]
+        "share, 0 for CPU trials, or pass --address of a cluster with GPUs)"
+    ]
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     assert load_spec(write_spec("gpu-here", resources={"gpus_per_trial": "auto"})).resources.gpus_per_trial == "auto"
 
     with pytest.raises(SpecError) as info:
-        load_spec(write_spec("cpu-cluster", resources={"gpus_per_trial": "auto"}),
-                  cluster=FakeCluster([{"CPU": 4.0}, {"CPU": 16.0}]))
-    assert any(p.startswith("resources.gpus_per_trial: auto measures a trial's memory on a GPU (1 CPU and 1 GPU on "
-                            "one node), but no node of the cluster at 'ray://head:10001' has them")
-               for p in info.value.problems)
-    load_spec(write_spec("gpu-cluster", resources={"gpus_per_trial": "auto"}),
-              cluster=FakeCluster([{"CPU": 4.0}, {"CPU": 16.0, "GPU": 1.0}]))
-    assert "resources.gpus_per_trial: a GPU share in [0, 1], or auto (got 'half')" in \
-        _problems(write_spec("typo", resources={"gpus_per_trial": "half"}))
+        load_spec(
+            write_spec("cpu-cluster", resources={"gpus_per_trial": "auto"}),
+            cluster=FakeCluster([{"CPU": 4.0}, {"CPU": 16.0}]),
+        )
+    assert any(
+        p.startswith(
+            "resources.gpus_per_trial: auto measures a trial's memory on a GPU (1 CPU and 1 GPU on "
+            "one node), but no node of the cluster at 'ray://head:10001' has them"
+        )
+        for p in info.value.problems
+    )
+    load_spec(
+        write_spec("gpu-cluster", resources={"gpus_per_trial": "auto"}),
+        cluster=FakeCluster([{"CPU": 4.0}, {"CPU": 16.0, "GPU": 1.0}]),
+    )
+    assert "resources.gpus_per_trial: a GPU share in [0, 1], or auto (got 'half')" in _problems(
+        write_spec("typo", resources={"gpus_per_trial": "half"})
+    )
 
 
 def test_without_an_address_a_gpu_share_needs_a_local_gpu(write_spec, monkeypatch):
@@ -269,14 +319,19 @@ def test_task_shapes_are_checked_one_clear_error_each(write_spec, toy_dataset, t
     for split in ("train", "validation"):
         path = rte / f"{split}.parquet"
         pd.read_parquet(path).drop(columns=["sentence2"]).to_parquet(path)
-    path = write_spec(datasets=[toy_dataset, "glue/rte"], data_dir=str(tmp_path / "glue"),
-                      training={"select_metric": {toy_dataset: "spearman"}})
+    path = write_spec(
+        datasets=[toy_dataset, "glue/rte"],
+        data_dir=str(tmp_path / "glue"),
+        training={"select_metric": {toy_dataset: "spearman"}},
+    )
     problems = _problems(path)
-    expected = ["datasets: glue/rte: no column 'sentence2' (text_pair_column) in the train and validation split",
-                "datasets: glue/rte: label column 'label' holds floats in the train and validation split, but glue/rte "
-                "is a classification task",
-                f"training.select_metric: spearman does not fit {toy_dataset} (a 2-class classification task: "
-                "accuracy, f1, matthews)"]
+    expected = [
+        "datasets: glue/rte: no column 'sentence2' (text_pair_column) in the train and validation split",
+        "datasets: glue/rte: label column 'label' holds floats in the train and validation split, but glue/rte "
+        "is a classification task",
+        f"training.select_metric: spearman does not fit {toy_dataset} (a 2-class classification task: "
+        "accuracy, f1, matthews)",
+    ]
     for line in expected:
         assert sum(p.startswith(line) for p in problems) == 1, (line, problems)
     assert len(problems) == 3, problems
@@ -285,20 +340,48 @@ def test_task_shapes_are_checked_one_clear_error_each(write_spec, toy_dataset, t
 def test_select_metric_defaults_to_each_tasks_official_one(write_spec, toy_dataset, toy_scores, glue_dir):
     from freezesweep.trials.config import TrialConfig
 
-    spec = load_spec(write_spec(datasets=["glue/sst2", "glue/cola", "glue/stsb", "glue/mrpc", toy_dataset],
-                                train_sizes=[24], frozen_layers=[0], data_dir=str(glue_dir)))
+    spec = load_spec(
+        write_spec(
+            datasets=["glue/sst2", "glue/cola", "glue/stsb", "glue/mrpc", toy_dataset],
+            train_sizes=[24],
+            frozen_layers=[0],
+            data_dir=str(glue_dir),
+        )
+    )
     metrics = {c.dataset: c.select_metric for c in build_grid(resolve_here(spec))}
-    assert metrics == {"glue/sst2": "accuracy", "glue/cola": "matthews", "glue/stsb": "pearson", "glue/mrpc": "f1",
-                       toy_dataset: "accuracy"}
-    local = load_spec(write_spec(datasets=[toy_scores], train_sizes=[24],
-                                 training={"text_column": "sentence1", "text_pair_column": "sentence2"}))
-    assert [c.select_metric for c in build_grid(resolve_here(local))] == ["pearson", "pearson"]  # float labels: regression
+    assert metrics == {
+        "glue/sst2": "accuracy",
+        "glue/cola": "matthews",
+        "glue/stsb": "pearson",
+        "glue/mrpc": "f1",
+        toy_dataset: "accuracy",
+    }
+    local = load_spec(
+        write_spec(
+            datasets=[toy_scores],
+            train_sizes=[24],
+            training={"text_column": "sentence1", "text_pair_column": "sentence2"},
+        )
+    )
+    assert [c.select_metric for c in build_grid(resolve_here(local))] == [
+        "pearson",
+        "pearson",
+    ]  # float labels: regression
     sst2 = next(c for c in build_grid(resolve_here(spec)) if c.dataset == "glue/sst2")
     before = TrialConfig(**{k: v for k, v in sst2.to_dict().items() if k != "select_metric"})  # as made before
     assert sst2.trial_id == before.trial_id  # SST-2's official metric is accuracy: its ids are unchanged
-    chosen = load_spec(write_spec(datasets=["glue/sst2", "glue/cola"], train_sizes=[24], data_dir=str(glue_dir),
-                                  training={"select_metric": {"glue/cola": "accuracy"}}))
-    assert {c.dataset: c.select_metric for c in build_grid(resolve_here(chosen))} == {"glue/sst2": "accuracy", "glue/cola": "accuracy"}
+    chosen = load_spec(
+        write_spec(
+            datasets=["glue/sst2", "glue/cola"],
+            train_sizes=[24],
+            data_dir=str(glue_dir),
+            training={"select_metric": {"glue/cola": "accuracy"}},
+        )
+    )
+    assert {c.dataset: c.select_metric for c in build_grid(resolve_here(chosen))} == {
+        "glue/sst2": "accuracy",
+        "glue/cola": "accuracy",
+    }
 
 
 def test_shipped_configs_keep_their_metric(glue_dir, monkeypatch):
@@ -306,7 +389,9 @@ def test_shipped_configs_keep_their_metric(glue_dir, monkeypatch):
     from tests.conftest import REPO
 
     monkeypatch.setenv("FREEZESWEEP_DATA_DIR", str(glue_dir))
-    assert {c.select_metric for c in build_grid(resolve_here(load_spec(REPO / "configs" / "demo.yaml")))} == {"accuracy"}
+    assert {c.select_metric for c in build_grid(resolve_here(load_spec(REPO / "configs" / "demo.yaml")))} == {
+        "accuracy"
+    }
     reference = validate(yaml.safe_load((REPO / "configs" / "reference.yaml").read_text()), semantic=False)
     assert {c.select_metric for c in build_grid(resolve_here(reference))} == {"accuracy"}
 
@@ -336,7 +421,8 @@ def test_a_sweep_stored_before_select_metric_reads_as_accuracy(write_spec, tmp_p
         load_spec(write_spec("legacy", **axes))  # no select_metric: CoLA's official Matthews
     assert [p for p in info.value.problems if "select_metric" in p] == [
         "training.select_metric.glue/cola: changed from 'accuracy' to 'matthews', but sweep 'legacy' already has rows "
-        "with the old protocol (start a new sweep name to compare protocols)"]
+        "with the old protocol (start a new sweep name to compare protocols)"
+    ]
     load_spec(write_spec("legacy", **axes, training={"select_metric": "accuracy"}))  # what the rows used: accepted
     load_spec(write_spec("legacy", **{**axes, "datasets": ["glue/sst2"]}))  # SST-2's default is accuracy: accepted
 
@@ -345,8 +431,10 @@ def test_sizes_below_the_classes_and_no_room_for_text_are_refused(write_spec):
     """Before: train_sizes [1] with two classes and max_seq_length 1 were accepted without a word."""
     problems = _problems(write_spec(train_sizes=[1, 24], training={"max_seq_length": 2}))
     assert "train_sizes: [1] below the 2 classes of" in "\n".join(problems)
-    assert any(p.startswith("training.max_seq_length: 2 leaves no room for text: ") and "adds 2 special tokens" in p
-               for p in problems), problems
+    assert any(
+        p.startswith("training.max_seq_length: 2 leaves no room for text: ") and "adds 2 special tokens" in p
+        for p in problems
+    ), problems
 
 
 def test_dropped_empty_texts_are_counted_when_the_spec_says_drop(write_spec, tmp_path):
@@ -354,13 +442,16 @@ def test_dropped_empty_texts_are_counted_when_the_spec_says_drop(write_spec, tmp
 
     folder = tmp_path / "gappy"
     folder.mkdir()
-    rows = pd.DataFrame({"sentence": [f"row {i}" if i % 10 else "" for i in range(60)], "label": [i % 2 for i in range(60)]})
+    rows = pd.DataFrame(
+        {"sentence": [f"row {i}" if i % 10 else "" for i in range(60)], "label": [i % 2 for i in range(60)]}
+    )
     rows.to_csv(folder / "train.csv", index=False)
     rows.to_csv(folder / "validation.csv", index=False)
     assert any("6 empty or missing text(s)" in p for p in _problems(write_spec(datasets=[str(folder)])))
     spec = load_spec(write_spec(datasets=[str(folder)], training={"empty_texts": "drop"}))
-    assert data_notes(spec) == [f"{folder}: dropped 6 train and 6 validation row(s) with an empty or missing text "
-                                "(training.empty_texts: drop)"]
+    assert data_notes(spec) == [
+        f"{folder}: dropped 6 train and 6 validation row(s) with an empty or missing text (training.empty_texts: drop)"
+    ]
 
 
 # --- issue 29: every check of launch in plan, every layer's problems in the one error -------------------
@@ -397,8 +488,10 @@ def test_a_train_size_below_the_classes_names_the_rarest_with_their_counts(write
     frame.to_csv(folder / "train.csv", index=False)
     frame.iloc[::4].to_csv(folder / "validation.csv", index=False)
     problems = _problems(write_spec(datasets=[str(folder)], train_sizes=[1, 3]))
-    assert problems == [f"train_sizes: [1] below the 3 classes of {folder} (a stratified subset holds at least one row "
-                        "of each class; 1 rows leave out 2 class(es), the rarest: 'c' (2 train rows), 'b' (8 train rows))"]
+    assert problems == [
+        f"train_sizes: [1] below the 3 classes of {folder} (a stratified subset holds at least one row "
+        "of each class; 1 rows leave out 2 class(es), the rarest: 'c' (2 train rows), 'b' (8 train rows))"
+    ]
 
 
 def test_a_settle_sweeps_question_and_budget_are_refused_once_it_has_rows(write_spec):
@@ -409,6 +502,8 @@ def test_a_settle_sweeps_question_and_budget_are_refused_once_it_has_rows(write_
     ResultStore(raw["store"], "asked").write_spec(yaml.safe_dump(raw))  # as a launch stores it
     problems = _problems(write_spec("asked", seeds=[], settle={**settle, "max_seeds": 9, "tolerance": 0.5}))
     assert [p.split(":")[0] for p in problems] == ["settle.tolerance", "settle.max_seeds"]
-    assert "voids the confidence" in problems[0] and "4 looks where the stored rows' confidence was shared by 2" \
-        in problems[1]
+    assert (
+        "voids the confidence" in problems[0]
+        and "4 looks where the stored rows' confidence was shared by 2" in problems[1]
+    )
     load_spec(write_spec("asked", seeds=[], settle={**settle, "learned_first": False}))  # the order: accepted

@@ -17,12 +17,35 @@ runner = CliRunner()
 def test_one_trial_is_the_sweeps_cell_with_the_same_axes(write_spec, tiny_bert, toy_dataset):
     """`freezesweep trial` and a sweep build a cell from one definition (TrainingSpec, whose defaults are
     TrialConfig's): the same axes and options give the same cell, trial_id and all."""
-    done = runner.invoke(app, ["trial", "--model", tiny_bert, "--dataset", toy_dataset, "--train-size", "24",
-                               "--frozen-layers", "0", "--epochs", "1", "--precision", "fp32", "--json"])
+    done = runner.invoke(
+        app,
+        [
+            "trial",
+            "--model",
+            tiny_bert,
+            "--dataset",
+            toy_dataset,
+            "--train-size",
+            "24",
+            "--frozen-layers",
+            "0",
+            "--epochs",
+            "1",
+            "--precision",
+            "fp32",
+            "--json",
+        ],
+    )
     assert done.exit_code == 0, done.output
     result = json.loads(done.stdout.strip().splitlines()[-1])
-    spec = load_spec(write_spec("one", train_sizes=[24], frozen_layers=[0],
-                                training={"epochs": 1, "learning_rate": 5e-5, "eval_batch_size": 64}))
+    spec = load_spec(
+        write_spec(
+            "one",
+            train_sizes=[24],
+            frozen_layers=[0],
+            training={"epochs": 1, "learning_rate": 5e-5, "eval_batch_size": 64},
+        )
+    )
     [cell] = build_grid(resolve_here(spec))
     assert result["status"] == "ok" and result["trial_id"] == cell.trial_id
     protocol = {k: v for k, v in result["config"].items() if k not in ("data_dir", "num_threads")}
@@ -61,16 +84,21 @@ def test_plan_counts_cells_against_the_store_and_prices_the_rest_without_running
     cells = build_grid(resolve_here(load_spec(path)))
     store = ResultStore(str(tmp_path / "store"), "planned")
     for cell, wall_s in zip(cells[:3], (10.0, 20.0, 30.0)):  # 3 done: two of one kind (n=24, k=0), one of another
-        store.write_row(result_row("planned", TrialResult(trial_id=cell.trial_id, config=cell, status="ok",
-                                                          wall_time_s=wall_s)))
+        store.write_row(
+            result_row("planned", TrialResult(trial_id=cell.trial_id, config=cell, status="ok", wall_time_s=wall_s))
+        )
     before = _tree(tmp_path / "store")
     done = runner.invoke(app, ["plan", str(path)])
     assert done.exit_code == 0, done.output
-    assert "sweep planned: 8 cells (1 models × 1 datasets × 2 train sizes × 2 variants × 2 seeds), 3 done, 5 to run " \
-           "in 1 round(s)" in done.stdout
+    assert (
+        "sweep planned: 8 cells (1 models × 1 datasets × 2 train sizes × 2 variants × 2 seeds), 3 done, 5 to run "
+        "in 1 round(s)" in done.stdout
+    )
     # pending: (24, k=2, s=1) priced at its own kind's 30 s; the 4 cells of n = 48 at the median of all, 20 s
-    assert "work: about 0.03 trial-hours (1 of 5 pending cells priced by rows of their own kind, from 3 measured rows)" \
+    assert (
+        "work: about 0.03 trial-hours (1 of 5 pending cells priced by rows of their own kind, from 3 measured rows)"
         in done.stdout
+    )
     assert "nothing was started" in done.stdout and _tree(tmp_path / "store") == before
 
 
@@ -80,20 +108,31 @@ def test_a_large_grid_is_announced_with_its_count_before_it_starts(write_spec, t
     import sys
 
     path = write_spec("large", seeds=list(range(30_000)))  # 2 × 2 × 30,000 = 120,000 cells
-    holder = subprocess.Popen([sys.executable, "-c", f"""
+    holder = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            f"""
 import sys, pyarrow.fs as pafs
 from freezesweep.results.lock import SweepLock
 with SweepLock(pafs.LocalFileSystem(), {str(tmp_path / "store" / "large")!r}):
     print("held", flush=True)
     sys.stdin.read()
-"""], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+""",
+        ],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     try:
         assert holder.stdout.readline().strip() == "held"
         done = runner.invoke(app, ["launch", str(path)])
     finally:
         holder.communicate("")
     assert done.exit_code == 2, done.output
-    assert "a large grid: 120,000 cells (1 models × 1 datasets × 2 train sizes × 2 variants × 30000 seeds)" in done.stderr
+    assert (
+        "a large grid: 120,000 cells (1 models × 1 datasets × 2 train sizes × 2 variants × 30000 seeds)" in done.stderr
+    )
     assert "already running" in done.stderr
 
 
@@ -104,8 +143,12 @@ def test_plan_of_a_settle_sweep_names_its_next_round(write_spec):
     # 2 sizes × 3 depths × 6 seeds at most; the first round, learned first: full fine-tuning's 3 initial
     # seeds per size; every arm's from the first round with learned_first false
     assert "settle mode, at most 36 cells" in done.stdout and "the next round runs 6\n" in done.stdout
-    together = write_spec("together", seeds=[], frozen_layers=[0, 1, 2],
-                          settle={"initial_seeds": 3, "max_seeds": 6, "learned_first": False})
+    together = write_spec(
+        "together",
+        seeds=[],
+        frozen_layers=[0, 1, 2],
+        settle={"initial_seeds": 3, "max_seeds": 6, "learned_first": False},
+    )
     assert "the next round runs 18\n" in runner.invoke(app, ["plan", str(together)]).stdout
 
 
@@ -137,21 +180,38 @@ def test_report_of_an_open_settle_sweep_names_the_budget_that_would_decide_it_an
     from freezesweep.results.store import ResultStore
     from tests.results.test_report import row
 
-    spec = load_spec(write_spec("open", seeds=[], train_sizes=[24], frozen_layers=[0, 2],
-                                settle={"initial_seeds": 3, "max_seeds": 3}), semantic=False)
+    spec = load_spec(
+        write_spec(
+            "open", seeds=[], train_sizes=[24], frozen_layers=[0, 2], settle={"initial_seeds": 3, "max_seeds": 3}
+        ),
+        semantic=False,
+    )
     sweep = resolve_here(spec)
     store = ResultStore(spec.store, "open")
     store.write_spec(sweep.spec.to_yaml())
     acc = {0: [0.70, 0.80, 0.75], 2: [0.704, 0.812, 0.75]}  # k = 2: +0.004, +0.012, 0: open at 3 seeds
     for cell in build_grid(sweep):
-        store.write_row(row("open", dataset=cell.dataset, n=24, k=cell.frozen_layers, seed=cell.seed,
-                            acc=acc[cell.frozen_layers][cell.seed], trial_id=cell.trial_id, cost=(10, 5.0, 1.0),
-                            wall_time_s=60.0))
+        store.write_row(
+            row(
+                "open",
+                dataset=cell.dataset,
+                n=24,
+                k=cell.frozen_layers,
+                seed=cell.seed,
+                acc=acc[cell.frozen_layers][cell.seed],
+                trial_id=cell.trial_id,
+                cost=(10, 5.0, 1.0),
+                wall_time_s=60.0,
+            )
+        )
     done = runner.invoke(app, ["report", "open", "--store", spec.store, "--out", str(tmp_path / "out")])
     assert done.exit_code == 0, done.output
     assert "5 seeds per arm would decide it if the spread stays as it is" in done.stdout
-    assert "n = 24: a new settle sweep with settle.max_seeds 5 runs at most 10 trials for this size, about 0.17 " \
-           "trial-hours at the measured times" in done.stdout
-    refused = runner.invoke(app, ["report", "open", "--store", spec.store, "--out", str(tmp_path / "o"),
-                                  "--tolerance", "0.5"])
+    assert (
+        "n = 24: a new settle sweep with settle.max_seeds 5 runs at most 10 trials for this size, about 0.17 "
+        "trial-hours at the measured times" in done.stdout
+    )
+    refused = runner.invoke(
+        app, ["report", "open", "--store", spec.store, "--out", str(tmp_path / "o"), "--tolerance", "0.5"]
+    )
     assert refused.exit_code == 2 and "a tolerance chosen after seeing the rows voids the confidence" in refused.output

@@ -47,12 +47,19 @@ def test_a_results_file_cut_in_half(write_spec, tmp_path):
     assert status.returncode == 0, status.stderr
     assert "warning: skipped 1 unreadable row file(s)" in status.stderr and cut in status.stderr
     assert "Traceback" not in status.stderr
-    for command in (["summary", "cut"], ["query", "cut", "--sql", "SELECT count(*) AS n FROM results"],
-                    ["report", "cut", "--out", str(tmp_path / "report")]):
+    for command in (
+        ["summary", "cut"],
+        ["query", "cut", "--sql", "SELECT count(*) AS n FROM results"],
+        ["report", "cut", "--out", str(tmp_path / "report")],
+    ):
         done = _cli(*command, "--store", store)
         assert done.returncode == 0 and cut in done.stderr, (command, done.stderr[-2000:])
-    assert "n\n2" in _cli("query", "cut", "--store", store, "--format", "csv", "--sql",
-                          "SELECT count(*) AS n FROM results").stdout
+    assert (
+        "n\n2"
+        in _cli(
+            "query", "cut", "--store", store, "--format", "csv", "--sql", "SELECT count(*) AS n FROM results"
+        ).stdout
+    )
 
     resumed = _cli("resume", "cut", "--store", store)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
@@ -62,8 +69,12 @@ def test_a_results_file_cut_in_half(write_spec, tmp_path):
     assert _parts(results)[good] == kept  # the good rows: byte-identical
     [aside] = (tmp_path / "store" / "cut" / "_quarantine").iterdir()
     assert aside.name.endswith(cut) and aside.stat().st_size > 0  # set aside, never deleted
-    assert "n\n4" in _cli("query", "cut", "--store", store, "--format", "csv", "--sql",
-                          "SELECT count(*) AS n FROM results").stdout
+    assert (
+        "n\n4"
+        in _cli(
+            "query", "cut", "--store", store, "--format", "csv", "--sql", "SELECT count(*) AS n FROM results"
+        ).stdout
+    )
 
 
 def test_garbage_in_spec_yaml_is_one_clear_error(tmp_path):

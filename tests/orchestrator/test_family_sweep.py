@@ -24,8 +24,15 @@ def _ray_once():
 def test_a_sweep_of_deberta_qwen2_and_minilm_has_no_failed_row(write_spec, tmp_path, minilm_tokenizer):
     deberta = save_family(tmp_path / "deberta", FAMILIES["deberta-v2"], minilm_tokenizer)
     qwen2 = save_family(tmp_path / "qwen2", FAMILIES["qwen2"], minilm_tokenizer)
-    spec = load_spec(write_spec("families", model=[deberta, qwen2, MINILM], frozen_layers=[-1, 0, 2, "all"],
-                                train_sizes=[24], training={"epochs": 1, "max_seq_length": 32}))
+    spec = load_spec(
+        write_spec(
+            "families",
+            model=[deberta, qwen2, MINILM],
+            frozen_layers=[-1, 0, 2, "all"],
+            train_sizes=[24],
+            training={"epochs": 1, "max_seq_length": 32},
+        )
+    )
     summary = launch(spec, show_progress=False)
     assert (summary.total, summary.ok) == (12, 12)
     rows = pd.read_parquet(Path(spec.store) / "families" / "results")

@@ -36,8 +36,14 @@ def _count(results: Path) -> int:
 
 
 def _start(args, env=None) -> subprocess.Popen:
-    return subprocess.Popen(CLI + args, start_new_session=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, env={**os.environ, **(env or {})})
+    return subprocess.Popen(
+        CLI + args,
+        start_new_session=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, **(env or {})},
+    )
 
 
 def _kill_when(proc: subprocess.Popen, ready, timeout_s: float = 240) -> None:
@@ -63,8 +69,14 @@ def _check_store(spec_path) -> pd.DataFrame:
 
 
 def test_driver_killed_at_five_moments(write_spec, tmp_path):
-    path = write_spec("kills", train_sizes=[24, 48, 96], frozen_layers=[0, 1, 2], seeds=[0, 1],
-                      training={"epochs": 3}, resources={"max_concurrent_trials": 1})
+    path = write_spec(
+        "kills",
+        train_sizes=[24, 48, 96],
+        frozen_layers=[0, 1, 2],
+        seeds=[0, 1],
+        training={"epochs": 3},
+        resources={"max_concurrent_trials": 1},
+    )
     store = str(tmp_path / "store")
     results = tmp_path / "store" / "kills" / "results"
     total = 18
@@ -110,7 +122,9 @@ def test_driver_killed_at_five_moments(write_spec, tmp_path):
 
 
 def test_second_launch_is_refused_while_running(write_spec, tmp_path):
-    path = write_spec("locked", train_sizes=[24, 48, 96], training={"epochs": 12}, resources={"max_concurrent_trials": 1})
+    path = write_spec(
+        "locked", train_sizes=[24, 48, 96], training={"epochs": 12}, resources={"max_concurrent_trials": 1}
+    )
     lock = tmp_path / "store" / "locked" / "_lock.json"
     first = _start(["launch", str(path)])
     try:
@@ -134,11 +148,16 @@ def test_second_launch_is_refused_while_running(write_spec, tmp_path):
 
 def test_dying_trials_are_retried_failing_ones_become_rows(write_spec, tmp_path, monkeypatch):
     monkeypatch.setenv("FREEZESWEEP_FAULT_DIR", str(tmp_path / "faults"))
-    monkeypatch.setenv("FREEZESWEEP_FAULT", ";".join([
-        "exit@1:train_size=24,frozen_layers=0*1",    # the process dies once, then the retry succeeds
-        "crash@2:train_size=48,frozen_layers=0",     # raises on every attempt
-        "oom@1:train_size=48,frozen_layers=2",       # CUDA out of memory (simulated)
-    ]))
+    monkeypatch.setenv(
+        "FREEZESWEEP_FAULT",
+        ";".join(
+            [
+                "exit@1:train_size=24,frozen_layers=0*1",  # the process dies once, then the retry succeeds
+                "crash@2:train_size=48,frozen_layers=0",  # raises on every attempt
+                "oom@1:train_size=48,frozen_layers=2",  # CUDA out of memory (simulated)
+            ]
+        ),
+    )
     import ray
 
     ray.shutdown()  # workers must start with the fault switch in their environment
@@ -170,10 +189,15 @@ def test_oom_while_sharing_a_gpu_is_retried_once_with_twice_the_share(write_spec
     at. Fake GPUs: Ray schedules by the label, the trials run on the CPU."""
     import ray
 
-    monkeypatch.setenv("FREEZESWEEP_FAULT", ";".join([
-        "oom<0.5@1:train_size=48,frozen_layers=2",  # out of memory at 0.25 of a GPU, fits at 0.5
-        "oom<1@1:train_size=24,frozen_layers=2",    # out of memory at 0.25 and at 0.5
-    ]))
+    monkeypatch.setenv(
+        "FREEZESWEEP_FAULT",
+        ";".join(
+            [
+                "oom<0.5@1:train_size=48,frozen_layers=2",  # out of memory at 0.25 of a GPU, fits at 0.5
+                "oom<1@1:train_size=24,frozen_layers=2",  # out of memory at 0.25 and at 0.5
+            ]
+        ),
+    )
     from freezesweep.orchestrator.ray_session import RaySession
 
     ray.shutdown()  # workers must start with the fault switch in their environment, and a GPU to share
@@ -185,8 +209,12 @@ def test_oom_while_sharing_a_gpu_is_retried_once_with_twice_the_share(write_spec
         rows = pd.read_parquet(tmp_path / "store" / "packed" / "results").set_index(["train_size", "frozen_layers"])
         assert len(rows) == 4 and rows["trial_id"].is_unique
         fits = rows.loc[(48, 2)]
-        assert (fits["status"], fits["oom_retry"], fits["gpus_per_trial"], fits["trials_per_gpu"]) == \
-            ("ok", True, 0.5, 2)
+        assert (fits["status"], fits["oom_retry"], fits["gpus_per_trial"], fits["trials_per_gpu"]) == (
+            "ok",
+            True,
+            0.5,
+            2,
+        )
         never = rows.loc[(24, 2)]
         assert (never["status"], never["oom_retry"], never["gpus_per_trial"]) == ("oom", True, 0.5)
         assert "out of memory" in never["error"]
@@ -198,8 +226,11 @@ def test_oom_while_sharing_a_gpu_is_retried_once_with_twice_the_share(write_spec
         # gpus_per_trial auto measures one trial on a GPU the cluster holds: the Ray task gets a (fake)
         # GPU, finds no CUDA there, and the launch says so in one line before any trial runs.
         auto = write_spec("auto", resources={"gpus_per_trial": "auto"})
-        with pytest.raises(SpecError, match="resources.gpus_per_trial: auto: measuring one trial on a GPU failed: "
-                                            "PrecisionError: device 'cuda' requested but CUDA is not available"):
+        with pytest.raises(
+            SpecError,
+            match="resources.gpus_per_trial: auto: measuring one trial on a GPU failed: "
+            "PrecisionError: device 'cuda' requested but CUDA is not available",
+        ):
             launch(load_spec(auto, semantic=False), show_progress=False, session=fake_gpu)
         assert not (tmp_path / "store" / "auto" / "results").exists()
     finally:
@@ -220,8 +251,12 @@ def test_trial_killed_after_its_checkpoint_resumes_from_it(write_spec, tmp_path,
     import ray
 
     ray.shutdown()  # workers must start with the fault switch in their environment
-    path = write_spec("ckpt", train_sizes=[48], frozen_layers=[0], training={"epochs": 4, "checkpoint_every_epochs": 1,
-                                                                           "precision": "fp32"})
+    path = write_spec(
+        "ckpt",
+        train_sizes=[48],
+        frozen_layers=[0],
+        training={"epochs": 4, "checkpoint_every_epochs": 1, "precision": "fp32"},
+    )
     summary = launch(load_spec(path), show_progress=False)
     assert (summary.ran, summary.ok) == (1, 1)
     row = pd.read_parquet(tmp_path / "store" / "ckpt" / "results").iloc[0]
@@ -235,8 +270,9 @@ def test_trial_killed_after_its_checkpoint_resumes_from_it(write_spec, tmp_path,
     cell = TrialConfig.from_dict({**__import__("json").loads(row["config"]), "checkpoint_dir": None})
     uninterrupted = run_trial(cell)
     assert [p["step"] for p in row["eval_curve"]] == [2, 4, 6, 8, 10, 12]
-    assert [(p["step"], p["accuracy"], p["loss"]) for p in row["eval_curve"]] == \
-        [(p.step, p.accuracy, p.loss) for p in uninterrupted.eval_curve]
+    assert [(p["step"], p["accuracy"], p["loss"]) for p in row["eval_curve"]] == [
+        (p.step, p.accuracy, p.loss) for p in uninterrupted.eval_curve
+    ]
 
 
 def test_driver_killed_mid_trial_resumes_the_trial_from_its_checkpoint(write_spec, tmp_path):
@@ -249,17 +285,23 @@ def test_driver_killed_mid_trial_resumes_the_trial_from_its_checkpoint(write_spe
     faults = tmp_path / "faults"
     # As above: evaluations at steps 2, 4, 6, …, checkpoints at 3, 6, 9; the hang comes at step 6's
     # evaluation, before step 6's checkpoint.
-    path = write_spec("orphan", train_sizes=[48], frozen_layers=[0],
-                      training={"epochs": 4, "checkpoint_every_epochs": 1, "precision": "fp32"})
+    path = write_spec(
+        "orphan",
+        train_sizes=[48],
+        frozen_layers=[0],
+        training={"epochs": 4, "checkpoint_every_epochs": 1, "precision": "fp32"},
+    )
     driver = _start(["launch", str(path)], env={"FREEZESWEEP_FAULT": "hang@3*1", "FREEZESWEEP_FAULT_DIR": str(faults)})
     _kill_when(driver, lambda: faults.is_dir() and any(faults.iterdir()))
-    done = subprocess.run(CLI + ["resume", "orphan", "--store", str(tmp_path / "store")],
-                          capture_output=True, text=True, timeout=600)
+    done = subprocess.run(
+        CLI + ["resume", "orphan", "--store", str(tmp_path / "store")], capture_output=True, text=True, timeout=600
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     row = _check_store(path).iloc[0]
     assert row["attempts"] == 1 and row["resumed_from_step"] == 3
     ray_dir = tmp_path / "store" / "orphan" / "_ray" / "orphan" / row["trial_id"]
     assert ray_dir.is_dir() and not list(ray_dir.glob("checkpoint_*")), "the finished cell left a checkpoint"
     cell = TrialConfig.from_dict({**__import__("json").loads(row["config"]), "checkpoint_dir": None})
-    assert [(p["step"], p["accuracy"], p["loss"]) for p in row["eval_curve"]] == \
-        [(p.step, p.accuracy, p.loss) for p in run_trial(cell).eval_curve]
+    assert [(p["step"], p["accuracy"], p["loss"]) for p in row["eval_curve"]] == [
+        (p.step, p.accuracy, p.loss) for p in run_trial(cell).eval_curve
+    ]

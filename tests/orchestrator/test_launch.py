@@ -20,8 +20,9 @@ def no_ray(monkeypatch):
     monkeypatch.setattr(ray, "init", lambda *args, **kwargs: pytest.fail("Ray was started"))
 
 
-def test_resolve_decides_precision_metrics_and_data_dir_once_without_ray(write_spec, no_ray, monkeypatch, tmp_path,
-                                                                          toy_dataset):
+def test_resolve_decides_precision_metrics_and_data_dir_once_without_ray(
+    write_spec, no_ray, monkeypatch, tmp_path, toy_dataset
+):
     monkeypatch.setenv("FREEZESWEEP_DATA_DIR", str(tmp_path / "glue"))
     spec = load_spec(write_spec("resolved", training={"precision": "auto"}, frozen_layers=[0, "all"]))
     sweep = resolve_for_launch(spec, RaySession())
@@ -44,9 +45,15 @@ def test_a_sweep_with_nothing_left_never_starts_ray(write_spec, no_ray, tmp_path
     assert store.read_spec() is not None and not (tmp_path / "store" / "finished" / "_ray").exists()
 
 
-@pytest.mark.parametrize("overrides, depth", [({}, 0), ({"methods": ["freeze"], "frozen_layers": [2, "all"], "lora_ranks": []}, 2),
-                                              ({"methods": ["freeze", "probe"], "frozen_layers": [-1, 2], "lora_ranks": []}, -1),
-                                              ({"methods": ["probe"], "frozen_layers": [], "lora_ranks": []}, 0)])
+@pytest.mark.parametrize(
+    "overrides, depth",
+    [
+        ({}, 0),
+        ({"methods": ["freeze"], "frozen_layers": [2, "all"], "lora_ranks": []}, 2),
+        ({"methods": ["freeze", "probe"], "frozen_layers": [-1, 2], "lora_ranks": []}, -1),
+        ({"methods": ["probe"], "frozen_layers": [], "lora_ranks": []}, 0),
+    ],
+)
 def test_the_gpu_probe_depth_comes_from_the_variants_without_the_grid(overrides, depth):
     from freezesweep.orchestrator.launch import hungriest_depth
     from freezesweep.orchestrator.plan import hungriest_frozen_layers

@@ -62,14 +62,19 @@ def test_missing_local_paths_are_errors_never_the_hub(no_hub, write_spec, tmp_pa
     with pytest.raises(ModelError, match=f"model folder {tmp_path / 'model'} does not exist"):
         resolve_model_path(str(tmp_path / "model"))
     with pytest.raises(SpecError) as refused:
-        load_spec(write_spec(datasets=["glue/sst2", str(tmp_path / "mine")], data_dir=str(tmp_path),
-                             model=str(tmp_path / "model")))
+        load_spec(
+            write_spec(
+                datasets=["glue/sst2", str(tmp_path / "mine")], data_dir=str(tmp_path), model=str(tmp_path / "model")
+            )
+        )
     message = str(refused.value)
     assert f"no folder {tmp_path / 'sst2'} in data_dir {tmp_path}" in message
     assert f"unknown dataset {str(tmp_path / 'mine')!r}" in message
     assert f"model folder {tmp_path / 'model'} does not exist" in message
     with pytest.raises(DatasetError, match="no folder"):
-        run_trial(dataclasses.replace(tiny_trial, dataset="glue/sst2", data_dir=str(tmp_path), select_metric="accuracy"))
+        run_trial(
+            dataclasses.replace(tiny_trial, dataset="glue/sst2", data_dir=str(tmp_path), select_metric="accuracy")
+        )
 
 
 def test_shipped_files_reach_a_node_that_has_none_of_the_drivers_paths(local_ray, write_spec, tmp_path, tiny_bert):
@@ -82,8 +87,16 @@ def test_shipped_files_reach_a_node_that_has_none_of_the_drivers_paths(local_ray
     make_toy_pair_dataset(glue / "rte", n_train=40, n_val=20)
     mine = make_toy_dataset(tmp_path / "mine", n_train=60, n_val=20, fmt="csv")
     model = Path(shutil.copytree(tiny_bert, tmp_path / "model"))
-    spec = load_spec(write_spec(datasets=["glue/rte", str(mine)], data_dir=str(glue), model=str(model),
-                                train_sizes=[24], frozen_layers=[1], local_files="ship"))
+    spec = load_spec(
+        write_spec(
+            datasets=["glue/rte", str(mine)],
+            data_dir=str(glue),
+            model=str(model),
+            train_sizes=[24],
+            frozen_layers=[1],
+            local_files="ship",
+        )
+    )
     assert local_files.mode(spec, on_cluster=False) == "ship"
     originals = {"rte": _tree(glue / "rte"), "mine": _tree(mine), "model": _tree(model)}
     shipment = RaySession().ship(spec)
@@ -123,28 +136,39 @@ def test_preflight_names_each_node_and_what_it_lacks(local_ray, write_spec, tmp_
     spec = load_spec(write_spec(local_files="node_local"))
     session = RaySession()
     assert session.check_nodes(local_files.NodeNeeds.of(spec, "node_local")) == []  # this node has it all
-    lacking = local_files.NodeNeeds(data_dir=str(tmp_path / "glue"),
-                                    data_digests={"glue/sst2": {"train": "0", "validation": "0"},
-                                                  toy_dataset: {"train": "0", "validation": "0"}},
-                                    model_dirs=(str(tmp_path / "model"),), packages={"no_such_package_x": "org/m"})
+    lacking = local_files.NodeNeeds(
+        data_dir=str(tmp_path / "glue"),
+        data_digests={"glue/sst2": {"train": "0", "validation": "0"}, toy_dataset: {"train": "0", "validation": "0"}},
+        model_dirs=(str(tmp_path / "model"),),
+        packages={"no_such_package_x": "org/m"},
+    )
     [problem] = session.check_nodes(lacking)
     assert problem.startswith(f"node {node['NodeID'][:12]} ({node['NodeManagerAddress']}, ")
-    for expected in [f"no folder {tmp_path / 'glue' / 'sst2'}", f"{toy_dataset}/train.csv (its content differs",
-                     f"model folder {tmp_path / 'model'}", "package no_such_package_x (it ships the model org/m)"]:
+    for expected in [
+        f"no folder {tmp_path / 'glue' / 'sst2'}",
+        f"{toy_dataset}/train.csv (its content differs",
+        f"model folder {tmp_path / 'model'}",
+        "package no_such_package_x (it ships the model org/m)",
+    ]:
         assert expected in problem, (expected, problem)
 
 
-def test_a_cluster_launch_stops_before_any_trial_when_a_node_lacks_something(local_ray, write_spec, tmp_path,
-                                                                             monkeypatch):
+def test_a_cluster_launch_stops_before_any_trial_when_a_node_lacks_something(
+    local_ray, write_spec, tmp_path, monkeypatch
+):
     from freezesweep.orchestrator import launch as launch_module
 
     cluster = RaySession()
     cluster.address = "ray://head:10001"  # the embedded Ray (already connected), seen as a cluster
     spec = load_spec(write_spec("preflight", local_files="node_local"))
-    monkeypatch.setattr(local_files.NodeNeeds, "of", classmethod(
-        lambda cls, spec, how: cls(model_dirs=(str(tmp_path / "elsewhere"),))))
-    with pytest.raises(SpecError, match=r"preflight on the cluster's nodes \(local_files: node_local.*\n"
-                                        rf"  - node \w{{12}} .* lacks: model folder {tmp_path / 'elsewhere'}"):
+    monkeypatch.setattr(
+        local_files.NodeNeeds, "of", classmethod(lambda cls, spec, how: cls(model_dirs=(str(tmp_path / "elsewhere"),)))
+    )
+    with pytest.raises(
+        SpecError,
+        match=r"preflight on the cluster's nodes \(local_files: node_local.*\n"
+        rf"  - node \w{{12}} .* lacks: model folder {tmp_path / 'elsewhere'}",
+    ):
         launch_module.launch(spec, show_progress=False, session=cluster)
     assert not (tmp_path / "store" / "preflight").exists()
 
@@ -163,8 +187,9 @@ def test_driver_folders_are_not_forwarded_to_workers(monkeypatch):
     assert not {"FREEZESWEEP_CACHE_DIR", "FREEZESWEEP_DATA_DIR", "HF_HOME"} & set(forwarded)
 
 
-def test_a_shipping_sweep_reads_the_nodes_copies_and_rows_name_the_specs_paths(local_ray, write_spec, tmp_path,
-                                                                               toy_dataset, tiny_bert):
+def test_a_shipping_sweep_reads_the_nodes_copies_and_rows_name_the_specs_paths(
+    local_ray, write_spec, tmp_path, toy_dataset, tiny_bert
+):
     """Through Ray Tune (embedded, local_files: ship): the worker wrote the shipped files into its
     node's cache, and the rows say what the spec says, not where the node's copies are."""
     import json
@@ -178,8 +203,12 @@ def test_a_shipping_sweep_reads_the_nodes_copies_and_rows_name_the_specs_paths(l
     assert (summary.ran, summary.ok) == (1, 1)
     row = pd.read_parquet(tmp_path / "store" / "shipped" / "results").iloc[0]
     config = json.loads(row["config"])
-    assert (config["dataset"], config["model"], config["dataset_files"], config["model_dir"]) == \
-        (toy_dataset, tiny_bert, None, None)
+    assert (config["dataset"], config["model"], config["dataset_files"], config["model_dir"]) == (
+        toy_dataset,
+        tiny_bert,
+        None,
+        None,
+    )
     assert row["trial_id"] == build_grid(resolve_here(spec))[0].trial_id
     copies = list(local_files.shipped_root().iterdir())
     assert {_tree(c).get("train.csv") for c in copies} >= {(Path(toy_dataset) / "train.csv").read_bytes()}

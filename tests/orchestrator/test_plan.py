@@ -4,20 +4,33 @@ import dataclasses
 
 import pytest
 
-from freezesweep.orchestrator.plan import (ResolvedSweep, build_grid, hungriest_frozen_layers, with_resources,
-                               with_doubled_gpu_share)
+from freezesweep.orchestrator.plan import (
+    ResolvedSweep,
+    build_grid,
+    hungriest_frozen_layers,
+    with_resources,
+    with_doubled_gpu_share,
+)
 from freezesweep.orchestrator.spec import SweepSpec
 
-RESOLVED = {"name": "s", "model": ["/nowhere/a", "/nowhere/b"], "datasets": ["/nowhere/d", "glue/cola"],
-            "train_sizes": [10, 20], "methods": ["freeze", "lora", "probe"], "frozen_layers": [0, "all", 2],
-            "lora_ranks": [4], "seeds": [0, 1],
-            "training": {"precision": "fp32", "select_metric": {"/nowhere/d": "accuracy", "glue/cola": "matthews"}},
-            "resources": {"cpus_per_trial": 2.5, "gpus_per_trial": 0.25}}
+RESOLVED = {
+    "name": "s",
+    "model": ["/nowhere/a", "/nowhere/b"],
+    "datasets": ["/nowhere/d", "glue/cola"],
+    "train_sizes": [10, 20],
+    "methods": ["freeze", "lora", "probe"],
+    "frozen_layers": [0, "all", 2],
+    "lora_ranks": [4],
+    "seeds": [0, 1],
+    "training": {"precision": "fp32", "select_metric": {"/nowhere/d": "accuracy", "glue/cola": "matthews"}},
+    "resources": {"cpus_per_trial": 2.5, "gpus_per_trial": 0.25},
+}
 
 
 def _sweep(**overrides) -> ResolvedSweep:
-    return ResolvedSweep(SweepSpec.model_validate({**RESOLVED, **overrides}), model_layers={"/nowhere/a": 6,
-                                                                                           "/nowhere/b": 2})
+    return ResolvedSweep(
+        SweepSpec.model_validate({**RESOLVED, **overrides}), model_layers={"/nowhere/a": 6, "/nowhere/b": 2}
+    )
 
 
 def test_the_grid_reads_nothing_and_is_deterministic():

@@ -23,8 +23,14 @@ class FakeClock:
 def _result(seed: int, status: str = "ok", k: int = 0) -> TrialResult:
     cfg = TrialConfig(dataset="glue/sst2", model="m", train_size=200, frozen_layers=k, seed=seed, precision="fp32")
     score = 0.785 if status == "ok" else None
-    return TrialResult(trial_id=cfg.trial_id, config=cfg, status=status, select_metric="accuracy",
-                       best_val_score=score, wall_time_s=12.34)
+    return TrialResult(
+        trial_id=cfg.trial_id,
+        config=cfg,
+        status=status,
+        select_metric="accuracy",
+        best_val_score=score,
+        wall_time_s=12.34,
+    )
 
 
 def test_without_a_terminal_one_line_per_trial_and_a_summary_every_minute():
@@ -33,16 +39,19 @@ def test_without_a_terminal_one_line_per_trial_and_a_summary_every_minute():
     clock.now_s += 30
     progress.advance(_result(0))
     progress.advance(_result(1, status="failed", k=2))
-    assert out.getvalue().splitlines() == ["trial 3/10: glue/sst2 n=200 k=0 s=0 ok accuracy=0.785 12.3s",
-                                           "trial 4/10: glue/sst2 n=200 k=2 s=1 failed 12.3s"]
+    assert out.getvalue().splitlines() == [
+        "trial 3/10: glue/sst2 n=200 k=0 s=0 ok accuracy=0.785 12.3s",
+        "trial 4/10: glue/sst2 n=200 k=2 s=1 failed 12.3s",
+    ]
     clock.now_s += 29.9
     progress.tick()  # 59.9 s since the start: no summary yet
     assert len(out.getvalue().splitlines()) == 2
     clock.now_s += 0.1
     progress.tick()
     # 2 trials in 60 s: 2 per minute, the 6 left take 3 minutes
-    assert out.getvalue().splitlines()[-1] == ("progress: 4/10 done, 1 failed, 2.00 trials/min, elapsed 0:01:00, "
-                                               "ETA 0:03:00")
+    assert out.getvalue().splitlines()[-1] == (
+        "progress: 4/10 done, 1 failed, 2.00 trials/min, elapsed 0:01:00, ETA 0:03:00"
+    )
     progress.tick()  # the next one a minute after the last, not at every tick
     assert len(out.getvalue().splitlines()) == 3
     clock.now_s += 60

@@ -31,12 +31,18 @@ def test_launch_against_a_cluster_that_does_not_answer_fails_naming_it(write_spe
     lists the cluster's nodes, names the address at once (exit 2) and nothing is written."""
     address = f"127.0.0.1:{free_port()}"
     path = write_spec("unanswered")
-    done = subprocess.run([sys.executable, "-m", "freezesweep.orchestrator.cli", "launch", str(path), "--address", address],
-                          capture_output=True, text=True, timeout=120)
+    done = subprocess.run(
+        [sys.executable, "-m", "freezesweep.orchestrator.cli", "launch", str(path), "--address", address],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert done.returncode == 2, done.stderr[-2000:]
     assert "freezesweep launch: error:" in done.stderr
-    assert f"cannot reach the Ray cluster at '{address}'" in done.stderr and f"no Ray cluster answers at '{address}'" \
-        in done.stderr
+    assert (
+        f"cannot reach the Ray cluster at '{address}'" in done.stderr
+        and f"no Ray cluster answers at '{address}'" in done.stderr
+    )
 
 
 def test_rays_own_disk_full_traceback_is_at_debug_level():

@@ -5,8 +5,13 @@ import pyarrow.fs as pafs
 import pytest
 
 from freezesweep.orchestrator import tune_adapter
-from freezesweep.orchestrator.ray_storage import (checkpoint_folders, checkpoint_storage_warning, drop_checkpoints,
-                                      latest_checkpoints, ray_storage)
+from freezesweep.orchestrator.ray_storage import (
+    checkpoint_folders,
+    checkpoint_storage_warning,
+    drop_checkpoints,
+    latest_checkpoints,
+    ray_storage,
+)
 from freezesweep.orchestrator.checks import load_spec
 from freezesweep.results.store import ResultStore
 
@@ -43,8 +48,12 @@ def test_cluster_sweep_checkpointing_into_a_local_store_is_warned(write_spec, tm
     def warning(store, **overrides):
         spec = load_spec(write_spec(**overrides), semantic=False)
         on_cluster = bool(spec.address)
-        return checkpoint_storage_warning(bool(spec.training.checkpoint_every_epochs), spec.store,
-                                          ray_storage(ResultStore(store, spec.name), on_cluster), on_cluster)
+        return checkpoint_storage_warning(
+            bool(spec.training.checkpoint_every_epochs),
+            spec.store,
+            ray_storage(ResultStore(store, spec.name), on_cluster),
+            on_cluster,
+        )
 
     local = str(tmp_path / "store")
     checkpointing = {"training": {"checkpoint_every_epochs": 1}}

@@ -17,10 +17,20 @@ CLI = [sys.executable, "-m", "freezesweep.orchestrator.cli"]
 
 
 def test_freeze_lora_and_probe_cells_land_side_by_side(tmp_path, glue_dir):
-    spec = {"name": "methods", "model": MINILM, "datasets": ["glue/sst2"], "train_sizes": [64],
-            "methods": ["freeze", "lora", "probe"], "frozen_layers": ["all"], "lora_ranks": [8], "seeds": [0],
-            "data_dir": str(glue_dir), "store": str(tmp_path / "store"),
-            "training": {"epochs": 2, "max_eval_examples": 128}, "resources": {"cpus_per_trial": 1}}
+    spec = {
+        "name": "methods",
+        "model": MINILM,
+        "datasets": ["glue/sst2"],
+        "train_sizes": [64],
+        "methods": ["freeze", "lora", "probe"],
+        "frozen_layers": ["all"],
+        "lora_ranks": [8],
+        "seeds": [0],
+        "data_dir": str(glue_dir),
+        "store": str(tmp_path / "store"),
+        "training": {"epochs": 2, "max_eval_examples": 128},
+        "resources": {"cpus_per_trial": 1},
+    }
     path = tmp_path / "methods.yaml"
     path.write_text(yaml.safe_dump(spec))
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}
@@ -38,7 +48,11 @@ def test_freeze_lora_and_probe_cells_land_side_by_side(tmp_path, glue_dir):
     assert probe["probe_pooling"] == "mean" and probe["probe_c"] > 0 and probe["trainable_params"] == 384 + 1
     assert probe["best_val_accuracy"] > 0.6  # pretrained sentence embeddings separate SST-2 at n = 64
     assert len(set(rows["train_indices_digest"])) == 1  # the same subset for every method
-    summary = subprocess.run(CLI + ["summary", "methods", "--store", str(tmp_path / "store"), "--format", "csv"],
-                             capture_output=True, text=True, env=env)
+    summary = subprocess.run(
+        CLI + ["summary", "methods", "--store", str(tmp_path / "store"), "--format", "csv"],
+        capture_output=True,
+        text=True,
+        env=env,
+    )
     table = pd.read_csv(io.StringIO(summary.stdout))
     assert sorted(table["method"]) == ["freeze", "lora", "probe"] and "lora_rank" in table

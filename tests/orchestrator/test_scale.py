@@ -27,8 +27,11 @@ DRIVER = [sys.executable, str(REPO / "benchmarks" / "scale.py"), "--driver"]
 
 def _spec(write_spec, name: str, seeds: int, cells_per_round: int) -> Path:
     """2 sizes × 2 depths × ``seeds``; instant trials, four at a time on 2 cores."""
-    return write_spec(name, seeds=list(range(seeds)),
-                      resources={"cpus_per_trial": 0.5, "max_failures": 0, "cells_per_round": cells_per_round})
+    return write_spec(
+        name,
+        seeds=list(range(seeds)),
+        resources={"cpus_per_trial": 0.5, "max_failures": 0, "cells_per_round": cells_per_round},
+    )
 
 
 def _rows(path: Path) -> pd.DataFrame:
@@ -41,15 +44,22 @@ def _rows(path: Path) -> pd.DataFrame:
 
 
 def _drive(path: Path, tmp_path: Path, **env) -> subprocess.Popen:
-    return subprocess.Popen(DRIVER + [str(path), "--out", str(tmp_path / "driver.json")], start_new_session=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env={**os.environ, **env})
+    return subprocess.Popen(
+        DRIVER + [str(path), "--out", str(tmp_path / "driver.json")],
+        start_new_session=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, **env},
+    )
 
 
 @pytest.mark.slow
 def test_five_thousand_cells_each_exactly_once(write_spec, tmp_path):
     path = _spec(write_spec, "five-thousand", seeds=1250, cells_per_round=2000)  # 3 rounds
-    done = subprocess.run(DRIVER + [str(path), "--out", str(tmp_path / "driver.json")], capture_output=True,
-                          text=True, timeout=1800)
+    done = subprocess.run(
+        DRIVER + [str(path), "--out", str(tmp_path / "driver.json")], capture_output=True, text=True, timeout=1800
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     assert len(_rows(path)) == 5000
 
@@ -75,12 +85,15 @@ def test_driver_killed_between_rounds_and_inside_one_then_resumed(write_spec, tm
     inside.wait()
     assert 150 <= len(_rows(path)) < 300
 
-    done = subprocess.run(DRIVER + [str(path), "--out", str(tmp_path / "driver.json")], capture_output=True,
-                          text=True, timeout=900)
+    done = subprocess.run(
+        DRIVER + [str(path), "--out", str(tmp_path / "driver.json")], capture_output=True, text=True, timeout=900
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     assert len(_rows(path)) == 300
     assert {tid: row for tid, row in rows_by_id(results).items() if tid in kept} == kept  # nothing stored was touched
-    assert yaml.safe_load((tmp_path / "store" / "rounds" / "spec.yaml").read_text())["resources"]["cells_per_round"] == 100
+    assert (
+        yaml.safe_load((tmp_path / "store" / "rounds" / "spec.yaml").read_text())["resources"]["cells_per_round"] == 100
+    )
 
 
 class _FirstStart(Exception):
@@ -104,13 +117,23 @@ def test_many_trials_wait_for_a_place_at_once(write_spec, tmp_path, monkeypatch)
             raise _FirstStart
 
     monkeypatch.setattr(tune_adapter.CellSearcher, "suggest", counted)
-    monkeypatch.setattr(tune_adapter.OutcomeCallback, "on_trial_start",
-                        lambda self, iteration, trials, trial, **info: events.append("started"), raising=False)
+    monkeypatch.setattr(
+        tune_adapter.OutcomeCallback,
+        "on_trial_start",
+        lambda self, iteration, trials, trial, **info: events.append("started"),
+        raising=False,
+    )
     monkeypatch.delenv("TUNE_MAX_PENDING_TRIALS_PG", raising=False)
     sweep = resolve_here(load_spec(_spec(write_spec, "pending", seeds=2, cells_per_round=100)))  # 8 cells
     cells = list(build_grid(sweep))
     RaySession(num_cpus=2).connect()
     with pytest.raises(_FirstStart):
-        tune_adapter.run_tune(sweep, cells, ray_storage(ResultStore(sweep.spec.store, "pending"), cluster=False),
-                              lambda result, attempts: None, experiment="pending", stop_if=stop_if)
-    assert events[:events.index("started")].count("suggested") == len(cells)
+        tune_adapter.run_tune(
+            sweep,
+            cells,
+            ray_storage(ResultStore(sweep.spec.store, "pending"), cluster=False),
+            lambda result, attempts: None,
+            experiment="pending",
+            stop_if=stop_if,
+        )
+    assert events[: events.index("started")].count("suggested") == len(cells)

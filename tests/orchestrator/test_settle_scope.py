@@ -11,14 +11,26 @@ from freezesweep.orchestrator.sweeps import resolve_here
 def _rows(cells, scores: dict[int, list[float]]) -> pd.DataFrame:
     """ok rows for seeds 0..2 of each depth, with the given scores per depth."""
     picked = [c for c in cells if c.seed < 3]
-    return pd.DataFrame({"trial_id": [c.trial_id for c in picked], "status": "ok",
-                         "best_val_score": [scores[c.frozen_layers][c.seed] for c in picked],
-                         "baseline_score": 0.5})
+    return pd.DataFrame(
+        {
+            "trial_id": [c.trial_id for c in picked],
+            "status": "ok",
+            "best_val_score": [scores[c.frozen_layers][c.seed] for c in picked],
+            "baseline_score": 0.5,
+        }
+    )
 
 
 def test_an_arm_decided_early_has_no_missing_cells(write_spec):
-    spec = load_spec(write_spec("scoped", train_sizes=[24], seeds=[],
-                                settle={"tolerance": 0.01, "initial_seeds": 3, "max_seeds": 5, "seeds_per_round": 1}), semantic=False)
+    spec = load_spec(
+        write_spec(
+            "scoped",
+            train_sizes=[24],
+            seeds=[],
+            settle={"tolerance": 0.01, "initial_seeds": 3, "max_seeds": 5, "seeds_per_round": 1},
+        ),
+        semantic=False,
+    )
     sweep = resolve_here(spec)
     cells = build_grid(sweep)
     assert len(cells) == 10  # 2 depths × the budget's 5 seeds
@@ -32,8 +44,19 @@ def test_an_arm_decided_early_has_no_missing_cells(write_spec):
 def test_the_comparisons_counted_from_the_spec_are_the_grids_arms(write_spec):
     """The report shares the confidence among as many comparisons as the rounds did (orchestrator/plan.py
     settle_comparisons over a group's cells), counted from the spec's variants: LoRA ranks and the probe too."""
-    spec = load_spec(write_spec("methods", methods=["freeze", "lora", "probe"], frozen_layers=[0, 1, "all"],
-                                lora_ranks=[2, 8], seeds=[], settle={"max_seeds": 3}), semantic=False)
+    spec = load_spec(
+        write_spec(
+            "methods",
+            methods=["freeze", "lora", "probe"],
+            frozen_layers=[0, 1, "all"],
+            lora_ranks=[2, 8],
+            seeds=[],
+            settle={"max_seeds": 3},
+        ),
+        semantic=False,
+    )
     sweep = resolve_here(spec)
     group = [c for c in build_grid(sweep) if c.train_size == spec.train_sizes[0]]
-    assert sweep_comparisons(sweep) == settle_comparisons(arm_of(c) for c in group) == 6  # k=1, k=2, 2 ranks, probe, learned
+    assert (
+        sweep_comparisons(sweep) == settle_comparisons(arm_of(c) for c in group) == 6
+    )  # k=1, k=2, 2 ranks, probe, learned

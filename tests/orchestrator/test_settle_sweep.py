@@ -39,15 +39,20 @@ def _ray_once():
 
 def _settle_spec(write_spec, name, **settle):
     # tiny BERT, toy data; k = 2 (every layer frozen) trains the head alone
-    return write_spec(name, train_sizes=[48], frozen_layers=[0, 1, 2], seeds=[], settle={**SETTLE, **settle},
-                      training={"epochs": 3})
+    return write_spec(
+        name, train_sizes=[48], frozen_layers=[0, 1, 2], seeds=[], settle={**SETTLE, **settle}, training={"epochs": 3}
+    )
 
 
 def _decisions(store: ResultStore, spec) -> list[tuple]:
     rule = spec.settle.rule()
     report = build_report([SweepRows.from_store(store, rule=(rule, rule.looks, sweep_comparisons(resolve_here(spec))))])
-    return report.decisions[["train_size", "learned", "frozen_layers", "within", "worse", "undecided"]] \
-        .astype(str).to_records(index=False).tolist()
+    return (
+        report.decisions[["train_size", "learned", "frozen_layers", "within", "worse", "undecided"]]
+        .astype(str)
+        .to_records(index=False)
+        .tolist()
+    )
 
 
 def _runs(store: ResultStore) -> pd.DataFrame:
@@ -67,16 +72,22 @@ def test_a_settle_sweep_killed_between_rounds_resumes_to_the_same_decisions(writ
     expected = _decisions(store, whole)
 
     path = _settle_spec(write_spec, "killed", learned_first=False)
-    driver = subprocess.Popen(CLI + ["launch", str(path)], start_new_session=True, stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE, text=True,
-                              env={**os.environ, "FREEZESWEEP_DRIVER_FAULT": "kill-after-round@1"})
+    driver = subprocess.Popen(
+        CLI + ["launch", str(path)],
+        start_new_session=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "FREEZESWEEP_DRIVER_FAULT": "kill-after-round@1"},
+    )
     driver.wait(timeout=600)
     assert driver.returncode == -signal.SIGKILL, driver.stderr.read()[-3000:]
     os.killpg(driver.pid, signal.SIGKILL)  # its embedded Ray
     killed = ResultStore(whole.store, "killed")
     assert len(_runs(killed)) == 9  # the first round whole: 3 arms × 3 initial seeds, nothing of a second
-    resumed = subprocess.run(CLI + ["resume", "killed", "--store", whole.store], capture_output=True, text=True,
-                             timeout=900)
+    resumed = subprocess.run(
+        CLI + ["resume", "killed", "--store", whole.store], capture_output=True, text=True, timeout=900
+    )
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     again = _runs(killed)
     assert sorted(zip(again["frozen_layers"], again["seed"])) == sorted(zip(rows["frozen_layers"], rows["seed"]))
@@ -93,7 +104,9 @@ def test_a_grown_budget_is_refused_and_learned_first_runs_full_fine_tuning_alone
     assert len(first) == 3 and set(_runs(store)["frozen_layers"]) == {0}
     with pytest.raises(SpecError) as info:
         load_spec(_settle_spec(write_spec, "grown", max_seeds=5))
-    assert any("settle.max_seeds" in p and "3 looks where the stored rows' confidence was shared by 1" in p
-               for p in info.value.problems)
+    assert any(
+        "settle.max_seeds" in p and "3 looks where the stored rows' confidence was shared by 1" in p
+        for p in info.value.problems
+    )
     spec = yaml.safe_load((tmp_path / "store" / "grown" / "spec.yaml").read_text())
     assert spec["settle"]["max_seeds"] == 3 and spec["seeds"] == []

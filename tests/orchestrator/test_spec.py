@@ -5,11 +5,17 @@ import dataclasses
 import pydantic
 import pytest
 
-from freezesweep.orchestrator.spec import (SpecError, SweepSpec, TrainingSpec, parse, read_stored_spec, spec_aliases)
+from freezesweep.orchestrator.spec import SpecError, SweepSpec, TrainingSpec, parse, read_stored_spec, spec_aliases
 from freezesweep.trials.config import TrialConfig
 
-MINIMAL = {"name": "s", "model": "some/model", "datasets": ["d"], "train_sizes": [10], "frozen_layers": [0],
-           "seeds": [0]}
+MINIMAL = {
+    "name": "s",
+    "model": "some/model",
+    "datasets": ["d"],
+    "train_sizes": [10],
+    "frozen_layers": [0],
+    "seeds": [0],
+}
 
 
 def test_parse_needs_no_files_model_or_data():
@@ -19,11 +25,16 @@ def test_parse_needs_no_files_model_or_data():
 
 
 def test_parse_lists_every_shape_problem():
-    spec, problems = parse({**MINIMAL, "colour": "red", "seeds": [1, 1], "train_sizes": [0],
-                            "training": {"precision": "fp8"}})
+    spec, problems = parse(
+        {**MINIMAL, "colour": "red", "seeds": [1, 1], "train_sizes": [0], "training": {"precision": "fp8"}}
+    )
     assert spec is None
-    for expected in ["colour: unknown key", "duplicate values [1]",
-                     "train sizes must be positive", "training.precision: Input should be"]:
+    for expected in [
+        "colour: unknown key",
+        "duplicate values [1]",
+        "train sizes must be positive",
+        "training.precision: Input should be",
+    ]:
         assert any(expected in p for p in problems), (expected, problems)
     assert parse(["not", "a", "mapping"]) == (None, ["the spec must be a mapping of keys, got list"])
 
@@ -82,13 +93,29 @@ def test_a_sweep_spec_is_frozen():
 
 def test_a_grid_over_the_limit_is_refused_with_its_count():
     """1.6 million cells used to pass, write spec.yaml and the lock, then hash ids for minutes."""
-    spec, problems = parse({**MINIMAL, "datasets": ["a", "b"], "train_sizes": [1, 2, 3, 4, 5],
-                            "frozen_layers": [0, 1, 2, 3], "seeds": list(range(40_000))})
+    spec, problems = parse(
+        {
+            **MINIMAL,
+            "datasets": ["a", "b"],
+            "train_sizes": [1, 2, 3, 4, 5],
+            "frozen_layers": [0, 1, 2, 3],
+            "seeds": list(range(40_000)),
+        }
+    )
     assert spec is None
-    assert problems == ["the grid has 1,600,000 cells (1 models × 2 datasets × 5 train sizes × 4 variants × 40000 "
-                        "seeds), over the limit of 1,000,000: split it into several sweeps"]
-    spec, _ = parse({**MINIMAL, "methods": ["freeze", "lora", "probe"], "frozen_layers": [0, "all"],
-                     "lora_ranks": [4, 8], "seeds": [0, 1]})
+    assert problems == [
+        "the grid has 1,600,000 cells (1 models × 2 datasets × 5 train sizes × 4 variants × 40000 "
+        "seeds), over the limit of 1,000,000: split it into several sweeps"
+    ]
+    spec, _ = parse(
+        {
+            **MINIMAL,
+            "methods": ["freeze", "lora", "probe"],
+            "frozen_layers": [0, "all"],
+            "lora_ranks": [4, 8],
+            "seeds": [0, 1],
+        }
+    )
     assert spec.cell_count() == 1 * 1 * 1 * (2 + 2 + 1) * 2
 
 
@@ -97,14 +124,14 @@ def test_a_key_given_twice_at_any_depth_is_refused_naming_it_and_both_lines(tmp_
     from freezesweep.orchestrator.spec import read_yaml
 
     path = tmp_path / "twice.yaml"
-    path.write_text("name: s\nseeds: [0]\nstore: ./a\ntraining:\n  epochs: 1\n  epochs: 2\nseeds: [1]\n"
-                    "store: ./b\n")
+    path.write_text("name: s\nseeds: [0]\nstore: ./a\ntraining:\n  epochs: 1\n  epochs: 2\nseeds: [1]\nstore: ./b\n")
     with pytest.raises(SpecError) as info:
         read_yaml(path)
     assert info.value.source == str(path)
     assert info.value.problems == [
         "duplicate key 'epochs' on lines 5 and 6 (YAML keeps only the last; give it once)",
         "duplicate key 'seeds' on lines 2 and 7 (YAML keeps only the last; give it once)",
-        "duplicate key 'store' on lines 3 and 8 (YAML keeps only the last; give it once)"]
+        "duplicate key 'store' on lines 3 and 8 (YAML keeps only the last; give it once)",
+    ]
     path.write_text("name: s\nseeds: [0]\ntraining:\n  epochs: 1\nlora:\n  epochs: 1\n")  # one key per mapping
     assert read_yaml(path)["seeds"] == [0]

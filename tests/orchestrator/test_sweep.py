@@ -47,13 +47,19 @@ def _assert_exactly_once(spec_path):
 
 
 def test_kill_driver_then_resume_runs_each_cell_once(write_spec, tmp_path):
-    path = write_spec("killed", train_sizes=[24, 48, 96], frozen_layers=[0, 1, 2], training={"epochs": 4},
-                      resources={"max_concurrent_trials": 1})
+    path = write_spec(
+        "killed",
+        train_sizes=[24, 48, 96],
+        frozen_layers=[0, 1, 2],
+        training={"epochs": 4},
+        resources={"max_concurrent_trials": 1},
+    )
     results_dir = tmp_path / "store" / "killed" / "results"
     log = tmp_path / "launch.log"
     with open(log, "w") as stdout:  # a file, as a cluster job's log: lines must reach it while the sweep runs
-        driver = subprocess.Popen(CLI + ["launch", str(path)], start_new_session=True, stdout=stdout,
-                                  stderr=subprocess.DEVNULL)
+        driver = subprocess.Popen(
+            CLI + ["launch", str(path)], start_new_session=True, stdout=stdout, stderr=subprocess.DEVNULL
+        )
     deadline = time.time() + 240
     while time.time() < deadline and count_rows(results_dir) < 2:
         time.sleep(0.1)
@@ -66,8 +72,9 @@ def test_kill_driver_then_resume_runs_each_cell_once(write_spec, tmp_path):
     assert done_at_kill - 1 <= len(lines) <= done_at_kill and lines[0].startswith("trial 1/9: "), lines
 
     before = rows_by_id(results_dir)
-    resumed = subprocess.run(CLI + ["resume", "killed", "--store", str(tmp_path / "store")],
-                             capture_output=True, text=True, timeout=600)
+    resumed = subprocess.run(
+        CLI + ["resume", "killed", "--store", str(tmp_path / "store")], capture_output=True, text=True, timeout=600
+    )
     assert resumed.returncode == 0, resumed.stdout[-2000:] + resumed.stderr[-3000:]
     assert f"{done_at_kill} already done, ran {9 - done_at_kill}" in resumed.stdout
     rows = _assert_exactly_once(path)
@@ -158,11 +165,25 @@ def test_cli_status_query_summary(write_spec, tmp_path):
     status = subprocess.run(CLI + ["status", "cli", "--store", store], capture_output=True, text=True)
     assert status.returncode == 0 and "total" in status.stdout
     assert "rows ran on 1 node(s), 0 GPU(s)" in status.stdout  # counted by Ray node id
-    query = subprocess.run(CLI + ["query", "cli", "--store", store, "--format", "csv", "--sql",
-                                  "SELECT frozen_layers, count(*) AS n FROM results GROUP BY 1 ORDER BY 1"],
-                           capture_output=True, text=True)
+    query = subprocess.run(
+        CLI
+        + [
+            "query",
+            "cli",
+            "--store",
+            store,
+            "--format",
+            "csv",
+            "--sql",
+            "SELECT frozen_layers, count(*) AS n FROM results GROUP BY 1 ORDER BY 1",
+        ],
+        capture_output=True,
+        text=True,
+    )
     assert query.stdout.splitlines() == ["frozen_layers,n", "0,2", "2,2"]
-    summary = subprocess.run(CLI + ["summary", "cli", "--store", store, "--format", "json"], capture_output=True, text=True)
+    summary = subprocess.run(
+        CLI + ["summary", "cli", "--store", store, "--format", "json"], capture_output=True, text=True
+    )
     table = pd.read_json(__import__("io").StringIO(summary.stdout))
     assert len(table) == 4 and set(table["n"]) == {1}
     missing = subprocess.run(CLI + ["status", "nope", "--store", store], capture_output=True, text=True)
@@ -171,11 +192,17 @@ def test_cli_status_query_summary(write_spec, tmp_path):
 
 def _launch_until_rows(write_spec, tmp_path, name: str, rows: int):
     """A 9-cell launch in its own process, returned once it has stored ``rows`` rows."""
-    path = write_spec(name, train_sizes=[24, 48, 96], frozen_layers=[0, 1, 2], training={"epochs": 8},
-                      resources={"max_concurrent_trials": 1})
+    path = write_spec(
+        name,
+        train_sizes=[24, 48, 96],
+        frozen_layers=[0, 1, 2],
+        training={"epochs": 8},
+        resources={"max_concurrent_trials": 1},
+    )
     results = tmp_path / "store" / name / "results"
-    driver = subprocess.Popen(CLI + ["launch", str(path)], start_new_session=True, stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE, text=True)
+    driver = subprocess.Popen(
+        CLI + ["launch", str(path)], start_new_session=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
     deadline = time.time() + 240
     while time.time() < deadline and count_rows(results) < rows:
         time.sleep(0.1)

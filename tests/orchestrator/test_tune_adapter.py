@@ -31,8 +31,10 @@ def test_checkpoint_refused_by_ray_storage_lets_the_trial_run_on(monkeypatch, tm
     keeper = tune_adapter.RayCheckpoints(str(tmp_path), json.dumps({"node_ip": "10.0.0.2"}))
     keeper(tmp_path / "cell.pt")
     keeper(tmp_path / "cell.pt")
-    assert len(reports) == 1 and "RuntimeError: Unable to set up cluster storage" in \
-        reports[0][tune_adapter.CHECKPOINT_ERROR_KEY]
+    assert (
+        len(reports) == 1
+        and "RuntimeError: Unable to set up cluster storage" in reports[0][tune_adapter.CHECKPOINT_ERROR_KEY]
+    )
 
 
 def test_a_passing_checkpoint_failure_after_a_saved_one_is_tried_again(monkeypatch, tmp_path):
@@ -63,8 +65,10 @@ def test_driver_warns_once_about_refused_checkpoints(capsys):
         num_failures = 0
 
     writer = tune_adapter.OutcomeCallback(lambda *args: None, {})
-    refused = {tune_adapter.CHECKPOINT_ERROR_KEY: "RuntimeError: no storage",
-               tune_adapter.PLACEMENT_KEY: json.dumps({"node_ip": "10.0.0.2"})}
+    refused = {
+        tune_adapter.CHECKPOINT_ERROR_KEY: "RuntimeError: no storage",
+        tune_adapter.PLACEMENT_KEY: json.dumps({"node_ip": "10.0.0.2"}),
+    }
     writer.on_trial_result(0, [], Trial(), refused)
     writer.on_trial_result(0, [], Trial(), refused)
     err = capsys.readouterr().err
@@ -111,8 +115,9 @@ def test_cluster_run_ends_normally_when_the_remote_store_is_gone_by_its_end(monk
         tune_adapter.run_tune(remote, build_grid(remote)[:1], shared, ignore, experiment="remote")
     local = on_cluster("local")
     with pytest.raises(OSError, match="Could not connect"):
-        tune_adapter.run_tune(local, [], ray_storage(ResultStore(local.spec.store, "local"), cluster=True), ignore,
-                              experiment="local")
+        tune_adapter.run_tune(
+            local, [], ray_storage(ResultStore(local.spec.store, "local"), cluster=True), ignore, experiment="local"
+        )
 
 
 def test_a_checkpoint_this_node_cannot_read_starts_the_trial_over(monkeypatch, tmp_path):
@@ -153,12 +158,16 @@ def test_the_callback_hands_over_each_outcome_once_with_its_attempts(tiny_trial,
 
     outcomes, over = [], []
     cell = dataclasses.replace(tiny_trial, precision="fp32")
-    callback = tune_adapter.OutcomeCallback(lambda result, attempts: outcomes.append((result, attempts)),
-                                            {cell.trial_id: cell.to_dict()}, trial_over=over.append)
+    callback = tune_adapter.OutcomeCallback(
+        lambda result, attempts: outcomes.append((result, attempts)),
+        {cell.trial_id: cell.to_dict()},
+        trial_over=over.append,
+    )
     done = TrialResult(trial_id=cell.trial_id, config=cell, status="ok", best_val_score=0.9)
     callback.on_trial_result(0, [], _Trial(cell), {"val_accuracy": 0.5})  # an evaluation: nothing yet
-    callback.on_trial_result(0, [], _Trial(cell, num_failures=1),
-                             {tune_adapter.RESULT_KEY: json.dumps(done.to_dict(), default=str)})
+    callback.on_trial_result(
+        0, [], _Trial(cell, num_failures=1), {tune_adapter.RESULT_KEY: json.dumps(done.to_dict(), default=str)}
+    )
     callback.on_trial_complete(0, [], _Trial(cell))
     error_file = tmp_path / "error.txt"
     error_file.write_text("Traceback (most recent call last):\n  ...\nRuntimeError: boom\n")

@@ -29,10 +29,12 @@ def _filled(tmp_path, ok: int = 6, failed: int = 2) -> ResultStore:
 
 def _each_reader(folder: Path) -> dict[str, int]:
     """The row count each tool reads from results/ as the README shows, with no freezesweep code."""
-    return {"pandas": len(pd.read_parquet(folder)),
-            "duckdb": duckdb.sql(f"SELECT count(*) FROM read_parquet('{folder}/*.parquet')").fetchall()[0][0],
-            "polars": pl.read_parquet(f"{folder}/*.parquet").height,
-            "pyarrow": ds.dataset(str(folder)).count_rows()}
+    return {
+        "pandas": len(pd.read_parquet(folder)),
+        "duckdb": duckdb.sql(f"SELECT count(*) FROM read_parquet('{folder}/*.parquet')").fetchall()[0][0],
+        "polars": pl.read_parquet(f"{folder}/*.parquet").height,
+        "pyarrow": ds.dataset(str(folder)).count_rows(),
+    }
 
 
 def test_final_rows_become_one_part_that_every_reader_reads_once(tmp_path):
@@ -159,8 +161,9 @@ def test_compact_sets_an_unreadable_row_file_aside_and_compacts_the_rest(tmp_pat
     assert store.compact() == 3  # the damaged file stays where it is, named by every reader
     pd.testing.assert_frame_equal(_rows(store), good)
     notes = store.make_ready().notes()  # what `compact` and `resume` run first, under the lock
-    assert notes == [f"warning: {damaged} could not be read; moved to {store.quarantine_dir} (kept) and its cell "
-                     "runs again"]
+    assert notes == [
+        f"warning: {damaged} could not be read; moved to {store.quarantine_dir} (kept) and its cell runs again"
+    ]
     [kept] = (tmp_path / "s" / "_quarantine").iterdir()
     assert kept.name.endswith(damaged.name) and kept.stat().st_size > 0
     pd.testing.assert_frame_equal(_rows(store), good)  # the good rows: the same values
@@ -185,8 +188,9 @@ def test_an_interrupted_compaction_is_named_then_finished(tmp_path):
     assert _each_reader(tmp_path / "s" / "results")["pandas"] == 2  # the final rows moved out of results/
     [note] = store_notes(store)
     assert note.startswith("note: an interrupted compaction holds 8 row file(s) in ") and "compact s" in note
-    assert store.make_ready().notes() == ["note: finished an interrupted compaction (8 row file(s) back in view of "
-                                          "every reader of results/)"]
+    assert store.make_ready().notes() == [
+        "note: finished an interrupted compaction (8 row file(s) back in view of every reader of results/)"
+    ]
     assert store_notes(store) == [] and _each_reader(tmp_path / "s" / "results")["pandas"] == 10
     pd.testing.assert_frame_equal(_rows(store), expected)
 
@@ -200,8 +204,13 @@ def test_a_lock_whose_holder_is_gone_is_named(tmp_path):
 
     store = _filled(tmp_path, ok=1, failed=0)
     gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
-    holder = {"host": __import__("socket").gethostname(), "pid": int(gone.stdout), "token": "t", "started_at": 0.0,
-              "heartbeat_at": 0.0}
+    holder = {
+        "host": __import__("socket").gethostname(),
+        "pid": int(gone.stdout),
+        "token": "t",
+        "started_at": 0.0,
+        "heartbeat_at": 0.0,
+    }
     (tmp_path / "s" / "_lock.json").write_text(json.dumps(holder))
     (tmp_path / "s" / "_lock.t.tmp").write_bytes(b"")  # its heartbeat was cut by the kill
     [note] = store_notes(store)

@@ -26,14 +26,22 @@ def _plant(tmp_path, **holder):
 
 def test_held_lock_refuses_a_second_holder_and_is_released(tmp_path):
     first = _lock(tmp_path).acquire()
-    other = subprocess.run([sys.executable, "-c", f"""
+    other = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            f"""
 import pyarrow.fs as pafs
 from freezesweep.results.lock import SweepLock, SweepLocked
 try:
-    SweepLock(pafs.LocalFileSystem(), {str(tmp_path / 'sweep')!r}).acquire()
+    SweepLock(pafs.LocalFileSystem(), {str(tmp_path / "sweep")!r}).acquire()
 except SweepLocked as exc:
     print(exc)
-"""], capture_output=True, text=True)
+""",
+        ],
+        capture_output=True,
+        text=True,
+    )
     assert "already running" in other.stdout and f"pid {first.me.pid}" in other.stdout
     first.release()
     assert not (tmp_path / "sweep" / "_lock.json").exists()

@@ -50,8 +50,17 @@ def _stored_sweep(write_spec, tmp_path, name: str) -> ResultStore:
 @with_server
 def test_export_writes_each_row_as_a_run_and_adds_only_what_is_new(mlflow_server, write_spec, tmp_path):
     store = _stored_sweep(write_spec, tmp_path, "exported")
-    args = ["export", "mlflow", "exported", "--store", str(tmp_path / "store"), "--tracking-uri", mlflow_server,
-            "--experiment", "freeze-study"]
+    args = [
+        "export",
+        "mlflow",
+        "exported",
+        "--store",
+        str(tmp_path / "store"),
+        "--tracking-uri",
+        mlflow_server,
+        "--experiment",
+        "freeze-study",
+    ]
     done = runner.invoke(app, args)
     assert done.exit_code == 0, done.output
     assert "4 run(s) added, 0 replaced by a newer row" in done.stdout
@@ -73,8 +82,9 @@ def test_export_writes_each_row_as_a_run_and_adds_only_what_is_new(mlflow_server
 
     again = runner.invoke(app, args)
     assert "0 run(s) added, 0 replaced by a newer row, 4 already in MLflow" in again.stdout
-    assert {t: r.info.run_id for t, r in _runs(mlflow_server, "freeze-study").items()} == \
-        {t: r.info.run_id for t, r in runs.items()}  # the same runs, nothing added
+    assert {t: r.info.run_id for t, r in _runs(mlflow_server, "freeze-study").items()} == {
+        t: r.info.run_id for t, r in runs.items()
+    }  # the same runs, nothing added
 
     store.write_row(result_row("exported", _result(3)))  # the failed cell's retry: ok now
     store.write_row(result_row("exported", _result(4)))  # a new cell
@@ -86,15 +96,21 @@ def test_export_writes_each_row_as_a_run_and_adds_only_what_is_new(mlflow_server
 
 @with_server
 def test_live_tracking_logs_each_row_as_it_lands_and_a_dead_server_never_fails_the_sweep(
-        mlflow_server, tmp_path, capsys, monkeypatch):
+    mlflow_server, tmp_path, capsys, monkeypatch
+):
     from freezesweep.orchestrator.launch import row_tracker
 
     monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")  # the dead server below: fail at once, not in minutes
 
     store = ResultStore(str(tmp_path / "store"), "live")
     sweep = _tracked_sweep(mlflow_server, "live")
-    writer = RowWriter("live", SpoolingWriter(store, str(tmp_path / "spool")), set(),
-                       SweepProgress(total=3, done=0, enabled=False), on_row=row_tracker(sweep))
+    writer = RowWriter(
+        "live",
+        SpoolingWriter(store, str(tmp_path / "spool")),
+        set(),
+        SweepProgress(total=3, done=0, enabled=False),
+        on_row=row_tracker(sweep),
+    )
     writer.write(_result(0), 1)
     assert set(_runs(mlflow_server, "live")) == {_result(0).trial_id}  # logged as it landed
     writer.write(_result(1, status="failed"), 2)
@@ -102,9 +118,13 @@ def test_live_tracking_logs_each_row_as_it_lands_and_a_dead_server_never_fails_t
     runs = _runs(mlflow_server, "live")
     assert len(runs) == 2 and runs[_result(1).trial_id].data.tags["status"] == "ok"
 
-    dead = RowWriter("dead", SpoolingWriter(ResultStore(str(tmp_path / "store"), "dead"), str(tmp_path / "spool2")),
-                     set(), SweepProgress(total=2, done=0, enabled=False),
-                     on_row=row_tracker(_tracked_sweep("http://127.0.0.1:9", "dead")))  # nothing listens there
+    dead = RowWriter(
+        "dead",
+        SpoolingWriter(ResultStore(str(tmp_path / "store"), "dead"), str(tmp_path / "spool2")),
+        set(),
+        SweepProgress(total=2, done=0, enabled=False),
+        on_row=row_tracker(_tracked_sweep("http://127.0.0.1:9", "dead")),
+    )  # nothing listens there
     for seed in range(2):
         dead.write(_result(seed), 1)
     assert dead.ok == 2 and len(ResultStore(str(tmp_path / "store"), "dead").statuses()) == 2  # rows all stored

@@ -26,18 +26,37 @@ COST_100 = {0: (1000, 10.0, 400.0), 3: (250, 6.0, 300.0), 6: (10, 4.0, 250.0), -
 
 def row(sweep="s", dataset="d", n=100, k=0, seed=0, acc=None, status="ok", cost=(None, None, None), **extra):
     params, time_s, mem_mb = cost
-    return {name: None for name in SCHEMA.names} | dict(
-        sweep=sweep, trial_id=f"{sweep}-{dataset}-{n}-{k}-{seed}", dataset=dataset, train_size=n, frozen_layers=k,
-        seed=seed, status=status, best_val_accuracy=acc, majority_baseline=MAJORITY, trainable_params=params,
-        train_time_s=time_s, peak_mem_mb=mem_mb) | extra
+    return (
+        {name: None for name in SCHEMA.names}
+        | dict(
+            sweep=sweep,
+            trial_id=f"{sweep}-{dataset}-{n}-{k}-{seed}",
+            dataset=dataset,
+            train_size=n,
+            frozen_layers=k,
+            seed=seed,
+            status=status,
+            best_val_accuracy=acc,
+            majority_baseline=MAJORITY,
+            trainable_params=params,
+            train_time_s=time_s,
+            peak_mem_mb=mem_mb,
+        )
+        | extra
+    )
 
 
 def known_rows(sweep="s") -> list[dict]:
-    rows = [row(sweep, k=k, seed=seed, acc=acc, cost=COST_100[k])
-            for k, accs in ACC_100.items() for seed, acc in enumerate(accs)]
+    rows = [
+        row(sweep, k=k, seed=seed, acc=acc, cost=COST_100[k])
+        for k, accs in ACC_100.items()
+        for seed, acc in enumerate(accs)
+    ]
     rows.append(row(sweep, k=6, seed=3, status="failed", error="CUDA out of memory"))
-    rows += [row(sweep, n=20, k=0, acc=0.7, cost=(1000, 2.0, 400.0)),  # one paired seed: no CI
-             row(sweep, n=20, k=3, acc=0.7, cost=(250, 1.0, 300.0))]
+    rows += [
+        row(sweep, n=20, k=0, acc=0.7, cost=(1000, 2.0, 400.0)),  # one paired seed: no CI
+        row(sweep, n=20, k=3, acc=0.7, cost=(250, 1.0, 300.0)),
+    ]
     rows.append(row(sweep, n=50, k=3, acc=0.75, cost=(250, 3.0, 300.0)))  # no k = 0 at n = 50
     return rows
 
@@ -91,40 +110,49 @@ def test_decision_sentences_and_table(store_rows):
     report = build_report([SweepRows.from_store(store_rows)])
     decisions = report.decisions.set_index("train_size")
     half = T_Q_DF2 * 0.001 / math.sqrt(3)  # k = 3: diffs -0.002, -0.003, -0.001
-    assert (decisions.loc[100, "ci_low"], decisions.loc[100, "ci_high"]) == pytest.approx((-0.002 - half, -0.002 + half))
+    assert (decisions.loc[100, "ci_low"], decisions.loc[100, "ci_high"]) == pytest.approx(
+        (-0.002 - half, -0.002 + half)
+    )
     assert decisions.loc[100, "sentence"] == (
         "d, n = 100: freeze the embeddings and the first 3 layers (k = 3) — when it trains, accuracy 0.848 vs 0.850 "
         "with full fine-tuning on the same 3 seeds, paired difference -0.002 (at least -0.007, 95 % simultaneous "
         "bound), within the 0.01 tolerance; 0 of 3 seeds collapsed to the constant predictor or diverged (at most "
         f"{100 * (1 - (0.15 * 0.05 / 4) ** (1 / 3)):.0f} % of seeds do, 95 % simultaneous); it trains with 75 % fewer "
-        "trainable parameters, 40 % less train time and 25 % less peak memory (undecided: k=-1, k=6) (left out: 1 failed).")
+        "trainable parameters, 40 % less train time and 25 % less peak memory (undecided: k=-1, k=6) (left out: 1 failed)."
+    )
     assert decisions.loc[100, "frozen_layers"] == 3 and decisions.loc[100, "k_retaining_90"] == 3
-    assert decisions.loc[100, ["params_saved_pct", "time_saved_pct", "mem_saved_pct"]] \
-        .tolist() == pytest.approx([75.0, 40.0, 25.0])
+    assert decisions.loc[100, ["params_saved_pct", "time_saved_pct", "mem_saved_pct"]].tolist() == pytest.approx(
+        [75.0, 40.0, 25.0]
+    )
     assert decisions.loc[20, "sentence"] == (
         "d, n = 20: not yet shown that full fine-tuning beats the constant baseline by more than 0.01 here (1 trained "
         "seed: fewer than 3 seeds where both sides trained); no freezing advice — add seeds (a settle sweep runs as "
-        "many as the question needs).")
+        "many as the question needs)."
+    )
     assert decisions.loc[50, "sentence"] == (
-        "d, n = 50: no full fine-tuning (k = 0) runs to compare with (none in the store), so no decision.")
+        "d, n = 50: no full fine-tuning (k = 0) runs to compare with (none in the store), so no decision."
+    )
 
 
 def test_a_tighter_tolerance_admits_no_k_and_says_what_is_undecided(store_rows):
     decisions = build_report([SweepRows.from_store(store_rows)], tolerance=0.001).decisions.set_index("train_size")
     assert decisions.loc[100, "sentence"] == (  # k = 3's interval, -0.0071 to +0.0031, straddles -0.001
         "d, n = 100: fine-tune every layer: no k is shown within 0.001 of full fine-tuning at 3 trained pairs "
-        "(undecided: k=-1, k=3, k=6); add seeds (a settle sweep runs as many as the question needs) (left out: 1 failed).")
+        "(undecided: k=-1, k=3, k=6); add seeds (a settle sweep runs as many as the question needs) (left out: 1 failed)."
+    )
     assert pd.isna(decisions.loc[100, "frozen_layers"])
 
 
 def test_a_looser_tolerance_asks_full_fine_tuning_to_beat_the_baseline_by_more(store_rows):
-    """"Learned" is a gain shown above the tolerance (the one boundary nothing learned is shown below): at
+    """ "Learned" is a gain shown above the tolerance (the one boundary nothing learned is shown below): at
     0.2, full fine-tuning's +0.35 is bounded below by +0.12 only — open, so no advice. Before: learned at any
     gain above 0, and k = 6 advised (its interval above -0.2) in a group not shown to learn 0.2."""
     decisions = build_report([SweepRows.from_store(store_rows)], tolerance=0.2).decisions.set_index("train_size")
     assert decisions.loc[100, "learned"] == "undecided" and pd.isna(decisions.loc[100, "frozen_layers"])
-    assert "not yet shown that full fine-tuning beats the constant baseline by more than 0.2" in \
-        decisions.loc[100, "sentence"]
+    assert (
+        "not yet shown that full fine-tuning beats the constant baseline by more than 0.2"
+        in decisions.loc[100, "sentence"]
+    )
 
 
 def test_no_advice_from_identical_differences_or_where_nothing_is_learned(tmp_path):
@@ -133,13 +161,13 @@ def test_no_advice_from_identical_differences_or_where_nothing_is_learned(tmp_pa
     store = ResultStore(str(tmp_path), "demo")
     for k, accs in {0: [0.516, 0.512, 0.515, 0.511], 6: [0.520, 0.516, 0.519, 0.515]}.items():
         for seed, acc in enumerate(accs):  # k = 6 is 0.004 above k = 0 at every seed: zero spread
-            store.write_row(row("demo", n=50, k=k, seed=seed, acc=acc, majority_baseline=0.509,
-                                cost=(1000, 1.0, 10.0)))
+            store.write_row(row("demo", n=50, k=k, seed=seed, acc=acc, majority_baseline=0.509, cost=(1000, 1.0, 10.0)))
     report = build_report([SweepRows.from_store(store)])
     (decision,) = report.decisions.to_dict("records")
     assert decision["frozen_layers"] is None or pd.isna(decision["frozen_layers"])
     assert decision["learned"] == "nothing learned" and decision["sentence"].startswith(
-        "d, n = 50: nothing learned at this size: when it trains, full fine-tuning beats the constant baseline by +0.005")
+        "d, n = 50: nothing learned at this size: when it trains, full fine-tuning beats the constant baseline by +0.005"
+    )
     assert "no freezing advice" in decision["sentence"] and report.retained.empty  # no ratio of two near-zero gains
 
 
@@ -153,29 +181,59 @@ def test_costs_savings_and_frontier(store_rows):
 
 
 def test_report_files_tables_and_completeness(store_rows, tmp_path):
-    status = pd.DataFrame([{"axis": "frozen_layers", "value": "6", "done": 3, "failed": 1, "missing": 0},
-                           {"axis": "total", "value": "", "done": 14, "failed": 1, "missing": 2}])
+    status = pd.DataFrame(
+        [
+            {"axis": "frozen_layers", "value": "6", "done": 3, "failed": 1, "missing": 0},
+            {"axis": "total", "value": "", "done": 14, "failed": 1, "missing": 2},
+        ]
+    )
     write_report([SweepRows.from_store(store_rows, status)], str(tmp_path / "out"))
     markdown = (tmp_path / "out" / "report.md").read_text()
     page = (tmp_path / "out" / "index.html").read_text()
     assert "s: INCOMPLETE — 14 of 17 cells done, 1 failed, 2 missing (not run yet, or running now)" in markdown
     assert "CUDA out of memory" in markdown and "CUDA out of memory" in page
     low = -0.002 - T_Q_DF2 * 0.001 / math.sqrt(3)
-    decision_row = ["d", "100", "learned", "3", "3", "0.8500", "0.8480", "-0.0020", f"{low:.4f}", "0/3",
-                    f"{1 - (0.15 * 0.05 / 4) ** (1 / 3):.4f}", "k=3", "", "k=-1, k=6", "75.0", "40.0", "25.0", "–"]
+    decision_row = [
+        "d",
+        "100",
+        "learned",
+        "3",
+        "3",
+        "0.8500",
+        "0.8480",
+        "-0.0020",
+        f"{low:.4f}",
+        "0/3",
+        f"{1 - (0.15 * 0.05 / 4) ** (1 / 3):.4f}",
+        "k=3",
+        "",
+        "k=-1, k=6",
+        "75.0",
+        "40.0",
+        "25.0",
+        "–",
+    ]
     assert decision_row in markdown_rows(markdown)
-    assert "k = 3 is the largest whose mean keeps ≥ 90 % of full fine-tuning's gain — a point estimate, evidence" \
+    assert (
+        "k = 3 is the largest whose mean keeps ≥ 90 % of full fine-tuning's gain — a point estimate, evidence"
         in markdown
+    )
     assert re.search(r"Pairing makes the CI \d+ % narrower", page)
     assert len(re.findall(r'<img [^>]*src="data:image/png;base64,', page)) == 5
     assert not re.search(r"https?://", page)  # self-contained: nothing fetched from anywhere
-    assert sorted(p.name for p in (tmp_path / "out" / "figures").iterdir()) == \
-        ["accuracy.png", "contrasts.png", "cost.png", "heatmap.png", "retained.png"]
+    assert sorted(p.name for p in (tmp_path / "out" / "figures").iterdir()) == [
+        "accuracy.png",
+        "contrasts.png",
+        "cost.png",
+        "heatmap.png",
+        "retained.png",
+    ]
 
 
 def markdown_rows(markdown: str) -> list[list[str]]:
-    return [[cell.strip() for cell in line.strip("|").split("|")] for line in markdown.splitlines()
-            if line.startswith("|")]
+    return [
+        [cell.strip() for cell in line.strip("|").split("|")] for line in markdown.splitlines() if line.startswith("|")
+    ]
 
 
 def test_two_sweeps_side_by_side(tmp_path):
@@ -205,17 +263,40 @@ def test_cli_report_names_what_is_missing(tmp_path):
     from freezesweep.orchestrator.sweeps import resolve_here
     from freezesweep.orchestrator.spec import SweepSpec, TrainingSpec
 
-    spec = SweepSpec(name="s", model="m", datasets=["d"], train_sizes=[100], frozen_layers=[0, 3], seeds=[0, 1, 2, 3],
-                     training=TrainingSpec(precision="fp32", select_metric="accuracy"),  # resolved, as a launch stores it
-                     store=str(tmp_path))
+    spec = SweepSpec(
+        name="s",
+        model="m",
+        datasets=["d"],
+        train_sizes=[100],
+        frozen_layers=[0, 3],
+        seeds=[0, 1, 2, 3],
+        training=TrainingSpec(precision="fp32", select_metric="accuracy"),  # resolved, as a launch stores it
+        store=str(tmp_path),
+    )
     store = ResultStore(str(tmp_path), "s")
     store.write_spec(spec.to_yaml())
     for cfg in build_grid(resolve_here(spec)):
         if cfg.seed < 3:  # seed 3 has not run yet
-            store.write_row(row(k=cfg.frozen_layers, seed=cfg.seed, acc=ACC_100[cfg.frozen_layers][cfg.seed],
-                                cost=COST_100[cfg.frozen_layers], trial_id=cfg.trial_id))
-    cli = [sys.executable, "-m", "freezesweep.orchestrator.cli", "report", "s", "--store", str(tmp_path),
-           "--out", str(tmp_path / "out")]
+            store.write_row(
+                row(
+                    k=cfg.frozen_layers,
+                    seed=cfg.seed,
+                    acc=ACC_100[cfg.frozen_layers][cfg.seed],
+                    cost=COST_100[cfg.frozen_layers],
+                    trial_id=cfg.trial_id,
+                )
+            )
+    cli = [
+        sys.executable,
+        "-m",
+        "freezesweep.orchestrator.cli",
+        "report",
+        "s",
+        "--store",
+        str(tmp_path),
+        "--out",
+        str(tmp_path / "out"),
+    ]
     done = subprocess.run(cli, capture_output=True, text=True, cwd=REPO)
     assert done.returncode == 0, done.stderr[-2000:]
     # a running fixed grid is not looked at: its intervals are shared by one look, when it is complete.
@@ -224,8 +305,15 @@ def test_cli_report_names_what_is_missing(tmp_path):
     assert "s: INCOMPLETE — 6 of 8 cells done, 0 failed, 2 missing" in done.stdout
     for cfg in build_grid(resolve_here(spec)):
         if cfg.seed == 3:
-            store.write_row(row(k=cfg.frozen_layers, seed=3, acc={0: 0.82, 3: 0.818}[cfg.frozen_layers],
-                                cost=COST_100[cfg.frozen_layers], trial_id=cfg.trial_id))
+            store.write_row(
+                row(
+                    k=cfg.frozen_layers,
+                    seed=3,
+                    acc={0: 0.82, 3: 0.818}[cfg.frozen_layers],
+                    cost=COST_100[cfg.frozen_layers],
+                    trial_id=cfg.trial_id,
+                )
+            )
     done = subprocess.run(cli, capture_output=True, text=True, cwd=REPO)
     assert "d, n = 100: freeze the embeddings and the first 3 layers (k = 3)" in done.stdout
     assert "paired difference -0.002" in (tmp_path / "out" / "report.md").read_text()
@@ -237,9 +325,20 @@ def test_chromium_renders_the_figures(store_rows, tmp_path):
 
     write_report([SweepRows.from_store(store_rows)], str(tmp_path / "out"))
     shot = tmp_path / "shot.png"
-    subprocess.run(["chromium", "--headless", "--no-sandbox", "--disable-gpu", f"--screenshot={shot}",
-                    "--window-size=1200,2400", (tmp_path / "out" / "index.html").as_uri()],
-                   capture_output=True, timeout=120, check=True)
+    subprocess.run(
+        [
+            "chromium",
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            f"--screenshot={shot}",
+            "--window-size=1200,2400",
+            (tmp_path / "out" / "index.html").as_uri(),
+        ],
+        capture_output=True,
+        timeout=120,
+        check=True,
+    )
     pixels = np.asarray(Image.open(shot).convert("RGB"))
     assert pixels.shape[:2] == (2400, 1200)
     # The decision's text and table sit on top; the figures below it are what a broken <img> would lose:
@@ -255,9 +354,21 @@ def test_the_report_shows_each_rows_selected_metric(tmp_path):
     store = ResultStore(str(tmp_path / "store"), "sts")
     for k, scores in {0: [0.80, 0.85, 0.90], 3: [0.798, 0.847, 0.899]}.items():
         for seed, score in enumerate(scores):
-            store.write_row(row("sts", dataset="stsb", k=k, seed=seed, acc=None, majority_baseline=None,
-                                select_metric="pearson", best_val_score=score, baseline_score=0.0,
-                                best_val_pearson=score, cost=COST_100[k]))
+            store.write_row(
+                row(
+                    "sts",
+                    dataset="stsb",
+                    k=k,
+                    seed=seed,
+                    acc=None,
+                    majority_baseline=None,
+                    select_metric="pearson",
+                    best_val_score=score,
+                    baseline_score=0.0,
+                    best_val_pearson=score,
+                    cost=COST_100[k],
+                )
+            )
     report = build_report([SweepRows.from_store(store)])
     (decision,) = report.decisions.to_dict("records")
     assert decision["metric"] == "pearson" and decision["frozen_layers"] == 3
@@ -271,10 +382,31 @@ def method_rows(sweep="s") -> list[dict]:
     """known_rows plus LoRA (rank 8) and probe rows at n = 100 on the same seeds."""
     rows = known_rows(sweep)
     for seed, (lora_acc, probe_acc) in enumerate([(0.82, 0.78), (0.84, 0.78), (0.86, 0.79)]):
-        rows.append(row(sweep, k=None, seed=seed, acc=lora_acc, cost=(50, 8.0, 350.0), method="lora", lora_rank=8,
-                        trial_id=f"{sweep}-lora-{seed}", wall_time_s=9.0))
-        rows.append(row(sweep, k=None, seed=seed, acc=probe_acc, cost=(33, 0.1, 200.0), method="probe",
-                        trial_id=f"{sweep}-probe-{seed}", wall_time_s=1.0))
+        rows.append(
+            row(
+                sweep,
+                k=None,
+                seed=seed,
+                acc=lora_acc,
+                cost=(50, 8.0, 350.0),
+                method="lora",
+                lora_rank=8,
+                trial_id=f"{sweep}-lora-{seed}",
+                wall_time_s=9.0,
+            )
+        )
+        rows.append(
+            row(
+                sweep,
+                k=None,
+                seed=seed,
+                acc=probe_acc,
+                cost=(33, 0.1, 200.0),
+                method="probe",
+                trial_id=f"{sweep}-probe-{seed}",
+                wall_time_s=1.0,
+            )
+        )
     return rows
 
 
@@ -307,10 +439,18 @@ def test_summary_shows_methods_and_their_own_axes():
     table = summary(pd.DataFrame([r | {"method": r.get("method") or "freeze"} for r in method_rows()]))
     assert list(table.columns[:5]) == ["dataset", "method", "train_size", "frozen_layers", "lora_rank"]
     at_100 = table[table["train_size"] == 100]
-    shown = [[m, None if pd.isna(k) else int(k), None if pd.isna(r) else int(r)]
-             for m, k, r in at_100[["method", "frozen_layers", "lora_rank"]].values]
-    assert shown == [["freeze", -1, None], ["freeze", 0, None], ["freeze", 3, None], ["freeze", 6, None],
-                     ["lora", None, 8], ["probe", None, None]]
+    shown = [
+        [m, None if pd.isna(k) else int(k), None if pd.isna(r) else int(r)]
+        for m, k, r in at_100[["method", "frozen_layers", "lora_rank"]].values
+    ]
+    assert shown == [
+        ["freeze", -1, None],
+        ["freeze", 0, None],
+        ["freeze", 3, None],
+        ["freeze", 6, None],
+        ["lora", None, 8],
+        ["probe", None, None],
+    ]
     freeze_only = summary(pd.DataFrame(known_rows()))
     assert list(freeze_only.columns[:3]) == ["dataset", "train_size", "frozen_layers"]  # as before methods
 
@@ -327,8 +467,10 @@ def test_the_sentence_pairs_paired_numbers_and_says_the_collapses(tmp_path):
     decision = build_report([SweepRows.from_store(store)]).decisions.iloc[0]
     assert (decision["score_k"], decision["score_0"]) == pytest.approx((np.mean([0.798, 0.847, 0.899]), 0.85))
     assert decision["collapsed"] == "1/4" and decision["pairs"] == 3
-    assert "on the same 3 seeds" in decision["sentence"] and "1 of 4 seeds collapsed to the constant predictor" \
-        in decision["sentence"]
+    assert (
+        "on the same 3 seeds" in decision["sentence"]
+        and "1 of 4 seeds collapsed to the constant predictor" in decision["sentence"]
+    )
 
 
 def test_the_cost_rows_panels_keep_their_labels_to_themselves(store_rows):

@@ -85,6 +85,7 @@ def test_lost_lock_stops_store_writes(s3, tmp_path):
 # The beats below are called here, one at a time: moto checks a precondition and stores the object in
 # two steps, so a write racing a running beat could slip between them (S3 itself does both at once).
 
+
 def test_heartbeat_notices_a_takeover_and_never_writes_over_it(s3):
     lock, store = _lock(s3, "beat", stale_after_s=60)
     lock.acquire()

@@ -9,16 +9,36 @@ import pandas as pd
 import pytest
 from scipy import stats
 
-from freezesweep.results.settle import (FULL, LEARNED, NOTHING_LEARNED, UNDECIDED, WITHIN, WORSE, SettleRule, decide,
-                            interval, next_round)
+from freezesweep.results.settle import (
+    FULL,
+    LEARNED,
+    NOTHING_LEARNED,
+    UNDECIDED,
+    WITHIN,
+    WORSE,
+    SettleRule,
+    decide,
+    interval,
+    next_round,
+)
 
 RULE = SettleRule(tolerance=0.01, confidence=0.95, initial_seeds=3, max_seeds=9, seeds_per_round=2)
 
 
 def _rows(scores: dict[str, list[float]], baseline: float = 0.5, status: dict | None = None) -> pd.DataFrame:
-    return pd.DataFrame([{"arm": arm, "seed": seed, "score": score, "baseline_score": baseline,
-                          "status": (status or {}).get((arm, seed), "ok")}
-                         for arm, values in scores.items() for seed, score in enumerate(values)])
+    return pd.DataFrame(
+        [
+            {
+                "arm": arm,
+                "seed": seed,
+                "score": score,
+                "baseline_score": baseline,
+                "status": (status or {}).get((arm, seed), "ok"),
+            }
+            for arm, values in scores.items()
+            for seed, score in enumerate(values)
+        ]
+    )
 
 
 def test_the_looks_of_a_budget():
@@ -29,12 +49,16 @@ def test_the_looks_of_a_budget():
 def test_identical_paired_differences_and_full_fine_tuning_at_the_baseline_give_no_advice():
     """The demo's n = 50: both seeds' differences equal (a zero-width t interval) and full fine-tuning at
     the majority class. Before: "freeze the embeddings and the first 6 layers (95 % CI +0.004 to +0.004)"."""
-    degenerate = decide(_rows({FULL: [0.516, 0.516, 0.516], "freeze k=6": [0.520, 0.520, 0.520]}, baseline=0.509),
-                        RULE, looks=1)
+    degenerate = decide(
+        _rows({FULL: [0.516, 0.516, 0.516], "freeze k=6": [0.520, 0.520, 0.520]}, baseline=0.509), RULE, looks=1
+    )
     [k6] = degenerate.arms
     assert k6.decision == UNDECIDED and "spread is unknown" in k6.why and degenerate.advice is None
-    at_baseline = decide(_rows({FULL: [0.5115, 0.5110, 0.5118, 0.5112], "freeze k=6": [0.5095, 0.512, 0.5097, 0.511]},
-                               baseline=0.509), RULE, looks=1)
+    at_baseline = decide(
+        _rows({FULL: [0.5115, 0.5110, 0.5118, 0.5112], "freeze k=6": [0.5095, 0.512, 0.5097, 0.511]}, baseline=0.509),
+        RULE,
+        looks=1,
+    )
     assert at_baseline.learned.decision == NOTHING_LEARNED and at_baseline.advice is None
     assert next_round(at_baseline, RULE, ["freeze k=6"], {FULL: set(range(4)), "freeze k=6": set(range(4))}) == []
     few = decide(_rows({FULL: [0.8, 0.9], "freeze k=3": [0.79, 0.91]}), RULE, looks=1)
@@ -45,15 +69,19 @@ def test_a_recorded_sequence_decides_as_computed_by_hand():
     """Three arms, four looks, two comparisons beside the learned check: each bound one-sided, at
     1 - 0.5 × 0.05 / (4 looks × 3 comparisons) (the quality share of α), a Student-t one of the paired differences."""
     full = [0.80, 0.82, 0.78, 0.81, 0.79]
-    scores = {FULL: full, "freeze k=2": [f + d for f, d in zip(full, [0.002, -0.001, 0.003, 0.000, 0.001])],
-              "freeze k=6": [f - d for f, d in zip(full, [0.30, 0.28, 0.29, 0.31, 0.30])]}
+    scores = {
+        FULL: full,
+        "freeze k=2": [f + d for f, d in zip(full, [0.002, -0.001, 0.003, 0.000, 0.001])],
+        "freeze k=6": [f - d for f, d in zip(full, [0.30, 0.28, 0.29, 0.31, 0.30])],
+    }
     result = decide(_rows(scores, baseline=0.4), RULE)  # (0.5: k = 6's seeds 0 and 3 would be collapses)
     for arm, share in (("freeze k=2", 0.5), ("freeze k=6", 0.2)):  # k = 6: "worse", over every seed
         diffs = np.array(scores[arm]) - np.array(full)
         half = stats.t.ppf(1 - share * 0.05 / (4 * 3), 4) * diffs.std(ddof=1) / math.sqrt(5)
         mine = next(c for c in result.arms if c.arm == arm)
         assert (mine.low if arm == "freeze k=2" else mine.high_all) == pytest.approx(
-            diffs.mean() - half if arm == "freeze k=2" else diffs.mean() + half)
+            diffs.mean() - half if arm == "freeze k=2" else diffs.mean() + half
+        )
     k2, k6 = (next(c for c in result.arms if c.arm == a) for a in ("freeze k=2", "freeze k=6"))
     assert k2.low > -0.01 and k2.decision == WITHIN  # by hand: mean 0.001, half-width ≈ 0.0050
     assert k6.high_all < -0.01 and k6.decision == WORSE
@@ -63,10 +91,12 @@ def test_a_recorded_sequence_decides_as_computed_by_hand():
 
 def test_the_next_round_goes_to_undecided_arms_nearest_the_boundary_first():
     full = [0.80, 0.82, 0.78]
-    scores = {FULL: full,
-              "freeze k=2": [f + d for f, d in zip(full, [0.01, -0.03, 0.02])],  # undecided, near the boundary
-              "freeze k=4": [f + d for f, d in zip(full, [0.05, -0.09, 0.02])],  # undecided, wide
-              "freeze k=6": [f - 0.3 + d for f, d in zip(full, [0.001, -0.001, 0.0])]}  # worse: settled
+    scores = {
+        FULL: full,
+        "freeze k=2": [f + d for f, d in zip(full, [0.01, -0.03, 0.02])],  # undecided, near the boundary
+        "freeze k=4": [f + d for f, d in zip(full, [0.05, -0.09, 0.02])],  # undecided, wide
+        "freeze k=6": [f - 0.3 + d for f, d in zip(full, [0.001, -0.001, 0.0])],
+    }  # worse: settled
     decision = decide(_rows(scores), RULE)
     assert [c.decision for c in decision.arms] == [UNDECIDED, UNDECIDED, WORSE]
     done = {arm: {0, 1, 2} for arm in scores}
@@ -75,8 +105,15 @@ def test_the_next_round_goes_to_undecided_arms_nearest_the_boundary_first():
     together = dataclasses.replace(RULE, learned_first=False)
     first = next_round(decide(_rows({}), together), together, ["freeze k=2", "freeze k=6"], {})
     assert sorted(set(seed for _, seed in first)) == [0, 1, 2] and len(first) == 9  # initial seeds for all arms
-    at_budget = decide(_rows({FULL: [0.8, 0.82, 0.78, 0.8, 0.81, 0.79, 0.8, 0.8, 0.82],
-                              "freeze k=2": [0.8, 0.85, 0.7, 0.8, 0.86, 0.72, 0.8, 0.8, 0.9]}), RULE)
+    at_budget = decide(
+        _rows(
+            {
+                FULL: [0.8, 0.82, 0.78, 0.8, 0.81, 0.79, 0.8, 0.8, 0.82],
+                "freeze k=2": [0.8, 0.85, 0.7, 0.8, 0.86, 0.72, 0.8, 0.8, 0.9],
+            }
+        ),
+        RULE,
+    )
     assert next_round(at_budget, RULE, ["freeze k=2"], {FULL: set(range(9)), "freeze k=2": set(range(9))}) == []
 
 
@@ -125,11 +162,13 @@ def test_the_arms_seeds_follow_the_schedule_and_full_fine_tuning_runs_what_their
     full = [0.80, 0.82, 0.78, 0.81, 0.79, 0.80, 0.82, 0.78, 0.81]
     at_max = decide(_rows({FULL: full}), RULE, comparisons=3)  # learned at the budget, no arm run yet
     assert next_round(at_max, RULE, arms, {FULL: set(range(9))}) == [(arm, s) for arm in arms for s in (0, 1, 2)]
-    uneven = decide(_rows({FULL: full[:5], "freeze k=2": [0.80, 0.85, 0.70], "freeze k=4": [0.80, 0.79, 0.83, 0.75, 0.9]}),
-                    RULE)
+    uneven = decide(
+        _rows({FULL: full[:5], "freeze k=2": [0.80, 0.85, 0.70], "freeze k=4": [0.80, 0.79, 0.83, 0.75, 0.9]}), RULE
+    )
     cells = next_round(uneven, RULE, arms, {FULL: set(range(5)), "freeze k=2": {0, 1, 2}, "freeze k=4": set(range(5))})
-    assert sorted(cells) == sorted([(FULL, 5), (FULL, 6), ("freeze k=2", 3), ("freeze k=2", 4),
-                                    ("freeze k=4", 5), ("freeze k=4", 6)])  # k=2's seeds 3, 4 pair with stored ones
+    assert sorted(cells) == sorted(
+        [(FULL, 5), (FULL, 6), ("freeze k=2", 3), ("freeze k=2", 4), ("freeze k=4", 5), ("freeze k=4", 6)]
+    )  # k=2's seeds 3, 4 pair with stored ones
     diverged = decide(_rows({FULL: full[:3] + [float("nan")]}, status={(FULL, 3): "diverged"}), RULE, comparisons=3)
     assert (FULL, 3) not in next_round(diverged, RULE, arms, {FULL: {0, 1, 2, 3}})  # a final row: not run again
 
@@ -138,10 +177,17 @@ def test_a_learned_check_that_reopens_sends_seeds_to_full_fine_tuning_only():
     """The intervals hold at every look, not only the first that decides: a later look may straddle again."""
     reopened = decide(_rows({FULL: [0.52, 0.60, 0.50, 0.51, 0.58], "freeze k=2": [0.52, 0.61, 0.50]}), RULE)
     assert reopened.learned.decision == UNDECIDED
-    assert next_round(reopened, RULE, ["freeze k=2"], {FULL: set(range(5)), "freeze k=2": {0, 1, 2}}) == [(FULL, 5), (FULL, 6)]
+    assert next_round(reopened, RULE, ["freeze k=2"], {FULL: set(range(5)), "freeze k=2": {0, 1, 2}}) == [
+        (FULL, 5),
+        (FULL, 6),
+    ]
     together = dataclasses.replace(RULE, learned_first=False)  # every arm from the first round: both run
-    assert next_round(reopened, together, ["freeze k=2"], {FULL: set(range(5)), "freeze k=2": {0, 1, 2}}) == \
-        [(FULL, 5), (FULL, 6), ("freeze k=2", 3), ("freeze k=2", 4)]
+    assert next_round(reopened, together, ["freeze k=2"], {FULL: set(range(5)), "freeze k=2": {0, 1, 2}}) == [
+        (FULL, 5),
+        (FULL, 6),
+        ("freeze k=2", 3),
+        ("freeze k=2", 4),
+    ]
     at_budget = decide(_rows({FULL: [0.52, 0.60, 0.50, 0.55, 0.49, 0.58, 0.51, 0.56, 0.50]}), together, comparisons=2)
     assert next_round(at_budget, together, ["freeze k=2"], {FULL: set(range(9)), "freeze k=2": {0, 1, 2}}) == []
 
@@ -160,7 +206,9 @@ def test_collapsed_seeds_are_counted_with_an_exact_bound_and_left_out_of_quality
     assert (k2.pairs, k2.seeds, k2.collapsed) == (4, 5, 1)
     assert k2.low == pytest.approx(diffs.mean() - half) and k2.decision == WITHIN
     assert k2.collapse_upper == pytest.approx(stats.beta.ppf(1 - alphas.stability, 2, 4))  # Clopper–Pearson, 1 of 5
-    assert (k2.score, k2.reference) == pytest.approx((np.mean([0.811, 0.829, 0.791, 0.801]), np.mean([0.8, 0.82, 0.78, 0.79])))
+    assert (k2.score, k2.reference) == pytest.approx(
+        (np.mean([0.811, 0.829, 0.791, 0.801]), np.mean([0.8, 0.82, 0.78, 0.79]))
+    )
     recorded = _rows({FULL: full, "freeze k=2": [0.811, 0.829, 0.791, 0.6, 0.801]}, baseline=0.5)
     recorded["collapsed"] = (recorded["arm"] == "freeze k=2") & (recorded["seed"] == 3)  # one class predicted
     assert decide(recorded, RULE, comparisons=3).arms[0].collapsed == 1

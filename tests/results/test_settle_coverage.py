@@ -25,12 +25,18 @@ def test_five_values_per_cell_match_the_published_statistics(coverage):
     cells = pd.read_csv(coverage.REFERENCE)
     for _, cell in cells.iterrows():
         values = coverage.five_values(cell)
-        assert (values.min(), np.median(values), values.max()) == pytest.approx((cell["min"], cell["median"], cell["max"]))
-    sst2 = cells[(cells["dataset"] == "glue/sst2") & (cells["train_size"] == 100) & (cells["frozen_layers"] == 10)].iloc[0]
+        assert (values.min(), np.median(values), values.max()) == pytest.approx(
+            (cell["min"], cell["median"], cell["max"])
+        )
+    sst2 = cells[
+        (cells["dataset"] == "glue/sst2") & (cells["train_size"] == 100) & (cells["frozen_layers"] == 10)
+    ].iloc[0]
     assert coverage.five_values(sst2)[0] == 0.509  # the collapsed seed: exactly the majority baseline
     fitted = [coverage.five_values(c) for _, c in cells.iterrows()]
-    close = [abs(v.mean() - c["mean"]) < 2e-3 and abs(v.std(ddof=1) - c["std"]) < 2e-3
-             for v, (_, c) in zip(fitted, cells.iterrows())]
+    close = [
+        abs(v.mean() - c["mean"]) < 2e-3 and abs(v.std(ddof=1) - c["std"]) < 2e-3
+        for v, (_, c) in zip(fitted, cells.iterrows())
+    ]
     assert np.mean(close) > 0.9  # the rest: the published figures' rounding leaves no exact five
 
 

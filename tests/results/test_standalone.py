@@ -16,7 +16,9 @@ sys.meta_path.insert(0, Block())
 
 
 def test_results_imports_without_torch_or_trials(tmp_path):
-    code = BLOCKER + f"""
+    code = (
+        BLOCKER
+        + f"""
 import pyarrow as pa
 import freezesweep.results.lock, freezesweep.results.stats, freezesweep.results.decision, freezesweep.results.figures
 import freezesweep.results.report
@@ -29,6 +31,7 @@ store.write_row(row)
 print(query.summary(store.read())["mean"].tolist(), sorted(store.ok_ids()))
 print(sorted(m for m in sys.modules if m.split('.')[0] == 'torch' or m.startswith('freezesweep.trials')))
 """
+    )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO)
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.splitlines() == ["[0.5] ['abc']", "[]"]
@@ -36,6 +39,7 @@ print(sorted(m for m in sys.modules if m.split('.')[0] == 'torch' or m.startswit
 
 def test_the_blocker_blocks():
     """The check above means something only if the blocker really stops a torch import."""
-    done = subprocess.run([sys.executable, "-c", BLOCKER + "import freezesweep.trials.config"], capture_output=True, text=True,
-                          cwd=REPO)
+    done = subprocess.run(
+        [sys.executable, "-c", BLOCKER + "import freezesweep.trials.config"], capture_output=True, text=True, cwd=REPO
+    )
     assert done.returncode != 0 and "blocked import of freezesweep.trials" in done.stderr

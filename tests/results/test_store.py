@@ -1,4 +1,3 @@
-
 from dataclasses import replace
 
 import duckdb
@@ -16,14 +15,28 @@ from freezesweep.trials.config import EvalPoint, TrialConfig, TrialResult
 
 
 def _result(seed=0, status="ok", acc=0.8, train_size=50):
-    cfg = TrialConfig(dataset="glue/sst2", model="m", train_size=train_size, frozen_layers=2, seed=seed, precision="fp32")
+    cfg = TrialConfig(
+        dataset="glue/sst2", model="m", train_size=train_size, frozen_layers=2, seed=seed, precision="fp32"
+    )
     if status != "ok":
         return TrialResult(trial_id=cfg.trial_id, config=cfg, status=status, error="boom")
     curve = (EvalPoint(2, 0.5, acc - 0.1, 0.6), EvalPoint(4, 1.0, acc, 0.5))
-    return TrialResult(trial_id=cfg.trial_id, config=cfg, status="ok", best_val_accuracy=acc, best_step=4,
-                       best_epoch=1.0, final_val_accuracy=acc, majority_baseline=0.509, eval_curve=curve,
-                       train_loss_curve=((2, 0.7), (4, 0.6)), trainable_params=10, total_params=20,
-                       train_indices=(1, 5, 9), versions={"torch": "x"})
+    return TrialResult(
+        trial_id=cfg.trial_id,
+        config=cfg,
+        status="ok",
+        best_val_accuracy=acc,
+        best_step=4,
+        best_epoch=1.0,
+        final_val_accuracy=acc,
+        majority_baseline=0.509,
+        eval_curve=curve,
+        train_loss_curve=((2, 0.7), (4, 0.6)),
+        trainable_params=10,
+        total_params=20,
+        train_indices=(1, 5, 9),
+        versions={"torch": "x"},
+    )
 
 
 def test_rows_are_readable_without_freezesweep(tmp_path):
@@ -43,8 +56,12 @@ def test_rows_are_readable_without_freezesweep(tmp_path):
 
 def test_one_file_per_cell_and_ok_rows_are_final(tmp_path):
     store = ResultStore(str(tmp_path), "s")
-    writer = RowWriter("s", SpoolingWriter(store, str(tmp_path / "spool")), store.ok_ids(),
-                       SweepProgress(total=1, done=0, enabled=False))
+    writer = RowWriter(
+        "s",
+        SpoolingWriter(store, str(tmp_path / "spool")),
+        store.ok_ids(),
+        SweepProgress(total=1, done=0, enabled=False),
+    )
     writer.write(_result(status="failed"), 2)
     assert store.statuses() == {_result().trial_id: "failed"}
     writer.write(_result(acc=0.81), 1)  # the retry's ok replaces the failed row
@@ -70,8 +87,12 @@ def test_an_oom_row_is_replaced_by_its_retry_and_the_cell_counted_once(tmp_path)
     rows = store.read().set_index("seed")
     assert len(rows) == 2 and len(list((tmp_path / "s" / "results").glob("*.parquet"))) == 2
     retried = rows.loc[0]
-    assert (retried["status"], retried["oom_retry"], retried["gpus_per_trial"], retried["trials_per_gpu"]) == \
-        ("ok", True, 0.5, 2)
+    assert (retried["status"], retried["oom_retry"], retried["gpus_per_trial"], retried["trials_per_gpu"]) == (
+        "ok",
+        True,
+        0.5,
+        2,
+    )
     assert not rows.loc[1, "oom_retry"]
     assert (writer.ok, writer.failed, progress.failed) == (1, 1, 1)
 
@@ -89,11 +110,21 @@ def test_old_stores_read_and_append_with_the_placement_columns(tmp_path):
     old_names = [n for n in SCHEMA.names if n not in PLACEMENT_COLUMNS and n != "oom_retry"]
     (tmp_path / "s" / "results").mkdir(parents=True)
     old_schema = pa.schema([SCHEMA.field(n) for n in old_names])
-    pq.write_table(pa.Table.from_pylist([{n: old[n] for n in old_names}], schema=old_schema),
-                   tmp_path / "s" / "results" / f"{old['trial_id']}.parquet")
+    pq.write_table(
+        pa.Table.from_pylist([{n: old[n] for n in old_names}], schema=old_schema),
+        tmp_path / "s" / "results" / f"{old['trial_id']}.parquet",
+    )
     for seed, node in ((1, "n1"), (2, "n2"), (3, "n2")):  # two Ray nodes on one host
-        where = {"node_id": node, "node_ip": "10.0.0.5", "hostname": "gpu-host", "gpu_index": seed % 2,
-                 "gpu_name": "H100", "gpu_uuid": f"GPU-{node}-{seed % 2}", "gpus_per_trial": 0.5, "trials_per_gpu": 2}
+        where = {
+            "node_id": node,
+            "node_ip": "10.0.0.5",
+            "hostname": "gpu-host",
+            "gpu_index": seed % 2,
+            "gpu_name": "H100",
+            "gpu_uuid": f"GPU-{node}-{seed % 2}",
+            "gpus_per_trial": 0.5,
+            "trials_per_gpu": 2,
+        }
         store.write_row(result_row("s", replace(_result(seed=seed), placement=where), attempts=1))
     rows = store.read().set_index("seed")
     assert rows.loc[0, "node"] == "old-host" and pd.isna(rows.loc[0, "node_id"]) and pd.isna(rows.loc[0, "gpu_index"])
@@ -140,8 +171,11 @@ def test_any_fsspec_filesystem_works(tmp_path):
 def test_status_table_counts_per_axis_in_spec_order():
     from freezesweep.results.query import status_table
 
-    cells = [TrialConfig(dataset="glue/sst2", model="m", train_size=n, frozen_layers=k, seed=0, precision="fp32")
-             for n in (200, 50) for k in (-1, 4)]
+    cells = [
+        TrialConfig(dataset="glue/sst2", model="m", train_size=n, frozen_layers=k, seed=0, precision="fp32")
+        for n in (200, 50)
+        for k in (-1, 4)
+    ]
     statuses = {cells[0].trial_id: "ok", cells[1].trial_id: "failed", cells[2].trial_id: "oom"}
     table = status_table(cells, statuses).set_index(["axis", "value"])[["done", "failed", "missing"]]
     assert list(table.loc["train_size"].index) == ["200", "50"]  # the spec's order, not sorted
@@ -154,8 +188,11 @@ def test_status_table_counts_per_axis_in_spec_order():
 def test_a_long_axis_shows_its_unfinished_values_and_sums_the_rest():
     from freezesweep.results.query import OUTCOMES, collapse_long_axes, status_table
 
-    cells = [TrialConfig(dataset="glue/sst2", model="m", train_size=n, frozen_layers=0, seed=seed, precision="fp32")
-             for n in (50, 100) for seed in range(30)]
+    cells = [
+        TrialConfig(dataset="glue/sst2", model="m", train_size=n, frozen_layers=0, seed=seed, precision="fp32")
+        for n in (50, 100)
+        for seed in range(30)
+    ]
     statuses = {c.trial_id: "ok" for c in cells if c.seed not in (7, 21)} | {cells[21].trial_id: "failed"}
     full = status_table(cells, statuses)
     table = collapse_long_axes(full, max_values=20).set_index(["axis", "value"])
@@ -170,14 +207,25 @@ def test_a_long_axis_shows_its_unfinished_values_and_sums_the_rest():
 
 
 def _scored(seed: int, metric: str, score: float, dataset: str = "glue/stsb") -> TrialResult:
-    cfg = TrialConfig(dataset=dataset, model="m", train_size=50, frozen_layers=2, seed=seed, precision="fp32",
-                      select_metric=metric)
+    cfg = TrialConfig(
+        dataset=dataset, model="m", train_size=50, frozen_layers=2, seed=seed, precision="fp32", select_metric=metric
+    )
     best = {"pearson": score, "spearman": score - 0.05} if metric == "pearson" else {"accuracy": 0.7, "matthews": score}
     point = EvalPoint(4, 1.0, best.get("accuracy"), 0.5, **{k: v for k, v in best.items() if k != "accuracy"})
     baseline = {"pearson": 0.0, "spearman": 0.0} if metric == "pearson" else {"accuracy": 0.69, "matthews": 0.0}
-    return TrialResult(trial_id=cfg.trial_id, config=cfg, status="ok", best_val_accuracy=best.get("accuracy"),
-                       select_metric=metric, best_val_score=score, baseline_score=0.0, best_val_metrics=best,
-                       baseline_metrics=baseline, eval_curve=(point,), majority_baseline=baseline.get("accuracy"))
+    return TrialResult(
+        trial_id=cfg.trial_id,
+        config=cfg,
+        status="ok",
+        best_val_accuracy=best.get("accuracy"),
+        select_metric=metric,
+        best_val_score=score,
+        baseline_score=0.0,
+        best_val_metrics=best,
+        baseline_metrics=baseline,
+        eval_curve=(point,),
+        majority_baseline=baseline.get("accuracy"),
+    )
 
 
 def test_rows_record_every_metric_and_the_selected_one(tmp_path):
@@ -198,7 +246,9 @@ def test_rows_record_every_metric_and_the_selected_one(tmp_path):
     assert table.loc["glue/stsb", "metric"] == "pearson" and table.loc["glue/stsb", "mean"] == pytest.approx(0.82)
     assert table.loc["glue/cola", "metric"] == "matthews" and table.loc["glue/cola", "baseline"] == 0.0
     spearman = summary(store.read(), metric="spearman").set_index("dataset")
-    assert spearman.loc["glue/stsb", "mean"] == pytest.approx(0.77) and spearman.loc["glue/stsb", "metric"] == "spearman"
+    assert (
+        spearman.loc["glue/stsb", "mean"] == pytest.approx(0.77) and spearman.loc["glue/stsb", "metric"] == "spearman"
+    )
     accuracy = summary(store.read(), metric="accuracy").set_index("dataset")
     assert accuracy.loc["glue/cola", "mean"] == 0.7 and accuracy.loc["glue/cola", "baseline"] == 0.69
     with pytest.raises(ValueError, match="unknown metric 'mse'"):
@@ -215,16 +265,25 @@ def test_rows_stored_before_select_metric_read_as_accuracy(tmp_path):
 
     store = ResultStore(str(tmp_path), "old")
     row = result_row("old", _result(acc=0.75))
-    old_names = [n for n in SCHEMA.names if n not in {"select_metric", "best_val_score", "final_val_score",
-                                                      "baseline_score"} and not n.startswith("baseline_")
-                 and n not in {"best_val_f1", "best_val_matthews", "best_val_pearson", "best_val_spearman"}]
+    old_names = [
+        n
+        for n in SCHEMA.names
+        if n not in {"select_metric", "best_val_score", "final_val_score", "baseline_score"}
+        and not n.startswith("baseline_")
+        and n not in {"best_val_f1", "best_val_matthews", "best_val_pearson", "best_val_spearman"}
+    ]
     old_schema = pa.schema([SCHEMA.field(n) for n in old_names])
     (tmp_path / "old" / "results").mkdir(parents=True)
-    pq.write_table(pa.Table.from_pylist([{n: row[n] for n in old_names}], schema=old_schema),
-                   tmp_path / "old" / "results" / f"{row['trial_id']}.parquet")
+    pq.write_table(
+        pa.Table.from_pylist([{n: row[n] for n in old_names}], schema=old_schema),
+        tmp_path / "old" / "results" / f"{row['trial_id']}.parquet",
+    )
     store.write_row(result_row("old", _scored(1, "pearson", 0.9)))  # a new row beside it
-    got = sql(store, "SELECT dataset, select_metric, best_val_score, baseline_score, baseline_accuracy FROM results "
-                     "ORDER BY dataset").values.tolist()
+    got = sql(
+        store,
+        "SELECT dataset, select_metric, best_val_score, baseline_score, baseline_accuracy FROM results "
+        "ORDER BY dataset",
+    ).values.tolist()
     assert got[0] == ["glue/sst2", "accuracy", 0.75, 0.509, 0.509]
     assert got[1][:4] == ["glue/stsb", "pearson", 0.9, 0.0]
     rows = read_rows(store).set_index("dataset")
@@ -240,15 +299,22 @@ def test_diverged_cells_are_counted_apart_and_left_out(tmp_path):
     for seed in range(3):
         store.write_row(result_row("s", _result(seed, acc=0.7)))
     cfg = _result(3).config
-    store.write_row(result_row("s", TrialResult(trial_id=cfg.trial_id, config=cfg, status="diverged",
-                                                diverged_at_step=3, select_metric="accuracy")))
+    store.write_row(
+        result_row(
+            "s",
+            TrialResult(
+                trial_id=cfg.trial_id, config=cfg, status="diverged", diverged_at_step=3, select_metric="accuracy"
+            ),
+        )
+    )
     cells = [_result(s).config for s in range(4)]
     status = status_table(cells, store.statuses()).set_index(["axis", "value"])
     assert status.loc[("total", ""), ["done", "diverged", "failed", "missing"]].tolist() == [3, 1, 0, 0]
     assert summary(store.read())["n"].tolist() == [3]  # the diverged row is no result
     report = write_report([SweepRows.from_store(store, status.reset_index())], str(tmp_path / "out"))
-    assert report.completeness == ["s: complete, 3 cells done; 1 diverged (a non-finite loss: left out of every "
-                                   "statistic, not run again)."]
+    assert report.completeness == [
+        "s: complete, 3 cells done; 1 diverged (a non-finite loss: left out of every statistic, not run again)."
+    ]
 
 
 # --- issue 29: a full disk leaves no temporary file behind -------------------------------------------------
@@ -285,8 +351,11 @@ def _full_disk():
 
 
 def _leftovers(folder) -> list[str]:
-    return sorted(str(p.relative_to(folder)) for p in folder.rglob("*") if p.is_file() and
-                  (p.name.endswith(".tmp") or p.name.startswith(".freezesweep-probe-")))
+    return sorted(
+        str(p.relative_to(folder))
+        for p in folder.rglob("*")
+        if p.is_file() and (p.name.endswith(".tmp") or p.name.startswith(".freezesweep-probe-"))
+    )
 
 
 def test_a_full_disk_leaves_no_temporary_file(tmp_path):

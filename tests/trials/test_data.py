@@ -9,7 +9,9 @@ from freezesweep.trials.data import DatasetError, describe_task, load_task, offi
 
 
 @needs_glue
-@pytest.mark.parametrize("dataset,rows,majority", [("glue/sst2", (67349, 872), 0.509), ("glue/cola", (8551, 1043), 0.691)])
+@pytest.mark.parametrize(
+    "dataset,rows,majority", [("glue/sst2", (67349, 872), 0.509), ("glue/cola", (8551, 1043), 0.691)]
+)
 def test_real_glue_from_local_parquet(dataset, rows, majority, glue_dir):
     task = load_task(dataset, str(glue_dir))
     assert (len(task.train), len(task.validation)) == rows
@@ -60,7 +62,9 @@ def test_string_labels_are_mapped(tmp_path):
     import pandas as pd
 
     for split in ("train", "validation"):
-        pd.DataFrame({"text": ["a", "b", "c"], "label": ["pos", "neg", "pos"]}).to_csv(tmp_path / f"{split}.csv", index=False)
+        pd.DataFrame({"text": ["a", "b", "c"], "label": ["pos", "neg", "pos"]}).to_csv(
+            tmp_path / f"{split}.csv", index=False
+        )
     task = load_task(str(tmp_path), text_column="text")
     assert task.train.labels.tolist() == [1, 0, 1]
     assert task.majority_baseline == pytest.approx(2 / 3)
@@ -87,17 +91,23 @@ def test_explicit_file_pair_with_any_names(tmp_path):
 
 
 @needs_glue
-@pytest.mark.parametrize("dataset,rows,official", [("glue/rte", (2490, 277), "accuracy"),
-                                                   ("glue/mrpc", (3668, 408), "f1"),
-                                                   ("glue/stsb", (5749, 1500), "pearson")])
+@pytest.mark.parametrize(
+    "dataset,rows,official",
+    [("glue/rte", (2490, 277), "accuracy"), ("glue/mrpc", (3668, 408), "f1"), ("glue/stsb", (5749, 1500), "pearson")],
+)
 def test_real_sentence_pair_tasks(dataset, rows, official, glue_dir):
     task = load_task(dataset, str(glue_dir))
     assert (len(task.train), len(task.validation)) == rows
-    assert task.train.pairs is not None and len(task.train.pairs) == rows[0] and task.train.pairs[0] != task.train.texts[0]
+    assert (
+        task.train.pairs is not None and len(task.train.pairs) == rows[0] and task.train.pairs[0] != task.train.texts[0]
+    )
     assert task.official_metrics[0] == official == official_metric(dataset)
     shape = describe_task(dataset, str(glue_dir))  # from Parquet metadata alone
-    assert (shape.rows, shape.regression, shape.metrics) == ({"train": rows[0], "validation": rows[1]},
-                                                             task.regression, task.metrics)
+    assert (shape.rows, shape.regression, shape.metrics) == (
+        {"train": rows[0], "validation": rows[1]},
+        task.regression,
+        task.metrics,
+    )
 
 
 @needs_glue
@@ -127,18 +137,24 @@ def test_local_pairs_and_float_labels(tmp_path):
     assert task.train.pairs is not None and not task.regression and task.metrics == ("accuracy", "f1", "matthews")
     single = load_task(str(pairs), text_column="sentence1")
     assert single.train.pairs is None and single.train.digest != task.train.digest  # the second text is content
-    scores = load_task(str(make_toy_pair_dataset(tmp_path / "scores", regression=True)), text_column="sentence1",
-                       text_pair_column="sentence2")
+    scores = load_task(
+        str(make_toy_pair_dataset(tmp_path / "scores", regression=True)),
+        text_column="sentence1",
+        text_pair_column="sentence2",
+    )
     assert scores.regression and scores.num_labels == 1 and scores.official_metrics == ("pearson", "spearman")
     assert scores.train.labels.dtype == np.float32
-    with pytest.raises(DatasetError, match="no column 'second' \\(text_pair_column\\) in the train and validation split"):
+    with pytest.raises(
+        DatasetError, match="no column 'second' \\(text_pair_column\\) in the train and validation split"
+    ):
         load_task(str(pairs), text_column="sentence1", text_pair_column="second")
 
 
 def test_float_labels_on_a_classification_task_are_an_error(tmp_path):
     folder = make_toy_pair_dataset(tmp_path / "rte", regression=True)  # a GLUE classification task's name, float labels
-    with pytest.raises(DatasetError, match="holds floats in the train and validation split, but glue/rte is a "
-                                           "classification task") as info:
+    with pytest.raises(
+        DatasetError, match="holds floats in the train and validation split, but glue/rte is a classification task"
+    ) as info:
         describe_task("glue/rte", str(tmp_path))
     assert len(info.value.problems) == 1
     with pytest.raises(DatasetError, match="glue/rte is a classification task"):
@@ -166,17 +182,24 @@ def test_an_empty_label_is_named_by_file_column_and_line(tmp_path):
 
 def test_a_validation_label_train_never_has_is_refused(tmp_path):
     """Before: accepted, a 3-class head trained and the rows stored ok."""
-    folder = _csv_pair(tmp_path / "d", "sentence,label\na,good\nb,bad\nc,good\n",
-                       "sentence,label\nx,good\ny,neutral\nz,neutral\n")
-    with pytest.raises(DatasetError, match=r"validation.csv: column 'label' holds label\(s\) \['neutral'\] that the "
-                                           r"train split never has, lines 3, 4"):
+    folder = _csv_pair(
+        tmp_path / "d", "sentence,label\na,good\nb,bad\nc,good\n", "sentence,label\nx,good\ny,neutral\nz,neutral\n"
+    )
+    with pytest.raises(
+        DatasetError,
+        match=r"validation.csv: column 'label' holds label\(s\) \['neutral'\] that the "
+        r"train split never has, lines 3, 4",
+    ):
         load_task(folder)
 
 
 def test_a_single_class_in_train_is_refused(tmp_path):
     folder = _csv_pair(tmp_path / "d", "sentence,label\na,1\nb,1\n", "sentence,label\nx,1\ny,0\n")
-    with pytest.raises(DatasetError, match=r"train.csv: column 'label' has 1 class\(es\) \(\[1\]\): a classifier needs "
-                                           "at least two"):
+    with pytest.raises(
+        DatasetError,
+        match=r"train.csv: column 'label' has 1 class\(es\) \(\[1\]\): a classifier needs "
+        "at least two",
+    ):
         load_task(folder)
 
 
@@ -189,8 +212,10 @@ def test_empty_and_null_texts_are_refused_or_dropped_and_counted(tmp_path):
     frame.iloc[[0, 3, 4]].to_parquet(folder / "validation.parquet")
     with pytest.raises(DatasetError) as info:
         load_task(str(folder))
-    assert info.value.problems == [f"{folder}/train.parquet: column 'sentence' has 2 empty or missing text(s), rows "
-                                   "(0-based) 1, 2 (training.empty_texts: drop drops such rows)"]
+    assert info.value.problems == [
+        f"{folder}/train.parquet: column 'sentence' has 2 empty or missing text(s), rows "
+        "(0-based) 1, 2 (training.empty_texts: drop drops such rows)"
+    ]
     task = load_task(str(folder), empty_texts="drop")
     assert task.dropped == {"train": 2, "validation": 0} and task.train.texts == ("fine", "good", "bad", "ok")
     assert "None" not in task.train.texts and list(task.train.labels) == [0, 1, 0, 1]
@@ -198,7 +223,9 @@ def test_empty_and_null_texts_are_refused_or_dropped_and_counted(tmp_path):
 
 def test_labels_that_differ_only_in_case_or_whitespace_are_named(tmp_path):
     """Before: `pos`, `pos `, `neg`, `neg ` made a 4-class head, exit 0, no word."""
-    train = "sentence,label\n" + "".join(f"row {i},{label}\n" for i, label in enumerate(["pos", "pos ", "neg", "neg ", "pos", "Neg"]))
+    train = "sentence,label\n" + "".join(
+        f"row {i},{label}\n" for i, label in enumerate(["pos", "pos ", "neg", "neg ", "pos", "Neg"])
+    )
     folder = _csv_pair(tmp_path / "d", train, "sentence,label\nx,pos\ny,neg\n")
     with pytest.raises(DatasetError) as info:
         load_task(folder)
@@ -206,22 +233,29 @@ def test_labels_that_differ_only_in_case_or_whitespace_are_named(tmp_path):
         "label column 'label': 'Neg' (1 rows), 'neg' (2 rows), 'neg ' (1 rows) differ only in case or whitespace, so "
         "each would be a class of its own; spell each label one way in the files",
         "label column 'label': 'pos' (3 rows), 'pos ' (1 rows) differ only in case or whitespace, so each would be a "
-        "class of its own; spell each label one way in the files"]
+        "class of its own; spell each label one way in the files",
+    ]
     clean = _csv_pair(tmp_path / "ok", "sentence,label\na,pos\nb,neg\nc,Positive\n", "sentence,label\nx,pos\ny,neg\n")
     assert load_task(clean).num_labels == 3  # distinct words stay distinct classes
 
 
 def test_a_text_of_only_invisible_characters_is_empty(tmp_path):
     """Before: a text of zero-width spaces and joiners (and a byte-order mark) was accepted, where "   " was refused."""
-    frame = pd.DataFrame({"sentence": ["fine", "\u200b\u200b", " \u200d\ufeff ", "good", "caf\u00e9\u200b", "ok"],
-                          "label": [0, 1, 0, 1, 0, 1]})
+    frame = pd.DataFrame(
+        {
+            "sentence": ["fine", "\u200b\u200b", " \u200d\ufeff ", "good", "caf\u00e9\u200b", "ok"],
+            "label": [0, 1, 0, 1, 0, 1],
+        }
+    )
     folder = tmp_path / "d"
     folder.mkdir()
     frame.to_parquet(folder / "train.parquet")
     frame.iloc[[0, 3]].to_parquet(folder / "validation.parquet")
     with pytest.raises(DatasetError) as info:
         load_task(str(folder))
-    assert info.value.problems == [f"{folder}/train.parquet: column 'sentence' has 2 empty or missing text(s), rows "
-                                   "(0-based) 1, 2 (training.empty_texts: drop drops such rows)"]
+    assert info.value.problems == [
+        f"{folder}/train.parquet: column 'sentence' has 2 empty or missing text(s), rows "
+        "(0-based) 1, 2 (training.empty_texts: drop drops such rows)"
+    ]
     task = load_task(str(folder), empty_texts="drop")
     assert task.train.texts == ("fine", "good", "caf\u00e9\u200b", "ok")  # a visible text keeps its bytes

@@ -11,17 +11,17 @@ from freezesweep.trials.eval_cache import PrefixStates, matches_full_model, pref
 from freezesweep.trials.run import run_trial
 
 
-
-
-@pytest.mark.parametrize("model_fixture,k", [("tiny_bert", 1), ("tiny_bert", 2), ("tiny_roberta", 1),
-                                             ("tiny_roberta", 3)])
+@pytest.mark.parametrize(
+    "model_fixture,k", [("tiny_bert", 1), ("tiny_bert", 2), ("tiny_roberta", 1), ("tiny_roberta", 3)]
+)
 def test_cached_and_uncached_evaluation_are_identical_in_fp32(request, tiny_trial, model_fixture, k, worker):
     cfg = dataclasses.replace(tiny_trial, model=request.getfixturevalue(model_fixture), frozen_layers=k, epochs=3)
     uncached = run_trial(dataclasses.replace(cfg, eval_cache=False), worker=worker)
     cached = run_trial(cfg, worker=worker)
     assert uncached.eval_cached_layers is None and cached.eval_cached_layers == k
-    assert [(p.step, p.accuracy, p.loss) for p in cached.eval_curve] == \
-        [(p.step, p.accuracy, p.loss) for p in uncached.eval_curve]
+    assert [(p.step, p.accuracy, p.loss) for p in cached.eval_curve] == [
+        (p.step, p.accuracy, p.loss) for p in uncached.eval_curve
+    ]
     assert cached.train_loss_curve == uncached.train_loss_curve  # training is untouched
     again = run_trial(dataclasses.replace(cfg, seed=1), worker=worker)  # a later trial of the worker reuses the states
     assert [p.accuracy for p in again.eval_curve] != [] and again.status == "ok"
@@ -31,7 +31,12 @@ def test_cached_and_uncached_evaluation_are_identical_in_fp32(request, tiny_tria
 def test_nothing_frozen_or_random_init_is_never_cached(tiny_trial, worker):
     assert run_trial(tiny_trial, worker=worker).eval_cached_layers is None  # k = 0: every layer trains
     assert run_trial(dataclasses.replace(tiny_trial, frozen_layers=-1), worker=worker).eval_cached_layers is None
-    assert run_trial(dataclasses.replace(tiny_trial, frozen_layers=1, model_init="random"), worker=worker).eval_cached_layers is None
+    assert (
+        run_trial(
+            dataclasses.replace(tiny_trial, frozen_layers=1, model_init="random"), worker=worker
+        ).eval_cached_layers
+        is None
+    )
     assert len(worker.eval_states) == 0
 
 
@@ -70,11 +75,15 @@ def test_wrong_states_are_caught_by_the_check(tiny_trial, worker):
 def test_a_deeper_prefix_starts_from_a_cached_shallower_one_and_runs_no_layer_twice(tiny_trial, tiny_roberta, worker):
     model, batches, plan, device = _setup(dataclasses.replace(tiny_trial, model=tiny_roberta))
     layers = model.base_model.encoder.layer
-    direct = prefix_states(model, batches, plan, device, 2, ("direct",), worker)  # from the embeddings: no k=1 under this key
+    direct = prefix_states(
+        model, batches, plan, device, 2, ("direct",), worker
+    )  # from the embeddings: no k=1 under this key
     prefix_states(model, batches, plan, device, 1, ("key",), worker)
     calls = [0, 0, 0]
-    hooks = [layer.register_forward_hook(lambda m, a, o, i=i: calls.__setitem__(i, calls[i] + 1))
-             for i, layer in enumerate(layers)]
+    hooks = [
+        layer.register_forward_hook(lambda m, a, o, i=i: calls.__setitem__(i, calls[i] + 1))
+        for i, layer in enumerate(layers)
+    ]
     chained = prefix_states(model, batches, plan, device, 2, ("key",), worker)
     for hook in hooks:
         hook.remove()
@@ -107,15 +116,18 @@ def test_an_entry_that_fails_the_check_is_not_used_or_chained_from(tiny_trial, m
     worker.clear()
     result = run_trial(dataclasses.replace(tiny_trial, frozen_layers=1), worker=worker)
     assert result.eval_cached_layers is None and len(worker.eval_states) == 0
-    again = run_trial(dataclasses.replace(tiny_trial, frozen_layers=1, seed=1), worker=worker)  # the same entry: refused at once
+    again = run_trial(
+        dataclasses.replace(tiny_trial, frozen_layers=1, seed=1), worker=worker
+    )  # the same entry: refused at once
     assert again.eval_cached_layers is None and len(worker.eval_states) == 0 and checks == computed == [1]
 
 
 def test_the_cache_is_exact_on_sentence_pairs(tiny_trial, toy_pairs, worker):
     """The cached prefix is computed with the pairs' segment ids: without them it would not match the full
     model, the check would refuse it, and eval_cached_layers would be None."""
-    cfg = dataclasses.replace(tiny_trial, dataset=toy_pairs, text_column="sentence1", text_pair_column="sentence2",
-                              frozen_layers=1, epochs=3)
+    cfg = dataclasses.replace(
+        tiny_trial, dataset=toy_pairs, text_column="sentence1", text_pair_column="sentence2", frozen_layers=1, epochs=3
+    )
     uncached = run_trial(dataclasses.replace(cfg, eval_cache=False), worker=worker)
     cached = run_trial(cfg, worker=worker)
     assert cached.eval_cached_layers == 1

@@ -41,13 +41,31 @@ def trial(folders, toy_dataset):
     @functools.cache
     def run(name: str, cell: str, plain: bool = False):
         k = CELLS[cell]
-        method = dict(method="lora", lora_rank=RANK, lora_alpha=8.0, lora_dropout=0.0, frozen_layers=None) \
-            if k is None else dict(frozen_layers=k)
-        switches = dict(eval_cache=not plain, narrow_last_layer=not plain, pack_training=not plain, train_cache=not plain)
+        method = (
+            dict(method="lora", lora_rank=RANK, lora_alpha=8.0, lora_dropout=0.0, frozen_layers=None)
+            if k is None
+            else dict(frozen_layers=k)
+        )
+        switches = dict(
+            eval_cache=not plain, narrow_last_layer=not plain, pack_training=not plain, train_cache=not plain
+        )
         # 2 steps, an evaluation after each: the first step's loss is the first point of the train loss curve
-        cfg = TrialConfig(dataset=toy_dataset, model=folders(name), train_size=16, seed=0, epochs=1, batch_size=8,
-                          eval_every_epochs=0.5, learning_rate=1e-3, max_eval_examples=16, max_seq_length=32,
-                          num_threads=1, precision="fp32", **method, **switches)
+        cfg = TrialConfig(
+            dataset=toy_dataset,
+            model=folders(name),
+            train_size=16,
+            seed=0,
+            epochs=1,
+            batch_size=8,
+            eval_every_epochs=0.5,
+            learning_rate=1e-3,
+            max_eval_examples=16,
+            max_seq_length=32,
+            num_threads=1,
+            precision="fp32",
+            **method,
+            **switches,
+        )
         return run_trial(cfg, worker=worker)
 
     return run
@@ -63,7 +81,12 @@ def _lora_count(layers: nn.ModuleList) -> int:
     for layer in layers:
         for name, module in layer.named_modules():
             in_attention = any("attn" in part or "attention" in part for part in name.split(".")[:-1])
-            if in_attention and hasattr(module, "weight") and module.weight.dim() == 2 and not isinstance(module, nn.Embedding):
+            if (
+                in_attention
+                and hasattr(module, "weight")
+                and module.weight.dim() == 2
+                and not isinstance(module, nn.Embedding)
+            ):
                 total += RANK * sum(module.weight.shape)
     return total
 
@@ -121,8 +144,11 @@ def test_albert_and_bart_are_one_clear_error_before_any_trial(name, folders, wri
 def test_a_model_whose_structure_is_found_passes_validation_and_all_is_checked(folders, write_spec):
     from freezesweep.orchestrator.checks import load_spec
 
-    spec = load_spec(write_spec(model=folders("gpt2"), frozen_layers=[-1, 0, 2, "all"], methods=["freeze", "lora", "probe"],
-                                lora_ranks=[4]))
+    spec = load_spec(
+        write_spec(
+            model=folders("gpt2"), frozen_layers=[-1, 0, 2, "all"], methods=["freeze", "lora", "probe"], lora_ranks=[4]
+        )
+    )
     assert spec.models() == [folders("gpt2")]
 
 
@@ -149,9 +175,20 @@ def test_a_decoder_s_head_reads_each_row_s_last_real_token(name, folders):
 
 @pytest.mark.parametrize("name", ["llama", "gpt2", "bert"])
 def test_the_probe_pools_a_decoder_s_last_real_token(name, folders, toy_dataset):
-    cfg = TrialConfig(dataset=toy_dataset, model=folders(name), train_size=16, frozen_layers=None, method="probe",
-                      probe_pooling="auto", probe_folds=2, probe_cs=2, max_eval_examples=16, max_seq_length=32,
-                      num_threads=1, precision="fp32")
+    cfg = TrialConfig(
+        dataset=toy_dataset,
+        model=folders(name),
+        train_size=16,
+        frozen_layers=None,
+        method="probe",
+        probe_pooling="auto",
+        probe_folds=2,
+        probe_cs=2,
+        max_eval_examples=16,
+        max_seq_length=32,
+        num_threads=1,
+        precision="fp32",
+    )
     result = run_trial(cfg, worker=WorkerState())
     assert result.status == "ok" and result.probe_pooling == ("mean" if name == "bert" else "last")
 
@@ -169,11 +206,14 @@ def _raises(*args, **kwargs):
     raise RuntimeError("this model's layer loop cannot take the stand-in")
 
 
-@pytest.mark.parametrize("broken, absent", [
-    ("freezesweep.trials.eval_cache._Injector.forward", "eval_cache"),
-    ("freezesweep.trials.train_cache._feeds_exactly", "train_cache"),
-    ("freezesweep.trials.first_token.narrowing_agrees", "narrowed_last_layer"),
-])
+@pytest.mark.parametrize(
+    "broken, absent",
+    [
+        ("freezesweep.trials.eval_cache._Injector.forward", "eval_cache"),
+        ("freezesweep.trials.train_cache._feeds_exactly", "train_cache"),
+        ("freezesweep.trials.first_token.narrowing_agrees", "narrowed_last_layer"),
+    ],
+)
 def test_an_optimisation_that_raises_steps_aside_and_the_row_is_ok(broken, absent, tiny_trial, monkeypatch, worker):
     cfg = dataclasses.replace(tiny_trial, frozen_layers=1, train_cache=True, epochs=1)
     assert absent in run_trial(cfg, worker=WorkerState()).optimisations  # it applies to this model

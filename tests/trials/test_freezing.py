@@ -27,8 +27,9 @@ def _model(kind):
     config = {
         "bert": lambda: tf.BertConfig(hidden_size=H, intermediate_size=INTER, type_vocab_size=2, **common),
         "roberta": lambda: tf.RobertaConfig(hidden_size=H, intermediate_size=INTER, type_vocab_size=2, **common),
-        "distilbert": lambda: tf.DistilBertConfig(vocab_size=V, dim=H, n_layers=L, n_heads=2, hidden_dim=INTER,
-                                                  max_position_embeddings=P, num_labels=2),
+        "distilbert": lambda: tf.DistilBertConfig(
+            vocab_size=V, dim=H, n_layers=L, n_heads=2, hidden_dim=INTER, max_position_embeddings=P, num_labels=2
+        ),
         "electra": lambda: tf.ElectraConfig(embedding_size=8, hidden_size=H, intermediate_size=INTER, **common),
         "mpnet": lambda: tf.MPNetConfig(hidden_size=H, intermediate_size=INTER, **common),
     }[kind]()

@@ -44,7 +44,9 @@ def test_cuda_evaluation_cache_training_cache_and_fused_adamw(tiny_trial, precis
     assert plain.eval_cached_layers is None and (cached.eval_cached_layers == 1 or precision != "fp32")
     if cached.eval_cached_layers == 1:
         assert [p.loss for p in cached.eval_curve] == pytest.approx([p.loss for p in plain.eval_curve], rel=1e-5)
-    print(f"{precision}: evaluation cache {'used (bit-exact)' if cached.eval_cached_layers else 'refused by its check'}")
+    print(
+        f"{precision}: evaluation cache {'used (bit-exact)' if cached.eval_cached_layers else 'refused by its check'}"
+    )
     with_train_cache = run_trial(dataclasses.replace(cfg, train_cache=True))
     assert with_train_cache.train_cached_layers == 1 and with_train_cache.status == "ok"
     assert with_train_cache.peak_mem_mb > 0

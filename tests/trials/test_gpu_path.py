@@ -109,10 +109,12 @@ def test_the_memory_probe_measures_a_packed_trial_and_bounds_the_evaluation_cach
     evaluation cache entry beside its trial: both are in what the probe counts."""
     fed = []
     logits = packing.PackedFeed.logits
-    monkeypatch.setattr(packing.PackedFeed, "logits", lambda self, model, packed: fed.append(packed) or
-                        logits(self, model, packed))
-    result = memory_probe.probe(tiny_bert, batch_size=4, max_seq_length=16, eval_batch_size=8, precision="fp32",
-                                device="cpu", eval_rows=1000)
+    monkeypatch.setattr(
+        packing.PackedFeed, "logits", lambda self, model, packed: fed.append(packed) or logits(self, model, packed)
+    )
+    result = memory_probe.probe(
+        tiny_bert, batch_size=4, max_seq_length=16, eval_batch_size=8, precision="fp32", device="cpu", eval_rows=1000
+    )
     assert fed and fed[-1].input_ids.shape == (1, 4 * 16)  # packed: every token of the batch in one row
     assert result.eval_cache_mib == pytest.approx(1000 * 16 * 32 * 4 / 2**20)  # rows × tokens × hidden × fp32
     assert result.per_trial_mib == pytest.approx(result.peak_reserved_mib + result.eval_cache_mib)

@@ -14,11 +14,31 @@ MINILM = "sentence-transformers/all-MiniLM-L6-v2"
 # Pinned on 2026-11-21. If one of these changes, every stored sweep would be orphaned: add new
 # TrialConfig fields to LATER_FIELDS (hashed only off their default) instead of changing these.
 PINNED = [
-    (TrialConfig(dataset="glue/sst2", train_size=50, frozen_layers=-1, seed=0, **ROBERTA), "391b1373105cc5f1", 1999490700),
-    (TrialConfig(dataset="glue/cola", model="roberta-base", train_size=1000, frozen_layers=4, seed=3, precision="bf16"),
-     "4e42c6279a0afd10", 450755240),
-    (TrialConfig(dataset="glue/sst2", model=MINILM, train_size=200, frozen_layers=3, seed=1, precision="fp32",
-                 max_eval_examples=256), "cdf58680b43fc8cb", 1747764429),
+    (
+        TrialConfig(dataset="glue/sst2", train_size=50, frozen_layers=-1, seed=0, **ROBERTA),
+        "391b1373105cc5f1",
+        1999490700,
+    ),
+    (
+        TrialConfig(
+            dataset="glue/cola", model="roberta-base", train_size=1000, frozen_layers=4, seed=3, precision="bf16"
+        ),
+        "4e42c6279a0afd10",
+        450755240,
+    ),
+    (
+        TrialConfig(
+            dataset="glue/sst2",
+            model=MINILM,
+            train_size=200,
+            frozen_layers=3,
+            seed=1,
+            precision="fp32",
+            max_eval_examples=256,
+        ),
+        "cdf58680b43fc8cb",
+        1747764429,
+    ),
 ]
 
 
@@ -58,8 +78,16 @@ def test_pairs_and_metric_selection_key_only_off_their_defaults():
 
 def test_machine_fields_are_not_identity():
     cfg = PINNED[0][0]
-    moved = dataclasses.replace(cfg, data_dir="/data", cache_dir="/c", checkpoint_dir="/ck", checkpoint_every_epochs=1.0,
-                                num_threads=8, device="cuda:1", eval_batch_size=512)
+    moved = dataclasses.replace(
+        cfg,
+        data_dir="/data",
+        cache_dir="/c",
+        checkpoint_dir="/ck",
+        checkpoint_every_epochs=1.0,
+        num_threads=8,
+        device="cuda:1",
+        eval_batch_size=512,
+    )
     assert moved.trial_id == cfg.trial_id
 
 
@@ -75,11 +103,18 @@ def test_auto_precision_is_never_hashed():
 
 def test_seeds_are_paired_across_frozen_layers_and_train_sizes():
     cfg = PINNED[0][0]
-    for other in (dataclasses.replace(cfg, frozen_layers=8), dataclasses.replace(cfg, train_size=1000),
-                  dataclasses.replace(cfg, learning_rate=1e-4)):
+    for other in (
+        dataclasses.replace(cfg, frozen_layers=8),
+        dataclasses.replace(cfg, train_size=1000),
+        dataclasses.replace(cfg, learning_rate=1e-4),
+    ):
         assert other.derived_seed == cfg.derived_seed and other.trial_id != cfg.trial_id
-    for other in (dataclasses.replace(cfg, seed=1), dataclasses.replace(cfg, split_seed=1),
-                  dataclasses.replace(cfg, dataset="glue/cola"), dataclasses.replace(cfg, model="bert-base-uncased")):
+    for other in (
+        dataclasses.replace(cfg, seed=1),
+        dataclasses.replace(cfg, split_seed=1),
+        dataclasses.replace(cfg, dataset="glue/cola"),
+        dataclasses.replace(cfg, model="bert-base-uncased"),
+    ):
         assert other.derived_seed != cfg.derived_seed
 
 

@@ -14,14 +14,17 @@ from freezesweep.trials.memory_probe import main, packing, probe
 from freezesweep.trials.placement import physical_index, trials_per_gpu, where
 
 
-@pytest.mark.parametrize("per_trial_mib,gpu_mib,expected", [
-    (10_000, 81_559, (6, 0.1666)),  # 81559 / (10000 * 1.2) = 6.8: six fit; 1/6 rounded down to Ray's 1/10000
-    (20_000, 81_559, (3, 0.3333)),  # 3.4
-    (16_311, 81_559, (4, 0.25)),  # 4.17: four, each with its own 20 % beside it
-    (40_000, 81_559, (1, 1.0)),  # 1.7: one trial per GPU
-    (90_000, 81_559, (1, 1.0)),  # does not fit even alone: a GPU of its own (its OOM row will say so)
-    (500, 143_771, (8, 0.125)),  # 230 would fit: capped at 8
-])
+@pytest.mark.parametrize(
+    "per_trial_mib,gpu_mib,expected",
+    [
+        (10_000, 81_559, (6, 0.1666)),  # 81559 / (10000 * 1.2) = 6.8: six fit; 1/6 rounded down to Ray's 1/10000
+        (20_000, 81_559, (3, 0.3333)),  # 3.4
+        (16_311, 81_559, (4, 0.25)),  # 4.17: four, each with its own 20 % beside it
+        (40_000, 81_559, (1, 1.0)),  # 1.7: one trial per GPU
+        (90_000, 81_559, (1, 1.0)),  # does not fit even alone: a GPU of its own (its OOM row will say so)
+        (500, 143_771, (8, 0.125)),  # 230 would fit: capped at 8
+    ],
+)
 def test_packing_fits_as_many_trials_as_the_margin_allows(per_trial_mib, gpu_mib, expected):
     n, share = packing(per_trial_mib, gpu_mib)
     assert (n, share) == expected
@@ -52,8 +55,12 @@ def test_physical_index_is_the_one_ray_assigned():
 
 
 def test_a_cpu_trial_names_its_host_and_no_gpu():
-    assert where(torch.device("cpu")) == {"hostname": socket.gethostname(), "gpu_index": None, "gpu_name": None,
-                                          "gpu_uuid": None}
+    assert where(torch.device("cpu")) == {
+        "hostname": socket.gethostname(),
+        "gpu_index": None,
+        "gpu_name": None,
+        "gpu_uuid": None,
+    }
 
 
 def test_the_probe_runs_real_steps_on_the_cpu(tiny_bert):
@@ -68,8 +75,24 @@ def test_the_command_line_refuses_without_a_gpu_and_reports_on_a_cpu(tiny_bert, 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     assert main(["--model", tiny_bert]) == 2
     assert "no CUDA GPU" in capsys.readouterr().err
-    assert main(["--model", tiny_bert, "--device", "cpu", "--precision", "fp32", "--batch-size", "2",
-                 "--max-seq-length", "8", "--json"]) == 0
+    assert (
+        main(
+            [
+                "--model",
+                tiny_bert,
+                "--device",
+                "cpu",
+                "--precision",
+                "fp32",
+                "--batch-size",
+                "2",
+                "--max-seq-length",
+                "8",
+                "--json",
+            ]
+        )
+        == 0
+    )
     reported = json.loads(capsys.readouterr().out)
     assert reported["peak_reserved_mib"] > 0 and reported["gpus_per_trial"] is None
 

@@ -25,11 +25,30 @@ def _skeleton(config):
 
 ARCHITECTURES = {
     # BERT: a pooler (h·h + h) under a linear classifier (h·c + c)
-    "bert": (BertConfig(vocab_size=100, hidden_size=H, num_hidden_layers=3, num_attention_heads=2,
-                        intermediate_size=64, num_labels=C), H * H + H + H * C + C),
+    "bert": (
+        BertConfig(
+            vocab_size=100,
+            hidden_size=H,
+            num_hidden_layers=3,
+            num_attention_heads=2,
+            intermediate_size=64,
+            num_labels=C,
+        ),
+        H * H + H + H * C + C,
+    ),
     # RoBERTa: no pooler; the head is dense (h·h + h) then out_proj (h·c + c)
-    "roberta": (RobertaConfig(vocab_size=100, hidden_size=H, num_hidden_layers=2, num_attention_heads=2,
-                              intermediate_size=64, max_position_embeddings=40, num_labels=C), H * H + H + H * C + C),
+    "roberta": (
+        RobertaConfig(
+            vocab_size=100,
+            hidden_size=H,
+            num_hidden_layers=2,
+            num_attention_heads=2,
+            intermediate_size=64,
+            max_position_embeddings=40,
+            num_labels=C,
+        ),
+        H * H + H + H * C + C,
+    ),
 }
 
 
@@ -75,8 +94,9 @@ def test_lora_starts_as_the_pretrained_model():
 
 @pytest.fixture
 def lora_trial(tiny_trial):
-    return dataclasses.replace(tiny_trial, method="lora", frozen_layers=None, lora_rank=4, lora_alpha=8.0,
-                               lora_dropout=0.0, learning_rate=1e-2)
+    return dataclasses.replace(
+        tiny_trial, method="lora", frozen_layers=None, lora_rank=4, lora_alpha=8.0, lora_dropout=0.0, learning_rate=1e-2
+    )
 
 
 def test_lora_gradients_reach_adapters_and_head_only():
@@ -102,8 +122,9 @@ def test_lora_trial_runs_and_records_its_targets(lora_trial):
 
 @pytest.fixture
 def probe_trial(tiny_trial):
-    return dataclasses.replace(tiny_trial, method="probe", frozen_layers=None, probe_pooling="auto", probe_folds=4,
-                               probe_cs=6)
+    return dataclasses.replace(
+        tiny_trial, method="probe", frozen_layers=None, probe_pooling="auto", probe_folds=4, probe_cs=6
+    )
 
 
 def test_probe_is_deterministic_and_recorded(probe_trial):
@@ -144,7 +165,9 @@ def test_probe_selection_uses_only_the_rows_it_is_given():
 def test_probe_pooling_follows_the_models_own(tmp_path):
     assert resolve_pooling("auto", str(tmp_path)) == "mean"  # no sentence-transformers config: mean
     (tmp_path / "1_Pooling").mkdir()
-    (tmp_path / "1_Pooling" / "config.json").write_text('{"pooling_mode_cls_token": true, "pooling_mode_mean_tokens": false}')
+    (tmp_path / "1_Pooling" / "config.json").write_text(
+        '{"pooling_mode_cls_token": true, "pooling_mode_mean_tokens": false}'
+    )
     assert resolve_pooling("auto", str(tmp_path)) == "first"
     assert resolve_pooling("mean", str(tmp_path)) == "mean"
 
@@ -161,8 +184,9 @@ def test_a_cell_carries_its_own_methods_fields_only(tiny_trial):
 def test_method_fields_never_rekey_freeze_cells(tiny_trial):
     cfg = dataclasses.replace(tiny_trial, precision="fp32")
     assert TrialConfig.from_dict(cfg.to_dict()).trial_id == cfg.trial_id
-    lora = dataclasses.replace(cfg, method="lora", frozen_layers=None, lora_rank=8, lora_alpha=16, lora_dropout=0.1,
-                               lora_targets=["query"])
+    lora = dataclasses.replace(
+        cfg, method="lora", frozen_layers=None, lora_rank=8, lora_alpha=16, lora_dropout=0.1, lora_targets=["query"]
+    )
     assert TrialConfig.from_dict(lora.to_dict()) == lora  # a list from JSON comes back a tuple
     assert lora.trial_id != dataclasses.replace(lora, lora_rank=4).trial_id != cfg.trial_id
     assert lora.identity()["lora_alpha"] == 16.0 and isinstance(lora.identity()["lora_alpha"], float)

@@ -16,9 +16,13 @@ def test_binary_classification_against_scikit_learn():
     got = compute_metrics(PREDICTED, LABELS, regression=False, num_labels=2)
     assert set(got) == {"accuracy", "f1", "matthews"}
     assert got["accuracy"] == accuracy_score(LABELS, PREDICTED) == 0.7
-    assert got["f1"] == pytest.approx(f1_score(LABELS, PREDICTED)) and got["f1"] == pytest.approx(2 * 5 / (2 * 5 + 1 + 2))
+    assert got["f1"] == pytest.approx(f1_score(LABELS, PREDICTED)) and got["f1"] == pytest.approx(
+        2 * 5 / (2 * 5 + 1 + 2)
+    )
     mcc = (5 * 2 - 2 * 1) / np.sqrt((5 + 2) * (5 + 1) * (2 + 2) * (2 + 1))  # (tp·tn − fp·fn) / √(…)
-    assert got["matthews"] == pytest.approx(matthews_corrcoef(LABELS, PREDICTED)) and got["matthews"] == pytest.approx(mcc)
+    assert got["matthews"] == pytest.approx(matthews_corrcoef(LABELS, PREDICTED)) and got["matthews"] == pytest.approx(
+        mcc
+    )
 
 
 def test_three_classes_have_no_f1():

@@ -13,8 +13,6 @@ from freezesweep.trials.model import build_model
 from freezesweep.trials.run import initial_model, run_trial, seed_everything
 
 
-
-
 def _curves(result):
     return result.train_loss_curve, [(p.step, p.accuracy, p.loss) for p in result.eval_curve]
 
@@ -44,7 +42,9 @@ def test_a_trial_from_a_copied_template_equals_one_from_a_fresh_build(tiny_trial
     worker.clear()
     builds = []
     monkeypatch.setattr(run, "build_model", lambda *a: builds.append(a) or build_model(*a))
-    run_trial(dataclasses.replace(cfg, frozen_layers=0, train_size=24), worker=worker)  # another cell of the same seed builds it
+    run_trial(
+        dataclasses.replace(cfg, frozen_layers=0, train_size=24), worker=worker
+    )  # another cell of the same seed builds it
     from_copy = run_trial(cfg, worker=worker)
     assert len(builds) == 1 and len(worker.templates) == 1
     assert _curves(from_copy) == _curves(fresh)  # same head, same dropout draws after it

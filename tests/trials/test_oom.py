@@ -12,27 +12,35 @@ from freezesweep.trials.run import failed_result, run_trial_or_oom
 from freezesweep.trials.worker import WorkerState
 
 
-@pytest.mark.parametrize("error", [
-    torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 20.00 MiB (GPU 0; 79.11 GiB total capacity)"),
-    RuntimeError("CUDA error: out of memory\nCUDA kernel errors might be asynchronously reported"),
-    RuntimeError("CUDA error: CUBLAS_STATUS_ALLOC_FAILED when calling `cublasCreate(handle)`"),
-    RuntimeError("cuDNN error: CUDNN_STATUS_ALLOC_FAILED"),
-    RuntimeError("cuDNN Frontend error: CUDNN_STATUS_INTERNAL_ERROR_HOST_ALLOCATION_FAILED"),
-    RuntimeError("cusolver error: CUSOLVER_STATUS_ALLOC_FAILED, when calling `cusolverDnCreate(handle)`"),
-    RuntimeError("HIP out of memory. Tried to allocate 2.00 GiB"),
-])
+@pytest.mark.parametrize(
+    "error",
+    [
+        torch.cuda.OutOfMemoryError(
+            "CUDA out of memory. Tried to allocate 20.00 MiB (GPU 0; 79.11 GiB total capacity)"
+        ),
+        RuntimeError("CUDA error: out of memory\nCUDA kernel errors might be asynchronously reported"),
+        RuntimeError("CUDA error: CUBLAS_STATUS_ALLOC_FAILED when calling `cublasCreate(handle)`"),
+        RuntimeError("cuDNN error: CUDNN_STATUS_ALLOC_FAILED"),
+        RuntimeError("cuDNN Frontend error: CUDNN_STATUS_INTERNAL_ERROR_HOST_ALLOCATION_FAILED"),
+        RuntimeError("cusolver error: CUSOLVER_STATUS_ALLOC_FAILED, when calling `cusolverDnCreate(handle)`"),
+        RuntimeError("HIP out of memory. Tried to allocate 2.00 GiB"),
+    ],
+)
 def test_out_of_memory_is_recognised_whichever_call_raised_it(error):
     assert is_oom(error)
     assert failed_result_status(error) == "oom"
 
 
-@pytest.mark.parametrize("error", [
-    RuntimeError("CUDA error: device-side assert triggered"),
-    RuntimeError("CUDA error: CUBLAS_STATUS_NOT_INITIALIZED when calling `cublasCreate(handle)`"),  # not always OOM
-    RuntimeError("cuDNN error: CUDNN_STATUS_BAD_PARAM"),
-    MemoryError("host out of RAM"),
-    ValueError("expected 2 labels"),
-])
+@pytest.mark.parametrize(
+    "error",
+    [
+        RuntimeError("CUDA error: device-side assert triggered"),
+        RuntimeError("CUDA error: CUBLAS_STATUS_NOT_INITIALIZED when calling `cublasCreate(handle)`"),  # not always OOM
+        RuntimeError("cuDNN error: CUDNN_STATUS_BAD_PARAM"),
+        MemoryError("host out of RAM"),
+        ValueError("expected 2 labels"),
+    ],
+)
 def test_other_errors_are_plain_failures(error):
     assert not is_oom(error)
     assert failed_result_status(error) == "failed"

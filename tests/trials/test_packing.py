@@ -17,8 +17,6 @@ from freezesweep.trials.run import initial_model, run_trial
 from freezesweep.trials.tokens import collate, tokenize_split
 
 
-
-
 def _model_and_batch(cfg, tmp_path, rows=12):
     task = load_task(cfg.dataset, text_column=cfg.text_column, text_pair_column=cfg.text_pair_column)
     tokenizer = load_tokenizer(cfg.model)
@@ -42,6 +40,7 @@ def test_pack_keeps_each_rows_tokens_positions_and_first_token():
 def _ragged(tokens):
     """The rows cut to different lengths (the toy rows are all alike), each still ending in its own
     last token (the separator)."""
+
     def cut(rows):
         return tuple(np.concatenate([r[: max(1, len(r) - 1 - i % 4)], r[-1:]]) for i, r in enumerate(rows))
 
@@ -56,12 +55,17 @@ def _tokens(rows):
     return Tokens(input_ids=tuple(np.array(r) for r in rows), token_type_ids=None)
 
 
-@pytest.mark.parametrize("model_fixture,data_fixture", [("tiny_bert", "toy_dataset"), ("tiny_roberta", "toy_dataset"),
-                                                        ("tiny_bert", "toy_pairs")])
-def test_narrowed_and_packed_logits_are_the_full_models(request, tiny_trial, tmp_path, model_fixture, data_fixture, worker):
+@pytest.mark.parametrize(
+    "model_fixture,data_fixture",
+    [("tiny_bert", "toy_dataset"), ("tiny_roberta", "toy_dataset"), ("tiny_bert", "toy_pairs")],
+)
+def test_narrowed_and_packed_logits_are_the_full_models(
+    request, tiny_trial, tmp_path, model_fixture, data_fixture, worker
+):
     pairs = {"text_column": "sentence1", "text_pair_column": "sentence2"} if data_fixture == "toy_pairs" else {}
-    cfg = dataclasses.replace(tiny_trial, model=request.getfixturevalue(model_fixture),
-                              dataset=request.getfixturevalue(data_fixture), **pairs)
+    cfg = dataclasses.replace(
+        tiny_trial, model=request.getfixturevalue(model_fixture), dataset=request.getfixturevalue(data_fixture), **pairs
+    )
     model, batch = _model_and_batch(cfg, tmp_path)
     model.eval()
     reader, feed = training_feed(model, batch, ("test", model_fixture), worker.feed_verdicts)
@@ -108,14 +112,22 @@ def test_a_trial_trains_the_same_packed_and_narrowed_as_padded_and_full(tiny_tri
     the same losses at every evaluation, to float rounding, in fp32."""
     from transformers import BertConfig
 
-    config = BertConfig(vocab_size=len(minilm_tokenizer), hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
-                        intermediate_size=64, max_position_embeddings=128, hidden_dropout_prob=0.0,
-                        attention_probs_dropout_prob=0.0)
+    config = BertConfig(
+        vocab_size=len(minilm_tokenizer),
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        intermediate_size=64,
+        max_position_embeddings=128,
+        hidden_dropout_prob=0.0,
+        attention_probs_dropout_prob=0.0,
+    )
     cfg = dataclasses.replace(tiny_trial, model=save_tiny(tmp_path / "no-dropout", config, minilm_tokenizer), epochs=3)
     fast = run_trial(cfg, worker=worker)
     plain = run_trial(dataclasses.replace(cfg, narrow_last_layer=False, pack_training=False), worker=worker)
     assert [p.step for p in fast.eval_curve] == [p.step for p in plain.eval_curve]
     np.testing.assert_allclose([p.loss for p in fast.eval_curve], [p.loss for p in plain.eval_curve], rtol=1e-4)
-    np.testing.assert_allclose([loss for _, loss in fast.train_loss_curve],
-                               [loss for _, loss in plain.train_loss_curve], rtol=1e-4)
+    np.testing.assert_allclose(
+        [loss for _, loss in fast.train_loss_curve], [loss for _, loss in plain.train_loss_curve], rtol=1e-4
+    )
     assert fast.eval_curve[-1].loss < fast.eval_curve[0].loss  # it learned: the comparison is not of two no-ops

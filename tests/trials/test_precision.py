@@ -6,24 +6,32 @@ import pytest
 import torch
 
 from freezesweep.trials import precision
-from freezesweep.trials.precision import (PrecisionError, auto_precision, cpu_has_native_bf16, resolve_config,
-                              resolve_precision)
+from freezesweep.trials.precision import (
+    PrecisionError,
+    auto_precision,
+    cpu_has_native_bf16,
+    resolve_config,
+    resolve_precision,
+)
 from freezesweep.trials.run import run_trial
 
 AVX2_ONLY = {"avx2": True, "avx512_f": False, "avx512_bf16": False, "amx_bf16": False, "avx_ne_convert": False}
 AVX512_NO_BF16 = {**AVX2_ONLY, "avx512_f": True, "avx512_bw": True, "avx512_vl": True, "avx512_dq": True}
 
 
-@pytest.mark.parametrize("caps,native", [
-    (AVX2_ONLY, False),
-    (AVX512_NO_BF16, False),  # oneDNN accepts it for bf16, but emulates: slower than fp32
-    ({**AVX512_NO_BF16, "avx512_bf16": True}, True),  # e.g. Zen 4, Cooper Lake
-    ({**AVX2_ONLY, "amx_bf16": True}, True),  # Sapphire Rapids
-    ({**AVX2_ONLY, "avx_ne_convert": True}, True),
-    ({"architecture": "x86_64"}, False),  # no flags known: not native
-    ({"architecture": "aarch64", "bf16": False}, False),  # e.g. Graviton 2 / Neoverse N1
-    ({"architecture": "aarch64", "bf16": True}, True),  # Graviton 3, Apple M2 and later
-])
+@pytest.mark.parametrize(
+    "caps,native",
+    [
+        (AVX2_ONLY, False),
+        (AVX512_NO_BF16, False),  # oneDNN accepts it for bf16, but emulates: slower than fp32
+        ({**AVX512_NO_BF16, "avx512_bf16": True}, True),  # e.g. Zen 4, Cooper Lake
+        ({**AVX2_ONLY, "amx_bf16": True}, True),  # Sapphire Rapids
+        ({**AVX2_ONLY, "avx_ne_convert": True}, True),
+        ({"architecture": "x86_64"}, False),  # no flags known: not native
+        ({"architecture": "aarch64", "bf16": False}, False),  # e.g. Graviton 2 / Neoverse N1
+        ({"architecture": "aarch64", "bf16": True}, True),  # Graviton 3, Apple M2 and later
+    ],
+)
 def test_cpu_native_bf16_from_the_isa(caps, native):
     assert cpu_has_native_bf16(caps) is native
 
@@ -33,6 +41,7 @@ def cpu_caps(monkeypatch):
     def use(caps):
         monkeypatch.setattr(precision.torch.cpu, "get_capabilities", lambda: caps)
         auto_precision.cache_clear()
+
     yield use
     auto_precision.cache_clear()
 
@@ -52,7 +61,9 @@ def test_avx2_only_cpu_runs_an_auto_trial_in_fp32(cpu_caps, tiny_trial):
     assert result.trial_id == dataclasses.replace(tiny_trial, precision="fp32").trial_id
 
 
-@pytest.mark.parametrize("capability,expected", [((7, 0), "fp16"), ((7, 5), "fp16"), ((8, 0), "bf16"), ((9, 0), "bf16")])
+@pytest.mark.parametrize(
+    "capability,expected", [((7, 0), "fp16"), ((7, 5), "fp16"), ((8, 0), "bf16"), ((9, 0), "bf16")]
+)
 def test_auto_on_cuda_follows_compute_capability(monkeypatch, capability, expected):
     monkeypatch.setattr(precision.torch.cuda, "get_device_capability", lambda index=None: capability)
     auto_precision.cache_clear()

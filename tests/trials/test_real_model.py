@@ -12,8 +12,26 @@ pytestmark = [pytest.mark.slow, needs_glue]
 
 
 def _trial(glue_dir, *extra):
-    cmd = [sys.executable, "-m", "freezesweep.orchestrator.cli", "trial", "--model", MINILM, "--dataset", "glue/sst2",
-           "--train-size", "200", "--frozen-layers", "0", "--seed", "0", "--data-dir", str(glue_dir), "--json", *extra]
+    cmd = [
+        sys.executable,
+        "-m",
+        "freezesweep.orchestrator.cli",
+        "trial",
+        "--model",
+        MINILM,
+        "--dataset",
+        "glue/sst2",
+        "--train-size",
+        "200",
+        "--frozen-layers",
+        "0",
+        "--seed",
+        "0",
+        "--data-dir",
+        str(glue_dir),
+        "--json",
+        *extra,
+    ]
     done = subprocess.run(cmd, capture_output=True, text=True, env={**__import__("os").environ, "HF_HUB_OFFLINE": "1"})
     assert done.returncode == 0, done.stderr[-3000:]
     return json.loads(done.stdout.strip().splitlines()[-1])

@@ -48,8 +48,10 @@ def test_it_learns_and_freezing_limits_trainable(tiny_trial):
     assert frozen.trainable_params < frozen.total_params == full.total_params
 
 
-@pytest.mark.parametrize("n,eval_every,evaluations,warmup", [
-    (50, 2, 20, 4), (100, 4, 17, 7), (200, 7, 18, 13), (500, 16, 20, 32), (1000, 32, 19, 63)])
+@pytest.mark.parametrize(
+    "n,eval_every,evaluations,warmup",
+    [(50, 2, 20, 4), (100, 4, 17, 7), (200, 7, 18, 13), (500, 16, 20, 32), (1000, 32, 19, 63)],
+)
 def test_schedule_is_the_reference_one(n, eval_every, evaluations, warmup):
     """HF Trainer semantics: eval every ceil(0.5 n / 16) steps, no forced final evaluation, warmup
     ceil(n / 16) steps; the reference's 20, 17, 18, 20, 19 evaluations."""
@@ -100,8 +102,10 @@ def test_no_checkpoint_written_by_default(tiny_trial, tmp_path, monkeypatch):
     monkeypatch.setattr(torch, "save", lambda obj, f, *args, **kwargs: (saved.append(f), save(obj, f, *args, **kwargs)))
     run_trial(dataclasses.replace(tiny_trial, checkpoint_dir=str(tmp_path)), on_checkpoint=handed.append)
     assert saved == [] and handed == [] and list(tmp_path.iterdir()) == []
-    run_trial(dataclasses.replace(tiny_trial, checkpoint_dir=str(tmp_path), checkpoint_every_epochs=1),
-              on_checkpoint=handed.append)
+    run_trial(
+        dataclasses.replace(tiny_trial, checkpoint_dir=str(tmp_path), checkpoint_every_epochs=1),
+        on_checkpoint=handed.append,
+    )
     assert len(saved) == len(handed) == 1  # the spy sees checkpoints when there are some (2 epochs: one at epoch 1)
 
 
@@ -169,7 +173,9 @@ def test_a_sentence_pair_regression_trial_selects_by_pearson(tiny_trial, toy_sco
     assert result.final_val_score == result.eval_curve[-1].pearson
     assert result.baseline_metrics == {"pearson": 0.0, "spearman": 0.0} and result.baseline_score == 0.0
     assert result.trainable_params == result.total_params  # one output: a 32 → 1 head
-    with pytest.raises(ValueError, match="select_metric 'accuracy' does not fit .* \\(a regression task: pearson, spearman\\)"):
+    with pytest.raises(
+        ValueError, match="select_metric 'accuracy' does not fit .* \\(a regression task: pearson, spearman\\)"
+    ):
         run_trial(_pairs(tiny_trial, toy_scores, select_metric="accuracy"))
 
 
@@ -178,7 +184,9 @@ def test_classification_rows_hold_every_metric_and_select_by_the_chosen_one(tiny
     assert set(by_mcc.best_val_metrics) == {"accuracy", "f1", "matthews"}
     best = max(by_mcc.eval_curve, key=lambda p: p.matthews)
     assert by_mcc.best_val_score == best.matthews and by_mcc.best_val_accuracy == best.accuracy
-    assert by_mcc.baseline_metrics["matthews"] == 0.0 and by_mcc.baseline_metrics["accuracy"] == by_mcc.majority_baseline
+    assert (
+        by_mcc.baseline_metrics["matthews"] == 0.0 and by_mcc.baseline_metrics["accuracy"] == by_mcc.majority_baseline
+    )
     by_accuracy = run_trial(_pairs(tiny_trial, toy_pairs, epochs=3))
     assert by_accuracy.eval_curve == by_mcc.eval_curve  # the metric picks among the same evaluations
     assert by_accuracy.best_val_score == max(p.accuracy for p in by_accuracy.eval_curve)
@@ -195,7 +203,8 @@ def test_segment_ids_reach_the_model_on_every_path(tiny_trial, toy_pairs, monkey
     def hooked(cfg, num_labels, worker=None):
         model = original(cfg, num_labels, worker)
         model.base_model.embeddings.register_forward_pre_hook(
-            lambda module, args, kwargs: seen.append(kwargs.get("token_type_ids")), with_kwargs=True)
+            lambda module, args, kwargs: seen.append(kwargs.get("token_type_ids")), with_kwargs=True
+        )
         return model
 
     monkeypatch.setattr(run_module, "initial_model", hooked)
@@ -226,8 +235,10 @@ def test_a_trials_peak_memory_excludes_its_workers_caches(tiny_trial):
     cold = run_trial(tiny_trial, worker=WorkerState())
     warm = WorkerState()
     big = torch.ones(60_000_000)  # 229 MiB that the worker keeps, resident
-    warm.eval_states.put(PrefixKey(EvalKey("other", "d", "r", 1, 1, "w", "fp32", "cpu"), 1),
-                         PrefixStates(layer=1, states=(big,), tuple_output=False))
+    warm.eval_states.put(
+        PrefixKey(EvalKey("other", "d", "r", 1, 1, "w", "fp32", "cpu"), 1),
+        PrefixStates(layer=1, states=(big,), tuple_output=False),
+    )
     result = run_trial(tiny_trial, worker=warm)
     assert warm.held_mib(torch.device("cpu")) >= 228
     assert result.worker_peak_mem_mb - result.peak_mem_mb >= 228  # the worker's caches, left out

@@ -120,6 +120,8 @@ def test_subsets_that_held_every_class_keep_their_rows():
 
 def test_a_train_size_below_the_classes_names_them_with_their_counts():
     labels = np.array([0] * 90 + [1] * 8 + [2] * 2)
-    with pytest.raises(SubsetError, match=r"train size 2 is below the 3 classes .* class 2 \(2 rows\), class 1 \(8 rows\)"):
+    with pytest.raises(
+        SubsetError, match=r"train size 2 is below the 3 classes .* class 2 \(2 rows\), class 1 \(8 rows\)"
+    ):
         subset_indices(labels, 2, 0)
     assert set(labels[subset_indices(labels, 3, 0)]) == {0, 1, 2}

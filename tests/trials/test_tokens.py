@@ -48,8 +48,12 @@ def test_dynamic_padding_and_length_sorted_eval():
         assert b.input_ids.shape[1] == int(b.attention_mask.sum(1).max())
 
 
-PAIRS = Split("validation", ("A man is playing a guitar on the stage tonight.", "Short one.", "word " * 60),
-              np.array([1, 0, 1]), pairs=("Someone plays music.", "A rather longer second sentence " * 8, "tail"))
+PAIRS = Split(
+    "validation",
+    ("A man is playing a guitar on the stage tonight.", "Short one.", "word " * 60),
+    np.array([1, 0, 1]),
+    pairs=("Someone plays music.", "A rather longer second sentence " * 8, "tail"),
+)
 
 
 def test_pairs_are_the_tokenizers_own_pair_encoding(minilm_tokenizer, tmp_path):
@@ -74,8 +78,10 @@ def test_a_tokenizer_without_segment_ids_gives_the_model_none(minilm_tokenizer, 
     roberta_like.model_input_names = ["input_ids", "attention_mask"]
     tokens = tokenize_split(roberta_like, PAIRS, 32, tmp_path)
     assert tokens.token_type_ids is None
-    assert tokens.input_ids[0].tolist() == roberta_like(PAIRS.texts[0], PAIRS.pairs[0], truncation="longest_first",
-                                                        max_length=32)["input_ids"]
+    assert (
+        tokens.input_ids[0].tolist()
+        == roberta_like(PAIRS.texts[0], PAIRS.pairs[0], truncation="longest_first", max_length=32)["input_ids"]
+    )
     assert set(collate(tokens, PAIRS.labels, 0).model_inputs()) == {"input_ids", "attention_mask"}
 
 

@@ -11,17 +11,22 @@ from freezesweep.trials import train_cache
 from freezesweep.trials.run import run_trial
 
 
-
-
 @pytest.fixture(scope="module")
 def tiny_bert_no_dropout(tmp_path_factory, minilm_tokenizer) -> str:
     """Without dropout the frozen layers are deterministic in training too, so the cached path must
     train the same model as the uncached one (up to float rounding of per-row vs padded batches)."""
     from transformers import BertConfig
 
-    config = BertConfig(vocab_size=len(minilm_tokenizer), hidden_size=32, num_hidden_layers=3, num_attention_heads=2,
-                        intermediate_size=64, max_position_embeddings=128, hidden_dropout_prob=0.0,
-                        attention_probs_dropout_prob=0.0)
+    config = BertConfig(
+        vocab_size=len(minilm_tokenizer),
+        hidden_size=32,
+        num_hidden_layers=3,
+        num_attention_heads=2,
+        intermediate_size=64,
+        max_position_embeddings=128,
+        hidden_dropout_prob=0.0,
+        attention_probs_dropout_prob=0.0,
+    )
     return save_tiny(tmp_path_factory.mktemp("tiny-bert-no-dropout"), config, minilm_tokenizer)
 
 
@@ -35,13 +40,16 @@ def test_off_by_default_and_part_of_the_identity(tiny_trial, worker):
 
 
 @pytest.mark.parametrize("k", [1, 2])
-def test_cached_training_equals_training_without_dropout_in_the_frozen_layers(tiny_trial, tiny_bert_no_dropout, k, worker):
+def test_cached_training_equals_training_without_dropout_in_the_frozen_layers(
+    tiny_trial, tiny_bert_no_dropout, k, worker
+):
     cfg = dataclasses.replace(tiny_trial, model=tiny_bert_no_dropout, frozen_layers=k, epochs=3)
     plain = run_trial(cfg, worker=worker)
     cached = run_trial(dataclasses.replace(cfg, train_cache=True), worker=worker)
     assert plain.train_cached_layers is None and cached.train_cached_layers == k
-    np.testing.assert_allclose([loss for _, loss in cached.train_loss_curve],
-                               [loss for _, loss in plain.train_loss_curve], rtol=1e-4)
+    np.testing.assert_allclose(
+        [loss for _, loss in cached.train_loss_curve], [loss for _, loss in plain.train_loss_curve], rtol=1e-4
+    )
     np.testing.assert_allclose([p.loss for p in cached.eval_curve], [p.loss for p in plain.eval_curve], rtol=1e-4)
 
 
