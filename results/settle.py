@@ -107,9 +107,6 @@ class Alphas:
     nothing: float  # full fine-tuning's collapse lower bound's
 
 
-FIXED_GRID = None  # a fixed grid is looked at once: decide(..., looks=1)
-
-
 @dataclass(frozen=True)
 class Comparison:
     arm: str  # e.g. "freeze k=3", "lora r=8", "probe"; "learned" for full fine-tuning against the baseline

@@ -404,13 +404,6 @@ class ResultStore:
         )
         return (table["status"][0].as_py(), table["finished_at"][0].as_py()) if len(table) else None
 
-    def has_ok_row(self, trial_id: str) -> bool:
-        found = self.stored(trial_id)
-        return found is not None and found[0] == "ok"
-
-    def ok_ids(self) -> set[str]:
-        return {tid for tid, status in self.statuses().items() if status == "ok"}
-
     def compactable(self, statuses: dict[str, str]) -> int:
         """How many single-row files hold a final row (``statuses``: trial_id → status, as read):
         what ``compact`` would put into one part."""

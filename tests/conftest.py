@@ -345,3 +345,8 @@ def worker():
     from freezesweep.trials.worker import WorkerState
 
     return WorkerState()
+
+
+def ok_ids(store) -> set[str]:
+    """The cells a store holds an ok row of (what the product asks as ``statuses()``)."""
+    return {trial_id for trial_id, status in store.statuses().items() if status == "ok"}

@@ -10,6 +10,8 @@ import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 import pytest
 
+from tests.conftest import ok_ids
+
 from freezesweep.results import store as store_module
 
 from freezesweep.orchestrator.rows import result_row
@@ -84,7 +86,7 @@ def test_a_store_from_before_compaction_is_read_and_compacted(tmp_path):
     assert len(read_rows(store)) == 40
     assert store.compact() == 40
     assert [p.name[:5] for p in (tmp_path / "s" / "results").iterdir()] == ["part-"]
-    assert len(read_rows(store)) == 40 and store.ok_ids() == {_result(s).trial_id for s in range(40)}
+    assert len(read_rows(store)) == 40 and ok_ids(store) == {_result(s).trial_id for s in range(40)}
 
 
 def test_many_single_row_files_are_read_and_compacted_a_batch_at_a_time(tmp_path, monkeypatch):

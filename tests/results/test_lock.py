@@ -6,6 +6,8 @@ import time
 import pyarrow.fs as pafs
 import pytest
 
+from tests.conftest import ok_ids
+
 from freezesweep.orchestrator.rows import result_row
 from freezesweep.results.lock import LockLost, SweepLock, SweepLocked
 from freezesweep.results.store import ResultStore
@@ -98,7 +100,7 @@ def test_lost_lock_stops_store_writes(tmp_path):
     _plant(tmp_path)  # another driver took the sweep over
     with pytest.raises(LockLost, match="now held by pid 1 on host elsewhere"):
         store.write_row(result_row("sweep", _result(1)))
-    assert store.ok_ids() == {_result(0).trial_id}
+    assert ok_ids(store) == {_result(0).trial_id}
     lock.release()
     assert json.loads((tmp_path / "sweep" / "_lock.json").read_text())["token"] == "t"
 

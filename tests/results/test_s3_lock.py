@@ -6,6 +6,8 @@ import time
 import pyarrow.fs as pafs
 import pytest
 
+from tests.conftest import ok_ids
+
 from freezesweep.orchestrator.rows import result_row
 from freezesweep.results.lock import LOCK_FILE, LockLost, SweepLock, SweepLocked
 from freezesweep.results.store import ResultStore, SpoolingWriter
@@ -76,7 +78,7 @@ def test_lost_lock_stops_store_writes(s3, tmp_path):
     plant_holder(store)  # taken over: this driver was presumed dead
     with pytest.raises(LockLost, match="now held by pid 4242 on host elsewhere.*stopped writing"):
         sink.write_row(result_row("lost", _result(1)))
-    assert store.ok_ids() == {_result(0).trial_id}  # nothing written after the takeover
+    assert ok_ids(store) == {_result(0).trial_id}  # nothing written after the takeover
     assert len(sink.pending()) == 1  # the finished result kept locally, not dropped
     lock.release()
     assert read_holder(store)["token"] == "theirs"  # the loser leaves the new holder's lock alone

@@ -2,6 +2,8 @@
 
 import pytest
 
+from tests.conftest import ok_ids
+
 from freezesweep.orchestrator.launch import StoreUnavailable, launch, spool_dir
 from freezesweep.orchestrator.checks import load_spec
 from freezesweep.orchestrator.rows import result_row
@@ -16,8 +18,8 @@ def test_rows_round_trip_on_s3(s3):
     store.check_writable()
     for seed in range(3):
         store.write_row(result_row("remote", _result(seed)))
-    assert len(store.read()) == 3 and store.ok_ids() == {_result(s).trial_id for s in range(3)}
-    assert store.has_ok_row(_result(0).trial_id)
+    assert len(store.read()) == 3 and ok_ids(store) == {_result(s).trial_id for s in range(3)}
+    assert _result(0).trial_id in ok_ids(store)
 
 
 def test_unreachable_store_spools_and_flushes(s3, tmp_path):

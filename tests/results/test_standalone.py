@@ -28,7 +28,7 @@ store = ResultStore({str(tmp_path)!r}, "s")
 row = {{name: None for name in SCHEMA.names}} | {{"trial_id": "abc", "status": "ok", "best_val_accuracy": 0.5,
        "dataset": "d", "train_size": 1, "frozen_layers": 0, "seed": 0}}
 store.write_row(row)
-print(query.summary(store.read())["mean"].tolist(), sorted(store.ok_ids()))
+print(query.summary(store.read())["mean"].tolist(), sorted(t for t, s in store.statuses().items() if s == 'ok'))
 print(sorted(m for m in sys.modules if m.split('.')[0] == 'torch' or m.startswith('freezesweep.trials')))
 """
     )
