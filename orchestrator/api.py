@@ -594,9 +594,9 @@ def export_mlflow(
     sweep's name) at ``tracking_uri`` (default: MLflow's own, ``MLFLOW_TRACKING_URI``). Idempotent: run
     again, it adds only the rows MLflow lacks and replaces a cell's run by a newer row. Needs the
     ``mlflow`` extra (ImportError without it)."""
+    result_store = _store(name, store)  # an unknown sweep is a SpecError before MLflow is touched
     from freezesweep.results.mlflow_export import export_store
 
-    result_store = _store(name, store)
     done = export_store(result_store, tracking_uri, experiment)
     _warn_unreadable(result_store)
     return done

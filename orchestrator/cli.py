@@ -20,7 +20,7 @@ from rich.console import Console
 from rich.table import Table
 
 from freezesweep.orchestrator import api
-from freezesweep.orchestrator.spec import DEFAULT_STORE
+from freezesweep.orchestrator.spec import DEFAULT_STORE, SpecError
 
 app = typer.Typer(
     add_completion=False,
@@ -433,6 +433,8 @@ def export_mlflow(
     with _reading(sweep):
         try:
             done = api.export_mlflow(sweep, store=store, tracking_uri=tracking_uri, experiment=experiment)
+        except SpecError:  # no such sweep: the command's own error, not MLflow's
+            raise
         except ImportError as exc:
             _fail(f"MLflow is not installed ({exc}): pip install 'freezesweep[mlflow]'")
         except Exception as exc:  # the server unreachable or refusing: said plainly, no traceback

@@ -215,3 +215,12 @@ def test_report_of_an_open_settle_sweep_names_the_budget_that_would_decide_it_an
         app, ["report", "open", "--store", spec.store, "--out", str(tmp_path / "o"), "--tolerance", "0.5"]
     )
     assert refused.exit_code == 2 and "a tolerance chosen after seeing the rows voids the confidence" in refused.output
+
+
+def test_export_of_an_unknown_sweep_is_the_commands_own_error_not_mlflows(tmp_path):
+    """Before: the store lookup ran inside the export's catch-all and read as an MLflow failure."""
+    pytest.importorskip("mlflow")
+    (tmp_path / "store").mkdir()
+    done = runner.invoke(app, ["export", "mlflow", "nope", "--store", str(tmp_path / "store")])
+    assert done.exit_code == 2
+    assert "no sweep named 'nope'" in done.output and "MLflow export" not in done.output
