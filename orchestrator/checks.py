@@ -323,7 +323,7 @@ def _device_problems(gpus_per_trial: Any, cpus_per_trial: Any, cluster: ClusterV
     auto = gpus_per_trial == "auto"
     gpus = _gpu_share(gpus_per_trial)
     cpus = cpus_per_trial if isinstance(cpus_per_trial, (int, float)) else 1
-    problems = []
+    problems: list[str] = []
     if cluster is not None and cluster.address:
         return problems + cluster_problems(cluster, cpus, gpus, auto)
     if gpus > 0:

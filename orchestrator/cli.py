@@ -33,7 +33,7 @@ err_console = Console(stderr=True, soft_wrap=True)
 
 
 # The command this process runs (one per process), named in its errors: set by the group's callback.
-_invoked = {"command": None}
+_invoked: dict[str, str | None] = {"command": None}
 
 
 @app.callback()
@@ -177,7 +177,7 @@ class OutputFormat(str, Enum):
     json = "json"
 
 
-def _fail(exc: Exception, code: int = 2) -> None:
+def _fail(exc: Exception | str, code: int = 2) -> None:
     """The error, naming the command that was run (``freezesweep report: …``), and its exit code."""
     command = f"freezesweep {_invoked['command']}: " if _invoked["command"] else ""
     err_console.print(f"[red]{command}error:[/red] {exc}", highlight=False)
@@ -451,4 +451,4 @@ def main() -> None:  # python -m freezesweep.orchestrator.cli
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    main()  # the app exits with its command's code

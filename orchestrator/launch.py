@@ -31,6 +31,7 @@ import sys
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from types import SimpleNamespace
+from typing import Any
 
 from freezesweep.orchestrator import local_files
 from freezesweep.orchestrator.local_files import Shipment
@@ -187,7 +188,9 @@ def measure_gpu_share(
 def hungriest_depth(spec: SweepSpec, model_layers: Mapping[str, int]) -> int:
     """``plan.hungriest_frozen_layers`` of the grid, from each model's variants alone: every dataset,
     train size and seed has the same ones, so the grid (maybe a million cells) is never built."""
-    variants = [SimpleNamespace(**v) for model in spec.models() for v in method_variants(spec, model, model_layers)]
+    variants: list[Any] = [
+        SimpleNamespace(**v) for model in spec.models() for v in method_variants(spec, model, model_layers)
+    ]
     return hungriest_frozen_layers(variants)
 
 

@@ -80,7 +80,7 @@ def iter_grid(sweep: ResolvedSweep) -> Iterator[TrialConfig]:
                         dataset=dataset,
                         train_size=size,
                         seed=seed,
-                        select_metric=metrics[dataset],
+                        select_metric=metrics[dataset],  # type: ignore[index]  # resolved: one per dataset
                         **{**template, **variant},
                     )
 

@@ -504,7 +504,7 @@ def read_stored_spec(text: str, source: str = "spec.yaml") -> dict[str, Any]:
     return raw
 
 
-def _format_pydantic(err: dict) -> str:
+def _format_pydantic(err: Mapping[str, Any]) -> str:
     where = ".".join(str(p) for p in err["loc"]) or "(top level)"
     if err["type"] == "extra_forbidden":
         return f"{where}: unknown key"

@@ -168,7 +168,8 @@ def _record(
         collapsed=f"{chosen.collapsed}/{chosen.seeds}",
         collapse_upper=chosen.collapse_upper,
     )
-    cost = costs.set_index([*GROUP, "frozen_layers"]).loc[(*key, k)]
+    cell = (*key, k)  # a tuple first: mypy takes (*key, k) inside [] for 3.11's star index
+    cost = costs.set_index([*GROUP, "frozen_layers"]).loc[cell]
     for column in ["params_saved_pct", "time_saved_pct", "mem_saved_pct"]:
         record[column] = float(cost[column])
     return record

@@ -84,7 +84,8 @@ class MlflowRuns:
         """trial_id → the run already logged for it (MLflow's search, page by page); ``trial_id``: that
         cell's only."""
         query = f"tags.`{SWEEP_TAG}` = '{self.sweep}'" + (f" and tags.`{TRIAL_TAG}` = '{trial_id}'" if trial_id else "")
-        runs, token = {}, None
+        runs: dict[str, Any] = {}
+        token = None
         while True:
             page = self.client.search_runs([self.experiment_id], query, max_results=1000, page_token=token)
             runs.update((run.data.tags[TRIAL_TAG], run) for run in page if TRIAL_TAG in run.data.tags)

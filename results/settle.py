@@ -58,6 +58,7 @@ import itertools
 import math
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -229,7 +230,7 @@ def _learned(
     lower, _ = collapse_bounds(collapsed, len(seeds), alphas.nothing)
     _, upper = collapse_bounds(collapsed, len(seeds), alphas.stability)
     mean, low, high = _bounds(diffs, alphas.quality)
-    facts = dict(
+    facts: dict[str, Any] = dict(
         seeds=len(seeds),
         collapsed=collapsed,
         collapse_upper=upper,

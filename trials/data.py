@@ -222,7 +222,7 @@ def load_task(
 
 
 def _load_task(
-    dataset: str, data_dir: Path | None, columns: Columns, files: tuple[str, str] | None, empty_texts: str
+    dataset: str, data_dir: Path | None, columns: Columns, files: tuple[str, ...] | None, empty_texts: str
 ) -> TaskData:
     paths = dict(zip(SPLITS, map(Path, files))) if files else split_files(dataset, data_dir)
     frames = _load_from_hub(dataset) if paths is None else {s: _read_file(f) for s, f in paths.items()}

@@ -109,7 +109,8 @@ def _structure(model: nn.Module, layers_name: str) -> Structure:
             f"cannot find the embeddings of {type(model).__name__}: not a transformers model "
             "(no config to build its skeleton from)"
         )
-    return _traced_structure(type(model), config.to_json_string(), layers_name)
+    # a class is hashable (mypy, not reading torch, sees type[Any] here)
+    return _traced_structure(type(model), config.to_json_string(), layers_name)  # type: ignore[arg-type]
 
 
 @functools.lru_cache(maxsize=16)
@@ -138,12 +139,12 @@ def _trace(skeleton: nn.Module, layers_name: str) -> Structure:
     layers = base.get_submodule(layers_name)
     in_layers = {id(m) for m in layers.modules()}
     first_run_after: dict[str, bool] = {}
-    done = []  # set once the last layer has returned
+    done: list[bool] = []  # set once the last layer has returned
 
     def seen(name: str) -> None:  # a pre-hook that returns something replaces the module's arguments
         first_run_after.setdefault(name, bool(done))
 
-    handles = [layers[-1].register_forward_hook(lambda *_: done.append(True) and None)]
+    handles = [layers[-1].register_forward_hook(lambda *_: done.append(True))]
     for name, module in base.named_modules():
         if id(module) not in in_layers and module is not base:
             handles.append(module.register_forward_pre_hook(lambda *_, n=name: seen(n)))

@@ -58,7 +58,7 @@ def _interleave(queues: list[np.ndarray], length: int) -> np.ndarray:
     sizes = np.array([len(q) for q in queues], dtype=np.int64)
     fractions = sizes / sizes.sum()
     taken = np.zeros(len(queues), dtype=np.int64)
-    order = []
+    order: list[int] = []
     while len(order) < length or not taken.all():
         # Largest deficit against the exact quota (n+1)*fraction; ties go to the lower class id.
         deficit = fractions * (len(order) + 1) - taken

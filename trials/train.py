@@ -27,7 +27,7 @@ from freezesweep.trials import faults
 from freezesweep.trials.config import EvalPoint, TrialConfig
 from freezesweep.trials.eval_cache import PrefixStates
 from freezesweep.trials.evaluate import evaluate, task_loss
-from freezesweep.trials.packing import PackedFeed, PaddedFeed
+from freezesweep.trials.packing import Packed, PackedFeed, PaddedFeed
 from freezesweep.trials.precision import PrecisionPlan, synchronize
 from freezesweep.trials.tokens import Batch, Tokens, train_batches
 from freezesweep.trials.train_cache import TrainPrefix
@@ -134,7 +134,7 @@ def fit(model: nn.Module, train_ids: Tokens, train_labels: np.ndarray, pad_id: i
         for batch in train_batches(train_ids, train_labels, cfg.batch_size, pad_id, generator)[skip:]:
             if state.step >= schedule.total_steps or state.diverged_at_step is not None:
                 break
-            batch = ctx.feed.prepare(batch).to(ctx.device)
+            batch = ctx.feed.prepare(batch).to(ctx.device)  # type: ignore[assignment]  # the feed's own kind
             with ctx.train_prefix.feeding(model, batch) if ctx.train_prefix else contextlib.nullcontext():
                 # opt-in cache: above k
                 loss = train_step(
@@ -163,7 +163,7 @@ def fit(model: nn.Module, train_ids: Tokens, train_labels: np.ndarray, pad_id: i
 
 def train_step(
     model,
-    batch: Batch,
+    batch: Batch | Packed,  # as the feed prepared it
     optimizer,
     scheduler,
     scaler,
@@ -174,7 +174,7 @@ def train_step(
 ) -> torch.Tensor:
     """One optimisation step (also what trials/memory_probe.py measures)."""
     with plan.autocast():
-        logits = feed.logits(model, batch)
+        logits = feed.logits(model, batch)  # type: ignore[arg-type]  # prepared by this feed: its own kind
     loss = task_loss(logits, batch.labels)
     scaler.scale(loss).backward()
     scaler.unscale_(optimizer)
