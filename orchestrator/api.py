@@ -2,7 +2,7 @@
 
 Every function here is exported at ``freezesweep`` itself (``import freezesweep as fs``):
 ``fs.load_spec`` / ``fs.build_spec`` make a validated spec, ``fs.plan`` is the dry run, ``fs.launch``
-and ``fs.resume`` run a sweep (blocking) and return its :class:`LaunchSummary`; ``fs.results``,
+and ``fs.resume`` run a sweep (blocking) and return its :class:`LaunchSummary`; ``fs.results_frame``,
 ``fs.results_arrow``, ``fs.results_duckdb`` and ``fs.query`` read its rows; ``fs.status`` and
 ``fs.summary`` inspect it; ``fs.decide`` gives the decisions as objects and as a DataFrame;
 ``fs.report`` writes the HTML and Markdown report; ``fs.compact`` compacts the store.
@@ -57,7 +57,7 @@ __all__ = [
     "plan",
     "launch",
     "resume",
-    "results",
+    "results_frame",
     "results_arrow",
     "results_duckdb",
     "query",
@@ -305,7 +305,7 @@ def _warn_unreadable(result_store: ResultStore) -> None:
         )
 
 
-def results(name: str, *, store: str | None = None, columns: Sequence[str] | None = None) -> pd.DataFrame:
+def results_frame(name: str, *, store: str | None = None, columns: Sequence[str] | None = None) -> pd.DataFrame:
     """A sweep's rows, one per cell that has run, as a pandas DataFrame (``columns``: only these; default
     every column, the evaluation curves included). Rows of freezesweep before 0.2 read as picked by
     accuracy (``select_metric``); a row file that cannot be read is left out with an

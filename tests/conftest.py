@@ -15,6 +15,20 @@ import yaml
 
 REPO = Path(__file__).resolve().parents[1]
 MINILM = "sentence-transformers/all-MiniLM-L6-v2"
+# The repository's folders installed as freezesweep.<folder> (pyproject.toml's package-dir).
+FOLDERS = ("orchestrator", "trials", "results", "cluster")
+
+
+def product_modules() -> dict[str, Path]:
+    """Every module of the package by its import name, from the source tree: ``freezesweep`` and each
+    folder's modules as ``freezesweep.<folder>.<module>``."""
+    found = {}
+    for folder in ("freezesweep", *FOLDERS):
+        for path in sorted((REPO / folder).rglob("*.py")):
+            parts = path.relative_to(REPO).with_suffix("").parts
+            parts = parts if folder == "freezesweep" else ("freezesweep", *parts)
+            found[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    return found
 
 
 def _find_glue_dir() -> Path | None:

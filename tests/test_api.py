@@ -24,7 +24,7 @@ NOTEBOOK = textwrap.dedent("""
     before = fs.plan(spec)
     summary = fs.launch(spec)
     after = fs.plan(spec)
-    rows = fs.results(spec.name, store=spec.store)
+    rows = fs.results_frame(spec.name, store=spec.store)
     arrow = fs.results_arrow(spec.name, store=spec.store, columns=["trial_id", "status"])
     counted = fs.results_duckdb(spec.name, store=spec.store).sql(
         "SELECT frozen_layers, count(*) AS n FROM results WHERE status = 'ok' GROUP BY 1 ORDER BY 1").fetchall()
@@ -92,14 +92,12 @@ def test_importing_freezesweep_stays_cheap():
     """Ray workers import freezesweep.trials through the top package: the API loads on first use."""
     code = (
         "import sys, freezesweep as fs; heavy = {'ray', 'torch', 'pandas', 'freezesweep.orchestrator.api'}; "
-        "print(sorted(heavy & set(sys.modules))); fs.results; print('freezesweep.orchestrator.api' in sys.modules)"
+        "print(sorted(heavy & set(sys.modules))); fs.results_frame; "
+        "print('freezesweep.orchestrator.api' in sys.modules)"
     )
     shown = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split("\n")
     assert shown[:2] == ["[]", "True"]
-    # the subpackage freezesweep.results, once imported, does not hide the API's function of that name
-    import freezesweep.results.store  # noqa: F401
-
-    assert callable(fs.results) and fs.results.__module__ == "freezesweep.orchestrator.api"
+    assert fs.results_frame.__module__ == "freezesweep.orchestrator.api"
     assert set(fs.__all__) <= set(dir(fs))
     assert all(getattr(fs, name) is not None for name in fs.__all__)  # each exported name resolves
     assert set(fs.__all__) - {"__version__"} == set(fs._EXPORTS)  # the literal list and the lazy map agree
@@ -107,9 +105,34 @@ def test_importing_freezesweep_stays_cheap():
         fs.nothing  # noqa: B018
 
 
+def test_the_old_spelling_fs_results_is_the_subpackage_and_still_reads_rows_with_a_warning(tmp_path):
+    """0.3's ``fs.results(...)`` shadowed the subpackage ``freezesweep.results``; the function is now
+    ``fs.results_frame`` and, for one release, the subpackage answers the old call with a DeprecationWarning."""
+    from freezesweep.results.store import SCHEMA, ResultStore
+
+    assert (
+        fs.results is sys.modules["freezesweep.results"]
+        and fs.results.store is sys.modules["freezesweep.results.store"]
+    )
+    store = ResultStore(str(tmp_path), "old")
+    store.write_spec("name: old\n")  # a stored sweep is one with a spec; read_rows reads only the rows
+    for seed in (0, 1):
+        store.write_row(
+            {name: None for name in SCHEMA.names} | dict(sweep="old", trial_id=f"old-{seed}", seed=seed, status="ok")
+        )
+    with pytest.warns(DeprecationWarning, match=r"fs\.results_frame\(") as caught:
+        old = fs.results("old", store=str(tmp_path), columns=["trial_id", "seed"])
+    assert caught[0].filename == __file__  # the warning names the caller's line
+    new = fs.results_frame("old", store=str(tmp_path), columns=["trial_id", "seed"])
+    assert sorted(old["trial_id"]) == sorted(new["trial_id"]) == ["old-0", "old-1"]
+    code = "import warnings, freezesweep as fs; warnings.simplefilter('error'); fs.results('x')"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path)
+    assert "DeprecationWarning: fs.results(...) is now fs.results_frame(...)" in done.stderr  # before any import of it
+
+
 def test_no_such_sweep_is_an_error_not_empty_rows(tmp_path):
     with pytest.raises(fs.SpecError, match="no sweep named 'typo'"):
-        fs.results("typo", store=str(tmp_path))
+        fs.results_frame("typo", store=str(tmp_path))
 
 
 def test_a_bad_spec_names_every_problem(tmp_path):

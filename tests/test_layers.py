@@ -9,20 +9,10 @@ from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[1]
-PACKAGES = ("orchestrator", "trials", "results", "cluster", "freezesweep")
+from tests.conftest import FOLDERS, REPO, product_modules
+
+PACKAGES = (*FOLDERS, "freezesweep")
 RAY_MODULES_MAX = 3
-
-
-def _modules() -> dict[str, Path]:
-    """Every product module by its import name: the folders are installed as freezesweep.<folder>."""
-    found = {}
-    for package in PACKAGES:
-        for path in sorted((REPO / package).rglob("*.py")):
-            parts = path.relative_to(REPO).with_suffix("").parts
-            parts = parts if package == "freezesweep" else ("freezesweep", *parts)
-            found[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
-    return found
 
 
 def _package(module: str) -> str:
@@ -31,7 +21,7 @@ def _package(module: str) -> str:
     return parts[1] if parts[0] == "freezesweep" and len(parts) > 1 else parts[0]
 
 
-MODULES = _modules()
+MODULES = product_modules()
 
 
 def _imports(path: Path) -> list[tuple[str, list[str]]]:
