@@ -424,7 +424,7 @@ def _sweep_rows(name: str, store: str | None, tolerance: float | None) -> SweepR
     """A stored sweep's rows for the report: its status against its grid, and a settle sweep's rule with
     every look it may take and the comparisons its confidence is shared by (the report's intervals are
     the ones the rounds were decided by)."""
-    from freezesweep.orchestrator.plan import sweep_comparisons
+    from freezesweep.orchestrator.plan import sweep_arms
     from freezesweep.results.query import status_table
     from freezesweep.results.report import SweepRows
 
@@ -440,7 +440,7 @@ def _sweep_rows(name: str, store: str | None, tolerance: float | None) -> SweepR
             ],
             name,
         )
-    family = (rule, rule.looks, sweep_comparisons(sweep)) if rule else None
+    family = (rule, rule.looks, sweep_arms(sweep)) if rule else None
     rows = SweepRows.from_store(
         result_store, status_table(_counted_cells(sweep, result_store), result_store.statuses()), family
     )

@@ -11,6 +11,7 @@ from __future__ import annotations
 import base64
 import html
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 import pandas as pd
@@ -39,12 +40,15 @@ class SweepRows:
     name: str
     rows: pd.DataFrame
     status: pd.DataFrame | None = None
-    # a settle sweep's rule, its looks and comparisons (results.settle.decide; None: a fixed grid)
-    rule: tuple[SettleRule, int, int] | None = None
+    # a settle sweep's rule, its looks and each model's arms (results.settle.decide; None: a fixed grid)
+    rule: tuple[SettleRule, int, Mapping[str, tuple[str, ...]]] | None = None
 
     @classmethod
     def from_store(
-        cls, store: ResultStore, status: pd.DataFrame | None = None, rule: tuple[SettleRule, int, int] | None = None
+        cls,
+        store: ResultStore,
+        status: pd.DataFrame | None = None,
+        rule: tuple[SettleRule, int, Mapping[str, tuple[str, ...]]] | None = None,
     ) -> "SweepRows":
         rows = read_rows(store)
         rows["sweep"] = store.sweep  # the folder names the sweep, whatever a row says
@@ -212,6 +216,7 @@ DECISION_SHOWN = [
     "within",
     "worse",
     "undecided",
+    "not_tested",
     "params_saved_pct",
     "time_saved_pct",
     "mem_saved_pct",
@@ -223,13 +228,17 @@ def _decision_section(report: Report, tolerance: float, many: bool) -> Section:
     intro = (
         f"Per dataset and train size, one answer: the largest k shown to be within the tolerance (−{tolerance:g} "
         "unless the sweep's settle section says otherwise) of full fine-tuning (k = 0) in the selected metric when "
-        "it trains — on the seeds where both trained, the lower bound of the mean paired difference (ci_low, "
-        "one-sided, simultaneous over the group's claims and every look the sweep took: results/settle.py) lies "
-        "above −tolerance — with how many of its seeds collapsed to the constant predictor (collapsed) and an "
-        "exact bound on how often that happens (collapse_upper); and what freezing it saves against k = 0. No "
-        "advice from fewer than 3 trained pairs, from identical differences, or where full fine-tuning is not "
-        "shown to beat the constant baseline by more than the tolerance. Where it is open, decided_at_seeds is "
-        "the budget that would decide it if the spread stays as it is. The sections below are its evidence."
+        "it trains, with how many of its seeds collapsed to the constant predictor (collapsed) and an exact bound "
+        "on how often that happens (collapse_upper), and what freezing it saves against k = 0. How it is decided "
+        "(results/settle.py, the settle-mode page): first, full fine-tuning must be shown to beat the constant "
+        "baseline by more than the tolerance (learned); only then are the frozen depths tested, one at a time "
+        "from the least frozen to the most frozen, each at the full level, and the sequence stops at the first "
+        "depth not shown within — the advice is the last depth shown within before it, the deeper ones are not "
+        "tested (their estimates are given). 'Worse' and 'nothing learned' are Holm's step-down claims; every "
+        "look a settle sweep took is paid for, most of the error on its last look. Every claim of a group holds "
+        "together at the stated confidence (family-wise). No advice from fewer than 3 trained pairs or from "
+        "identical differences. Where something is open, decided_at_seeds is the budget that would decide it if "
+        "the spread stays as it is. The sections below are its evidence."
     )
     table = report.decisions[[c for c in DECISION_SHOWN if c in report.decisions]]
     return Section("The decision", [intro, *report.decisions["sentence"]], [_shown(table, many)])

@@ -206,9 +206,9 @@ def test_report_of_an_open_settle_sweep_names_the_budget_that_would_decide_it_an
         )
     done = runner.invoke(app, ["report", "open", "--store", spec.store, "--out", str(tmp_path / "out")])
     assert done.exit_code == 0, done.output
-    assert "5 seeds per arm would decide it if the spread stays as it is" in done.stdout
+    assert "4 seeds per arm would decide it if the spread stays as it is" in done.stdout
     assert (
-        "n = 24: a new settle sweep with settle.max_seeds 5 runs at most 10 trials for this size, about 0.17 "
+        "n = 24: a new settle sweep with settle.max_seeds 4 runs at most 8 trials for this size, about 0.13 "
         "trial-hours at the measured times" in done.stdout
     )
     refused = runner.invoke(
