@@ -352,23 +352,24 @@ def _pairs(decision: GroupDecision) -> str:
 
 
 def _others(record: dict, decision: GroupDecision) -> str:
-    untested = [
-        f"{_k(c.arm)} ({c.mean:+.3f} when trained)" if c.pairs else _k(c.arm)
-        for c in decision.arms
-        if c.decision == NOT_TESTED
-    ]
+    """The other depths in words: worse, undecided and not tested, the last two with their estimates."""
+
+    def listed(state: str) -> str:
+        return ", ".join(
+            f"{_k(c.arm)} ({c.mean:+.3f} when trained)" if c.pairs else _k(c.arm)
+            for c in decision.arms
+            if c.decision == state
+        )
+
     parts = [
         f"worse than full fine-tuning: {record['worse']}" if record["worse"] else "",
-        f"undecided: {record['undecided']}" if record["undecided"] else "",
-        f"not tested, deeper than where the sequence stopped: {', '.join(untested)}" if untested else "",
+        f"undecided: {listed(UNDECIDED)}" if record["undecided"] else "",
+        f"not tested, deeper than where the sequence stopped: {listed(NOT_TESTED)}" if record["not_tested"] else "",
     ]
     parts = [p for p in parts if p]
-    if (
-        record.get("decided_at_seeds") is not None
-        and not pd.isna(record.get("decided_at_seeds"))
-        and record.get("frozen_layers") is not None
-    ):
-        parts.append(f"{int(record['decided_at_seeds'])} seeds per arm would decide what is open")
+    budget = record.get("decided_at_seeds")
+    if budget is not None and not pd.isna(budget) and record.get("frozen_layers") is not None:
+        parts.append(f"{int(budget)} seeds per arm would decide what is open")
     return f" ({'; '.join(parts)})" if parts else ""
 
 

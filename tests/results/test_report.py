@@ -119,7 +119,8 @@ def test_decision_sentences_and_table(store_rows):
         "at k=6): accuracy 0.848 vs 0.850 on the same 3 seeds, paired difference -0.002 (its own one-sided bound "
         f"-0.005, at 97.8 %); 0 of 3 seeds collapsed to the constant predictor or diverged (at most "
         f"{100 * (1 - (0.05 * 0.05 / 4) ** (1 / 3)):.0f} % of seeds do, 95 % family-wise); it trains with 75 % fewer "
-        "trainable parameters, 40 % less train time and 25 % less peak memory (undecided: k=6) (left out: 1 failed)."
+        "trainable parameters, 40 % less train time and 25 % less peak memory (undecided: k=6 (-0.050 when trained)) "
+        "(left out: 1 failed)."
     )
     assert decisions.loc[100, "frozen_layers"] == 3 and decisions.loc[100, "k_retaining_90"] == 3
     assert decisions.loc[100, ["params_saved_pct", "time_saved_pct", "mem_saved_pct"]].tolist() == pytest.approx(
@@ -139,7 +140,8 @@ def test_a_tighter_tolerance_admits_no_k_and_says_what_is_undecided(store_rows):
     decisions = build_report([SweepRows.from_store(store_rows)], tolerance=0.001).decisions.set_index("train_size")
     assert decisions.loc[100, "sentence"] == (  # k = -1's bound straddles -0.001: the sequence stops there
         "d, n = 100: fine-tune every layer: no k is shown within 0.001 of full fine-tuning at 3 trained pairs "
-        "(undecided: k=-1; not tested, deeper than where the sequence stopped: k=3 (-0.002 when trained), k=6 "
+        "(undecided: k=-1 (+0.000 when trained); not tested, deeper than where the sequence stopped: k=3 (-0.002 "
+        "when trained), k=6 "
         "(-0.050 when trained)); add seeds (a settle sweep runs as many as the question needs) (left out: 1 failed)."
     )
     assert pd.isna(decisions.loc[100, "frozen_layers"])
