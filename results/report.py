@@ -19,7 +19,7 @@ import pandas as pd
 from freezesweep.results import figures
 from freezesweep.results.decision import decide
 from freezesweep.results.settle import LEARNED, SettleRule
-from freezesweep.results.query import CELL_KEYS, freeze_rows, read_rows, summary, with_methods
+from freezesweep.results.query import CELL_KEYS, freeze_rows, read_rows, summary, whole_split_rows, with_methods
 from freezesweep.results.stats import (
     GROUP,
     TOLERANCE,
@@ -74,6 +74,8 @@ class Report:
     sections: list[Section]
     figures: dict[str, bytes]
     methods: pd.DataFrame | None = None  # the methods side by side (None: the rows are freeze rows only)
+    # per sweep, its ok rows scored on a sample against a whole-split baseline (results.query.whole_split_rows)
+    whole_split: pd.Series = field(default_factory=lambda: pd.Series(dtype="int64"))
 
 
 def build_report(sweeps: list[SweepRows], tolerance: float = TOLERANCE) -> Report:
@@ -92,7 +94,9 @@ def build_report(sweeps: list[SweepRows], tolerance: float = TOLERANCE) -> Repor
     if methods is not None and not methods.empty:
         figs["methods"] = figures.methods_plot(methods)
     completeness = [_completeness_line(s) for s in sweeps]
-    report = Report(decisions, contrasts, retained, cost, appendix, completeness, [], figs, methods)
+    report = Report(
+        decisions, contrasts, retained, cost, appendix, completeness, [], figs, methods, whole_split_rows(rows)
+    )
     # several sweeps, or one of several models: every table and sentence names its "sweep · model"
     report.sections = _sections(report, sweeps, tolerance, many=rows["sweep"].nunique() > 1)
     return report
@@ -241,7 +245,20 @@ def _decision_section(report: Report, tolerance: float, many: bool) -> Section:
         "the spread stays as it is. The sections below are its evidence."
     )
     table = report.decisions[[c for c in DECISION_SHOWN if c in report.decisions]]
-    return Section("The decision", [intro, *report.decisions["sentence"]], [_shown(table, many)])
+    lines = [*report.decisions["sentence"], *_whole_split_lines(report.whole_split)]
+    return Section("The decision", [intro, *lines], [_shown(table, many)])
+
+
+def _whole_split_lines(whole_split: pd.Series) -> list[str]:
+    """Rows whose collapse test compared a sample's score with the whole split's baseline (stored before
+    baselines were measured on the evaluated rows): the one kind of collapse they can hide, named."""
+    return [
+        f"{sweep}: {n} ok row{'s were' if n != 1 else ' was'} scored on a max_eval_examples sample but stored "
+        "with the whole validation split's constant baseline (rows written before the baseline was measured on "
+        "the evaluated rows): a seed there that answered one class can be counted as trained (collapsed false). "
+        "A new sweep of the same grid measures both on the same rows."
+        for sweep, n in whole_split.items()
+    ]
 
 
 def _retained_section(report: Report, many: bool) -> Section:

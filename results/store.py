@@ -47,6 +47,10 @@ COMPACT_ADVICE_FILES = 2000
 
 # Every metric a row can hold (trials.metrics.METRICS; a test checks the two agree): a task records its own.
 METRICS = ("accuracy", "f1", "matthews", "pearson", "spearman")
+# baseline_rows: the baseline was computed on exactly the rows the scores were (trials.config.EVALUATED_ROWS,
+# every row written since the column exists); or on the whole validation split while the scores came from a
+# max_eval_examples sample (only rows stored before it, as results/query.py reads them).
+EVALUATED_ROWS, WHOLE_SPLIT = "evaluated", "whole split"
 _CURVE = pa.list_(
     pa.struct(
         [
@@ -101,9 +105,15 @@ SCHEMA = pa.schema(
         ("best_val_score", pa.float64()),
         ("final_val_score", pa.float64()),
         ("baseline_score", pa.float64()),
-        # the best evaluation is the constant predictor's (scored exactly the constant baseline): a collapsed
-        # fine-tune, counted apart by settle mode (results/settle.py); rows stored before it read null
+        # the best evaluation is the constant predictor's (one prediction for every evaluated row, or exactly the
+        # constant baseline's score): a collapsed fine-tune, counted apart by settle mode (results/settle.py);
+        # rows stored before it read null
         ("collapsed", pa.bool_()),
+        # The rows the baseline columns and the collapse test were computed on: EVALUATED_ROWS (the rows the
+        # scores were: the max_eval_examples sample where one was drawn). Null on rows without a baseline and
+        # on rows stored before the column, which computed it on the whole validation split
+        # (results/query.py reads those as WHOLE_SPLIT where a sample was scored).
+        ("baseline_rows", pa.string()),
         *((f"best_val_{m}", pa.float64()) for m in METRICS[1:]),  # best_val_accuracy is above
         *((f"baseline_{m}", pa.float64()) for m in METRICS),
         ("trainable_params", pa.int64()),
