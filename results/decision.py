@@ -103,8 +103,9 @@ def decide(
             )
             continue
         record["k_retaining_90"] = retaining.get(key) if decision.learned.decision == LEARNED else None
+        settled = not open_arms(decision, grid, rule.tolerance)
         record["sentence"] = _prefix(key, many_sweeps) + sentence(
-            record, decision, rule, (planned_ks or {}).get(key[0]), settle=key[0] in (rules or {})
+            record, decision, rule, (planned_ks or {}).get(key[0]), settle=key[0] in (rules or {}), settled=settled
         )
         records.append(record)
     return pd.DataFrame(records, columns=DECISION_COLUMNS)
@@ -224,8 +225,10 @@ def sentence(
     rule: SettleRule,
     planned_ks: set[int] | None = None,
     settle: bool = False,
+    settled: bool = False,
 ) -> str:
-    """The decision in words (without the "dataset, n = …:" prefix)."""
+    """The decision in words (without the "dataset, n = …:" prefix). ``settled``: no seed could change the
+    advice any more (``results.settle.open_arms``)."""
     left_out = _left_out(decision.excluded)
     if record["baseline_seeds"] == 0:
         why = (
@@ -240,6 +243,12 @@ def sentence(
     if gain.decision != LEARNED:
         return _not_learned(record, decision, rule, settle) + f"{left_out}."
     rest = _others(record, decision)
+    if record.get("frozen_layers") is None and settled:
+        return (
+            f"fine-tune every layer: freezing costs more than {rule.tolerance:g} here — the least frozen depth "
+            f"({_k(decision.stopped_at or '')}) is not within the tolerance, and more seeds would not make it so"
+            f"{rest}{left_out}."
+        )
     if record.get("frozen_layers") is None:
         return (
             f"fine-tune every layer: no k is shown within {rule.tolerance:g} of full fine-tuning at "
