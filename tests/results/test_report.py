@@ -489,3 +489,18 @@ def test_the_cost_rows_panels_keep_their_labels_to_themselves(store_rows):
     row = sorted(fig.axes, key=lambda ax: ax.get_position().x0)
     for left, right in zip(row, row[1:]):
         assert left.get_tightbbox(renderer).x1 <= right.get_tightbbox(renderer).x0
+
+
+def test_a_group_where_freezing_is_shown_to_cost_says_to_fine_tune_every_layer(tmp_path):
+    """Every depth of the sequence is shown worse: the answer is final (no seed could change it), so the
+    sentence says what to do instead of asking for seeds."""
+    store = ResultStore(str(tmp_path), "s")
+    for k, accs in {0: [0.80, 0.85, 0.90], 2: [0.70, 0.74, 0.81]}.items():
+        for seed, acc in enumerate(accs):
+            store.write_row(row("s", n=100, k=k, seed=seed, acc=acc, cost=(1000, 1.0, 10.0)))
+    (decision,) = build_report([SweepRows.from_store(store)]).decisions.to_dict("records")
+    assert decision["worse"] == "k=2" and pd.isna(decision["frozen_layers"])
+    assert decision["sentence"] == (
+        "d, n = 100: fine-tune every layer: freezing costs more than 0.01 here — the least frozen depth (k=2) is "
+        "not within the tolerance, and more seeds would not make it so (worse than full fine-tuning: k=2)."
+    )
