@@ -55,12 +55,14 @@ _EXPORTS = {
             "Decisions",
             "SpecSource",
             "UnreadableRowsWarning",
+            "UnfinishedCellsWarning",
         ],
         "freezesweep.orchestrator.api",
     ),
     **dict.fromkeys(["SweepSpec", "SpecError"], "freezesweep.orchestrator.spec"),
     **dict.fromkeys(["LaunchSummary", "StoreUnavailable"], "freezesweep.orchestrator.launch"),
     "SweepLocked": "freezesweep.results.lock",
+    "StoreError": "freezesweep.results.store",
     "Report": "freezesweep.results.report",
 }
 
@@ -88,11 +90,13 @@ __all__ = [
     "Decisions",
     "SpecSource",
     "UnreadableRowsWarning",
+    "UnfinishedCellsWarning",
     "SweepSpec",
     "SpecError",
     "LaunchSummary",
     "StoreUnavailable",
     "SweepLocked",
+    "StoreError",
     "Report",
     "__version__",
 ]
@@ -104,6 +108,7 @@ if _TYPE_CHECKING:  # what type checkers, IDEs and the API reference see
         Plan,
         SpecSource,
         SweepStatus,
+        UnfinishedCellsWarning,
         UnreadableRowsWarning,
         build_spec,
         compact,
@@ -126,6 +131,7 @@ if _TYPE_CHECKING:  # what type checkers, IDEs and the API reference see
     from freezesweep.orchestrator.spec import SpecError, SweepSpec
     from freezesweep.results.lock import SweepLocked
     from freezesweep.results.report import Report
+    from freezesweep.results.store import StoreError
 
 
 def __getattr__(name: str):

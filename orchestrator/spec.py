@@ -324,6 +324,11 @@ class SweepSpec(_Strict):
             raise ValueError("settle compares every arm with full fine-tuning: frozen_layers must hold 0")
         return self
 
+    def __repr_args__(self):
+        """A notebook prints a spec: an axis of thousands of values is shown by its length and ends."""
+        for name, value in super().__repr_args__():
+            yield name, _LongAxis(value) if isinstance(value, list) and len(value) > _SHOWN_AXIS_VALUES else value
+
     def seed_values(self) -> list[int]:
         """The seeds axis: the spec's, or every seed settle mode may run."""
         return list(range(self.settle.max_seeds)) if self.settle else list(self.seeds)
@@ -380,6 +385,20 @@ class SweepSpec(_Strict):
 
     def method_fields(self, method: str) -> dict[str, Any]:
         return method_fields(method, self.lora, self.probe)
+
+
+_SHOWN_AXIS_VALUES = 10
+
+
+class _LongAxis:
+    """An axis in a spec's repr: ``[2,000 values: 0, 1, …, 1999]``."""
+
+    def __init__(self, values: list) -> None:
+        self.values = values
+
+    def __repr__(self) -> str:
+        v = self.values
+        return f"[{len(v):,} values: {v[0]!r}, {v[1]!r}, …, {v[-1]!r}]"
 
 
 def method_fields(method: str, lora: LoraSpec | None = None, probe: ProbeSpec | None = None) -> dict[str, Any]:

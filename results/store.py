@@ -146,7 +146,21 @@ SCHEMA = pa.schema(
 
 
 class StoreError(RuntimeError):
-    pass
+    """The store cannot be opened, read or written: said in one line, naming it (``freezesweep.StoreError``)."""
+
+
+def check_local_root(uri: str, root: str) -> None:
+    """A local store is a folder: a root that is a file (or lies under one, ``--store results.csv/x``)
+    cannot hold sweeps, and saying so beats a traceback from the first file opened under it."""
+    existing = root
+    while not os.path.exists(existing) and os.path.dirname(existing) != existing:
+        existing = os.path.dirname(existing)
+    if os.path.exists(existing) and not os.path.isdir(existing):
+        where = "is a file" if existing == root else f"lies under {existing!r}, a file"
+        raise StoreError(
+            f"store {uri!r} {where}, not a folder: a store is the folder that holds the sweeps (such as "
+            "./sweeps); name a folder, or one to be created"
+        )
 
 
 def open_filesystem(uri: str) -> tuple[pafs.FileSystem, str]:
@@ -212,6 +226,8 @@ class ResultStore:
             self.fs, root = open_filesystem(uri)
         except Exception as exc:
             raise StoreError(f"cannot open store {uri!r}: {exc}") from exc
+        if isinstance(self.fs, pafs.LocalFileSystem):
+            check_local_root(uri, root)
         self.identity = store_identity(uri, root)
         self.sweep_dir = f"{root.rstrip('/')}/{sweep}"
         self.results_dir = f"{self.sweep_dir}/{RESULTS_DIR}"
@@ -237,9 +253,22 @@ class ResultStore:
     def exists(self) -> bool:
         return self.fs.get_file_info(f"{self.sweep_dir}/{SPEC_FILE}").type != pafs.FileType.NotFound
 
+    def root_path(self) -> str:
+        """The store's root as this filesystem names it (a local one: its absolute path)."""
+        return self.sweep_dir.rsplit("/", 1)[0]
+
+    def other_sweeps(self) -> list[str] | None:
+        """The sweeps the store's root holds (folders with a spec.yaml), sorted; None: no such root."""
+        infos = self.fs.get_file_info(pafs.FileSelector(self.root_path(), allow_not_found=True))
+        if not infos and self.fs.get_file_info(self.root_path()).type == pafs.FileType.NotFound:
+            return None
+        folders = [i.path for i in infos if i.type == pafs.FileType.Directory]
+        specs = self.fs.get_file_info([f"{folder}/{SPEC_FILE}" for folder in folders])
+        return sorted(_name(f) for f, spec in zip(folders, specs) if spec.type == pafs.FileType.File)
+
     def check_writable(self) -> None:
         """The store's root takes files (``check_store_root``)."""
-        check_store_root(self.fs, self.sweep_dir.rsplit("/", 1)[0], self.uri)
+        check_store_root(self.fs, self.root_path(), self.uri)
 
     # --- rows -----------------------------------------------------------------------------------
     def write_row(self, row: dict[str, Any]) -> str:
