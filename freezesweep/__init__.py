@@ -63,6 +63,7 @@ _EXPORTS = {
     **dict.fromkeys(["LaunchSummary", "StoreUnavailable"], "freezesweep.orchestrator.launch"),
     "SweepLocked": "freezesweep.results.lock",
     "StoreError": "freezesweep.results.store",
+    "TrackingError": "freezesweep.results.mlflow_export",
     "Report": "freezesweep.results.report",
 }
 
@@ -97,6 +98,7 @@ __all__ = [
     "StoreUnavailable",
     "SweepLocked",
     "StoreError",
+    "TrackingError",
     "Report",
     "__version__",
 ]
@@ -131,6 +133,7 @@ if _TYPE_CHECKING:  # what type checkers, IDEs and the API reference see
     from freezesweep.orchestrator.spec import SpecError, SweepSpec
     from freezesweep.results.lock import SweepLocked
     from freezesweep.results.report import Report
+    from freezesweep.results.mlflow_export import TrackingError
     from freezesweep.results.store import StoreError
 
 

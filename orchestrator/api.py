@@ -630,9 +630,11 @@ def export_mlflow(
 ) -> "Exported":
     """Every row of a sweep as an MLflow run (axes and protocol as params, best and final metrics, the
     evaluation curve as stepped metrics, status/node/precision as tags), in ``experiment`` (default: the
-    sweep's name) at ``tracking_uri`` (default: MLflow's own, ``MLFLOW_TRACKING_URI``). Idempotent: run
-    again, it adds only the rows MLflow lacks and replaces a cell's run by a newer row. Needs the
-    ``mlflow`` extra (ImportError without it)."""
+    sweep's name) at ``tracking_uri`` (default: ``MLFLOW_TRACKING_URI``, else MLflow 3's own
+    ``sqlite:///mlflow.db`` in the current folder). Idempotent: run again, it adds only the rows MLflow
+    lacks and replaces a cell's run by a newer row. A folder (``./mlruns``, which MLflow 3 refuses) or a
+    server that does not answer is a ``TrackingError`` before any row. Needs the ``mlflow`` extra
+    (ImportError without it)."""
     result_store = _store(name, store)  # an unknown sweep is a SpecError before MLflow is touched
     from freezesweep.results.mlflow_export import export_store
 

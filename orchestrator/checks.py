@@ -89,13 +89,18 @@ def semantic_problems(raw: dict[str, Any], cluster: ClusterView | None = None, d
 
 
 def _tracking_problems(raw: dict[str, Any]) -> list[str]:
-    """``tracking: {mlflow: URI}`` needs MLflow installed: said before anything runs."""
+    """``tracking: {mlflow: URI}`` needs MLflow installed, and a URI MLflow 3 takes (not a folder): said
+    before anything runs (a server that does not answer is the launch's to say: tracking never fails it)."""
     import importlib.util
 
+    from freezesweep.results.mlflow_export import folder_store_problem  # MLflow itself: not imported
+
     tracking = raw.get("tracking") if isinstance(raw.get("tracking"), dict) else {}
-    if tracking.get("mlflow") and importlib.util.find_spec("mlflow") is None:
+    uri = tracking.get("mlflow")
+    if uri and importlib.util.find_spec("mlflow") is None:
         return ["tracking.mlflow: MLflow is not installed (pip install 'freezesweep[mlflow]')"]
-    return []
+    folder = folder_store_problem(uri) if isinstance(uri, str) and uri else None
+    return [f"tracking.mlflow: {folder}"] if folder else []
 
 
 def select_metrics(spec: SweepSpec) -> dict[str, str]:

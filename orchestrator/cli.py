@@ -21,6 +21,7 @@ from rich.table import Table
 
 from freezesweep.orchestrator import api
 from freezesweep.orchestrator.spec import DEFAULT_STORE, SpecError
+from freezesweep.results.mlflow_export import TrackingError
 from freezesweep.results.store import StoreError
 
 app = typer.Typer(
@@ -442,7 +443,11 @@ def export_mlflow(
     sweep: SweepArg,
     store: SweepStoreOpt = None,
     tracking_uri: Annotated[
-        Optional[str], typer.Option(help="MLflow tracking URI (default: MLflow's own, MLFLOW_TRACKING_URI)")
+        Optional[str],
+        typer.Option(
+            help="MLflow tracking URI: a server (http://host:5000) or a SQLite file (sqlite:///mlflow.db); "
+            "default: MLFLOW_TRACKING_URI, else MLflow's own sqlite:///mlflow.db in this folder"
+        ),
     ] = None,
     experiment: Annotated[Optional[str], typer.Option(help="MLflow experiment (default: the sweep's name)")] = None,
 ) -> None:
@@ -455,11 +460,13 @@ def export_mlflow(
             raise
         except ImportError as exc:
             _fail(f"MLflow is not installed ({exc}): pip install 'freezesweep[mlflow]'")
-        except Exception as exc:  # the server unreachable or refusing: said plainly, no traceback
+        except TrackingError as exc:  # a folder, or no server answering: found out before any row
+            _fail(f"nothing exported: {exc}")
+        except Exception as exc:  # the server refusing, or gone mid-way: said plainly, no traceback
             _fail(f"MLflow export to {tracking_uri or 'the default tracking URI'} failed: {type(exc).__name__}: {exc}")
     console.print(
         f"sweep {sweep}: {done.added} run(s) added, {done.replaced} replaced by a newer row, "
-        f"{done.unchanged} already in MLflow (experiment id {done.experiment_id})",
+        f"{done.unchanged} already in MLflow (experiment id {done.experiment_id} at {done.tracking_uri})",
         highlight=False,
     )
 

@@ -23,7 +23,7 @@ import os
 import uuid
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -445,14 +445,26 @@ class ResultStore:
     # --- damage --------------------------------------------------------------------------------------
     def quarantine_unreadable(self) -> list[str]:
         """Move every row file that cannot be read into ``<sweep>/_quarantine/`` (kept, never deleted):
-        its cell has no row then, and the launch runs it again. Returns the files moved, as they were."""
+        its cells have no row then, and the launch runs them again. Returns the files moved, as they were."""
+        return list(self._quarantine())
+
+    def _quarantine(self) -> dict[str, int | None]:
+        """``quarantine_unreadable``, with the rows each file held where its footer still says (None:
+        unknown, the footer is damaged too)."""
         self.read_table(columns=["trial_id"])
-        moved = list(self.unreadable)
+        moved = {path: self._footer_rows(path) for path in self.unreadable}
         for path in moved:
             self.fs.create_dir(self.quarantine_dir, recursive=True)
             self.fs.move(path, f"{self.quarantine_dir}/{uuid.uuid4().hex[:8]}-{_name(path)}")
         self.unreadable = []
         return moved
+
+    def _footer_rows(self, path: str) -> int | None:
+        try:
+            with self.fs.open_input_file(path) as f:
+                return pq.ParquetFile(f).metadata.num_rows
+        except Exception:  # a footer as damaged as the rest (a truncated file): how many is unknown
+            return None
 
     # --- compaction ------------------------------------------------------------------------------
     def compact(self) -> int:
@@ -495,7 +507,8 @@ class ResultStore:
         staged = self.clean_staging()
         pending = self.unfinished_compaction()
         self.recover_compaction()
-        return Repair(staged, pending, self.quarantine_unreadable(), self.quarantine_dir)
+        held = self._quarantine()
+        return Repair(staged, pending, list(held), self.quarantine_dir, held)
 
     def _write_part(self, singles: list[str], staged: str) -> list[str]:
         """The final rows of ``singles`` streamed into the part ``staged``, one row group per batch of
@@ -552,11 +565,12 @@ class Repair:
     compaction_files: int  # row files an interrupted compaction had moved out of results/, now back or in their part
     quarantined: list[str]  # unreadable row files, moved aside as they were named
     quarantine_dir: str
+    held: dict[str, int | None] = field(default_factory=dict)  # rows each of them held, where its footer says
 
     def notes(self) -> list[str]:
         """What the user should hear of, one line each."""
         notes = [
-            f"warning: {path} could not be read; moved to {self.quarantine_dir} (kept) and its cell runs again"
+            f"warning: {path} could not be read; moved to {self.quarantine_dir} (kept) and {self._again(path)}"
             for path in self.quarantined
         ]
         if self.compaction_files:
@@ -565,6 +579,15 @@ class Repair:
                 "view of every reader of results/)"
             )
         return notes
+
+    def _again(self, path: str) -> str:
+        """What runs again: a single-row file's cell, or every cell a compacted part held."""
+        rows = self.held.get(path)
+        if rows is not None and rows > 1:
+            return f"the {rows:,} cells whose rows it held run again"
+        if rows is None and _name(path).startswith(PART_PREFIX):
+            return "the cells whose rows it held (a compacted part: several, its footer lost too) run again"
+        return "its cell runs again"
 
 
 def _name(path: str) -> str:
