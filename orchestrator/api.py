@@ -260,7 +260,7 @@ def resume(name: str, *, store: str | None = None, address: str | None = None, p
     it was launched with; otherwise as :func:`launch`."""
     from freezesweep.orchestrator.sweeps import load_sweep_spec
 
-    name, root = _located(name, store)
+    name, root = located(name, store)
     stored = load_sweep_spec(name, root)  # validated in full by the launch, with the cluster
     raw = {**stored.model_dump(mode="json"), "store": root, "address": address or stored.address}
     return _launch(raw, f"{root}/{name}/spec.yaml", progress)
@@ -299,7 +299,7 @@ def quiet_libraries() -> None:
 
 
 # --- a stored sweep's rows -------------------------------------------------------------------------
-def _located(name: str, store: str | None) -> tuple[str, str]:
+def located(name: str, store: str | None = None) -> tuple[str, str]:
     """A stored sweep's name and store root: as given (default ./sweeps), or read from its spec file where
     ``name`` is one (``configs/demo.yaml``: its ``name:`` and ``store:``; ``store`` given still wins)."""
     if not (name.endswith((".yaml", ".yml")) and os.path.isfile(name)):
@@ -313,7 +313,7 @@ def _located(name: str, store: str | None) -> tuple[str, str]:
 
 def _store(name: str, store: str | None) -> ResultStore:
     """The sweep's store; SpecError when it holds no such sweep (a typo must not read as no rows)."""
-    result_store = ResultStore(*reversed(_located(name, store)))
+    result_store = ResultStore(*reversed(located(name, store)))
     if not result_store.exists():
         from freezesweep.orchestrator.sweeps import no_such_sweep
 
@@ -374,7 +374,7 @@ def _stored_sweep(name: str, store: str | None) -> tuple[ResolvedSweep, ResultSt
     """A stored sweep, as it was launched, and its store."""
     from freezesweep.orchestrator.sweeps import load_sweep
 
-    name, root = _located(name, store)
+    name, root = located(name, store)
     return load_sweep(name, root), ResultStore(root, name)
 
 

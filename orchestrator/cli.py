@@ -356,7 +356,7 @@ def query(
             frame = api.query(sweep, sql, store=store)
         except Exception as exc:  # a SQL error is the user's to fix: say it plainly
             _fail(exc)
-    _print_frame(frame, fmt, f"{sweep}: {len(frame)} rows")
+    _print_frame(frame, fmt, f"{api.located(sweep)[0]}: {len(frame)} rows")
 
 
 @app.command()
@@ -377,7 +377,7 @@ def summary(
         except ValueError as exc:  # an unknown metric, or no such sweep (SpecError)
             _fail(exc)
     what = metric or "the selected metric"
-    _print_frame(table, fmt, f"sweep {sweep}: {what} at the best evaluation, over seeds")
+    _print_frame(table, fmt, f"sweep {api.located(sweep)[0]}: {what} at the best evaluation, over seeds")
 
 
 def _print_frame(frame, fmt: OutputFormat, title: str) -> None:
@@ -430,7 +430,8 @@ def compact(sweep: SweepArg, store: SweepStoreOpt = None) -> None:
         except SweepLocked as exc:
             _fail(exc)
     console.print(
-        f"sweep {sweep}: {compacted} row(s) compacted" + (" into one part" if compacted else ""), highlight=False
+        f"sweep {api.located(sweep)[0]}: {compacted} row(s) compacted" + (" into one part" if compacted else ""),
+        highlight=False,
     )
 
 
@@ -465,7 +466,7 @@ def export_mlflow(
         except Exception as exc:  # the server refusing, or gone mid-way: said plainly, no traceback
             _fail(f"MLflow export to {tracking_uri or 'the default tracking URI'} failed: {type(exc).__name__}: {exc}")
     console.print(
-        f"sweep {sweep}: {done.added} run(s) added, {done.replaced} replaced by a newer row, "
+        f"sweep {api.located(sweep)[0]}: {done.added} run(s) added, {done.replaced} replaced by a newer row, "
         f"{done.unchanged} already in MLflow (experiment id {done.experiment_id} at {done.tracking_uri})",
         highlight=False,
     )

@@ -16,6 +16,7 @@ from collections.abc import Hashable, Mapping
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
+import numpy as np
 import yaml
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, field_validator, model_validator
 
@@ -40,7 +41,7 @@ class _Strict(BaseModel):
 def _not_a_boolean(value: Any) -> Any:
     """pydantic reads True as 1 where a number is asked for; YAML reads yes/no/on/off as booleans, so
     ``seeds: [yes, no]`` would quietly be seeds 1 and 0. A number is never a boolean here."""
-    if isinstance(value, bool):
+    if isinstance(value, (bool, np.bool_)):  # numpy's too: a notebook's mask turned into an axis
         raise ValueError("a number, not a boolean (YAML reads yes/no, true/false and on/off as booleans)")
     return value
 

@@ -2,6 +2,7 @@
 
 import dataclasses
 
+import numpy
 import pydantic
 import pytest
 
@@ -174,5 +175,7 @@ def test_a_boolean_is_never_a_number(tmp_path):
     assert sorted(p.split(":")[0] for p in parse(settle)[1]) == ["settle.max_seeds", "settle.tolerance"]
     _, problems = parse({**MINIMAL, "seeds": [True]})  # the API's spelling
     assert problems == [f"seeds.0: {BOOLEAN} (got True)"]
+    _, problems = parse({**MINIMAL, "seeds": [0, numpy.bool_(True)], "train_sizes": [numpy.int64(10)]})
+    assert [p.split(":")[0] for p in problems] == ["seeds.1"]  # numpy's booleans too; its integers read
     spec, _ = parse({**MINIMAL, "train_sizes": [200.0], "frozen_layers": ["all", 0]})
     assert spec.train_sizes == [200] and spec.frozen_layers == ["all", 0]
