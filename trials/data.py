@@ -61,11 +61,13 @@ GLUE_PAIR_TASKS = frozenset(name for name, task in GLUE_TASKS.items() if task.te
 
 
 class DatasetError(ValueError):
-    """``problems``: each problem on its own, where there are several (spec validation lists them)."""
+    """``problems``: each problem on its own, where there are several (spec validation lists them);
+    ``rows``: each split's rows where the files were read (so the train sizes are checked beside them)."""
 
-    def __init__(self, message: str, problems: list[str] | None = None):
+    def __init__(self, message: str, problems: list[str] | None = None, rows: dict[str, int] | None = None):
         super().__init__(message)
         self.problems = problems or []
+        self.rows = rows
 
 
 @dataclass(frozen=True)
@@ -229,7 +231,7 @@ def _load_task(
             problems += _label_shape(
                 dataset, columns.label, {s: pd.api.types.is_float_dtype(df[columns.label]) for s, df in frames.items()}
             )[1]
-        raise DatasetError(f"dataset {dataset!r}: " + "; ".join(problems), problems)
+        raise DatasetError(f"dataset {dataset!r}: " + "; ".join(problems), problems, _row_counts(frames))
     where = {s: str(paths[s]) if paths else f"{dataset} {s} split (the hub)" for s in frames}
     frames, dropped, problems = _texts(frames, columns, where, empty_texts)
     labels = {s: _label_values(df[columns.label]) for s, df in frames.items()}
@@ -238,7 +240,7 @@ def _load_task(
     )
     problems += shape_problems or _label_problems(labels, columns.label, where, regression)
     if problems:
-        raise DatasetError(f"dataset {dataset!r}: " + "; ".join(problems), problems)
+        raise DatasetError(f"dataset {dataset!r}: " + "; ".join(problems), problems, _row_counts(frames))
     encoded, names = _encode_labels(labels, regression)
     splits = {
         name: Split(
@@ -260,6 +262,10 @@ def _load_task(
         dropped=dropped,
         label_names=names,
     )
+
+
+def _row_counts(frames: dict[str, pd.DataFrame]) -> dict[str, int]:
+    return {split: len(frame) for split, frame in frames.items()}
 
 
 # --- the rows checked before any trial: each problem names the file, the column, the rows, the count ----

@@ -1,6 +1,8 @@
 """The report from stores with known rows: the decision sentence, the tables, the retained quality and
 the paired contrasts against values computed by hand; the CLI; a real headless Chromium rendering."""
 
+import html
+import json
 import math
 import re
 import shutil
@@ -208,17 +210,21 @@ def test_report_files_tables_and_completeness(store_rows, tmp_path):
         "-0.0020",
         f"{low:.4f}",
         "0/3",
-        f"{1 - (0.05 * 0.05 / 4) ** (1 / 3):.4f}",
+        f"{100 * (1 - (0.05 * 0.05 / 4) ** (1 / 3)):.0f} %",  # a share of seeds, as the sentence says it
         "k=-1, k=3",
         "",
         "k=6",
         "",
-        "75.0",
-        "40.0",
-        "25.0",
+        "75.0 %",
+        "40.0 %",
+        "25.0 %",
         "–",
     ]
-    assert decision_row in markdown_rows(markdown)
+    tables = markdown_rows(markdown)
+    assert decision_row in tables
+    # headed in words, the decision's sentences before its table
+    assert tables[0][:4] == ["Dataset", "Train size", "Full fine-tuning", "Freeze k"]
+    assert markdown.index("d, n = 100: freeze the embeddings") < markdown.index("| Dataset")
     assert (
         "k = 3 is the largest whose mean keeps ≥ 90 % of full fine-tuning's gain — a point estimate, evidence"
         in markdown
@@ -324,7 +330,23 @@ def test_cli_report_names_what_is_missing(tmp_path):
     assert "paired difference -0.002" in (tmp_path / "out" / "report.md").read_text()
 
 
-@pytest.mark.skipif(shutil.which("chromium") is None, reason="Debian's chromium is not installed")
+needs_chromium = pytest.mark.skipif(shutil.which("chromium") is None, reason="Debian's chromium is not installed")
+# Headless, offline: no background connections to refused hosts (the machine's network is closed).
+CHROMIUM = [
+    "chromium",
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
+WIDTH = 1280  # a laptop's browser window
+
+
+@needs_chromium
 def test_chromium_renders_the_figures(store_rows, tmp_path):
     from PIL import Image
 
@@ -332,12 +354,10 @@ def test_chromium_renders_the_figures(store_rows, tmp_path):
     shot = tmp_path / "shot.png"
     subprocess.run(
         [
-            "chromium",
-            "--headless",
-            "--no-sandbox",
-            "--disable-gpu",
+            *CHROMIUM,
+            f"--user-data-dir={tmp_path / 'profile'}",
             f"--screenshot={shot}",
-            "--window-size=1200,2400",
+            f"--window-size={WIDTH},2400",
             (tmp_path / "out" / "index.html").as_uri(),
         ],
         capture_output=True,
@@ -345,12 +365,74 @@ def test_chromium_renders_the_figures(store_rows, tmp_path):
         check=True,
     )
     pixels = np.asarray(Image.open(shot).convert("RGB"))
-    assert pixels.shape[:2] == (2400, 1200)
+    assert pixels.shape[:2] == (2400, WIDTH)
     # The decision's text and table sit on top; the figures below it are what a broken <img> would lose:
     # a rendered matplotlib figure has many colours (viridis, antialiased lines and text).
     lower = pixels[800:].reshape(-1, 3)
     assert len(np.unique(lower, axis=0)) > 500
     assert (lower != 255).any(axis=1).mean() > 0.05  # not a white page
+
+
+# Measured in the page as Chromium lays it out: every heading word (a column's own name: each piece up to
+# an underscore) against the room its cell gives it; a word wider than its cell is one the browser breaks.
+MEASURE = """<script>
+const probe = document.createElement("span");
+probe.style.cssText = "position:absolute;visibility:hidden;white-space:nowrap";
+document.body.appendChild(probe);
+const broken = [];
+for (const th of document.querySelectorAll("th")) {
+  const style = getComputedStyle(th);
+  const room = th.clientWidth - parseFloat(style.paddingLeft) - parseFloat(style.paddingRight);
+  for (const part of th.querySelectorAll(".label, .column")) {
+    probe.style.font = getComputedStyle(part).font;
+    const words = part.classList.contains("column") ? part.textContent.split(/(?<=_)/) : part.textContent.split(" ");
+    for (const word of words) {
+      probe.textContent = word;
+      const width = probe.getBoundingClientRect().width;
+      if (width > room + 0.5) broken.push([th.textContent, word, Math.round(width), Math.round(room)]);
+    }
+  }
+}
+const decision = document.querySelector("section.decision .table");
+const result = document.createElement("pre");
+result.id = "measured";
+result.textContent = JSON.stringify({
+  broken,
+  headings: [...document.querySelectorAll("section.decision th .label")].map(e => e.textContent),
+  page_overflow: document.documentElement.scrollWidth - window.innerWidth,
+  decision_overflow: decision.scrollWidth - decision.clientWidth,
+});
+document.body.appendChild(result);
+</script>"""
+
+
+@needs_chromium
+def test_headings_are_words_that_never_break_inside_at_1280_px(store_rows, tmp_path):
+    """The issue's "train_siz|e", "frozen_laye|rs": headings in words, each as wide as its column needs, the
+    column's own name beside it; the decision's table fits a 1280 px window without scrolling."""
+    write_report([SweepRows.from_store(store_rows)], str(tmp_path / "out"))
+    page = (tmp_path / "out" / "index.html").read_text()
+    measured_page = tmp_path / "measured.html"
+    measured_page.write_text(page.replace("</body>", MEASURE + "</body>"))
+    dom = subprocess.run(
+        [
+            *CHROMIUM,
+            f"--user-data-dir={tmp_path / 'profile'}",
+            f"--window-size={WIDTH},2000",
+            "--dump-dom",
+            measured_page.as_uri(),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    ).stdout
+    measured = json.loads(html.unescape(re.search(r'<pre id="measured">(.*?)</pre>', dom, re.S).group(1)))
+    assert measured["broken"] == []
+    headings = measured["headings"]
+    assert headings[:2] == ["Dataset", "Train size"]
+    assert not any("_" in h for h in headings), headings  # words, not the store's column names
+    assert measured["page_overflow"] <= 0 and measured["decision_overflow"] <= 0
 
 
 def test_the_report_shows_each_rows_selected_metric(tmp_path):
