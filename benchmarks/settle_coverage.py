@@ -37,7 +37,12 @@ arm), each decided once by the same rule.
 from __future__ import annotations
 
 import argparse
+import functools
 import importlib.util
+import inspect
+import math
+import multiprocessing
+import os
 import subprocess
 import sys
 import tempfile
@@ -158,6 +163,9 @@ def scenario_worlds(name: str, reference: pd.DataFrame, args) -> list[World]:
     if name.startswith("boundary-"):
         means = {**synthetic, **{f"freeze k={k}": 0.85 - tol for k in range(1, int(name.split("-")[1]) + 1)}}
         return [normal_world(means, dict.fromkeys(means, 0.02), 0.5, args.rho)]
+    if name == "non-monotone":  # k = 4 worse, k = 6 within: the sequence must stop at k = 4 and still be right
+        means = {FULL: 0.85, "freeze k=2": 0.85, "freeze k=4": 0.85 - 3 * tol, "freeze k=6": 0.85, "freeze k=8": 0.7}
+        return [normal_world(means, dict.fromkeys(means, 0.01), 0.5, args.rho)]
     if name.startswith("nothing-"):
         gain = 0.0 if name == "nothing-0" else tol
         means = {FULL: 0.5 + gain, **{f"freeze k={k}": 0.5 + gain for k in range(1, 7)}}
@@ -168,10 +176,12 @@ def scenario_worlds(name: str, reference: pd.DataFrame, args) -> list[World]:
 def run_settle(world: World, rule, module, scores: dict) -> tuple[object, int]:
     """Settle mode's rounds on the drawn scores: its decision at the stop and the trials it ran."""
     rows, done = [], {}
-    arms, m = world.arms[1:], len(world.arms)
+    arms = world.arms[1:]
     while True:
         decision = module.decide(
-            pd.DataFrame(rows, columns=["arm", "seed", "score", "baseline_score", "status"]), rule, comparisons=m
+            pd.DataFrame(rows, columns=["arm", "seed", "score", "baseline_score", "status"]),
+            rule,
+            **_grid(module, world),
         )
         wanted = module.next_round(decision, rule, arms, done)
         if not wanted:
@@ -187,11 +197,18 @@ def run_fixed(world: World, rule, module, scores: dict, seeds: int):
         pd.DataFrame(rows, columns=["arm", "seed", "score", "baseline_score", "status"]),
         rule,
         looks=1,
-        comparisons=len(world.arms),
+        **_grid(module, world),
     )
 
 
-def judge(decision, truth: Truth, tolerance: float) -> dict:
+def _grid(module, world: World) -> dict:
+    """The grid's arms as the rule takes them: their labels (this rule), or their count (rules before it)."""
+    if "arms" in inspect.signature(module.decide).parameters:
+        return {"arms": world.arms}
+    return {"comparisons": len(world.arms)}
+
+
+def judge(decision, truth: Truth, tolerance: float, arms: list[str]) -> dict:
     """Each claim against the truth, in its own words: a rule with collapse counts (Comparison.
     collapse_upper) claims quality when trained and collapse bounds; today's claims means."""
     stable = hasattr(decision.learned, "collapse_upper")
@@ -217,49 +234,70 @@ def judge(decision, truth: Truth, tolerance: float) -> dict:
         "wrong": wrong or false_within,
         "false_within": false_within,
         "within_mean_worse": mean_worse,
-        "answered": _answered(decision, len(decision.arms)),
+        "answered": _answered(decision, arms, tolerance),
     }
 
 
-def _answered(decision, arms: int) -> bool:
+def _answered(decision, arms: list[str], tolerance: float) -> bool:
+    """Nothing learned, or learned and no arm left whose seeds could change the advice (this rule:
+    ``open_arms``: the depths behind one shown not within are never tested; rules before it: every arm
+    decided)."""
     if decision.learned.decision != current.LEARNED:
         return decision.learned.decision != current.UNDECIDED
+    if hasattr(decision, "stopped_at"):
+        return not current.open_arms(decision, arms, tolerance)
     return all(c.decision != current.UNDECIDED for c in decision.arms)
 
 
-def simulate(name: str, worlds: list[World], rules: dict, args, rng) -> list[dict]:
-    out = []
-    for _ in range(args.simulations):
+def simulate(job: tuple) -> list[dict]:
+    """One (tolerance, scenario): its groups (at least --groups of them: whole simulations of its worlds)
+    through each rule's rounds and the fixed grids beside them."""
+    tolerance, index, name, args = job
+    args = argparse.Namespace(**{**vars(args), "tolerance": tolerance})
+    worlds = scenario_worlds(name, pd.read_csv(REFERENCE), args)
+    rules, rng, out = _rules(args), np.random.default_rng(index), []
+    for _ in range(math.ceil(args.groups / len(worlds))):
         for world in worlds:
             budget = len(world.arms) * args.max_seeds
             scores = world.draw(rng, 4 * args.max_seeds)  # enough for any grid below
             for label, (module, rule) in rules.items():
                 decision, trials = run_settle(world, rule, module, scores)
-                out.append(
-                    {
-                        "scenario": name,
-                        "rule": label,
-                        "trials": trials / budget,
-                        **judge(decision, world.truth, args.tolerance),
-                    }
-                )
+                runs = [(label, decision, trials / budget)]
                 same = max(3, round(trials / len(world.arms)))
                 for grid, seeds in (
-                    (f"{label}: fixed grid, same trials", same),
-                    (f"{label}: fixed grid, {args.max_seeds} seeds", args.max_seeds),
+                    ("fixed grid, same trials", same),
+                    (f"fixed grid, {args.max_seeds} seeds", args.max_seeds),
                 ):
                     fixed = run_fixed(world, rule, module, scores, seeds)
-                    out.append(
-                        {
-                            "scenario": name,
-                            "rule": grid,
-                            "trials": seeds * len(world.arms) / budget,
-                            **judge(fixed, world.truth, args.tolerance),
-                        }
-                    )
+                    runs.append((f"{label}: {grid}", fixed, seeds * len(world.arms) / budget))
+                out += [
+                    {
+                        "tolerance": tolerance,
+                        "scenario": name,
+                        "rule": rule_label,
+                        "trials": share,
+                        **judge(d, world.truth, tolerance, world.arms[1:]),
+                    }
+                    for rule_label, d, share in runs
+                ]
     return out
 
 
+def _rules(args) -> dict:
+    """This checkout's rule, and with --before the rule at that revision (its slow scipy calls swapped for
+    this module's, which compute the same numbers)."""
+    shape = (args.tolerance, args.confidence, args.initial_seeds, args.max_seeds, args.seeds_per_round)
+    rules = {"settle": (current, current.SettleRule(*shape))}
+    for rev in args.before:
+        before = rule_before(rev)
+        before.interval = current.interval
+        if hasattr(before, "collapse_bounds"):
+            before.collapse_bounds = current.collapse_bounds
+        rules[f"settle@{rev}"] = (before, before.SettleRule(*shape))
+    return rules
+
+
+@functools.cache
 def rule_before(rev: str):
     """results/settle.py as it was at git ``rev``, imported on its own."""
     source = subprocess.run(
@@ -269,11 +307,12 @@ def rule_before(rev: str):
         check=True,
         cwd=Path(__file__).resolve().parent,
     ).stdout
-    path = Path(tempfile.mkdtemp()) / "settle_before.py"
+    name = f"settle_{rev}"
+    path = Path(tempfile.mkdtemp()) / f"{name}.py"
     path.write_text(source)
-    spec = importlib.util.spec_from_file_location("settle_before", path)
+    spec = importlib.util.spec_from_file_location(name, path)
     module = importlib.util.module_from_spec(spec)
-    sys.modules["settle_before"] = module
+    sys.modules[name] = module
     spec.loader.exec_module(module)
     return module
 
@@ -292,45 +331,31 @@ SCENARIOS = [
     "boundary-24",
     "nothing-0",
     "nothing-tol",
+    "non-monotone",
 ]
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rho", type=float, default=0.5, help="pairing: how much of a seed's luck every depth shares")
-    parser.add_argument("--simulations", type=int, default=100, help="per scenario group")
+    parser.add_argument("--groups", type=int, default=400, help="at least this many groups per scenario")
     parser.add_argument("--max-seeds", type=int, default=10)
     parser.add_argument("--initial-seeds", type=int, default=3)
     parser.add_argument("--seeds-per-round", type=int, default=2)
-    parser.add_argument("--tolerance", type=float, default=0.01)
+    parser.add_argument("--tolerances", type=float, nargs="+", default=[0.01, 0.02, 0.05])
     parser.add_argument("--confidence", type=float, default=0.95)
     parser.add_argument("--collapse-p", type=float, default=0.1)
-    parser.add_argument("--before", help="also today's rule: results/settle.py at this git revision")
+    parser.add_argument("--before", nargs="*", default=[], help="also the rules at these git revisions")
     parser.add_argument("--scenarios", nargs="+", choices=SCENARIOS, default=SCENARIOS)
+    parser.add_argument("--jobs", type=int, default=os.cpu_count(), help="processes")
     args = parser.parse_args()
-    reference = pd.read_csv(REFERENCE)
-    rules = {
-        "settle": (
-            current,
-            current.SettleRule(
-                args.tolerance, args.confidence, args.initial_seeds, args.max_seeds, args.seeds_per_round
-            ),
-        )
-    }
-    if args.before:
-        before = rule_before(args.before)
-        rules[f"settle@{args.before}"] = (
-            before,
-            before.SettleRule(
-                args.tolerance, args.confidence, args.initial_seeds, args.max_seeds, args.seeds_per_round
-            ),
-        )
-    started, rows = time.perf_counter(), []
-    for i, name in enumerate(args.scenarios):
-        rows += simulate(name, scenario_worlds(name, reference, args), rules, args, np.random.default_rng(i))
+    jobs = [(tol, i, name, args) for tol in args.tolerances for i, name in enumerate(args.scenarios)]
+    started = time.perf_counter()
+    with multiprocessing.Pool(args.jobs) as pool:
+        rows = [row for part in pool.imap(simulate, jobs) for row in part]
     table = (
         pd.DataFrame(rows)
-        .groupby(["scenario", "rule"], sort=False)
+        .groupby(["tolerance", "scenario", "rule"], sort=False)
         .agg(
             groups=("wrong", "size"),
             wrong=("wrong", "mean"),
@@ -341,11 +366,12 @@ def main() -> None:
         )
     )
     print(
-        f"{args.simulations} simulations per scenario group; tolerance {args.tolerance}, confidence "
-        f"{args.confidence} (wrong must stay ≤ {1 - args.confidence:.3f}), budget {args.max_seeds} seeds; "
-        f"collapse p {args.collapse_p}; rho {args.rho}; {time.perf_counter() - started:.0f} s"
+        f"at least {args.groups} groups per scenario; confidence {args.confidence} (wrong must stay ≤ "
+        f"{1 - args.confidence:.3f}; Monte Carlo error of a rate p: sqrt(p(1 − p) / groups), 0.011 at 0.05 and 400), "
+        f"budget {args.max_seeds} seeds; collapse p {args.collapse_p}; rho {args.rho}; "
+        f"{time.perf_counter() - started:.0f} s"
     )
-    with pd.option_context("display.width", 200, "display.max_rows", 500):
+    with pd.option_context("display.width", 200, "display.max_rows", 1000):
         print(table.round(3).to_string())
 
 

@@ -27,7 +27,7 @@ import pandas as pd
 
 from freezesweep.orchestrator.checks import validate
 from freezesweep.orchestrator.launch import launch
-from freezesweep.orchestrator.plan import build_grid, settle_comparisons
+from freezesweep.orchestrator.plan import build_grid
 from freezesweep.orchestrator.spec import SpecError
 from freezesweep.orchestrator.sweeps import resolve_here
 from freezesweep.results.settle import FULL, NOTHING_LEARNED, UNDECIDED, SettleRule, decide, variant_label
@@ -102,13 +102,13 @@ def arms_of(spec, store: ResultStore) -> pd.DataFrame:
     return rows.assign(arm=arm, score=rows["best_val_score"])[["train_size", *KEEP]]
 
 
-def decisions(rows: pd.DataFrame, rule: SettleRule, looks: int | None, comparisons: int) -> pd.DataFrame:
+def decisions(rows: pd.DataFrame, rule: SettleRule, looks: int | None, arms: list[str]) -> pd.DataFrame:
     """Per (train size, arm): the decision, its paired seeds and interval, and the trials the arm ran. An
     arm of a group that learns nothing is moot: no freezing advice whatever its interval says (learned
     first runs none of them)."""
     table = []
     for size, group in rows.groupby("train_size"):
-        decision = decide(group[KEEP], rule, looks, comparisons)
+        decision = decide(group[KEEP], rule, looks, arms)
         trials = group["arm"].value_counts()
         moot = decision.learned.decision == NOTHING_LEARNED
         for c in (decision.learned, *decision.arms):
@@ -173,10 +173,10 @@ def main() -> None:
     except SpecError as exc:
         raise SystemExit(f"error: {exc}") from None
     rule = settle_spec.settle.rule()
-    comparisons = settle_comparisons(variant_label("freeze", k, None) for k in args.frozen_layers)
-    settle = decisions(settle_rows, rule, None, comparisons)
+    arms = [variant_label("freeze", k, None) for k in args.frozen_layers]
+    settle = decisions(settle_rows, rule, None, arms)
     fixed_rows = arms_of(fixed_spec, store)
-    fixed = decisions(fixed_rows, rule, 1, comparisons)  # a fixed grid is looked at once
+    fixed = decisions(fixed_rows, rule, 1, arms)  # a fixed grid is looked at once
     side = side_by_side(settle, fixed)
     pd.set_option("display.width", 250)
     pd.set_option("display.max_columns", 20)

@@ -78,12 +78,15 @@ _EXPORTS = {
             "Decisions",
             "SpecSource",
             "UnreadableRowsWarning",
+            "UnfinishedCellsWarning",
         ],
         "freezesweep.orchestrator.api",
     ),
     **dict.fromkeys(["SweepSpec", "SpecError"], "freezesweep.orchestrator.spec"),
     **dict.fromkeys(["LaunchSummary", "StoreUnavailable"], "freezesweep.orchestrator.launch"),
     "SweepLocked": "freezesweep.results.lock",
+    "StoreError": "freezesweep.results.store",
+    "TrackingError": "freezesweep.results.mlflow_export",
     "Report": "freezesweep.results.report",
 }
 
@@ -111,11 +114,14 @@ __all__ = [
     "Decisions",
     "SpecSource",
     "UnreadableRowsWarning",
+    "UnfinishedCellsWarning",
     "SweepSpec",
     "SpecError",
     "LaunchSummary",
     "StoreUnavailable",
     "SweepLocked",
+    "StoreError",
+    "TrackingError",
     "Report",
     "__version__",
 ]
@@ -127,6 +133,7 @@ if _TYPE_CHECKING:  # what type checkers, IDEs and the API reference see
         Plan,
         SpecSource,
         SweepStatus,
+        UnfinishedCellsWarning,
         UnreadableRowsWarning,
         build_spec,
         compact,
@@ -149,6 +156,8 @@ if _TYPE_CHECKING:  # what type checkers, IDEs and the API reference see
     from freezesweep.orchestrator.spec import SpecError, SweepSpec
     from freezesweep.results.lock import SweepLocked
     from freezesweep.results.report import Report
+    from freezesweep.results.mlflow_export import TrackingError
+    from freezesweep.results.store import StoreError
 
 
 def __getattr__(name: str):

@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any, Union
 import pandas as pd
 
 from freezesweep.orchestrator.spec import DEFAULT_STORE, LARGE_GRID, SpecError, SweepSpec, read_yaml
+from freezesweep.results.reprs import short_repr
 from freezesweep.results.store import ResultStore
 
 if TYPE_CHECKING:  # the annotations only: importing them at run time would import Ray and torch
@@ -48,6 +49,7 @@ SpecSource = Union[str, Path, Mapping[str, Any], SweepSpec]
 __all__ = [
     "SpecSource",
     "UnreadableRowsWarning",
+    "UnfinishedCellsWarning",
     "Plan",
     "SweepStatus",
     "Decision",
@@ -74,6 +76,11 @@ __all__ = [
 class UnreadableRowsWarning(UserWarning):
     """Row files of a sweep that could not be read were left out (``resume`` sets them aside and runs
     their cells again)."""
+
+
+class UnfinishedCellsWarning(UserWarning):
+    """A launch or resume was interrupted (Ctrl-C, SIGTERM) and returned with cells not finished: nothing
+    was lost, and :func:`resume` runs them (the summary's ``unfinished`` counts them)."""
 
 
 # --- specs -----------------------------------------------------------------------------------------
@@ -139,6 +146,8 @@ class Plan:
     trials_at_once: int  # this machine's cores per trial, or ``max_concurrent_trials``
     note: str | None = None  # how ``precision: auto`` was planned where the trials' GPUs are not
     size_words: str = ""  # the grid's axes, e.g. "1 models × 1 datasets × …"
+
+    __repr__ = short_repr  # a notebook prints it: the grid's size, not a million cells
 
 
 def plan(spec: SpecSource, *, store: str | None = None) -> Plan:
@@ -225,8 +234,9 @@ def launch(
     yet, blocking until the sweep is done, and return what happened.
 
     Ctrl-C (or SIGTERM) stops it as in the CLI: Tune stops its trials, nothing is lost, and the summary
-    counts the cells left ``unfinished`` (``terminated`` says SIGTERM did it); before or after Tune
-    runs it raises ``KeyboardInterrupt``. :func:`resume` goes on.
+    counts the cells left ``unfinished`` (``terminated`` says SIGTERM did it; its ``outcome`` and repr
+    say it in words), with an :class:`UnfinishedCellsWarning`; before or after Tune runs it raises
+    ``KeyboardInterrupt``. :func:`resume` goes on.
 
     Args:
         spec: a YAML file's path, a mapping of the spec's keys, or a :class:`SweepSpec`.
@@ -250,7 +260,7 @@ def resume(name: str, *, store: str | None = None, address: str | None = None, p
     it was launched with; otherwise as :func:`launch`."""
     from freezesweep.orchestrator.sweeps import load_sweep_spec
 
-    root = store or DEFAULT_STORE
+    name, root = located(name, store)
     stored = load_sweep_spec(name, root)  # validated in full by the launch, with the cluster
     raw = {**stored.model_dump(mode="json"), "store": root, "address": address or stored.address}
     return _launch(raw, f"{root}/{name}/spec.yaml", progress)
@@ -274,7 +284,10 @@ def _launch(raw: Any, source: str, progress: bool) -> LaunchSummary:
                 file=sys.stderr,
             )
         summary_ = run_launch(spec, show_progress=progress, session=session)
-    return dataclasses.replace(summary_, terminated=bool(terminated))
+    summary_ = dataclasses.replace(summary_, terminated=bool(terminated))
+    if summary_.unfinished:  # said where the caller looks, as the CLI says it: a notebook shows warnings
+        warnings.warn(f"sweep {summary_.sweep!r} {summary_.outcome}", UnfinishedCellsWarning, stacklevel=3)
+    return summary_
 
 
 def quiet_libraries() -> None:
@@ -286,11 +299,26 @@ def quiet_libraries() -> None:
 
 
 # --- a stored sweep's rows -------------------------------------------------------------------------
+def located(name: str, store: str | None = None) -> tuple[str, str]:
+    """A stored sweep's name and store root: as given (default ./sweeps), or read from its spec file where
+    ``name`` is one (``configs/demo.yaml``: its ``name:`` and ``store:``; ``store`` given still wins)."""
+    if not (name.endswith((".yaml", ".yml")) and os.path.isfile(name)):
+        return name, store or DEFAULT_STORE
+    raw = read_yaml(name)
+    if not isinstance(raw, dict) or not isinstance(raw.get("name"), str):
+        raise SpecError(["names no sweep (its `name:`), so it cannot say which stored sweep to read"], name)
+    spec_store = raw.get("store") if isinstance(raw.get("store"), str) else DEFAULT_STORE
+    return raw["name"], store or spec_store
+
+
 def _store(name: str, store: str | None) -> ResultStore:
     """The sweep's store; SpecError when it holds no such sweep (a typo must not read as no rows)."""
-    result_store = ResultStore(store or DEFAULT_STORE, name)
+    sweep, uri = located(name, store)
+    result_store = ResultStore(uri, sweep)
     if not result_store.exists():
-        raise SpecError([f"no sweep named {name!r} in store {result_store.uri!r}"], result_store.uri)
+        from freezesweep.orchestrator.sweeps import no_such_sweep
+
+        raise no_such_sweep(result_store)
     return result_store
 
 
@@ -347,7 +375,7 @@ def _stored_sweep(name: str, store: str | None) -> tuple[ResolvedSweep, ResultSt
     """A stored sweep, as it was launched, and its store."""
     from freezesweep.orchestrator.sweeps import load_sweep
 
-    root = store or DEFAULT_STORE
+    name, root = located(name, store)
     return load_sweep(name, root), ResultStore(root, name)
 
 
@@ -373,6 +401,8 @@ class SweepStatus:
     gpus: int  # distinct GPUs the rows ran on
     notes: tuple[str, ...] = ()  # the store's state beside its rows: an interrupted compaction, a stale lock
 
+    __repr__ = short_repr
+
 
 def status(name: str, *, store: str | None = None) -> SweepStatus:
     """Done / failed / missing cells per axis value, and the nodes (Ray node ids) the rows ran on."""
@@ -386,9 +416,9 @@ def status(name: str, *, store: str | None = None) -> SweepStatus:
     notes = (*store_notes(result_store), *_compact_advice(result_store, statuses))
     table = status_table(_counted_cells(sweep, result_store), statuses)
     if not len(rows):
-        return SweepStatus(name, table, None, 0, notes)
+        return SweepStatus(result_store.sweep, table, None, 0, notes)
     # nunique skips CPU rows' nulls
-    return SweepStatus(name, table, placement(rows), int(rows["gpu_uuid"].nunique()), notes)
+    return SweepStatus(result_store.sweep, table, placement(rows), int(rows["gpu_uuid"].nunique()), notes)
 
 
 def _compact_advice(result_store: ResultStore, statuses: dict[str, str]) -> list[str]:
@@ -424,7 +454,7 @@ def _sweep_rows(name: str, store: str | None, tolerance: float | None) -> SweepR
     """A stored sweep's rows for the report: its status against its grid, and a settle sweep's rule with
     every look it may take and the comparisons its confidence is shared by (the report's intervals are
     the ones the rounds were decided by)."""
-    from freezesweep.orchestrator.plan import sweep_comparisons
+    from freezesweep.orchestrator.plan import sweep_arms
     from freezesweep.results.query import status_table
     from freezesweep.results.report import SweepRows
 
@@ -434,13 +464,13 @@ def _sweep_rows(name: str, store: str | None, tolerance: float | None) -> SweepR
     if rule is not None and tolerance is not None and tolerance != rule.tolerance:
         raise SpecError(
             [
-                f"sweep {name!r} is a settle sweep asked at tolerance {rule.tolerance:g}: its rounds stopped "
+                f"sweep {result_store.sweep!r} is a settle sweep asked at tolerance {rule.tolerance:g}: its rounds stopped "
                 "on that question, and a tolerance chosen after seeing the rows voids the confidence; report "
                 f"it without a tolerance, or ask {tolerance:g} as a new settle sweep (a new name)"
             ],
             name,
         )
-    family = (rule, rule.looks, sweep_comparisons(sweep)) if rule else None
+    family = (rule, rule.looks, sweep_arms(sweep)) if rule else None
     rows = SweepRows.from_store(
         result_store, status_table(_counted_cells(sweep, result_store), result_store.statuses()), family
     )
@@ -463,6 +493,11 @@ class Decision:
     sentence: str  # the decision in words, as the report says it
     record: Mapping[str, Any]  # every column of the decision table (results/decision.py)
 
+    __repr__ = short_repr
+
+    def __str__(self) -> str:
+        return self.sentence
+
 
 @dataclass(frozen=True, eq=False)  # DataFrames have no single truth value to compare by
 class Decisions(Sequence[Decision]):
@@ -471,6 +506,11 @@ class Decisions(Sequence[Decision]):
 
     items: tuple[Decision, ...]
     frame: pd.DataFrame
+
+    __repr__ = short_repr
+
+    def __str__(self) -> str:
+        return "\n".join(d.sentence for d in self.items)
 
     @classmethod
     def of(cls, frame: pd.DataFrame) -> "Decisions":
@@ -540,7 +580,7 @@ def budget_prices(decisions: pd.DataFrame, names: str | Sequence[str], store: st
     lines = []
     for name in [names] if isinstance(names, str) else names:
         resolved, result_store = _stored_sweep(name, store)
-        asked = decisions[(decisions["sweep"] == name) & decisions["decided_at_seeds"].notna()]
+        asked = decisions[(decisions["sweep"] == result_store.sweep) & decisions["decided_at_seeds"].notna()]
         if resolved.spec.settle is None or asked.empty:
             continue
         rows = result_store.read_table(columns=["trial_id", "status", "wall_time_s"]).to_pandas()
@@ -591,9 +631,11 @@ def export_mlflow(
 ) -> "Exported":
     """Every row of a sweep as an MLflow run (axes and protocol as params, best and final metrics, the
     evaluation curve as stepped metrics, status/node/precision as tags), in ``experiment`` (default: the
-    sweep's name) at ``tracking_uri`` (default: MLflow's own, ``MLFLOW_TRACKING_URI``). Idempotent: run
-    again, it adds only the rows MLflow lacks and replaces a cell's run by a newer row. Needs the
-    ``mlflow`` extra (ImportError without it)."""
+    sweep's name) at ``tracking_uri`` (default: ``MLFLOW_TRACKING_URI``, else MLflow 3's own
+    ``sqlite:///mlflow.db`` in the current folder). Idempotent: run again, it adds only the rows MLflow
+    lacks and replaces a cell's run by a newer row. A folder (``./mlruns``, which MLflow 3 refuses) or a
+    server that does not answer is a ``TrackingError`` before any row. Needs the ``mlflow`` extra
+    (ImportError without it)."""
     result_store = _store(name, store)  # an unknown sweep is a SpecError before MLflow is touched
     from freezesweep.results.mlflow_export import export_store
 

@@ -89,13 +89,18 @@ def semantic_problems(raw: dict[str, Any], cluster: ClusterView | None = None, d
 
 
 def _tracking_problems(raw: dict[str, Any]) -> list[str]:
-    """``tracking: {mlflow: URI}`` needs MLflow installed: said before anything runs."""
+    """``tracking: {mlflow: URI}`` needs MLflow installed, and a URI MLflow 3 takes (not a folder): said
+    before anything runs (a server that does not answer is the launch's to say: tracking never fails it)."""
     import importlib.util
 
+    from freezesweep.results.mlflow_export import folder_store_problem  # MLflow itself: not imported
+
     tracking = raw.get("tracking") if isinstance(raw.get("tracking"), dict) else {}
-    if tracking.get("mlflow") and importlib.util.find_spec("mlflow") is None:
+    uri = tracking.get("mlflow")
+    if uri and importlib.util.find_spec("mlflow") is None:
         return ["tracking.mlflow: MLflow is not installed (pip install 'freezesweep[mlflow]')"]
-    return []
+    folder = folder_store_problem(uri) if isinstance(uri, str) and uri else None
+    return [f"tracking.mlflow: {folder}"] if folder else []
 
 
 def select_metrics(spec: SweepSpec) -> dict[str, str]:
@@ -244,10 +249,10 @@ def _data_problems(datasets: list[str], sizes: list[int], data_dir: str | None, 
         except (DatasetError, OSError) as exc:
             each = getattr(exc, "problems", None) or [str(exc).splitlines()[0]]
             problems += [f"datasets: {dataset}: {p}" for p in each]
+            # the files were read: the train sizes are said beside their problems, not after their fix
+            problems += _size_problems(dataset, sizes, (getattr(exc, "rows", None) or {}).get("train"))
             continue
-        too_big = [s for s in sizes if s > shape.rows["train"]]
-        if too_big:
-            problems.append(f"train_sizes: {too_big} exceed the {shape.rows['train']} train rows of {dataset}")
+        problems += _size_problems(dataset, sizes, shape.rows["train"])
         problems += _class_problems(dataset, sizes, shape)
         metric = chosen.get(dataset) if isinstance(chosen, dict) else chosen
         if metric in METRICS and metric not in shape.metrics:  # an unknown name is pydantic's to report
@@ -257,6 +262,12 @@ def _data_problems(datasets: list[str], sizes: list[int], data_dir: str | None, 
         if strays:
             problems.append(f"training.select_metric: {', '.join(strays)} not among the datasets")
     return problems
+
+
+def _size_problems(dataset: str, sizes: list[int], train_rows: int | None) -> list[str]:
+    """Train sizes larger than the train split (None: its rows are unknown, the files unread)."""
+    too_big = [s for s in sizes if train_rows is not None and s > train_rows]
+    return [f"train_sizes: {too_big} exceed the {train_rows} train rows of {dataset}"] if too_big else []
 
 
 def _class_problems(dataset: str, sizes: list[int], shape) -> list[str]:

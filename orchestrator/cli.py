@@ -21,6 +21,8 @@ from rich.table import Table
 
 from freezesweep.orchestrator import api
 from freezesweep.orchestrator.spec import DEFAULT_STORE, SpecError
+from freezesweep.results.mlflow_export import TrackingError
+from freezesweep.results.store import StoreError
 
 app = typer.Typer(
     add_completion=False,
@@ -169,6 +171,20 @@ def _print_trial(result) -> None:
 StoreOpt = Annotated[
     Optional[str], typer.Option("--store", help=f"store root (default: the spec's, else {DEFAULT_STORE})")
 ]
+# A stored sweep's commands: the name alone knows no spec, so the store is ./sweeps unless told.
+SweepStoreOpt = Annotated[
+    Optional[str],
+    typer.Option(
+        "--store",
+        help=f"store root (default: {DEFAULT_STORE}; where SWEEP is the spec file, the store it names)",
+    ),
+]
+SweepArg = Annotated[
+    str,
+    typer.Argument(
+        metavar="SWEEP", help="the sweep's name, or the spec file it was launched from (which names its store too)"
+    ),
+]
 
 
 class OutputFormat(str, Enum):
@@ -194,9 +210,10 @@ def _run_launch(run: Callable[[], Any]) -> None:
 
     terminated = []
     try:
-        with api.sigterm_as_interrupt() as terminated:  # also around validation, before the API's own
+        with api.sigterm_as_interrupt() as terminated, warnings.catch_warnings():  # also around validation
+            warnings.simplefilter("ignore", api.UnfinishedCellsWarning)  # said below, with the command to run
             summary = run()
-    except (SweepLocked, SpecError, RayUnreachable) as exc:
+    except (SweepLocked, SpecError, StoreError, RayUnreachable) as exc:
         _fail(exc)
     except StoreUnavailable as exc:
         _fail(exc, code=3)
@@ -246,7 +263,7 @@ def launch(
 
 
 @app.command()
-def resume(sweep: str, store: StoreOpt = None, address: AddressOpt = None) -> None:
+def resume(sweep: SweepArg, store: SweepStoreOpt = None, address: AddressOpt = None) -> None:
     """Run the cells of a stored sweep that have no ok row (failed ones are retried)."""
     _run_launch(lambda: api.resume(sweep, store=store, address=address))
 
@@ -262,7 +279,7 @@ def plan(
 
     try:
         planned = api.plan(spec_path, store=store)
-    except SpecError as exc:
+    except (SpecError, StoreError) as exc:
         _fail(exc)
     cells, pending = len(planned.cells), len(planned.pending)
     if planned.settle:  # settle mode runs what the rows call for, round by round: the next one is known
@@ -301,17 +318,16 @@ def _print_work(planned) -> None:
 
 @contextlib.contextmanager
 def _reading(sweep: str) -> Iterator[None]:
-    """A stored sweep's command: its SpecError (no such sweep, a damaged spec.yaml) as the command's error."""
-    from freezesweep.orchestrator.spec import SpecError
-
+    """A stored sweep's command: its SpecError (no such sweep, a damaged spec.yaml) and StoreError (a store
+    that is a file, or cannot be read) as the command's one-line error."""
     try:
         yield
-    except SpecError as exc:
+    except (SpecError, StoreError) as exc:
         _fail(exc)
 
 
 @app.command()
-def status(sweep: str, store: StoreOpt = None) -> None:
+def status(sweep: SweepArg, store: SweepStoreOpt = None) -> None:
     """done / failed / missing cells per axis value, and the nodes (Ray node ids) the rows ran on."""
     from freezesweep.results.query import collapse_long_axes
 
@@ -319,15 +335,15 @@ def status(sweep: str, store: StoreOpt = None) -> None:
         found = api.status(sweep, store=store)
     for note in found.notes:  # an interrupted compaction, a stale lock
         err_console.print(note, highlight=False)
-    _print_frame(collapse_long_axes(found.table), OutputFormat.table, f"sweep {sweep}")
+    _print_frame(collapse_long_axes(found.table), OutputFormat.table, f"sweep {found.name}")
     if found.nodes is not None:
         _print_frame(found.nodes, OutputFormat.table, f"rows ran on {len(found.nodes)} node(s), {found.gpus} GPU(s)")
 
 
 @app.command()
 def query(
-    sweep: str,
-    store: StoreOpt = None,
+    sweep: SweepArg,
+    store: SweepStoreOpt = None,
     sql: Annotated[
         str, typer.Option("--sql", help="SQL over the table `results`")
     ] = "SELECT dataset, model, method, train_size, frozen_layers, lora_rank, seed, status, select_metric, "
@@ -340,13 +356,13 @@ def query(
             frame = api.query(sweep, sql, store=store)
         except Exception as exc:  # a SQL error is the user's to fix: say it plainly
             _fail(exc)
-    _print_frame(frame, fmt, f"{sweep}: {len(frame)} rows")
+    _print_frame(frame, fmt, f"{api.located(sweep)[0]}: {len(frame)} rows")
 
 
 @app.command()
 def summary(
-    sweep: str,
-    store: StoreOpt = None,
+    sweep: SweepArg,
+    store: SweepStoreOpt = None,
     metric: Annotated[
         Optional[str],
         typer.Option(help="another recorded metric (accuracy, f1, matthews, pearson, spearman) at the best evaluation"),
@@ -361,7 +377,7 @@ def summary(
         except ValueError as exc:  # an unknown metric, or no such sweep (SpecError)
             _fail(exc)
     what = metric or "the selected metric"
-    _print_frame(table, fmt, f"sweep {sweep}: {what} at the best evaluation, over seeds")
+    _print_frame(table, fmt, f"sweep {api.located(sweep)[0]}: {what} at the best evaluation, over seeds")
 
 
 def _print_frame(frame, fmt: OutputFormat, title: str) -> None:
@@ -380,9 +396,12 @@ def _print_frame(frame, fmt: OutputFormat, title: str) -> None:
 
 @app.command()
 def report(
-    sweeps: Annotated[list[str], typer.Argument(metavar="SWEEP...", help="one or more sweeps, side by side")],
+    sweeps: Annotated[
+        list[str],
+        typer.Argument(metavar="SWEEP...", help="one or more sweeps (names or spec files), side by side"),
+    ],
     out: Annotated[Path, typer.Option("--out", help="folder for index.html, report.md and figures/")],
-    store: StoreOpt = None,
+    store: SweepStoreOpt = None,
     tolerance: Annotated[
         Optional[float],
         typer.Option(
@@ -400,7 +419,7 @@ def report(
 
 
 @app.command()
-def compact(sweep: str, store: StoreOpt = None) -> None:
+def compact(sweep: SweepArg, store: SweepStoreOpt = None) -> None:
     """Compact a sweep's final rows into Parquet parts (a launch also does it between rounds): readers
     then open tens of files, not one per cell. Takes the sweep's lock; crash-safe."""
     from freezesweep.results.lock import SweepLocked
@@ -411,7 +430,8 @@ def compact(sweep: str, store: StoreOpt = None) -> None:
         except SweepLocked as exc:
             _fail(exc)
     console.print(
-        f"sweep {sweep}: {compacted} row(s) compacted" + (" into one part" if compacted else ""), highlight=False
+        f"sweep {api.located(sweep)[0]}: {compacted} row(s) compacted" + (" into one part" if compacted else ""),
+        highlight=False,
     )
 
 
@@ -421,10 +441,14 @@ app.add_typer(export_app, name="export")
 
 @export_app.command("mlflow")
 def export_mlflow(
-    sweep: str,
-    store: StoreOpt = None,
+    sweep: SweepArg,
+    store: SweepStoreOpt = None,
     tracking_uri: Annotated[
-        Optional[str], typer.Option(help="MLflow tracking URI (default: MLflow's own, MLFLOW_TRACKING_URI)")
+        Optional[str],
+        typer.Option(
+            help="MLflow tracking URI: a server (http://host:5000) or a SQLite file (sqlite:///mlflow.db); "
+            "default: MLFLOW_TRACKING_URI, else MLflow's own sqlite:///mlflow.db in this folder"
+        ),
     ] = None,
     experiment: Annotated[Optional[str], typer.Option(help="MLflow experiment (default: the sweep's name)")] = None,
 ) -> None:
@@ -433,15 +457,17 @@ def export_mlflow(
     with _reading(sweep):
         try:
             done = api.export_mlflow(sweep, store=store, tracking_uri=tracking_uri, experiment=experiment)
-        except SpecError:  # no such sweep: the command's own error, not MLflow's
+        except (SpecError, StoreError):  # no such sweep, no such store: the command's own error, not MLflow's
             raise
         except ImportError as exc:
             _fail(f"MLflow is not installed ({exc}): pip install 'freezesweep[mlflow]'")
-        except Exception as exc:  # the server unreachable or refusing: said plainly, no traceback
+        except TrackingError as exc:  # a folder, or no server answering: found out before any row
+            _fail(f"nothing exported: {exc}")
+        except Exception as exc:  # the server refusing, or gone mid-way: said plainly, no traceback
             _fail(f"MLflow export to {tracking_uri or 'the default tracking URI'} failed: {type(exc).__name__}: {exc}")
     console.print(
-        f"sweep {sweep}: {done.added} run(s) added, {done.replaced} replaced by a newer row, "
-        f"{done.unchanged} already in MLflow (experiment id {done.experiment_id})",
+        f"sweep {api.located(sweep)[0]}: {done.added} run(s) added, {done.replaced} replaced by a newer row, "
+        f"{done.unchanged} already in MLflow (experiment id {done.experiment_id} at {done.tracking_uri})",
         highlight=False,
     )
 

@@ -25,6 +25,7 @@ it in the next launch. Its row is written once, when it finishes: one row per ce
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import itertools
 import sys
@@ -50,7 +51,7 @@ from freezesweep.orchestrator.progress import SweepProgress
 from freezesweep.orchestrator.ray_session import RaySession, TaskFailed, auto_precision_task, memory_probe_task
 from freezesweep.orchestrator.ray_storage import RayStorage, checkpoint_storage_warning, ray_storage, store_cache_dir
 from freezesweep.orchestrator.rows import result_row
-from freezesweep.orchestrator.spec import SpecError, SweepSpec
+from freezesweep.orchestrator.spec import DEFAULT_STORE, SpecError, SweepSpec
 from freezesweep.orchestrator.sweeps import OLD_SWEEP, next_cells, precision_here, resolve_spec
 from freezesweep.orchestrator.tune_adapter import recover_from_ray, run_tune
 from freezesweep.results.lock import SweepLock
@@ -74,6 +75,21 @@ class LaunchSummary:
     sweep: str = ""  # the sweep's name
     store: str = ""  # its store's root
     terminated: bool = False  # stopped by SIGTERM (a scheduler), not Ctrl-C: ``unfinished`` cells wait for resume
+
+    @property
+    def outcome(self) -> str:
+        """The launch in one line, what to do next included: "complete", "interrupted: …", "… failed"."""
+        again = f"fs.resume({self.sweep!r}{'' if self.store == DEFAULT_STORE else f', store={self.store!r}'})"
+        if self.unfinished:
+            how = "stopped by SIGTERM" if self.terminated else "interrupted"
+            return f"{how}: {self.unfinished} of {self.total} cells not finished (nothing was lost); {again} runs them"
+        if self.failed:
+            return f"{self.failed} cell(s) failed; {again} runs them again"
+        return "complete"
+
+    def __repr__(self) -> str:  # the outcome first: an interrupted launch says so where a notebook prints it
+        fields = ", ".join(f"{f.name}={getattr(self, f.name)!r}" for f in dataclasses.fields(self))
+        return f"LaunchSummary(outcome={self.outcome!r}, {fields})"
 
 
 class StoreUnavailable(RuntimeError):

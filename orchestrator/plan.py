@@ -212,23 +212,22 @@ def settle_scope(sweep: ResolvedSweep, cells: list[TrialConfig], rows: pd.DataFr
     return [c for c in cells if c.trial_id in wanted]
 
 
-def settle_comparisons(arms: Iterable[str]) -> int:
-    """How many comparisons a group's confidence is shared by (results.settle.decide): one per arm of the
-    grid against full fine-tuning, and full fine-tuning's own against the constant baseline."""
-    return len(set(arms) - {FULL}) + 1
-
-
-def sweep_comparisons(sweep: ResolvedSweep) -> int:
-    """``settle_comparisons`` of the sweep's groups from its variants, without building the grid: the
-    most any model's groups have (the same for every model unless 'all' gives them different depths;
-    then the report's intervals are, if anything, wider than the rounds')."""
-    return max(
-        settle_comparisons(
-            variant_label(v["method"], v["frozen_layers"], v.get("lora_rank"))
-            for v in method_variants(sweep.spec, model, sweep.model_layers)
+def sweep_arms(sweep: ResolvedSweep) -> dict[str, tuple[str, ...]]:
+    """Each model's arms of the sweep's groups (full fine-tuning aside), from its variants without
+    building the grid: the fixed sequence walks a model's frozen depths, and Holm's family counts every
+    arm's claims (results.settle.decide)."""
+    return {
+        model: tuple(
+            sorted(
+                {
+                    variant_label(v["method"], v["frozen_layers"], v.get("lora_rank"))
+                    for v in method_variants(sweep.spec, model, sweep.model_layers)
+                }
+                - {FULL}
+            )
         )
         for model in sweep.spec.models()
-    )
+    }
 
 
 def _group_round(members: list[TrialConfig], stored: pd.DataFrame, rule) -> list[TrialConfig]:
@@ -245,7 +244,7 @@ def _group_round(members: list[TrialConfig], stored: pd.DataFrame, rule) -> list
         }
     )
     grid_arms = {arm_of(c) for c in members}
-    decision = decide(arms, rule, comparisons=settle_comparisons(grid_arms))
+    decision = decide(arms, rule, arms=grid_arms)
     seeds_done = arms.groupby("arm")["seed"].agg(set).to_dict()
     by_arm_seed = {(arm_of(c), c.seed): c for c in members}
     asked = next_round(decision, rule, sorted(grid_arms - {FULL}), seeds_done)

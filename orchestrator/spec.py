@@ -14,10 +14,11 @@ import dataclasses
 from collections import Counter
 from collections.abc import Hashable, Mapping
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
+import numpy as np
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from freezesweep.results.settle import SettleRule
 from freezesweep.trials.config import LATER_FIELDS, MACHINE_FIELDS, TrialConfig
@@ -37,6 +38,20 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
+def _not_a_boolean(value: Any) -> Any:
+    """pydantic reads True as 1 where a number is asked for; YAML reads yes/no/on/off as booleans, so
+    ``seeds: [yes, no]`` would quietly be seeds 1 and 0. A number is never a boolean here."""
+    if isinstance(value, (bool, np.bool_)):  # numpy's too: a notebook's mask turned into an axis
+        raise ValueError("a number, not a boolean (YAML reads yes/no, true/false and on/off as booleans)")
+    return value
+
+
+# Every number of a spec: a boolean is refused; 200.0 and numpy's integers read as pydantic reads them.
+Int = Annotated[int, BeforeValidator(_not_a_boolean)]
+Float = Annotated[float, BeforeValidator(_not_a_boolean)]
+Depth = Annotated[int | Literal["all"], BeforeValidator(_not_a_boolean)]  # one message, not one per member
+
+
 # The protocol's defaults: TrialConfig's own, so a sweep cell and `freezesweep trial` share them.
 _TRIAL_DEFAULTS = {f.name: f.default for f in dataclasses.fields(TrialConfig)}
 
@@ -49,25 +64,25 @@ class TrainingSpec(_Strict):
     """The protocol: every cell of a sweep shares it, and it cannot change once rows exist. Every
     default is TrialConfig's (but ``select_metric``: unset means each task's official metric)."""
 
-    epochs: float = _default("epochs", gt=0)
-    batch_size: int = _default("batch_size", gt=0)
-    eval_batch_size: int = _default(
+    epochs: Float = _default("epochs", gt=0)
+    batch_size: Int = _default("batch_size", gt=0)
+    eval_batch_size: Int = _default(
         "eval_batch_size",
         gt=0,
         description="length-sorted batches: speed only (64 "
         "suits a CPU core, where 128 is ~10% slower; a GPU wants 256 or more)",
     )
-    learning_rate: float = _default("learning_rate", gt=0)
-    weight_decay: float = _default("weight_decay", ge=0)
-    warmup_epochs: float = _default("warmup_epochs", ge=0)
-    eval_every_epochs: float = _default("eval_every_epochs", gt=0)
+    learning_rate: Float = _default("learning_rate", gt=0)
+    weight_decay: Float = _default("weight_decay", ge=0)
+    warmup_epochs: Float = _default("warmup_epochs", ge=0)
+    eval_every_epochs: Float = _default("eval_every_epochs", gt=0)
     eval_at_end: bool = _default(
         "eval_at_end", description="also evaluate after the last step (the reference does not)"
     )
-    max_grad_norm: float = _default("max_grad_norm", gt=0)
+    max_grad_norm: Float = _default("max_grad_norm", gt=0)
     precision: Literal["auto", "fp16", "bf16", "fp32"] = _default("precision")
-    max_eval_examples: int | None = _default("max_eval_examples", gt=0)
-    max_seq_length: int = _default("max_seq_length", gt=0)
+    max_eval_examples: Int | None = _default("max_eval_examples", gt=0)
+    max_seq_length: Int = _default("max_seq_length", gt=0)
     model_init: Literal["pretrained", "random"] = _default("model_init")
     text_column: str | None = _default("text_column")
     text_pair_column: str | None = _default(
@@ -83,7 +98,7 @@ class TrainingSpec(_Strict):
         description="the metric that picks each trial's best evaluation: one name for every dataset, or "
         "{dataset: name}; unset: each task's official metric (a launch stores the resolved {dataset: name})",
     )
-    checkpoint_every_epochs: float | None = _default("checkpoint_every_epochs", gt=0)
+    checkpoint_every_epochs: Float | None = _default("checkpoint_every_epochs", gt=0)
     train_cache: bool = _default(
         "train_cache",
         description="opt-in deviation from the reference: frozen layers "
@@ -107,15 +122,15 @@ class TrainingSpec(_Strict):
 class LoraSpec(_Strict):
     """LoRA's settings, shared by every lora cell (its rank is an axis: ``lora_ranks``)."""
 
-    alpha: float = Field(16.0, gt=0, description="updates are scaled by alpha / rank (peft's examples: 16 at rank 8)")
-    dropout: float = Field(0.1, ge=0, lt=1, description="dropout on the adapters' input")
+    alpha: Float = Field(16.0, gt=0, description="updates are scaled by alpha / rank (peft's examples: 16 at rank 8)")
+    dropout: Float = Field(0.1, ge=0, lt=1, description="dropout on the adapters' input")
     targets: list[str] | None = Field(
         None,
         min_length=1,
         description="module names (or dotted suffixes) inside "
         "each encoder layer; unset: the layer's attention projections",
     )
-    learning_rate: float | None = Field(
+    learning_rate: Float | None = Field(
         None,
         gt=0,
         description="unset: the protocol's (training.learning_rate); "
@@ -132,10 +147,10 @@ class ProbeSpec(_Strict):
         "(sentence-transformers config; the last token on a decoder-only "
         "model), else mean",
     )
-    folds: int = Field(
+    folds: Int = Field(
         5, ge=2, description="cross-validation folds on the train subset (fewer when a class has fewer rows)"
     )
-    cs: int = Field(10, ge=1, description="regularisation strengths tried, log-spaced over 1e-4 … 1e4")
+    cs: Int = Field(10, ge=1, description="regularisation strengths tried, log-spaced over 1e-4 … 1e4")
 
 
 class SettleSpec(_Strict):
@@ -143,11 +158,11 @@ class SettleSpec(_Strict):
     on paired seeds, seeds added only where a comparison is undecided, until all are decided or the
     budget is spent. The seeds are settle mode's to choose (0, 1, …): the spec gives no ``seeds``."""
 
-    tolerance: float = Field(0.01, gt=0, description="how much below full fine-tuning still counts as as good")
-    confidence: float = Field(0.95, gt=0, lt=1, description="that every decision of a group holds at once")
-    initial_seeds: int = Field(3, ge=3, description="paired seeds every arm gets before the first look")
-    max_seeds: int = Field(10, ge=3, description="the budget: no arm gets more seeds")
-    seeds_per_round: int = Field(2, ge=1, description="seeds added to each undecided arm per round")
+    tolerance: Float = Field(0.01, gt=0, description="how much below full fine-tuning still counts as as good")
+    confidence: Float = Field(0.95, gt=0, lt=1, description="that every decision of a group holds at once")
+    initial_seeds: Int = Field(3, ge=3, description="paired seeds every arm gets before the first look")
+    max_seeds: Int = Field(10, ge=3, description="the budget: no arm gets more seeds")
+    seeds_per_round: Int = Field(2, ge=1, description="seeds added to each undecided arm per round")
     learned_first: bool = Field(
         True,
         description="run the arms only once full fine-tuning is known to beat the "
@@ -179,12 +194,12 @@ class ResourcesSpec(_Strict):
         description="0: CPU trials; (0, 1]: a GPU share; auto: measure one trial's GPU memory at launch and "
         "pack as many per GPU as fit (trials/memory_probe.py)",
     )
-    cpus_per_trial: float = Field(1.0, gt=0)
-    max_concurrent_trials: int | None = Field(None, gt=0)
-    max_failures: int = Field(2, ge=0, description="Ray retries of a crashed trial")
+    cpus_per_trial: Float = Field(1.0, gt=0)
+    max_concurrent_trials: Int | None = Field(None, gt=0)
+    max_failures: Int = Field(2, ge=0, description="Ray retries of a crashed trial")
     # 1,000: on 2 cores, 10,000 instant trials took 19 ms of driver CPU each and 1.2 GB at most in rounds of
     # 1,000, 2.5 GB in rounds of 5,000 (Tune keeps every trial of a run; ray#64231) (benchmarks/scale.py)
-    cells_per_round: int = Field(
+    cells_per_round: Int = Field(
         1000,
         gt=0,
         description="a launch runs its cells in rounds of at most this many, "
@@ -241,13 +256,13 @@ class SweepSpec(_Strict):
     name: str = Field(pattern=NAME_PATTERN, max_length=100)
     model: str | list[str] = Field(description="a model, or a list of them (also spelled `models:`): an axis")
     datasets: list[str] = Field(min_length=1)
-    train_sizes: list[int] = Field(min_length=1)
+    train_sizes: list[Int] = Field(min_length=1)
     methods: list[Literal["freeze", "lora", "probe"]] = Field(["freeze"], min_length=1)
-    frozen_layers: list[int | Literal["all"]] = Field([], description="freeze's axis; 'all': every layer of each model")
-    lora_ranks: list[int] = Field([], description="lora's axis")
-    seeds: list[int] = Field([], description="an axis; settle mode chooses them instead (settle:)")
+    frozen_layers: list[Depth] = Field([], description="freeze's axis; 'all': every layer of each model")
+    lora_ranks: list[Int] = Field([], description="lora's axis")
+    seeds: list[Int] = Field([], description="an axis; settle mode chooses them instead (settle:)")
     settle: SettleSpec | None = None
-    split_seed: int = 0
+    split_seed: Int = 0
     training: TrainingSpec = TrainingSpec()
     lora: LoraSpec = LoraSpec()
     probe: ProbeSpec = ProbeSpec()
@@ -324,6 +339,11 @@ class SweepSpec(_Strict):
             raise ValueError("settle compares every arm with full fine-tuning: frozen_layers must hold 0")
         return self
 
+    def __repr_args__(self):
+        """A notebook prints a spec: an axis of thousands of values is shown by its length and ends."""
+        for name, value in super().__repr_args__():
+            yield name, _LongAxis(value) if isinstance(value, list) and len(value) > _SHOWN_AXIS_VALUES else value
+
     def seed_values(self) -> list[int]:
         """The seeds axis: the spec's, or every seed settle mode may run."""
         return list(range(self.settle.max_seeds)) if self.settle else list(self.seeds)
@@ -380,6 +400,20 @@ class SweepSpec(_Strict):
 
     def method_fields(self, method: str) -> dict[str, Any]:
         return method_fields(method, self.lora, self.probe)
+
+
+_SHOWN_AXIS_VALUES = 10
+
+
+class _LongAxis:
+    """An axis in a spec's repr: ``[2,000 values: 0, 1, …, 1999]``."""
+
+    def __init__(self, values: list) -> None:
+        self.values = values
+
+    def __repr__(self) -> str:
+        v = self.values
+        return f"[{len(v):,} values: {v[0]!r}, {v[1]!r}, …, {v[-1]!r}]"
 
 
 def method_fields(method: str, lora: LoraSpec | None = None, probe: ProbeSpec | None = None) -> dict[str, Any]:

@@ -81,14 +81,38 @@ def precision_here(spec: SweepSpec) -> str:
 def load_sweep_spec(name: str, store_uri: str, semantic: bool = False) -> SweepSpec:
     """The spec a sweep was launched with, as stored; ``semantic=False`` skips the checks that load
     the model and data (inspection needs neither)."""
-    raw = stored_spec_mapping(ResultStore(store_uri, name))
+    store = ResultStore(store_uri, name)
+    raw = stored_spec_mapping(store)
     if raw is None:
-        raise SpecError([f"no sweep named {name!r} in store {store_uri!r}"], store_uri)
+        raise no_such_sweep(store)
     source = f"{store_uri}/{name}/spec.yaml"
     spec = validate(raw, source, semantic=semantic)
     if spec.training.precision == "auto":  # stored unresolved: written by a freezesweep before 0.2
         raise SpecError([OLD_SWEEP], source)
     return spec
+
+
+def no_such_sweep(store: ResultStore) -> SpecError:
+    """A name the store does not hold: where it was looked for, what is there, and how to point the
+    command at the store a spec named (``store:``; the default is only ./sweeps)."""
+    found = store.other_sweeps()
+    local = "://" not in store.uri and store.uri != store.root_path()
+    where = f"{store.uri!r} ({store.root_path()})" if local else repr(store.uri)
+    held = (
+        "which does not exist"
+        if found is None
+        else "which holds no sweep"
+        if not found
+        else f"which holds {', '.join(found[:10])}" + (f" and {len(found) - 10} more" if len(found) > 10 else "")
+    )
+    return SpecError(
+        [
+            f"no sweep named {store.sweep!r} in store {where}, {held}; a sweep whose spec names another store "
+            "(its `store:`) is read there: --store ROOT (store=ROOT in Python), or give its spec file in place "
+            "of the name, which names both"
+        ],
+        store.uri,
+    )
 
 
 def load_sweep(name: str, store_uri: str) -> ResolvedSweep:

@@ -13,23 +13,26 @@ had and, where the spread so far allows, the budget that would decide it.
 
 from __future__ import annotations
 
+import dataclasses
 import math
+from collections.abc import Mapping, Sequence
 
 import pandas as pd
 
 from freezesweep.results.query import BASELINE, SCORE, freeze_rows
 from freezesweep.results.settle import (
+    FINAL,
     LEARNED,
+    NOT_TESTED,
     NOTHING_LEARNED,
     UNDECIDED,
     WITHIN,
     WORSE,
     Comparison,
     GroupDecision,
-    QUALITY_SHARE,
     SettleRule,
-    FINAL,
     decide as decide_group,
+    open_arms,
     seeds_to_decide,
 )
 from freezesweep.results.stats import GROUP, TOLERANCE, largest_k_retaining
@@ -53,6 +56,7 @@ DECISION_COLUMNS = [
     "within",
     "worse",
     "undecided",
+    "not_tested",
     "decided_at_seeds",
     "params_saved_pct",
     "time_saved_pct",
@@ -68,14 +72,14 @@ def decide(
     costs: pd.DataFrame,
     tolerance: float = TOLERANCE,
     planned_ks: dict[str, set[int]] | None = None,
-    rules: dict[str, tuple[SettleRule, int, int]] | None = None,
+    rules: Mapping[str, tuple[SettleRule, int, Mapping[str, Sequence[str]]]] | None = None,
     planned_seeds: dict[str, set[int]] | None = None,
 ) -> pd.DataFrame:
     """One row per (sweep, dataset, train size) that has ok rows. ``planned_ks``: the frozen layers of each
     sweep's grid, when known ("k = 0 is not in the grid" or "has not finished"); ``rules``: per sweep,
-    its settle rule, looks and comparisons (default: ``tolerance``, 95 %, one look, the arms in the rows:
-    a fixed grid); ``planned_seeds``: a fixed grid's seeds, when known — it is looked at once, when every
-    planned cell of the group is in (a look at part of it would be one its intervals were not shared by)."""
+    its settle rule, looks and each model's arms (default: ``tolerance``, 95 %, one look, the arms in the
+    rows: a fixed grid); ``planned_seeds``: a fixed grid's seeds, when known — it is looked at once, when
+    every planned cell of the group is in (a look at part of it would be one it was not paid for)."""
     layers = freeze_rows(rows)
     retaining = largest_k_retaining(retained).set_index(GROUP)["k_retaining_90"]
     many_sweeps = rows["sweep"].nunique() > 1
@@ -83,11 +87,12 @@ def decide(
     for key, group in layers.groupby(GROUP):
         if not (group["status"] == "ok").any():
             continue  # nothing finished: the completeness section says what failed
-        rule, looks, comparisons = (rules or {}).get(key[0], (SettleRule(tolerance=tolerance), 1, None))
-        decision = decide_group(_arms(group), rule, looks, comparisons)
+        rule, looks, arms = (rules or {}).get(key[0], (SettleRule(tolerance=tolerance), 1, None))
+        grid = _grid_arms(group, arms)
+        decision = decide_group(_arms(group), rule, looks, grid)
         record = _record(key, group, decision, rule, looks, costs)
-        if key[0] in (rules or {}) and decision.advice is None:  # a settle sweep: what budget would decide it
-            record["decided_at_seeds"] = _budget_to_decide(decision, rule, looks)
+        if key[0] in (rules or {}):  # a settle sweep: what budget would decide what is open
+            record["decided_at_seeds"] = _budget_to_decide(decision, rule, grid)
         running = _running(group, (planned_ks or {}).get(key[0]), (planned_seeds or {}).get(key[0]))
         if key[0] not in (rules or {}) and running:
             records.append(
@@ -98,11 +103,23 @@ def decide(
             )
             continue
         record["k_retaining_90"] = retaining.get(key) if decision.learned.decision == LEARNED else None
+        settled = not open_arms(decision, grid, rule.tolerance)
         record["sentence"] = _prefix(key, many_sweeps) + sentence(
-            record, decision, rule, (planned_ks or {}).get(key[0])
+            record, decision, rule, (planned_ks or {}).get(key[0]), settle=key[0] in (rules or {}), settled=settled
         )
         records.append(record)
     return pd.DataFrame(records, columns=DECISION_COLUMNS)
+
+
+def _grid_arms(group: pd.DataFrame, arms: Mapping[str, Sequence[str]] | None) -> list[str]:
+    """The group's frozen depths the sequence walks: a settle sweep's grid for the group's model (a depth
+    with no row yet stops the sequence there), else the depths in the rows (a fixed grid is decided once
+    complete, when every depth of its model has rows)."""
+    own = [f"freeze k={int(k)}" for k in sorted(set(group["frozen_layers"]))]
+    models = set(group["model"]) if "model" in group else set()
+    if not arms or len(models) != 1:
+        return own
+    return sorted({a for a in arms.get(next(iter(models)), ()) if a.startswith("freeze")} | set(own))
 
 
 def _running(group: pd.DataFrame, ks: set[int] | None, seeds: set[int] | None) -> str:
@@ -149,7 +166,12 @@ def _record(
         looks=looks,
         **{
             name: ", ".join(_k(c.arm) for c in decision.arms if c.decision == state)
-            for name, state in (("within", WITHIN), ("worse", WORSE), ("undecided", UNDECIDED))
+            for name, state in (
+                ("within", WITHIN),
+                ("worse", WORSE),
+                ("undecided", UNDECIDED),
+                ("not_tested", NOT_TESTED),
+            )
         },
     )
     chosen = next((c for c in decision.arms if c.arm == decision.advice), None)
@@ -175,18 +197,17 @@ def _record(
     return record
 
 
-def _budget_to_decide(decision: GroupDecision, rule: SettleRule, looks: int) -> int | None:
+def _budget_to_decide(decision: GroupDecision, rule: SettleRule, arms: Sequence[str]) -> int | None:
     """The seeds per arm that would decide what is open, if the means and spreads stay as they are
     (None: no such budget up to 100 seeds, or nothing open)."""
     if decision.learned.decision == NOTHING_LEARNED:
         return None
-    open_ones = (
-        [decision.learned]
-        if decision.learned.decision != LEARNED
-        else [c for c in decision.arms if c.decision == UNDECIDED]
-    )
-    comparisons = round(QUALITY_SHARE * (1 - rule.confidence) / (looks * decision.alphas.quality))
-    needed = [seeds_to_decide(c, rule, comparisons) for c in open_ones]
+    compared = {c.arm: c for c in decision.arms}
+    if decision.learned.decision != LEARNED:
+        open_ones = [decision.learned]
+    else:
+        open_ones = [compared[a] for a in open_arms(decision, arms, rule.tolerance) if a in compared]
+    needed = [seeds_to_decide(c, rule, decision.levels) for c in open_ones]
     return None if not needed or None in needed else max(needed)
 
 
@@ -199,8 +220,16 @@ def _prefix(key: tuple, many_sweeps: bool) -> str:
     return f"{sweep} · {dataset}, n = {train_size}: " if many_sweeps else f"{dataset}, n = {train_size}: "
 
 
-def sentence(record: dict, decision: GroupDecision, rule: SettleRule, planned_ks: set[int] | None = None) -> str:
-    """The decision in words (without the "dataset, n = …:" prefix)."""
+def sentence(
+    record: dict,
+    decision: GroupDecision,
+    rule: SettleRule,
+    planned_ks: set[int] | None = None,
+    settle: bool = False,
+    settled: bool = False,
+) -> str:
+    """The decision in words (without the "dataset, n = …:" prefix). ``settled``: no seed could change the
+    advice any more (``results.settle.open_arms``)."""
     left_out = _left_out(decision.excluded)
     if record["baseline_seeds"] == 0:
         why = (
@@ -211,31 +240,72 @@ def sentence(record: dict, decision: GroupDecision, rule: SettleRule, planned_ks
             else "the sweep's grid has none"
         )
         return f"no full fine-tuning (k = 0) runs to compare with ({why}), so no decision{left_out}."
-    gain, pct = decision.learned, f"{100 * rule.confidence:g} %"
-    if gain.decision == NOTHING_LEARNED:
-        if gain.pairs == 0 or "collapses" in gain.why:
-            return (
-                f"nothing learned at this size: full fine-tuning stayed at the constant predictor on {gain.collapsed} "
-                f"of {gain.seeds} seeds (it does on at least {100 * gain.collapse_lower:.0f} % of seeds, {pct} "
-                f"simultaneous); no freezing advice{left_out}."
-            )
+    gain = decision.learned
+    if gain.decision != LEARNED:
+        return _not_learned(record, decision, rule, settle) + f"{left_out}."
+    rest = _others(record, decision)
+    if record.get("frozen_layers") is None and settled:
         return (
-            f"nothing learned at this size: when it trains, full fine-tuning beats the constant baseline by "
-            f"{gain.mean:+.3f} (at most {gain.high:+.3f}, {pct} simultaneous bound, {gain.pairs} seeds), not by "
-            f"more than {rule.tolerance:g}{_collapses(gain, pct)}; no freezing advice{left_out}."
+            f"fine-tune every layer: freezing costs more than {rule.tolerance:g} here — the least frozen depth "
+            f"({_k(decision.stopped_at or '')}) is not within the tolerance, and more seeds would not make it so"
+            f"{rest}{left_out}."
         )
-    if gain.decision == UNDECIDED:
-        return (
-            f"not yet shown that full fine-tuning beats the constant baseline by more than {rule.tolerance:g} here "
-            f"({gain.pairs} trained seed{'s' if gain.pairs != 1 else ''}: {gain.why}); no freezing advice — "
-            f"{_add_seeds(record)}{left_out}."
-        )
-    rest = _others(record)
     if record.get("frozen_layers") is None:
         return (
             f"fine-tune every layer: no k is shown within {rule.tolerance:g} of full fine-tuning at "
-            f"{_pairs(decision)} trained pairs{rest}; {_add_seeds(record)}{left_out}."
+            f"{_pairs(decision)} trained pairs{rest}; {_add_seeds(record, settle)}{left_out}."
         )
+    return _advice(record, decision, rule) + f"{rest}{left_out}."
+
+
+def _family(rule: SettleRule) -> str:
+    return f"{100 * rule.confidence:g} % family-wise"
+
+
+def _not_learned(record: dict, decision: GroupDecision, rule: SettleRule, settle: bool) -> str:
+    """Nothing learned, shown; or not yet shown that full fine-tuning learns: why, and what would show it."""
+    gain, pct = decision.learned, _family(rule)
+    if gain.decision == NOTHING_LEARNED and (gain.pairs == 0 or "collapses" in gain.why):
+        return (
+            f"nothing learned at this size: full fine-tuning predicted one class (the constant predictor) on "
+            f"{gain.collapsed} of {gain.seeds} seeds (it does on at least {100 * gain.collapse_lower:.0f} % of "
+            f"seeds, {pct}); no freezing advice"
+        )
+    if gain.decision == NOTHING_LEARNED:
+        return (
+            f"nothing learned at this size: when it trains, full fine-tuning beats the constant baseline by "
+            f"{gain.mean:+.3f} (at most {gain.high:+.3f}, {gain.pairs} seeds), not by more than {rule.tolerance:g} "
+            f"({pct}){_collapses(gain, pct)}; no freezing advice"
+        )
+    if gain.seeds and gain.collapsed == gain.seeds:
+        needed = all_collapsed_to_show(decision, rule, settle)
+        how = f"a new settle sweep with settle.max_seeds {needed}" if settle else f"a grid of {needed} seeds"
+        return (
+            f"all {gain.seeds} seeds of full fine-tuning predicted one class (the constant predictor): nothing "
+            f"learned as far as they show, but {gain.seeds} seeds cannot show it at {pct} ({how}, every seed at "
+            f"the constant predictor, would); no freezing advice"
+        )
+    trained = f"{gain.pairs} trained seed{'s' if gain.pairs != 1 else ''}"
+    return (
+        f"not yet shown that full fine-tuning beats the constant baseline by more than {rule.tolerance:g} here "
+        f"({trained}: {gain.why}){_collapses(gain, pct) if gain.collapsed else ''}; no freezing advice — "
+        f"{_add_seeds(record, settle)}"
+    )
+
+
+def all_collapsed_to_show(decision: GroupDecision, rule: SettleRule, settle: bool) -> int:
+    """The fewest seeds, every one at the constant predictor, that show full fine-tuning collapses on most
+    seeds at the group's level for "nothing learned" (Holm's first step of its two claims, at a new
+    budget's last look)."""
+    first_step = decision.levels.nothing / 2
+    for seeds in range(max(rule.initial_seeds, 1), 200):
+        weight = dataclasses.replace(rule, max_seeds=seeds).look_weights[-1] if settle else 1.0
+        if 0.5**seeds <= first_step * weight:
+            return seeds
+    return 200
+
+
+def _advice(record: dict, decision: GroupDecision, rule: SettleRule) -> str:
     savings = [
         _change(record["params_saved_pct"], "fewer", "more", "trainable parameters"),
         _change(record["time_saved_pct"], "less", "more", "train time"),
@@ -245,11 +315,19 @@ def sentence(record: dict, decision: GroupDecision, rule: SettleRule, planned_ks
     saves = f"; it trains with {_join(savings)}" if savings else ""
     chosen = next(c for c in decision.arms if c.arm == decision.advice)
     return (
-        f"freeze {_what(int(record['frozen_layers']))} — when it trains, {record['metric']} {record['score_k']:.3f} "
-        f"vs {record['score_0']:.3f} with full fine-tuning on the same {record['pairs']} seeds, paired difference "
-        f"{record['mean_diff']:+.3f} (at least {record['ci_low']:+.3f}, {pct} simultaneous bound), within the "
-        f"{rule.tolerance:g} tolerance{_collapses(chosen, pct)}{saves}{rest}{left_out}."
+        f"freeze {_what(int(record['frozen_layers']))} — shown within the {rule.tolerance:g} tolerance of full "
+        f"fine-tuning when it trains ({_family(rule)}; {_sequence(decision)}): {record['metric']} "
+        f"{record['score_k']:.3f} vs {record['score_0']:.3f} on the same {record['pairs']} seeds, paired difference "
+        f"{record['mean_diff']:+.3f} (its own one-sided bound {record['ci_low']:+.3f}, at "
+        f"{100 * (1 - chosen.level):.1f} %){_collapses(chosen, _family(rule))}{saves}"
     )
+
+
+def _sequence(decision: GroupDecision) -> str:
+    """The fixed sequence in words: the depths shown within in order, and where it stopped."""
+    shown = [_k(c.arm) for c in decision.arms if c.decision == WITHIN and c.arm.startswith("freeze")]
+    walked = f"tested from the least frozen depth: {', '.join(shown)} within"
+    return walked + (f", stopped at {_k(decision.stopped_at)}" if decision.stopped_at else ", none left")
 
 
 def _collapses(c: Comparison, pct: str) -> str:
@@ -258,15 +336,19 @@ def _collapses(c: Comparison, pct: str) -> str:
         return ""
     return (
         f"; {c.collapsed} of {c.seeds} seeds collapsed to the constant predictor or diverged (at most "
-        f"{100 * c.collapse_upper:.0f} % of seeds do, {pct} simultaneous)"
+        f"{100 * c.collapse_upper:.0f} % of seeds do, {pct})"
     )
 
 
-def _add_seeds(record: dict) -> str:
-    """What would decide it: a budget (plan prices it), or seeds in a new fixed grid."""
+def _add_seeds(record: dict, settle: bool) -> str:
+    """What would decide it: a budget (plan prices it), or seeds in a new sweep."""
     budget = record.get("decided_at_seeds")
     if budget is None or pd.isna(budget):
-        return "add seeds (a settle sweep runs as many as the question needs)"
+        return (
+            "more seeds than 100 per arm would be needed at this spread, or the mean sits on the boundary"
+            if settle
+            else "add seeds (a settle sweep runs as many as the question needs)"
+        )
     return (
         f"{int(budget)} seeds per arm would decide it if the spread stays as it is (a new settle sweep with "
         f"settle.max_seeds {int(budget)}: `freezesweep plan` prices it)"
@@ -279,12 +361,25 @@ def _pairs(decision: GroupDecision) -> str:
     return f"{counts[0]}" if len(counts) == 1 else f"{counts[0]}–{counts[-1]}"
 
 
-def _others(record: dict) -> str:
+def _others(record: dict, decision: GroupDecision) -> str:
+    """The other depths in words: worse, undecided and not tested, the last two with their estimates."""
+
+    def listed(state: str) -> str:
+        return ", ".join(
+            f"{_k(c.arm)} ({c.mean:+.3f} when trained)" if c.pairs else _k(c.arm)
+            for c in decision.arms
+            if c.decision == state
+        )
+
     parts = [
         f"worse than full fine-tuning: {record['worse']}" if record["worse"] else "",
-        f"undecided: {record['undecided']}" if record["undecided"] else "",
+        f"undecided: {listed(UNDECIDED)}" if record["undecided"] else "",
+        f"not tested, deeper than where the sequence stopped: {listed(NOT_TESTED)}" if record["not_tested"] else "",
     ]
     parts = [p for p in parts if p]
+    budget = record.get("decided_at_seeds")
+    if budget is not None and not pd.isna(budget) and record.get("frozen_layers") is not None:
+        parts.append(f"{int(budget)} seeds per arm would decide what is open")
     return f" ({'; '.join(parts)})" if parts else ""
 
 

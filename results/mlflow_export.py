@@ -10,12 +10,16 @@ its status, node and precision as tags. MLflow is an optional extra: ``pip insta
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import json
+import os
 import sys
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
+from urllib.parse import urlsplit
 
 from freezesweep.results.store import METRICS, ResultStore
 
@@ -62,12 +66,86 @@ COLUMNS = [
 PARAMS_PER_REQUEST, METRICS_PER_REQUEST, MAX_TAG_CHARS, MAX_PARAM_CHARS = 100, 1000, 5000, 6000
 
 
+# The probe of a tracking server before any row: connecting and answering, in seconds (MLflow's own client
+# retries an unreachable server 7 times with backoff, about 4 minutes, before it gives up: issue 36).
+PROBE_CONNECT_S, PROBE_READ_S = 5, 10
+# A live launch's calls (the driver waits on each): a server that dies mid-sweep is given up in seconds,
+# not minutes; a user's own MLFLOW_* settings win. MLflow prints two "View run" lines per run it ends on
+# a server; the export says where the runs went once instead.
+LIVE_ENV = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "2", "MLFLOW_HTTP_REQUEST_TIMEOUT": "20"}
+QUIET_ENV = {"MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT": "true"}
+
+
+class TrackingError(RuntimeError):
+    """The tracking URI cannot take runs: said in one sentence, with what to use instead."""
+
+
 @dataclass(frozen=True)
 class Exported:
     added: int  # runs created for rows MLflow did not have
     replaced: int  # runs of cells whose row changed since (a failed cell's retry)
     unchanged: int  # rows already there as they are
     experiment_id: str
+    tracking_uri: str = ""  # where they went (the default resolved: MLflow's sqlite:///mlflow.db)
+
+
+def resolve_tracking_uri(uri: str | None) -> str:
+    """``uri``, or MLflow's own default: ``MLFLOW_TRACKING_URI``, else ``sqlite:///mlflow.db`` in the
+    current folder (MLflow 3; MLflow 2's was the folder ./mlruns)."""
+    import mlflow  # the optional extra: imported only when asked for
+
+    return uri or mlflow.get_tracking_uri()
+
+
+def folder_store_problem(uri: str) -> str | None:
+    """MLflow 3 refuses a folder as its tracking store (its file store is in maintenance mode) unless
+    MLFLOW_ALLOW_FILE_STORE is set: the sentence saying what to use instead, or None."""
+    scheme = urlsplit(uri).scheme
+    if scheme not in ("", "file") or uri in ("databricks", "databricks-uc", "uc"):
+        return None
+    if os.environ.get("MLFLOW_ALLOW_FILE_STORE", "").lower() in ("true", "1"):
+        return None
+    folder = uri.removeprefix("file://")
+    return (
+        f"{uri} is a folder, and MLflow 3 no longer tracks into one: use a SQLite file "
+        f"(sqlite:///mlflow.db, MLflow's default when no URI is given; `mlflow migrate-filestore` moves "
+        f"{folder}'s runs into one) or a tracking server (http://host:5000)"
+    )
+
+
+def check_tracker(uri: str) -> None:
+    """TrackingError unless ``uri`` can take runs: a folder store said with what to use; a server asked
+    once, in seconds, before any row (any HTTP answer, even an error status, means it is there)."""
+    problem = folder_store_problem(uri)
+    if problem:
+        raise TrackingError(problem)
+    if urlsplit(uri).scheme not in ("http", "https"):
+        return  # a database or a managed service: MLflow's client opens it and says its own errors
+    import requests  # MLflow's own HTTP client library
+
+    try:
+        requests.get(f"{uri.rstrip('/')}/health", timeout=(PROBE_CONNECT_S, PROBE_READ_S), allow_redirects=False)
+    except requests.RequestException as exc:
+        raise TrackingError(f"no MLflow tracking server answers at {uri} ({_reason(exc)})") from None
+
+
+def _reason(exc: BaseException) -> str:
+    """The innermost cause of a requests error (DNS, refused, timed out), without urllib3's wrapping."""
+    while exc.__context__ is not None or exc.__cause__ is not None:
+        exc = exc.__cause__ or exc.__context__
+    return f"{type(exc).__name__}: {exc}"
+
+
+@contextlib.contextmanager
+def mlflow_env(defaults: dict[str, str]) -> Iterator[None]:
+    """MLflow's settings (read at each request) set to ``defaults`` where the user set none, then restored."""
+    added = {k: v for k, v in defaults.items() if k not in os.environ}
+    os.environ.update(added)
+    try:
+        yield
+    finally:
+        for key in added:
+            os.environ.pop(key, None)
 
 
 class MlflowRuns:
@@ -126,13 +204,17 @@ class MlflowRuns:
                 self.client.delete_run(run.info.run_id)
             self.log(row)
             counts["replaced" if run is not None else "added"] += 1
-        return Exported(**counts, experiment_id=self.experiment_id)
+        return Exported(counts["added"], counts["replaced"], counts["unchanged"], self.experiment_id)
 
 
-def export_store(store: ResultStore, tracking_uri: str | None = None, experiment: str | None = None) -> Exported:
-    """Every row of ``store``'s sweep as an MLflow run in ``experiment`` (default: the sweep's name)."""
-    runs = MlflowRuns(tracking_uri, experiment or store.sweep, store.sweep)
-    return runs.sync(_rows(store))
+def export_store(store: ResultStore, uri: str | None = None, experiment: str | None = None) -> Exported:
+    """Every row of ``store``'s sweep as an MLflow run in ``experiment`` (default: the sweep's name), at
+    ``uri`` (default: MLflow's own); TrackingError, before any row, where it cannot take runs."""
+    uri = resolve_tracking_uri(uri)
+    check_tracker(uri)
+    with mlflow_env(QUIET_ENV):
+        runs = MlflowRuns(uri, experiment or store.sweep, store.sweep)
+        return dataclasses.replace(runs.sync(_rows(store)), tracking_uri=uri)
 
 
 def _rows(store: ResultStore) -> Iterator[dict[str, Any]]:
@@ -140,27 +222,36 @@ def _rows(store: ResultStore) -> Iterator[dict[str, Any]]:
 
 
 class LiveTracker:
-    """A launch's rows to MLflow as they land. Tracking never fails the sweep: the first error is
-    said once on stderr and tracking stops (``export mlflow`` adds the rows later)."""
+    """A launch's rows to MLflow as they land. Tracking never fails the sweep: the tracker is asked
+    once before the first row (``check_tracker``, seconds), and the first error, then or later, is said
+    once on stderr and tracking stops (``export mlflow`` adds the rows later)."""
 
     def __init__(self, tracking_uri: str, experiment: str, sweep: str):
         self.tracking_uri, self.experiment, self.sweep = tracking_uri, experiment, sweep
         self.runs: MlflowRuns | None = None
         self.failed = False
+        try:
+            check_tracker(tracking_uri)
+        except TrackingError as exc:
+            self._stop(f"before the first row: {exc}")
 
     def __call__(self, row: dict[str, Any]) -> None:
         if self.failed:
             return
         try:
-            self.runs = self.runs or MlflowRuns(self.tracking_uri, self.experiment, self.sweep)
-            self.runs.sync([row], self.runs.existing(row["trial_id"]))
+            with mlflow_env({**LIVE_ENV, **QUIET_ENV}):
+                self.runs = self.runs or MlflowRuns(self.tracking_uri, self.experiment, self.sweep)
+                self.runs.sync([row], self.runs.existing(row["trial_id"]))
         except Exception as exc:  # any failure of the tracker (unreachable, refused, a bug): warn once, go on
-            self.failed = True
-            print(
-                f"warning: MLflow tracking at {self.tracking_uri} stopped ({type(exc).__name__}: {exc}); the sweep "
-                f"goes on; `freezesweep export mlflow {self.sweep}` adds its rows later",
-                file=sys.stderr,
-            )
+            self._stop(f"({type(exc).__name__}: {exc})")
+
+    def _stop(self, why: str) -> None:
+        self.failed = True
+        print(
+            f"warning: MLflow tracking at {self.tracking_uri} stopped {why}; the sweep goes on; "
+            f"`freezesweep export mlflow {self.sweep}` adds its rows later",
+            file=sys.stderr,
+        )
 
 
 def run_name(row: dict[str, Any]) -> str:

@@ -5,6 +5,11 @@ per-cell aggregates the report builds on. One place aggregates rows: ``summary``
 Every row names the metric that picked its best evaluation (``select_metric``) and holds its value
 there (``best_val_score``) and the constant baseline's (``baseline_score``); that is what summaries
 and the report show. Rows stored before these columns existed picked by accuracy: they read as such.
+
+The baseline and the collapse test describe the rows the scores were computed on (``baseline_rows``).
+Rows stored before that column computed the baseline on the whole validation split: where they were
+scored on a ``max_eval_examples`` sample they read as ``WHOLE_SPLIT``, and a seed of theirs that answered
+one class may be stored ``collapsed = false`` (``whole_split_rows`` counts them; the report names them).
 """
 
 from __future__ import annotations
@@ -12,7 +17,7 @@ from __future__ import annotations
 import duckdb
 import pandas as pd
 
-from freezesweep.results.store import METRICS, ResultStore
+from freezesweep.results.store import EVALUATED_ROWS, METRICS, WHOLE_SPLIT, ResultStore
 
 SUMMARY_KEYS = ["dataset", "model", "method", "train_size", "frozen_layers", "lora_rank"]
 # Shown only where they tell rows apart (_SHOWN_WHEN): a one-model freeze sweep's summary is dataset × n × k.
@@ -37,6 +42,7 @@ REPORT_COLUMNS = [
     SCORE,
     BASELINE,
     "collapsed",
+    "baseline_rows",
     "best_val_accuracy",
     "majority_baseline",
     "trainable_params",
@@ -64,6 +70,18 @@ _LEGACY = {
 }
 
 
+# A row stored before baseline_rows existed (null there, but with a baseline) computed its baseline on the whole
+# validation split: the rows it was scored on unless max_eval_examples drew fewer (n_eval = max_eval_examples:
+# a sample, or a split of exactly that many rows; n_eval below it: the whole, smaller split). SQL over the
+# stored columns, for the view and for read_rows.
+_MAX_EVAL = "json_extract(config, '$.max_eval_examples')::BIGINT"
+_BASELINE_ROWS = f"""CASE WHEN baseline_rows IS NOT NULL OR coalesce(baseline_score, majority_baseline) IS NULL
+    THEN baseline_rows
+    WHEN {_MAX_EVAL} IS NULL OR n_eval < {_MAX_EVAL} THEN '{EVALUATED_ROWS}'
+    ELSE '{WHOLE_SPLIT}' END"""
+_BASELINE_ROWS_READS = ["baseline_rows", "baseline_score", "majority_baseline", "n_eval", "config"]
+
+
 def sql(store: ResultStore, query: str = "SELECT * FROM results") -> pd.DataFrame:
     """Run SQL over the store; the rows are the table ``results`` (old rows read as picked by accuracy)."""
     return connect(store).execute(query).df()
@@ -76,6 +94,7 @@ def connect(store: ResultStore) -> duckdb.DuckDBPyConnection:
     legacy = "select_metric IS NULL"
     filled = [f"CASE WHEN {legacy} THEN {old} ELSE {new} END AS {new}" for new, old in _LEGACY.items()]
     filled.append(f"coalesce(select_metric, '{LEGACY_METRIC}') AS select_metric")
+    filled.append(f"{_BASELINE_ROWS} AS baseline_rows")
     con.execute(f"CREATE VIEW results AS SELECT * REPLACE ({', '.join(filled)}) FROM stored")
     return con
 
@@ -98,7 +117,30 @@ def with_selected_metric(df: pd.DataFrame) -> pd.DataFrame:
 
 def read_rows(store: ResultStore, columns: list[str] | None = REPORT_COLUMNS) -> pd.DataFrame:
     """The sweep's rows as a DataFrame (only ``columns``; None: all of them)."""
-    return with_methods(with_selected_metric(store.read_table(columns=columns).to_pandas()))
+    return with_baseline_rows(with_methods(with_selected_metric(store.read_table(columns=columns).to_pandas())), store)
+
+
+def with_baseline_rows(df: pd.DataFrame, store: ResultStore) -> pd.DataFrame:
+    """``df`` with ``baseline_rows`` filled in for rows stored before it: the store's config and n_eval of
+    those rows are read only when there are some (a store written since reads nothing more)."""
+    if (
+        not {"baseline_rows", "trial_id", BASELINE} <= set(df)
+        or not (df["baseline_rows"].isna() & df[BASELINE].notna()).any()
+    ):
+        return df
+    with duckdb.connect() as con:
+        con.register("stored", store.read_table(columns=["trial_id", *_BASELINE_ROWS_READS]))
+        filled = con.execute(f"SELECT trial_id, {_BASELINE_ROWS} AS baseline_rows FROM stored").df()
+    return df.assign(baseline_rows=df["trial_id"].map(filled.set_index("trial_id")["baseline_rows"]))
+
+
+def whole_split_rows(df: pd.DataFrame) -> pd.Series:
+    """Per sweep, its ok rows scored on a sample whose baseline came from the whole validation split (rows
+    stored before ``baseline_rows``): a collapse among them may be stored as a trained seed."""
+    if "baseline_rows" not in df:
+        return pd.Series(dtype="int64")
+    ok = ok_rows(df)
+    return ok[ok["baseline_rows"] == WHOLE_SPLIT].groupby("sweep").size()
 
 
 def with_methods(df: pd.DataFrame) -> pd.DataFrame:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import base64
 import html
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 import pandas as pd
@@ -18,7 +19,8 @@ import pandas as pd
 from freezesweep.results import figures
 from freezesweep.results.decision import decide
 from freezesweep.results.settle import LEARNED, SettleRule
-from freezesweep.results.query import CELL_KEYS, freeze_rows, read_rows, summary, with_methods
+from freezesweep.results.query import CELL_KEYS, freeze_rows, read_rows, summary, whole_split_rows, with_methods
+from freezesweep.results.reprs import short_repr
 from freezesweep.results.stats import (
     GROUP,
     TOLERANCE,
@@ -39,12 +41,15 @@ class SweepRows:
     name: str
     rows: pd.DataFrame
     status: pd.DataFrame | None = None
-    # a settle sweep's rule, its looks and comparisons (results.settle.decide; None: a fixed grid)
-    rule: tuple[SettleRule, int, int] | None = None
+    # a settle sweep's rule, its looks and each model's arms (results.settle.decide; None: a fixed grid)
+    rule: tuple[SettleRule, int, Mapping[str, tuple[str, ...]]] | None = None
 
     @classmethod
     def from_store(
-        cls, store: ResultStore, status: pd.DataFrame | None = None, rule: tuple[SettleRule, int, int] | None = None
+        cls,
+        store: ResultStore,
+        status: pd.DataFrame | None = None,
+        rule: tuple[SettleRule, int, Mapping[str, tuple[str, ...]]] | None = None,
     ) -> "SweepRows":
         rows = read_rows(store)
         rows["sweep"] = store.sweep  # the folder names the sweep, whatever a row says
@@ -57,6 +62,8 @@ class Section:
     paragraphs: list[str] = field(default_factory=list)
     tables: list[pd.DataFrame] = field(default_factory=list)
     figure: str | None = None  # a key of Report.figures
+    notes: list[str] = field(default_factory=list)  # read after the tables: how to read them
+    headers: dict[str, str] = field(default_factory=lambda: HEADERS)  # each column's heading in words
 
 
 @dataclass
@@ -70,6 +77,14 @@ class Report:
     sections: list[Section]
     figures: dict[str, bytes]
     methods: pd.DataFrame | None = None  # the methods side by side (None: the rows are freeze rows only)
+    # per sweep, its ok rows scored on a sample against a whole-split baseline (results.query.whole_split_rows)
+    whole_split: pd.Series = field(default_factory=lambda: pd.Series(dtype="int64"))
+
+    __repr__ = short_repr  # a notebook prints it: table shapes and figure names, not their PNG bytes
+
+    def __str__(self) -> str:
+        """The answer as the report's first lines say it: a sentence per group, then what is missing."""
+        return "\n".join([*self.decisions["sentence"], *self.completeness])
 
 
 def build_report(sweeps: list[SweepRows], tolerance: float = TOLERANCE) -> Report:
@@ -88,7 +103,9 @@ def build_report(sweeps: list[SweepRows], tolerance: float = TOLERANCE) -> Repor
     if methods is not None and not methods.empty:
         figs["methods"] = figures.methods_plot(methods)
     completeness = [_completeness_line(s) for s in sweeps]
-    report = Report(decisions, contrasts, retained, cost, appendix, completeness, [], figs, methods)
+    report = Report(
+        decisions, contrasts, retained, cost, appendix, completeness, [], figs, methods, whole_split_rows(rows)
+    )
     # several sweeps, or one of several models: every table and sentence names its "sweep · model"
     report.sections = _sections(report, sweeps, tolerance, many=rows["sweep"].nunique() > 1)
     return report
@@ -212,6 +229,7 @@ DECISION_SHOWN = [
     "within",
     "worse",
     "undecided",
+    "not_tested",
     "params_saved_pct",
     "time_saved_pct",
     "mem_saved_pct",
@@ -220,19 +238,45 @@ DECISION_SHOWN = [
 
 
 def _decision_section(report: Report, tolerance: float, many: bool) -> Section:
-    intro = (
-        f"Per dataset and train size, one answer: the largest k shown to be within the tolerance (−{tolerance:g} "
-        "unless the sweep's settle section says otherwise) of full fine-tuning (k = 0) in the selected metric when "
-        "it trains — on the seeds where both trained, the lower bound of the mean paired difference (ci_low, "
-        "one-sided, simultaneous over the group's claims and every look the sweep took: results/settle.py) lies "
-        "above −tolerance — with how many of its seeds collapsed to the constant predictor (collapsed) and an "
-        "exact bound on how often that happens (collapse_upper); and what freezing it saves against k = 0. No "
-        "advice from fewer than 3 trained pairs, from identical differences, or where full fine-tuning is not "
-        "shown to beat the constant baseline by more than the tolerance. Where it is open, decided_at_seeds is "
-        "the budget that would decide it if the spread stays as it is. The sections below are its evidence."
+    """The answer first (a sentence per dataset and train size), its table, then how it was reached."""
+    how = (
+        f"How to read it: per dataset and train size, one answer: the largest k shown to be within the tolerance "
+        f"(−{tolerance:g} unless the sweep's settle section says otherwise) of full fine-tuning (k = 0) in the "
+        "selected metric when it trains, with how many of its seeds collapsed to the constant predictor "
+        "(Collapsed seeds) and an exact bound on how often that happens (Collapse rate at most), and what "
+        "freezing it saves against k = 0. How it is decided (results/settle.py, the settle-mode page): first, "
+        "full fine-tuning must be shown to beat the constant baseline by more than the tolerance (learned); only "
+        "then are the frozen depths tested, one at a time from the least frozen to the most frozen, each at the "
+        "full level, and the sequence stops at the first depth not shown within — the advice is the last depth "
+        "shown within before it, the deeper ones are not tested (their estimates are given). 'Worse' and "
+        "'nothing learned' are Holm's step-down claims; every look a settle sweep took is paid for, most of the "
+        "error on its last look. Every claim of a group holds together at the stated confidence (family-wise); "
+        "Difference at least is the advised depth's own one-sided bound, at the sequence's level. No advice "
+        "from fewer than 3 trained pairs or from identical differences. Where something is open, Seeds to "
+        "decide is the budget that would decide it if the spread stays as it is. The sections below are its "
+        "evidence. In fs.decide(…).frame and report.decisions, each column has the name index.html prints "
+        "under its heading."
     )
     table = report.decisions[[c for c in DECISION_SHOWN if c in report.decisions]]
-    return Section("The decision", [intro, *report.decisions["sentence"]], [_shown(table, many)])
+    return Section(
+        "The decision",
+        [*report.decisions["sentence"], *_whole_split_lines(report.whole_split)],
+        [_shown(table, many)],
+        notes=[how],
+        headers=DECISION_HEADERS,
+    )
+
+
+def _whole_split_lines(whole_split: pd.Series) -> list[str]:
+    """Rows whose collapse test compared a sample's score with the whole split's baseline (stored before
+    baselines were measured on the evaluated rows): the one kind of collapse they can hide, named."""
+    return [
+        f"{sweep}: {n} ok row{'s were' if n != 1 else ' was'} scored on a max_eval_examples sample but stored "
+        "with the whole validation split's constant baseline (rows written before the baseline was measured on "
+        "the evaluated rows): a seed there that answered one class can be counted as trained (collapsed false). "
+        "A new sweep of the same grid measures both on the same rows."
+        for sweep, n in whole_split.items()
+    ]
 
 
 def _retained_section(report: Report, many: bool) -> Section:
@@ -243,7 +287,7 @@ def _retained_section(report: Report, many: bool) -> Section:
         for _, r in keeps.iterrows()
     ]
     intro = (
-        "Retained quality (score_k − baseline) / (score_0 − baseline) on the paired seeds' means, with a "
+        "Retained quality (score at k − baseline) / (score at k = 0 − baseline) on the paired seeds' means, with a "
         "bootstrap 95 % CI (seeds resampled as pairs)."
     )
     return Section("Retained quality", [intro, *lines], [_shown(report.retained, many)], "retained")
@@ -253,7 +297,7 @@ def _contrast_section(report: Report, tolerance: float, many: bool) -> Section:
     c = report.contrasts.dropna(subset=["narrower_pct"])
     how_much = _narrower_line(c["narrower_pct"]) if len(c) else "Too few paired seeds to compare CIs."
     intro = (
-        f"score_k − score_0 per seed (seeds are paired: same head init and batch order), its mean and Student-t "
+        f"Score at k − score at k = 0 per seed (seeds are paired: same head init and batch order), its mean and Student-t "
         f"95 % CI; the shaded band is ±{tolerance:g}."
     )
     return Section(
@@ -270,8 +314,8 @@ def _narrower_line(narrower_pct: pd.Series) -> str:
     if len(narrower_pct) == 1:
         return line + "."
     return (
-        line + f" (median over {len(narrower_pct)} contrasts; narrower_pct per contrast from "
-        f"{narrower_pct.min():.0f} to {narrower_pct.max():.0f}, negative where pairing widens it)."
+        line + f" (median over {len(narrower_pct)} contrasts; CI narrower by pairing per contrast from "
+        f"{narrower_pct.min():.0f} % to {narrower_pct.max():.0f} %, negative where pairing widens it)."
     )
 
 
@@ -361,27 +405,138 @@ def _shown(table: pd.DataFrame, many: bool) -> pd.DataFrame:
 
 
 # --- rendering ------------------------------------------------------------------------------------
+NBSP, NBHY = "\u00a0", "\u2011"  # a space and a hyphen a browser never breaks a line at
+
+# Each column as a reader is told it: words (the column's own name, which fs.decide, report.decisions and
+# `freezesweep query` use, is the HTML heading's second line and title). A column not named here is
+# headed by its name in words ("new_column" → "New column"), so a heading never is an identifier.
+HEADERS: dict[str, str] = {
+    "sweep": "Sweep",
+    "dataset": "Dataset",
+    "train_size": "Train size",
+    "model": "Model",
+    "method": "Method",
+    "variant": "Variant",
+    "metric": "Metric",
+    "baseline_seeds": "Seeds at k = 0",
+    "learned": "Full fine-tuning",
+    "frozen_layers": "Frozen layers k",
+    "lora_rank": "LoRA rank",
+    "seed": "Seed",
+    "seeds": "Seeds",
+    "pairs": "Paired seeds",
+    "n": "Runs",
+    "score": "Mean score",
+    "score_0": "Score at k = 0",
+    "score_k": "Score at k",
+    "mean_diff": "Mean difference",
+    "ci_low": "CI low",
+    "ci_high": "CI high",
+    "unpaired_ci_low": "Unpaired CI low",
+    "unpaired_ci_high": "Unpaired CI high",
+    "narrower_pct": "CI narrower by pairing",
+    "collapsed": "Collapsed seeds",
+    "collapse_upper": "Collapse rate at most",
+    "confidence": "Confidence",
+    "looks": "Looks",
+    "within": "Within tolerance",
+    "worse": "Worse",
+    "undecided": "Undecided",
+    "not_tested": "Not tested",
+    "decided_at_seeds": "Seeds to decide",
+    "baseline": "Constant baseline",
+    "retained": "Retained quality",
+    "k_retaining_90": "Largest k keeping 90 %",
+    "best_val_score": "Mean score",
+    "trainable_params": "Trainable parameters",
+    "train_time_s": "Train time",
+    "wall_time_s": "Wall time",
+    "peak_mem_mb": "Peak memory",
+    "params_saved_pct": "Parameters saved",
+    "time_saved_pct": "Train time saved",
+    "mem_saved_pct": "Peak memory saved",
+    "on_frontier": "On the frontier",
+    "best_in_method": "Best of its method",
+    "mean": "Mean",
+    "median": "Median",
+    "std": "Standard deviation",
+    "min": "Min",
+    "max": "Max",
+    "status": "Status",
+    "error": "Error",
+    "axis": "Axis",
+    "value": "Value",
+    "done": "Done",
+    "diverged": "Diverged",
+    "failed": "Failed",
+    "missing": "Missing",
+    "sentence": "Decision",
+}
+# The decision table's own words where a column means more there: the advice, and its bounds.
+DECISION_HEADERS = {
+    **HEADERS,
+    "frozen_layers": "Freeze k",
+    "ci_low": "Difference at least",
+    "ci_high": "Difference at most",
+}
+
+
+def header(column: str, headers: dict[str, str] = HEADERS) -> str:
+    return headers.get(column) or column.replace("_", " ").capitalize()
+
+
+@dataclass(frozen=True)
+class Shown:
+    """A table as it is read: cells as text with their units, each column's heading in words, and which
+    columns are numbers (right-aligned)."""
+
+    cells: pd.DataFrame
+    headers: list[str]
+    numeric: list[bool]
+
+
+def shown_table(table: pd.DataFrame, headers: dict[str, str] = HEADERS) -> Shown:
+    numeric = [table[c].dtype.kind in "iuf" or c in _RIGHT for c in table.columns]
+    return Shown(format_table(table), [header(c, headers) for c in table.columns], numeric)
+
+
 def format_table(table: pd.DataFrame) -> pd.DataFrame:
-    """Cells as strings, with the precision each unit deserves; missing values as '–'."""
+    """Cells as strings, with the precision each unit deserves and the unit itself (%, s, MB);
+    missing values as '–'."""
     shown = table.copy()
     for column in shown.columns:
         fmt = _format_for(column, shown[column])
         if fmt:
-            shown[column] = shown[column].map(lambda v, f=fmt: "–" if pd.isna(v) else f.format(v))
+            shown[column] = shown[column].map(lambda v, f=fmt: "–" if _missing(v) else f(v))
     return shown.fillna("–").astype(str)
 
 
-def _format_for(column: str, values: pd.Series) -> str | None:
+def _missing(value) -> bool:
+    return value is None or (not isinstance(value, str) and pd.isna(value))
+
+
+# Counts held as floats once a None joins them (nullable): shown as integers.
+_COUNTS = ("frozen_layers", "k_retaining_90", "lora_rank", "pairs", "looks", "baseline_seeds", "decided_at_seeds")
+_RIGHT = (*_COUNTS, "collapsed")  # numbers held as text ("0/3"), right-aligned with the others
+
+
+def _format_for(column: str, values: pd.Series):
     if column.endswith("_pct"):
-        return "{:.1f}"
+        return lambda v: f"{v:.1f} %"
+    if column == "collapse_upper" or column == "confidence":  # a share of seeds: as the sentence says it
+        return lambda v: f"{100 * v:.0f} %"
     if column.endswith("_s"):
-        return "{:.1f}"
-    if column.endswith("_mb") or column.endswith("params"):
-        return "{:,.0f}"
-    if column in ("frozen_layers", "k_retaining_90", "lora_rank", "pairs", "looks", "baseline_seeds"):
-        return "{:.0f}"  # nullable: pandas holds them as floats once a None joins
+        return lambda v: f"{v:,.1f} s"
+    if column.endswith("_mb"):
+        return lambda v: f"{v:,.0f} MB"
+    if column.endswith("params"):
+        return lambda v: f"{v:,.0f}"
+    if column in _COUNTS:
+        return lambda v: f"{v:.0f}"
+    if values.dtype.kind == "b":
+        return lambda v: "yes" if v else "no"
     if values.dtype.kind == "f":
-        return "{:.4f}"
+        return lambda v: f"{v:.4f}"
     return None
 
 
@@ -390,30 +545,39 @@ def render_markdown(title: str, report: Report) -> str:
     for section in report.sections:
         parts.append(f"## {section.title}")
         parts += section.paragraphs
-        parts += [
-            format_table(t).to_markdown(index=False, stralign="right", disable_numparse=True) for t in section.tables
-        ]
+        parts += [_markdown_table(shown_table(t, section.headers)) for t in section.tables]
+        parts += section.notes
         if section.figure in report.figures:
             parts.append(f"![{section.title}](figures/{section.figure}.png)")
     return "\n\n".join(parts) + "\n"
 
 
-# Wide tables scroll inside their own box (never the page) and their headers wrap at underscores' words.
+def _markdown_table(shown: Shown) -> str:
+    cells = shown.cells.set_axis(shown.headers, axis=1)
+    align = ["right" if n else "left" for n in shown.numeric]
+    return cells.to_markdown(index=False, colalign=align, disable_numparse=True)
+
+
+# Headings wrap between words only (never inside one: a column is as wide as its longest heading word);
+# a column's own name, the second line, may wrap after its underscores. Numbers right, text left; wide
+# tables scroll inside their own box, never the page.
 STYLE = """body{font-family:sans-serif;max-width:1400px;margin:1em auto;padding:0 1em;color:#222}
-table{border-collapse:collapse;font-size:13px;margin:0.5em 0 1em}td,th{border:1px solid #ccc;padding:2px 6px;
-text-align:right}th{background:#f0f0f0;max-width:7em;overflow-wrap:anywhere}img{max-width:100%;display:block;margin:0.5em 0}
-.table{overflow-x:auto;max-width:100%}.decision p{font-size:15px;background:#eef6ee;padding:4px 8px}"""
+table{border-collapse:collapse;font-size:13px;margin:0.5em 0 1em}td,th{border:1px solid #ccc;padding:2px 6px}
+th{background:#f0f0f0;vertical-align:bottom;text-align:left;font-weight:600;overflow-wrap:normal;word-break:normal}
+th.num,td.num{text-align:right}td.num{white-space:nowrap}th .column{display:block;font:10px monospace;color:#777;font-weight:normal}
+td{font-variant-numeric:tabular-nums}img{max-width:100%;display:block;margin:0.5em 0}
+.table{overflow-x:auto;max-width:100%}.decision p.answer{font-size:15px;background:#eef6ee;padding:4px 8px}
+p.note{color:#444;font-size:14px}"""
 
 
 def render_html(title: str, report: Report) -> str:
     body = [f"<h1>{html.escape(title)}</h1>"]
     for i, section in enumerate(report.sections):
+        lead = ' class="answer"' if i == 0 else ""  # the decision's sentences, the report's first lines
         body.append(f'<section class="{"decision" if i == 0 else "part"}"><h2>{html.escape(section.title)}</h2>')
-        body += [f"<p>{html.escape(p)}</p>" for p in section.paragraphs]
-        body += [
-            f'<div class="table">{format_table(t).to_html(index=False, border=0, escape=True)}</div>'
-            for t in section.tables
-        ]
+        body += [f"<p{lead}>{html.escape(p)}</p>" for p in section.paragraphs]
+        body += [_html_table(shown_table(t, section.headers), list(t.columns)) for t in section.tables]
+        body += [f'<p class="note">{html.escape(p)}</p>' for p in section.notes]
         if section.figure in report.figures:
             data = base64.b64encode(report.figures[section.figure]).decode()
             body.append(f'<img alt="{html.escape(section.title)}" src="data:image/png;base64,{data}">')
@@ -422,3 +586,24 @@ def render_html(title: str, report: Report) -> str:
         f'<!DOCTYPE html><html><head><meta charset="utf-8"><title>{html.escape(title)}</title>'
         f"<style>{STYLE}</style></head><body>{''.join(body)}</body></html>\n"
     )
+
+
+def _html_table(shown: Shown, columns: list[str]) -> str:
+    def cls(numeric: bool) -> str:
+        return ' class="num"' if numeric else ""
+
+    heads = "".join(
+        f'<th{cls(n)} title="column {html.escape(c)}"><span class="label">{html.escape(_held(h))}</span>'
+        f'<span class="column">{"_<wbr>".join(map(html.escape, c.split("_")))}</span></th>'
+        for c, h, n in zip(columns, shown.headers, shown.numeric)
+    )
+    rows = "".join(
+        "<tr>" + "".join(f"<td{cls(n)}>{html.escape(v)}</td>" for v, n in zip(row, shown.numeric)) + "</tr>"
+        for row in shown.cells.itertuples(index=False)
+    )
+    return f'<div class="table"><table><thead><tr>{heads}</tr></thead><tbody>{rows}</tbody></table></div>'
+
+
+def _held(label: str) -> str:
+    """A heading's phrases that must stay on one line: "k = 0", "90 %", "fine-tuning"."""
+    return label.replace(" = ", f"{NBSP}={NBSP}").replace(" %", f"{NBSP}%").replace("-", NBHY)

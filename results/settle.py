@@ -7,48 +7,39 @@ same seed shares head initialisation and batch order: trials/config.py), and ful
 the constant baseline (the majority class, the mean score), which says whether anything is learned at all.
 
 Two claims per arm, because fine-tuning's seeds are not normal: a seed either trains, or it collapses
-(its best evaluation scores exactly the constant baseline: it never left the constant predictor) or
-diverges (Mosbach et al. 2021, "On the Stability of Fine-tuning BERT"; Dodge et al. 2020). A Student-t
-interval over seeds with collapses among them covers far less often than it says (a collapse is rare
-enough to be missing from the first looks, large enough to move the mean), and no rule can bound a
-mean from ≤ 10 such seeds without an assumption. So:
+(its best evaluation scores exactly the constant baseline of the rows it was evaluated on) or diverges
+(Mosbach et al. 2021, "On the Stability of Fine-tuning BERT"; Dodge et al. 2020). So quality is decided
+on the seeds where both sides trained (a Student-t bound of the mean paired difference: "within the
+tolerance of full fine-tuning when it trains"), and stability is counted on every seed looked at, with
+an exact Clopper–Pearson upper bound on each arm's collapse rate.
 
-- quality is decided on the seeds where both sides trained ("within the tolerance of full fine-tuning
-  when it trains"): a Student-t bound of the mean paired difference;
-- stability is counted on every seed looked at (``Comparison.collapsed``), with an exact one-sided
-  Clopper–Pearson upper bound on the arm's collapse rate (``collapse_upper``). No assumption.
+Every printed claim of a group holds at once with probability ≥ ``confidence`` (family-wise), whatever
+the arms' dependence (they share the k = 0 runs) and whenever the sweep stops. α = 1 − confidence is
+spent where the advice needs it (docs/settle.md argues each step, with its source):
 
-Every claim is one-sided — "within" needs only the lower bound above −tolerance, "worse" only the upper
-bound below it, and a truth can contradict at most one of the two — and every claim holds with the others
-at once, by Bonferroni's inequality over looks and claims (weighted; repeated confidence intervals:
-Jennison & Turnbull 1989, JRSS-B 51:305–361), which needs no assumption on how the arms depend on each
-other (they share the k = 0 runs) or on the looks' spacing. Of the error α = 1 − confidence, per look
-(L: the most looks the budget allows, ``SettleRule.looks``; m: the group's comparisons, every arm of the
-grid whether or not it has run yet, and full fine-tuning against the baseline):
+- **Looks, paid unevenly.** Each claim has a p-value at its current look (its seed count on the
+  schedule); divided by that look's weight (``SettleRule.look_weights``: most on the last look, the
+  earlier ones O'Brien–Fleming-like, rising with their seeds) it is a valid p-value whenever the sweep
+  stops — Bonferroni over the looks, valid whatever their correlation (repeated confidence intervals,
+  Jennison & Turnbull 1989) — so every procedure below runs on these look-adjusted p-values.
+- **Serial gatekeeping and a fixed sequence** (CHAIN_SHARE of α). "Learned" (full fine-tuning's gain
+  over the constant baseline, when it trains, is above the tolerance) is tested first; only once it
+  holds are the frozen depths tested, "within the tolerance", one after the other from the least frozen
+  to the most frozen, each at the full share, stopping at the first not shown within (Maurer, Hothorn &
+  Lehmacher 1995; Westfall & Krishen 2001; Dmitrienko & Tamhane 2007). The advice — the last depth
+  shown within before the stop — needs no split across depths; the deeper ones are "not tested".
+- **Holm** (HOLM_SHARE) for the claims that are not sequential: "worse" for every arm (over every seed
+  looked at, collapses at their scores), "within" for LoRA ranks and the probe, and full fine-tuning's
+  "nothing learned" (its gain shown below the tolerance, or its collapse rate shown above 1/2)
+  (Holm 1979: step-down Bonferroni, valid under any dependence).
+- **Collapse bounds** (STABILITY_SHARE): one exact upper bound per arm, Bonferroni across arms — bounds
+  compatible with Holm are no narrower where a bound is reported for every arm (Strassburger & Bretz 2008).
 
-- QUALITY_SHARE · α / (L · m) to each quality bound: "within" (the lower bound, on trained pairs), and for
-  full fine-tuning "learned" and "nothing learned" (its gain's two bounds: at most one can be wrong);
-- WORSE_SHARE · α / (L · m) to each arm's "worse": the upper bound of its mean paired difference over every
-  seed looked at, collapses at their scores (an arm that mostly collapses is worse, though its trained
-  pairs are too few to say how it does when it trains; left-skewed differences make this upper bound
-  conservative, not liberal);
-- STABILITY_SHARE · α / (L · m) to each collapse upper bound;
-- NOTHING_SHARE · α / L to full fine-tuning's collapse lower bound (nothing learned: it collapses on
-  most seeds; one claim, so 10 of 10 seeds at the baseline settle it within a budget of 10).
-
-Every look is paid for: a comparison is looked at only at seed counts on its schedule (``SettleRule.
-schedule``: initial_seeds, then seeds_per_round more, up to max_seeds). When a failed seed (run again
-at the next launch) leaves it between two counts, the seeds beyond the last count it reached wait, so a
-look sees the same seeds as the one before and is no new look. A rule that changes on a sweep with rows
-is refused (orchestrator/checks.py): its past looks were paid at the old level.
-
-"Learned" and "nothing learned" never overlap: full fine-tuning has learned when its gain over the
-constant baseline, when it trains, is shown above the tolerance (its lower bound > tolerance); nothing is
-learned when it is shown below it (upper bound < tolerance), or when it is shown to collapse on most
-seeds (the lower bound of its collapse rate > 1/2: every seed at the baseline is such a fact, not an
-unknown spread). No decision from fewer than MIN_PAIRS trained pairs or from a quality bound of zero
-width (identical differences of trained seeds: their spread is not known, not zero), and no freezing
-advice where nothing is learned.
+Every look is paid for: a comparison is looked at only at seed counts on its schedule; a failed seed's
+gap waits for its re-run (the look sees the seeds of the last count reached). A rule that changes on a
+sweep with rows is refused (orchestrator/checks.py): its past looks were paid at the old level. No
+decision from fewer than MIN_PAIRS trained pairs or from a bound of zero width (identical differences:
+their spread is not known, not zero), and no freezing advice where nothing is learned.
 """
 
 from __future__ import annotations
@@ -56,21 +47,26 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import math
-from collections.abc import Collection, Mapping
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
 import numpy as np
 import pandas as pd
 
 MIN_PAIRS = 3
 FULL = "freeze k=0"  # the arm every other is compared with
-WITHIN, WORSE, UNDECIDED = "within", "worse", "undecided"
+WITHIN, WORSE, UNDECIDED, NOT_TESTED = "within", "worse", "undecided", "not tested"
 LEARNED, NOTHING_LEARNED = "learned", "nothing learned"
 COLUMNS = ["arm", "seed", "score", "baseline_score", "status", "collapsed"]  # collapsed: optional (derived)
 FINAL = ("ok", "diverged")  # a seed with one of these is looked at; others (failed, oom) run again
 COLLAPSE_ATOL = 1e-9  # a score this near its constant baseline is the constant predictor's
-QUALITY_SHARE, WORSE_SHARE, STABILITY_SHARE, NOTHING_SHARE = 0.5, 0.2, 0.15, 0.15  # of α: see the docstring
+# shares of α (the module docstring): the sequence of "within" (learned first), Holm over "worse" and the
+# other methods' "within", "nothing learned" (Holm over its two claims), the collapse bounds; where the grid
+# has LoRA ranks or the probe, OTHERS_SHARE moves from the sequence's share to Holm's, for their "within"
+WITHIN_SHARE, HOLM_SHARE, NOTHING_SHARE, STABILITY_SHARE = 0.45, 0.2, 0.3, 0.05
+OTHERS_SHARE = 0.1
+LAST_LOOK = 0.7  # the last look's weight; the earlier ones share the rest (SettleRule.look_weights)
+OBF_Z = 2.0  # the earlier looks' shape: O'Brien–Fleming's boundary z·sqrt(n_last / n) (docs/settle.md)
 
 
 @dataclass(frozen=True)
@@ -93,19 +89,49 @@ class SettleRule:
         """The most looks a group can take: one per seed count of the schedule."""
         return len(self.schedule)
 
-    def alphas(self, comparisons: int, looks: int | None = None) -> "Alphas":
-        """Each one-sided claim's error at each look: α shared by every look and every claim."""
-        alpha, looks = 1 - self.confidence, looks or self.looks
-        each = alpha / (looks * comparisons)
-        return Alphas(QUALITY_SHARE * each, WORSE_SHARE * each, STABILITY_SHARE * each, NOTHING_SHARE * alpha / looks)
+    @property
+    def look_weights(self) -> tuple[float, ...]:
+        """Each look's share of a claim's α (they sum to 1): LAST_LOOK to the last, so that a sweep run to
+        its budget pays little more than a fixed grid; the rest to the earlier looks in the proportions of
+        O'Brien–Fleming's one-sided boundary z·sqrt(n_last / n) (few seeds: a small share)."""
+        return look_weights(self.schedule)
+
+    def levels(self, arms: Collection[str]) -> Levels:
+        """The one-sided levels of a group whose grid has these arms (full fine-tuning aside)."""
+        arms = set(arms) - {FULL}
+        alpha = 1 - self.confidence
+        others = sum(1 for a in arms if not _is_freeze(a))
+        to_others = OTHERS_SHARE * alpha if others else 0.0
+        return Levels(
+            within=WITHIN_SHARE * alpha - to_others,
+            holm=HOLM_SHARE * alpha + to_others,
+            holm_family=len(arms) + others,  # "worse" of every arm, "within" of each other method's
+            nothing=NOTHING_SHARE * alpha,
+            stability=STABILITY_SHARE * alpha / (len(arms) + 1),
+        )
+
+
+def look_weights(schedule: Sequence[int]) -> tuple[float, ...]:
+    """Bonferroni weights over a schedule's looks: LAST_LOOK on the last, the rest O'Brien–Fleming-shaped."""
+    from scipy import special
+
+    if len(schedule) == 1:
+        return (1.0,)
+    tails = [float(special.ndtr(-OBF_Z * math.sqrt(schedule[-1] / n))) for n in schedule[:-1]]
+    return (*((1 - LAST_LOOK) * t / sum(tails) for t in tails), LAST_LOOK)
 
 
 @dataclass(frozen=True)
-class Alphas:
-    quality: float  # each quality bound's (one-sided)
-    worse: float  # each arm's "worse" bound's (over every seed looked at)
-    stability: float  # each collapse upper bound's
-    nothing: float  # full fine-tuning's collapse lower bound's
+class Levels:
+    """A group's one-sided levels before the looks' weights: each claim of the "within" sequence (learned
+    first), Holm's over "worse" and the other methods' "within" (and how many claims it holds), the pair of
+    "nothing learned" claims', each collapse bound's."""
+
+    within: float
+    holm: float
+    holm_family: int
+    nothing: float
+    stability: float
 
 
 @dataclass(frozen=True)
@@ -113,19 +139,23 @@ class Comparison:
     arm: str  # e.g. "freeze k=3", "lora r=8", "probe"; "learned" for full fine-tuning against the baseline
     pairs: int  # seeds where both sides trained: the quality bound's
     mean: float  # mean paired difference over them (arm − full fine-tuning; full fine-tuning − baseline)
-    low: float  # its one-sided bounds, each at the claim level (NaN: none yet)
+    low: float  # its one-sided bounds, each at ``level`` (NaN: none yet)
     high: float
-    # within / worse / undecided; for full fine-tuning against the baseline: nothing learned, learned, undecided
+    # within / worse / undecided / not tested; for full fine-tuning against the baseline: nothing learned,
+    # learned, undecided
     decision: str
-    why: str = ""  # why undecided, or why nothing learned
+    why: str = ""  # why undecided or not tested, or why nothing learned
     seeds: int = 0  # seeds looked at (trained or not): the collapse count's denominator
     collapsed: int = 0  # of them, where the arm (full fine-tuning, for "learned") collapsed or diverged
-    collapse_upper: float = math.nan  # exact one-sided upper bound of its collapse rate, at the claim level
+    collapse_upper: float = math.nan  # exact one-sided upper bound of its collapse rate, at its level
     collapse_lower: float = math.nan  # the lower one (full fine-tuning's only: nothing learned)
     score: float = math.nan  # the arm's mean score over the trained pairs (full fine-tuning: over its trained seeds)
     reference: float = math.nan  # full fine-tuning's over the same pairs (the baseline's, for "learned")
     mean_all: float = math.nan  # the mean paired difference over every seed looked at, collapses included
     high_all: float = math.nan  # its upper bound ("worse" when below −tolerance)
+    level: float = math.nan  # the one-sided level its quality bounds were computed at (this look's)
+    clears: bool = False  # its own "within" bound clears the boundary (a claim once its sequence reaches it)
+    clears_worse: bool = False  # its own "worse" bound does
 
     def nearness(self, tolerance: float) -> float:
         """How near deciding it is: its mean's distance from the boundary (−tolerance) in half-widths of
@@ -136,196 +166,367 @@ class Comparison:
         return abs(self.mean + tolerance) / half if half > 0 else 0.0
 
 
+_NONE = Comparison("", 0, math.nan, math.nan, math.nan, UNDECIDED)  # an arm with no rows yet
+
+
 @dataclass(frozen=True)
 class GroupDecision:
     learned: Comparison
-    arms: tuple[Comparison, ...]
+    arms: tuple[Comparison, ...]  # the arms with rows, in the sequence's order (least frozen first)
     seeds: int  # seeds of full fine-tuning so far (an arm's own pairs: Comparison.pairs)
-    advice: str | None = None  # the most-frozen arm within the tolerance (None: no advice)
+    advice: str | None = None  # the last depth shown within before the sequence stopped (None: no advice)
     excluded: dict[str, int] = field(default_factory=dict)  # status -> rows left out (failed, diverged, …)
-    alphas: Alphas | None = None  # each claim's error (a quality bound holds at 1 − alphas.quality)
+    levels: Levels | None = None
+    stopped_at: str | None = None  # the depth the "within" sequence stopped at (None: it passed every depth)
+
+
+# --- the data of one comparison ------------------------------------------------------------------
+@dataclass(frozen=True)
+class _Seeds:
+    """One arm's final rows by seed: its score where it trained (NaN where it collapsed or diverged), its
+    score as looked at (a diverged seed at its baseline), and its constant baseline."""
+
+    trained: dict[int, float]
+    every: dict[int, float]
+    baseline: dict[int, float]
+
+
+def _by_arm(group: pd.DataFrame) -> dict[str, _Seeds]:
+    final = group[group["status"].isin(FINAL)]
+    ok = (final["status"] == "ok").to_numpy()
+    score, base = final["score"].to_numpy(dtype=float), final["baseline_score"].to_numpy(dtype=float)
+    recorded = final["collapsed"].astype("boolean").fillna(False).to_numpy(dtype=bool)
+    trained = ok & ~recorded & ~(np.abs(score - base) <= COLLAPSE_ATOL)
+    looked = np.where(ok, score, base)  # diverged: no better than the constant predictor
+    out: dict[str, _Seeds] = {}
+    for arm, seed, t, s, e, b in zip(final["arm"], final["seed"], trained, score, looked, base):
+        seeds = out.setdefault(arm, _Seeds({}, {}, {}))
+        seeds.trained[int(seed)] = s if t else math.nan
+        seeds.every[int(seed)] = e
+        seeds.baseline[int(seed)] = b
+    return out
+
+
+def _looked(seeds: Collection[int], schedule: tuple[int, ...] | None) -> tuple[list[int], int]:
+    """The seeds a look sees and its index on the schedule: the lowest seeds, as many as the last count
+    of the schedule reached (a failed seed's gap waits for its re-run). Index −1: no look yet."""
+    ordered = sorted(seeds)
+    if schedule is None:
+        return ordered, 0
+    reached = [i for i, n in enumerate(schedule) if n <= len(ordered)]
+    return (ordered[: schedule[reached[-1]]], reached[-1]) if reached else ([], -1)
+
+
+# --- the statistics -------------------------------------------------------------------------------
+def _t_bounds(diffs: np.ndarray, level: float) -> tuple[float, float, float]:
+    """The mean and its one-sided lower and upper Student-t bounds, each at 1 − level."""
+    from scipy import special
+
+    mean = float(diffs.mean()) if len(diffs) else math.nan
+    if len(diffs) < 2 or not level > 0:
+        return mean, math.nan, math.nan
+    half = float(special.stdtrit(len(diffs) - 1, 1 - level) * diffs.std(ddof=1) / math.sqrt(len(diffs)))
+    return mean, mean - half, mean + half
+
+
+def _t_pvalue(diffs: np.ndarray, boundary: float, above: bool) -> float:
+    """One-sided p-value that the mean is above (``above``) or below ``boundary``; 1 where nothing can be
+    claimed (fewer than MIN_PAIRS, or identical differences: their spread is unknown)."""
+    from scipy import special
+
+    if len(diffs) < MIN_PAIRS:
+        return 1.0
+    spread = diffs.std(ddof=1)
+    if not spread > COLLAPSE_ATOL:  # equal up to rounding: scores differ in the last bits only
+        return 1.0
+    t = (diffs.mean() - boundary) / (spread / math.sqrt(len(diffs)))
+    return float(special.stdtr(len(diffs) - 1, -t if above else t))
+
+
+def collapse_bounds(collapsed: int, seeds: int, alpha: float) -> tuple[float, float]:
+    """Exact (Clopper–Pearson) one-sided lower and upper bounds of a collapse rate, each at 1 − alpha."""
+    from scipy import special
+
+    if seeds == 0:
+        return 0.0, 1.0
+    lower = 0.0 if collapsed == 0 else float(special.betaincinv(collapsed, seeds - collapsed + 1, alpha))
+    upper = 1.0 if collapsed == seeds else float(special.betaincinv(collapsed + 1, seeds - collapsed, 1 - alpha))
+    return lower, upper
+
+
+def _most_collapse_pvalue(collapsed: int, seeds: int) -> float:
+    """Exact p-value that more than half the seeds collapse: P(X ≥ collapsed | seeds, 1/2)."""
+    from scipy import special
+
+    return 1.0 if collapsed == 0 else float(special.bdtrc(collapsed - 1, seeds, 0.5))
+
+
+def holm(pvalues: Mapping[str, float], alpha: float, family: int) -> tuple[set[str], dict[str, float]]:
+    """Holm's step-down over a family of ``family`` claims (those not in ``pvalues`` have no data: p = 1):
+    the claims shown, and the level each was tested at (a claim not shown: the level of the step that
+    stopped; Holm 1979)."""
+    shown: set[str] = set()
+    levels: dict[str, float] = {}
+    ordered = sorted(pvalues, key=pvalues.get)
+    for step, name in enumerate(ordered):
+        levels[name] = alpha / (family - step)
+        if pvalues[name] > levels[name]:
+            stop = levels[name]
+            levels.update({rest: stop for rest in ordered[step:]})
+            return shown, levels
+        shown.add(name)
+    return shown, levels
 
 
 def interval(diffs: np.ndarray, level: float) -> tuple[float, float, float]:
     """Mean and two-sided Student-t interval at ``level``; NaN bounds from fewer than two values.
     (A one-sided bound at 1 − a is the two-sided interval's at 1 − 2a.)"""
-    from scipy import stats  # deferred on purpose: the spec's layer imports this module (SettleRule), scipy is slow
-
-    diffs = np.asarray(diffs, dtype=float)
-    mean = float(diffs.mean()) if len(diffs) else math.nan
-    if len(diffs) < 2:
-        return mean, math.nan, math.nan
-    half = float(stats.t.ppf(1 - (1 - level) / 2, len(diffs) - 1) * diffs.std(ddof=1) / math.sqrt(len(diffs)))
-    return mean, mean - half, mean + half
+    return _t_bounds(np.asarray(diffs, dtype=float), (1 - level) / 2)
 
 
-def collapse_bounds(collapsed: int, seeds: int, alpha: float) -> tuple[float, float]:
-    """Exact (Clopper–Pearson) one-sided lower and upper bounds of a collapse rate, each at 1 − alpha."""
-    from scipy import stats
+# --- one group's decisions ------------------------------------------------------------------------
+@dataclass(frozen=True)
+class _Look:
+    """What one comparison's current look sees: its seeds, its weight, the trained differences, every
+    seed's difference (collapses at their scores), and the means beside them."""
 
-    if seeds == 0:
-        return 0.0, 1.0
-    lower = 0.0 if collapsed == 0 else float(stats.beta.ppf(alpha, collapsed, seeds - collapsed + 1))
-    upper = 1.0 if collapsed == seeds else float(stats.beta.ppf(1 - alpha, collapsed + 1, seeds - collapsed))
-    return lower, upper
+    seeds: list[int]
+    weight: float  # this look's share of the claim's α (0: no look yet)
+    diffs: np.ndarray
+    all_diffs: np.ndarray
+    collapsed: int
+    score: float
+    reference: float
+
+
+def _gain_look(full: _Seeds | None, schedule, weights) -> _Look:
+    seeds, look = _looked(full.trained if full else (), schedule)
+    trained = [s for s in seeds if not math.isnan(full.trained[s])]
+    mine = np.array([full.trained[s] for s in trained]) if trained else np.array([])
+    base = np.array([full.baseline[s] for s in trained]) if trained else np.array([])
+    return _Look(
+        seeds,
+        weights[look] if look >= 0 else 0.0,
+        mine - base,
+        np.array([]),
+        len(seeds) - len(trained),
+        float(mine.mean()) if trained else math.nan,
+        float(base.mean()) if trained else math.nan,
+    )
+
+
+def _pair_look(arm: _Seeds, full: _Seeds | None, schedule, weights) -> _Look:
+    seeds, look = _looked(arm.trained.keys() & (full.trained.keys() if full else set()), schedule)
+    both = [s for s in seeds if not (math.isnan(arm.trained[s]) or math.isnan(full.trained[s]))]
+    mine = np.array([arm.trained[s] for s in both])
+    theirs = np.array([full.trained[s] for s in both])
+    every = np.array([arm.every[s] - full.every[s] for s in seeds])
+    return _Look(
+        seeds,
+        weights[look] if look >= 0 else 0.0,
+        mine - theirs,
+        every,
+        sum(1 for s in seeds if math.isnan(arm.trained[s])),
+        float(mine.mean()) if both else math.nan,
+        float(theirs.mean()) if both else math.nan,
+    )
+
+
+def _pvalues(gain: _Look, looks: Mapping[str, _Look], tolerance: float) -> dict[str, float]:
+    """Every claim's look-adjusted p-value (its p-value over its look's weight, at most 1): "learned",
+    "nothing: gain", "nothing: collapse", "worse: ARM" and "within: ARM"."""
+
+    def adjusted(p: float, look: _Look) -> float:
+        return min(1.0, p / look.weight) if look.weight > 0 else 1.0
+
+    p = {
+        "learned": adjusted(_t_pvalue(gain.diffs, tolerance, above=True), gain),
+        "nothing: gain": adjusted(_t_pvalue(gain.diffs, tolerance, above=False), gain),
+        "nothing: collapse": adjusted(_most_collapse_pvalue(gain.collapsed, len(gain.seeds)), gain),
+    }
+    for arm, look in looks.items():
+        p[f"within: {arm}"] = adjusted(_t_pvalue(look.diffs, -tolerance, above=True), look)
+        worse = _t_pvalue(look.all_diffs, -tolerance, above=False) if len(look.all_diffs) >= MIN_PAIRS else 1.0
+        p[f"worse: {arm}"] = adjusted(worse, look)
+    return p
 
 
 def decide(
-    group: pd.DataFrame, rule: SettleRule, looks: int | None = None, comparisons: int | None = None
+    group: pd.DataFrame, rule: SettleRule, looks: int | None = None, arms: Collection[str] = ()
 ) -> GroupDecision:
     """One group's decisions from its rows (columns: arm, seed, score, baseline_score, status; optional
-    collapsed, else a score at its baseline is a collapse). ``looks``: how many looks the claims must
-    survive (default: the rule's; 1 for a fixed grid, whose rows are then read whole); ``comparisons``:
-    how many the confidence is shared by — the grid's arms, full fine-tuning's check against the baseline
-    among them (default: those with rows). Learned first runs full fine-tuning alone at first: its claims
-    must not take the whole confidence because the arms have no rows yet."""
+    collapsed, else a score at its baseline is a collapse). ``looks``: 1 for a fixed grid, read once and
+    whole (default: the rule's schedule); ``arms``: the grid's arms, those without rows yet included —
+    a sequence cannot pass a depth that has not run, and Holm's family counts every other method's claims."""
     group = group.reindex(columns=COLUMNS)  # also no rows yet
     excluded = group[group["status"] != "ok"]["status"].value_counts().to_dict()
-    final = group[group["status"].isin(FINAL)]
-    trained = final[(final["status"] == "ok") & ~_collapsed(final)]
-    scores = trained.pivot(index="seed", columns="arm", values="score") if len(trained) else pd.DataFrame()
-    as_scored = final.assign(
-        score=final["score"].where(final["status"] == "ok", final["baseline_score"])
-    )  # diverged: no better
-    every = as_scored.pivot(index="seed", columns="arm", values="score") if len(final) else pd.DataFrame()
-    seen = {arm: set(s) for arm, s in final.groupby("arm")["seed"]} if len(final) else {}
-    arms = [a for a in seen if a != FULL]
-    looks = looks or rule.looks
-    alphas = rule.alphas(max(comparisons or 0, len(arms) + 1), looks)
-    schedule = rule.schedule if looks > 1 else None  # a fixed grid is read once, whole
-    baseline = final.groupby("seed")["baseline_score"].first()
-    learned = _learned(_looked(seen.get(FULL, set()), schedule), scores, baseline, alphas, rule.tolerance)
+    by_arm = _by_arm(group)
+    grid = sorted((set(arms) | set(by_arm)) - {FULL}, key=_order)
+    levels = rule.levels(grid)
+    schedule = rule.schedule if (looks or rule.looks) > 1 else None  # a fixed grid is read once, whole
+    weights = rule.look_weights if schedule else (1.0,)
+    gain = _gain_look(by_arm.get(FULL), schedule, weights)
+    pairs = {arm: _pair_look(by_arm[arm], by_arm.get(FULL), schedule, weights) for arm in grid if arm in by_arm}
+    p = _pvalues(gain, pairs, rule.tolerance)
+    shown, at = _holm_claims(p, levels)
+    learned = _learned(gain, p, shown, at, levels)
+    depths = [a for a in grid if _is_freeze(a)]
+    within, stopped_at = _sequence(["learned", *depths], p, levels.within)
+    if learned.decision != LEARNED:
+        within, stopped_at = set(), None  # the gatekeeper: no depth is tested before "learned" holds
+    shown |= {f"within: {a}" for a in within}
     compared = tuple(
-        _arm(arm, _looked(seen[arm] & seen.get(FULL, set()), schedule), scores, every, alphas, rule.tolerance)
-        for arm in sorted(arms)
+        _arm(arm, pairs[arm], p, shown, at, levels, _state(arm, learned, shown, stopped_at, depths))
+        for arm in grid
+        if arm in pairs
     )
-    within = [c.arm for c in compared if c.decision == WITHIN and c.arm.startswith("freeze")]
-    advice = max(within, key=_depth) if within and learned.decision == LEARNED else None
-    return GroupDecision(learned, compared, len(seen.get(FULL, ())), advice, excluded, alphas)
+    compared = tuple(_stuck_why(c, levels, rule.tolerance) for c in compared)
+    advice = [c.arm for c in compared if c.decision == WITHIN and _is_freeze(c.arm)]
+    seeds = len(by_arm[FULL].trained) if FULL in by_arm else 0
+    return GroupDecision(learned, compared, seeds, advice[-1] if advice else None, excluded, levels, stopped_at)
 
 
-def _collapsed(rows: pd.DataFrame) -> pd.Series:
-    """A row's collapse: recorded, else a score exactly at its constant baseline; a diverged row did not train either."""
-    at_baseline = (rows["score"] - rows["baseline_score"]).abs() <= COLLAPSE_ATOL
-    recorded = rows["collapsed"].astype("boolean").fillna(False).astype(bool)
-    return recorded | at_baseline | (rows["status"] != "ok")
+def _sequence(order: Sequence[str], p: Mapping[str, float], level: float) -> tuple[set[str], str | None]:
+    """The fixed sequence (Maurer, Hothorn & Lehmacher 1995): "learned" first (the gatekeeper), then each
+    depth's "within", each at the full ``level``, up to the first not shown — the depths shown, and the one
+    it stopped at (None: it passed them all)."""
+    shown: set[str] = set()
+    for arm in order:
+        if p.get("learned" if arm == "learned" else f"within: {arm}", 1.0) > level:
+            return shown - {"learned"}, arm
+        shown.add(arm)
+    return shown - {"learned"}, None
 
 
-def _looked(seeds: set[int], schedule: tuple[int, ...] | None) -> list[int]:
-    """The seeds a look sees: the lowest ones, as many as the last count of the schedule reached (a
-    failed seed's gap waits for its re-run instead of making a look off the schedule)."""
-    ordered = sorted(seeds)
-    if schedule is None:
-        return ordered
-    reached = max((n for n in schedule if n <= len(ordered)), default=0)
-    return ordered[:reached]
+def _holm_claims(p: Mapping[str, float], levels: Levels) -> tuple[set[str], dict[str, float]]:
+    """Holm's step-down over the pair of "nothing learned" claims, and over "worse" of every arm with the
+    other methods' "within" (LoRA ranks, the probe): the claims shown, and each one's level."""
+    nothing = {k: v for k, v in p.items() if k.startswith("nothing")}
+    rest = {
+        k: v for k, v in p.items() if k.startswith("worse") or (k.startswith("within") and not _is_freeze(_arm_of(k)))
+    }
+    shown_nothing, at_nothing = holm(nothing, levels.nothing, 2)
+    shown_rest, at_rest = holm(rest, levels.holm, max(levels.holm_family, 1))
+    return shown_nothing | shown_rest, {**at_nothing, **at_rest}
+
+
+def _arm_of(claim: str) -> str:
+    return claim.split(": ", 1)[1]
+
+
+def _state(
+    arm: str, learned: Comparison, shown: set[str], stopped_at: str | None, depths: list[str]
+) -> tuple[str, str]:
+    """An arm's decision before "worse": within, undecided (where the sequence stopped, or an other
+    method not shown within) or not tested (deeper than the stop, or before "learned" holds)."""
+    if f"within: {arm}" in shown and learned.decision == LEARNED:
+        return WITHIN, ""
+    if learned.decision != LEARNED:
+        return NOT_TESTED, "full fine-tuning is not shown to learn"
+    if _is_freeze(arm) and stopped_at is not None and depths.index(arm) > depths.index(stopped_at):
+        return NOT_TESTED, f"the sequence stopped at {stopped_at}"
+    return UNDECIDED, ""
 
 
 def _learned(
-    seeds: list[int], scores: pd.DataFrame, baseline: pd.Series, alphas: Alphas, tolerance: float
+    gain: _Look, p: Mapping[str, float], shown: set[str], at: Mapping[str, float], levels: Levels
 ) -> Comparison:
-    full = scores[FULL].reindex(seeds).dropna() if FULL in scores else pd.Series(dtype=float)
-    diffs = (full - baseline.reindex(full.index)).to_numpy()
-    collapsed = len(seeds) - len(full)
-    lower, _ = collapse_bounds(collapsed, len(seeds), alphas.nothing)
-    _, upper = collapse_bounds(collapsed, len(seeds), alphas.stability)
-    mean, low, high = _bounds(diffs, alphas.quality)
-    facts: dict[str, Any] = dict(
-        seeds=len(seeds),
-        collapsed=collapsed,
-        collapse_upper=upper,
-        collapse_lower=lower,
-        score=float(full.mean()) if len(full) else math.nan,
-        reference=float(baseline.reindex(full.index).mean()) if len(full) else math.nan,
-    )
-    if lower > 0.5:  # shown: it collapses on most seeds (every seed at the baseline is such a fact)
-        return Comparison(
-            "learned",
-            len(diffs),
-            mean,
-            low,
-            high,
-            NOTHING_LEARNED,
-            "full fine-tuning collapses to the constant predictor on most seeds",
-            **facts,
-        )
-    decision, why = _quality(diffs, low, high, learned=True, tolerance=tolerance)
-    return Comparison("learned", len(diffs), mean, low, high, decision, why, **facts)
-
-
-def _arm(
-    arm: str, seeds: list[int], scores: pd.DataFrame, every: pd.DataFrame, alphas: Alphas, tolerance: float
-) -> Comparison:
-    mine = scores[arm].reindex(seeds) if arm in scores else pd.Series(math.nan, index=seeds)
-    full = scores[FULL].reindex(seeds) if FULL in scores else pd.Series(math.nan, index=seeds)
-    both = mine.notna() & full.notna()
-    diffs = (mine[both] - full[both]).to_numpy()
-    _, upper = collapse_bounds(int(mine.isna().sum()), len(seeds), alphas.stability)
-    mean, low, high = _bounds(diffs, alphas.quality)
-    all_diffs = (
-        (every[arm].reindex(seeds) - every[FULL].reindex(seeds)).dropna().to_numpy() if FULL in every else np.array([])
-    )
-    mean_all, low_all, high_all = _bounds(all_diffs, alphas.worse)
-    decision, why = _quality(diffs, low, high, learned=False, tolerance=tolerance)
-    if decision != WITHIN:  # worse: over every seed looked at, collapses included
-        worse, _ = _quality(all_diffs, low_all, high_all, learned=False, tolerance=tolerance)
-        decision, why = (WORSE, "") if worse == WORSE else (UNDECIDED, why)
+    w = gain.weight
+    mean, low, _ = _t_bounds(gain.diffs, levels.within * w)
+    _, _, high = _t_bounds(gain.diffs, at["nothing: gain"] * w)
+    lower, _ = collapse_bounds(gain.collapsed, len(gain.seeds), at["nothing: collapse"] * w)
+    _, upper = collapse_bounds(gain.collapsed, len(gain.seeds), levels.stability * w)
+    if "nothing: collapse" in shown:  # shown: it collapses on most seeds (every seed at the baseline is such a fact)
+        decision, why = NOTHING_LEARNED, "full fine-tuning collapses to the constant predictor on most seeds"
+    elif p["learned"] <= levels.within:
+        decision, why = LEARNED, ""
+    elif "nothing: gain" in shown:
+        decision, why = NOTHING_LEARNED, "its gain when it trains is below the tolerance"
+    else:
+        decision, why = UNDECIDED, _open_why(gain)
     return Comparison(
-        arm,
-        len(diffs),
+        "learned",
+        len(gain.diffs),
         mean,
         low,
         high,
         decision,
         why,
-        seeds=len(seeds),
-        collapsed=int(mine.isna().sum()),
+        seeds=len(gain.seeds),
+        collapsed=gain.collapsed,
         collapse_upper=upper,
-        mean_all=mean_all,
-        high_all=high_all,
-        score=float(mine[both].mean()) if both.any() else math.nan,
-        reference=float(full[both].mean()) if both.any() else math.nan,
+        collapse_lower=lower,
+        score=gain.score,
+        reference=gain.reference,
+        level=levels.within * w,
+        clears=decision == LEARNED,
     )
 
 
-def _bounds(diffs: np.ndarray, alpha: float) -> tuple[float, float, float]:
-    """The mean and its one-sided lower and upper Student-t bounds, each at 1 − alpha."""
-    return interval(diffs, 1 - 2 * alpha)
+def _arm(
+    arm: str,
+    look: _Look,
+    p: Mapping[str, float],
+    shown: set[str],
+    at: Mapping[str, float],
+    levels: Levels,
+    state: tuple[str, str],
+) -> Comparison:
+    w, freeze = look.weight, _is_freeze(arm)
+    within_level = levels.within if freeze else at[f"within: {arm}"]
+    worse_level = at[f"worse: {arm}"]
+    mean, low, high = _t_bounds(look.diffs, within_level * w)
+    mean_all, _, high_all = _t_bounds(look.all_diffs, worse_level * w)
+    _, upper = collapse_bounds(look.collapsed, len(look.seeds), levels.stability * w)
+    decision, why = state
+    if decision != WITHIN and f"worse: {arm}" in shown:  # over every seed looked at, collapses included
+        decision, why = WORSE, ""
+    elif decision == UNDECIDED and not why:
+        why = _open_why(look)
+    return Comparison(
+        arm,
+        len(look.diffs),
+        mean,
+        low,
+        high,
+        decision,
+        why,
+        seeds=len(look.seeds),
+        collapsed=look.collapsed,
+        collapse_upper=upper,
+        score=look.score,
+        reference=look.reference,
+        mean_all=mean_all,
+        high_all=high_all,
+        level=within_level * w,
+        clears=p[f"within: {arm}"] <= within_level,
+        clears_worse=p[f"worse: {arm}"] <= worse_level,
+    )
 
 
-def _quality(diffs: np.ndarray, low: float, high: float, learned: bool, tolerance: float) -> tuple[str, str]:
-    if len(diffs) < MIN_PAIRS:
-        return UNDECIDED, f"fewer than {MIN_PAIRS} seeds where both sides trained"
-    if high - low <= 0:
-        return UNDECIDED, "identical differences: their spread is unknown"
-    boundary = tolerance if learned else -tolerance  # one boundary: the two claims cannot overlap
-    if low > boundary:
-        return (LEARNED if learned else WITHIN), ""
-    if high < boundary:
-        return (NOTHING_LEARNED if learned else WORSE), (
-            "its gain when it trains is below the tolerance" if learned else ""
-        )
-    return UNDECIDED, "the bounds straddle the boundary"
+def _open_why(look: _Look) -> str:
+    if look.weight == 0:
+        return "no look yet"
+    if len(look.diffs) < MIN_PAIRS:
+        return f"fewer than {MIN_PAIRS} seeds where both sides trained"
+    if not look.diffs.std(ddof=1) > COLLAPSE_ATOL:
+        return "identical differences: their spread is unknown"
+    return "the bounds straddle the boundary"
 
 
-def seeds_to_decide(c: Comparison, rule: SettleRule, comparisons: int, most: int = 100) -> int | None:
-    """The smallest budget (max_seeds of a new sweep, its looks and claims paid anew) whose last look would
-    decide ``c`` if its mean, its spread and its share of trained seeds stayed as they are: what to ask
-    ``freezesweep plan`` to price. None: undecidable so (its mean on the boundary, too few pairs) or above ``most``."""
-    from scipy import stats
+def _is_freeze(arm: str) -> bool:
+    return arm.startswith("freeze")
 
-    if c.pairs < 2 or math.isnan(c.low) or c.seeds == 0:
-        return None
-    spread = (c.mean - c.low) / stats.t.ppf(1 - rule.alphas(comparisons).quality, c.pairs - 1) * math.sqrt(c.pairs)
-    gap = abs(c.mean - (rule.tolerance if c.arm == "learned" else -rule.tolerance))
-    if spread <= 0 or gap == 0:
-        return None
-    for budget in range(max(rule.max_seeds, rule.initial_seeds) + 1, most + 1):
-        trained = budget * c.pairs / c.seeds
-        alpha = dataclasses.replace(rule, max_seeds=budget).alphas(comparisons).quality
-        if trained >= 2 and stats.t.ppf(1 - alpha, trained - 1) * spread / math.sqrt(trained) < gap:
-            return budget
-    return None
+
+def _depth(arm: str) -> float:
+    """How much a freeze arm freezes: k = -1 (embeddings only) sits between 0 and 1."""
+    k = int(arm.split("=", 1)[1])
+    return 0.5 if k == -1 else float(k)
+
+
+def _order(arm: str) -> tuple:
+    """The sequence's order: frozen depths from the least frozen, then the other methods by name."""
+    return (0, _depth(arm), arm) if _is_freeze(arm) else (1, 0.0, arm)
 
 
 def variant_label(method: str, frozen_layers, lora_rank) -> str:
@@ -337,10 +538,50 @@ def variant_label(method: str, frozen_layers, lora_rank) -> str:
     return method
 
 
-def _depth(arm: str) -> float:
-    """How much a freeze arm freezes: k = -1 (embeddings only) sits between 0 and 1."""
-    k = int(arm.split("=", 1)[1])
-    return 0.5 if k == -1 else float(k)
+# --- what to run next, and what would decide it ---------------------------------------------------
+def open_arms(decision: GroupDecision, arms: Collection[str], tolerance: float) -> list[str]:
+    """The grid's arms (full fine-tuning aside) whose seeds could still change the advice: along the
+    "within" sequence, every depth whose own bound does not clear yet, up to the first one that is worse
+    by its own bound or hopeless (``_hopeless``): it runs no more seeds, so the sequence never passes it
+    and the depths behind it are not tested; the other methods while undecided. Nothing where nothing is
+    learned. Which seeds run is no claim: only the claims' levels are paid for (their looks), so this
+    may stop early on an estimate."""
+    if decision.learned.decision == NOTHING_LEARNED:
+        return []
+    compared = {c.arm: c for c in decision.arms}
+    out = [a for a in arms if not _is_freeze(a) and compared.get(a, _NONE).decision not in (WITHIN, WORSE)]
+    for arm in sorted((a for a in set(arms) - {FULL} if _is_freeze(a)), key=_order):
+        c = compared.get(arm, _NONE)
+        if c.clears:
+            continue
+        if c.clears_worse or _hopeless(c, decision.levels, tolerance):
+            break  # stuck here: no more seeds for it or the depths behind it
+        out.append(arm)
+    return sorted(out, key=_order)
+
+
+def _stuck_why(c: Comparison, levels: Levels, tolerance: float) -> Comparison:
+    """An undecided depth that runs no more seeds (``open_arms``) says so, with why."""
+    if c.decision != UNDECIDED or not _is_freeze(c.arm):
+        return c
+    if c.clears_worse:
+        return dataclasses.replace(c, why="worse by its own bound, not yet by Holm's: it runs no more seeds")
+    if _hopeless(c, levels, tolerance):
+        return dataclasses.replace(
+            c, why=f"its seeds so far put it well below −{tolerance:g} when it trains: it runs no more seeds"
+        )
+    return c
+
+
+def _hopeless(c: Comparison, levels: Levels, tolerance: float) -> bool:
+    """Not within when it trains, by its upper bound at the level of a last look (the least it will be
+    asked): more of its seeds would almost surely not move it above −tolerance."""
+    from scipy import special
+
+    if c.pairs < MIN_PAIRS or not c.level > 0 or math.isnan(c.low):
+        return False
+    spread = (c.mean - c.low) / special.stdtrit(c.pairs - 1, 1 - c.level)  # the standard error
+    return c.mean + special.stdtrit(c.pairs - 1, 1 - levels.within * LAST_LOOK) * spread < -tolerance
 
 
 def next_round(
@@ -348,19 +589,18 @@ def next_round(
 ) -> list[tuple[str, int]]:
     """The (arm, seed) cells the next round runs for this group (``arms``: the group's arms in the grid,
     full fine-tuning aside; ``seeds_done``: per arm, full fine-tuning included, the seeds it has a row
-    for). Nothing when the group is settled (nothing learned, or every arm of the grid decided) or at
-    its budget. Each arm moves along one schedule of seed counts — ``initial_seeds``, then
-    ``seeds_per_round`` more per round, never past ``max_seeds`` — so no comparison is looked at more
-    often than ``rule.looks`` allows, whatever the order.
+    for). Nothing when the group is settled (nothing learned, or no arm left that could change the
+    answer: ``open_arms``) or at its budget. Each arm moves along one schedule of seed counts —
+    ``initial_seeds``, then ``seeds_per_round`` more per round, never past ``max_seeds`` — so no
+    comparison is looked at more often than its look weights allow, whatever the order.
 
     Learned first (``rule.learned_first``): while it is open whether full fine-tuning beats the constant
-    baseline, only full fine-tuning runs; an arm is worth nothing to a group that learns nothing (the
-    real run's n = 50: 15 of its 21 trials were arms of such a group). Once it has learned, each
-    undecided arm catches up on full fine-tuning's seeds (no new full fine-tuning trial), those nearest
-    deciding first (``Comparison.nearness``: the order the cells are queued in); full fine-tuning runs a
-    new seed only when an arm's pair needs it."""
+    baseline, only full fine-tuning runs; an arm is worth nothing to a group that learns nothing. Once it
+    has learned, each open arm catches up on full fine-tuning's seeds (no new full fine-tuning trial),
+    those nearest deciding first (``Comparison.nearness``: the order the cells are queued in); full
+    fine-tuning runs a new seed only when an arm's pair needs it."""
     if decision.learned.decision == NOTHING_LEARNED:
-        return []  # settled: no advice at this size (an arm with no row yet is not in decision.arms)
+        return []  # settled: no advice at this size
     full_done = set(seeds_done.get(FULL, ()))
     learned = decision.learned.decision == LEARNED
     full_asked = [] if learned else _next_seeds(full_done, rule)
@@ -369,11 +609,11 @@ def next_round(
     if not learned and rule.learned_first:
         return [(FULL, s) for s in full_asked]  # that question first
     compared = {c.arm: c for c in decision.arms}
-    open_arms = sorted(
-        (a for a in arms if a not in compared or compared[a].decision == UNDECIDED),
+    nearest = sorted(
+        open_arms(decision, arms, rule.tolerance),
         key=lambda a: -compared[a].nearness(rule.tolerance) if a in compared else 0.0,
     )
-    arm_cells = [(arm, s) for arm in open_arms for s in _next_seeds(set(seeds_done.get(arm, ())), rule)]
+    arm_cells = [(arm, s) for arm in nearest for s in _next_seeds(set(seeds_done.get(arm, ())), rule)]
     full_seeds = sorted(set(full_asked) | ({s for _, s in arm_cells} - full_done))  # every pair needs it
     return [*((FULL, s) for s in full_seeds), *arm_cells]
 
@@ -384,3 +624,32 @@ def _next_seeds(done: set[int], rule: SettleRule) -> list[int]:
     on_schedule = rule.initial_seeds if len(done) < rule.initial_seeds else len(done) + rule.seeds_per_round
     target = min(rule.max_seeds, on_schedule)
     return list(itertools.islice((s for s in itertools.count() if s not in done), max(0, target - len(done))))
+
+
+def seeds_to_decide(c: Comparison, rule: SettleRule, levels: Levels, most: int = 100) -> int | None:
+    """The smallest budget (max_seeds of a new sweep, its looks and claims paid anew) whose last look would
+    decide ``c`` if its mean, its spread and its share of trained seeds stayed as they are: what to ask
+    ``freezesweep plan`` to price. The claim that would decide it is the one its mean points to: "within"
+    and "learned" at the sequence's level, "worse", "nothing learned" and the other methods' claims at
+    Holm's first step (the most they could be asked to pass). None: undecidable so (its mean on the boundary, too few pairs) or above ``most``."""
+    from scipy import special
+
+    if c.pairs < 2 or math.isnan(c.low) or c.seeds == 0 or not c.level > 0:
+        return None
+    spread = (c.mean - c.low) / special.stdtrit(c.pairs - 1, 1 - c.level) * math.sqrt(c.pairs)
+    boundary = rule.tolerance if c.arm == "learned" else -rule.tolerance
+    gap = abs(c.mean - boundary)
+    if c.arm == "learned":
+        base = levels.within if c.mean > boundary else levels.nothing / 2  # learned / nothing learned (Holm's first)
+    elif _is_freeze(c.arm) and c.mean > boundary:
+        base = levels.within  # within: the sequence's level
+    else:
+        base = levels.holm / max(levels.holm_family, 1)  # worse, or another method's within: Holm's first step
+    if not spread > 0 or gap == 0:
+        return None
+    for budget in range(max(rule.max_seeds, rule.initial_seeds) + 1, most + 1):
+        trained = budget * c.pairs / c.seeds
+        level = base * dataclasses.replace(rule, max_seeds=budget).look_weights[-1]
+        if trained >= 2 and special.stdtrit(trained - 1, 1 - level) * spread / math.sqrt(trained) < gap:
+            return budget
+    return None

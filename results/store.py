@@ -23,7 +23,7 @@ import os
 import uuid
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -47,6 +47,10 @@ COMPACT_ADVICE_FILES = 2000
 
 # Every metric a row can hold (trials.metrics.METRICS; a test checks the two agree): a task records its own.
 METRICS = ("accuracy", "f1", "matthews", "pearson", "spearman")
+# baseline_rows: the baseline was computed on exactly the rows the scores were (trials.config.EVALUATED_ROWS,
+# every row written since the column exists); or on the whole validation split while the scores came from a
+# max_eval_examples sample (only rows stored before it, as results/query.py reads them).
+EVALUATED_ROWS, WHOLE_SPLIT = "evaluated", "whole split"
 _CURVE = pa.list_(
     pa.struct(
         [
@@ -101,9 +105,15 @@ SCHEMA = pa.schema(
         ("best_val_score", pa.float64()),
         ("final_val_score", pa.float64()),
         ("baseline_score", pa.float64()),
-        # the best evaluation is the constant predictor's (scored exactly the constant baseline): a collapsed
-        # fine-tune, counted apart by settle mode (results/settle.py); rows stored before it read null
+        # the best evaluation is the constant predictor's (one prediction for every evaluated row, or exactly the
+        # constant baseline's score): a collapsed fine-tune, counted apart by settle mode (results/settle.py);
+        # rows stored before it read null
         ("collapsed", pa.bool_()),
+        # The rows the baseline columns and the collapse test were computed on: EVALUATED_ROWS (the rows the
+        # scores were: the max_eval_examples sample where one was drawn). Null on rows without a baseline and
+        # on rows stored before the column, which computed it on the whole validation split
+        # (results/query.py reads those as WHOLE_SPLIT where a sample was scored).
+        ("baseline_rows", pa.string()),
         *((f"best_val_{m}", pa.float64()) for m in METRICS[1:]),  # best_val_accuracy is above
         *((f"baseline_{m}", pa.float64()) for m in METRICS),
         ("trainable_params", pa.int64()),
@@ -146,7 +156,21 @@ SCHEMA = pa.schema(
 
 
 class StoreError(RuntimeError):
-    pass
+    """The store cannot be opened, read or written: said in one line, naming it (``freezesweep.StoreError``)."""
+
+
+def check_local_root(uri: str, root: str) -> None:
+    """A local store is a folder: a root that is a file (or lies under one, ``--store results.csv/x``)
+    cannot hold sweeps, and saying so beats a traceback from the first file opened under it."""
+    existing = root
+    while not os.path.exists(existing) and os.path.dirname(existing) != existing:
+        existing = os.path.dirname(existing)
+    if os.path.exists(existing) and not os.path.isdir(existing):
+        where = "is a file" if existing == root else f"lies under {existing!r}, a file"
+        raise StoreError(
+            f"store {uri!r} {where}, not a folder: a store is the folder that holds the sweeps (such as "
+            "./sweeps); name a folder, or one to be created"
+        )
 
 
 def open_filesystem(uri: str) -> tuple[pafs.FileSystem, str]:
@@ -212,6 +236,8 @@ class ResultStore:
             self.fs, root = open_filesystem(uri)
         except Exception as exc:
             raise StoreError(f"cannot open store {uri!r}: {exc}") from exc
+        if isinstance(self.fs, pafs.LocalFileSystem):
+            check_local_root(uri, root)
         self.identity = store_identity(uri, root)
         self.sweep_dir = f"{root.rstrip('/')}/{sweep}"
         self.results_dir = f"{self.sweep_dir}/{RESULTS_DIR}"
@@ -237,9 +263,22 @@ class ResultStore:
     def exists(self) -> bool:
         return self.fs.get_file_info(f"{self.sweep_dir}/{SPEC_FILE}").type != pafs.FileType.NotFound
 
+    def root_path(self) -> str:
+        """The store's root as this filesystem names it (a local one: its absolute path)."""
+        return self.sweep_dir.rsplit("/", 1)[0]
+
+    def other_sweeps(self) -> list[str] | None:
+        """The sweeps the store's root holds (folders with a spec.yaml), sorted; None: no such root."""
+        infos = self.fs.get_file_info(pafs.FileSelector(self.root_path(), allow_not_found=True))
+        if not infos and self.fs.get_file_info(self.root_path()).type == pafs.FileType.NotFound:
+            return None
+        folders = [i.path for i in infos if i.type == pafs.FileType.Directory]
+        specs = self.fs.get_file_info([f"{folder}/{SPEC_FILE}" for folder in folders])
+        return sorted(_name(f) for f, spec in zip(folders, specs) if spec.type == pafs.FileType.File)
+
     def check_writable(self) -> None:
         """The store's root takes files (``check_store_root``)."""
-        check_store_root(self.fs, self.sweep_dir.rsplit("/", 1)[0], self.uri)
+        check_store_root(self.fs, self.root_path(), self.uri)
 
     # --- rows -----------------------------------------------------------------------------------
     def write_row(self, row: dict[str, Any]) -> str:
@@ -416,14 +455,26 @@ class ResultStore:
     # --- damage --------------------------------------------------------------------------------------
     def quarantine_unreadable(self) -> list[str]:
         """Move every row file that cannot be read into ``<sweep>/_quarantine/`` (kept, never deleted):
-        its cell has no row then, and the launch runs it again. Returns the files moved, as they were."""
+        its cells have no row then, and the launch runs them again. Returns the files moved, as they were."""
+        return list(self._quarantine())
+
+    def _quarantine(self) -> dict[str, int | None]:
+        """``quarantine_unreadable``, with the rows each file held where its footer still says (None:
+        unknown, the footer is damaged too)."""
         self.read_table(columns=["trial_id"])
-        moved = list(self.unreadable)
+        moved = {path: self._footer_rows(path) for path in self.unreadable}
         for path in moved:
             self.fs.create_dir(self.quarantine_dir, recursive=True)
             self.fs.move(path, f"{self.quarantine_dir}/{uuid.uuid4().hex[:8]}-{_name(path)}")
         self.unreadable = []
         return moved
+
+    def _footer_rows(self, path: str) -> int | None:
+        try:
+            with self.fs.open_input_file(path) as f:
+                return pq.ParquetFile(f).metadata.num_rows
+        except Exception:  # a footer as damaged as the rest (a truncated file): how many is unknown
+            return None
 
     # --- compaction ------------------------------------------------------------------------------
     def compact(self) -> int:
@@ -466,7 +517,8 @@ class ResultStore:
         staged = self.clean_staging()
         pending = self.unfinished_compaction()
         self.recover_compaction()
-        return Repair(staged, pending, self.quarantine_unreadable(), self.quarantine_dir)
+        held = self._quarantine()
+        return Repair(staged, pending, list(held), self.quarantine_dir, held)
 
     def _write_part(self, singles: list[str], staged: str) -> list[str]:
         """The final rows of ``singles`` streamed into the part ``staged``, one row group per batch of
@@ -523,11 +575,12 @@ class Repair:
     compaction_files: int  # row files an interrupted compaction had moved out of results/, now back or in their part
     quarantined: list[str]  # unreadable row files, moved aside as they were named
     quarantine_dir: str
+    held: dict[str, int | None] = field(default_factory=dict)  # rows each of them held, where its footer says
 
     def notes(self) -> list[str]:
         """What the user should hear of, one line each."""
         notes = [
-            f"warning: {path} could not be read; moved to {self.quarantine_dir} (kept) and its cell runs again"
+            f"warning: {path} could not be read; moved to {self.quarantine_dir} (kept) and {self._again(path)}"
             for path in self.quarantined
         ]
         if self.compaction_files:
@@ -536,6 +589,15 @@ class Repair:
                 "view of every reader of results/)"
             )
         return notes
+
+    def _again(self, path: str) -> str:
+        """What runs again: a single-row file's cell, or every cell a compacted part held."""
+        rows = self.held.get(path)
+        if rows is not None and rows > 1:
+            return f"the {rows:,} cells whose rows it held run again"
+        if rows is None and _name(path).startswith(PART_PREFIX):
+            return "the cells whose rows it held (a compacted part: several, its footer lost too) run again"
+        return "its cell runs again"
 
 
 def _name(path: str) -> str:

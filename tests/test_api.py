@@ -4,6 +4,7 @@ writes the report; the file shows a line per trial while the sweep runs."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import subprocess
 import sys
@@ -11,6 +12,7 @@ import textwrap
 import time
 from pathlib import Path
 
+import pandas as pd
 import pytest
 
 import freezesweep as fs
@@ -140,3 +142,97 @@ def test_a_bad_spec_names_every_problem(tmp_path):
         fs.build_spec(name="bad name", model="m", datasets=[], train_sizes=[0], seeds=[0], store=str(tmp_path))
     problems = "\n".join(caught.value.problems)
     assert "name" in problems and "datasets" in problems and "train_sizes" in problems
+
+
+def _stored_spec_and_rows(write_spec, name: str = "stored"):
+    """A stored sweep as a launch leaves it: its resolved spec and a row per cell (k = 0 and k = 2 on
+    seeds 0-2, the tiny spec's sizes), written directly: no Ray, no training."""
+    from freezesweep.orchestrator.plan import build_grid
+    from freezesweep.orchestrator.rows import result_row
+    from freezesweep.orchestrator.sweeps import resolve_here
+    from freezesweep.results.store import ResultStore
+    from tests.results.test_store import _result
+
+    spec = fs.load_spec(write_spec(name, seeds=[0, 1, 2]))
+    resolved = resolve_here(spec)
+    store = ResultStore(spec.store, name)
+    store.write_spec(resolved.spec.to_yaml())
+    for cell in build_grid(resolved):
+        acc = 0.8 - 0.001 * cell.frozen_layers + 0.01 * cell.seed
+        store.write_row(result_row(name, dataclasses.replace(_result(acc=acc), config=cell, trial_id=cell.trial_id)))
+    return spec
+
+
+def test_every_entry_point_given_a_store_that_is_a_file_raises_store_error(write_spec, tmp_path):
+    """Issue 36: the API's store error is exported, and a file where a store should be is said as one."""
+    afile = tmp_path / "results.csv"
+    afile.write_text("a,b\n")
+    store = str(afile)
+    spec_path = write_spec("tiny")
+    calls = {
+        "results_arrow": lambda: fs.results_arrow("tiny", store=store),
+        "results_duckdb": lambda: fs.results_duckdb("tiny", store=store),
+        "query": lambda: fs.query("tiny", "SELECT 1", store=store),
+        "status": lambda: fs.status("tiny", store=store),
+        "summary": lambda: fs.summary("tiny", store=store),
+        "decide": lambda: fs.decide("tiny", store=store),
+        "report": lambda: fs.report("tiny", tmp_path / "r", store=store),
+        "compact": lambda: fs.compact("tiny", store=store),
+        "export_mlflow": lambda: fs.export_mlflow("tiny", store=store, tracking_uri="sqlite:///unused.db"),
+        "resume": lambda: fs.resume("tiny", store=store),
+        "budget_prices": lambda: fs.budget_prices(pd.DataFrame(), "tiny", store=store),
+    }
+    for name, call in calls.items():
+        with pytest.raises(fs.StoreError, match="is a file, not a folder"):
+            call()
+        assert not (tmp_path / "unused.db").exists(), name  # found out before MLflow is touched
+    # a spec's store: one problem among the spec's, before anything runs
+    for call in (lambda: fs.load_spec(spec_path, store=store), lambda: fs.plan(spec_path, store=store)):
+        with pytest.raises(fs.SpecError, match="is a file, not a folder"):
+            call()
+    assert issubclass(fs.StoreError, RuntimeError) and "StoreError" in fs.__all__
+
+
+def test_what_a_notebook_prints_stays_short(write_spec, tmp_path):
+    """Issue 36: repr(fs.report(...)) was 313,540 characters of PNG bytes. Every object the API returns
+    prints in a few hundred characters, and the decisions print as their sentences."""
+    spec = _stored_spec_and_rows(write_spec)
+    report = fs.report("stored", tmp_path / "r", store=spec.store)
+    decisions = fs.decide("stored", store=spec.store)
+    returned = {
+        "load_spec": spec,
+        "plan": fs.plan(spec),
+        "status": fs.status("stored", store=spec.store),
+        "decide": decisions,
+        "a decision": decisions[0],
+        "report": report,
+    }
+    for name, value in returned.items():
+        assert len(repr(value)) < 1500, (name, len(repr(value)), repr(value)[:300])
+    assert "figures" in repr(report) and "<DataFrame" in repr(report)
+    assert str(report).splitlines()[0] == report.decisions["sentence"].iloc[0]
+    assert str(decisions).splitlines() == [d.sentence for d in decisions]
+    big_spec = fs.build_spec({**spec.model_dump(), "seeds": list(range(2_000))}, store=spec.store)
+    big = fs.plan(big_spec)
+    assert len(big.cells) == 8_000 and len(repr(big)) < 1500 and len(repr(big_spec)) < 1500
+    assert "seeds=[2,000 values: 0, 1, …, 1999]" in repr(big_spec)
+
+
+def test_an_interrupted_launch_says_so_where_the_caller_looks(write_spec, monkeypatch):
+    """Issue 36: fs.launch interrupted returned quietly (the CLI printed the resume hint): the summary's
+    repr leads with it, and a warning says it with the call that goes on."""
+    from freezesweep.orchestrator import launch as launch_module
+
+    def interrupted(spec, show_progress, session):
+        return launch_module.LaunchSummary(8, 0, 3, 3, 0, unfinished=5, sweep=spec.name, store=spec.store)
+
+    monkeypatch.setattr(launch_module, "launch", interrupted)
+    spec = fs.load_spec(write_spec("cut"))
+    with pytest.warns(fs.UnfinishedCellsWarning) as warned:
+        summary = fs.launch(spec, progress=False)
+    [warning] = warned
+    resume = f"fs.resume('cut', store={spec.store!r}) runs them"
+    assert "interrupted: 5 of 8 cells not finished (nothing was lost)" in str(warning.message)
+    assert resume in str(warning.message)
+    assert repr(summary).startswith("LaunchSummary(outcome=") and "interrupted: 5 of 8" in repr(summary)[:60]
+    assert summary.unfinished == 5

@@ -238,6 +238,11 @@ _FLOAT_FIELDS = frozenset(f.name for f in dataclasses.fields(TrialConfig) if f.t
 _HASHED_FLOAT_FIELDS = tuple(name for name in (*IDENTITY_FIELDS, *LATER_FIELDS) if name in _FLOAT_FIELDS)
 
 
+# TrialResult.baseline_rows of every result: the baseline was computed on exactly the rows the scores were
+# (results/store.py EVALUATED_ROWS, the store's value; a test holds the two equal).
+EVALUATED_ROWS = "evaluated"
+
+
 @dataclass(frozen=True)
 class EvalPoint:
     """One evaluation: every metric of the task (trials/metrics.py; the others stay None)."""
@@ -250,6 +255,9 @@ class EvalPoint:
     matthews: float | None = None
     pearson: float | None = None
     spearman: float | None = None
+    # every evaluated row got the same prediction (one class, or one score): the constant predictor's output
+    # (trials/metrics.py constant); not a column of the store's curves, the row's ``collapsed`` holds it
+    constant_predictions: bool = False
 
     def metrics(self) -> dict[str, float]:
         """The metrics this evaluation has, by name."""
@@ -266,14 +274,19 @@ class TrialResult:
     best_step: int | None = None
     best_epoch: float | None = None
     final_val_accuracy: float | None = None
-    majority_baseline: float | None = None  # accuracy of always answering the majority class (None for regression)
+    majority_baseline: float | None = None  # accuracy of always answering the evaluated rows' majority class
     select_metric: str | None = None  # the metric that picked the best evaluation (config.select_metric)
     best_val_score: float | None = None  # that metric at the best evaluation
     final_val_score: float | None = None  # that metric at the last evaluation
-    baseline_score: float | None = None  # that metric of the constant baseline (majority class / train mean)
-    collapsed: bool | None = None  # the best evaluation scored exactly the constant baseline (None: no evaluation)
+    # The constant baseline (the evaluated rows' majority class / the train mean) on exactly the rows the scores
+    # are computed on (``baseline_rows``: EVALUATED_ROWS; the max_eval_examples sample where one is drawn).
+    baseline_score: float | None = None  # that metric of the constant baseline
+    # the best evaluation is the constant predictor's: one prediction for every evaluated row, or exactly the
+    # constant baseline's score (None: no evaluation)
+    collapsed: bool | None = None
     best_val_metrics: dict[str, float] = field(default_factory=dict)  # every metric at the best evaluation
     baseline_metrics: dict[str, float] = field(default_factory=dict)  # every metric of the constant baseline
+    baseline_rows: str | None = None  # which rows the baseline was computed on: EVALUATED_ROWS (None: no baseline)
     eval_curve: tuple[EvalPoint, ...] = ()
     train_loss_curve: tuple[tuple[int, float], ...] = ()  # (step, mean loss since previous eval)
     trainable_params: int | None = None

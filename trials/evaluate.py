@@ -9,7 +9,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from freezesweep.trials.eval_cache import PrefixStates, eval_mode, starting_at
-from freezesweep.trials.metrics import compute_metrics
+from freezesweep.trials.metrics import compute_metrics, constant
 from freezesweep.trials.precision import PrecisionPlan
 from freezesweep.trials.tokens import Batch
 
@@ -29,8 +29,9 @@ def evaluate(
     plan: PrecisionPlan,
     device: torch.device,
     prefix: PrefixStates | None = None,
-) -> tuple[dict[str, float], float]:
-    """(every metric of the task, mean loss) over all rows; restores the model's train/eval mode.
+) -> tuple[dict[str, float], float, bool]:
+    """(every metric of the task, mean loss, whether every row got the same prediction) over all rows;
+    restores the model's train/eval mode.
     With ``prefix``, the frozen layers are not run: their cached output is fed to the first trained one."""
     # Everything stays on the device and is read once at the end: no host sync per batch.
     loss_sum = torch.zeros((), dtype=torch.float64, device=device)
@@ -51,8 +52,6 @@ def evaluate(
             loss_sum += task_loss(logits, batch.labels, reduction="sum").double()
             predicted.append(logits.squeeze(-1) if batch.labels.is_floating_point() else logits.argmax(-1))
             truth.append(batch.labels)
-    labels = torch.cat(truth).cpu().numpy()
-    metrics = compute_metrics(
-        torch.cat(predicted).cpu().numpy(), labels, regression=labels.dtype.kind == "f", num_labels=logits.shape[-1]
-    )
-    return metrics, loss_sum.item() / len(labels)
+    labels, predictions = torch.cat(truth).cpu().numpy(), torch.cat(predicted).cpu().numpy()
+    metrics = compute_metrics(predictions, labels, regression=labels.dtype.kind == "f", num_labels=logits.shape[-1])
+    return metrics, loss_sum.item() / len(labels), constant(predictions)

@@ -8,6 +8,9 @@ Regression: Pearson and Spearman correlation (STS-B's official metrics).
 A correlation with a constant (a model, or the mean-prediction baseline, that gives every row the
 same score) is undefined; it is reported as 0.0 (no relation), so a curve never holds NaN and the
 mean-prediction baseline scores 0.0 on both correlations.
+
+Predictions that are one value for every row (``constant``: one class, or one score) are the constant
+predictor's, whatever they score: trials/run.py counts such a best evaluation as a collapse.
 """
 
 from __future__ import annotations
@@ -30,10 +33,16 @@ def describe_shape(regression: bool, num_labels: int) -> str:
     return "a regression task" if regression else f"a {num_labels}-class classification task"
 
 
+def constant(values: np.ndarray) -> bool:
+    """Every row holds the same value: one class id, or one score (an empty set is not a prediction)."""
+    values = np.asarray(values)
+    return values.size > 0 and bool(np.ptp(values) == 0)
+
+
 def _correlation(name: str, labels: np.ndarray, predictions: np.ndarray) -> float:
     from scipy import stats
 
-    if np.ptp(predictions) == 0 or np.ptp(labels) == 0:
+    if constant(predictions) or constant(labels):
         return 0.0  # undefined for a constant: see the module docstring
     return float(getattr(stats, f"{name}r")(labels, predictions).statistic)
 

@@ -23,14 +23,14 @@ from importlib import metadata
 import numpy as np
 import torch
 
-from freezesweep.trials.config import METHOD_FIELDS, METHODS, EvalPoint, TrialConfig, TrialResult
+from freezesweep.trials.config import EVALUATED_ROWS, METHOD_FIELDS, METHODS, EvalPoint, TrialConfig, TrialResult
 from freezesweep.trials import eval_cache, first_token, probe, train_cache
 from freezesweep.trials.data import TaskData, load_task, resolve_cache_dir
 from freezesweep.trials.eval_cache import PrefixStates, exact_prefix
 from freezesweep.trials.first_token import Reader
 from freezesweep.trials.freezing import FreezeReport, find_encoder_parts, freeze
 from freezesweep.trials.lora import apply_lora
-from freezesweep.trials.metrics import METRICS, compute_metrics, describe_shape
+from freezesweep.trials.metrics import METRICS, compute_metrics, constant, describe_shape
 from freezesweep.trials.model import (
     attention_for,
     build_model,
@@ -94,9 +94,9 @@ def run_trial(
         for b in eval_batches(val_ids.select(val_rows), task.validation.labels[val_rows], cfg.eval_batch_size, pad_id)
     ]  # on the device once, for every evaluation
     train_tokens = train_ids.select(train_rows)
-    data = TrialData(
-        task, train_rows, train_tokens, batches, (task.validation.digest, indices_digest(val_rows)), worker
-    )
+    val_key = (task.validation.digest, indices_digest(val_rows))
+    # the constant baseline on the rows scored: never the whole split when they are a sample
+    data = TrialData(task, train_rows, train_tokens, batches, val_key, task.baseline_metrics(val_rows), worker)
     if cfg.method == "probe":
         return _probe_trial(cfg, model, data, plan, device, started)
     report, lora_targets = adapt(model, cfg)
@@ -191,9 +191,16 @@ def _probe_trial(
     )
     eval_started = time.perf_counter()
     features, labels = probe.validation_features(val_states, data.batches, pooling)
-    metrics = compute_metrics(fitted.predictor.predict(features), labels, task.regression, task.num_labels)
+    predictions = fitted.predictor.predict(features)
+    metrics = compute_metrics(predictions, labels, task.regression, task.num_labels)
     loss = probe.validation_loss(fitted, features, labels, task.regression, task.num_labels)
-    point = EvalPoint(step=0, epoch=0.0, loss=loss, **{name: metrics.get(name) for name in METRICS})
+    point = EvalPoint(
+        step=0,
+        epoch=0.0,
+        loss=loss,
+        constant_predictions=constant(predictions),
+        **{name: metrics.get(name) for name in METRICS},
+    )
     state = FitState(
         curve=[point], train_time_s=eval_started - fit_started, eval_time_s=time.perf_counter() - eval_started
     )
@@ -226,14 +233,16 @@ def _probe_trial(
 
 @dataclass(frozen=True)
 class TrialData:
-    """What a trial reads, once loaded: the task, its train subset (split indices and tokens) and the
-    validation batches (on the device) with the key that names those rows for the caches."""
+    """What a trial reads, once loaded: the task, its train subset (split indices and tokens), the
+    validation batches (on the device) with the key that names those rows for the caches, and the
+    constant baseline's metrics on those same rows."""
 
     task: TaskData
     train_rows: np.ndarray
     train_tokens: Tokens
     batches: list[Batch]
     val_key: tuple[str, str]  # (the validation split's digest, the evaluated rows' digest)
+    baseline: dict[str, float]  # every metric of the constant predictor on the evaluated rows
     worker: WorkerState
 
 
@@ -382,12 +391,14 @@ def _set_host_rng_states(states: tuple) -> None:
 COLLAPSE_ATOL = 1e-9  # metrics are computed in float64: an equal score is the same predictions' score
 
 
-def collapsed(best_score: float, baseline_score: float) -> bool:
-    """A fine-tune that never left the constant predictor: its best evaluation scores exactly what always
-    answering the majority class (the train mean) scores — one class for every validation row gives the
-    majority's accuracy, 0 F1 and Matthews; a constant regression output 0 correlation. Recognised by
-    the score, whichever way the model got there, so old rows and other metrics read the same."""
-    return abs(best_score - baseline_score) <= COLLAPSE_ATOL
+def collapsed(best: EvalPoint, metric: str, baseline: dict[str, float]) -> bool:
+    """A fine-tune that never left the constant predictor: its best evaluation gave every evaluated row the
+    same prediction, or scored exactly what the constant baseline scores on those rows (``baseline``:
+    computed on the rows the scores were). The score alone misses one class that is not the rows'
+    majority (a minority class 1 answered everywhere scores F1 2p / (1 + p) > 0 against its baseline's 0;
+    the train majority answered on a sample whose majority is the other class); the score test stays
+    beside it, as settle mode reads rows stored before the prediction was looked at (results/settle.py)."""
+    return best.constant_predictions or abs(getattr(best, metric) - baseline[metric]) <= COLLAPSE_ATOL
 
 
 def _result(
@@ -401,13 +412,13 @@ def _result(
     wall_time_s: float,
     cache_fill_time_s: float,
 ) -> TrialResult:
-    task, train_rows, n_eval = data.task, data.train_rows, sum(len(b.labels) for b in data.batches)
+    train_rows, n_eval = data.train_rows, sum(len(b.labels) for b in data.batches)
     metric = cfg.select_metric
     worker_peak_mb = peak_memory_mb(device)  # the process's, with everything the worker keeps
     # the curve holds finite evaluations only (a diverged fit stops before its first non-finite one)
     best = max(state.curve, key=lambda p: getattr(p, metric)) if state.curve else None  # first of equals: the earliest
     last = state.curve[-1] if state.curve else None
-    baseline = task.baseline_metrics
+    baseline = data.baseline  # on the evaluated rows, as every score below
     return TrialResult(
         trial_id=cfg.trial_id,
         config=cfg,
@@ -417,14 +428,15 @@ def _result(
         best_step=best.step if best else None,
         best_epoch=best.epoch if best else None,
         final_val_accuracy=last.accuracy if last else None,
-        majority_baseline=task.majority_baseline,
+        majority_baseline=baseline.get("accuracy"),  # None for regression
         select_metric=metric,
         best_val_score=getattr(best, metric) if best else None,
         final_val_score=getattr(last, metric) if last else None,
         baseline_score=baseline[metric],
-        collapsed=None if best is None else collapsed(getattr(best, metric), baseline[metric]),
+        collapsed=None if best is None else collapsed(best, metric, baseline),
         best_val_metrics=best.metrics() if best else {},
         baseline_metrics=baseline,
+        baseline_rows=EVALUATED_ROWS,
         eval_curve=tuple(state.curve),
         train_loss_curve=tuple(state.train_loss_curve),
         trainable_params=report.trainable_params,

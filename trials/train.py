@@ -202,7 +202,7 @@ def _evaluate_into(model: nn.Module, state: FitState, ctx: FitContext) -> None:
     (``diverged_at_step``: the first non-finite train step, else this one): no best evaluation is
     ever taken from a non-finite one, and its metrics never enter the curve."""
     started = time.perf_counter()
-    metrics, loss = evaluate(model, ctx.eval_batches, ctx.plan, ctx.device, ctx.eval_prefix)
+    metrics, loss, one_prediction = evaluate(model, ctx.eval_batches, ctx.plan, ctx.device, ctx.eval_prefix)
     state.eval_time_s += time.perf_counter() - started
     train_loss = float(state.loss_sum) / max(1, state.loss_count)
     if not (math.isfinite(loss) and math.isfinite(train_loss)):
@@ -210,7 +210,11 @@ def _evaluate_into(model: nn.Module, state: FitState, ctx: FitContext) -> None:
         state.diverged_at_step = first if first >= 0 else state.step
         return
     point = EvalPoint(
-        step=state.step, epoch=state.step / ctx.schedule.steps_per_epoch, loss=loss, **{"accuracy": None, **metrics}
+        step=state.step,
+        epoch=state.step / ctx.schedule.steps_per_epoch,
+        loss=loss,
+        constant_predictions=one_prediction,
+        **{"accuracy": None, **metrics},
     )
     state.curve.append(point)
     state.train_loss_curve.append((state.step, train_loss))

@@ -507,3 +507,32 @@ def test_a_settle_sweeps_question_and_budget_are_refused_once_it_has_rows(write_
         and "4 looks where the stored rows' confidence was shared by 2" in problems[1]
     )
     load_spec(write_spec("asked", seeds=[], settle={**settle, "learned_first": False}))  # the order: accepted
+
+
+@pytest.mark.parametrize("empty_texts", ["refuse", "drop"])
+def test_a_train_size_larger_than_the_data_is_named_beside_the_datas_own_problems(write_spec, tmp_path, empty_texts):
+    """Issue 36: bad labels and empty texts were named, the train size larger than the data only once they
+    were fixed. The files were read: every problem comes in the one error (plan's, as launch's)."""
+    from freezesweep.orchestrator import api
+
+    rows = [{"sentence": f"good movie {i}", "label": i % 2} for i in range(40)]
+    rows += [{"sentence": "", "label": 1}, {"sentence": None, "label": 0}]  # empty texts
+    rows += [{"sentence": "fine one", "label": None}, {"sentence": "dull two", "label": None}]  # no labels
+    folder = tmp_path / "data"
+    folder.mkdir()
+    pd.DataFrame(rows).to_csv(folder / "train.csv", index=False)
+    pd.DataFrame([{"sentence": "nice", "label": 1}, {"sentence": "bad", "label": 0}]).to_csv(
+        folder / "validation.csv", index=False
+    )
+    spec = write_spec("bad", datasets=[str(folder)], train_sizes=[24, 10_000], training={"empty_texts": empty_texts})
+    with pytest.raises(SpecError) as info:
+        api.plan(spec)
+    problems = "\n".join(info.value.problems)
+    assert "missing or non-finite label(s)" in problems
+    assert ("empty or missing text(s)" in problems) == (empty_texts == "refuse")
+    train_rows = 44 if empty_texts == "refuse" else 42  # dropped rows are not there to train on
+    assert f"train_sizes: [10000] exceed the {train_rows} train rows of {folder}" in problems
+    # a dataset missing its label column: the size beside it too
+    pd.DataFrame({"text": ["a"] * 30}).to_csv(folder / "train.csv", index=False)
+    with pytest.raises(SpecError, match=r"(?s)label.*\[10000\] exceed the 30 train rows"):
+        api.plan(write_spec("bad", datasets=[str(folder)], train_sizes=[24, 10_000]))

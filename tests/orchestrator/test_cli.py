@@ -206,9 +206,9 @@ def test_report_of_an_open_settle_sweep_names_the_budget_that_would_decide_it_an
         )
     done = runner.invoke(app, ["report", "open", "--store", spec.store, "--out", str(tmp_path / "out")])
     assert done.exit_code == 0, done.output
-    assert "5 seeds per arm would decide it if the spread stays as it is" in done.stdout
+    assert "4 seeds per arm would decide it if the spread stays as it is" in done.stdout
     assert (
-        "n = 24: a new settle sweep with settle.max_seeds 5 runs at most 10 trials for this size, about 0.17 "
+        "n = 24: a new settle sweep with settle.max_seeds 4 runs at most 8 trials for this size, about 0.13 "
         "trial-hours at the measured times" in done.stdout
     )
     refused = runner.invoke(
@@ -224,3 +224,56 @@ def test_export_of_an_unknown_sweep_is_the_commands_own_error_not_mlflows(tmp_pa
     done = runner.invoke(app, ["export", "mlflow", "nope", "--store", str(tmp_path / "store")])
     assert done.exit_code == 2
     assert "no sweep named 'nope'" in done.output and "MLflow export" not in done.output
+
+
+# A stored sweep's commands, each as (its words, options it needs beside SWEEP).
+STORED_SWEEP_COMMANDS = [
+    (["status"], []),
+    (["summary"], []),
+    (["query"], []),
+    (["report"], ["--out", "REPORT"]),
+    (["resume"], []),
+    (["compact"], []),
+    (["export", "mlflow"], []),
+]
+
+
+@pytest.mark.parametrize(
+    "command", [*STORED_SWEEP_COMMANDS, (["plan"], []), (["launch"], [])], ids=lambda c: " ".join(c[0])
+)
+@pytest.mark.parametrize("under", [False, True], ids=["the-file", "under-a-file"])
+def test_a_store_that_is_a_file_is_one_line_for_every_command(command, under, write_spec, tmp_path):
+    """Issue 36: `--store` at a regular file was a traceback (exit 1) from status and report."""
+    words, options = command
+    afile = tmp_path / "results.csv"
+    afile.write_text("a,b\n")
+    store = str(afile / "sweeps") if under else str(afile)
+    target = str(write_spec("tiny")) if words[0] in ("plan", "launch") else "tiny"
+    options = [str(tmp_path / "r") if o == "REPORT" else o for o in options]
+    done = runner.invoke(app, [*words, target, *options, "--store", store])
+    assert done.exit_code == 2, done.output
+    assert done.exception is None or isinstance(done.exception, SystemExit)  # no traceback
+    assert f"freezesweep {words[0]}: error:" in done.stderr
+    assert f"{str(afile)!r}" in done.stderr and "a file, not a folder" in done.stderr
+
+
+def test_status_of_a_sweep_in_its_specs_store_says_where_it_looked_and_reads_the_spec(write_spec, tmp_path):
+    """Issue 36: with `store:` in a spec, `status NAME` looked in ./sweeps and said only "no sweep named"."""
+    spec_path = write_spec("elsewhere", store=str(tmp_path / "team-store"))
+    spec = load_spec(spec_path)
+    from freezesweep.results.store import ResultStore
+
+    ResultStore(spec.store, "elsewhere").write_spec(resolve_here(spec).spec.to_yaml())
+    ResultStore(spec.store, "other").write_spec(resolve_here(spec).spec.to_yaml())
+    looked = runner.invoke(app, ["status", "elsewhere", "--store", str(tmp_path / "sweeps")])
+    assert looked.exit_code == 2
+    assert f"in store {str(tmp_path / 'sweeps')!r}" in looked.stderr and "which does not exist" in looked.stderr
+    assert "--store ROOT" in looked.stderr and "spec file" in looked.stderr  # how to point it
+    wrong = runner.invoke(app, ["status", "elsewher", "--store", spec.store])
+    assert "which holds elsewhere, other" in wrong.stderr  # what is there: a typo shows itself
+    for args in (["status", str(spec_path)], ["status", "elsewhere", "--store", spec.store]):
+        found = runner.invoke(app, args)
+        assert found.exit_code == 0, found.output
+        assert "sweep elsewhere" in found.stdout
+    assert "the spec file" in runner.invoke(app, ["status", "--help"]).stdout
+    assert "the spec's" not in runner.invoke(app, ["status", "--help"]).stdout  # a name knows no spec

@@ -4,7 +4,8 @@ and its next round, never the budget's seeds of an arm decided early."""
 import pandas as pd
 
 from freezesweep.orchestrator.checks import load_spec
-from freezesweep.orchestrator.plan import arm_of, build_grid, settle_comparisons, settle_scope, sweep_comparisons
+from freezesweep.orchestrator.plan import arm_of, build_grid, settle_scope, sweep_arms
+from freezesweep.results.settle import FULL
 from freezesweep.orchestrator.sweeps import resolve_here
 
 
@@ -41,9 +42,9 @@ def test_an_arm_decided_early_has_no_missing_cells(write_spec):
     assert sorted(c.seed for c in scope) == [0, 0, 1, 1, 2, 2, 3, 3]
 
 
-def test_the_comparisons_counted_from_the_spec_are_the_grids_arms(write_spec):
-    """The report shares the confidence among as many comparisons as the rounds did (orchestrator/plan.py
-    settle_comparisons over a group's cells), counted from the spec's variants: LoRA ranks and the probe too."""
+def test_the_arms_read_from_the_spec_are_the_grids_arms(write_spec):
+    """The report walks the same sequence and counts the same Holm family as the rounds did (orchestrator/
+    plan.py, the arms of a group's cells), read from the spec's variants: LoRA ranks and the probe too."""
     spec = load_spec(
         write_spec(
             "methods",
@@ -57,6 +58,6 @@ def test_the_comparisons_counted_from_the_spec_are_the_grids_arms(write_spec):
     )
     sweep = resolve_here(spec)
     group = [c for c in build_grid(sweep) if c.train_size == spec.train_sizes[0]]
-    assert (
-        sweep_comparisons(sweep) == settle_comparisons(arm_of(c) for c in group) == 6
-    )  # k=1, k=2, 2 ranks, probe, learned
+    [arms] = sweep_arms(sweep).values()
+    assert set(arms) == {arm_of(c) for c in group} - {FULL}
+    assert sorted(arms) == ["freeze k=1", "freeze k=2", "lora r=2", "lora r=8", "probe"]

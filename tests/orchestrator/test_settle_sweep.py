@@ -13,7 +13,7 @@ import yaml
 from freezesweep.orchestrator.checks import load_spec
 from freezesweep.orchestrator.spec import SpecError
 from freezesweep.orchestrator.launch import launch
-from freezesweep.orchestrator.plan import build_grid, sweep_comparisons
+from freezesweep.orchestrator.plan import build_grid, sweep_arms
 from freezesweep.orchestrator.sweeps import resolve_here
 from freezesweep.results.query import read_rows
 from freezesweep.results.report import SweepRows, build_report
@@ -46,7 +46,7 @@ def _settle_spec(write_spec, name, **settle):
 
 def _decisions(store: ResultStore, spec) -> list[tuple]:
     rule = spec.settle.rule()
-    report = build_report([SweepRows.from_store(store, rule=(rule, rule.looks, sweep_comparisons(resolve_here(spec))))])
+    report = build_report([SweepRows.from_store(store, rule=(rule, rule.looks, sweep_arms(resolve_here(spec))))])
     return (
         report.decisions[["train_size", "learned", "frozen_layers", "within", "worse", "undecided"]]
         .astype(str)

@@ -2,6 +2,7 @@
 
 import dataclasses
 
+import numpy
 import pydantic
 import pytest
 
@@ -135,3 +136,46 @@ def test_a_key_given_twice_at_any_depth_is_refused_naming_it_and_both_lines(tmp_
     ]
     path.write_text("name: s\nseeds: [0]\ntraining:\n  epochs: 1\nlora:\n  epochs: 1\n")  # one key per mapping
     assert read_yaml(path)["seeds"] == [0]
+
+
+BOOLEAN = "a number, not a boolean (YAML reads yes/no, true/false and on/off as booleans)"
+
+
+def test_a_boolean_is_never_a_number(tmp_path):
+    """Issue 36: `seeds: [yes, no]` (YAML's booleans) or seeds=[True] read as seeds 1 and 0. Every number
+    of a spec refuses a boolean, each named; a number written as 200.0 still reads as 200."""
+    from freezesweep.orchestrator.spec import read_yaml
+
+    path = tmp_path / "bools.yaml"
+    path.write_text(
+        "name: s\nmodel: m\ndatasets: [d]\ntrain_sizes: [on]\nfrozen_layers: [0, true]\nseeds: [yes, no]\n"
+        "split_seed: off\ntraining: {epochs: yes, batch_size: true, max_eval_examples: no}\n"
+        "resources: {max_failures: no, cpus_per_trial: yes, cells_per_round: on}\n"
+        "lora: {alpha: yes}\nprobe: {folds: yes}\n"
+    )
+    _, problems = parse(read_yaml(path))
+    expected = [
+        "train_sizes.0",
+        "frozen_layers.1",
+        "seeds.0",
+        "seeds.1",
+        "split_seed",
+        "training.epochs",
+        "training.batch_size",
+        "training.max_eval_examples",
+        "resources.max_failures",
+        "resources.cpus_per_trial",
+        "resources.cells_per_round",
+        "lora.alpha",
+        "probe.folds",
+    ]
+    assert sorted(p.split(":")[0] for p in problems) == sorted(expected), problems
+    assert all(BOOLEAN in p for p in problems)
+    settle = {k: v for k, v in MINIMAL.items() if k != "seeds"} | {"settle": {"max_seeds": True, "tolerance": True}}
+    assert sorted(p.split(":")[0] for p in parse(settle)[1]) == ["settle.max_seeds", "settle.tolerance"]
+    _, problems = parse({**MINIMAL, "seeds": [True]})  # the API's spelling
+    assert problems == [f"seeds.0: {BOOLEAN} (got True)"]
+    _, problems = parse({**MINIMAL, "seeds": [0, numpy.bool_(True)], "train_sizes": [numpy.int64(10)]})
+    assert [p.split(":")[0] for p in problems] == ["seeds.1"]  # numpy's booleans too; its integers read
+    spec, _ = parse({**MINIMAL, "train_sizes": [200.0], "frozen_layers": ["all", 0]})
+    assert spec.train_sizes == [200] and spec.frozen_layers == ["all", 0]

@@ -220,3 +220,26 @@ def test_a_lock_whose_holder_is_gone_is_named(tmp_path):
     with SweepLock(store.fs, store.sweep_dir):
         assert not (tmp_path / "s" / "_lock.t.tmp").exists()  # the dead holder's temp file goes with its lock
     assert store_notes(store) == [] and not list((tmp_path / "s").glob("_lock.*.tmp"))
+
+
+@pytest.mark.parametrize("damage", ["pages", "footer"])
+def test_a_damaged_part_says_how_many_cells_run_again(tmp_path, damage):
+    """Issue 36: a compacted part of 4 rows set aside was said as "its cell runs again"."""
+    store = _filled(tmp_path, ok=4, failed=0)
+    assert store.compact() == 4
+    [part] = (tmp_path / "s" / "results").glob("part-*.parquet")
+    payload = bytearray(part.read_bytes())
+    if damage == "pages":  # every byte of the rows overwritten, the footer (which counts them) intact
+        rows_end = len(payload) - 8 - int.from_bytes(payload[-8:-4], "little")  # footer, its length, PAR1
+        payload[4:rows_end] = b"\xff" * (rows_end - 4)
+    else:  # cut in half: the footer is gone with the rest
+        del payload[len(payload) // 2 :]
+    part.write_bytes(bytes(payload))
+    [note] = store.make_ready().notes()
+    again = (
+        "the 4 cells whose rows it held run again"
+        if damage == "pages"
+        else "the cells whose rows it held (a compacted part: several, its footer lost too) run again"
+    )
+    assert note == f"warning: {part} could not be read; moved to {store.quarantine_dir} (kept) and {again}"
+    assert store.statuses() == {}  # all four cells are missing now: a launch runs them again

@@ -64,6 +64,9 @@ def test_export_writes_each_row_as_a_run_and_adds_only_what_is_new(mlflow_server
     done = runner.invoke(app, args)
     assert done.exit_code == 0, done.output
     assert "4 run(s) added, 0 replaced by a newer row" in done.stdout
+    # issue 36: MLflow printed two "View run" lines per run it ended; the export says where, once
+    assert "View run" not in done.stdout and "View experiment" not in done.stdout
+    assert f"at {mlflow_server})" in done.stdout
     runs = _runs(mlflow_server, "freeze-study")
     assert set(runs) == {_result(seed).trial_id for seed in range(4)}
 
@@ -117,6 +120,7 @@ def test_live_tracking_logs_each_row_as_it_lands_and_a_dead_server_never_fails_t
     writer.write(_result(1), 1)  # the retry's row replaces the failed cell's run
     runs = _runs(mlflow_server, "live")
     assert len(runs) == 2 and runs[_result(1).trial_id].data.tags["status"] == "ok"
+    assert "View run" not in capsys.readouterr().out  # a launch's progress, not MLflow's links
 
     dead = RowWriter(
         "dead",
@@ -168,3 +172,88 @@ def test_a_launch_with_tracking_in_its_spec_logs_every_row(mlflow_server, write_
     assert summary.ok == 4 and set(runs) == set(stored)
     assert {run.data.tags["status"] for run in runs.values()} == {"ok"}
     assert all("eval_accuracy" in run.data.metrics and "best_val_score" in run.data.metrics for run in runs.values())
+
+
+# --- issue 36: an unreachable or refused tracker is found out in seconds, once, before the rows ---------
+def _closed_port_uri() -> str:
+    """A loopback port nothing listens on: a connection is refused at once."""
+    from tests.conftest import free_port
+
+    return f"http://127.0.0.1:{free_port()}"
+
+
+@pytest.mark.timeout(120)  # before: MLflow's 7 retries with backoff, 251 s for an unknown host
+@pytest.mark.parametrize("uri", ["closed-port", "http://no-such-host.invalid:5000"])
+def test_export_to_a_tracker_that_does_not_answer_is_one_line_before_any_row(uri, write_spec, tmp_path, monkeypatch):
+    monkeypatch.delenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", raising=False)  # MLflow's own retries, as a user has them
+    uri = _closed_port_uri() if uri == "closed-port" else uri
+    _stored_sweep(write_spec, tmp_path, "away")
+    done = runner.invoke(app, ["export", "mlflow", "away", "--store", str(tmp_path / "store"), "--tracking-uri", uri])
+    assert done.exit_code == 2, done.output
+    assert done.exception is None or isinstance(done.exception, SystemExit)
+    assert f"freezesweep export: error: nothing exported: no MLflow tracking server answers at {uri}" in done.stderr
+    assert "View run" not in done.stdout
+
+
+@pytest.mark.parametrize("how", ["--tracking-uri", "file URI", "MLFLOW_TRACKING_URI"])
+def test_a_folder_as_tracking_uri_gets_a_sentence_saying_what_to_use(how, write_spec, tmp_path, monkeypatch):
+    """MLflow 3 refuses its folder store (./mlruns, which the docs named as the default): said in one sentence
+    with what to use, before any row; nothing is made."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("MLFLOW_ALLOW_FILE_STORE", raising=False)
+    _stored_sweep(write_spec, tmp_path, "local")
+    args = ["export", "mlflow", "local", "--store", str(tmp_path / "store")]
+    if how == "MLFLOW_TRACKING_URI":
+        monkeypatch.setenv("MLFLOW_TRACKING_URI", "./mlruns")
+    else:
+        args += ["--tracking-uri", "./mlruns" if how == "--tracking-uri" else (tmp_path / "mlruns").as_uri()]
+    done = runner.invoke(app, args)
+    assert done.exit_code == 2, done.output
+    assert "MLflow 3 no longer tracks into one: use a SQLite file (sqlite:///mlflow.db" in done.stderr
+    assert "or a tracking server (http://host:5000)" in done.stderr
+    assert not (tmp_path / "mlruns").exists() and not (tmp_path / "mlflow.db").exists()
+
+
+def test_a_spec_tracking_into_a_folder_is_refused_with_what_to_use(write_spec, monkeypatch):
+    from freezesweep.orchestrator.spec import SpecError
+
+    monkeypatch.delenv("MLFLOW_ALLOW_FILE_STORE", raising=False)
+    with pytest.raises(SpecError, match=r"tracking.mlflow: \./mlruns is a folder, and MLflow 3 no longer"):
+        load_spec(write_spec("tracked", tracking={"mlflow": "./mlruns"}))
+
+
+@pytest.mark.timeout(120)
+def test_live_tracking_with_nothing_listening_says_so_once_before_the_first_row(tmp_path, capsys, monkeypatch):
+    """Before: a 57 s sweep took 321 s, stuck at "0/4 done" while MLflow retried each row's first call."""
+    from freezesweep.orchestrator.launch import row_tracker
+
+    monkeypatch.delenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", raising=False)
+    uri = _closed_port_uri()
+    tracker = row_tracker(_tracked_sweep(uri, "dead"))
+    said = capsys.readouterr().err
+    assert said.count(f"warning: MLflow tracking at {uri} stopped before the first row: no MLflow") == 1
+    writer = RowWriter(
+        "dead",
+        SpoolingWriter(ResultStore(str(tmp_path / "store"), "dead"), str(tmp_path / "spool")),
+        set(),
+        SweepProgress(total=4, done=0, enabled=False),
+        on_row=tracker,
+    )
+    for seed in range(4):
+        writer.write(_result(seed), 1)
+    assert writer.ok == 4 and len(ResultStore(str(tmp_path / "store"), "dead").statuses()) == 4
+    assert "MLflow" not in capsys.readouterr().err  # said once, before the rows; not again
+
+
+@with_server
+def test_an_export_with_no_uri_writes_mlflows_own_default_and_says_where(write_spec, tmp_path, monkeypatch):
+    """The docs said ./mlruns; MLflow 3 writes sqlite:///mlflow.db in the current folder: the docs now say
+    so, and the export names where its runs went."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    _stored_sweep(write_spec, tmp_path, "here")
+    done = runner.invoke(app, ["export", "mlflow", "here", "--store", str(tmp_path / "store")])
+    assert done.exit_code == 0, done.output
+    assert f"at sqlite:///{tmp_path / 'mlflow.db'})" in done.stdout.replace("\n", "")
+    assert (tmp_path / "mlflow.db").is_file() and not (tmp_path / "mlruns").exists()
+    assert len(_runs(f"sqlite:///{tmp_path / 'mlflow.db'}", "here")) == 4

@@ -1,5 +1,9 @@
 """results/settle.py: decisions that hold however often they are looked at, on recorded sequences whose
-answers are computed here by hand, and never a decision the data cannot support."""
+answers are computed here by hand, and never a decision the data cannot support.
+
+The levels by hand (confidence 0.95, α = 0.05): the "within" sequence (learned first) 0.45 α = 0.0225 per
+claim, the "worse" sequence 0.2 α = 0.01, "nothing learned" Holm over its two claims at 0.3 α = 0.015,
+collapse bounds 0.05 α / (arms + 1); each times its look's weight (a fixed grid: 1)."""
 
 import dataclasses
 import math
@@ -11,18 +15,27 @@ from scipy import stats
 
 from freezesweep.results.settle import (
     FULL,
+    LAST_LOOK,
     LEARNED,
+    NOT_TESTED,
     NOTHING_LEARNED,
     UNDECIDED,
     WITHIN,
     WORSE,
     SettleRule,
     decide,
+    holm,
     interval,
+    look_weights,
     next_round,
+    open_arms,
+    seeds_to_decide,
 )
 
 RULE = SettleRule(tolerance=0.01, confidence=0.95, initial_seeds=3, max_seeds=9, seeds_per_round=2)
+ALPHA = 0.05
+WITHIN_LEVEL, WORSE_LEVEL, NOTHING_LEVEL = 0.45 * ALPHA, 0.2 * ALPHA, 0.3 * ALPHA
+FULL_SCORES = [0.80, 0.82, 0.78, 0.81, 0.79]
 
 
 def _rows(scores: dict[str, list[float]], baseline: float = 0.5, status: dict | None = None) -> pd.DataFrame:
@@ -41,17 +54,121 @@ def _rows(scores: dict[str, list[float]], baseline: float = 0.5, status: dict | 
     )
 
 
-def test_the_looks_of_a_budget():
-    assert RULE.looks == 1 + math.ceil((9 - 3) / 2) == 4
-    assert SettleRule(initial_seeds=3, max_seeds=3).looks == 1
+def _shifted(diffs: list[float]) -> list[float]:
+    return [f + d for f, d in zip(FULL_SCORES, diffs)]
+
+
+def _lower(diffs, level: float) -> float:
+    diffs = np.asarray(diffs)
+    return diffs.mean() - stats.t.ppf(1 - level, len(diffs) - 1) * diffs.std(ddof=1) / math.sqrt(len(diffs))
+
+
+def test_the_looks_of_a_budget_and_their_weights():
+    """Bonferroni over the looks with uneven weights: most on the last look, the earlier ones rising."""
+    assert RULE.looks == 1 + math.ceil((9 - 3) / 2) == 4 and SettleRule(initial_seeds=3, max_seeds=3).looks == 1
+    weights = RULE.look_weights
+    assert sum(weights) == pytest.approx(1) and weights[-1] == LAST_LOOK
+    assert list(weights) == sorted(weights) and weights[0] < 0.01  # three seeds can decide only the obvious
+    assert look_weights((10,)) == (1.0,)  # a fixed grid pays nothing for looks
+    # the earlier looks in the proportions of O'Brien–Fleming's boundary z·sqrt(n_last / n), z = 2
+    tails = [stats.norm.sf(2 * math.sqrt(9 / n)) for n in (3, 5, 7)]
+    assert weights[:3] == pytest.approx([(1 - LAST_LOOK) * t / sum(tails) for t in tails])
+
+
+def test_a_sequence_stopped_by_its_first_undecided_depth_decides_as_computed_by_hand():
+    """k = −1 within; k = 2 straddles the boundary, so the sequence stops there: k = 4, within by its own
+    bound, is not tested (its estimate is kept), and the advice is k = −1. "Worse" is Holm's over the four
+    depths: k = 6 at its first step, 0.2 α / 4. One look: each at its full level."""
+    diffs = {
+        "freeze k=-1": [0.002, -0.001, 0.003, 0.000, 0.001],
+        "freeze k=2": [0.01, -0.03, 0.02, -0.02, 0.0],
+        "freeze k=4": [0.002, -0.001, 0.003, 0.000, 0.001],
+        "freeze k=6": [-0.30, -0.28, -0.29, -0.31, -0.30],
+    }
+    result = decide(_rows({FULL: FULL_SCORES, **{a: _shifted(d) for a, d in diffs.items()}}, 0.4), RULE, looks=1)
+    arms = {c.arm: c for c in result.arms}
+    assert [c.arm for c in result.arms] == list(diffs)  # the sequence's order: the least frozen first
+    assert arms["freeze k=-1"].low == pytest.approx(_lower(diffs["freeze k=-1"], WITHIN_LEVEL))
+    assert arms["freeze k=-1"].low > -0.01 and arms["freeze k=-1"].decision == WITHIN
+    assert _lower(diffs["freeze k=2"], WITHIN_LEVEL) < -0.01 < -_lower(-np.array(diffs["freeze k=2"]), WORSE_LEVEL / 3)
+    assert arms["freeze k=2"].decision == UNDECIDED and "straddle" in arms["freeze k=2"].why
+    k4 = arms["freeze k=4"]
+    assert k4.clears and k4.decision == NOT_TESTED and "stopped at freeze k=2" in k4.why
+    assert k4.mean == pytest.approx(0.001)  # its estimate, reported beside "not tested"
+    assert arms["freeze k=6"].decision == WORSE
+    assert arms["freeze k=6"].high_all == pytest.approx(-_lower(-np.array(diffs["freeze k=6"]), WORSE_LEVEL / 4))
+    assert (result.advice, result.stopped_at) == ("freeze k=-1", "freeze k=2")
+    # more seeds go to k = 2 only: k = 4 already clears, k = 6 is shown worse
+    assert open_arms(result, list(diffs), RULE.tolerance) == ["freeze k=2"]
+
+
+def test_the_gatekeeper_holds_the_depths_back_until_learned_holds():
+    """Full fine-tuning's gain is not shown above the tolerance: no depth is tested, however clear its own
+    bound, and only full fine-tuning runs next (learned first)."""
+    unsure = [0.52, 0.60, 0.50, 0.55, 0.49]
+    close = [s + d for s, d in zip(unsure, [0.001, 0.0, 0.002, 0.001, 0.0015])]
+    result = decide(_rows({FULL: unsure, "freeze k=2": close}), RULE, looks=1)
+    assert result.learned.decision == UNDECIDED and result.advice is None
+    [k2] = result.arms
+    assert k2.clears and k2.decision == NOT_TESTED and "not shown to learn" in k2.why
+    assert next_round(result, RULE, ["freeze k=2"], {FULL: set(range(5)), "freeze k=2": set(range(5))}) == [
+        (FULL, 5),
+        (FULL, 6),
+    ]
+
+
+def test_holm_steps_down_where_bonferroni_would_stop():
+    """Holm 1979 by hand: levels α/6, α/5, α/4 in the order of the p-values; the second claim passes at
+    α/5 where Bonferroni's α/6 would refuse it; the third fails and stops the procedure."""
+    shown, levels = holm({"a": 0.0001, "b": 0.0009, "c": 0.02, "d": 0.0005}, 0.005, 6)
+    assert shown == {"a", "d", "b"}
+    assert levels == pytest.approx({"a": 0.005 / 6, "d": 0.005 / 5, "b": 0.005 / 4, "c": 0.005 / 3})
+    assert 0.0009 > 0.005 / 6  # Bonferroni over the six would not have shown b
+    none, stopped = holm({"a": 0.01, "b": 0.02}, 0.005, 4)
+    assert none == set() and stopped == pytest.approx({"a": 0.005 / 4, "b": 0.005 / 4})
+
+
+def test_other_methods_and_worse_are_decided_by_holm_over_their_claims():
+    """LoRA ranks and the probe are not on the sequence of depths: their "within" claims join every arm's
+    "worse" in Holm's family, with 0.1 α moved to it from the sequence's share (0.35 α left for it)."""
+    lora = [0.002, -0.001, 0.003, 0.000, 0.001]
+    probe = [-0.30, -0.28, -0.29, -0.31, -0.30]
+    scores = {FULL: FULL_SCORES, "lora r=8": _shifted(lora), "probe": _shifted(probe), "freeze k=2": _shifted(lora)}
+    result = decide(_rows(scores, 0.4), RULE, looks=1)
+    arms = {c.arm: c for c in result.arms}
+    assert result.levels.within == pytest.approx(0.35 * ALPHA) and result.levels.holm == pytest.approx(0.3 * ALPHA)
+
+    def p(diffs, above):  # by hand: the one-sided t p-value against −tolerance
+        t_stat = (np.mean(diffs) + 0.01) / stats.sem(diffs)
+        return stats.t.sf(t_stat, 4) if above else stats.t.cdf(t_stat, 4)
+
+    claims = {
+        "within lora": p(lora, True),
+        "within probe": p(probe, True),
+        "worse lora": p(lora, False),
+        "worse probe": p(probe, False),
+        "worse k=2": p(lora, False),
+    }
+    shown, _ = holm(claims, 0.3 * ALPHA, 5)
+    assert shown == {"within lora", "worse probe"}
+    assert arms["lora r=8"].decision == WITHIN and arms["probe"].decision == WORSE
+    assert result.advice == "freeze k=2"  # advice comes from the depths only
+
+
+def test_learneds_bound_does_not_depend_on_how_many_arms_the_grid_has():
+    """The gatekeeper is tested at the sequence's full level: before, its interval was shared by every
+    comparison of the grid (1 − 0.5 α / (looks × comparisons))."""
+    alone = decide(_rows({FULL: FULL_SCORES}), RULE, arms=["freeze k=2"]).learned
+    wide = decide(_rows({FULL: FULL_SCORES}), RULE, arms=[f"freeze k={k}" for k in range(1, 13)]).learned
+    assert (alone.low, alone.high) == (wide.low, wide.high)
+    gains = np.array(FULL_SCORES) - 0.5
+    assert alone.low == pytest.approx(_lower(gains, WITHIN_LEVEL * RULE.look_weights[1]))  # 5 seeds: look 2
 
 
 def test_identical_paired_differences_and_full_fine_tuning_at_the_baseline_give_no_advice():
-    """The demo's n = 50: both seeds' differences equal (a zero-width t interval) and full fine-tuning at
-    the majority class. Before: "freeze the embeddings and the first 6 layers (95 % CI +0.004 to +0.004)"."""
-    degenerate = decide(
-        _rows({FULL: [0.516, 0.516, 0.516], "freeze k=6": [0.520, 0.520, 0.520]}, baseline=0.509), RULE, looks=1
-    )
+    """The demo's n = 50 before: identical differences (a zero-width t interval); full fine-tuning at the
+    majority class. No claim from either."""
+    degenerate = decide(_rows({FULL: FULL_SCORES, "freeze k=6": [s + 0.004 for s in FULL_SCORES]}), RULE, looks=1)
     [k6] = degenerate.arms
     assert k6.decision == UNDECIDED and "spread is unknown" in k6.why and degenerate.advice is None
     at_baseline = decide(
@@ -61,94 +178,51 @@ def test_identical_paired_differences_and_full_fine_tuning_at_the_baseline_give_
     )
     assert at_baseline.learned.decision == NOTHING_LEARNED and at_baseline.advice is None
     assert next_round(at_baseline, RULE, ["freeze k=6"], {FULL: set(range(4)), "freeze k=6": set(range(4))}) == []
-    few = decide(_rows({FULL: [0.8, 0.9], "freeze k=3": [0.79, 0.91]}), RULE, looks=1)
-    assert few.arms[0].decision == UNDECIDED and "fewer than 3" in few.arms[0].why and few.advice is None
+    few = decide(_rows({FULL: FULL_SCORES[:2], "freeze k=3": [0.79, 0.83]}, 0.4), RULE, looks=1)
+    assert few.learned.decision == UNDECIDED and "fewer than 3" in few.learned.why and few.advice is None
 
 
-def test_a_recorded_sequence_decides_as_computed_by_hand():
-    """Three arms, four looks, two comparisons beside the learned check: each bound one-sided, at
-    1 - 0.5 × 0.05 / (4 looks × 3 comparisons) (the quality share of α), a Student-t one of the paired differences."""
-    full = [0.80, 0.82, 0.78, 0.81, 0.79]
+def test_the_next_round_goes_to_open_depths_nearest_deciding_first():
     scores = {
-        FULL: full,
-        "freeze k=2": [f + d for f, d in zip(full, [0.002, -0.001, 0.003, 0.000, 0.001])],
-        "freeze k=6": [f - d for f, d in zip(full, [0.30, 0.28, 0.29, 0.31, 0.30])],
+        FULL: FULL_SCORES[:3],
+        "freeze k=2": _shifted([0.01, -0.03, 0.02]),  # undecided, near the boundary
+        "freeze k=4": _shifted([0.05, -0.09, 0.02]),  # undecided, wide
+        "freeze k=6": _shifted([-0.3, -0.28, -0.31]),
     }
-    result = decide(_rows(scores, baseline=0.4), RULE)  # (0.5: k = 6's seeds 0 and 3 would be collapses)
-    for arm, share in (("freeze k=2", 0.5), ("freeze k=6", 0.2)):  # k = 6: "worse", over every seed
-        diffs = np.array(scores[arm]) - np.array(full)
-        half = stats.t.ppf(1 - share * 0.05 / (4 * 3), 4) * diffs.std(ddof=1) / math.sqrt(5)
-        mine = next(c for c in result.arms if c.arm == arm)
-        assert (mine.low if arm == "freeze k=2" else mine.high_all) == pytest.approx(
-            diffs.mean() - half if arm == "freeze k=2" else diffs.mean() + half
-        )
-    k2, k6 = (next(c for c in result.arms if c.arm == a) for a in ("freeze k=2", "freeze k=6"))
-    assert k2.low > -0.01 and k2.decision == WITHIN  # by hand: mean 0.001, half-width ≈ 0.0050
-    assert k6.high_all < -0.01 and k6.decision == WORSE
-    assert result.learned.decision == LEARNED and result.advice == "freeze k=2"
-    assert next_round(result, RULE, ["freeze k=2", "freeze k=6"], {arm: set(range(5)) for arm in scores}) == []
-
-
-def test_the_next_round_goes_to_undecided_arms_nearest_the_boundary_first():
-    full = [0.80, 0.82, 0.78]
-    scores = {
-        FULL: full,
-        "freeze k=2": [f + d for f, d in zip(full, [0.01, -0.03, 0.02])],  # undecided, near the boundary
-        "freeze k=4": [f + d for f, d in zip(full, [0.05, -0.09, 0.02])],  # undecided, wide
-        "freeze k=6": [f - 0.3 + d for f, d in zip(full, [0.001, -0.001, 0.0])],
-    }  # worse: settled
-    decision = decide(_rows(scores), RULE)
-    assert [c.decision for c in decision.arms] == [UNDECIDED, UNDECIDED, WORSE]
-    done = {arm: {0, 1, 2} for arm in scores}
+    learned = decide(_rows({FULL: FULL_SCORES}, 0.4), RULE)
+    assert learned.learned.decision == LEARNED
+    decision = decide(_rows({**scores, FULL: FULL_SCORES}, 0.4), RULE)
+    done = {arm: {0, 1, 2} for arm in scores} | {FULL: set(range(5))}
     cells = next_round(decision, RULE, ["freeze k=2", "freeze k=4", "freeze k=6"], done)
-    assert cells == [(FULL, 3), (FULL, 4), ("freeze k=2", 3), ("freeze k=2", 4), ("freeze k=4", 3), ("freeze k=4", 4)]
+    assert cells == [("freeze k=2", 3), ("freeze k=2", 4), ("freeze k=4", 3), ("freeze k=4", 4)]
+    assert [c.decision for c in decision.arms] == [UNDECIDED, NOT_TESTED, NOT_TESTED]  # k=6: no "worse" at 3 seeds
     together = dataclasses.replace(RULE, learned_first=False)
     first = next_round(decide(_rows({}), together), together, ["freeze k=2", "freeze k=6"], {})
     assert sorted(set(seed for _, seed in first)) == [0, 1, 2] and len(first) == 9  # initial seeds for all arms
-    at_budget = decide(
-        _rows(
-            {
-                FULL: [0.8, 0.82, 0.78, 0.8, 0.81, 0.79, 0.8, 0.8, 0.82],
-                "freeze k=2": [0.8, 0.85, 0.7, 0.8, 0.86, 0.72, 0.8, 0.8, 0.9],
-            }
-        ),
-        RULE,
-    )
-    assert next_round(at_budget, RULE, ["freeze k=2"], {FULL: set(range(9)), "freeze k=2": set(range(9))}) == []
 
 
 def test_learned_first_runs_the_arms_only_once_full_fine_tuning_beats_the_baseline():
     """The real run's n = 50 spent 15 of its 21 trials on the arms of a group that learned nothing."""
     arms = ["freeze k=2", "freeze k=6"]
-    assert next_round(decide(_rows({}), RULE), RULE, arms, {}) == [(FULL, 0), (FULL, 1), (FULL, 2)]
-    open_question = decide(_rows({FULL: [0.52, 0.60, 0.50]}), RULE, comparisons=3)  # a gain, or none?
+    assert next_round(decide(_rows({}), RULE, arms=arms), RULE, arms, {}) == [(FULL, 0), (FULL, 1), (FULL, 2)]
+    open_question = decide(_rows({FULL: [0.52, 0.60, 0.50]}), RULE, arms=arms)  # a gain, or none?
     assert open_question.learned.decision == UNDECIDED
     assert next_round(open_question, RULE, arms, {FULL: {0, 1, 2}}) == [(FULL, 3), (FULL, 4)]  # full fine-tuning only
-    nothing = decide(_rows({FULL: [0.510, 0.5095, 0.511, 0.510]}, baseline=0.509), RULE, comparisons=3)
-    assert nothing.learned.decision == NOTHING_LEARNED and next_round(nothing, RULE, arms, {FULL: {0, 1, 2, 3}}) == []
-    learned = decide(_rows({FULL: [0.80, 0.82, 0.78, 0.81, 0.79]}), RULE, comparisons=3)
+    nothing = decide(_rows({FULL: [0.510, 0.5095, 0.511]}, baseline=0.509), RULE, looks=1, arms=arms)
+    assert nothing.learned.decision == NOTHING_LEARNED and next_round(nothing, RULE, arms, {FULL: {0, 1, 2}}) == []
+    learned = decide(_rows({FULL: FULL_SCORES}), RULE, arms=arms)
     assert learned.learned.decision == LEARNED
     # the arms catch up on full fine-tuning's seeds, their initial ones first: no new full fine-tuning trial
     assert next_round(learned, RULE, arms, {FULL: set(range(5))}) == [(arm, s) for arm in arms for s in (0, 1, 2)]
-    at_budget = decide(_rows({FULL: [0.52, 0.60, 0.50, 0.55, 0.49, 0.58, 0.51, 0.56, 0.50]}), RULE, comparisons=3)
+    at_budget = decide(_rows({FULL: [0.52, 0.60, 0.50, 0.55, 0.49, 0.58, 0.51, 0.56, 0.50]}), RULE, arms=arms)
     assert at_budget.learned.decision == UNDECIDED
     assert next_round(at_budget, RULE, arms, {FULL: set(range(9))}) == []  # no advice can come of the arms
 
 
-def test_the_confidence_is_shared_by_the_grids_arms_before_they_have_rows():
-    """Learned first: full fine-tuning runs alone at first; its interval must be the one it has beside the
-    arms (1 − α / (looks × comparisons)), not take the whole confidence."""
-    full = [0.80, 0.82, 0.78, 0.81]
-    alone = decide(_rows({FULL: full}), RULE, comparisons=3).learned
-    beside = decide(_rows({FULL: full, "freeze k=2": full, "freeze k=6": full}), RULE).learned
-    assert (alone.low, alone.high) == pytest.approx((beside.low, beside.high))
-    assert decide(_rows({FULL: full}), RULE).learned.high < alone.high  # the rows' arms alone: narrower
-
-
 def test_failed_and_diverged_rows_are_left_out_and_counted():
-    scores = {FULL: [0.80, 0.82, 0.78, 0.81], "freeze k=2": [0.80, 0.82, 0.78, float("nan")]}
-    result = decide(_rows(scores, status={("freeze k=2", 3): "diverged"}), RULE)
-    assert result.arms[0].pairs == 3 and result.excluded == {"diverged": 1}
+    scores = {FULL: FULL_SCORES[:4], "freeze k=2": FULL_SCORES[:3] + [float("nan")]}
+    result = decide(_rows(scores, status={("freeze k=2", 3): "diverged"}), RULE, looks=1)
+    assert result.arms[0].pairs == 3 and result.arms[0].collapsed == 1 and result.excluded == {"diverged": 1}
 
 
 def test_the_interval_is_student_t():
@@ -159,8 +233,8 @@ def test_the_interval_is_student_t():
 
 def test_the_arms_seeds_follow_the_schedule_and_full_fine_tuning_runs_what_their_pairs_need():
     arms = ["freeze k=2", "freeze k=4"]
-    full = [0.80, 0.82, 0.78, 0.81, 0.79, 0.80, 0.82, 0.78, 0.81]
-    at_max = decide(_rows({FULL: full}), RULE, comparisons=3)  # learned at the budget, no arm run yet
+    full = FULL_SCORES + [0.80, 0.82, 0.78, 0.81]
+    at_max = decide(_rows({FULL: full}), RULE, arms=arms)  # learned at the budget, no arm run yet
     assert next_round(at_max, RULE, arms, {FULL: set(range(9))}) == [(arm, s) for arm in arms for s in (0, 1, 2)]
     uneven = decide(
         _rows({FULL: full[:5], "freeze k=2": [0.80, 0.85, 0.70], "freeze k=4": [0.80, 0.79, 0.83, 0.75, 0.9]}), RULE
@@ -169,12 +243,12 @@ def test_the_arms_seeds_follow_the_schedule_and_full_fine_tuning_runs_what_their
     assert sorted(cells) == sorted(
         [(FULL, 5), (FULL, 6), ("freeze k=2", 3), ("freeze k=2", 4), ("freeze k=4", 5), ("freeze k=4", 6)]
     )  # k=2's seeds 3, 4 pair with stored ones
-    diverged = decide(_rows({FULL: full[:3] + [float("nan")]}, status={(FULL, 3): "diverged"}), RULE, comparisons=3)
+    diverged = decide(_rows({FULL: full[:3] + [float("nan")]}, status={(FULL, 3): "diverged"}), RULE, arms=arms)
     assert (FULL, 3) not in next_round(diverged, RULE, arms, {FULL: {0, 1, 2, 3}})  # a final row: not run again
 
 
 def test_a_learned_check_that_reopens_sends_seeds_to_full_fine_tuning_only():
-    """The intervals hold at every look, not only the first that decides: a later look may straddle again."""
+    """The bounds hold at every look, not only the first that decides: a later look may straddle again."""
     reopened = decide(_rows({FULL: [0.52, 0.60, 0.50, 0.51, 0.58], "freeze k=2": [0.52, 0.61, 0.50]}), RULE)
     assert reopened.learned.decision == UNDECIDED
     assert next_round(reopened, RULE, ["freeze k=2"], {FULL: set(range(5)), "freeze k=2": {0, 1, 2}}) == [
@@ -188,54 +262,46 @@ def test_a_learned_check_that_reopens_sends_seeds_to_full_fine_tuning_only():
         ("freeze k=2", 3),
         ("freeze k=2", 4),
     ]
-    at_budget = decide(_rows({FULL: [0.52, 0.60, 0.50, 0.55, 0.49, 0.58, 0.51, 0.56, 0.50]}), together, comparisons=2)
-    assert next_round(at_budget, together, ["freeze k=2"], {FULL: set(range(9)), "freeze k=2": {0, 1, 2}}) == []
 
 
 def test_collapsed_seeds_are_counted_with_an_exact_bound_and_left_out_of_quality():
-    """The issue's arm: 0.01 above full fine-tuning when it trains, one seed of five collapsed to the
-    baseline (0.3 below). Before: one Student-t interval over all five — a mean 0.05 below, its spread
-    the collapse's — and no word of the collapse."""
-    full = [0.80, 0.82, 0.78, 0.81, 0.79]
+    """An arm 0.01 above full fine-tuning when it trains, one seed of five collapsed to the baseline."""
     arm = [0.811, 0.829, 0.791, 0.5, 0.801]  # seed 3: exactly the baseline, the constant predictor
-    result = decide(_rows({FULL: full, "freeze k=2": arm}, baseline=0.5), RULE, comparisons=3)
+    result = decide(_rows({FULL: FULL_SCORES, "freeze k=2": arm}, baseline=0.5), RULE)
     [k2] = result.arms
-    alphas = RULE.alphas(3)
+    weight = RULE.look_weights[1]  # five seeds: the second look
     diffs = np.array([0.011, 0.009, 0.011, 0.011])
-    half = stats.t.ppf(1 - alphas.quality, 3) * diffs.std(ddof=1) / 2
     assert (k2.pairs, k2.seeds, k2.collapsed) == (4, 5, 1)
-    assert k2.low == pytest.approx(diffs.mean() - half) and k2.decision == WITHIN
-    assert k2.collapse_upper == pytest.approx(stats.beta.ppf(1 - alphas.stability, 2, 4))  # Clopper–Pearson, 1 of 5
+    assert k2.low == pytest.approx(_lower(diffs, WITHIN_LEVEL * weight)) and k2.decision == WITHIN
+    stability = 0.05 * ALPHA / 2 * weight  # one arm and full fine-tuning share it
+    assert k2.collapse_upper == pytest.approx(stats.beta.ppf(1 - stability, 2, 4))  # Clopper–Pearson, 1 of 5
     assert (k2.score, k2.reference) == pytest.approx(
         (np.mean([0.811, 0.829, 0.791, 0.801]), np.mean([0.8, 0.82, 0.78, 0.79]))
     )
-    recorded = _rows({FULL: full, "freeze k=2": [0.811, 0.829, 0.791, 0.6, 0.801]}, baseline=0.5)
+    recorded = _rows({FULL: FULL_SCORES, "freeze k=2": [0.811, 0.829, 0.791, 0.6, 0.801]}, baseline=0.5)
     recorded["collapsed"] = (recorded["arm"] == "freeze k=2") & (recorded["seed"] == 3)  # one class predicted
-    assert decide(recorded, RULE, comparisons=3).arms[0].collapsed == 1
+    assert decide(recorded, RULE).arms[0].collapsed == 1
 
 
 def test_every_seed_at_the_baseline_is_nothing_learned_once_its_collapse_rate_is_shown_above_half():
-    """Before: identical differences (every trial the constant predictor) were an unknown spread, never
-    decided: the sweep ran its whole budget and ended with no answer."""
-    three = decide(_rows({FULL: [0.509] * 3}, baseline=0.509), RULE, comparisons=3)
-    assert three.learned.decision == UNDECIDED and three.learned.collapsed == 3
-    assert next_round(three, RULE, ["freeze k=2"], {FULL: {0, 1, 2}}) == [(FULL, 3), (FULL, 4)]  # full fine-tuning only
+    """Nine of nine at the baseline is not yet enough at the fourth look's small weight; ten of ten at the
+    last look is: Holm's first step of the two "nothing learned" claims, 0.15 α × 0.7."""
     ten = SettleRule(max_seeds=10)  # 3, 5, 7, 9, 10: five looks
-    nine = decide(_rows({FULL: [0.509] * 9}, baseline=0.509), ten, comparisons=3)
-    assert nine.learned.decision == UNDECIDED and nine.learned.collapse_lower < 0.5
-    all_ten = decide(_rows({FULL: [0.509] * 10}, baseline=0.509), ten, comparisons=3)
-    assert all_ten.learned.collapse_lower > 0.5  # exact: (α_nothing)^(1/10) with α_nothing = 0.15 × 0.05 / 5
-    assert all_ten.learned.collapse_lower == pytest.approx((0.15 * 0.05 / 5) ** (1 / 10))
+    three = decide(_rows({FULL: [0.509] * 3}, baseline=0.509), ten)
+    assert three.learned.decision == UNDECIDED and three.learned.collapsed == 3
+    assert next_round(three, ten, ["freeze k=2"], {FULL: {0, 1, 2}}) == [(FULL, 3), (FULL, 4)]  # full fine-tuning only
+    nine = decide(_rows({FULL: [0.509] * 9}, baseline=0.509), ten)
+    assert nine.learned.decision == UNDECIDED and 0.5**9 > NOTHING_LEVEL / 2 * ten.look_weights[3]
+    all_ten = decide(_rows({FULL: [0.509] * 10}, baseline=0.509), ten)
+    assert all_ten.learned.collapse_lower == pytest.approx((NOTHING_LEVEL / 2 * LAST_LOOK) ** (1 / 10))
     assert all_ten.learned.decision == NOTHING_LEARNED and "collapses" in all_ten.learned.why
     assert next_round(all_ten, ten, ["freeze k=2"], {FULL: set(range(10))}) == []
 
 
 def test_learned_and_nothing_learned_never_overlap():
-    """One boundary, the tolerance: learned is a gain shown above it, nothing learned one shown below it.
-    Before: learned was any gain above 0, so a gain shown between 0 and the tolerance was both."""
+    """One boundary, the tolerance: learned is a gain shown above it, nothing learned one shown below it."""
     small_gain = decide(_rows({FULL: [0.505, 0.510, 0.508, 0.512, 0.505]}, baseline=0.5), RULE, looks=1)
-    g = small_gain.learned
-    assert 0 < g.low and g.high > 0.01 and g.decision == UNDECIDED  # before: learned
+    assert small_gain.learned.low > 0 and small_gain.learned.decision == UNDECIDED
     inside = decide(_rows({FULL: [0.5040, 0.5042, 0.5041, 0.5043, 0.5040]}, baseline=0.5), RULE, looks=1)
     assert 0 < inside.learned.low and inside.learned.high < 0.01 and inside.learned.decision == NOTHING_LEARNED
     above = decide(_rows({FULL: [0.60, 0.61, 0.62, 0.60, 0.61]}, baseline=0.5), RULE, looks=1)
@@ -244,25 +310,35 @@ def test_learned_and_nothing_learned_never_overlap():
 
 def test_a_failed_seed_keeps_the_looks_on_the_schedule():
     """Seeds 0–4 of the arm with seed 3 failed: its four pairs are no count of the schedule (3, 5, 7, 9);
-    the look sees the three of the last one it reached, as before, until seed 3 is run again. Before:
-    decided at 4 pairs, a look beyond the L its confidence was shared by."""
-    full = [0.80, 0.82, 0.78, 0.81, 0.79]
+    the look sees the three of the last one it reached, until seed 3 is run again."""
     arm = [0.80, 0.83, 0.77, 0.0, 0.795]
-    failed = decide(_rows({FULL: full, "freeze k=2": arm}, status={("freeze k=2", 3): "failed"}), RULE)
-    first_three = decide(_rows({FULL: full[:3], "freeze k=2": arm[:3]}), RULE)
+    failed = decide(_rows({FULL: FULL_SCORES, "freeze k=2": arm}, status={("freeze k=2", 3): "failed"}), RULE)
+    first_three = decide(_rows({FULL: FULL_SCORES[:3], "freeze k=2": arm[:3]}), RULE)
     assert failed.arms[0].seeds == 3 and failed.arms[0].pairs == 3
     assert (failed.arms[0].low, failed.arms[0].high) == (first_three.arms[0].low, first_three.arms[0].high)
     assert failed.excluded == {"failed": 1}
     assert RULE.schedule == (3, 5, 7, 9) and SettleRule(max_seeds=10).schedule == (3, 5, 7, 9, 10)
-    assert decide(_rows({FULL: full, "freeze k=2": arm[:3] + [0.805, 0.795]}), RULE).arms[0].seeds == 5  # on it
+    assert decide(_rows({FULL: FULL_SCORES, "freeze k=2": arm[:3] + [0.805, 0.795]}), RULE).arms[0].seeds == 5
 
 
-def test_within_is_a_one_sided_bound_as_wide_as_the_two_sided_interval_before():
-    """The one-sided gain pays for the collapse bounds and the "worse" claim over every seed: "within"
-    keeps exactly the power it had."""
-    full = [0.80, 0.82, 0.78, 0.81, 0.79]
-    arm = [0.795, 0.822, 0.775, 0.808, 0.788]
-    k2 = decide(_rows({FULL: full, "freeze k=2": arm}), RULE).arms[0]
-    diffs = np.array(arm) - np.array(full)
-    before = stats.t.ppf(1 - 0.05 / (4 * 2) / 2, 4) * diffs.std(ddof=1) / math.sqrt(5)  # two-sided, α / (L m)
-    assert diffs.mean() - k2.low == pytest.approx(before)  # one-sided at 0.5 α / (L m): what "within" had, no less
+def test_the_last_looks_bound_is_narrower_than_the_rule_befores():
+    """Before: 0.5 α / (L looks × m comparisons) at every look. Now a depth's last look costs 0.45 α × 0.7:
+    with 7 arms and 5 looks, a t critical value of about 2.5 at 10 seeds instead of about 4.5."""
+    rule = SettleRule(max_seeds=10)
+    before = stats.t.ppf(1 - 0.5 * ALPHA / (5 * 8), 9)
+    now = stats.t.ppf(1 - WITHIN_LEVEL * rule.look_weights[-1], 9)
+    assert before > 4.4 and now < 2.6
+
+
+def test_the_budget_that_would_decide_uses_the_new_last_looks_level():
+    """seeds_to_decide prices a new budget at its own last look (0.45 α × 0.7 for "within")."""
+    diffs = [0.002, -0.008, 0.005, -0.006, 0.001]
+    result = decide(_rows({FULL: FULL_SCORES, "freeze k=2": _shifted(diffs)}, 0.4), RULE)
+    [k2] = result.arms
+    assert k2.decision == UNDECIDED
+    budget = seeds_to_decide(k2, RULE, result.levels)
+    spread, gap = np.std(diffs, ddof=1), np.mean(diffs) + 0.01
+    level = WITHIN_LEVEL * dataclasses.replace(RULE, max_seeds=budget).look_weights[-1]
+    assert stats.t.ppf(1 - level, budget - 1) * spread / math.sqrt(budget) < gap  # decides at the budget
+    smaller = WITHIN_LEVEL * dataclasses.replace(RULE, max_seeds=budget - 1).look_weights[-1]
+    assert budget - 1 <= RULE.max_seeds or stats.t.ppf(1 - smaller, budget - 2) * spread / math.sqrt(budget - 1) >= gap

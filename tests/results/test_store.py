@@ -293,6 +293,55 @@ def test_rows_stored_before_select_metric_read_as_accuracy(tmp_path):
     assert summary(store.read()).set_index("dataset").loc["glue/sst2", "mean"] == 0.75
 
 
+def _sampled(seed: int, max_eval_examples: int | None, n_eval: int, baseline_rows: str | None) -> TrialResult:
+    """The demo's k = 6 seed 2 as stored before baselines were measured on the evaluated rows: 130 of 256
+    sampled rows (the sample's majority share) against the whole split's 0.5092, collapsed false."""
+    result = _result(seed=seed, acc=130 / 256)
+    cfg = replace(result.config, max_eval_examples=max_eval_examples)
+    return replace(
+        result,
+        trial_id=cfg.trial_id,
+        config=cfg,
+        n_eval=n_eval,
+        select_metric="accuracy",
+        best_val_score=130 / 256,
+        baseline_score=0.5092,
+        majority_baseline=0.5092,
+        collapsed=False,
+        baseline_rows=baseline_rows,
+    )
+
+
+def test_rows_stored_before_baseline_rows_name_a_whole_split_baseline(tmp_path):
+    """A row file without ``baseline_rows`` computed its baseline on the whole validation split: where its
+    scores came from a max_eval_examples sample it reads "whole split" (in SQL, in the report's rows), and
+    the report names the sweep's such rows; scored on the whole split, or written since, "evaluated"."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from freezesweep.results.query import read_rows, sql, whole_split_rows
+    from freezesweep.results.report import SweepRows, build_report
+
+    store = ResultStore(str(tmp_path), "old")
+    (tmp_path / "old" / "results").mkdir(parents=True)
+    old_schema = pa.schema([f for f in SCHEMA if f.name != "baseline_rows"])
+    olds = {0: _sampled(0, 256, 256, None), 1: _sampled(1, None, 872, None), 2: _sampled(2, 1000, 872, None)}
+    for result in olds.values():
+        row = result_row("old", result)
+        pq.write_table(
+            pa.Table.from_pylist([row], schema=old_schema), tmp_path / "old" / "results" / f"{row['trial_id']}.parquet"
+        )
+    store.write_row(result_row("old", _sampled(3, 256, 256, "evaluated")))  # written since: its own word
+    store.write_row(result_row("old", _result(seed=4, status="failed")))  # no baseline, nothing to say
+    expected = {0: "whole split", 1: "evaluated", 2: "evaluated", 3: "evaluated", 4: "null"}
+    got = sql(store, "SELECT seed, coalesce(baseline_rows, 'null') FROM results ORDER BY seed").values.tolist()
+    assert got == [[seed, rows] for seed, rows in expected.items()]
+    assert read_rows(store).set_index("seed")["baseline_rows"].fillna("null").to_dict() == expected
+    assert whole_split_rows(read_rows(store)).to_dict() == {"old": 1}
+    report = build_report([SweepRows.from_store(store)])
+    assert any("old: 1 ok row was scored on a max_eval_examples sample" in p for p in report.sections[0].paragraphs)
+
+
 def test_diverged_cells_are_counted_apart_and_left_out(tmp_path):
     from freezesweep.results.query import status_table
     from freezesweep.results.report import SweepRows, write_report

@@ -16,7 +16,7 @@ def test_real_glue_from_local_parquet(dataset, rows, majority, glue_dir):
     task = load_task(dataset, str(glue_dir))
     assert (len(task.train), len(task.validation)) == rows
     assert task.num_labels == 2
-    assert task.majority_baseline == pytest.approx(majority, abs=5e-4)
+    assert task.baseline_metrics()["accuracy"] == pytest.approx(majority, abs=5e-4)
     assert describe_task(dataset, str(glue_dir)).rows == {"train": rows[0], "validation": rows[1]}
 
 
@@ -67,7 +67,7 @@ def test_string_labels_are_mapped(tmp_path):
         )
     task = load_task(str(tmp_path), text_column="text")
     assert task.train.labels.tolist() == [1, 0, 1]
-    assert task.majority_baseline == pytest.approx(2 / 3)
+    assert task.baseline_metrics()["accuracy"] == pytest.approx(2 / 3)
 
 
 def test_errors_name_the_problem(tmp_path):
@@ -118,17 +118,31 @@ def test_baselines_of_each_task(glue_dir):
         task = load_task(dataset, str(glue_dir))
         labels = task.validation.labels
         majority = np.bincount(labels).argmax()
-        baseline = task.baseline_metrics
-        assert baseline["accuracy"] == task.majority_baseline == pytest.approx(np.mean(labels == majority))
+        baseline = task.baseline_metrics()
+        assert baseline["accuracy"] == pytest.approx(np.mean(labels == majority))
         assert baseline["matthews"] == 0.0  # a constant answer carries no information
         assert baseline["f1"] == pytest.approx(f1_score(labels, np.full(len(labels), majority)))
-    mrpc = load_task("glue/mrpc", str(glue_dir)).baseline_metrics  # majority "equivalent" (1): F1 = 2p / (1 + p)
+    mrpc = load_task("glue/mrpc", str(glue_dir)).baseline_metrics()  # majority "equivalent" (1): F1 = 2p / (1 + p)
     assert mrpc["accuracy"] == pytest.approx(279 / 408) and mrpc["f1"] == pytest.approx(2 * 279 / 408 / (1 + 279 / 408))
-    assert load_task("glue/rte", str(glue_dir)).majority_baseline == pytest.approx(146 / 277)
+    assert load_task("glue/rte", str(glue_dir)).baseline_metrics()["accuracy"] == pytest.approx(146 / 277)
     stsb = load_task("glue/stsb", str(glue_dir))
-    assert stsb.regression and stsb.num_labels == 1 and stsb.majority_baseline is None
+    assert stsb.regression and stsb.num_labels == 1 and "accuracy" not in stsb.baseline_metrics()
     assert stsb.train.labels.dtype == np.float32 and stsb.train.labels.min() == 0 and stsb.train.labels.max() == 5
-    assert stsb.baseline_metrics == {"pearson": 0.0, "spearman": 0.0}
+    assert stsb.baseline_metrics() == {"pearson": 0.0, "spearman": 0.0}
+
+
+@needs_glue
+def test_the_baseline_of_a_sample_is_the_samples(glue_dir):
+    """The demo's evaluation (max_eval_examples 256 of SST-2's 872 validation rows): the constant
+    predictor's accuracy there is 130 / 256, not the split's 444 / 872 that a one-class seed was held to."""
+    from freezesweep.trials.config import TrialConfig
+    from freezesweep.trials.run import eval_rows
+
+    task = load_task("glue/sst2", str(glue_dir))
+    rows = eval_rows(
+        task, TrialConfig(dataset="glue/sst2", model="m", train_size=200, frozen_layers=0, max_eval_examples=256)
+    )
+    assert task.baseline_metrics(rows)["accuracy"] == 130 / 256 and task.baseline_metrics()["accuracy"] == 444 / 872
 
 
 def test_local_pairs_and_float_labels(tmp_path):

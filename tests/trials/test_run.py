@@ -6,7 +6,7 @@ import torch
 
 from freezesweep.trials.config import TrialConfig
 from freezesweep.trials.precision import PrecisionError, resolve_precision
-from freezesweep.trials.run import failed_result, run_trial
+from freezesweep.trials.run import collapsed, failed_result, run_trial
 from freezesweep.trials.worker import WorkerState
 from freezesweep.trials.train import make_schedule
 
@@ -39,6 +39,36 @@ def test_seed_changes_the_run_but_not_the_subset(tiny_trial):
     b = run_trial(dataclasses.replace(tiny_trial, seed=1))
     assert a.train_indices_digest == b.train_indices_digest
     assert a.train_loss_curve != b.train_loss_curve
+
+
+# The toy's 36-row evaluation sample (max_eval_examples) of its 60 validation rows: 22 of class 1 (0.611)
+# against the split's 36 of 60 (0.6). One class answered on every sampled row scores one of these.
+SAMPLE_ONE_CLASS = {
+    "majority": {"accuracy": 22 / 36, "f1": 2 * (22 / 36) / (1 + 22 / 36), "matthews": 0.0},
+    "minority": {"accuracy": 14 / 36, "f1": 0.0, "matthews": 0.0},
+}
+
+
+@pytest.mark.parametrize("metric", ["accuracy", "f1", "matthews"])
+def test_a_collapse_on_a_sample_is_seen_in_every_metric(tiny_trial, metric):
+    """The tiny trial answers one class on every row (which one depends on the head's seed, itself drawn
+    from the fixtures' paths): collapsed in every metric, against the sample's baseline. Before, the
+    whole split's baseline (0.6, F1 0.75) stored it as trained in accuracy and F1."""
+    result = run_trial(dataclasses.replace(tiny_trial, max_eval_examples=36, select_metric=metric))
+    best = next(p for p in result.eval_curve if p.step == result.best_step)
+    assert result.n_eval == 36 and result.baseline_rows == "evaluated"
+    assert (
+        result.baseline_metrics == pytest.approx(SAMPLE_ONE_CLASS["majority"]) and result.majority_baseline == 22 / 36
+    )
+    assert any(result.best_val_metrics == pytest.approx(scores) for scores in SAMPLE_ONE_CLASS.values())
+    assert best.constant_predictions and result.collapsed is True
+
+
+def test_a_trained_seed_on_a_sample_is_not_collapsed(tiny_trial):
+    result = run_trial(dataclasses.replace(tiny_trial, epochs=10, train_size=120, max_eval_examples=36))
+    best = next(p for p in result.eval_curve if p.step == result.best_step)
+    assert result.collapsed is False and not best.constant_predictions
+    assert not any(collapsed(best, metric, result.baseline_metrics) for metric in ("accuracy", "f1", "matthews"))
 
 
 def test_it_learns_and_freezing_limits_trainable(tiny_trial):
@@ -163,8 +193,10 @@ def _pairs(cfg, dataset, **changes):
 
 
 def test_a_sentence_pair_regression_trial_selects_by_pearson(tiny_trial, toy_scores):
-    result = run_trial(_pairs(tiny_trial, toy_scores, select_metric="pearson", train_size=64, epochs=3))
-    assert result.status == "ok" and result.select_metric == "pearson"
+    result = run_trial(
+        _pairs(tiny_trial, toy_scores, select_metric="pearson", train_size=64, epochs=3, max_eval_examples=24)
+    )
+    assert result.status == "ok" and result.select_metric == "pearson" and result.n_eval == 24
     assert result.best_val_accuracy is None and result.majority_baseline is None
     assert all(p.accuracy is None and p.pearson is not None for p in result.eval_curve)
     best = max(result.eval_curve, key=lambda p: p.pearson)
@@ -172,6 +204,7 @@ def test_a_sentence_pair_regression_trial_selects_by_pearson(tiny_trial, toy_sco
     assert result.best_val_metrics == {"pearson": best.pearson, "spearman": best.spearman}
     assert result.final_val_score == result.eval_curve[-1].pearson
     assert result.baseline_metrics == {"pearson": 0.0, "spearman": 0.0} and result.baseline_score == 0.0
+    assert result.collapsed is False and not any(p.constant_predictions for p in result.eval_curve)
     assert result.trainable_params == result.total_params  # one output: a 32 → 1 head
     with pytest.raises(
         ValueError, match="select_metric 'accuracy' does not fit .* \\(a regression task: pearson, spearman\\)"
