@@ -26,10 +26,10 @@ from transformers import get_linear_schedule_with_warmup
 from freezesweep.trials import faults
 from freezesweep.trials.config import EvalPoint, TrialConfig
 from freezesweep.trials.eval_cache import PrefixStates
-from freezesweep.trials.evaluate import evaluate, task_loss
+from freezesweep.trials.evaluate import eval_labels, evaluate, task_loss
 from freezesweep.trials.packing import PackedFeed, PaddedFeed
 from freezesweep.trials.precision import PrecisionPlan, synchronize
-from freezesweep.trials.tokens import Batch, Tokens, train_batches
+from freezesweep.trials.tokens import Batch, Tokens, device_rows, to_device
 from freezesweep.trials.train_cache import TrainPrefix
 
 
@@ -106,6 +106,7 @@ class FitContext:
     eval_batches: list[Batch]
     on_eval: Callable[[EvalPoint], None]
     eval_prefix: PrefixStates | None = None  # the frozen layers' cached output (trials/eval_cache.py)
+    eval_labels: np.ndarray | None = None  # the evaluation batches' labels on the host (evaluate.eval_labels)
     feed: PaddedFeed | PackedFeed = PaddedFeed()  # padded or packed training batches (trials/packing.py)
     train_prefix: TrainPrefix | None = None  # opt-in, not the reference's semantics (trials/train_cache.py)
     # Gets each checkpoint file right after it is saved: whoever runs the trial keeps a copy where a
@@ -114,6 +115,10 @@ class FitContext:
 
 
 def fit(model: nn.Module, train_ids: Tokens, train_labels: np.ndarray, pad_id: int, ctx: FitContext) -> FitState:
+    """Train to the schedule's end (or the first non-finite loss), evaluating at its evaluation steps.
+    Between evaluations nothing is read back from the device: the train subset and every epoch's
+    order move there once, batches are gathered there, the loss and the first non-finite step
+    accumulate there (tests/trials/test_step_syncs.py counts the host syncs)."""
     cfg, schedule = ctx.cfg, ctx.schedule
     params = [p for p in model.parameters() if p.requires_grad]
     # Fused AdamW (CPU and CUDA since torch 2.4): one vectorised kernel instead of a Python loop of
@@ -124,41 +129,80 @@ def fit(model: nn.Module, train_ids: Tokens, train_labels: np.ndarray, pad_id: i
     scaler = ctx.plan.grad_scaler()
     generator = torch.Generator().manual_seed(cfg.derived_seed)
     state = _restore(model, optimizer, scheduler, scaler, generator, cfg) or FitState()
+    rows = device_rows(train_ids, train_labels, ctx.device)
+    orders = epoch_orders(len(rows), schedule, state, generator, ctx.device)
+    state.nonfinite_step = torch.full((), int(state.nonfinite_step), device=ctx.device)
+    if ctx.eval_labels is None:  # read once per trial, not at every evaluation
+        ctx = dataclasses.replace(ctx, eval_labels=eval_labels(ctx.eval_batches))
     model.train()
     segment_started = time.perf_counter()  # train time is counted per segment between evaluations
     while state.step < schedule.total_steps and state.diverged_at_step is None:
-        skip = state.step % schedule.steps_per_epoch  # > 0 only right after a mid-epoch restore
-        if skip == 0:
-            state.epoch_rng = generator.get_state()
-        generator.set_state(state.epoch_rng)
-        for batch in train_batches(train_ids, train_labels, cfg.batch_size, pad_id, generator)[skip:]:
-            if state.step >= schedule.total_steps or state.diverged_at_step is not None:
-                break
-            batch = ctx.feed.prepare(batch).to(ctx.device)
-            with ctx.train_prefix.feeding(model, batch) if ctx.train_prefix else contextlib.nullcontext():
-                # opt-in cache: above k
-                loss = train_step(
-                    model, batch, optimizer, scheduler, scaler, params, ctx.plan, ctx.feed, ctx.cfg.max_grad_norm
-                )
-            state.loss_sum, state.loss_count = state.loss_sum + loss, state.loss_count + 1
-            state.step += 1
-            state.nonfinite_step = torch.where(
-                (torch.as_tensor(state.nonfinite_step, device=loss.device) < 0) & ~torch.isfinite(loss),
-                state.step,
-                state.nonfinite_step,
-            )
-            if state.step in schedule.eval_steps or state.step in schedule.checkpoint_steps:
-                synchronize(ctx.device)  # queued GPU work belongs to training, not to what follows
-                state.train_time_s += time.perf_counter() - segment_started
-                if state.step in schedule.eval_steps:
-                    _evaluate_into(model, state, ctx)
-                if state.step in schedule.checkpoint_steps:
-                    _save(model, optimizer, scheduler, scaler, generator, state, ctx)
-                segment_started = time.perf_counter()
+        batch = ctx.feed.gather(rows, *orders.batch(state.step, cfg.batch_size), pad_id)
+        with ctx.train_prefix.feeding(model, batch) if ctx.train_prefix else contextlib.nullcontext():
+            # opt-in cache: above k
+            loss = train_step(model, batch, optimizer, scheduler, scaler, params, ctx.plan, ctx.feed, cfg.max_grad_norm)
+        state.loss_sum, state.loss_count = state.loss_sum + loss, state.loss_count + 1
+        state.step += 1
+        state.nonfinite_step = first_nonfinite(state.nonfinite_step, loss, state.step)
+        if state.step in schedule.eval_steps or state.step in schedule.checkpoint_steps:
+            synchronize(ctx.device)  # queued GPU work belongs to training, not to what follows
+            state.train_time_s += time.perf_counter() - segment_started
+            if state.step in schedule.eval_steps:
+                _evaluate_into(model, state, ctx)
+            if state.step in schedule.checkpoint_steps:
+                _save(model, optimizer, scheduler, scaler, orders, state, ctx)
+            segment_started = time.perf_counter()
     synchronize(ctx.device)  # steps after the last evaluation are training time too, up to the last one
     state.train_time_s += time.perf_counter() - segment_started
     _discard_checkpoint(cfg)  # finished: a retry of this cell has nothing to resume
     return state
+
+
+def first_nonfinite(first: torch.Tensor, loss: torch.Tensor, step: int) -> torch.Tensor:
+    """The first step whose loss was not finite (-1: none yet), kept on the device: read at evaluations."""
+    return torch.where((first < 0) & ~torch.isfinite(loss), step, first)
+
+
+@dataclass(frozen=True)
+class EpochOrders:
+    """The order of the train subset in each epoch left to train, drawn once per trial with the cell's
+    generator (the same ``randperm`` draws, in the same sequence, as one epoch at a time would make)
+    and moved to the device in one copy. ``start_states``: the generator's state at the start of each
+    of those epochs and after the last one (what a checkpoint saves)."""
+
+    first_epoch: int
+    steps_per_epoch: int
+    host: np.ndarray  # [epochs, rows]: positions in the train subset
+    device: torch.Tensor  # the same, on the device
+    start_states: tuple[torch.Tensor, ...]
+
+    def batch(self, step: int, batch_size: int) -> tuple[np.ndarray, torch.Tensor]:
+        """The positions (host, device) of the batch that optimizer step ``step`` (0-based) trains on."""
+        epoch, index = divmod(step, self.steps_per_epoch)
+        rows = slice(index * batch_size, (index + 1) * batch_size)
+        return self.host[epoch - self.first_epoch, rows], self.device[epoch - self.first_epoch, rows]
+
+    def state_at(self, epoch: int) -> torch.Tensor:
+        return self.start_states[epoch - self.first_epoch]
+
+
+def epoch_orders(
+    n_rows: int, schedule: Schedule, state: FitState, generator: torch.Generator, device: torch.device
+) -> EpochOrders:
+    """Every remaining epoch's order, from ``state.step`` on. A fit resumed mid-epoch draws that
+    epoch again from its start state (``state.epoch_rng``); at an epoch's start the generator is
+    where the last draw left it (a fresh fit: as seeded)."""
+    first = state.step // schedule.steps_per_epoch
+    last = (schedule.total_steps - 1) // schedule.steps_per_epoch
+    if state.step % schedule.steps_per_epoch:
+        generator.set_state(state.epoch_rng)
+    states, orders = [], []
+    for _ in range(first, last + 1):
+        states.append(generator.get_state())
+        orders.append(torch.randperm(n_rows, generator=generator).numpy())
+    states.append(generator.get_state())
+    host = np.stack(orders) if orders else np.zeros((0, n_rows), dtype=np.int64)
+    return EpochOrders(first, schedule.steps_per_epoch, host, to_device(host, device), tuple(states))
 
 
 def train_step(
@@ -202,7 +246,7 @@ def _evaluate_into(model: nn.Module, state: FitState, ctx: FitContext) -> None:
     (``diverged_at_step``: the first non-finite train step, else this one): no best evaluation is
     ever taken from a non-finite one, and its metrics never enter the curve."""
     started = time.perf_counter()
-    metrics, loss = evaluate(model, ctx.eval_batches, ctx.plan, ctx.device, ctx.eval_prefix)
+    metrics, loss = evaluate(model, ctx.eval_batches, ctx.plan, ctx.device, ctx.eval_prefix, ctx.eval_labels)
     state.eval_time_s += time.perf_counter() - started
     train_loss = float(state.loss_sum) / max(1, state.loss_count)
     if not (math.isfinite(loss) and math.isfinite(train_loss)):
@@ -226,11 +270,15 @@ def _checkpoint_path(cfg: TrialConfig) -> Path | None:
     return Path(cfg.checkpoint_dir) / f"{cfg.trial_id}.pt"
 
 
-def _save(model, optimizer, scheduler, scaler, generator, state: FitState, ctx: FitContext) -> None:
+def _save(model, optimizer, scheduler, scaler, orders: EpochOrders, state: FitState, ctx: FitContext) -> None:
     cfg = ctx.cfg
     path = _checkpoint_path(cfg)
     if path is None:
         return
+    # As an epoch-at-a-time loop left them: the last step's epoch's start state, and the generator
+    # after that epoch's draw (the next epoch's start), whichever a resumed fit needs.
+    epoch = (state.step - 1) // ctx.schedule.steps_per_epoch
+    state.epoch_rng = orders.state_at(epoch)
     trainable = {n: p.detach().cpu() for n, p in model.named_parameters() if p.requires_grad}
     payload = {
         "trial_id": cfg.trial_id,
@@ -238,7 +286,7 @@ def _save(model, optimizer, scheduler, scaler, generator, state: FitState, ctx: 
         "optimizer": optimizer.state_dict(),
         "scheduler": scheduler.state_dict(),
         "scaler": scaler.state_dict(),
-        "generator": generator.get_state(),
+        "generator": orders.state_at(epoch + 1),
         "torch_rng": torch.get_rng_state(),
         "cuda_rng": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None,
         # no device tensor in the file
