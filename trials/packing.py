@@ -118,6 +118,10 @@ class PaddedFeed:
     def gather(self, rows: DeviceRows, positions, on_device: torch.Tensor, pad_id: int) -> Batch:
         return collate_rows(rows, positions, on_device, pad_id)
 
+    def length(self, lengths) -> int:
+        """A batch's width, from its rows' lengths."""
+        return int(max(lengths))
+
     def logits(self, model: nn.Module, batch: Batch) -> torch.Tensor:
         return model(**batch.model_inputs()).logits
 
@@ -132,6 +136,10 @@ class PackedFeed:
 
     def gather(self, rows: DeviceRows, positions, on_device: torch.Tensor, pad_id: int) -> Packed:
         return pack_rows(rows, positions, on_device, self.offset)
+
+    def length(self, lengths) -> int:
+        """A packed batch's token count, from its rows' lengths."""
+        return int(sum(lengths))
 
     def logits(self, model: nn.Module, packed: Packed) -> torch.Tensor:
         self.reader.rows = packed.first_tokens

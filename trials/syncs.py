@@ -25,6 +25,7 @@ _TENSOR_READS = ("item", "tolist", "cpu", "numpy", "__bool__", "__int__", "__flo
 # Functions whose result is a host value computed on the device, or whose shape depends on the data.
 _TORCH_READS = ("equal", "allclose", "is_nonzero", "nonzero", "masked_select", "unique")
 _TENSOR_DATA_SHAPED = ("nonzero", "masked_select", "unique", "equal", "allclose")
+DETECTED = "cuda sync (torch's detector)"
 
 
 @dataclass
@@ -42,7 +43,12 @@ class HostSyncs:
         self.events.append(f"mark:{name}")
 
     def syncs(self) -> list[str]:
+        """Every sync point called (the spy's and, on a GPU, torch's detector's), in order."""
         return [e for e in self.events if not e.startswith("mark:")]
+
+    def detected(self) -> list[str]:
+        """Only what torch's CUDA sync detector reported: the host really waited (on a GPU)."""
+        return [e for e in self.events if e == DETECTED]
 
     def __enter__(self) -> "HostSyncs":
         for name in _TENSOR_READS:
@@ -59,9 +65,18 @@ class HostSyncs:
         self._wrap(torch.cuda, "synchronize", "torch.cuda.synchronize")
         self._wrap_project_synchronize()
         if torch.cuda.is_available() and torch.cuda.is_initialized():
-            self._warnings = warnings.catch_warnings(record=True)
-            self._recorded = self._warnings.__enter__()
+            self._warnings = warnings.catch_warnings()
+            self._warnings.__enter__()
             warnings.simplefilter("always")
+            shown = warnings.showwarning
+
+            def show(message, *args, **kwargs):  # in order among the other events, as torch raises them
+                if "synchroniz" in str(message):
+                    self.events.append(DETECTED)
+                else:
+                    shown(message, *args, **kwargs)
+
+            warnings.showwarning = show
             torch.cuda.set_sync_debug_mode("warn")
         return self
 
@@ -71,9 +86,6 @@ class HostSyncs:
         self._saved.clear()
         if self._warnings is not None:
             torch.cuda.set_sync_debug_mode("default")
-            self.events.extend(
-                "cuda sync (torch's detector)" for w in self._recorded if "synchronizing" in str(w.message)
-            )
             self._warnings.__exit__(*exc)
             self._warnings = None
 

@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 import torch
 
-from freezesweep.trials import run, train
+from tests.devices import DEVICES
+from freezesweep.trials import graphs, packing, run, train
 from freezesweep.trials.config import TrialConfig
 from freezesweep.trials.packing import pack, pack_rows
 from freezesweep.trials.syncs import HostSyncs
@@ -52,77 +53,94 @@ def test_device_batches_are_the_host_batches(pairs, regression):
 
 
 def _spied_trial(cfg: TrialConfig, monkeypatch) -> list[str]:
-    """The events of ``cfg``'s fit: every sync point called, and marks at each step, evaluation and
-    forward pass of the model."""
+    """The events of ``cfg``'s fit: every sync point called, and marks at each step (its batch gathered),
+    evaluation, forward pass of the model and capture of a CUDA graph (each ends with ``-end``)."""
     spy = HostSyncs()
-    step, evaluate_into = train.train_step, train._evaluate_into
 
-    def marked_step(model, *args, **kwargs):
-        spy.mark("step")
+    def marked(name: str, function):
+        def call(*args, **kwargs):
+            spy.mark(name)
+            try:
+                return function(*args, **kwargs)
+            finally:
+                spy.mark(f"{name}-end")
+
+        return call
+
+    def spied_fit(model, *args, **kwargs):
         hooks = (
             model.register_forward_pre_hook(lambda *_: spy.mark("forward")),
             model.register_forward_hook(lambda *_: spy.mark("forward-end")),
         )
         try:
-            return step(model, *args, **kwargs)
+            with spy:
+                return fit(model, *args, **kwargs)
         finally:
             for hook in hooks:
                 hook.remove()
 
-    def marked_evaluation(*args, **kwargs):
-        spy.mark("evaluation")
-        return evaluate_into(*args, **kwargs)
-
-    def spied_fit(*args, **kwargs):
-        with spy:
-            return fit(*args, **kwargs)
-
     fit = run.fit
-    monkeypatch.setattr(train, "train_step", marked_step)
-    monkeypatch.setattr(train, "_evaluate_into", marked_evaluation)
+    for feed in (packing.PaddedFeed, packing.PackedFeed):
+        monkeypatch.setattr(feed, "gather", marked("step", feed.gather))
+    monkeypatch.setattr(train, "_evaluate_into", marked("evaluation", train._evaluate_into))
+    monkeypatch.setattr(graphs, "capture", marked("capture", graphs.capture))
     monkeypatch.setattr(run, "fit", spied_fit)
     result = run.run_trial(cfg)
     assert result.status == "ok" and result.eval_curve
+    assert ("cuda_graphs" in result.optimisations) == cfg.cuda_graphs
     return spy.events
 
 
-def syncs_between_evaluations(events: list[str], outside_the_model: bool = False) -> list[str]:
-    """Sync points called between two steps with no evaluation between them (``outside_the_model``:
-    leaving out those the model's own forward pass calls)."""
-    found, interval, in_forward = [], [], False
+def syncs_between_evaluations(events: list[str], leave_out: tuple[str, ...] = ("capture",)) -> list[str]:
+    """Sync points called between two steps with no evaluation between them, but those inside the
+    regions ``leave_out`` names (a graph's capture: once per graph, not per step; ``forward``: the
+    model's own)."""
+    found, interval, inside = [], [], set()
     for event in events[events.index("mark:step") :]:
-        if event == "mark:step":
+        name = event.removeprefix("mark:")
+        if name == "step":
             found += interval or []  # the interval just ended, unless an evaluation was in it (None)
             interval = []
-            continue
-        if event == "mark:evaluation":
+        elif name == "evaluation":
             interval = None
-            continue
-        if event in ("mark:forward", "mark:forward-end"):
-            in_forward = event == "mark:forward"
-            continue
-        if interval is not None and not (outside_the_model and in_forward):
+        elif event.startswith("mark:"):
+            region = name.removesuffix("-end")
+            inside.discard(region) if name.endswith("-end") else inside.add(region)
+        elif interval is not None and not inside & set(leave_out):
             interval.append(event)
     return found
 
 
-def test_no_host_sync_between_evaluations(tiny_trial, monkeypatch):
+@pytest.mark.parametrize("cuda_graphs", [False, True], ids=["eager", "graphed"])
+@pytest.mark.parametrize("device", DEVICES)
+def test_no_host_sync_between_evaluations(tiny_trial, monkeypatch, device, cuda_graphs):
     """The packed feed (the BERT family's): not one sync point between evaluations, the model's forward
-    included. 40 rows at batch 16 for 2.5 epochs: 8 steps, evaluations every 2, epoch boundaries inside
-    intervals without one."""
-    cfg = dataclasses.replace(tiny_trial, train_size=40, epochs=2.5)
+    included; on a GPU torch's own detector sees none either. 40 rows at batch 16 for 2.5 epochs: 8 steps,
+    evaluations every 2, epoch boundaries inside intervals without one. Graphed: the CUDA graphs'
+    path (on the CPU with the capture stood in for, trials/graphs.py ``run_eagerly``)."""
+    _graphs_on(monkeypatch, device, cuda_graphs)
+    cfg = dataclasses.replace(tiny_trial, train_size=40, epochs=2.5, device=device, cuda_graphs=cuda_graphs)
     events = _spied_trial(cfg, monkeypatch)
     assert events.count("mark:step") == 8 and events.count("mark:evaluation") == 4
     assert syncs_between_evaluations(events) == []
     assert any(not e.startswith("mark:") for e in events)  # the evaluations' own reads were seen
 
 
-def test_the_padded_feed_leaves_only_the_models_own_sync(tiny_trial, monkeypatch):
+@pytest.mark.parametrize("device", DEVICES)
+def test_the_padded_feed_leaves_only_the_models_own_sync(tiny_trial, monkeypatch, device):
     """Padded batches (models that do not qualify for packing): the loop adds none; what is left is the
     model's own mask check (transformers' masking_utils reads ``padding_mask.all()`` to choose its
     attention kernel), which a CUDA graph's replay does not run."""
-    events = _spied_trial(dataclasses.replace(tiny_trial, train_size=40, epochs=2.5, pack_training=False), monkeypatch)
-    assert syncs_between_evaluations(events, outside_the_model=True) == []
+    cfg = dataclasses.replace(tiny_trial, train_size=40, epochs=2.5, pack_training=False, device=device)
+    events = _spied_trial(cfg, monkeypatch)
+    assert syncs_between_evaluations(events, leave_out=("forward",)) == []
+
+
+def _graphs_on(monkeypatch, device: str, on: bool) -> None:
+    """CUDA graphs where asked for; on the CPU, their path with the capture stood in for."""
+    if on and device == "cpu":
+        monkeypatch.setattr(graphs, "cuda_graphs_apply", lambda cfg, *_: cfg.cuda_graphs)
+        monkeypatch.setattr(graphs, "capture", graphs.run_eagerly)
 
 
 @pytest.mark.parametrize(
