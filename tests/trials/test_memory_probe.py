@@ -61,6 +61,7 @@ def test_a_cpu_trial_names_its_host_and_no_gpu():
         "gpu_index": None,
         "gpu_name": None,
         "gpu_uuid": None,
+        "gpu_mps": None,
     }
 
 
