@@ -50,9 +50,14 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--precision", default="auto")
     parser.add_argument("--eval-examples", type=int, default=256, help="validation rows (cancel out; keep it quick)")
     parser.add_argument("--array", type=int, default=0, help="also an array of this many members (0: none)")
-    parser.add_argument("--cuda-graphs", action="store_true", help="the training step as CUDA graphs (opt-in)")
+    parser.add_argument(
+        "--cuda-graphs",
+        choices=["off", "on", "both"],
+        default="off",
+        help="the single trial's step as CUDA graphs (training.cuda_graphs; both: a row each)",
+    )
     parser.add_argument("--data-dir", default=os.environ.get("FREEZESWEEP_DATA_DIR"))
-    parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
+    parser.add_argument("--threads", type=int, default=None, help="torch threads (default: 1 on a CPU, as a trial's)")
     parser.add_argument("--json", default=None, help="write the figures here")
     return parser.parse_args(argv)
 
@@ -91,7 +96,7 @@ def dataset(data_dir: str | None, root: Path) -> tuple[str, str | None]:
     return str(folder), None
 
 
-def cells(args, model: str, data: tuple[str, str | None], steps: int, depths) -> list:
+def cells(args, model: str, data: tuple[str, str | None], steps: int, depths, graphs: bool = False) -> list:
     """The cells at ``steps`` optimizer steps each, evaluated once, at their end."""
     from freezesweep.trials.config import TrialConfig
 
@@ -110,7 +115,7 @@ def cells(args, model: str, data: tuple[str, str | None], steps: int, depths) ->
             precision=args.precision,
             device=args.device,
             num_threads=args.threads,
-            **({"cuda_graphs": True} if args.cuda_graphs else {}),
+            **({"cuda_graphs": True} if graphs else {}),  # a field of newer checkouts only
         )
         for k in depths
     ]
@@ -188,7 +193,7 @@ def counted(run, cfgs) -> Run:
         kernels=len(on_device) if cuda else sum(1 for e in events if e.name.startswith("aten::")),
         launches=sum(1 for e in events if "LaunchKernel" in e.name) if cuda else None,
         busy_ms=sum(e.time_range.elapsed_us() for e in on_device) / 1000 if cuda else None,
-        syncs=len(spy.syncs()),
+        syncs=len(spy.detected() if cuda else spy.syncs()),  # on a GPU: the syncs torch's detector saw
     )
 
 
@@ -220,8 +225,11 @@ def main(argv=None) -> dict:
     import transformers
 
     args = parse_args(argv)
+    if args.threads is None and args.device == "cpu":
+        args.threads = 1  # a CPU trial's own (cpus_per_trial 1); more threads on a shared machine only spin
     if args.threads:
         torch.set_num_threads(args.threads)
+    rows: dict[str, dict] = {}
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
         model, data = model_folder(args.model, root), dataset(args.data_dir, root)
@@ -229,43 +237,54 @@ def main(argv=None) -> dict:
         print(
             f"step profile: {args.model} at random init on {data[0]}, n = {args.train_size}, {args.steps} steps "
             f"after {args.warmup_steps}; {on}; precision {args.precision}; torch {torch.__version__}, "
-            f"transformers {transformers.__version__}",
+            f"transformers {transformers.__version__}\n\n{header(args)}",
             flush=True,
         )
-        rows = {
-            "single trial": per_step(args, runner(False), lambda s: cells(args, model, data, s, [args.frozen_layers]))
-        }
-        if args.array:
-            if importlib.util.find_spec(ARRAY_MODULE) is None:
-                print(f"array of {args.array}: skipped, {ARRAY_MODULE} is not in this checkout (issue 35.1)")
-            else:
-                depths = ARRAY_DEPTHS[: args.array]
-                rows[f"array of {args.array}"] = per_step(
-                    args, runner(True), lambda s: cells(args, model, data, s, depths)
-                )
-    report(rows, args)
-    if args.json:
-        Path(args.json).write_text(json.dumps({"args": vars(args), "per_step": rows}, indent=1))
+        for name, run, make in measurements(args, model, data):
+            rows[name] = per_step(args, run, make)
+            print(line(name, rows[name], args), flush=True)  # each row as it is measured: a run cut short keeps them
+            if args.json:
+                Path(args.json).write_text(json.dumps({"args": vars(args), "per_step": rows}, indent=1))
+    footnotes(rows, args)
     return rows
 
 
-def report(rows: dict, args) -> None:
+def measurements(args, model: str, data):
+    """(row name, entry point, cells of a given step count) for each row asked for."""
+    for graphs in {"off": [False], "on": [True], "both": [False, True]}[args.cuda_graphs]:
+        name = "single trial" + (", CUDA graphs" if graphs else "")
+        yield name, runner(False), lambda s, g=graphs: cells(args, model, data, s, [args.frozen_layers], g)
+    if not args.array:
+        return
+    if importlib.util.find_spec(ARRAY_MODULE) is None:
+        print(f"array of {args.array}: skipped, {ARRAY_MODULE} is not in this checkout (issue 35.1)", flush=True)
+        return
+    yield f"array of {args.array}", runner(True), lambda s: cells(args, model, data, s, ARRAY_DEPTHS[: args.array])
+
+
+def header(args) -> str:
     device = "GPU ms" if args.device == "cuda" else "device ms"
-    print(
-        f"\n{'per optimizer step':<22}{'wall ms':>9}{'CPU ms':>9}{device:>10}{'busy ms':>9}"
+    return (
+        f"{'per optimizer step':<22}{'wall ms':>9}{'CPU ms':>9}{device:>10}{'busy ms':>9}"
         f"{'kernels' if args.device == 'cuda' else 'aten ops':>10}{'launches':>10}{'syncs':>7}{'peak MiB':>10}"
     )
 
+
+def line(name: str, f: dict, args) -> str:
     def cell(value, width, digits=1):
         return f"{'—':>{width}}" if value is None else f"{value:>{width}.{digits}f}"
 
-    for name, f in rows.items():
-        device_ms = f["device_ms"] if args.device == "cuda" else f["wall_ms"]
-        print(
-            f"{name:<22}{cell(f['wall_ms'], 9)}{cell(f['cpu_ms'], 9)}{cell(device_ms, 10)}{cell(f['busy_ms'], 9, 2)}"
-            f"{cell(f['kernels'], 10, 0)}{cell(f['launches'], 10, 0)}{cell(f['syncs'], 7, 2)}{cell(f['peak_mib'], 10, 0)}"
-        )
-    if args.device != "cuda":
+    device_ms = f["device_ms"] if args.device == "cuda" else f["wall_ms"]
+    return (
+        f"{name:<22}{cell(f['wall_ms'], 9)}{cell(f['cpu_ms'], 9)}{cell(device_ms, 10)}{cell(f['busy_ms'], 9, 2)}"
+        f"{cell(f['kernels'], 10, 0)}{cell(f['launches'], 10, 0)}{cell(f['syncs'], 7, 2)}{cell(f['peak_mib'], 10, 0)}"
+    )
+
+
+def footnotes(rows: dict, args) -> None:
+    if args.device == "cuda":
+        print("syncs: torch's CUDA sync detector; busy ms: the kernels' own time; GPU ms: CUDA events")
+    else:
         print("on a CPU the device is the host: device ms is the wall time; aten ops stand in for kernels")
     for name, f in rows.items():
         if name.startswith("array of"):
