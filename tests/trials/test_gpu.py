@@ -67,3 +67,13 @@ def test_evaluation_cache_training_cache_and_fused_adamw(tiny_trial, device, pre
     with_train_cache = run_trial(dataclasses.replace(cfg, train_cache=True))
     assert with_train_cache.train_cached_layers == 1 and with_train_cache.status == "ok"
     assert with_train_cache.peak_mem_mb > 0
+
+
+def test_no_test_runs_on_a_gpu_alone():
+    """A test whose every case needs a GPU never runs in CI and rots (two did, issue 35): the gpu mark
+    is given by tests/devices.py alone, to the CUDA case of a test that also has a CPU one."""
+    from tests.conftest import REPO
+
+    mark = "pytest.mark." + "gpu"  # spelled apart: this file holds no use of it
+    offenders = [p.name for p in (REPO / "tests").rglob("*.py") if p.name != "devices.py" and mark in p.read_text()]
+    assert offenders == []
