@@ -178,19 +178,21 @@ def training_step(model, optimizer, scheduler, scaler, params, ctx: FitContext) 
 
 
 def graphed(eager, model, optimizer, scheduler, params, ctx: FitContext, sizes: list[int], pad_id: int) -> StepGraphs:
-    """The step as CUDA graphs over the buckets of this fit's batch sizes (trials/graphs.py)."""
+    """The step as CUDA graphs over the buckets of this fit's batch sizes (trials/graphs.py): the
+    captured part is the update without the schedule, its warm-up the same without AdamW."""
+
+    def backward(batch) -> torch.Tensor:  # autocast's weight cache off: graphs (trials/graphs.py)
+        return backward_step(model, batch, optimizer, None, params, ctx.plan, ctx.feed, ctx.cfg.max_grad_norm, False)
 
     def update(batch) -> torch.Tensor:
-        loss = backward_step(model, batch, optimizer, None, params, ctx.plan, ctx.feed, ctx.cfg.max_grad_norm, False)
+        loss = backward(batch)
         optimizer.step()
         return loss
 
     return StepGraphs(
         eager,
         step=update,
-        warm=lambda batch: backward_step(
-            model, batch, optimizer, None, params, ctx.plan, ctx.feed, ctx.cfg.max_grad_norm, False
-        ),
+        warm=backward,
         after=scheduler.step,
         reset=lambda: optimizer.zero_grad(set_to_none=True),
         ready=lambda: bool(optimizer.state),  # AdamW's state exists: an eager step came first
