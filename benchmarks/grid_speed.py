@@ -4,6 +4,7 @@ freezesweep, same cells, same machine, one invocation.
     python benchmarks/grid_speed.py                       # the CPU grid: real SST-2, MiniLM-L6, 16 cells
     python benchmarks/grid_speed.py --train-cache         # + the opt-in training cache, its accuracy effect
     python benchmarks/grid_speed.py --engine local --workers 4 --device cuda ...   # no Ray (the GPU check)
+    python benchmarks/grid_speed.py --engine local --arrays 7 ...   # cells as trial arrays (issue 35)
 
 Prints the wall time of each side, the ratio, trials per hour, per-trial fixed overhead (a trial's
 wall time outside its training steps and evaluations), and every cell's best validation accuracy on
@@ -25,7 +26,7 @@ import statistics
 import sys
 import tempfile
 import time
-from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import replace
 from pathlib import Path
 
@@ -52,11 +53,20 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--train-cache", action="store_true", help="also run with the opt-in training cache")
     parser.add_argument("--engine", choices=["ray", "local"], default="ray")
     parser.add_argument("--workers", type=int, default=None, help="local engine: trials at once (default: CPUs)")
+    parser.add_argument(
+        "--arrays",
+        type=int,
+        default=0,
+        help="local engine: cells that differ only in frozen depth run as trial arrays of up to this many "
+        "members, one array per worker at a time (freezesweep.trials.array; 0: single trials)",
+    )
     parser.add_argument("--gpus-per-trial", type=float, default=None, help="ray engine (default: 0 on CPU, 0.25)")
     parser.add_argument("--out", default=None, help="write every cell's numbers here as JSON")
     args = parser.parse_args(argv)
     if not args.data_dir:
         parser.error("--data-dir (or FREEZESWEEP_DATA_DIR) must name the local GLUE Parquet folder")
+    if args.arrays and args.engine != "local":
+        parser.error("--arrays runs through the local engine (--engine local)")
     return args
 
 
@@ -167,6 +177,9 @@ def run_freezesweep(cells, args) -> tuple[float, dict]:
         for r in results
         if r["status"] == "ok"
     }
+    if args.arrays:
+        arrayed = sum("trial_array" in (r.get("optimisations") or ()) for r in results)
+        print(f"  {arrayed} of {len(results)} rows ran in trial arrays (the others stepped aside, or failed)")
     failed = [r for r in results if r["status"] != "ok"]
     if failed:
         print(f"  {len(failed)} freezesweep trials failed, first: {failed[0].get('error')}")
@@ -185,25 +198,50 @@ def _through_ray(spec) -> list[dict]:
 
 
 def _through_processes(cells, args) -> list[dict]:
-    """Without Ray: N worker processes, each running trials one after another (a worker keeps its
-    tokenizer, token cache and evaluation cache warm, as a Ray actor does)."""
+    """Without Ray: N worker processes, each running trials (or arrays) one after another (a worker
+    keeps its tokenizer, token cache and evaluation cache warm, as a Ray actor does), the longest
+    first so that none starts last; a line per finished trial, so a run cut short still says how far
+    it got."""
     import multiprocessing
 
     workers = args.workers or os.cpu_count() or 1
     threads = max(1, (os.cpu_count() or 1) // workers)  # as Ray's cpus_per_trial would: no oversubscription
     cells = [replace(c, device=args.device, num_threads=threads) for c in cells]
+    jobs = sorted(_arrays(cells, args.arrays) if args.arrays else [[c] for c in cells], key=_work, reverse=True)
+    rows, started = [], time.perf_counter()
     with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) as pool:
-        return list(pool.map(_one_trial, cells))
+        for done in as_completed([pool.submit(_one_job, job) for job in jobs]):
+            rows += done.result()
+            print(f"  [{len(rows):>5}/{len(cells)}] trials done at {time.perf_counter() - started:7.1f} s", flush=True)
+    return rows
 
 
-def _one_trial(cell) -> dict:
+def _arrays(cells, width: int) -> list[list]:
+    """Cells that differ only in frozen depth, in groups of at most ``width`` (trial arrays)."""
+    groups: dict = {}
+    for cell in cells:
+        groups.setdefault(replace(cell, frozen_layers=None), []).append(cell)
+    return [group[i : i + width] for group in groups.values() for i in range(0, len(group), width)]
+
+
+def _work(job) -> float:
+    return sum(c.train_size * c.epochs for c in job)
+
+
+def _one_job(job) -> list[dict]:
+    """One trial, or one array through ``run_array_or_oom`` where the array module has it (else
+    ``run_array``); a failure is a row per cell, not a crash of the benchmark."""
     from freezesweep.trials.run import failed_result, run_trial_or_oom
 
     try:
-        result = run_trial_or_oom(cell)  # out of GPU memory: a row, and the memory back before the next trial
-    except Exception as exc:  # a failure is a row, not a crash of the benchmark
-        result = failed_result(cell, exc)
-    return result.to_dict()
+        if len(job) == 1:
+            return [run_trial_or_oom(job[0]).to_dict()]  # out of GPU memory: a row, and the memory back
+        import freezesweep.trials.array as array
+
+        run = getattr(array, "run_array_or_oom", array.run_array)
+        return [r.to_dict() for r in run(job)]
+    except Exception as exc:
+        return [failed_result(cell, exc).to_dict() for cell in job]
 
 
 # --- the comparison --------------------------------------------------------------------------------

@@ -13,7 +13,10 @@
 #                                                        # preempted machine vanishing mid-sweep
 #   cluster/local-cluster.sh stop                         # stops this cluster's nodes only
 # Token authentication is on (RAY_AUTH_MODE=token; Ray makes ~/.ray/auth_token on the first start).
-# Fake GPUs are a scheduling label: trials are packed by gpus_per_trial but run on the CPU.
+# Fake GPUs are a scheduling label: trials are packed by gpus_per_trial but run on the CPU. On a machine
+# with real GPUs (`nvidia-smi -L` lists one) `start` first starts the CUDA MPS control daemon, so that
+# trials sharing a GPU run their kernels together (FREEZESWEEP_MPS=0: not), and `stop` ends it if
+# `start` started it (cluster/README.md: the trade).
 # Environment: RAY_PORT (6380), RAY_DASHBOARD_PORT (8265: the jobs API of the head), RAY_HEAD_CPUS (1),
 # RAY_HEAD_GPUS (0), RAY_WORKER_CPUS (2), RAY_CLUSTER_DIR; each node also gets the environment this
 # script runs with (a worker started with FREEZESWEEP_FAULT set fails its trials that way).
@@ -68,6 +71,28 @@ end() {
   kill -KILL "${alive[@]}" 2>/dev/null || true
 }
 
+# CUDA MPS: one control daemon for the machine, before any node starts (NVIDIA's MPS guide: clients
+# connect when they initialise CUDA). A daemon already running (someone else's) is left as it is.
+start_mps() {
+  if [ "${FREEZESWEEP_MPS:-1}" = 0 ] || ! nvidia-smi -L >/dev/null 2>&1; then return 0; fi
+  if ! command -v nvidia-cuda-mps-control >/dev/null; then
+    echo "no nvidia-cuda-mps-control here: trials that share a GPU take turns on it"
+  elif nvidia-cuda-mps-control -d; then
+    touch "$DIR/mps-started"
+    echo "CUDA MPS control daemon started"
+  else
+    echo "CUDA MPS control daemon not started (one is running already, or it failed)"
+  fi
+}
+
+stop_mps() {
+  if [ -f "$DIR/mps-started" ]; then
+    echo quit | nvidia-cuda-mps-control || true
+    rm -f "$DIR/mps-started"
+    echo "CUDA MPS control daemon stopped"
+  fi
+}
+
 stop() {
   # In `ray stop`'s order (ray/scripts/scripts.py): raylets first (their workers exit with them),
   # then the other processes, the GCS last. Listed before anything ends: an orphan loses its parent.
@@ -114,6 +139,7 @@ add_worker() {
 case "${1:-}" in
   start)
     mkdir -p "$DIR"
+    start_mps
     ray start --head --port "$PORT" --temp-dir "$DIR" --node-name head --num-cpus "${RAY_HEAD_CPUS:-1}" \
       --num-gpus "${RAY_HEAD_GPUS:-0}" --include-dashboard true --dashboard-host 127.0.0.1 \
       --dashboard-port "${RAY_DASHBOARD_PORT:-8265}" "${node_args[@]}"
@@ -134,6 +160,7 @@ case "${1:-}" in
     ;;
   stop)
     stop
+    stop_mps
     ;;
   *)
     echo "usage: $0 start [FAKE_GPUS] [WORKERS] | add-worker NAME [FAKE_GPUS] | kill-worker NAME | stop" >&2

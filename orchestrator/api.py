@@ -146,6 +146,7 @@ class Plan:
     trials_at_once: int  # this machine's cores per trial, or ``max_concurrent_trials``
     note: str | None = None  # how ``precision: auto`` was planned where the trials' GPUs are not
     size_words: str = ""  # the grid's axes, e.g. "1 models × 1 datasets × …"
+    gpus_here: str | None = None  # this machine's GPUs and whether CUDA MPS is on (None: no GPU here)
 
     __repr__ = short_repr  # a notebook prints it: the grid's size, not a million cells
 
@@ -157,6 +158,7 @@ def plan(spec: SpecSource, *, store: str | None = None) -> Plan:
     from freezesweep.orchestrator.sweeps import next_cells, resolve_for_plan
     from freezesweep.results.query import status_table
     from freezesweep.results.store import FINAL_STATUSES
+    from freezesweep.trials.placement import mps_here
 
     spec = load_spec(spec, store=store, check_devices=False)  # the trials' machines are not here
     sweep, note = resolve_for_plan(spec)
@@ -182,6 +184,7 @@ def plan(spec: SpecSource, *, store: str | None = None) -> Plan:
         at_once,
         note,
         spec.cell_count_words(),
+        mps_here(),
     )
 
 

@@ -297,6 +297,8 @@ def plan(
         )
     if planned.note:
         console.print(f"note: {planned.note}", highlight=False)
+    if planned.gpus_here:
+        console.print(planned.gpus_here, highlight=False)
     _print_frame(collapse_long_axes(planned.status), OutputFormat.table, f"sweep {planned.name}: cells per axis")
     _print_work(planned)
     console.print("nothing was started", highlight=False)
@@ -329,7 +331,7 @@ def _reading(sweep: str) -> Iterator[None]:
 @app.command()
 def status(sweep: SweepArg, store: SweepStoreOpt = None) -> None:
     """done / failed / missing cells per axis value, and the nodes (Ray node ids) the rows ran on."""
-    from freezesweep.results.query import collapse_long_axes
+    from freezesweep.results.query import collapse_long_axes, mps_summary
 
     with _reading(sweep):
         found = api.status(sweep, store=store)
@@ -338,6 +340,9 @@ def status(sweep: SweepArg, store: SweepStoreOpt = None) -> None:
     _print_frame(collapse_long_axes(found.table), OutputFormat.table, f"sweep {found.name}")
     if found.nodes is not None:
         _print_frame(found.nodes, OutputFormat.table, f"rows ran on {len(found.nodes)} node(s), {found.gpus} GPU(s)")
+        mps = mps_summary(found.nodes)
+        if mps:
+            console.print(mps, highlight=False)
 
 
 @app.command()

@@ -104,6 +104,11 @@ class TrainingSpec(_Strict):
         description="opt-in deviation from the reference: frozen layers "
         "run once, without dropout, and training starts above them (trials/train_cache.py)",
     )
+    cuda_graphs: bool = _default(
+        "cuda_graphs",
+        description="GPU trials: the training step as CUDA graphs over a few length buckets "
+        "(trials/graphs.py); off until a GPU has measured it",
+    )
 
     def trial_fields(self) -> dict[str, Any]:
         """The TrialConfig fields this protocol sets (every field but ``select_metric``, resolved per dataset)."""

@@ -219,12 +219,13 @@ def paired_by_seed(df: pd.DataFrame, baseline_k: int = 0) -> pd.DataFrame:
 
 # Where rows ran. A node is a Ray node id: two nodes on one host are two nodes. Rows stored before
 # node ids existed name only their host (``node``): they count as one node per host.
-NODE_COLUMNS = ["node_id", "node_ip", "hostname", "node", "gpu_uuid", "status"]
+NODE_COLUMNS = ["node_id", "node_ip", "hostname", "node", "gpu_uuid", "gpu_mps", "status"]
 
 
 def placement(df: pd.DataFrame) -> pd.DataFrame:
-    """Per node: its IP and host, the rows it ran (ok and not), and the distinct GPUs they used."""
-    columns = ["node", "node_ip", "hostname", "rows", "ok", "gpus"]
+    """Per node: its IP and host, the rows it ran (ok and not), the distinct GPUs they used and whether
+    CUDA MPS served them (``mps``: on, off, or empty where no row says: CPU rows, rows from before)."""
+    columns = ["node", "node_ip", "hostname", "rows", "ok", "gpus", "mps"]
     if df.empty:
         return pd.DataFrame(columns=columns)
     legacy = df["node"].map(lambda host: None if pd.isna(host) else f"host {host}")
@@ -241,9 +242,29 @@ def placement(df: pd.DataFrame) -> pd.DataFrame:
             "rows": grouped.size(),
             "ok": grouped["ok"].sum(),
             "gpus": grouped["gpu_uuid"].nunique(),
+            "mps": grouped["gpu_mps"].agg(_mps) if "gpu_mps" in df else "",
         }
     )
     return table.reset_index()[columns]
+
+
+def _mps(values: pd.Series) -> str:
+    """A node's MPS as its GPU rows saw it: on, off, or both where it changed between trials."""
+    seen = {bool(v) for v in values.dropna()}
+    return {frozenset({True}): "on", frozenset({False}): "off", frozenset({True, False}): "on and off"}.get(
+        frozenset(seen), ""
+    )
+
+
+def mps_summary(nodes: pd.DataFrame) -> str | None:
+    """One line on MPS over ``placement``'s nodes, where any ran GPU rows that say (None elsewhere)."""
+    said = nodes[nodes["mps"] != ""] if "mps" in nodes else nodes.iloc[0:0]
+    if said.empty:
+        return None
+    on = int((said["mps"] == "on").sum())
+    return f"CUDA MPS on at {on} of {len(said)} GPU node(s)" + (
+        "" if on == len(said) else ": trials that share a GPU there take turns on it"
+    )
 
 
 STATUS_AXES = ("model", "dataset", "method", "train_size", "frozen_layers", "lora_rank", "seed")

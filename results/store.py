@@ -69,6 +69,7 @@ PLACEMENT_TYPES = {
     "gpu_index": pa.int64(),
     "gpu_name": pa.string(),
     "gpu_uuid": pa.string(),
+    "gpu_mps": pa.bool_(),  # the trial's process was a CUDA MPS client (null on a CPU, and on rows from before)
     "gpus_per_trial": pa.float64(),
     "trials_per_gpu": pa.int64(),
 }

@@ -73,6 +73,7 @@ MACHINE_FIELDS = (
     "eval_cache",
     "narrow_last_layer",
     "pack_training",
+    "cuda_graphs",
     "data_dir",
     "cache_dir",
     "checkpoint_dir",
@@ -148,6 +149,7 @@ class TrialConfig:
     eval_cache: bool = True  # reuse the frozen layers' evaluation output (exact: checked per cache entry)
     narrow_last_layer: bool = True  # the last layer past attention for the head's token only (trials/first_token.py)
     pack_training: bool = True  # training batches without their padding (trials/packing.py)
+    cuda_graphs: bool = False  # the training step as CUDA graphs over length buckets (trials/graphs.py): opt-in
     data_dir: str | None = None
     cache_dir: str | None = None
     checkpoint_dir: str | None = None

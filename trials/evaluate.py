@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -29,13 +30,15 @@ def evaluate(
     plan: PrecisionPlan,
     device: torch.device,
     prefix: PrefixStates | None = None,
+    labels: np.ndarray | None = None,
 ) -> tuple[dict[str, float], float, bool]:
     """(every metric of the task, mean loss, whether every row got the same prediction) over all rows;
     restores the model's train/eval mode.
-    With ``prefix``, the frozen layers are not run: their cached output is fed to the first trained one."""
+    With ``prefix``, the frozen layers are not run: their cached output is fed to the first trained one.
+    ``labels``: the batches' labels on the host (``eval_labels``), read once per trial; else read here."""
     # Everything stays on the device and is read once at the end: no host sync per batch.
     loss_sum = torch.zeros((), dtype=torch.float64, device=device)
-    predicted, truth = [], []
+    predicted = []
     with (
         eval_mode(model),
         starting_at(model, prefix.layer, prefix.tuple_output)
@@ -51,7 +54,12 @@ def evaluate(
             logits = logits.float()
             loss_sum += task_loss(logits, batch.labels, reduction="sum").double()
             predicted.append(logits.squeeze(-1) if batch.labels.is_floating_point() else logits.argmax(-1))
-            truth.append(batch.labels)
-    labels, predictions = torch.cat(truth).cpu().numpy(), torch.cat(predicted).cpu().numpy()
+    labels = eval_labels(batches) if labels is None else labels
+    predictions = torch.cat(predicted).cpu().numpy()
     metrics = compute_metrics(predictions, labels, regression=labels.dtype.kind == "f", num_labels=logits.shape[-1])
     return metrics, loss_sum.item() / len(labels), constant(predictions)
+
+
+def eval_labels(batches: list[Batch]) -> np.ndarray:
+    """Every evaluation batch's labels, in order, on the host (one copy from the device)."""
+    return torch.cat([b.labels for b in batches]).cpu().numpy()

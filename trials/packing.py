@@ -15,8 +15,9 @@ head's token all have to be right); otherwise the trial trains padded. Evaluatio
 batches are sorted by length (~7 % padding), and packing 64 rows would multiply the attention's work.
 
 How training batches reach the model is decided once per trial (``training_feed``): a ``PaddedFeed``
-or a ``PackedFeed``, both with ``prepare`` (on the host, before the copy to the device: no host sync
-on a GPU) and ``logits``.
+or a ``PackedFeed``, both with ``gather`` (the batch built on the device from the train subset there,
+trials/tokens.py ``DeviceRows``: nothing copied from the host, no host sync), ``prepare`` (the same
+from a host batch, for checks and the memory probe) and ``logits``.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ from freezesweep.trials import first_token
 from freezesweep.trials.eval_cache import eval_mode
 from freezesweep.trials.first_token import Reader
 from freezesweep.trials.oom import is_oom
-from freezesweep.trials.tokens import Batch, non_blocking_to
+from freezesweep.trials.tokens import Batch, DeviceRows, collate_rows, non_blocking_to
 from freezesweep.trials.worker import FeedKey
 
 
@@ -83,6 +84,26 @@ def pack(batch: Batch, position_offset: int) -> Packed:
     )
 
 
+def pack_rows(rows: DeviceRows, positions, on_device: torch.Tensor, position_offset: int) -> Packed:
+    """``pack(collate(...))`` of these rows, built on the device from the train subset there
+    (``positions`` in the subset on the host, ``on_device`` the same on the device). The token count
+    comes from the host's lengths: ``repeat_interleave`` told its output size reads nothing back."""
+    total = int(rows.host_lengths[positions].sum())
+    lengths = rows.lengths[on_device]
+    first = torch.cumsum(lengths, 0) - lengths
+    sequence = torch.repeat_interleave(torch.arange(len(positions), device=lengths.device), lengths, output_size=total)
+    column = torch.arange(total, device=lengths.device) - first[sequence]
+    index = rows.starts[on_device][sequence] + column
+    return Packed(
+        input_ids=rows.tokens[index][None],
+        position_ids=(column + position_offset)[None],
+        sequence=sequence,
+        first_tokens=first,
+        labels=rows.labels[on_device],
+        token_type_ids=None if rows.token_types is None else rows.token_types[index][None],
+    )
+
+
 def position_offset(model: nn.Module) -> int:
     """Where position ids start: 0 (BERT), or after the padding index (RoBERTa numbers positions
     from ``padding_idx + 1``; its embeddings keep that index)."""
@@ -93,6 +114,13 @@ def position_offset(model: nn.Module) -> int:
 class PaddedFeed:
     def prepare(self, batch: Batch) -> Batch:
         return batch
+
+    def gather(self, rows: DeviceRows, positions, on_device: torch.Tensor, pad_id: int) -> Batch:
+        return collate_rows(rows, positions, on_device, pad_id)
+
+    def length(self, lengths) -> int:
+        """A batch's width, from its rows' lengths."""
+        return int(max(lengths))
 
     def logits(self, model: nn.Module, batch: Batch) -> torch.Tensor:
         return model(**batch.model_inputs()).logits
@@ -105,6 +133,13 @@ class PackedFeed:
 
     def prepare(self, batch: Batch) -> Packed:
         return pack(batch, self.offset)
+
+    def gather(self, rows: DeviceRows, positions, on_device: torch.Tensor, pad_id: int) -> Packed:
+        return pack_rows(rows, positions, on_device, self.offset)
+
+    def length(self, lengths) -> int:
+        """A packed batch's token count, from its rows' lengths."""
+        return int(sum(lengths))
 
     def logits(self, model: nn.Module, packed: Packed) -> torch.Tensor:
         self.reader.rows = packed.first_tokens

@@ -9,6 +9,8 @@ from __future__ import annotations
 import math
 import os
 import socket
+from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -20,8 +22,9 @@ RAY_RESOLUTION = 10_000
 
 
 def where(device: torch.device) -> dict[str, Any]:
-    """The host and, on a CUDA device, the GPU's index, name and UUID (None on a CPU)."""
-    gpu: dict[str, Any] = {"gpu_index": None, "gpu_name": None, "gpu_uuid": None}
+    """The host and, on a CUDA device, the GPU's index, name and UUID and whether CUDA MPS serves this
+    process (all None on a CPU)."""
+    gpu: dict[str, Any] = {"gpu_index": None, "gpu_name": None, "gpu_uuid": None, "gpu_mps": None}
     if device.type == "cuda":
         index = device.index if device.index is not None else torch.cuda.current_device()
         props = torch.cuda.get_device_properties(index)
@@ -29,8 +32,55 @@ def where(device: torch.device) -> dict[str, Any]:
             "gpu_index": physical_index(os.environ.get("CUDA_VISIBLE_DEVICES"), index),
             "gpu_name": props.name,
             "gpu_uuid": _uuid(props),
+            "gpu_mps": mps_active(),
         }
     return {"hostname": socket.gethostname(), **gpu}
+
+
+# --- CUDA MPS -------------------------------------------------------------------------------------
+# The control daemon (``nvidia-cuda-mps-control -d``) listens on a UNIX socket named ``control`` in its
+# pipe directory: CUDA_MPS_PIPE_DIRECTORY, else /tmp/nvidia-mps (NVIDIA's MPS guide). A CUDA process
+# connects there when it initialises CUDA and, if the daemon answers, becomes an MPS client; if not, it
+# runs as it would without MPS. A daemon that died can leave the socket behind, refusing connections.
+MPS_PIPE_DIRECTORY = "/tmp/nvidia-mps"
+NVIDIA_GPUS = Path("/proc/driver/nvidia/gpus")  # one entry per GPU the NVIDIA driver drives (Linux)
+
+
+def mps_pipe_directory(environ: Mapping[str, str] | None = None) -> Path:
+    environ = os.environ if environ is None else environ
+    return Path(environ.get("CUDA_MPS_PIPE_DIRECTORY") or MPS_PIPE_DIRECTORY)
+
+
+def mps_active(pipe_directory: Path | None = None) -> bool:
+    """Whether a CUDA process started here would be an MPS client: the daemon's control socket is in
+    the pipe directory and accepts a connection, as the CUDA driver's would be accepted."""
+    control = (pipe_directory or mps_pipe_directory()) / "control"
+    if not control.is_socket():
+        return False
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
+        probe.settimeout(1.0)
+        try:
+            probe.connect(str(control))
+        except OSError:  # refused (a stale socket), or not ours to open: no MPS for this process
+            return False
+    return True
+
+
+def gpus_here(driver: Path | None = None) -> int:
+    """The NVIDIA GPUs this machine's driver has (0 without the driver), without initialising CUDA."""
+    try:
+        return sum(1 for _ in (driver or NVIDIA_GPUS).iterdir())
+    except OSError:
+        return 0
+
+
+def mps_here(driver: Path | None = None, pipe_directory: Path | None = None) -> str | None:
+    """What ``plan`` says of this machine: None without GPUs, else its GPUs and whether MPS is on."""
+    count = gpus_here(driver)
+    if not count:
+        return None
+    state = "on" if mps_active(pipe_directory) else "off (trials that share a GPU take turns on it)"
+    return f"this machine: {count} GPU(s), CUDA MPS {state}"
 
 
 def physical_index(visible: str | None, logical: int) -> int:

@@ -40,11 +40,13 @@ class PrecisionPlan:
     name: str  # fp16 | bf16 | fp32 (resolved)
     device_type: str  # cpu | cuda
 
-    def autocast(self) -> contextlib.AbstractContextManager:
+    def autocast(self, cache: bool = True) -> contextlib.AbstractContextManager:
+        """``cache``: autocast's cache of cast weights (off where a CUDA graph is captured: PyTorch's
+        CUDA graphs notes, the cache's tensors would outlive the capture)."""
         dtype = _DTYPES[self.name]
         if dtype is None:
             return contextlib.nullcontext()
-        return torch.autocast(self.device_type, dtype=dtype)
+        return torch.autocast(self.device_type, dtype=dtype, cache_enabled=cache)
 
     def grad_scaler(self) -> torch.amp.GradScaler:
         # Only fp16 has the narrow exponent that needs loss scaling; disabled it is a pass-through.

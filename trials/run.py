@@ -24,7 +24,7 @@ import numpy as np
 import torch
 
 from freezesweep.trials.config import EVALUATED_ROWS, METHOD_FIELDS, METHODS, EvalPoint, TrialConfig, TrialResult
-from freezesweep.trials import eval_cache, first_token, probe, train_cache
+from freezesweep.trials import eval_cache, first_token, graphs, probe, train_cache
 from freezesweep.trials.data import TaskData, load_task, resolve_cache_dir
 from freezesweep.trials.eval_cache import PrefixStates, exact_prefix
 from freezesweep.trials.first_token import Reader
@@ -107,6 +107,7 @@ def run_trial(
     synchronize(device)
     cache_fill_time_s = time.perf_counter() - fill_started
     reader, feed = _training_feed(cfg, model, data, pad_id, device, packed=train_prefix is None)
+    graphed = graphs.cuda_graphs_apply(cfg, device, plan, train_prefix)
     ctx = FitContext(
         cfg=cfg,
         plan=plan,
@@ -118,6 +119,7 @@ def run_trial(
         on_eval=on_eval or (lambda point: None),
         feed=feed,
         on_checkpoint=on_checkpoint or (lambda path: None),
+        cuda_graphs=graphed,
     )
     with first_token.narrowed(model, reader):
         state = fit(model, train_tokens, task.train.labels[train_rows], pad_id, ctx)
@@ -133,7 +135,9 @@ def run_trial(
         cache_fill_time_s=cache_fill_time_s,
     )
     return dataclasses.replace(
-        result, lora_targets=lora_targets, optimisations=optimisations_used(eval_prefix, train_prefix, reader, feed)
+        result,
+        lora_targets=lora_targets,
+        optimisations=optimisations_used(eval_prefix, train_prefix, reader, feed, cuda_graphs=graphed),
     )
 
 
@@ -142,6 +146,7 @@ def optimisations_used(
     train_prefix: TrainPrefix | None,
     reader: Reader | None,
     feed: PaddedFeed | PackedFeed,
+    cuda_graphs: bool = False,
 ) -> tuple[str, ...]:
     """What the row says the trial used (each one decided by its own check, the rest stepped aside)."""
     used = {
@@ -149,6 +154,7 @@ def optimisations_used(
         "train_cache": train_prefix is not None,
         "narrowed_last_layer": reader is not None,
         "packed_training": isinstance(feed, PackedFeed),
+        "cuda_graphs": cuda_graphs,
     }
     return tuple(name for name, on in used.items() if on)
 

@@ -185,9 +185,78 @@ def eval_batches(tokens: Tokens, labels: np.ndarray, batch_size: int, pad_id: in
 def train_batches(
     tokens: Tokens, labels: np.ndarray, batch_size: int, pad_id: int, generator: torch.Generator
 ) -> list[Batch]:
-    """One epoch of shuffled batches; the generator (seeded from the cell) fixes the order."""
+    """One epoch of shuffled batches built on the host; the generator (seeded from the cell) fixes the
+    order. The training loop builds the same batches on the device instead (``DeviceRows``)."""
     order = torch.randperm(len(tokens), generator=generator).numpy()
     return [
         dataclasses.replace(collate(tokens.select(chunk), labels[chunk], pad_id), positions=chunk)
         for chunk in (order[s : s + batch_size] for s in range(0, len(order), batch_size))
     ]
+
+
+# --- the train subset on the device ------------------------------------------------------------------
+def to_device(values: np.ndarray | torch.Tensor, device: torch.device) -> torch.Tensor:
+    """A host array on ``device``: through pinned memory towards a GPU, so the copy is a DMA the host
+    does not wait for (a pageable buffer is staged by the host first; PyTorch's pinned-memory
+    tutorial); as it is on the CPU."""
+    tensor = torch.as_tensor(values)
+    if not non_blocking_to(device):
+        return tensor
+    return tensor.pin_memory().to(device, non_blocking=True)
+
+
+@dataclass(frozen=True)
+class DeviceRows:
+    """A train subset on the device, moved there once per trial: every row's tokens end to end, where
+    each row starts, its length and its label. Training batches are gathered from it on the device
+    (``collate_rows``; packed: trials/packing.py ``pack_rows``), so a step copies nothing from the
+    host. Shapes (a batch's width, its token count) come from ``host_lengths``, never from reading
+    the device."""
+
+    tokens: torch.Tensor  # [tokens of every row], int64
+    token_types: torch.Tensor | None  # the same positions' segment ids, where the tokenizer gives them
+    starts: torch.Tensor  # [rows]: where each row's first token is in ``tokens``
+    lengths: torch.Tensor  # [rows]
+    labels: torch.Tensor  # [rows]: class ids (long) or scores (float32)
+    host_lengths: np.ndarray  # [rows], on the host
+    columns: torch.Tensor  # arange(longest row): a batch's column indices are a slice of it
+
+    def __len__(self) -> int:
+        return len(self.host_lengths)
+
+
+def device_rows(tokens: Tokens, labels: np.ndarray, device: torch.device) -> DeviceRows:
+    """``tokens`` (a train subset's rows, in subset order) and their ``labels`` on ``device``."""
+    lengths = np.array([len(x) for x in tokens.input_ids], dtype=np.int64)
+    starts = np.concatenate([[0], np.cumsum(lengths)[:-1]]).astype(np.int64)
+    labels = np.asarray(labels)
+
+    def joined(rows: tuple[np.ndarray, ...] | None) -> torch.Tensor | None:
+        return None if rows is None else to_device(np.concatenate(rows).astype(np.int64), device)
+
+    return DeviceRows(
+        tokens=joined(tokens.input_ids),
+        token_types=joined(tokens.token_type_ids),
+        starts=to_device(starts, device),
+        lengths=to_device(lengths, device),
+        labels=to_device(labels.astype(np.float32 if labels.dtype.kind == "f" else np.int64), device),
+        host_lengths=lengths,
+        columns=to_device(np.arange(int(lengths.max()), dtype=np.int64), device),
+    )
+
+
+def collate_rows(rows: DeviceRows, positions: np.ndarray, on_device: torch.Tensor, pad_id: int) -> Batch:
+    """The batch of these rows (``positions`` in the subset, on the host; ``on_device``: the same
+    positions on the device), padded to its longest row: ``collate``'s batch, built on the device."""
+    width = int(rows.host_lengths[positions].max())
+    columns = rows.columns[:width]
+    mask = columns[None, :] < rows.lengths[on_device][:, None]
+    index = torch.where(mask, rows.starts[on_device][:, None] + columns[None, :], 0)
+    types = None if rows.token_types is None else torch.where(mask, rows.token_types[index], 0)
+    return Batch(
+        input_ids=torch.where(mask, rows.tokens[index], pad_id),
+        attention_mask=mask.long(),
+        labels=rows.labels[on_device],
+        positions=positions,
+        token_type_ids=types,
+    )

@@ -26,10 +26,11 @@ from transformers import get_linear_schedule_with_warmup
 from freezesweep.trials import faults
 from freezesweep.trials.config import EvalPoint, TrialConfig
 from freezesweep.trials.eval_cache import PrefixStates
-from freezesweep.trials.evaluate import evaluate, task_loss
+from freezesweep.trials.graphs import StepGraphs, length_buckets
+from freezesweep.trials.evaluate import eval_labels, evaluate, task_loss
 from freezesweep.trials.packing import Packed, PackedFeed, PaddedFeed
 from freezesweep.trials.precision import PrecisionPlan, synchronize
-from freezesweep.trials.tokens import Batch, Tokens, train_batches
+from freezesweep.trials.tokens import Batch, DeviceRows, Tokens, device_rows, to_device
 from freezesweep.trials.train_cache import TrainPrefix
 
 
@@ -106,59 +107,155 @@ class FitContext:
     eval_batches: list[Batch]
     on_eval: Callable[[EvalPoint], None]
     eval_prefix: PrefixStates | None = None  # the frozen layers' cached output (trials/eval_cache.py)
+    eval_labels: np.ndarray | None = None  # the evaluation batches' labels on the host (evaluate.eval_labels)
     feed: PaddedFeed | PackedFeed = PaddedFeed()  # padded or packed training batches (trials/packing.py)
     train_prefix: TrainPrefix | None = None  # opt-in, not the reference's semantics (trials/train_cache.py)
     # Gets each checkpoint file right after it is saved: whoever runs the trial keeps a copy where a
     # retry on another machine finds it (the Ray adapter hands it to Ray).
     on_checkpoint: Callable[[Path], None] = lambda path: None
+    cuda_graphs: bool = False  # the step as CUDA graphs (opt-in; trials/graphs.py cuda_graphs_apply decides)
 
 
 def fit(model: nn.Module, train_ids: Tokens, train_labels: np.ndarray, pad_id: int, ctx: FitContext) -> FitState:
+    """Train to the schedule's end (or the first non-finite loss), evaluating at its evaluation steps.
+    Between evaluations nothing is read back from the device: the train subset and every epoch's
+    order move there once, batches are gathered there, the loss and the first non-finite step
+    accumulate there (tests/trials/test_step_syncs.py counts the host syncs)."""
     cfg, schedule = ctx.cfg, ctx.schedule
     params = [p for p in model.parameters() if p.requires_grad]
-    # Fused AdamW (CPU and CUDA since torch 2.4): one vectorised kernel instead of a Python loop of
-    # per-tensor ops, the same update rule; what HF Trainer uses too (optim "adamw_torch_fused").
-    # Measured on one CPU core, MiniLM-L6 with nothing frozen: 0.35 -> 0.26 s per step.
-    optimizer = torch.optim.AdamW(params, lr=cfg.learning_rate, weight_decay=cfg.weight_decay, fused=True)
+    optimizer = make_optimizer(params, cfg, ctx.device, capturable=ctx.cuda_graphs)
     scheduler = get_linear_schedule_with_warmup(optimizer, schedule.warmup_steps, schedule.total_steps)
     scaler = ctx.plan.grad_scaler()
     generator = torch.Generator().manual_seed(cfg.derived_seed)
     state = _restore(model, optimizer, scheduler, scaler, generator, cfg) or FitState()
+    rows = device_rows(train_ids, train_labels, ctx.device)
+    orders = epoch_orders(len(rows), schedule, state, generator, ctx.device)
+    state.nonfinite_step = torch.full((), int(state.nonfinite_step), device=ctx.device)
+    if ctx.eval_labels is None:  # read once per trial, not at every evaluation
+        ctx = dataclasses.replace(ctx, eval_labels=eval_labels(ctx.eval_batches))
+    step = training_step(model, optimizer, scheduler, scaler, params, ctx)
+    if ctx.cuda_graphs:
+        step = graphed(
+            step, model, optimizer, scheduler, params, ctx, batch_sizes(rows, orders, state.step, ctx), pad_id
+        )
     model.train()
     segment_started = time.perf_counter()  # train time is counted per segment between evaluations
     while state.step < schedule.total_steps and state.diverged_at_step is None:
-        skip = state.step % schedule.steps_per_epoch  # > 0 only right after a mid-epoch restore
-        if skip == 0:
-            state.epoch_rng = generator.get_state()
-        generator.set_state(state.epoch_rng)
-        for batch in train_batches(train_ids, train_labels, cfg.batch_size, pad_id, generator)[skip:]:
-            if state.step >= schedule.total_steps or state.diverged_at_step is not None:
-                break
-            batch = ctx.feed.prepare(batch).to(ctx.device)  # type: ignore[assignment]  # the feed's own kind
-            with ctx.train_prefix.feeding(model, batch) if ctx.train_prefix else contextlib.nullcontext():
-                # opt-in cache: above k
-                loss = train_step(
-                    model, batch, optimizer, scheduler, scaler, params, ctx.plan, ctx.feed, ctx.cfg.max_grad_norm
-                )
-            state.loss_sum, state.loss_count = state.loss_sum + loss, state.loss_count + 1
-            state.step += 1
-            state.nonfinite_step = torch.where(
-                (torch.as_tensor(state.nonfinite_step, device=loss.device) < 0) & ~torch.isfinite(loss),
-                state.step,
-                state.nonfinite_step,
-            )
-            if state.step in schedule.eval_steps or state.step in schedule.checkpoint_steps:
-                synchronize(ctx.device)  # queued GPU work belongs to training, not to what follows
-                state.train_time_s += time.perf_counter() - segment_started
-                if state.step in schedule.eval_steps:
-                    _evaluate_into(model, state, ctx)
-                if state.step in schedule.checkpoint_steps:
-                    _save(model, optimizer, scheduler, scaler, generator, state, ctx)
-                segment_started = time.perf_counter()
+        batch = ctx.feed.gather(rows, *orders.batch(state.step, cfg.batch_size), pad_id)
+        with ctx.train_prefix.feeding(model, batch) if ctx.train_prefix else contextlib.nullcontext():  # type: ignore[arg-type]  # padded: no packing with the cache (run.py)
+            loss = step(batch)  # opt-in training cache: the step starts above k
+        state.loss_sum, state.loss_count = state.loss_sum + loss, state.loss_count + 1
+        state.step += 1
+        state.nonfinite_step = first_nonfinite(state.nonfinite_step, loss, state.step)
+        if state.step in schedule.eval_steps or state.step in schedule.checkpoint_steps:
+            synchronize(ctx.device)  # queued GPU work belongs to training, not to what follows
+            state.train_time_s += time.perf_counter() - segment_started
+            if state.step in schedule.eval_steps:
+                _evaluate_into(model, state, ctx)
+            if state.step in schedule.checkpoint_steps:
+                _save(model, optimizer, scheduler, scaler, orders, state, ctx)
+            segment_started = time.perf_counter()
     synchronize(ctx.device)  # steps after the last evaluation are training time too, up to the last one
     state.train_time_s += time.perf_counter() - segment_started
     _discard_checkpoint(cfg)  # finished: a retry of this cell has nothing to resume
     return state
+
+
+def make_optimizer(params, cfg: TrialConfig, device: torch.device, capturable: bool = False) -> torch.optim.AdamW:
+    """Fused AdamW (CPU and CUDA since torch 2.4): one vectorised kernel instead of a Python loop of
+    per-tensor ops, the same update rule; what HF Trainer uses too (optim "adamw_torch_fused"). Measured
+    on one CPU core, MiniLM-L6 with nothing frozen: 0.35 -> 0.26 s per step. ``capturable`` (CUDA
+    graphs): its learning rate a device tensor that the schedule fills, its step counts on the device."""
+    lr = torch.tensor(cfg.learning_rate, device=device) if capturable else cfg.learning_rate
+    return torch.optim.AdamW(params, lr=lr, weight_decay=cfg.weight_decay, fused=True, capturable=capturable)
+
+
+def training_step(
+    model, optimizer, scheduler, scaler, params, ctx: FitContext
+) -> Callable[[Batch | Packed], torch.Tensor]:
+    """One optimisation step of a batch, as ``train_step`` takes it (the eager step)."""
+    return lambda batch: train_step(
+        model, batch, optimizer, scheduler, scaler, params, ctx.plan, ctx.feed, ctx.cfg.max_grad_norm
+    )
+
+
+def graphed(eager, model, optimizer, scheduler, params, ctx: FitContext, sizes: list[int], pad_id: int) -> StepGraphs:
+    """The step as CUDA graphs over the buckets of this fit's batch sizes (trials/graphs.py): the
+    captured part is the update without the schedule, its warm-up the same without AdamW."""
+
+    def backward(batch) -> torch.Tensor:  # autocast's weight cache off: graphs (trials/graphs.py)
+        return backward_step(model, batch, optimizer, None, params, ctx.plan, ctx.feed, ctx.cfg.max_grad_norm, False)
+
+    def update(batch) -> torch.Tensor:
+        loss = backward(batch)
+        optimizer.step()
+        return loss
+
+    return StepGraphs(
+        eager,
+        step=update,
+        warm=backward,
+        after=scheduler.step,
+        reset=lambda: optimizer.zero_grad(set_to_none=True),
+        ready=lambda: bool(optimizer.state),  # AdamW's state exists: an eager step came first
+        buckets=length_buckets(sizes),
+        pad_id=pad_id,
+    )
+
+
+def batch_sizes(rows: DeviceRows, orders: "EpochOrders", first_step: int, ctx: FitContext) -> list[int]:
+    """Every remaining batch's size as the feed builds it (token count or width), from the host's lengths."""
+    return [
+        ctx.feed.length(rows.host_lengths[orders.batch(s, ctx.cfg.batch_size)[0]])
+        for s in range(first_step, ctx.schedule.total_steps)
+    ]
+
+
+def first_nonfinite(first: torch.Tensor, loss: torch.Tensor, step: int) -> torch.Tensor:
+    """The first step whose loss was not finite (-1: none yet), kept on the device: read at evaluations."""
+    return torch.where((first < 0) & ~torch.isfinite(loss), step, first)
+
+
+@dataclass(frozen=True)
+class EpochOrders:
+    """The order of the train subset in each epoch left to train, drawn once per trial with the cell's
+    generator (the same ``randperm`` draws, in the same sequence, as one epoch at a time would make)
+    and moved to the device in one copy. ``start_states``: the generator's state at the start of each
+    of those epochs and after the last one (what a checkpoint saves)."""
+
+    first_epoch: int
+    steps_per_epoch: int
+    host: np.ndarray  # [epochs, rows]: positions in the train subset
+    device: torch.Tensor  # the same, on the device
+    start_states: tuple[torch.Tensor, ...]
+
+    def batch(self, step: int, batch_size: int) -> tuple[np.ndarray, torch.Tensor]:
+        """The positions (host, device) of the batch that optimizer step ``step`` (0-based) trains on."""
+        epoch, index = divmod(step, self.steps_per_epoch)
+        rows = slice(index * batch_size, (index + 1) * batch_size)
+        return self.host[epoch - self.first_epoch, rows], self.device[epoch - self.first_epoch, rows]
+
+    def state_at(self, epoch: int) -> torch.Tensor:
+        return self.start_states[epoch - self.first_epoch]
+
+
+def epoch_orders(
+    n_rows: int, schedule: Schedule, state: FitState, generator: torch.Generator, device: torch.device
+) -> EpochOrders:
+    """Every remaining epoch's order, from ``state.step`` on. A fit resumed mid-epoch draws that
+    epoch again from its start state (``state.epoch_rng``); at an epoch's start the generator is
+    where the last draw left it (a fresh fit: as seeded)."""
+    first = state.step // schedule.steps_per_epoch
+    last = (schedule.total_steps - 1) // schedule.steps_per_epoch
+    if state.step % schedule.steps_per_epoch:
+        generator.set_state(state.epoch_rng)
+    states, orders = [], []
+    for _ in range(first, last + 1):
+        states.append(generator.get_state())
+        orders.append(torch.randperm(n_rows, generator=generator).numpy())
+    states.append(generator.get_state())
+    host = np.stack(orders) if orders else np.zeros((0, n_rows), dtype=np.int64)
+    return EpochOrders(first, schedule.steps_per_epoch, host, to_device(host, device), tuple(states))
 
 
 def train_step(
@@ -173,16 +270,37 @@ def train_step(
     max_grad_norm: float,
 ) -> torch.Tensor:
     """One optimisation step (also what trials/memory_probe.py measures)."""
-    with plan.autocast():
-        logits = feed.logits(model, batch)  # type: ignore[arg-type]  # prepared by this feed: its own kind
-    loss = task_loss(logits, batch.labels)
-    scaler.scale(loss).backward()
-    scaler.unscale_(optimizer)
-    torch.nn.utils.clip_grad_norm_(params, max_grad_norm, foreach=True)
+    loss = backward_step(model, batch, optimizer, scaler, params, plan, feed, max_grad_norm)
     if optimizer_step(optimizer, scaler):
         scheduler.step()  # a step the scaler skipped does not advance the schedule (HF Trainer)
     optimizer.zero_grad(set_to_none=True)
-    return loss.detach().double()  # no .item(): a per-step host sync would stall the GPU
+    return loss
+
+
+def backward_step(
+    model,
+    batch: Batch | Packed,  # as the feed gathered it
+    optimizer,
+    scaler,
+    params,
+    plan: PrecisionPlan,
+    feed: PaddedFeed | PackedFeed,
+    max_grad_norm: float,
+    autocast_cache: bool = True,
+) -> torch.Tensor:
+    """A step but its update: forward, the loss, backward (through fp16's scaler, then unscaled) and
+    clipping by the global norm; the loss as a device tensor (no ``.item()``: a per-step host sync
+    would stall the GPU). ``scaler`` None: no loss scaling."""
+    with plan.autocast(cache=autocast_cache):
+        logits = feed.logits(model, batch)  # type: ignore[arg-type]  # gathered by this feed: its own kind
+    loss = task_loss(logits, batch.labels)
+    if scaler is None:
+        loss.backward()
+    else:
+        scaler.scale(loss).backward()
+        scaler.unscale_(optimizer)
+    torch.nn.utils.clip_grad_norm_(params, max_grad_norm, foreach=True)
+    return loss.detach().double()
 
 
 def optimizer_step(optimizer: torch.optim.Optimizer, scaler: torch.amp.GradScaler) -> bool:
@@ -202,7 +320,9 @@ def _evaluate_into(model: nn.Module, state: FitState, ctx: FitContext) -> None:
     (``diverged_at_step``: the first non-finite train step, else this one): no best evaluation is
     ever taken from a non-finite one, and its metrics never enter the curve."""
     started = time.perf_counter()
-    metrics, loss, one_prediction = evaluate(model, ctx.eval_batches, ctx.plan, ctx.device, ctx.eval_prefix)
+    metrics, loss, one_prediction = evaluate(
+        model, ctx.eval_batches, ctx.plan, ctx.device, ctx.eval_prefix, ctx.eval_labels
+    )
     state.eval_time_s += time.perf_counter() - started
     train_loss = float(state.loss_sum) / max(1, state.loss_count)
     if not (math.isfinite(loss) and math.isfinite(train_loss)):
@@ -230,11 +350,15 @@ def _checkpoint_path(cfg: TrialConfig) -> Path | None:
     return Path(cfg.checkpoint_dir) / f"{cfg.trial_id}.pt"
 
 
-def _save(model, optimizer, scheduler, scaler, generator, state: FitState, ctx: FitContext) -> None:
+def _save(model, optimizer, scheduler, scaler, orders: EpochOrders, state: FitState, ctx: FitContext) -> None:
     cfg = ctx.cfg
     path = _checkpoint_path(cfg)
     if path is None:
         return
+    # As an epoch-at-a-time loop left them: the last step's epoch's start state, and the generator
+    # after that epoch's draw (the next epoch's start), whichever a resumed fit needs.
+    epoch = (state.step - 1) // ctx.schedule.steps_per_epoch
+    state.epoch_rng = orders.state_at(epoch)
     trainable = {n: p.detach().cpu() for n, p in model.named_parameters() if p.requires_grad}
     payload = {
         "trial_id": cfg.trial_id,
@@ -242,7 +366,7 @@ def _save(model, optimizer, scheduler, scaler, generator, state: FitState, ctx: 
         "optimizer": optimizer.state_dict(),
         "scheduler": scheduler.state_dict(),
         "scaler": scaler.state_dict(),
-        "generator": generator.get_state(),
+        "generator": orders.state_at(epoch + 1),
         "torch_rng": torch.get_rng_state(),
         "cuda_rng": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None,
         # no device tensor in the file

@@ -95,6 +95,19 @@ def test_no_working_tree_is_synced(name):
     ).replace("~", "$HOME")
 
 
+@pytest.mark.parametrize("name", AUTOSCALER)
+def test_gpu_workers_start_mps_before_ray(name):
+    """CUDA MPS on every GPU worker before its `ray start` (the trials that share its GPU run together),
+    not on the head, which runs no trial; a node where it does not start still joins."""
+    config = _autoscaler(name)
+    commands = config["worker_start_ray_commands"]
+    mps = [i for i, c in enumerate(commands) if "nvidia-cuda-mps-control -d" in c]
+    starts = [i for i, c in enumerate(commands) if "ray start" in c]
+    assert mps and starts and mps[0] < starts[0]
+    assert "|| echo" in commands[mps[0]]  # a failed start does not stop the node from joining
+    assert not any("mps" in c for c in config["head_start_ray_commands"])
+
+
 # --- KubeRay ----------------------------------------------------------------------------------------
 
 
@@ -144,6 +157,26 @@ def test_kuberay_manifest_fields_pins_and_token_auth(name, kind):
     for worker in containers["workers"]:
         assert int(worker["resources"]["limits"]["nvidia.com/gpu"]) >= 1
     assert all("nvidia.com/gpu" not in c.get("resources", {}).get("limits", {}) for c in containers["head"])
+
+
+@pytest.mark.parametrize("name", ["kuberay-raycluster.yaml", "kuberay-rayjob.yaml"])
+def test_kuberay_gpu_workers_start_mps_before_ray(name):
+    """KubeRay keeps the containers' own command (the annotation) and hands them its `ray start` in
+    $KUBERAY_GEN_RAY_START_CMD: each GPU worker starts the MPS daemon first, in a pipe and log directory
+    its user can write; every container keeps the file limit KubeRay's own command would set."""
+    doc = _manifest(name)
+    assert doc["metadata"]["annotations"]["ray.io/overwrite-container-cmd"] == "true"
+    containers = _containers(_cluster_spec(doc))
+    for container in containers["head"] + containers["workers"]:
+        script = " ".join(container["args"])
+        assert script.startswith("ulimit -n 65536;") and script.endswith("$KUBERAY_GEN_RAY_START_CMD")
+        assert container["command"] == ["/bin/bash", "-lc", "--"]
+    for worker in containers["workers"]:
+        script = " ".join(worker["args"])
+        assert script.index("nvidia-cuda-mps-control -d") < script.index("$KUBERAY_GEN_RAY_START_CMD")
+        env = {e["name"]: e.get("value", "") for e in worker["env"]}
+        assert env["CUDA_MPS_PIPE_DIRECTORY"].startswith("/tmp/") and env["CUDA_MPS_LOG_DIRECTORY"].startswith("/tmp/")
+    assert not any("mps" in " ".join(c["args"]) for c in containers["head"])
 
 
 def test_rayjob_runs_freezesweep_launch_on_a_spec_the_head_has():

@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from tests.conftest import REPO
+from tests.devices import DEVICES
 from freezesweep.trials.memory_probe import main, packing, probe
 from freezesweep.trials.placement import physical_index, trials_per_gpu, where
 
@@ -60,15 +61,8 @@ def test_a_cpu_trial_names_its_host_and_no_gpu():
         "gpu_index": None,
         "gpu_name": None,
         "gpu_uuid": None,
+        "gpu_mps": None,
     }
-
-
-def test_the_probe_runs_real_steps_on_the_cpu(tiny_bert):
-    """The same code path as on a GPU (build, freeze, fused AdamW steps, an evaluation batch); on a CPU
-    it reports the process's peak RSS and picks no packing."""
-    small = probe(tiny_bert, batch_size=4, max_seq_length=16, eval_batch_size=8, precision="fp32", device="cpu")
-    assert small.peak_reserved_mib > 0 and small.gpus_per_trial is None and small.trials_per_gpu is None
-    assert small.precision == "fp32" and small.outside_allocator_mib == 0
 
 
 def test_the_command_line_refuses_without_a_gpu_and_reports_on_a_cpu(tiny_bert, monkeypatch, capsys):
@@ -111,16 +105,24 @@ print(sorted(m for m in sys.modules if m.split('.')[0] in ('ray', 'orchestrator'
     assert "on the CPU (no packing)" in done.stdout and done.stdout.splitlines()[-1] == "[]"
 
 
-@pytest.mark.gpu
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
-def test_the_probe_on_a_gpu_measures_and_packs(tiny_bert):
+@pytest.mark.parametrize("device", DEVICES)
+def test_the_probe_measures_and_packs(tiny_bert, device):
+    """The same code path on either device (build, freeze, fused AdamW steps, an evaluation batch); on a
+    GPU its reading is the allocator's, beside the context's memory, it packs by the GPU's size, and a
+    larger shape reads more; on a CPU it reports the process's peak RSS and picks no packing."""
     from freezesweep.trials.placement import where as placed
 
-    light = probe(tiny_bert, batch_size=4, max_seq_length=32, eval_batch_size=8)
-    heavy = probe(tiny_bert, batch_size=64, max_seq_length=128, eval_batch_size=256)
-    assert 0 < light.peak_reserved_mib <= heavy.peak_reserved_mib
+    precision = "auto" if device == "cuda" else "fp32"
+    light = probe(tiny_bert, batch_size=4, max_seq_length=32, eval_batch_size=8, precision=precision, device=device)
+    assert light.peak_reserved_mib > 0
+    gpu = placed(torch.device(device))
+    if device == "cpu":  # the larger shape's steps only where they take a moment
+        assert light.trials_per_gpu is None and light.gpus_per_trial is None and gpu["gpu_uuid"] is None
+        assert light.precision == "fp32" and light.outside_allocator_mib == 0
+        return
+    heavy = probe(tiny_bert, batch_size=64, max_seq_length=128, eval_batch_size=256, device=device)
+    assert light.peak_reserved_mib <= heavy.peak_reserved_mib
     assert light.outside_allocator_mib > 0  # the CUDA context, at least
     assert light.gpu_total_mib == torch.cuda.get_device_properties(0).total_memory / 2**20
     assert 1 <= light.trials_per_gpu <= 8 and light.gpus_per_trial * light.trials_per_gpu <= 1
-    gpu = placed(torch.device("cuda"))
     assert gpu["gpu_uuid"].startswith(("GPU-", "MIG-")) and gpu["gpu_name"] == torch.cuda.get_device_name(0)

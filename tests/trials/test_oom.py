@@ -6,6 +6,7 @@ import weakref
 import pytest
 import torch
 
+from tests.devices import DEVICES
 from freezesweep.trials import faults, oom
 from freezesweep.trials.oom import catch_oom, is_oom
 from freezesweep.trials.run import failed_result, run_trial_or_oom
@@ -96,7 +97,8 @@ def test_release_frames_clears_a_frame_even_while_the_exception_is_still_referen
         assert held["ref"]() is None
 
 
-def test_free_memory_runs_after_the_frames_go_and_empties_the_cuda_cache(monkeypatch, tiny_trial):
+@pytest.mark.parametrize("device", DEVICES)
+def test_free_memory_runs_after_the_frames_go_and_empties_the_cuda_cache(monkeypatch, tiny_trial, device):
     """The worker's path (run_trial_or_oom): an injected OOM after the first evaluation gives the oom
     row, and the CUDA cache is emptied once, when nothing of the trial is left alive."""
     from freezesweep.trials import run
@@ -114,9 +116,10 @@ def test_free_memory_runs_after_the_frames_go_and_empties_the_cuda_cache(monkeyp
     monkeypatch.setattr(run, "_empty_cuda_cache", lambda: calls.append([m() for m in models]))
     monkeypatch.setenv("FREEZESWEEP_FAULT", "oom@1")
     worker = WorkerState()
-    result = run_trial_or_oom(tiny_trial, worker=worker)
+    result = run_trial_or_oom(dataclasses.replace(tiny_trial, device=device), worker=worker)
     assert result.status == "oom" and "injected oom" in result.error
-    assert result.placement["hostname"] and result.placement["gpu_uuid"] is None  # a CPU trial
+    assert result.placement["hostname"]
+    assert (result.placement["gpu_uuid"] is None) == (device == "cpu")  # the GPU it ran on is named
     assert calls == [[None]], "the CUDA cache was emptied while the trial's model was alive, or not once"
     assert set(worker.sizes().values()) == {0}  # everything the worker kept went too
 
@@ -139,22 +142,30 @@ def test_share_bounded_oom_fault_fires_only_below_its_share(monkeypatch, tiny_tr
             faults.maybe_inject(tiny_trial, evals_done=1)
 
 
-@pytest.mark.gpu
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
-def test_cuda_memory_is_given_back_after_an_oom():
-    """A real CUDA allocation in the raising frame: after the guard, the process holds no more
-    reserved memory than before (empty_cache returned the blocks to the driver)."""
+@pytest.mark.parametrize("device", DEVICES)
+def test_cuda_memory_is_given_back_after_an_oom(device):
+    """A real allocation in the raising frame: the guard frees the worker's memory after the frame is
+    gone, and on a GPU the process then holds no more reserved memory than before (empty_cache returned
+    the blocks to the driver). A GPU raises a real OutOfMemoryError (a petabyte); a CPU one stands in."""
     from freezesweep.trials.run import free_memory
 
-    torch.cuda.init()
-    free_memory()
-    before = torch.cuda.memory_reserved()
+    worker = WorkerState()
+    worker.templates.put("kept", torch.ones(1024, device=device))  # what a worker keeps between trials
+    free = []
+    before = torch.cuda.memory_reserved() if device == "cuda" else None
 
     def trial():
-        big = torch.empty(256 * 2**20, dtype=torch.uint8, device="cuda")  # 256 MiB
-        assert big.is_cuda
-        torch.empty(1 << 50, dtype=torch.uint8, device="cuda")  # a petabyte: a real OutOfMemoryError
+        big = torch.empty(256 * 2**20, dtype=torch.uint8, device=device)  # 256 MiB
+        free.append(weakref.ref(big))
+        if device == "cuda":
+            torch.empty(1 << 50, dtype=torch.uint8, device="cuda")  # a petabyte: a real OutOfMemoryError
+        raise torch.cuda.OutOfMemoryError("CUDA out of memory (standing in on a CPU)")
 
-    outcome = catch_oom(trial, on_oom=lambda exc: type(exc).__name__, free=free_memory)
-    assert outcome == "OutOfMemoryError"
-    assert torch.cuda.memory_reserved() <= before
+    def free_after():
+        assert free[0]() is None  # the raising frame's tensor is gone before the memory is given back
+        free_memory(worker)
+
+    outcome = catch_oom(trial, on_oom=lambda exc: type(exc).__name__, free=free_after)
+    assert outcome == "OutOfMemoryError" and set(worker.sizes().values()) == {0}
+    if device == "cuda":
+        assert torch.cuda.memory_reserved() <= before

@@ -1,0 +1,68 @@
+"""The prepared GPU check (benchmarks/gpu_check.sh, issue 35.7) cannot rot: its plan fits one short
+device run, and its smoke mode (a tiny model, a few cells, on the CPU) runs every part end to end."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from tests.conftest import REPO
+
+SCRIPT = REPO / "benchmarks" / "gpu_check.sh"
+DEVICE_RUN_S = 360  # the issue's bound on the whole check: 6 minutes
+KILL_AFTER_S = 10  # `timeout --kill-after`: what a part that ignores SIGTERM may add
+MAX_FILES = 8  # what the device tool brings back from $OUT
+
+
+def _plan(**env) -> tuple[dict[str, int], list[str]]:
+    done = subprocess.run(
+        ["bash", str(SCRIPT), "plan"], capture_output=True, text=True, check=True, env={**os.environ, **env}
+    )
+    rows = [line.split() for line in done.stdout.splitlines()]
+    return {row[0]: int(row[1]) for row in rows if row[0] != "files"}, next(r[1:] for r in rows if r[0] == "files")
+
+
+def test_the_check_fits_one_short_device_run():
+    """Every part bounded, and the bounds together (each with its kill grace) under six minutes with
+    room for the machine's own start of the run; no more files than the device tool brings back."""
+    limits, files = _plan(GPU_CHECK_SMOKE="")
+    assert list(limits) == ["tests", "profile", "grid", "arrays"]
+    assert sum(limits.values()) + KILL_AFTER_S * len(limits) <= DEVICE_RUN_S + 30
+    assert sum(limits.values()) <= DEVICE_RUN_S - 10
+    assert len(files) <= MAX_FILES and len(set(files)) == len(files)
+    assert {f"{part}.log" for part in limits} <= set(files)
+    text = SCRIPT.read_text()
+    assert "timeout --kill-after" in text and '--steps "$STEPS"' in text and "STEPS=30" in text
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1800)  # each part is capped at 400 s by the script itself (a busy CPU)
+def test_the_smoke_mode_runs_every_part(tmp_path):
+    """GPU_CHECK_SMOKE=1: prepare (a toy task where no GLUE files are at hand) and every part of `all`
+    on the CPU; each part ends on its own, the step profile finds no host sync in the step, the grid
+    writes its rows, and only the planned files are written."""
+    out, carry = tmp_path / "out", tmp_path / "carry"
+    out.mkdir()
+    env = {
+        **os.environ,
+        "GPU_CHECK_SMOKE": "1",
+        "GPU_CHECK_CARRY": str(carry),
+        "OUT": str(out),
+        "PYTHON": sys.executable,
+        "FREEZESWEEP_DATA_DIR": str(tmp_path / "no-glue-here"),
+    }
+    subprocess.run(["bash", str(SCRIPT), "prepare"], env=env, check=True, capture_output=True, cwd=REPO)
+    done = subprocess.run(["bash", str(SCRIPT), "all"], env=env, capture_output=True, text=True, cwd=REPO)
+    summary = (out / "check.log").read_text()
+    assert done.returncode == 0, done.stderr[-2000:]
+    for part in ("tests", "profile", "grid", "arrays"):
+        assert f"== {part}: exit 0" in summary, summary[-3000:]
+    profile = json.loads((out / "profile.json").read_text())["per_step"]
+    assert "single trial" in profile  # (CUDA graphs step aside on a CPU: their row is the GPU run's)
+    assert profile["single trial"]["syncs"] == 0 and profile["single trial"]["wall_ms"] > 0
+    grid = json.loads((out / "grid.json").read_text())
+    assert len(grid["freezesweep"]["cells"]) == 2  # glue/sst2, n = 50, k in {0, 2}
+    _, planned = _plan(GPU_CHECK_SMOKE="1")
+    assert {p.name for p in out.iterdir()} <= set(planned)

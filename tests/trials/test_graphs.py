@@ -1,0 +1,122 @@
+"""The training step as CUDA graphs over length buckets (issue 35.4; opt-in, off until a GPU measured
+it): the buckets and the static-shape padding on any device, the whole graphed fit on the CPU with the
+capture stood in for (the same static inputs and steps, replayed), the real capture on a GPU."""
+
+import dataclasses
+
+import numpy as np
+import pytest
+import torch
+
+from tests.devices import DEVICES
+from tests.families import FAMILIES, save_family
+from freezesweep.trials import graphs, run
+from freezesweep.trials.eval_cache import eval_mode
+from freezesweep.trials.first_token import Reader, narrowed
+from freezesweep.trials.packing import PackedFeed, pack
+from freezesweep.trials.run import initial_model
+from freezesweep.trials.tokens import Tokens, collate
+from freezesweep.trials.worker import WorkerState
+
+
+def test_buckets_cover_every_batch_in_a_few_shapes():
+    sizes = np.random.default_rng(0).integers(90, 330, 500)
+    buckets = graphs.length_buckets(sizes)
+    assert len(buckets) <= graphs.BUCKETS and all(b % 8 == 0 for b in buckets)
+    assert buckets[-1] >= sizes.max() and buckets == tuple(sorted(buckets))
+    chosen = [graphs.bucket_for(int(s), buckets) for s in sizes]
+    assert all(c is not None and c >= s for c, s in zip(chosen, sizes))
+    assert np.mean([c - s for c, s in zip(chosen, sizes)]) < 0.25 * np.mean(sizes)  # padding stays small
+    assert graphs.bucket_for(buckets[-1] + 1, buckets) is None
+    assert graphs.length_buckets([17]) == (24,)
+
+
+@pytest.fixture(scope="module")
+def still_bert(tmp_path_factory, minilm_tokenizer) -> str:
+    """A tiny BERT without dropout: a graphed step is then the eager step's function exactly."""
+    return save_family(tmp_path_factory.mktemp("still-bert"), FAMILIES["bert"], minilm_tokenizer)
+
+
+def _batch(pad_id: int) -> "Batch":  # noqa: F821
+    rows = [[101, 7, 8, 9, 102], [101, 5, 102], [101, 4, 6, 102], [101, 102]]
+    return collate(Tokens(tuple(np.array(r) for r in rows), None), np.array([1, 0, 1, 0]), pad_id)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_padding_to_a_bucket_leaves_the_logits(still_bert, toy_dataset, minilm_tokenizer, device):
+    """A packed row's extra tokens (a sequence of their own) and a padded batch's extra columns
+    (masked) change no real row's logits."""
+    from freezesweep.trials.config import TrialConfig
+
+    cfg = TrialConfig(dataset=toy_dataset, model=still_bert, train_size=8, frozen_layers=0, precision="fp32")
+    model = initial_model(cfg, 2, WorkerState()).to(device)
+    batch = _batch(minilm_tokenizer.pad_token_id).to(torch.device(device))
+    feed = PackedFeed(Reader(), 0)
+    packed = pack(batch.to(torch.device("cpu")), 0).to(torch.device(device))
+    with eval_mode(model), torch.no_grad(), narrowed(model, feed.reader):
+        exact = feed.logits(model, packed)
+        bucketed = feed.logits(model, graphs.padded_to(packed, 24, minilm_tokenizer.pad_token_id))
+    torch.testing.assert_close(bucketed, exact, rtol=1e-5, atol=1e-6)
+    with eval_mode(model), torch.no_grad():
+        plain = model(**batch.model_inputs()).logits
+        wider = model(**graphs.padded_to(batch, 16, minilm_tokenizer.pad_token_id).model_inputs()).logits
+    torch.testing.assert_close(wider, plain, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("packed", [True, False], ids=["packed", "padded"])
+def test_a_graphed_fit_trains_as_the_eager_one(still_bert, toy_dataset, monkeypatch, device, packed):
+    """The whole graphed path through ``run_trial``: the first step eager (AdamW's state), then one
+    capture per (rows, bucket) and a replay per step, the schedule filling the tensor learning rate.
+    Without dropout it follows the eager trial's curve to float rounding (the bucket's extra columns
+    change the matrix shapes only). On the CPU the capture is stood in for; on a GPU it is real."""
+    from freezesweep.trials.config import TrialConfig
+
+    captures = []
+    real = graphs.run_eagerly if device == "cpu" else graphs.capture
+    monkeypatch.setattr(
+        graphs,
+        "capture",
+        lambda step, warm, inputs, shared: captures.append(inputs) or real(step, warm, inputs, shared),
+    )
+    monkeypatch.setattr(graphs, "cuda_graphs_apply", lambda cfg, *_: cfg.cuda_graphs)  # on the CPU too
+    cfg = TrialConfig(
+        dataset=toy_dataset,
+        model=still_bert,
+        train_size=40,  # batches of 16, 16, 8: two row counts
+        frozen_layers=0,
+        epochs=3,
+        learning_rate=3e-3,
+        precision="fp32",
+        device=device,
+        pack_training=packed,
+        num_threads=1,
+    )
+    eager = run.run_trial(cfg)
+    graphed = run.run_trial(dataclasses.replace(cfg, cuda_graphs=True))
+    assert "cuda_graphs" in graphed.optimisations and "cuda_graphs" not in eager.optimisations
+    assert ("packed_training" in graphed.optimisations) == packed
+    assert 2 <= len(captures) <= 2 * graphs.BUCKETS  # one per (rows, bucket) met: the 8-row batch has its own
+    assert {len(c.labels) for c in captures} == {16, 8}
+    assert [p.step for p in graphed.eval_curve] == [p.step for p in eager.eval_curve]
+    assert [p.loss for p in graphed.eval_curve] == pytest.approx([p.loss for p in eager.eval_curve], rel=1e-4)
+    assert graphed.best_val_accuracy == eager.best_val_accuracy
+
+
+def test_fp16_and_the_training_cache_step_aside(tiny_trial):
+    from freezesweep.trials.precision import PrecisionPlan
+
+    on = dataclasses.replace(tiny_trial, cuda_graphs=True)
+    cuda, cpu = torch.device("cuda"), torch.device("cpu")
+    assert graphs.cuda_graphs_apply(on, cuda, PrecisionPlan("bf16", "cuda"), None)
+    assert not graphs.cuda_graphs_apply(tiny_trial, cuda, PrecisionPlan("bf16", "cuda"), None)  # off by default
+    assert not graphs.cuda_graphs_apply(on, cpu, PrecisionPlan("fp32", "cpu"), None)
+    assert not graphs.cuda_graphs_apply(on, cuda, PrecisionPlan("fp16", "cuda"), None)  # the scaler decides on the host
+    assert not graphs.cuda_graphs_apply(on, cuda, PrecisionPlan("bf16", "cuda"), object())
+    assert TrialConfigDefaults.cuda_graphs is False
+
+
+class TrialConfigDefaults:
+    from freezesweep.trials.config import TrialConfig
+
+    cuda_graphs = TrialConfig.__dataclass_fields__["cuda_graphs"].default

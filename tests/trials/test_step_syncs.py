@@ -1,0 +1,187 @@
+"""A step the CPU cannot stall (issue 35.4): training batches built on the device from the train subset
+moved there once, the same batches as the host path built; and no host sync between evaluations,
+counted through a spy on every sync point (trials/syncs.py), which a sync added to the loop fails."""
+
+import dataclasses
+
+import numpy as np
+import pytest
+import torch
+
+from tests.devices import DEVICES
+from freezesweep.trials import graphs, packing, run, train
+from freezesweep.trials.config import TrialConfig
+from freezesweep.trials.packing import pack, pack_rows
+from freezesweep.trials.syncs import HostSyncs
+from freezesweep.trials.tokens import Tokens, collate_rows, device_rows, train_batches
+from freezesweep.trials.train import FitState, epoch_orders, make_schedule
+
+
+def _ragged_rows(n: int, pairs: bool, seed: int = 0) -> Tokens:
+    rng = np.random.default_rng(seed)
+    ids = tuple(rng.integers(1, 500, rng.integers(2, 12)) for _ in range(n))
+    return Tokens(ids, tuple(rng.integers(0, 2, len(r)) for r in ids) if pairs else None)
+
+
+@pytest.mark.parametrize("pairs,regression", [(False, False), (True, True)])
+def test_device_batches_are_the_host_batches(pairs, regression):
+    """Every epoch's batches, padded and packed, gathered from the rows on the device: the same order,
+    tokens, masks, segment ids, labels and dtypes as collating each epoch on the host."""
+    n, batch_size = 43, 8  # a short last batch
+    tokens = _ragged_rows(n, pairs)
+    labels = np.linspace(0, 5, n).astype(np.float32) if regression else np.arange(n) % 3
+    cfg = TrialConfig(dataset="d", model="m", train_size=n, frozen_layers=0, epochs=3, batch_size=batch_size)
+    schedule = make_schedule(n, cfg)
+    host_generator, generator = torch.Generator().manual_seed(7), torch.Generator().manual_seed(7)
+    orders = epoch_orders(n, schedule, FitState(), generator, torch.device("cpu"))
+    rows = device_rows(tokens, labels, torch.device("cpu"))
+    step = 0
+    for _ in range(3):
+        for expected in train_batches(tokens, labels, batch_size, 0, host_generator):
+            positions, on_device = orders.batch(step, batch_size)
+            assert positions.tolist() == expected.positions.tolist()
+            padded = collate_rows(rows, positions, on_device, pad_id=0)
+            for name in ("input_ids", "attention_mask", "labels", "token_type_ids"):
+                got, want = getattr(padded, name), getattr(expected, name)
+                assert (got is None and want is None) or (torch.equal(got, want) and got.dtype == want.dtype), name
+            packed, want_packed = pack_rows(rows, positions, on_device, 2), pack(expected, 2)
+            for name in ("input_ids", "position_ids", "sequence", "first_tokens", "labels", "token_type_ids"):
+                got, want = getattr(packed, name), getattr(want_packed, name)
+                assert (got is None and want is None) or (torch.equal(got, want) and got.dtype == want.dtype), name
+            step += 1
+    assert step == schedule.total_steps
+
+
+def _spied_trial(cfg: TrialConfig, monkeypatch) -> list[str]:
+    """The events of ``cfg``'s fit: every sync point called, and marks at each step (its batch gathered),
+    evaluation, forward pass of the model and capture of a CUDA graph (each ends with ``-end``)."""
+    spy = HostSyncs()
+
+    def marked(name: str, function):
+        def call(*args, **kwargs):
+            spy.mark(name)
+            try:
+                return function(*args, **kwargs)
+            finally:
+                spy.mark(f"{name}-end")
+
+        return call
+
+    def spied_fit(model, *args, **kwargs):
+        hooks = (
+            model.register_forward_pre_hook(lambda *_: spy.mark("forward")),
+            model.register_forward_hook(lambda *_: spy.mark("forward-end")),
+        )
+        try:
+            with spy:
+                return fit(model, *args, **kwargs)
+        finally:
+            for hook in hooks:
+                hook.remove()
+
+    fit = run.fit
+    for feed in (packing.PaddedFeed, packing.PackedFeed):
+        monkeypatch.setattr(feed, "gather", marked("step", feed.gather))
+    monkeypatch.setattr(train, "_evaluate_into", marked("evaluation", train._evaluate_into))
+    monkeypatch.setattr(graphs, "capture", marked("capture", graphs.capture))
+    monkeypatch.setattr(run, "fit", spied_fit)
+    result = run.run_trial(cfg)
+    assert result.status == "ok" and result.eval_curve
+    assert ("cuda_graphs" in result.optimisations) == cfg.cuda_graphs
+    return spy.events
+
+
+def syncs_between_evaluations(events: list[str], leave_out: tuple[str, ...] = ("capture",)) -> list[str]:
+    """Sync points called between two steps with no evaluation between them, but those inside the
+    regions ``leave_out`` names (a graph's capture: once per graph, not per step; ``forward``: the
+    model's own)."""
+    found, interval, inside = [], [], set()
+    for event in events[events.index("mark:step") :]:
+        name = event.removeprefix("mark:")
+        if name == "step":
+            found += interval or []  # the interval just ended, unless an evaluation was in it (None)
+            interval = []
+        elif name == "evaluation":
+            interval = None
+        elif event.startswith("mark:"):
+            region = name.removesuffix("-end")
+            inside.discard(region) if name.endswith("-end") else inside.add(region)
+        elif interval is not None and not inside & set(leave_out):
+            interval.append(event)
+    return found
+
+
+@pytest.mark.parametrize("cuda_graphs", [False, True], ids=["eager", "graphed"])
+@pytest.mark.parametrize("device", DEVICES)
+def test_no_host_sync_between_evaluations(tiny_trial, monkeypatch, device, cuda_graphs):
+    """The packed feed (the BERT family's): not one sync point between evaluations, the model's forward
+    included; on a GPU torch's own detector sees none either. 40 rows at batch 16 for 2.5 epochs: 8 steps,
+    evaluations every 2, epoch boundaries inside intervals without one. Graphed: the CUDA graphs'
+    path (on the CPU with the capture stood in for, trials/graphs.py ``run_eagerly``)."""
+    _graphs_on(monkeypatch, device, cuda_graphs)
+    cfg = dataclasses.replace(tiny_trial, train_size=40, epochs=2.5, device=device, cuda_graphs=cuda_graphs)
+    events = _spied_trial(cfg, monkeypatch)
+    assert events.count("mark:step") == 8 and events.count("mark:evaluation") == 4
+    assert syncs_between_evaluations(events) == []
+    assert any(not e.startswith("mark:") for e in events)  # the evaluations' own reads were seen
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_the_padded_feed_leaves_only_the_models_own_sync(tiny_trial, monkeypatch, device):
+    """Padded batches (models that do not qualify for packing): the loop adds none; what is left is the
+    model's own mask check (transformers' masking_utils reads ``padding_mask.all()`` to choose its
+    attention kernel), which a CUDA graph's replay does not run."""
+    cfg = dataclasses.replace(tiny_trial, train_size=40, epochs=2.5, pack_training=False, device=device)
+    events = _spied_trial(cfg, monkeypatch)
+    assert syncs_between_evaluations(events, leave_out=("forward",)) == []
+
+
+def _graphs_on(monkeypatch, device: str, on: bool) -> None:
+    """CUDA graphs where asked for; on the CPU, their path with the capture stood in for."""
+    if on and device == "cpu":
+        monkeypatch.setattr(graphs, "cuda_graphs_apply", lambda cfg, *_: cfg.cuda_graphs)
+        monkeypatch.setattr(graphs, "capture", graphs.run_eagerly)
+
+
+@pytest.mark.parametrize(
+    "added",
+    [
+        lambda loss: loss.item(),
+        lambda loss: float(loss),
+        lambda loss: bool(loss > 0),
+        lambda loss: loss.cpu(),
+        lambda loss: loss.tolist(),
+        lambda loss: torch.nonzero(loss.reshape(1)),
+        lambda loss: loss.reshape(1)[loss.reshape(1) > 0],
+        lambda loss: torch.tensor([1.0], device=loss.device),
+    ],
+    ids=["item", "float", "bool", "cpu", "tolist", "nonzero", "boolean-mask", "host-data"],
+)
+def test_a_sync_added_to_the_loop_is_caught(tiny_trial, monkeypatch, added):
+    """The spy is what keeps the loop clean: each kind of sync, added once per step, is counted."""
+    monkeypatch.setattr(train, "first_nonfinite", _with(train.first_nonfinite, added))
+    events = _spied_trial(dataclasses.replace(tiny_trial, train_size=40, epochs=2.5), monkeypatch)
+    assert len(syncs_between_evaluations(events)) >= 4  # the steps of the intervals without an evaluation
+
+
+def _with(function, added):
+    def wrapped(first, loss, step):
+        added(loss)
+        return function(first, loss, step)
+
+    return wrapped
+
+
+def test_resume_mid_epoch_follows_the_same_path(tiny_trial, tmp_path, monkeypatch):
+    """Every epoch's order is drawn at the fit's start; a checkpoint in the middle of an epoch (every
+    half epoch: 3 steps an epoch, a checkpoint every 2 steps) still resumes on the same path."""
+    cfg = dataclasses.replace(tiny_trial, epochs=3, checkpoint_dir=str(tmp_path), checkpoint_every_epochs=0.5)
+    uninterrupted = run.run_trial(dataclasses.replace(cfg, checkpoint_dir=None))
+    monkeypatch.setenv("FREEZESWEEP_FAULT", "crash@2")  # dies at the 2nd evaluation: the last checkpoint is step 2
+    with pytest.raises(RuntimeError, match="injected crash"):
+        run.run_trial(cfg)
+    monkeypatch.delenv("FREEZESWEEP_FAULT")
+    resumed = run.run_trial(cfg)
+    assert resumed.resumed_from_step == 2  # in the middle of the first epoch
+    assert resumed.eval_curve == uninterrupted.eval_curve
+    assert resumed.train_loss_curve == uninterrupted.train_loss_curve

@@ -1,0 +1,164 @@
+"""The training step as CUDA graphs, one per (rows, length bucket): opt-in (``cuda_graphs``), and off
+by default until a GPU has measured what it gives (issue 35.4).
+
+A small model's step on a GPU is about a thousand kernel launches (gpu notes: a BERT-base step at batch
+16 is ~0.2 ms of arithmetic and ~70 ms of launching); a captured graph launches them all in one call.
+A graph replays fixed shapes, so a batch is padded to the smallest of a few buckets: packed batches
+(trials/packing.py) to a token count, with the extra tokens a sequence of their own that no real token
+attends to and no head reads; padded batches to a width, masked. The buckets are the quantiles of the
+trial's own batch sizes, known on the host before the first step (trials/train.py ``EpochOrders``), so
+every batch has one; a batch with fewer rows (an epoch's last) has graphs of its own.
+
+The same weights, the same function: only dropout draws differ (the padding draws masks too), so a
+graphed trial is not bit-identical to an eager one. What a graph needs (PyTorch's CUDA graphs notes):
+AdamW ``capturable`` with a device-tensor learning rate (the schedule fills it after each replay),
+its state created by an eager step first, autocast without its weight cache, no host sync inside (the
+loop has none, tests/trials/test_step_syncs.py), a warm-up on the capture stream, and no loss scaling
+(fp16's GradScaler decides on the host whether to skip a step: an fp16 trial runs eagerly).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from freezesweep.trials.packing import Packed
+from freezesweep.trials.tokens import Batch
+
+BUCKETS = 4  # graphs per row count: captures cost one step's launches each, and a pool of activations
+MULTIPLE = 8  # bucket sizes in multiples of 8 tokens (tensor-core friendly shapes)
+
+
+def cuda_graphs_apply(cfg, device: torch.device, plan, train_prefix) -> bool:
+    """Whether this trial's steps run as CUDA graphs: asked for, on a GPU, without fp16's loss scaling
+    and without the opt-in training cache (its states are gathered per step on the host)."""
+    return bool(cfg.cuda_graphs) and device.type == "cuda" and plan.name != "fp16" and train_prefix is None
+
+
+def length_buckets(sizes: Iterable[int], count: int = BUCKETS, multiple: int = MULTIPLE) -> tuple[int, ...]:
+    """At most ``count`` sizes covering ``sizes`` (each batch's token count or width): their quantiles,
+    rounded up to a multiple of ``multiple``; the largest covers the largest batch."""
+    values = np.asarray(list(sizes))
+    quantiles = np.quantile(values, np.linspace(0, 1, count + 1)[1:], method="higher")
+    return tuple(sorted({int(-(-q // multiple) * multiple) for q in quantiles}))
+
+
+def bucket_for(size: int, buckets: tuple[int, ...]) -> int | None:
+    """The smallest bucket that holds ``size`` (None: none does)."""
+    return next((b for b in buckets if b >= size), None)
+
+
+def padded_to(batch: Batch | Packed, size: int, pad_id: int) -> Batch | Packed:
+    """``batch`` with ``size`` columns: a packed row's extra tokens are a sequence of their own (id -1:
+    only they attend to each other, at the first row's starting position), a padded batch's are masked."""
+    extra = size - batch.input_ids.shape[1]
+    if isinstance(batch, Packed):
+        tail = torch.full((extra,), -1, dtype=batch.sequence.dtype, device=batch.sequence.device)
+        return dataclasses.replace(
+            batch,
+            input_ids=F.pad(batch.input_ids, (0, extra), value=pad_id),
+            position_ids=torch.cat([batch.position_ids, batch.position_ids[:, :1].expand(1, extra)], 1),
+            sequence=torch.cat([batch.sequence, tail]),
+            token_type_ids=None if batch.token_type_ids is None else F.pad(batch.token_type_ids, (0, extra)),
+        )
+    return dataclasses.replace(
+        batch,
+        input_ids=F.pad(batch.input_ids, (0, extra), value=pad_id),
+        attention_mask=F.pad(batch.attention_mask, (0, extra)),
+        token_type_ids=None if batch.token_type_ids is None else F.pad(batch.token_type_ids, (0, extra)),
+    )
+
+
+def _tensors(batch: Batch | Packed) -> list[torch.Tensor]:
+    return [v for f in dataclasses.fields(batch) if isinstance(v := getattr(batch, f.name), torch.Tensor)]
+
+
+def capture(
+    step: Callable, warm: Callable, inputs: Batch | Packed, shared: dict
+) -> tuple[Callable[[], None], torch.Tensor]:
+    """``step(inputs)`` captured as a CUDA graph (after ``warm(inputs)`` on the capture stream, which
+    initialises what the libraries set up lazily): (replay, the loss it writes). A trial's graphs share
+    one memory pool and capture stream (``shared``): they replay one at a time, and nothing one of them
+    writes is read after another replays (the loss is copied at once, the gradients used within)."""
+    stream = shared.setdefault("stream", torch.cuda.Stream())
+    pool = shared.setdefault("pool", torch.cuda.graph_pool_handle())
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        warm(inputs)
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, pool=pool, stream=stream):
+        loss = step(inputs)
+    shared.setdefault("graphs", []).append(graph)
+    return graph.replay, loss
+
+
+def run_eagerly(
+    step: Callable, warm: Callable, inputs: Batch | Packed, shared: dict
+) -> tuple[Callable[[], None], torch.Tensor]:
+    """``capture``'s stand-in where there is no GPU (tests): the same static inputs, the same step,
+    run when replayed."""
+    warm(inputs)
+    loss = torch.zeros((), dtype=torch.float64, device=inputs.input_ids.device)
+    return lambda: loss.copy_(step(inputs)), loss
+
+
+@dataclass
+class _Graph:
+    inputs: Batch | Packed  # the static batch each replay reads: a new batch is copied into it
+    replay: Callable[[], None]
+    loss: torch.Tensor  # the static loss each replay writes
+
+
+class StepGraphs:
+    """A training step (``eager(batch) -> loss``) that replays a captured graph of ``step`` for every
+    batch a bucket holds, once ``ready()`` (the optimizer's state exists): ``step`` is the update
+    without the schedule (forward, backward, clipping, the optimizer), ``warm`` the same without the
+    optimizer (weights untouched), ``after`` what follows each replay (the schedule), ``reset`` drops
+    the gradients' references around a capture. ``capture``: how a graph is made (``run_eagerly``
+    stands in on a CPU)."""
+
+    def __init__(self, eager, step, warm, after, reset, ready, buckets: tuple[int, ...], pad_id: int, capture=None):
+        self.eager, self.step, self.warm, self.after, self.reset, self.ready = eager, step, warm, after, reset, ready
+        self.buckets, self.pad_id = buckets, pad_id
+        self.capture = capture
+        self.graphs: dict[tuple[int, int], _Graph] = {}
+        self.shared: dict = {}  # what the captures share (a CUDA memory pool and stream)
+
+    def __call__(self, batch: Batch | Packed) -> torch.Tensor:
+        bucket = bucket_for(batch.input_ids.shape[1], self.buckets)
+        if bucket is None or not self.ready():
+            return self.eager(batch)
+        key = (len(batch.labels), bucket)
+        padded = padded_to(batch, bucket, self.pad_id)
+        graph = self.graphs.get(key)
+        if graph is None:
+            graph = self.graphs[key] = self._capture(padded)
+        for static, new in zip(_tensors(graph.inputs), _tensors(padded)):
+            static.copy_(new)
+        graph.replay()
+        self.reset()  # a replay leaves no gradient behind (a captured backward writes into its own memory)
+        self.after()
+        return graph.loss.clone()  # the static output is overwritten by the next replay
+
+    def _capture(self, inputs: Batch | Packed) -> _Graph:
+        inputs = dataclasses.replace(
+            inputs, **{f.name: _clone(getattr(inputs, f.name)) for f in dataclasses.fields(inputs)}
+        )
+        self.reset()
+        replay, loss = (self.capture or capture)(self.step, self._warm_then_reset, inputs, self.shared)
+        self.reset()
+        return _Graph(inputs, replay, loss)
+
+    def _warm_then_reset(self, inputs: Batch | Packed) -> None:
+        self.warm(inputs)
+        self.reset()
+
+
+def _clone(value):
+    return value.clone() if isinstance(value, torch.Tensor) else value
