@@ -73,6 +73,7 @@ MACHINE_FIELDS = (
     "eval_cache",
     "narrow_last_layer",
     "pack_training",
+    "trial_array",
     "data_dir",
     "cache_dir",
     "checkpoint_dir",
@@ -148,6 +149,9 @@ class TrialConfig:
     eval_cache: bool = True  # reuse the frozen layers' evaluation output (exact: checked per cache entry)
     narrow_last_layer: bool = True  # the last layer past attention for the head's token only (trials/first_token.py)
     pack_training: bool = True  # training batches without their padding (trials/packing.py)
+    # Trains beside the cells that differ only in frozen depth (trials/array.py): None (auto) on a GPU only,
+    # where a step is kernel launches more than arithmetic; on a CPU an array is slower (docs/speed.md).
+    trial_array: bool | None = None
     data_dir: str | None = None
     cache_dir: str | None = None
     checkpoint_dir: str | None = None
