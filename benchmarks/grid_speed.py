@@ -3,6 +3,7 @@ freezesweep, same cells, same machine, one invocation.
 
     python benchmarks/grid_speed.py                       # the CPU grid: real SST-2, MiniLM-L6, 16 cells
     python benchmarks/grid_speed.py --train-cache         # + the opt-in training cache, its accuracy effect
+    python benchmarks/grid_speed.py --skip-baseline --arrays --train-sizes 50   # trial arrays beside single trials
     python benchmarks/grid_speed.py --engine local --workers 4 --device cuda ...   # no Ray (the GPU check)
 
 Prints the wall time of each side, the ratio, trials per hour, per-trial fixed overhead (a trial's
@@ -50,6 +51,12 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--baseline-precision", choices=["user", "same"], default="user")
     parser.add_argument("--skip-baseline", action="store_true", help="freezesweep only (e.g. a packing study)")
     parser.add_argument("--train-cache", action="store_true", help="also run with the opt-in training cache")
+    parser.add_argument(
+        "--arrays",
+        action="store_true",
+        help="also run freezesweep with trial arrays forced on (trials/array.py; auto runs them on GPUs only)",
+    )
+    parser.add_argument("--array-width", type=int, default=8, help="the most cells per trial array")
     parser.add_argument("--engine", choices=["ray", "local"], default="ray")
     parser.add_argument("--workers", type=int, default=None, help="local engine: trials at once (default: CPUs)")
     parser.add_argument("--gpus-per-trial", type=float, default=None, help="ray engine (default: 0 on CPU, 0.25)")
@@ -116,8 +123,9 @@ def sweep_spec(cells: list, args: argparse.Namespace):
                 "eval_batch_size": first.eval_batch_size,
                 "max_eval_examples": first.max_eval_examples,
                 **({"train_cache": True} if getattr(first, "train_cache", False) else {}),
+                **({"trial_array": first.trial_array} if getattr(first, "trial_array", None) is not None else {}),
             },
-            "resources": {"gpus_per_trial": gpus, "cpus_per_trial": 1},
+            "resources": {"gpus_per_trial": gpus, "cpus_per_trial": 1, "array_width": args.array_width},
             "data_dir": first.data_dir,
             "store": tempfile.mkdtemp(prefix="grid-speed-"),
         },
@@ -191,19 +199,25 @@ def _through_processes(cells, args) -> list[dict]:
 
     workers = args.workers or os.cpu_count() or 1
     threads = max(1, (os.cpu_count() or 1) // workers)  # as Ray's cpus_per_trial would: no oversubscription
+    from freezesweep.trials.array import group_cells
+
     cells = [replace(c, device=args.device, num_threads=threads) for c in cells]
+    units = group_cells(cells, args.array_width)  # trial arrays where they qualify, else one cell each
     with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) as pool:
-        return list(pool.map(_one_trial, cells))
+        return [row for rows in pool.map(_one_unit, units) for row in rows]
 
 
-def _one_trial(cell) -> dict:
-    from freezesweep.trials.run import failed_result, run_trial_or_oom
+def _one_unit(cells) -> list[dict]:
+    """One cell, or one trial array's members (trials/array.py ``run_array_or_oom``: out of GPU memory,
+    it runs again at half its width, down to single trials whose row is then ``oom``)."""
+    from freezesweep.trials.array import run_array_or_oom
+    from freezesweep.trials.run import failed_result
 
     try:
-        result = run_trial_or_oom(cell)  # out of GPU memory: a row, and the memory back before the next trial
+        results = run_array_or_oom(cells)
     except Exception as exc:  # a failure is a row, not a crash of the benchmark
-        result = failed_result(cell, exc)
-    return result.to_dict()
+        results = [failed_result(cell, exc) for cell in cells]
+    return [result.to_dict() for result in results]
 
 
 # --- the comparison --------------------------------------------------------------------------------
@@ -262,7 +276,13 @@ def main(argv=None) -> None:
     sides: dict[str, tuple[float, dict]] = {}
     if not args.skip_baseline:
         sides["HF Trainer (reference)"] = run_baseline(cells, baseline_precision)
-    sides["freezesweep"] = run_freezesweep(cells, args)
+    # With --arrays, single trials on one side and trial arrays on the other (a machine switch: the
+    # same cells, the same ids); without it, freezesweep's default (auto: arrays on GPUs only).
+    sides["freezesweep"] = run_freezesweep(
+        [replace(c, trial_array=False) for c in cells] if args.arrays else cells, args
+    )
+    if args.arrays:
+        sides["freezesweep+trial arrays"] = run_freezesweep([replace(c, trial_array=True) for c in cells], args)
     if args.train_cache:
         cached_cells = grid(args, train_cache=True)
         wall, rows = run_freezesweep(cached_cells, args)
