@@ -37,7 +37,7 @@ FROZEN_LAYERS = [-1, 0, 1, 2]
 
 
 # --- the instant trial (runs in Ray's workers) ----------------------------------------------------
-def instant_trainable(config: dict, cells: dict, shipment=None, earlier=None) -> None:
+def instant_trainable(config: dict, cells: dict, shipment=None, earlier=None, width=None) -> None:
     """A trial that trains nothing: the result row a real trial of this cell (each member of this
     trial array) would store, at once."""
     from freezesweep.orchestrator.tune_adapter import trial_configs_from_ray

@@ -79,11 +79,16 @@ def unit_id(cells: list[TrialConfig]) -> str:
 
 
 def tune_trainable(
-    config: dict, cells: dict[str, dict], shipment: Shipment | None = None, earlier: dict | None = None
+    config: dict,
+    cells: dict[str, dict],
+    shipment: Shipment | None = None,
+    earlier: dict | None = None,
+    width: int | None = None,
 ) -> None:
-    """One Ray trial. ``cells``: the round's cells by trial id (in the object store once, not in each
-    trial's config); ``shipment``: the files the driver shipped; ``earlier``: an earlier launch's last
-    checkpoint of some cells (``tune.Checkpoint`` by trial id)."""
+    """One Ray trial: one cell, or one trial array. ``cells``: the round's cells by trial id (in the
+    object store once, not in each trial's config); ``shipment``: the files the driver shipped;
+    ``earlier``: an earlier launch's last checkpoint of some cells (``tune.Checkpoint`` by trial id);
+    ``width``: an array's slots (``resources.array_width``)."""
     transformers.logging.set_verbosity_error()
     transformers.utils.logging.disable_progress_bar()
     cfgs = trial_configs_from_ray(config, cells)
@@ -91,7 +96,7 @@ def tune_trainable(
     placement = {**where(trial_device(cfgs[0])), **ray_placement()}
     placed = json.dumps(placement)
     if len(cfgs) > 1:
-        array_trainable(cfgs, local, placement)
+        array_trainable(cfgs, local, placement, width)
         return
     cfg = cfgs[0]
     with ray_checkpoints(local[0], placed, (earlier or {}).get(cfg.trial_id)) as (local, on_checkpoint):
@@ -102,7 +107,9 @@ def tune_trainable(
     report_result(result, cfg, placement)
 
 
-def array_trainable(cfgs: list[TrialConfig], local: list[TrialConfig], placement: dict[str, Any]) -> None:
+def array_trainable(
+    cfgs: list[TrialConfig], local: list[TrialConfig], placement: dict[str, Any], width: int | None
+) -> None:
     """One Ray trial for a trial array: each member's row reported as soon as it is final (a diverged
     member's first), the first member's evaluations as the trial's progress. An array that runs out
     of memory runs again at half its width (trials/array.py ``run_array_or_oom``)."""
@@ -113,7 +120,9 @@ def array_trainable(cfgs: list[TrialConfig], local: list[TrialConfig], placement
         if cfg.trial_id == first:  # one report per evaluation of the array: the driver handles each
             report_evaluation(point, placed)
 
-    run_array_or_oom(local, on_eval, lambda result: report_result(result, sent[result.trial_id], placement))
+    run_array_or_oom(
+        local, on_eval, lambda result: report_result(result, sent[result.trial_id], placement), width=width
+    )
 
 
 def report_evaluation(point, placed: str) -> None:
@@ -377,7 +386,13 @@ def run_tune(
     tuner = tune.Tuner(
         # with_parameters: what every trial may need goes to the object store once, not into each one's config
         tune.with_resources(
-            tune.with_parameters(trainable or tune_trainable, cells=by_id, shipment=sweep.shipment, earlier=earlier),
+            tune.with_parameters(
+                trainable or tune_trainable,
+                cells=by_id,
+                shipment=sweep.shipment,
+                earlier=earlier,
+                width=sweep.array_width,
+            ),
             {"cpu": resources.cpus_per_trial, "gpu": sweep.gpu_share},
         ),
         tune_config=tune.TuneConfig(

@@ -49,7 +49,7 @@ import dataclasses
 import functools
 import re
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -72,6 +72,7 @@ from freezesweep.trials.run import (
     evaluation_prefix,
     feed_of,
     free_memory,
+    initial_model,
     optimisations_used,
     run_trial,
     run_trial_or_oom,
@@ -129,15 +130,38 @@ def arrays_pay(cfg: TrialConfig) -> bool:
     return torch.cuda.is_available()
 
 
-def group_cells(cells: Sequence[TrialConfig], width: int) -> list[list[TrialConfig]]:
-    """The cells as arrays of at most ``width`` members (in the cells' order, by first member), each
-    cell that does not qualify alone. Linear in the cells."""
+def slot_key(cfg: TrialConfig) -> TrialConfig | None:
+    """What a cell shares with the cells that may take turns in an array's slots (every field but its
+    frozen depth, seed and train size: the same model and task), or None when it runs alone."""
+    key = array_key(cfg)
+    return None if key is None else dataclasses.replace(key, seed=0, train_size=1)
+
+
+QUEUE_WIDTHS = 4  # a slot array's cells: at most this many times its width (a crash runs them again)
+
+
+def group_cells(cells: Sequence[TrialConfig], width: int, slots: bool = True) -> list[list[TrialConfig]]:
+    """The cells as arrays of at most ``width`` members that share their stream (seed and train size;
+    in the cells' order, by first member), each cell that does not qualify alone. With ``slots``, the
+    arrays under half the width (few depths in the grid) pool, per model and task, into queues of at
+    most ``QUEUE_WIDTHS * width`` cells that an array of ``width`` slots works through (``run_array``).
+    Linear in the cells."""
+    arrays = _chunks(cells, width, lambda cell: array_key(cell) if width > 1 else None)
+    if not slots or width < 2:
+        return arrays
+    small = [cell for unit in arrays if 1 < len(unit) < width / 2 for cell in unit]
+    pooled = {id(unit) for unit in arrays if 1 < len(unit) < width / 2}
+    queues = _chunks(small, QUEUE_WIDTHS * width, slot_key)
+    return [unit for unit in arrays if id(unit) not in pooled] + queues
+
+
+def _chunks(cells: Sequence[TrialConfig], size: int, key) -> list[list[TrialConfig]]:
     groups: dict[object, list[list[TrialConfig]]] = {}
     order: list[list[TrialConfig]] = []
     for i, cell in enumerate(cells):
-        key = array_key(cell) if width > 1 else None
-        chunks = groups.setdefault(i if key is None else key, [])
-        if not chunks or len(chunks[-1]) >= width:
+        k = key(cell)
+        chunks = groups.setdefault(("alone", i) if k is None else k, [])
+        if not chunks or len(chunks[-1]) >= size:
             chunks.append([])
             order.append(chunks[-1])
         chunks[-1].append(cell)
@@ -169,6 +193,15 @@ class Stack:
 
         return vmap(member, randomness=self.randomness)(self.tensors if tensors is None else tensors)
 
+    def own_logits(self, inputs: dict[str, torch.Tensor]) -> torch.Tensor:
+        """Every member's logits on its own inputs (each ``[width, ...]``: slots, ``OwnStreams``)."""
+        model = self.model
+
+        def member(params: dict[str, torch.Tensor], inputs: dict[str, torch.Tensor]) -> torch.Tensor:
+            return functional_call(model, params, (), inputs).logits
+
+        return vmap(member, randomness=self.randomness)(self.tensors, inputs)
+
     def starting_at(self, layer: int) -> dict[str, torch.Tensor]:
         """The stacked parameters named as in the layer list ``[injector, layer_k, …]`` (eval cache)."""
         pattern = re.compile(rf"^{re.escape(self.layers_path)}\.(\d+)\.")
@@ -182,17 +215,16 @@ class Stack:
         return {renamed(name): tensor for name, tensor in self.tensors.items()}
 
 
-def stack_model(model: nn.Module, trained: Sequence[set[str]]) -> Stack:
-    """``model``'s parameters that any member trains (``trained``: each member's parameter names),
-    stacked ``len(trained)`` times from their initial values; the model's own stop requiring grad."""
-    width = len(trained)
-    names = [n for n, _ in model.named_parameters() if any(n in t for t in trained)]
+def stack_model(model: nn.Module, names: set[str], width: int, randomness: str = "same") -> Stack:
+    """``model``'s parameters ``names`` (what any member trains, and what differs between members)
+    stacked ``width`` times from their values in ``model``; the model's own stop requiring grad."""
     params = dict(model.named_parameters())
+    names = [n for n in params if n in names]
     model.requires_grad_(False)
     tensors = {
         n: params[n].detach().unsqueeze(0).expand(width, *params[n].shape).clone().requires_grad_() for n in names
     }
-    return Stack(model, tensors, _layers_path(model))
+    return Stack(model, tensors, _layers_path(model), randomness)
 
 
 def _layers_path(model: nn.Module) -> str:
@@ -206,7 +238,8 @@ def _layers_path(model: nn.Module) -> str:
 # --- members -----------------------------------------------------------------------------------
 @dataclass
 class Member:
-    """One cell of the array: its slot, its trainable slices and its own optimizer and fit state."""
+    """One cell in a slot of the array: its trainable slices, its own optimizer and fit state, and
+    (slots) its own train subset and batches."""
 
     cfg: TrialConfig
     slot: int
@@ -214,27 +247,34 @@ class Member:
     leaves: dict[str, torch.Tensor]  # stacked name -> its trainable slice (a leaf sharing the storage)
     optimizer: torch.optim.Optimizer
     scheduler: object
-    ctx: FitContext
+    ctx: FitContext  # its own cfg, schedule and on_eval
+    data: TrialData
+    stream: Iterator[Batch] | None = None  # its own batches (slots); None: the array's shared stream
     state: FitState = field(default_factory=FitState)
     scaler: torch.amp.GradScaler | None = None
+    entered: float = field(default_factory=time.perf_counter)
 
 
-def member_leaves(stack: Stack, slot: int, trains: set[str]) -> dict[str, torch.Tensor]:
-    """The slot's trainable slices, each a leaf tensor over the stacked storage: what its own
-    optimizer steps in place."""
-    return {n: t.detach()[slot].requires_grad_() for n, t in stack.tensors.items() if n in trains}
+def new_member(
+    stack: Stack, slot: int, cfg: TrialConfig, plan: Plan, data: TrialData, base: FitContext, own_stream: bool
+) -> Member:
+    """``cfg`` in ``slot``: its trainable slices (``plan``: what each cell trains), its optimizer and
+    schedule over them, its batches when it draws its own."""
+    report, trains = plan.adapted[cfg.trial_id]
+    leaves = {n: t.detach()[slot].requires_grad_() for n, t in stack.tensors.items() if n in trains}
+    schedule = make_schedule(len(data.train_rows), cfg)
+    optimizer, scheduler = optimizer_for(list(leaves.values()), cfg, schedule)
+    ctx = dataclasses.replace(base, cfg=cfg, schedule=schedule, on_eval=functools.partial(plan.on_eval, cfg))
+    stream = batch_stream(data, cfg) if own_stream else None
+    return Member(cfg, slot, report, leaves, optimizer, scheduler, ctx, data, stream, scaler=base.plan.grad_scaler())
 
 
-def make_members(
-    stack: Stack, cfgs: Sequence[TrialConfig], reports, trained, base: FitContext, on_eval: ArrayEval
-) -> list[Member]:
-    members = []
-    for slot, (cfg, report, trains) in enumerate(zip(cfgs, reports, trained)):
-        leaves = member_leaves(stack, slot, trains)
-        optimizer, scheduler = optimizer_for(list(leaves.values()), cfg, base.schedule)
-        ctx = dataclasses.replace(base, cfg=cfg, on_eval=functools.partial(on_eval, cfg))
-        members.append(Member(cfg, slot, report, leaves, optimizer, scheduler, ctx, scaler=base.plan.grad_scaler()))
-    return members
+def batch_stream(data: TrialData, cfg: TrialConfig) -> Iterator[Batch]:
+    """The cell's training batches, epoch after epoch, as trials/train.py ``fit`` draws them."""
+    generator = torch.Generator().manual_seed(cfg.derived_seed)
+    labels = data.task.train.labels[data.train_rows]
+    while True:
+        yield from train_batches(data.train_tokens, labels, cfg.batch_size, data.pad_id, generator)
 
 
 # --- one step, one evaluation ------------------------------------------------------------------------
@@ -243,7 +283,20 @@ def array_step(stack: Stack, members: Sequence[Member], batch, plan: PrecisionPl
     as they are); returns every slot's loss, ``[width]`` (no host sync)."""
     with plan.autocast():
         logits = stack.logits(feed, batch)
-    losses = vmap(task_loss, in_dims=(0, None))(logits, batch.labels)
+    return update(stack, members, vmap(task_loss, in_dims=(0, None))(logits, batch.labels))
+
+
+def own_step(stack: Stack, members: Sequence[Member], inputs: dict, labels, weights, plan: PrecisionPlan):
+    """``array_step`` with every slot on its own batch (``inputs``, ``labels``, row ``weights``: each
+    ``[width, rows, ...]``; a row of weight 0 pads a short batch and counts nowhere)."""
+    with plan.autocast():
+        logits = stack.own_logits(inputs)
+    rows = vmap(functools.partial(task_loss, reduction="none"))(logits, labels)
+    losses = torch.where(weights > 0, rows, 0.0).sum(1) / weights.sum(1).clamp(min=1)
+    return update(stack, members, losses)
+
+
+def update(stack: Stack, members: Sequence[Member], losses: torch.Tensor) -> torch.Tensor:
     losses.sum().backward()  # d(sum)/d(loss_i) = 1: each slot's gradients are its own loss's
     for member in members:
         member_update(stack, member)
@@ -265,7 +318,7 @@ def member_update(stack: Stack, member: Member) -> None:
 
 @torch.inference_mode()
 def evaluate_array(
-    stack: Stack, feed, batches: list[Batch], plan: PrecisionPlan, device: torch.device, prefix: PrefixStates | None
+    stack: Stack, batches: list[Batch], plan: PrecisionPlan, device: torch.device, prefix: PrefixStates | None
 ) -> list[tuple[dict[str, float], float]]:
     """Every slot's (metrics, mean loss) over the validation batches, as trials/evaluate.py computes
     one trial's, the members in one pass per batch."""
@@ -293,19 +346,100 @@ def evaluate_array(
     return [(compute_metrics(every[slot], labels, regression, classes), losses[slot]) for slot in range(stack.width)]
 
 
+# --- how batches reach the slots: one stream for all, or one per slot ----------------------------------
+@dataclass
+class SharedStream:
+    """Every member on the same batch (they share seed and train size): packed where the model
+    qualifies, inputs unbatched, so the frozen prefix runs once for all."""
+
+    batches: Iterator[Batch]
+    feed: PaddedFeed | PackedFeed
+
+    def __call__(self, run: ArrayRun, active: list[Member]) -> torch.Tensor:
+        batch = self.feed.prepare(next(self.batches)).to(run.base.device)
+        return array_step(run.stack, active, batch, run.base.plan, self.feed)
+
+
+@dataclass
+class OwnStreams:
+    """Every slot on its own member's next batch (slots across seeds and train sizes), padded to one
+    shape for all (``rows`` rows of ``tokens`` tokens: the longest row of any queued cell's subset), so
+    that no slot's numbers depend on what the others hold; a free slot trains a copy of another's batch
+    with weight 0 (its slices step nowhere). ``mask``: how the padding mask is given (``mask_form``)."""
+
+    rows: int
+    tokens: int
+    mask: str
+
+    def __call__(self, run: ArrayRun, active: list[Member]) -> torch.Tensor:
+        own = {m.slot: padded(next(m.stream), self.rows, self.tokens, m.data.pad_id) for m in active}
+        filler = next(iter(own.values()))
+        slots = [own.get(slot, (filler[0], torch.zeros_like(filler[1]))) for slot in range(run.stack.width)]
+        batches, weights = [b for b, _ in slots], torch.stack([w for _, w in slots])
+        device = run.base.device
+        inputs = {
+            name: torch.stack([getattr(b, name) for b in batches]).to(device)
+            for name in ("input_ids", "attention_mask", "token_type_ids")
+            if getattr(batches[0], name) is not None
+        }
+        inputs["attention_mask"] = mask_as(inputs["attention_mask"], self.mask)
+        labels = torch.stack([b.labels for b in batches]).to(device)
+        return own_step(run.stack, active, inputs, labels, weights.to(device), run.base.plan)
+
+
+def padded(batch: Batch, rows: int, tokens: int, pad_id: int) -> tuple[Batch, torch.Tensor]:
+    """``batch`` as ``rows`` rows of ``tokens`` tokens (padding on the right, masked; a short batch
+    repeats its rows, with weight 0) and its rows' weights."""
+    real = len(batch.labels)
+    again = torch.arange(rows) % real
+
+    def grown(t: torch.Tensor | None, value: int) -> torch.Tensor | None:
+        if t is None:
+            return None
+        return torch.nn.functional.pad(t[again], (0, tokens - t.shape[1]), value=value)
+
+    grown_batch = Batch(
+        grown(batch.input_ids, pad_id),
+        grown(batch.attention_mask, 0),
+        batch.labels[again],
+        token_type_ids=grown(batch.token_type_ids, 0),
+    )
+    return grown_batch, (torch.arange(rows) < real).float()
+
+
+def mask_as(mask: torch.Tensor, form: str) -> torch.Tensor:
+    """The padding mask ``[width, rows, tokens]`` as the model takes it batched: as it is ("2d": the
+    decoders and DeBERTa build theirs without asking its values), or additive ``[width, rows, 1, 1,
+    tokens]`` ("4d": BERT's mask-building branches on the values, which ``vmap`` refuses)."""
+    if form == "2d":
+        return mask
+    return torch.zeros(mask.shape, device=mask.device).masked_fill(mask == 0, torch.finfo(torch.float32).min)[
+        :, :, None, None, :
+    ]
+
+
 # --- the array's run -------------------------------------------------------------------------------
 @dataclass
+class Plan:
+    """What every member of an array is, decided before its first step: each cell's freeze report
+    and trained parameter names, and where its evaluations go."""
+
+    adapted: dict[str, tuple[FreezeReport, set[str]]]
+    on_eval: ArrayEval
+
+
+@dataclass
 class ArrayRun:
-    """An array ready to train: the stacked model, its members, and what the loop reads besides."""
+    """An array ready to train: the stacked model, the members in its slots, and the loop's parts."""
 
     stack: Stack
     members: list[Member]
-    data: TrialData
+    base: FitContext  # the members' shared context (their own cfg, schedule and on_eval aside)
     reader: first_token.Reader | None
-    feed: PaddedFeed | PackedFeed
-    base: FitContext  # the members' shared context (their own cfg and on_eval aside)
-    on_result: Callable[[TrialResult], None]
+    step: Callable[[ArrayRun, list[Member]], torch.Tensor]  # SharedStream or OwnStreams
     finish: Callable[[Member], TrialResult]
+    on_result: Callable[[TrialResult], None]
+    refill: Callable[[int], Member | None] = lambda slot: None  # the next cell for a free slot (slots)
     results: dict[str, TrialResult] = field(default_factory=dict)
 
 
@@ -314,18 +448,21 @@ def run_array(
     on_eval: ArrayEval | None = None,
     on_result: Callable[[TrialResult], None] | None = None,
     worker: WorkerState | None = None,
+    width: int | None = None,
 ) -> list[TrialResult]:
-    """Run cells that differ only in frozen depth as one array; their results, in ``configs``' order.
+    """Run cells of one model and task as one array; their results, in ``configs``' order.
     ``on_eval`` gets every member's evaluations (with its config), ``on_result`` each member's result
-    as soon as it is final (a member that diverges leaves early); ``worker`` as ``run_trial``'s. Raises
-    on failure, as ``run_trial`` does; cells that cannot share one array raise ValueError at once. A
-    model that does not qualify (``array_agrees``) runs its cells as single trials, one by one."""
+    as soon as it is final; ``worker`` as ``run_trial``'s. Cells that differ only in frozen depth all
+    train at once on one batch stream; others take turns in ``width`` slots (default: as many as the
+    cells), the next cell taking a slot as soon as its member is over. Raises on failure, as
+    ``run_trial`` does; cells that cannot share one array raise ValueError at once. A model that does
+    not qualify (``array_agrees``) runs its cells as single trials, one after another."""
     started = time.perf_counter()
     worker = worker or process_worker()
     cfgs = [resolve_config(c) for c in configs]
     on_eval, on_result = on_eval or (lambda cfg, point: None), on_result or (lambda result: None)
     check_together(cfgs)
-    run = build_array(cfgs, on_eval, on_result, worker, started) if len(cfgs) > 1 else None
+    run = build_array(cfgs, width or len(cfgs), Plan({}, on_eval), on_result, worker, started)
     if run is None:
         return [_alone(c, on_eval, on_result, worker) for c in cfgs]
     with first_token.narrowed(run.stack.model, run.reader):
@@ -338,100 +475,164 @@ def run_array_or_oom(
     on_eval: ArrayEval | None = None,
     on_result: Callable[[TrialResult], None] | None = None,
     worker: WorkerState | None = None,
+    width: int | None = None,
 ) -> list[TrialResult]:
     """``run_array``, except that an array that runs out of GPU memory gives the memory back
     (trials/oom.py) and its members without a row run again as two arrays of half its width, down to
     single trials, whose out-of-memory is their ``oom`` row (``run_trial_or_oom``). Rows already given
-    (a member that diverged before) stay given: every member gets exactly one."""
+    (a member that diverged or finished before) stay given: every member gets exactly one."""
     worker = worker or process_worker()
     cfgs = [resolve_config(c) for c in configs]
     on_eval, on_result = on_eval or (lambda cfg, point: None), on_result or (lambda result: None)
-    if len(cfgs) == 1:
-        result = run_trial_or_oom(cfgs[0], on_eval=functools.partial(on_eval, cfgs[0]), worker=worker)
-        on_result(result)
-        return [result]
+    width = min(width or len(cfgs), len(cfgs))
+    if width == 1:
+        return [_alone(c, on_eval, on_result, worker, run_trial_or_oom) for c in cfgs]
     given: dict[str, TrialResult] = {}
 
     def give(result: TrialResult) -> None:
         given[result.trial_id] = result
         on_result(result)
 
-    done = catch_oom(lambda: run_array(cfgs, on_eval, give, worker), lambda exc: None, free=lambda: free_memory(worker))
+    done = catch_oom(
+        lambda: run_array(cfgs, on_eval, give, worker, width), lambda exc: None, free=lambda: free_memory(worker)
+    )
     if done is None:
         rest = [c for c in cfgs if c.trial_id not in given]
         half = (len(rest) + 1) // 2
         for part in filter(None, (rest[:half], rest[half:])):
-            run_array_or_oom(part, on_eval, give, worker)
+            run_array_or_oom(part, on_eval, give, worker, max(1, width // 2))
     return [given[c.trial_id] for c in cfgs]
 
 
 def build_array(
-    cfgs: Sequence[TrialConfig], on_eval: ArrayEval, on_result, worker: WorkerState, started: float
+    cfgs: Sequence[TrialConfig], width: int, plan: Plan, on_result, worker: WorkerState, started: float
 ) -> ArrayRun | None:
     """The array of ``cfgs`` (resolved, checked together) ready to train, or None where the model
     does not qualify (its members then run alone)."""
     first = cfgs[0]
-    device, plan = start_trial(first)
+    device, precision = start_trial(first)
     data = trial_data(first, device, worker)
     model = trial_model(first, data, device)
+    own = len({(c.seed, c.train_size) for c in cfgs}) > 1 or len(cfgs) > width  # slots: a stream each
     common = dataclasses.replace(first, frozen_layers=min(c.frozen_layers for c in cfgs))  # what all freeze
-    reader, feed = feed_of(common, model, data, device, packed=True)
+    reader, feed = feed_of(common, model, data, device, packed=not own)
+    check = check_batch(data, device)
     with first_token.narrowed(model, reader):
         key = FeedKey(first.model, type(model).__qualname__)
-        if not array_agrees(model, check_batch(data, device), feed, key, worker):
+        mask = slots_mask_form(model, check, data.pad_id, key, worker) if own else None
+        if not array_agrees(model, check, feed, key, worker) or (own and mask is None):
             return None
-    reports, trained = [], []
+    datas = {c.train_size: trial_data(c, device, worker) for c in cfgs}  # the split seed is the array's
     for cfg in cfgs:
-        reports.append(adapt(model, cfg)[0])
-        trained.append({n for n, p in model.named_parameters() if p.requires_grad})
+        report = adapt(model, cfg)[0]
+        plan.adapted[cfg.trial_id] = (report, {n for n, p in model.named_parameters() if p.requires_grad})
+    names = set().union(*(trains for _, trains in plan.adapted.values()))
+    names |= differing(model, cfgs, names, worker) if own else set()
     fill_started = time.perf_counter()
-    prefix = evaluation_prefix(common, model, data, plan, device)
+    prefix = (
+        evaluation_prefix(common, model, data, precision, device) if not names & _prefix_names(model, common) else None
+    )
     synchronize(device)
     fill_s = (time.perf_counter() - fill_started) / len(cfgs)
-    stack = stack_model(model, trained)
+    stack = stack_model(model, names, min(width, len(cfgs)), "different" if own else "same")
     schedule = make_schedule(len(data.train_rows), common)
-    base = FitContext(common, plan, device, schedule, data.batches, on_eval=None, eval_prefix=prefix, feed=feed)
+    base = FitContext(common, precision, device, schedule, data.batches, on_eval=None, eval_prefix=prefix, feed=feed)
     used = (*optimisations_used(prefix, None, reader, feed), OPTIMISATION)
+    queue = list(cfgs)
+
+    def start(slot: int) -> Member | None:
+        if not queue:
+            return None
+        cfg = queue.pop(0)
+        if own:
+            load_initial(stack, slot, cfg, datas[cfg.train_size], worker)
+        return new_member(stack, slot, cfg, plan, datas[cfg.train_size], base, own)
 
     def finish(member: Member) -> TrialResult:
-        wall_s = (time.perf_counter() - started) / len(cfgs)  # the member's share of the array's time
+        wall_s = (time.perf_counter() - max(started, member.entered)) / stack.width  # its share of the array's time
         result = trial_result(
-            member.cfg, data, member.report, member.state, device, plan, (prefix, None), wall_s, fill_s
+            member.cfg, member.data, member.report, member.state, device, precision, (prefix, None), wall_s, fill_s
         )
         return dataclasses.replace(result, optimisations=used)
 
-    members = make_members(stack, cfgs, reports, trained, base, on_eval)
-    return ArrayRun(stack, members, data, reader, feed, base, on_result, finish)
+    members = [start(slot) for slot in range(stack.width)]
+    if own:
+        step = OwnStreams(first.batch_size, max(longest(d) for d in datas.values()), mask)
+    else:
+        step = SharedStream(batch_stream(data, first), feed)
+    return ArrayRun(stack, members, base, reader, step, finish, on_result, start)
+
+
+def load_initial(stack: Stack, slot: int, cfg: TrialConfig, data: TrialData, worker: WorkerState) -> None:
+    """``cfg``'s initial weights into its slot (its head's initialisation is its seed's). The array's
+    random stream (its dropout draws) is not the one building a model seeds: it is put back after."""
+    with _rng_kept(stack.model):
+        params = dict(initial_model(cfg, data.task.num_labels, worker).named_parameters())
+    with torch.no_grad():
+        for name, tensor in stack.tensors.items():
+            tensor[slot].copy_(params[name])
+
+
+def differing(model: nn.Module, cfgs: Sequence[TrialConfig], trained: set[str], worker: WorkerState) -> set[str]:
+    """The parameters no cell trains whose initial values still differ between the cells' seeds (a
+    random initialisation, a layer the checkpoint lacks): stacked too, each slot its own."""
+    mine, differ = dict(model.named_parameters()), set()
+    for cfg in {c.derived_seed: c for c in cfgs}.values():
+        with _rng_kept(model):
+            other = initial_model(cfg, model.config.num_labels, worker)
+        differ |= {
+            n for n, p in other.named_parameters() if n not in trained and not torch.equal(p, mine[n].detach().cpu())
+        }
+    return differ
+
+
+def _prefix_names(model: nn.Module, common: TrialConfig) -> set[str]:
+    """The parameters of the frozen prefix the evaluation cache would stand in for."""
+    if common.frozen_layers < 1:
+        return set()
+    parts = find_encoder_parts(model)
+    prefix = {id(p) for layer in parts.layers[: common.frozen_layers] for p in layer.parameters()}
+    prefix |= {id(p) for p in parts.bottom}
+    return {n for n, p in model.named_parameters() if id(p) in prefix}
+
+
+@contextlib.contextmanager
+def _rng_kept(model: nn.Module):
+    devices = [p.device for p in model.parameters() if p.is_cuda][:1]
+    with torch.random.fork_rng(devices=devices):
+        yield
+
+
+def longest(data: TrialData) -> int:
+    return max(len(row) for row in data.train_tokens.input_ids)
 
 
 def fit_array(run: ArrayRun) -> None:
-    """The reference loop (trials/train.py ``fit``) for every member at once: one batch stream (the
-    members share it), every member's step on each batch, every member evaluated at the schedule's
-    evaluation steps; a member that diverged leaves there, the rest finish together."""
-    base, data, schedule = run.base, run.data, run.base.schedule
-    labels = data.task.train.labels[data.train_rows]
-    generator = torch.Generator().manual_seed(base.cfg.derived_seed)
-    active, step = list(run.members), 0
+    """The reference loop (trials/train.py ``fit``) for every member at once: each step trains every
+    active member on its batch, each member is evaluated at its own schedule's steps (every slot in one
+    pass), and a member that is over (its last step, or diverged at an evaluation) leaves with its row
+    written; the next cell, if any, takes its slot."""
+    base, active = run.base, list(filter(None, run.members))
     run.stack.model.train()
     segment_started = time.perf_counter()
-    while step < schedule.total_steps and active:
-        for batch in train_batches(data.train_tokens, labels, base.cfg.batch_size, data.pad_id, generator):
-            if step >= schedule.total_steps or not active:
-                break
-            batch = run.feed.prepare(batch).to(base.device)
-            losses = array_step(run.stack, active, batch, base.plan, run.feed)
-            for member in active:
-                count_step(member.state, losses[member.slot])
-            step += 1
-            if step in schedule.eval_steps:
-                synchronize(base.device)
-                _share(active, "train_time_s", time.perf_counter() - segment_started)
-                active = _evaluate_members(run, active)
-                segment_started = time.perf_counter()
-    synchronize(base.device)
-    _share(active, "train_time_s", time.perf_counter() - segment_started)
-    for member in active:
-        _finished(run, member)
+    while active:
+        losses = run.step(run, active)
+        for member in active:
+            count_step(member.state, losses[member.slot])
+        due = [m for m in active if m.state.step in m.ctx.schedule.eval_steps]
+        over = [m for m in active if m.state.step >= m.ctx.schedule.total_steps]
+        if not (due or over):
+            continue
+        synchronize(base.device)
+        _share(active, "train_time_s", time.perf_counter() - segment_started)
+        if due:
+            _evaluate_members(run, due)
+        for member in [m for m in active if m in over or m.state.diverged_at_step is not None]:
+            active.remove(member)
+            _finished(run, member)
+            active += filter(None, [run.refill(member.slot)])
+        run.stack.model.train()
+        segment_started = time.perf_counter()
 
 
 def _share(members: list[Member], name: str, seconds: float) -> None:
@@ -440,22 +641,16 @@ def _share(members: list[Member], name: str, seconds: float) -> None:
         setattr(member.state, name, getattr(member.state, name) + seconds / max(1, len(members)))
 
 
-def _evaluate_members(run: ArrayRun, active: list[Member]) -> list[Member]:
-    """Every slot evaluated in one pass; each active member's into its state; those that diverged
-    leave with their rows written. Returns the members still in."""
+def _evaluate_members(run: ArrayRun, due: list[Member]) -> None:
+    """Every slot evaluated in one pass (the same pass whoever is due: no slot's numbers depend on the
+    others'); each due member's evaluation into its state (a diverged one is marked so)."""
     base = run.base
     started = time.perf_counter()
-    outcomes = evaluate_array(run.stack, run.feed, base.eval_batches, base.plan, base.device, base.eval_prefix)
-    eval_s = (time.perf_counter() - started) / len(active)
-    staying = []
-    for member in active:
+    outcomes = evaluate_array(run.stack, base.eval_batches, base.plan, base.device, base.eval_prefix)
+    eval_s = (time.perf_counter() - started) / len(due)
+    for member in due:
         metrics, loss = outcomes[member.slot]
         record_evaluation(member.state, member.ctx, metrics, loss, eval_s)
-        if member.state.diverged_at_step is None:
-            staying.append(member)
-        else:
-            _finished(run, member)
-    return staying
 
 
 def _finished(run: ArrayRun, member: Member) -> None:
@@ -464,21 +659,21 @@ def _finished(run: ArrayRun, member: Member) -> None:
     run.on_result(result)
 
 
-def _alone(cfg: TrialConfig, on_eval: ArrayEval, on_result, worker: WorkerState) -> TrialResult:
+def _alone(cfg: TrialConfig, on_eval: ArrayEval, on_result, worker: WorkerState, trial=None) -> TrialResult:
     """A member that runs as its single trial (the array steps aside)."""
-    result = run_trial(cfg, on_eval=functools.partial(on_eval, cfg), worker=worker)
+    result = (trial or run_trial)(cfg, on_eval=functools.partial(on_eval, cfg), worker=worker)
     on_result(result)
     return result
 
 
 def check_together(cfgs: Sequence[TrialConfig]) -> None:
-    """One array holds cells that qualify and differ only in frozen depth, each once."""
-    keys = [array_key(c) for c in cfgs]
+    """One array holds cells of one model and task that qualify, each once."""
+    keys = [slot_key(c) for c in cfgs]
     problems = []
     if not cfgs:
         problems.append("no cells")
     if len(cfgs) > 1 and (None in keys or len(set(keys)) > 1):
-        problems.append("cells that do not qualify or differ in more than their frozen depth")
+        problems.append("cells that do not qualify or differ in more than their frozen depth, seed and train size")
     if len({c.trial_id for c in cfgs}) < len(cfgs):
         problems.append("a cell given twice")
     if problems:
@@ -519,6 +714,42 @@ def _agrees(model: nn.Module, batch: Batch, feed) -> bool:
         return False
     pairs = [(plain, stacked)] + [(g, s) for g, s in zip(plain_grads, grads) if g is not None or s is not None]
     return all(_close(a, b) for a, b in pairs)
+
+
+def slots_mask_form(model: nn.Module, batch: Batch, pad_id: int, key: FeedKey, worker: WorkerState) -> str | None:
+    """How a model takes a batched padding mask under ``vmap`` (``mask_as``), or None where neither
+    form gives its logits (slots then step aside): two slots on differently padded rows, in fp32, in
+    eval mode, against the plain model on each. Kept in the worker per model and class."""
+    verdict = (key, "slots")
+    if verdict not in worker.array_verdicts:
+        worker.array_verdicts[verdict] = _mask_form(model, batch, pad_id)
+    return worker.array_verdicts[verdict]
+
+
+def _mask_form(model: nn.Module, batch: Batch, pad_id: int) -> str | None:
+    rows, tokens = len(batch.labels), batch.input_ids.shape[1] + 1
+    names = ("input_ids", "attention_mask", "labels", "token_type_ids")
+    flipped = dataclasses.replace(
+        batch, **{n: getattr(batch, n).flip(0) for n in names if getattr(batch, n) is not None}
+    )
+    slots = [padded(b, rows, tokens, pad_id)[0] for b in (batch, flipped)]
+    stack = Stack(model, {n: p.detach().expand(2, *p.shape).clone() for n, p in model.named_parameters()}, "")
+    with eval_mode(model), torch.no_grad():
+        plain = [model(**b.model_inputs()).logits for b in slots]
+        for form in ("2d", "4d"):
+            inputs = {
+                n: torch.stack([v for v in (b.model_inputs()[n] for b in slots)]) for n in slots[0].model_inputs()
+            }
+            inputs["attention_mask"] = mask_as(inputs["attention_mask"], form)
+            try:
+                logits = stack.own_logits(inputs)
+            except Exception as exc:  # a form the model's code refuses under vmap: the next one
+                if is_oom(exc):
+                    raise
+                continue
+            if all(first_token.logits_agree(a, b) for a, b in zip(plain, logits)):
+                return form
+    return None
 
 
 def _close(single: torch.Tensor | None, stacked: torch.Tensor | None) -> bool:

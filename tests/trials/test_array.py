@@ -34,7 +34,7 @@ def cells(tiny_trial):
 
 def built(cells, worker=None):
     worker = worker or WorkerState()
-    run = build_array(cells, lambda cfg, point: None, lambda result: None, worker, started=0.0)
+    run = build_array(cells, len(cells), arrays.Plan({}, lambda cfg, point: None), lambda result: None, worker, 0.0)
     assert run is not None
     return run
 
@@ -65,7 +65,7 @@ def perturb(run) -> None:
 def test_forward_and_gradients_are_each_single_models(cells):
     run = built(cells)
     perturb(run)
-    batch = check_batch(run.data, torch.device("cpu"))
+    batch = check_batch(run.members[0].data, torch.device("cpu"))
     run.stack.model.eval()
     logits = run.stack.logits(PaddedFeed(), batch)
     losses = torch.func.vmap(task_loss, in_dims=(0, None))(logits, batch.labels)
@@ -89,11 +89,11 @@ def test_one_step_is_each_single_trials_step_frozen_slices_bit_unchanged(cells):
     cells = [dataclasses.replace(c, weight_decay=0.1, max_grad_norm=0.01) for c in cells]
     run = built(cells)
     initial = slot_weights(run, 0)
-    batch = run.feed.prepare(check_batch(run.data, torch.device("cpu")))
+    batch = run.base.feed.prepare(check_batch(run.members[0].data, torch.device("cpu")))
     torch.manual_seed(0)
     with arrays.first_token.narrowed(run.stack.model, run.reader):
         run.stack.model.train()
-        arrays.array_step(run.stack, run.members, batch, run.base.plan, run.feed)
+        arrays.array_step(run.stack, run.members, batch, run.base.plan, run.base.feed)
     for member in run.members:
         cfg = member.cfg
         model, data = single(cfg)
@@ -103,7 +103,15 @@ def test_one_step_is_each_single_trials_step_frozen_slices_bit_unchanged(cells):
         with arrays.first_token.narrowed(model, run.reader):
             model.train()
             train_step(
-                model, batch, optimizer, scheduler, run.base.plan.grad_scaler(), params, run.base.plan, run.feed, 0.01
+                model,
+                batch,
+                optimizer,
+                scheduler,
+                run.base.plan.grad_scaler(),
+                params,
+                run.base.plan,
+                run.base.feed,
+                0.01,
             )
         after = dict(model.named_parameters())
         for name, tensor in run.stack.tensors.items():
@@ -140,7 +148,7 @@ def test_the_layers_every_member_freezes_run_once(cells):
 
     hooks = [layer.register_forward_hook(functools.partial(seen, i=i)) for i, layer in enumerate(layers)]
     try:
-        run.stack.logits(PaddedFeed(), check_batch(run.data, torch.device("cpu")))
+        run.stack.logits(PaddedFeed(), check_batch(run.members[0].data, torch.device("cpu")))
     finally:
         for hook in hooks:
             hook.remove()
@@ -284,7 +292,7 @@ def test_cells_group_into_arrays_in_order(tiny_trial):
 
 def test_cells_that_are_not_one_array_are_refused(tiny_trial):
     with pytest.raises(ValueError, match="not one trial array"):
-        run_array([tiny_trial, dataclasses.replace(tiny_trial, seed=1)])
+        run_array([tiny_trial, dataclasses.replace(tiny_trial, learning_rate=1e-3)])  # another protocol
     with pytest.raises(ValueError, match="given twice"):
         run_array([tiny_trial, tiny_trial])
 
@@ -319,3 +327,62 @@ def test_a_lone_member_out_of_memory_is_its_oom_row(tiny_trial, monkeypatch):
     given = []
     [result] = arrays.run_array_or_oom([tiny_trial], on_result=given.append)
     assert result.status == "oom" and given == [result]
+
+
+# --- slots: members with streams of their own (seeds, train sizes), taking turns ----------------------
+@pytest.fixture
+def quiet_bert(tmp_path_factory, minilm_tokenizer) -> str:
+    """tests/families.py's BERT: no dropout, so a slot (whose dropout draws are the array's, not its
+    single trial's) must give its single trial's numbers to float rounding."""
+    from tests.families import FAMILIES, save_family
+
+    return save_family(tmp_path_factory.mktemp("quiet-bert"), FAMILIES["bert"], minilm_tokenizer)
+
+
+def test_slots_across_seeds_and_train_sizes_give_each_single_trials_row(tiny_trial, quiet_bert):
+    cells = [
+        dataclasses.replace(tiny_trial, model=quiet_bert, train_size=n, seed=s, frozen_layers=k)
+        for n in (24, 48)
+        for s in (0, 1)
+        for k in (0, 2)
+    ]
+    finished = []
+    results = run_array(cells, on_result=finished.append, width=3)  # 8 cells through 3 slots
+    assert_same_as_singles(results, [run_trial(c) for c in cells])
+    assert sorted(r.trial_id for r in finished) == sorted(c.trial_id for c in cells)
+    assert {len(r.eval_curve) for r in results} == {4, 3}  # each on its own schedule (n = 24, n = 48)
+
+
+def test_a_refilled_slot_leaves_the_others_bit_unchanged(tiny_trial):
+    """The long member's numbers (dropout on) are the same whether its neighbour's slot stays empty
+    after the short member or the next cell takes it."""
+    long = dataclasses.replace(tiny_trial, train_size=48, frozen_layers=0)  # 6 steps
+    short = dataclasses.replace(tiny_trial, train_size=24, frozen_layers=2, seed=1)  # 4 steps
+    refill = dataclasses.replace(short, seed=2)  # the same subset (only its seed differs): the same padding
+    alone = run_array([long, short], width=2)[0]
+    beside = run_array([long, short, refill], width=2)
+    assert (beside[0].eval_curve, beside[0].train_loss_curve) == (alone.eval_curve, alone.train_loss_curve)
+    assert beside[2].status == "ok" and len(beside[2].eval_curve) == len(run_trial(refill).eval_curve)
+
+
+@pytest.mark.parametrize("family,form", [("bert", "4d"), ("llama", "2d"), ("deberta-v2", "2d")])
+def test_how_each_family_takes_a_batched_padding_mask(family, form, tmp_path, minilm_tokenizer, tiny_trial):
+    from tests.families import FAMILIES, save_family
+
+    model = save_family(tmp_path / family, FAMILIES[family], minilm_tokenizer)
+    cfg = dataclasses.replace(tiny_trial, model=model)
+    data = trial_data(cfg, torch.device("cpu"), WorkerState())
+    net = trial_model(cfg, data, torch.device("cpu"))
+    key = arrays.FeedKey(model, type(net).__qualname__)
+    assert arrays.slots_mask_form(net, check_batch(data, torch.device("cpu")), data.pad_id, key, WorkerState()) == form
+
+
+def test_small_arrays_pool_into_slot_queues(tiny_trial):
+    """Two depths, five seeds, width 8: arrays of 2 would leave the GPU's array a quarter full; they
+    pool per model and task into one queue of 10 cells (cells of another task keep their own)."""
+    grid = [dataclasses.replace(tiny_trial, frozen_layers=k, seed=s) for s in range(5) for k in (0, 2)]
+    other = [dataclasses.replace(c, dataset=c.dataset + "-other") for c in grid[:2]]
+    units = group_cells([*grid, *other], width=8)
+    assert sorted(len(u) for u in units) == [2, 10]
+    assert [len(u) for u in group_cells(grid, width=8, slots=False)] == [2] * 5
+    assert [len(u) for u in group_cells(grid, width=2)] == [2] * 5  # full arrays of one stream stay
