@@ -1,4 +1,4 @@
-"""Trial arrays: the cells that differ only in frozen depth, trained as one (issue 35).
+"""Trial arrays: many cells of one model and task trained as one (issue 35).
 
 Cells of the same model, dataset, protocol, train size and seed already share the train subset, the
 batch order, the classifier head's initialisation and the schedule (paired seeds, trials/config.py).
@@ -16,9 +16,11 @@ ensembling.html). Under ``vmap`` a tensor without a member dimension stays unbat
 prefix (unstacked weights on the shared batch) computes once, and the first stacked layer turns its
 output into one batched matrix product over the members: the horizontal fusion HFTA writes by hand
 per operator (Wang et al., "Horizontally Fused Training Array", MLSys 2021: up to 15.1x training
-throughput for same-shape jobs on one accelerator), here from the model's own code, so every family,
-the narrowed last layer (trials/first_token.py), packed batches (trials/packing.py) and the evaluation
-cache (trials/eval_cache.py) work unchanged through it. Masks and the rest of the inputs stay
+throughput for same-shape jobs on one accelerator). Chosen over HFTA's way (members folded into the
+batch dimension, every layer type rewritten as its batched twin) because it runs the model's own
+code: every family, the narrowed last layer (trials/first_token.py), packed batches
+(trials/packing.py) and the evaluation cache's layer swap (trials/eval_cache.py) work unchanged
+through it, with no layer library of our own to keep exact. Masks and the rest of the inputs stay
 unbatched (HF's mask-building code branches on their values, which ``vmap`` refuses on batched ones).
 Dropout draws with ``randomness="same"``: the members share their seed and step, so each single
 trial would draw these very masks (a frozen layer still runs dropout in training).
@@ -27,23 +29,36 @@ A member's frozen slices (a layer some member trains and this one freezes) are n
 they keep their initial values bit for bit, weight decay on or off, and their gradients are never in
 its norm. Its optimizer is stock fused AdamW over leaves that share the stacked storage (one per
 trainable slice), with its own schedule: stock AdamW over the stacked tensors would be exact per
-member only with one learning rate and step count for all of them, and could not leave frozen slices
-alone under weight decay.
+member only with one learning rate and step count for all of them (slots, below, are at different
+points of their schedules), and could not leave frozen slices alone under weight decay.
 
 A member whose loss turns non-finite leaves the array at the evaluation that sees it, its row written
 (``on_result``); its slices stay in the stacked tensors (inert: no optimizer step), so the other
 members go on bit for bit as they would have (each member's numbers never read another's).
 
+Slots (continuous batching, as LLM servers batch requests: Orca, OSDI 2022; vLLM, SOSP 2023): cells of
+one model and task with other seeds or train sizes take turns in an array of ``width`` slots; when a
+member is over its row is given and the next cell takes its slot with its own initial weights,
+subset, batches, schedule and optimizer. Each slot then draws its own batch, so inputs are batched
+too: padded to one shape for the whole run (the longest row of any queued cell's subset), and its
+dropout draws are its own but the array's stream, not its single trial's (``randomness=
+"different"``): without dropout a slot gives its single trial's numbers to float rounding, with it
+the same distribution. A padding mask is batched as the model's code takes it under ``vmap``
+(``mask_as``, measured per model: ``slots_mask_form``). No slot's numbers read another's, and the
+shapes never change, so refilling a slot leaves the others bit for bit.
+
 Which cells qualify is decided before any trial: ``array_key`` from the config (the freeze method,
 bf16 or fp32 — one GradScaler would skip every member's step when one member overflows in fp16 — no
-training cache, no checkpoints, the ``trial_array`` switch on), and once per model class and worker a
-measured check (``array_agrees``: the stacked model's logits and gradients on a few training rows are
-the plain model's, in fp32); a model that fails it (a layer ``vmap`` cannot batch) runs its members
-as single trials, one after another, rows without ``trial_array``.
+training cache, no checkpoints, and the ``trial_array`` switch: unset, on where the cell runs on a
+GPU; ``arrays_pay``), and once per model class and worker a measured check (``array_agrees``: the
+stacked model's logits and gradients on a few training rows are the plain model's, in fp32); a model
+that fails it (a layer ``vmap`` cannot batch) runs its members as single trials, one after another,
+rows without ``trial_array``.
 """
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import dataclasses
 import functools
@@ -236,7 +251,7 @@ def _layers_path(model: nn.Module) -> str:
 
 
 # --- members -----------------------------------------------------------------------------------
-@dataclass
+@dataclass(eq=False)  # one member is itself only (its tensors compare by identity)
 class Member:
     """One cell in a slot of the array: its trainable slices, its own optimizer and fit state, and
     (slots) its own train subset and batches."""
@@ -516,21 +531,15 @@ def build_array(
     own = len({(c.seed, c.train_size) for c in cfgs}) > 1 or len(cfgs) > width  # slots: a stream each
     common = dataclasses.replace(first, frozen_layers=min(c.frozen_layers for c in cfgs))  # what all freeze
     reader, feed = feed_of(common, model, data, device, packed=not own)
-    check = check_batch(data, device)
-    with first_token.narrowed(model, reader):
-        key = FeedKey(first.model, type(model).__qualname__)
-        mask = slots_mask_form(model, check, data.pad_id, key, worker) if own else None
-        if not array_agrees(model, check, feed, key, worker) or (own and mask is None):
-            return None
-    datas = {c.train_size: trial_data(c, device, worker) for c in cfgs}  # the split seed is the array's
-    for cfg in cfgs:
-        report = adapt(model, cfg)[0]
-        plan.adapted[cfg.trial_id] = (report, {n for n, p in model.named_parameters() if p.requires_grad})
-    names = set().union(*(trains for _, trains in plan.adapted.values()))
-    names |= differing(model, cfgs, names, worker) if own else set()
+    key = FeedKey(first.model, type(model).__qualname__)
+    mask = qualifies(model, check_batch(data, device), data.pad_id, (reader, feed), key, own, worker)
+    if mask is None:
+        return None
+    datas = {first.train_size: data} | {c.train_size: trial_data(c, device, worker) for c in cfgs[1:] if own}
+    names = plan_members(model, cfgs, plan) | (differing(model, cfgs, plan, worker) if own else set())
     fill_started = time.perf_counter()
     prefix = (
-        evaluation_prefix(common, model, data, precision, device) if not names & _prefix_names(model, common) else None
+        evaluation_prefix(common, model, data, precision, device) if not names & prefix_names(model, common) else None
     )
     synchronize(device)
     fill_s = (time.perf_counter() - fill_started) / len(cfgs)
@@ -538,29 +547,49 @@ def build_array(
     schedule = make_schedule(len(data.train_rows), common)
     base = FitContext(common, precision, device, schedule, data.batches, on_eval=None, eval_prefix=prefix, feed=feed)
     used = (*optimisations_used(prefix, None, reader, feed), OPTIMISATION)
-    queue = list(cfgs)
+    queue = collections.deque(cfgs)
 
-    def start(slot: int) -> Member | None:
+    def start(slot: int, entered: float | None = None) -> Member | None:
         if not queue:
             return None
-        cfg = queue.pop(0)
+        cfg = queue.popleft()
         if own:
             load_initial(stack, slot, cfg, datas[cfg.train_size], worker)
-        return new_member(stack, slot, cfg, plan, datas[cfg.train_size], base, own)
+        member = new_member(stack, slot, cfg, plan, datas[cfg.train_size], base, own)
+        member.entered = entered or member.entered
+        return member
 
     def finish(member: Member) -> TrialResult:
-        wall_s = (time.perf_counter() - max(started, member.entered)) / stack.width  # its share of the array's time
+        wall_s = (time.perf_counter() - member.entered) / stack.width  # its share of the array's time
         result = trial_result(
             member.cfg, member.data, member.report, member.state, device, precision, (prefix, None), wall_s, fill_s
         )
         return dataclasses.replace(result, optimisations=used)
 
-    members = [start(slot) for slot in range(stack.width)]
-    if own:
-        step = OwnStreams(first.batch_size, max(longest(d) for d in datas.values()), mask)
-    else:
-        step = SharedStream(batch_stream(data, first), feed)
+    members = [start(slot, started) for slot in range(stack.width)]
+    streams = OwnStreams(first.batch_size, max(map(longest, datas.values())), mask) if own else None
+    step = streams or SharedStream(batch_stream(data, first), feed)
     return ArrayRun(stack, members, base, reader, step, finish, on_result, start)
+
+
+def qualifies(
+    model: nn.Module, check: Batch, pad_id: int, feeding, key: FeedKey, own: bool, worker: WorkerState
+) -> str | None:
+    """Whether the model trains as an array (``array_agrees``) fed as it will be; for slots, also how
+    it takes a batched padding mask (``slots_mask_form``). The mask form, "" for an array on one
+    stream, None where it does not qualify."""
+    reader, feed = feeding
+    with first_token.narrowed(model, reader):
+        mask = slots_mask_form(model, check, pad_id, key, worker) if own else ""
+        return mask if mask is not None and array_agrees(model, check, feed, key, worker) else None
+
+
+def plan_members(model: nn.Module, cfgs: Sequence[TrialConfig], plan: Plan) -> set[str]:
+    """Each cell's freeze report and trained parameters into ``plan``; returns what any of them trains."""
+    for cfg in cfgs:
+        report = adapt(model, cfg)[0]
+        plan.adapted[cfg.trial_id] = (report, {n for n, p in model.named_parameters() if p.requires_grad})
+    return set().union(*(trains for _, trains in plan.adapted.values()))
 
 
 def load_initial(stack: Stack, slot: int, cfg: TrialConfig, data: TrialData, worker: WorkerState) -> None:
@@ -573,9 +602,10 @@ def load_initial(stack: Stack, slot: int, cfg: TrialConfig, data: TrialData, wor
             tensor[slot].copy_(params[name])
 
 
-def differing(model: nn.Module, cfgs: Sequence[TrialConfig], trained: set[str], worker: WorkerState) -> set[str]:
+def differing(model: nn.Module, cfgs: Sequence[TrialConfig], plan: Plan, worker: WorkerState) -> set[str]:
     """The parameters no cell trains whose initial values still differ between the cells' seeds (a
     random initialisation, a layer the checkpoint lacks): stacked too, each slot its own."""
+    trained = set().union(*(trains for _, trains in plan.adapted.values()))
     mine, differ = dict(model.named_parameters()), set()
     for cfg in {c.derived_seed: c for c in cfgs}.values():
         with _rng_kept(model):
@@ -586,7 +616,7 @@ def differing(model: nn.Module, cfgs: Sequence[TrialConfig], trained: set[str], 
     return differ
 
 
-def _prefix_names(model: nn.Module, common: TrialConfig) -> set[str]:
+def prefix_names(model: nn.Module, common: TrialConfig) -> set[str]:
     """The parameters of the frozen prefix the evaluation cache would stand in for."""
     if common.frozen_layers < 1:
         return set()

@@ -48,13 +48,19 @@ def _rows(spec_path) -> pd.DataFrame:
 
 def test_one_tune_trial_per_array_and_the_rows_of_single_trials(write_spec, tune_trials):
     alone = write_spec("alone")
-    arrayed = write_spec("arrayed", training=ON)
+    arrayed = write_spec("arrayed", training=ON, resources={"array_width": 2})
+    slotted = write_spec("slotted", training=ON)  # width 8: arrays of 2 pool into one queue of slots
     assert launch(load_spec(alone), show_progress=False).ok == 4
     assert len(tune_trials) == 4 and all(len(unit) == 1 for unit in tune_trials)
     tune_trials.clear()
     summary = launch(load_spec(arrayed), show_progress=False)
     assert (summary.ran, summary.ok) == (4, 4)
     assert sorted(len(unit) for unit in tune_trials) == [2, 2]  # (n = 24: k = 0, 2), (n = 48: k = 0, 2)
+    tune_trials.clear()
+    assert launch(load_spec(slotted), show_progress=False).ok == 4
+    assert [len(unit) for unit in tune_trials] == [4]
+    assert set(_rows(slotted).index) == set(_rows(arrayed).index)
+    assert all("trial_array" in o for o in _rows(slotted)["optimisations"])
     singles, members = _rows(alone), _rows(arrayed)
     assert set(singles.index) == set(members.index)  # the same cells: ids do not see the switch
     assert list(singles.columns) == list(members.columns)  # the same schema
@@ -72,7 +78,7 @@ def test_a_crashing_member_retries_its_array_and_every_cell_gets_one_row(write_s
     monkeypatch.setenv("FREEZESWEEP_FAULT_DIR", str(tmp_path / "faults"))
     monkeypatch.setenv("FREEZESWEEP_FAULT", "crash@1:train_size=48,frozen_layers=2*1")
     ray.shutdown()  # workers must start with the fault switch in their environment
-    path = write_spec("crashing", training=ON, resources={"max_failures": 1})
+    path = write_spec("crashing", training=ON, resources={"max_failures": 1, "array_width": 2})
     summary = launch(load_spec(path), show_progress=False)
     assert (summary.ran, summary.ok) == (4, 4)
     rows = _rows(path).set_index(["train_size", "frozen_layers"])
