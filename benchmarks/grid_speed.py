@@ -3,7 +3,7 @@ freezesweep, same cells, same machine, one invocation.
 
     python benchmarks/grid_speed.py                       # the CPU grid: real SST-2, MiniLM-L6, 16 cells
     python benchmarks/grid_speed.py --train-cache         # + the opt-in training cache, its accuracy effect
-    python benchmarks/grid_speed.py --skip-baseline --arrays --train-sizes 50   # trial arrays beside single trials
+    python benchmarks/grid_speed.py --skip-baseline --arrays 8 --singles-too   # trial arrays beside single trials
     python benchmarks/grid_speed.py --engine local --workers 4 --device cuda ...   # no Ray (the GPU check)
 
 Prints the wall time of each side, the ratio, trials per hour, per-trial fixed overhead (a trial's
@@ -53,10 +53,14 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--train-cache", action="store_true", help="also run with the opt-in training cache")
     parser.add_argument(
         "--arrays",
-        action="store_true",
-        help="also run freezesweep with trial arrays forced on (trials/array.py; auto runs them on GPUs only)",
+        type=int,
+        default=0,
+        help="the freezesweep side as trial arrays of up to this many cells, forced on (trials/array.py; "
+        "a sweep's auto runs them on GPUs only); 0: single trials (the Ray engine: the sweep's default)",
     )
-    parser.add_argument("--array-width", type=int, default=8, help="the most cells per trial array")
+    parser.add_argument(
+        "--singles-too", action="store_true", help="with --arrays, the single trials too, side by side in one run"
+    )
     parser.add_argument("--engine", choices=["ray", "local"], default="ray")
     parser.add_argument("--workers", type=int, default=None, help="local engine: trials at once (default: CPUs)")
     parser.add_argument("--gpus-per-trial", type=float, default=None, help="ray engine (default: 0 on CPU, 0.25)")
@@ -125,7 +129,7 @@ def sweep_spec(cells: list, args: argparse.Namespace):
                 **({"train_cache": True} if getattr(first, "train_cache", False) else {}),
                 **({"trial_array": first.trial_array} if getattr(first, "trial_array", None) is not None else {}),
             },
-            "resources": {"gpus_per_trial": gpus, "cpus_per_trial": 1, "array_width": args.array_width},
+            "resources": {"gpus_per_trial": gpus, "cpus_per_trial": 1, "array_width": args.arrays or 8},
             "data_dir": first.data_dir,
             "store": tempfile.mkdtemp(prefix="grid-speed-"),
         },
@@ -202,7 +206,7 @@ def _through_processes(cells, args) -> list[dict]:
     from freezesweep.trials.array import group_cells
 
     cells = [replace(c, device=args.device, num_threads=threads) for c in cells]
-    units = group_cells(cells, args.array_width)  # trial arrays where they qualify, else one cell each
+    units = group_cells(cells, args.arrays or 1)  # trial arrays where they qualify, else one cell each
     with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) as pool:
         return [row for rows in pool.map(_one_unit, units) for row in rows]
 
@@ -276,11 +280,10 @@ def main(argv=None) -> None:
     sides: dict[str, tuple[float, dict]] = {}
     if not args.skip_baseline:
         sides["HF Trainer (reference)"] = run_baseline(cells, baseline_precision)
-    # With --arrays, single trials on one side and trial arrays on the other (a machine switch: the
-    # same cells, the same ids); without it, freezesweep's default (auto: arrays on GPUs only).
-    sides["freezesweep"] = run_freezesweep(
-        [replace(c, trial_array=False) for c in cells] if args.arrays else cells, args
-    )
+    # The same cells (a machine switch: the same ids) as single trials and as trial arrays.
+    if not args.arrays or args.singles_too:
+        singles = [replace(c, trial_array=False) for c in cells] if args.arrays else cells
+        sides["freezesweep"] = run_freezesweep(singles, args)
     if args.arrays:
         sides["freezesweep+trial arrays"] = run_freezesweep([replace(c, trial_array=True) for c in cells], args)
     if args.train_cache:

@@ -114,13 +114,14 @@ ArrayEval = Callable[[TrialConfig, EvalPoint], None]
 
 
 # --- which cells train together: decided from the configs, before any trial ----------------------
-def array_key(cfg: TrialConfig) -> TrialConfig | None:
+def array_key(cfg: TrialConfig, anywhere: bool = False) -> TrialConfig | None:
     """What a cell shares with the cells it may train beside (every field but its frozen depth), or
     None when it runs alone: another method (LoRA trains adapters of each its own rank, the probe
-    trains no layer), fp16, the opt-in training cache, checkpoints, or the switch off."""
+    trains no layer), fp16, the opt-in training cache, checkpoints, the switch off, or (unless
+    ``anywhere``: a caller of ``run_array`` asks for an array on any device) where arrays do not pay."""
     cfg = resolve_config(cfg)
     if not (
-        arrays_pay(cfg)
+        (arrays_pay(cfg) if not anywhere else cfg.trial_array is not False)
         and cfg.method == "freeze"
         and cfg.precision in ARRAY_PRECISIONS
         and not cfg.train_cache
@@ -145,10 +146,10 @@ def arrays_pay(cfg: TrialConfig) -> bool:
     return torch.cuda.is_available()
 
 
-def slot_key(cfg: TrialConfig) -> TrialConfig | None:
+def slot_key(cfg: TrialConfig, anywhere: bool = False) -> TrialConfig | None:
     """What a cell shares with the cells that may take turns in an array's slots (every field but its
     frozen depth, seed and train size: the same model and task), or None when it runs alone."""
-    key = array_key(cfg)
+    key = array_key(cfg, anywhere)
     return None if key is None else dataclasses.replace(key, seed=0, train_size=1)
 
 
@@ -697,8 +698,9 @@ def _alone(cfg: TrialConfig, on_eval: ArrayEval, on_result, worker: WorkerState,
 
 
 def check_together(cfgs: Sequence[TrialConfig]) -> None:
-    """One array holds cells of one model and task that qualify, each once."""
-    keys = [slot_key(c) for c in cfgs]
+    """One array holds cells of one model and task that qualify (on any device: the caller asks for
+    an array), each once."""
+    keys = [slot_key(c, anywhere=True) for c in cfgs]
     problems = []
     if not cfgs:
         problems.append("no cells")

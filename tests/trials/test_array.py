@@ -270,6 +270,14 @@ def test_which_cells_qualify(tiny_trial):
     assert array_key(dataclasses.replace(tiny_trial, trial_array=None, gpus_per_trial=0.25, precision="bf16"))
 
 
+def test_asked_for_by_name_an_array_runs_on_a_cpu_too(tiny_trial):
+    """The auto switch is the driver's (it groups cells where arrays pay); ``run_array`` called with
+    cells the switch leaves unset trains them as an array wherever it runs (a profile, a benchmark)."""
+    cells = [dataclasses.replace(tiny_trial, trial_array=None, gpus_per_trial=0, frozen_layers=k) for k in (0, 2)]
+    assert group_cells(cells, width=8) == [[cells[0]], [cells[1]]]
+    assert all("trial_array" in r.optimisations for r in run_array(cells))
+
+
 def test_cells_group_into_arrays_in_order(tiny_trial):
     grid = [
         dataclasses.replace(tiny_trial, train_size=n, frozen_layers=k, seed=s)
@@ -293,6 +301,8 @@ def test_cells_group_into_arrays_in_order(tiny_trial):
 def test_cells_that_are_not_one_array_are_refused(tiny_trial):
     with pytest.raises(ValueError, match="not one trial array"):
         run_array([tiny_trial, dataclasses.replace(tiny_trial, learning_rate=1e-3)])  # another protocol
+    with pytest.raises(ValueError, match="not one trial array"):
+        run_array([tiny_trial, dataclasses.replace(tiny_trial, frozen_layers=2, trial_array=False)])
     with pytest.raises(ValueError, match="given twice"):
         run_array([tiny_trial, tiny_trial])
 
