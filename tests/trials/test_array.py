@@ -183,6 +183,17 @@ def test_a_short_fit_gives_each_single_trials_row(cells):
     assert {r.optimisations for r in results} == {("narrowed_last_layer", "packed_training", "trial_array")}
 
 
+def test_a_bf16_array(cells):
+    """bf16 autocast through the stacked model: rows in bf16, each near its single trial (a batched
+    product rounds to bf16 in another order than a plain one: not to fp32's tolerance)."""
+    cells = [dataclasses.replace(c, precision="bf16") for c in cells[1::2]]  # k = 0, 2
+    results = run_array(cells)
+    for a, s in zip(results, [run_trial(c) for c in cells]):
+        assert a.precision == s.precision == "bf16" and "trial_array" in a.optimisations
+        assert [p.step for p in a.eval_curve] == [p.step for p in s.eval_curve]
+        assert all(p.loss == pytest.approx(q.loss, abs=2e-2) for p, q in zip(a.eval_curve, s.eval_curve))
+
+
 @pytest.mark.parametrize("narrow,pack", [(False, False), (True, False)])
 def test_padded_and_unnarrowed_feeds_in_an_array(cells, narrow, pack):
     cells = [dataclasses.replace(c, narrow_last_layer=narrow, pack_training=pack) for c in cells]
