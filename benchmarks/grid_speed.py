@@ -3,8 +3,8 @@ freezesweep, same cells, same machine, one invocation.
 
     python benchmarks/grid_speed.py                       # the CPU grid: real SST-2, MiniLM-L6, 16 cells
     python benchmarks/grid_speed.py --train-cache         # + the opt-in training cache, its accuracy effect
+    python benchmarks/grid_speed.py --skip-baseline --arrays 8 --singles-too   # trial arrays beside single trials
     python benchmarks/grid_speed.py --engine local --workers 4 --device cuda ...   # no Ray (the GPU check)
-    python benchmarks/grid_speed.py --engine local --arrays 7 ...   # cells as trial arrays (issue 35)
 
 Prints the wall time of each side, the ratio, trials per hour, per-trial fixed overhead (a trial's
 wall time outside its training steps and evaluations), and every cell's best validation accuracy on
@@ -51,15 +51,18 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--baseline-precision", choices=["user", "same"], default="user")
     parser.add_argument("--skip-baseline", action="store_true", help="freezesweep only (e.g. a packing study)")
     parser.add_argument("--train-cache", action="store_true", help="also run with the opt-in training cache")
-    parser.add_argument("--engine", choices=["ray", "local"], default="ray")
-    parser.add_argument("--workers", type=int, default=None, help="local engine: trials at once (default: CPUs)")
     parser.add_argument(
         "--arrays",
         type=int,
         default=0,
-        help="local engine: cells that differ only in frozen depth run as trial arrays of up to this many "
-        "members, one array per worker at a time (freezesweep.trials.array; 0: single trials)",
+        help="the freezesweep side as trial arrays of up to this many cells, forced on (trials/array.py; "
+        "a sweep's auto runs them on GPUs only); 0: single trials (the Ray engine: the sweep's default)",
     )
+    parser.add_argument(
+        "--singles-too", action="store_true", help="with --arrays, the single trials too, side by side in one run"
+    )
+    parser.add_argument("--engine", choices=["ray", "local"], default="ray")
+    parser.add_argument("--workers", type=int, default=None, help="local engine: trials at once (default: CPUs)")
     parser.add_argument("--gpus-per-trial", type=float, default=None, help="ray engine (default: 0 on CPU, 0.25)")
     parser.add_argument("--out", default=None, help="write every cell's numbers here as JSON")
     args = parser.parse_args(argv)
@@ -126,8 +129,9 @@ def sweep_spec(cells: list, args: argparse.Namespace):
                 "eval_batch_size": first.eval_batch_size,
                 "max_eval_examples": first.max_eval_examples,
                 **({"train_cache": True} if getattr(first, "train_cache", False) else {}),
+                **({"trial_array": first.trial_array} if getattr(first, "trial_array", None) is not None else {}),
             },
-            "resources": {"gpus_per_trial": gpus, "cpus_per_trial": 1},
+            "resources": {"gpus_per_trial": gpus, "cpus_per_trial": 1, "array_width": args.arrays or 8},
             "data_dir": first.data_dir,
             "store": tempfile.mkdtemp(prefix="grid-speed-"),
         },
@@ -206,42 +210,33 @@ def _through_processes(cells, args) -> list[dict]:
 
     workers = args.workers or os.cpu_count() or 1
     threads = max(1, (os.cpu_count() or 1) // workers)  # as Ray's cpus_per_trial would: no oversubscription
+    from freezesweep.trials.array import group_cells
+
     cells = [replace(c, device=args.device, num_threads=threads) for c in cells]
-    jobs = sorted(_arrays(cells, args.arrays) if args.arrays else [[c] for c in cells], key=_work, reverse=True)
+    units = sorted(group_cells(cells, args.arrays or 1), key=_work, reverse=True)  # the longest first
     rows, started = [], time.perf_counter()
     with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) as pool:
-        for done in as_completed([pool.submit(_one_job, job) for job in jobs]):
+        for done in as_completed([pool.submit(_one_unit, unit) for unit in units]):
             rows += done.result()
             print(f"  [{len(rows):>5}/{len(cells)}] trials done at {time.perf_counter() - started:7.1f} s", flush=True)
     return rows
 
 
-def _arrays(cells, width: int) -> list[list]:
-    """Cells that differ only in frozen depth, in groups of at most ``width`` (trial arrays)."""
-    groups: dict = {}
-    for cell in cells:
-        groups.setdefault(replace(cell, frozen_layers=None), []).append(cell)
-    return [group[i : i + width] for group in groups.values() for i in range(0, len(group), width)]
+def _work(unit) -> float:
+    return sum(c.train_size * c.epochs for c in unit)
 
 
-def _work(job) -> float:
-    return sum(c.train_size * c.epochs for c in job)
-
-
-def _one_job(job) -> list[dict]:
-    """One trial, or one array through ``run_array_or_oom`` where the array module has it (else
-    ``run_array``); a failure is a row per cell, not a crash of the benchmark."""
-    from freezesweep.trials.run import failed_result, run_trial_or_oom
+def _one_unit(cells) -> list[dict]:
+    """One cell, or one trial array's members (trials/array.py ``run_array_or_oom``: out of GPU memory,
+    it runs again at half its width, down to single trials whose row is then ``oom``)."""
+    from freezesweep.trials.array import run_array_or_oom
+    from freezesweep.trials.run import failed_result
 
     try:
-        if len(job) == 1:
-            return [run_trial_or_oom(job[0]).to_dict()]  # out of GPU memory: a row, and the memory back
-        import freezesweep.trials.array as array
-
-        run = getattr(array, "run_array_or_oom", array.run_array)
-        return [r.to_dict() for r in run(job)]
-    except Exception as exc:
-        return [failed_result(cell, exc).to_dict() for cell in job]
+        results = run_array_or_oom(cells)
+    except Exception as exc:  # a failure is a row, not a crash of the benchmark
+        results = [failed_result(cell, exc) for cell in cells]
+    return [result.to_dict() for result in results]
 
 
 # --- the comparison --------------------------------------------------------------------------------
@@ -300,7 +295,12 @@ def main(argv=None) -> None:
     sides: dict[str, tuple[float, dict]] = {}
     if not args.skip_baseline:
         sides["HF Trainer (reference)"] = run_baseline(cells, baseline_precision)
-    sides["freezesweep"] = run_freezesweep(cells, args)
+    # The same cells (a machine switch: the same ids) as single trials and as trial arrays.
+    if not args.arrays or args.singles_too:
+        singles = [replace(c, trial_array=False) for c in cells] if args.arrays else cells
+        sides["freezesweep"] = run_freezesweep(singles, args)
+    if args.arrays:
+        sides["freezesweep+trial arrays"] = run_freezesweep([replace(c, trial_array=True) for c in cells], args)
     if args.train_cache:
         cached_cells = grid(args, train_cache=True)
         wall, rows = run_freezesweep(cached_cells, args)

@@ -3,15 +3,16 @@ orchestration is measured (as Ray's own Tune scalability benchmark does: doc/sou
 tune-scalability.rst). Benchmark-only: the instant trial trains nothing; it reports a result of the
 size a real one has (a 20-point curve, the train indices) and the driver stores it as a row.
 
-For each grid size (--cells, default 1k, 10k, 100k):
+For each grid size (--cells, default 1k, 10k, 100k), without and with trial arrays (trials/array.py:
+the 4 depths of a train size and seed as one Ray trial, which reports each member's row):
 - planning: the spec validated, resolved and expanded, and the cells still to run picked (in process);
 - a launch in a child process (the driver): time from its start to the first stored row, driver CPU
-  per trial (the driver process's CPU time, all its threads, between the first and the last row it
-  stored, per row) and its peak RSS. Grids above --full-max run only their first --sample trials
-  (the driver stops as Ctrl-C stops it): per-trial cost does not need the whole grid to show whether it
+  per cell (the driver process's CPU time, all its threads, between the first and the last row it
+  stored, per row) and its peak RSS. Grids above --full-max run only their first --sample cells
+  (the driver stops as Ctrl-C stops it): per-cell cost does not need the whole grid to show whether it
   grows with the grid, the quadratic launch it replaces paid it from the first trial.
 
-    python benchmarks/scale.py [--cells 1000 10000 100000] [--full-max 10000] [--sample 2500]
+    python benchmarks/scale.py [--cells 1000 10000 100000] [--full-max 10000] [--sample 2500] [--arrays both]
 """
 
 from __future__ import annotations
@@ -36,14 +37,21 @@ FROZEN_LAYERS = [-1, 0, 1, 2]
 
 
 # --- the instant trial (runs in Ray's workers) ----------------------------------------------------
-def instant_trainable(config: dict, cells: dict, shipment=None, earlier=None) -> None:
-    """A trial that trains nothing: the result row a real trial of this cell would store, at once."""
+def instant_trainable(config: dict, cells: dict, shipment=None, earlier=None, width=None) -> None:
+    """A trial that trains nothing: the result row a real trial of this cell (each member of this
+    trial array) would store, at once."""
+    from freezesweep.orchestrator.tune_adapter import trial_configs_from_ray
+
+    for cfg in trial_configs_from_ray(config, cells):
+        report_instant_row(cfg)
+
+
+def report_instant_row(cfg) -> None:
     from ray import tune
 
-    from freezesweep.orchestrator.tune_adapter import PLACEMENT_KEY, RESULT_KEY, ray_placement, trial_config_from_ray
+    from freezesweep.orchestrator.tune_adapter import PLACEMENT_KEY, RESULT_KEY, ray_placement
     from freezesweep.trials.config import EvalPoint, TrialResult
 
-    cfg = trial_config_from_ray(config, cells)
     curve = tuple(EvalPoint(step=2 * i, epoch=i / 2, accuracy=0.5 + i / 100, loss=0.7 - i / 100) for i in range(1, 21))
     placement = ray_placement()
     result = TrialResult(
@@ -101,20 +109,24 @@ def make_inputs(folder: Path) -> tuple[str, str]:
     return str(model), str(data)
 
 
-def write_spec(folder: Path, cells: int, model: str, data: str, cells_per_round: int | None = None) -> Path:
+def write_spec(
+    folder: Path, cells: int, model: str, data: str, cells_per_round: int | None = None, arrays: bool = False
+) -> Path:
     per_seed = len(TRAIN_SIZES) * len(FROZEN_LAYERS)
+    name = f"scale-{cells}" + ("-arrays" if arrays else "")
     spec = {
-        "name": f"scale-{cells}",
+        "name": name,
         "model": model,
         "datasets": [data],
         "train_sizes": TRAIN_SIZES,
         "frozen_layers": FROZEN_LAYERS,
         "seeds": list(range(cells // per_seed)),
-        "training": {"precision": "fp32", "epochs": 1},
+        # arrays: the 4 depths of a (train size, seed) as one Ray trial (trials/array.py), forced on (CPU)
+        "training": {"precision": "fp32", "epochs": 1, "trial_array": arrays},
         "resources": {"cpus_per_trial": 0.5, **({"cells_per_round": cells_per_round} if cells_per_round else {})},
         "store": str(folder / "store"),
     }
-    path = folder / f"scale-{cells}.yaml"
+    path = folder / f"{name}.yaml"
     path.write_text(yaml.safe_dump(spec))
     return path
 
@@ -185,28 +197,39 @@ def main() -> None:
     folder = Path(tempfile.mkdtemp(prefix="freezesweep-scale-"))
     model, data = make_inputs(folder)
     print(
-        f"{'cells':>8} {'validate s':>10} {'plan s':>7} {'trials run':>10} {'first row s':>11} "
-        f"{'driver CPU ms/trial':>19} {'wall ms/trial':>13} {'driver RSS MB':>13}"
+        f"{'cells':>8} {'arrays':>6} {'validate s':>10} {'plan s':>7} {'cells run':>9} {'first row s':>11} "
+        f"{'driver CPU ms/cell':>18} {'wall ms/cell':>12} {'driver RSS MB':>13}"
     )
     for cells in args.cells:
-        path = write_spec(folder, cells, model, data, args.cells_per_round)
-        planning = measure_planning(path)
-        out = folder / f"driver-{cells}.json"
-        stop = args.sample if cells > args.full_max else None
-        command = [sys.executable, __file__, "--driver", str(path), "--out", str(out)] + (
-            ["--stop-after", str(stop)] if stop else []
-        )
-        done = subprocess.run(command, capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(REPO)})
-        if not out.exists():
-            print(f"{cells}: the driver failed: {done.stderr[-3000:]}", file=sys.stderr)
-            continue
-        d = json.loads(out.read_text())
-        print(
-            f"{planning['cells']:>8} {planning['validate_s']:>10.2f} {planning['plan_s']:>7.2f} {d['rows']:>10} "
-            f"{d['first_row_s']:>11.1f} {d['driver_cpu_ms_per_trial']:>19.2f} {d['wall_ms_per_trial']:>13.2f} "
-            f"{d['driver_peak_rss_mb']:>13.0f}",
-            flush=True,
-        )
+        measured = {}
+        for arrays in {"both": (False, True), "off": (False,), "on": (True,)}[args.arrays]:
+            measured[arrays] = measure(folder, cells, model, data, args, arrays)
+        if len(measured) == 2 and None not in measured.values():
+            ratio = measured[False]["driver_cpu_ms_per_trial"] / measured[True]["driver_cpu_ms_per_trial"]
+            print(f"{cells:>8} driver CPU per cell without arrays / with arrays of {len(FROZEN_LAYERS)}: {ratio:.2f}")
+
+
+def measure(folder: Path, cells: int, model: str, data: str, args: argparse.Namespace, arrays: bool) -> dict | None:
+    """One grid size through a driver of its own; prints its line, returns its numbers (None: it failed)."""
+    path = write_spec(folder, cells, model, data, args.cells_per_round, arrays)
+    planning = measure_planning(path)
+    out = folder / f"driver-{path.stem}.json"
+    stop = args.sample if cells > args.full_max else None
+    command = [sys.executable, __file__, "--driver", str(path), "--out", str(out)] + (
+        ["--stop-after", str(stop)] if stop else []
+    )
+    done = subprocess.run(command, capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(REPO)})
+    if not out.exists():
+        print(f"{cells}: the driver failed: {done.stderr[-3000:]}", file=sys.stderr)
+        return None
+    d = json.loads(out.read_text())
+    print(
+        f"{planning['cells']:>8} {'on' if arrays else 'off':>6} {planning['validate_s']:>10.2f} "
+        f"{planning['plan_s']:>7.2f} {d['rows']:>9} {d['first_row_s']:>11.1f} {d['driver_cpu_ms_per_trial']:>18.2f} "
+        f"{d['wall_ms_per_trial']:>12.2f} {d['driver_peak_rss_mb']:>13.0f}",
+        flush=True,
+    )
+    return d
 
 
 def parse_args() -> argparse.Namespace:
@@ -218,6 +241,9 @@ def parse_args() -> argparse.Namespace:
     )
     parser.add_argument(
         "--cells-per-round", type=int, help="the spec's resources.cells_per_round (default: its default)"
+    )
+    parser.add_argument(
+        "--arrays", choices=["both", "off", "on"], default="both", help="each grid without and with trial arrays"
     )
     parser.add_argument("--driver", help=argparse.SUPPRESS)
     parser.add_argument("--out", help=argparse.SUPPRESS)

@@ -56,6 +56,7 @@ from freezesweep.orchestrator.sweeps import OLD_SWEEP, next_cells, precision_her
 from freezesweep.orchestrator.tune_adapter import recover_from_ray, run_tune
 from freezesweep.results.lock import SweepLock
 from freezesweep.results.store import FINAL_STATUSES, ResultStore, SpoolingWriter
+from freezesweep.trials.array import array_key
 from freezesweep.trials.config import TrialConfig, TrialResult
 from freezesweep.trials.memory_probe import describe
 
@@ -110,12 +111,12 @@ def resolve_for_launch(spec: SweepSpec, session: RaySession) -> ResolvedSweep:
     check_stored_precision(spec, precision)
     shipment = session.ship(spec) if local_files.mode(spec, session.on_cluster) == "ship" else None
     decided, depths = resolve_spec(spec, precision), model_depths(spec)
-    share, measured = (
-        (None, None)
+    share, measured, width = (
+        (None, None, None)
         if spec.resources.gpus_per_trial != "auto"
         else measure_gpu_share(decided, depths, shipment, session)
     )
-    return ResolvedSweep(decided, depths, session.address, shipment, share, measured)
+    return ResolvedSweep(decided, depths, session.address, shipment, share, measured, width)
 
 
 def preflight(spec: SweepSpec, session: RaySession) -> None:
@@ -172,12 +173,13 @@ def check_stored_precision(spec: SweepSpec, precision: str) -> None:
 
 def measure_gpu_share(
     spec: SweepSpec, model_layers: Mapping[str, int], shipment: Shipment | None, session: RaySession
-) -> tuple[float, str]:
+) -> tuple[float, str, int]:
     """``gpus_per_trial: auto``: one trial of the grid's hungriest depth measured on a GPU where the
     trials run (a Ray task holding a whole GPU, in a worker process that exits after it, so the memory
     it took goes back), one probe per model; the sweep packs as densely as its hungriest model allows
-    (trials/memory_probe.py). ``spec``: resolved (its precision decided). Returns the share, and what
-    was measured in words."""
+    (trials/memory_probe.py). Where the cells train as trial arrays, one array of
+    ``resources.array_width`` cells is measured (halved until it fits). ``spec``: resolved (its
+    precision decided). Returns the share, what was measured in words, and the array width."""
     t = spec.training
     shape = dict(
         batch_size=t.batch_size,
@@ -187,6 +189,7 @@ def measure_gpu_share(
         precision=t.precision,
         eval_rows=validation_rows(spec),
         frozen_layers=hungriest_depth(spec, model_layers),
+        width=spec.resources.array_width if arrays_apply(spec) else 1,
     )
     calls = [{"model": model, "shipment": shipment, **shape} for model in spec.models()]
     try:
@@ -198,7 +201,23 @@ def measure_gpu_share(
             [f"resources.gpus_per_trial: auto: measuring one trial on a GPU failed: {exc}"], "launch"
         ) from None
     probe = max(probes, key=lambda p: p.gpus_per_trial)
-    return probe.gpus_per_trial, f"gpus_per_trial auto: {describe(probe)}"
+    return probe.gpus_per_trial, f"gpus_per_trial auto: {describe(probe)}", min(p.width for p in probes)
+
+
+def arrays_apply(spec: SweepSpec) -> bool:
+    """Whether the sweep's freeze cells train as trial arrays on a GPU (trials/array.py ``array_key``,
+    asked of one cell with a GPU share: every freeze cell of a spec shares what it decides on)."""
+    if "freeze" not in spec.methods:
+        return False
+    cell = TrialConfig(
+        dataset=spec.datasets[0],
+        model=spec.models()[0],
+        train_size=spec.train_sizes[0],
+        frozen_layers=0,
+        gpus_per_trial=1.0,
+        **spec.trial_template(),
+    )
+    return array_key(cell) is not None
 
 
 def hungriest_depth(spec: SweepSpec, model_layers: Mapping[str, int]) -> int:

@@ -33,6 +33,7 @@ class ResolvedSweep:
     shipment: Shipment | None = None  # local files sent through Ray's object store (local_files: ship)
     gpu_share: float | None = None  # each trial's GPU share: the spec's, or what gpus_per_trial auto measured
     gpu_packing: str | None = None  # what gpus_per_trial auto measured and chose, in words
+    array_width: int | None = None  # the most cells per trial array: the spec's, or what fits the GPU share
 
     def __post_init__(self):
         problems = []
@@ -47,6 +48,8 @@ class ResolvedSweep:
             raise ValueError("not a resolved sweep: " + "; ".join(problems))
         if self.gpu_share is None:  # auto not measured (inspection): a whole GPU, as its probe asks for
             object.__setattr__(self, "gpu_share", gpu_request(self.spec))
+        if self.array_width is None:
+            object.__setattr__(self, "array_width", self.spec.resources.array_width)
 
     @property
     def name(self) -> str:

@@ -99,6 +99,11 @@ class TrainingSpec(_Strict):
         "{dataset: name}; unset: each task's official metric (a launch stores the resolved {dataset: name})",
     )
     checkpoint_every_epochs: Float | None = _default("checkpoint_every_epochs", gt=0)
+    trial_array: bool | None = _default(
+        "trial_array",
+        description="train the cells that differ only in frozen depth as one trial array (trials/array.py): "
+        "unset (auto) where the cells run on a GPU; true also on a CPU (slower there, docs/speed.md); false never",
+    )
     train_cache: bool = _default(
         "train_cache",
         description="opt-in deviation from the reference: frozen layers "
@@ -202,6 +207,12 @@ class ResourcesSpec(_Strict):
     cpus_per_trial: Float = Field(1.0, gt=0)
     max_concurrent_trials: Int | None = Field(None, gt=0)
     max_failures: Int = Field(2, ge=0, description="Ray retries of a crashed trial")
+    array_width: Int = Field(
+        8,
+        ge=1,
+        description="the most cells one trial array trains at once (one Ray trial each; with "
+        "gpus_per_trial auto, the memory probe may halve it until one array fits its GPU)",
+    )
     # 1,000: on 2 cores, 10,000 instant trials took 19 ms of driver CPU each and 1.2 GB at most in rounds of
     # 1,000, 2.5 GB in rounds of 5,000 (Tune keeps every trial of a run; ray#64231) (benchmarks/scale.py)
     cells_per_round: Int = Field(

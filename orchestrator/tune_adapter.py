@@ -41,6 +41,7 @@ from ray.tune.search import Searcher
 from freezesweep.orchestrator.local_files import Shipment
 from freezesweep.orchestrator.plan import ResolvedSweep
 from freezesweep.orchestrator.ray_storage import RayStorage, drop_checkpoints, latest_checkpoints
+from freezesweep.trials.array import group_cells, run_array_or_oom
 from freezesweep.trials.config import TrialConfig, TrialResult, result_from_dict
 from freezesweep.trials.placement import trials_per_gpu, where
 from freezesweep.trials.precision import trial_device
@@ -51,6 +52,7 @@ from freezesweep.trials.run import failed_result, run_trial_or_oom
 OutcomeSink = Callable[[TrialResult, int], None]
 
 CELL_KEY = "cell"  # a trial's config in Tune: the cell's trial_id only (the cells travel once, by id)
+ARRAY_SEPARATOR = "+"  # a trial array's config: its members' trial_ids joined (hex ids never hold it)
 RESULT_KEY = "freezesweep_result"
 PLACEMENT_KEY = "freezesweep_placement"  # in every report, so a trial whose process dies is placed too
 CHECKPOINT_ERROR_KEY = "freezesweep_checkpoint_error"  # Ray's storage refused a checkpoint from this node
@@ -58,36 +60,79 @@ CHECKPOINT_ERROR_KEY = "freezesweep_checkpoint_error"  # Ray's storage refused a
 
 def trial_config_from_ray(config: dict, cells: dict[str, dict]) -> TrialConfig:
     """The cell a Tune trial runs: its config names the trial_id, ``cells`` holds each id's fields."""
+    [cfg] = trial_configs_from_ray(config, cells)
+    return cfg
+
+
+def trial_configs_from_ray(config: dict, cells: dict[str, dict]) -> list[TrialConfig]:
+    """The cells a Tune trial runs: one, or the members of a trial array (trials/array.py), whose ids
+    its config joins with ``ARRAY_SEPARATOR``; ``cells`` holds each id's fields."""
     unknown = sorted(set(config) - {CELL_KEY})
     if unknown:
         raise ValueError(f"unknown keys in Ray trial config: {', '.join(unknown)}")
-    return TrialConfig.from_dict(cells[config[CELL_KEY]])
+    return [TrialConfig.from_dict(cells[trial_id]) for trial_id in config[CELL_KEY].split(ARRAY_SEPARATOR)]
+
+
+def unit_id(cells: list[TrialConfig]) -> str:
+    """What a Tune trial's config names: a cell's trial_id, or an array's member ids joined."""
+    return ARRAY_SEPARATOR.join(c.trial_id for c in cells)
 
 
 def tune_trainable(
-    config: dict, cells: dict[str, dict], shipment: Shipment | None = None, earlier: dict | None = None
+    config: dict,
+    cells: dict[str, dict],
+    shipment: Shipment | None = None,
+    earlier: dict | None = None,
+    width: int | None = None,
 ) -> None:
-    """One Ray trial. ``cells``: the round's cells by trial id (in the object store once, not in each
-    trial's config); ``shipment``: the files the driver shipped; ``earlier``: an earlier launch's last
-    checkpoint of some cells (``tune.Checkpoint`` by trial id)."""
+    """One Ray trial: one cell, or one trial array. ``cells``: the round's cells by trial id (in the
+    object store once, not in each trial's config); ``shipment``: the files the driver shipped;
+    ``earlier``: an earlier launch's last checkpoint of some cells (``tune.Checkpoint`` by trial id);
+    ``width``: an array's slots (``resources.array_width``)."""
     transformers.logging.set_verbosity_error()
     transformers.utils.logging.disable_progress_bar()
-    cfg = trial_config_from_ray(config, cells)
-    local = shipment.place(cfg, fetch=ray.get) if shipment else cfg
-    placement = {**where(trial_device(cfg)), **ray_placement()}
+    cfgs = trial_configs_from_ray(config, cells)
+    local = [shipment.place(cfg, fetch=ray.get) if shipment else cfg for cfg in cfgs]
+    placement = {**where(trial_device(cfgs[0])), **ray_placement()}
     placed = json.dumps(placement)
-
-    def on_eval(point) -> None:
-        metrics = {f"val_{name}": value for name, value in point.metrics().items()}
-        tune.report(
-            {**metrics, "val_loss": point.loss, "epoch": point.epoch, "step": point.step, PLACEMENT_KEY: placed}
-        )
-
-    with ray_checkpoints(local, placed, (earlier or {}).get(cfg.trial_id)) as (local, on_checkpoint):
+    if len(cfgs) > 1:
+        array_trainable(cfgs, local, placement, width)
+        return
+    cfg = cfgs[0]
+    with ray_checkpoints(local[0], placed, (earlier or {}).get(cfg.trial_id)) as (placed_cfg, on_checkpoint):
         # an OOM is a row; other errors go to Ray's retries
-        result = run_trial_or_oom(local, on_eval=on_eval, on_checkpoint=on_checkpoint)
-    # The row names the files as the spec does, not this node's temporary copies of them, and no
-    # checkpoint folder (gone with the trial).
+        result = run_trial_or_oom(
+            placed_cfg, on_eval=functools.partial(report_evaluation, placed=placed), on_checkpoint=on_checkpoint
+        )
+    report_result(result, cfg, placement)
+
+
+def array_trainable(
+    cfgs: list[TrialConfig], local: list[TrialConfig], placement: dict[str, Any], width: int | None
+) -> None:
+    """One Ray trial for a trial array: each member's row reported as soon as it is final (a diverged
+    member's first), the first member's evaluations as the trial's progress. An array that runs out
+    of memory runs again at half its width (trials/array.py ``run_array_or_oom``)."""
+    placed, sent = json.dumps(placement), {c.trial_id: c for c in cfgs}
+    first = local[0].trial_id
+
+    def on_eval(cfg: TrialConfig, point) -> None:
+        if cfg.trial_id == first:  # one report per evaluation of the array: the driver handles each
+            report_evaluation(point, placed)
+
+    run_array_or_oom(
+        local, on_eval, lambda result: report_result(result, sent[result.trial_id], placement), width=width
+    )
+
+
+def report_evaluation(point, placed: str) -> None:
+    metrics = {f"val_{name}": value for name, value in point.metrics().items()}
+    tune.report({**metrics, "val_loss": point.loss, "epoch": point.epoch, "step": point.step, PLACEMENT_KEY: placed})
+
+
+def report_result(result: TrialResult, cfg: TrialConfig, placement: dict[str, Any]) -> None:
+    """The cell's row to the driver. It names the files as the spec does, not this node's temporary
+    copies of them (``cfg``: the cell as sent), and no checkpoint folder (gone with the trial)."""
     sent = dataclasses.replace(
         result.config, dataset_files=cfg.dataset_files, model_dir=cfg.model_dir, checkpoint_dir=None
     )
@@ -96,7 +141,7 @@ def tune_trainable(
         {
             "val_score": result.best_val_score or 0.0,
             RESULT_KEY: json.dumps(result.to_dict(), default=str),
-            PLACEMENT_KEY: placed,
+            PLACEMENT_KEY: json.dumps(placement),
         }
     )
 
@@ -234,10 +279,10 @@ class OutcomeCallback(tune.Callback):
         self._over(trial)
 
     def on_trial_error(self, iteration, trials, trial, **info):
-        cfg = trial_config_from_ray(trial.config, self._cells)
         error, trace = _trial_error(trial)
         placement = last_placement(trial.last_result or {})
-        self._sink(failed_result(cfg, error, trace=trace, placement=placement), trial.num_failures)
+        for cfg in trial_configs_from_ray(trial.config, self._cells):  # an array's final rows stay (RowWriter)
+            self._sink(failed_result(cfg, error, trace=trace, placement=placement), trial.num_failures)
         self._over(trial)  # Ray's retries are spent: a later launch starts the cell afresh
 
 
@@ -273,14 +318,15 @@ def _trial_error(trial) -> tuple[BaseException, str | None]:
 
 # --- driver side: one Tune experiment over a list of cells -----------------------------------------
 class CellSearcher(Searcher):
-    """Hands Tune the cells one at a time through Tune's extension point for where trials come from
-    (``ray.tune.search.Searcher``), so the driver's work per trial does not grow with the number of
-    cells: one ``grid_search`` over the cells made Tune deep-copy the whole list for every trial it
-    generated (ray/tune/search/variant_generator.py, ``_grid_search_generator``)."""
+    """Hands Tune the cells one at a time (a trial array's members as one trial) through Tune's
+    extension point for where trials come from (``ray.tune.search.Searcher``), so the driver's work
+    per trial does not grow with the number of cells: one ``grid_search`` over the cells made Tune
+    deep-copy the whole list for every trial it generated (ray/tune/search/variant_generator.py,
+    ``_grid_search_generator``)."""
 
-    def __init__(self, cells: list[TrialConfig]):
+    def __init__(self, units: list[list[TrialConfig]]):
         super().__init__()
-        self._ids, self._next = [c.trial_id for c in cells], 0
+        self._ids, self._next = [unit_id(unit) for unit in units], 0
 
     def suggest(self, trial_id: str) -> dict | str | None:
         if self._next >= len(self._ids):
@@ -331,6 +377,7 @@ def run_tune(
     earlier = checkpoints_to_resume(storage, experiment, {c.trial_id for c in cells}) if checkpoints else {}
     outcomes: set[str] = set()
     by_id = {c.trial_id: c.to_dict() for c in cells}
+    units = group_cells(cells, sweep.array_width)  # one Tune trial per array (alone: one per cell)
 
     def sink(result: TrialResult, attempts: int) -> None:
         on_outcome(result, attempts)
@@ -339,15 +386,21 @@ def run_tune(
     tuner = tune.Tuner(
         # with_parameters: what every trial may need goes to the object store once, not into each one's config
         tune.with_resources(
-            tune.with_parameters(trainable or tune_trainable, cells=by_id, shipment=sweep.shipment, earlier=earlier),
+            tune.with_parameters(
+                trainable or tune_trainable,
+                cells=by_id,
+                shipment=sweep.shipment,
+                earlier=earlier,
+                width=sweep.array_width,
+            ),
             {"cpu": resources.cpus_per_trial, "gpu": sweep.gpu_share},
         ),
         tune_config=tune.TuneConfig(
-            search_alg=CellSearcher(cells),
-            num_samples=len(cells),
+            search_alg=CellSearcher(units),
+            num_samples=len(units),
             max_concurrent_trials=resources.max_concurrent_trials,
             reuse_actors=True,  # one worker process runs many trials: imports, tokenizer and token cache stay warm
-            trial_dirname_creator=lambda trial: trial.config[CELL_KEY],
+            trial_dirname_creator=trial_dirname,
         ),
         run_config=tune.RunConfig(
             name=experiment,
@@ -382,6 +435,13 @@ def run_tune(
             "every trial's outcome is kept",
             file=sys.stderr,
         )
+
+
+def trial_dirname(trial) -> str:
+    """A cell's trial folder is its id (its checkpoints live there); an array's, its first member's
+    id and its width (arrays keep no checkpoints)."""
+    ids = trial.config[CELL_KEY].split(ARRAY_SEPARATOR)
+    return ids[0] if len(ids) == 1 else f"{ids[0]}-array{len(ids)}"
 
 
 def checkpoints_to_resume(storage: RayStorage, experiment: str, trial_ids: set[str]) -> dict[str, tune.Checkpoint]:

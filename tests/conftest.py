@@ -353,6 +353,26 @@ def rows_by_id(results_dir: Path) -> dict[str, tuple]:
     return {r.trial_id: (r.finished_at, r.best_val_accuracy, r.status) for r in rows.itertuples()}
 
 
+def killed_launch(spec_path: Path, fault: str) -> None:
+    """``freezesweep launch SPEC`` in a driver of its own that the driver fault ``fault``
+    (orchestrator/driver_faults.py) kills; its embedded Ray is killed with it."""
+    import signal
+    import subprocess
+    import sys
+
+    driver = subprocess.Popen(
+        [sys.executable, "-m", "freezesweep.orchestrator.cli", "launch", str(spec_path)],
+        start_new_session=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "FREEZESWEEP_DRIVER_FAULT": fault},
+    )
+    driver.wait(timeout=600)
+    assert driver.returncode == -signal.SIGKILL, driver.stderr.read()[-3000:]
+    os.killpg(driver.pid, signal.SIGKILL)  # its embedded Ray
+
+
 @pytest.fixture
 def worker():
     """A cold worker (trials/worker.py): what a trial keeps for the next one starts empty."""

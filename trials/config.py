@@ -74,6 +74,7 @@ MACHINE_FIELDS = (
     "narrow_last_layer",
     "pack_training",
     "cuda_graphs",
+    "trial_array",
     "data_dir",
     "cache_dir",
     "checkpoint_dir",
@@ -150,6 +151,9 @@ class TrialConfig:
     narrow_last_layer: bool = True  # the last layer past attention for the head's token only (trials/first_token.py)
     pack_training: bool = True  # training batches without their padding (trials/packing.py)
     cuda_graphs: bool = False  # the training step as CUDA graphs over length buckets (trials/graphs.py): opt-in
+    # Trains beside the cells that differ only in frozen depth (trials/array.py): None (auto) on a GPU only,
+    # where a step is kernel launches more than arithmetic; on a CPU an array is slower (docs/speed.md).
+    trial_array: bool | None = None
     data_dir: str | None = None
     cache_dir: str | None = None
     checkpoint_dir: str | None = None

@@ -47,6 +47,7 @@ class MemoryProbe:
     precision: str
     trials_per_gpu: int | None
     gpus_per_trial: float | None
+    width: int = 1  # the cells of the trial array measured (trials/array.py); 1: a single trial
 
     @property
     def per_trial_mib(self) -> float:
@@ -81,26 +82,33 @@ def probe(
     margin: float = MARGIN,
     max_per_gpu: int = MAX_TRIALS_PER_GPU,
     eval_rows: int = 0,
+    width: int = 1,
 ) -> MemoryProbe:
     """Measure one trial (``device="cpu"`` runs the same steps for tests and reports the process's
-    peak RSS, with no packing) and pick the packing."""
+    peak RSS, with no packing) and pick the packing. ``width`` > 1: one trial array of that many
+    cells, each at ``frozen_layers`` (the most an array of the grid stacks); on a GPU one that does not
+    fit is measured again at half its width, down to 1: the width is the one that fits."""
     from freezesweep.trials.freezing import freeze
     from freezesweep.trials.model import build_model
     from freezesweep.trials.precision import resolve_device, resolve_precision
 
     target = resolve_device(device)
     plan = resolve_precision(precision, target)
-    torch.manual_seed(0)
-    net = build_model(model, num_labels, model_init)
-    freeze(net, frozen_layers)
-    peak, outside = _measure(net, plan, target, batch_size, max_seq_length, eval_batch_size, steps)
-    cache = eval_cache_bound_mib(net, eval_rows, max_seq_length, plan)
-    if target.type != "cuda":
-        return MemoryProbe(peak, outside, cache, None, None, plan.name, None, None)
-    props = torch.cuda.get_device_properties(target)
-    total = props.total_memory / 2**20
-    n, share = packing(peak + outside + cache, total, margin, max_per_gpu)
-    return MemoryProbe(peak, outside, cache, total, props.name, plan.name, n, share)
+    while True:
+        torch.manual_seed(0)
+        net = build_model(model, num_labels, model_init)
+        freeze(net, frozen_layers)
+        peak, outside = _measure(net, plan, target, (batch_size, max_seq_length, eval_batch_size, steps), width)
+        cache = eval_cache_bound_mib(net, eval_rows, max_seq_length, plan)
+        if target.type != "cuda":
+            return MemoryProbe(peak, outside, cache, None, None, plan.name, None, None, width)
+        props = torch.cuda.get_device_properties(target)
+        total = props.total_memory / 2**20
+        if width == 1 or (peak + outside + cache) * (1 + margin) <= total:
+            n, share = packing(peak + outside + cache, total, margin, max_per_gpu)
+            return MemoryProbe(peak, outside, cache, total, props.name, plan.name, n, share, width)
+        del net
+        width //= 2
 
 
 def eval_cache_bound_mib(net, eval_rows: int, max_seq_length: int, plan) -> float:
@@ -110,17 +118,19 @@ def eval_cache_bound_mib(net, eval_rows: int, max_seq_length: int, plan) -> floa
     return eval_rows * max_seq_length * net.config.hidden_size * element / 2**20
 
 
-def _measure(
-    net, plan, device: torch.device, batch_size: int, max_seq_length: int, eval_batch_size: int, steps: int
-) -> tuple[float, float]:
-    """(peak MiB, MiB outside the allocator) of moving the model to ``device`` and running the steps."""
+def _measure(net, plan, device: torch.device, shape: tuple[int, int, int, int], width: int) -> tuple[float, float]:
+    """(peak MiB, MiB outside the allocator) of moving the model to ``device`` and running the steps
+    (``shape``: batch size, sequence length, evaluation batch size, steps) as one trial or an array."""
     from freezesweep.trials.run import peak_memory_mb, reset_peak_memory
 
     if device.type == "cuda":
         torch.cuda.empty_cache()
     reset_peak_memory(device)
     net.to(device)
-    _run_steps(net, plan, device, batch_size, max_seq_length, eval_batch_size, steps)
+    if width > 1:
+        _run_array_steps(net, plan, device, *shape, width)
+    else:
+        _run_steps(net, plan, device, *shape)
     if device.type != "cuda":
         return peak_memory_mb(device), 0.0
     torch.cuda.synchronize(device)
@@ -158,6 +168,39 @@ def _run_steps(
         evaluate(net, [_batch(eval_batch_size, max_seq_length, vocab, labels, generator).to(device)], plan, device)
 
 
+def _run_array_steps(
+    net, plan, device: torch.device, batch_size: int, max_seq_length: int, eval_batch_size: int, steps: int, width: int
+) -> None:
+    """``_run_steps`` for a trial array of ``width`` cells (trials/array.py): the stacked copies of what
+    they train, with AdamW's state for each, then one evaluation batch for all."""
+    from torch.func import vmap
+
+    from freezesweep.trials import first_token
+    from freezesweep.trials.array import evaluate_array, stack_model
+    from freezesweep.trials.evaluate import task_loss
+    from freezesweep.trials.packing import training_feed
+    from freezesweep.trials.worker import FeedKey
+
+    vocab, labels = net.config.vocab_size, net.config.num_labels
+    generator = torch.Generator().manual_seed(0)
+    check = _batch(min(batch_size, 8), max_seq_length, vocab, labels, generator, ragged=True).to(device)
+    reader, feed = training_feed(net, check, FeedKey("probe", type(net).__qualname__), {})
+    stack = stack_model(net, {n for n, p in net.named_parameters() if p.requires_grad}, width)
+    optimizer = torch.optim.AdamW(list(stack.tensors.values()), lr=1e-5, fused=True)  # as the members' together
+    net.train()
+    with first_token.narrowed(net, reader):
+        for _ in range(steps):
+            batch = feed.prepare(_batch(batch_size, max_seq_length, vocab, labels, generator)).to(device)
+            with plan.autocast():
+                logits = stack.logits(feed, batch)
+            vmap(task_loss, in_dims=(0, None))(logits, batch.labels).sum().backward()
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+        evaluate_array(
+            stack, [_batch(eval_batch_size, max_seq_length, vocab, labels, generator).to(device)], plan, device, None
+        )
+
+
 def _batch(rows: int, length: int, vocab: int, num_labels: int, generator: torch.Generator, ragged: bool = False):
     """``rows`` random token sequences of exactly ``length`` tokens (no padding: the worst case);
     ``ragged``: of different lengths (what the packing check needs: padding to remove)."""
@@ -172,13 +215,14 @@ def _batch(rows: int, length: int, vocab: int, num_labels: int, generator: torch
 
 
 def describe(result: MemoryProbe) -> str:
+    what = "one trial" if result.width == 1 else f"one trial array of {result.width} cells"
     if result.gpu_total_mib is None:
         return (
-            f"one trial: the process's peak RSS {result.peak_reserved_mib:.0f} MiB ({result.precision}) "
+            f"{what}: the process's peak RSS {result.peak_reserved_mib:.0f} MiB ({result.precision}) "
             "on the CPU (no packing)"
         )
     return (
-        f"one trial: peak {result.peak_reserved_mib:.0f} MiB reserved + {result.outside_allocator_mib:.0f} MiB "
+        f"{what}: peak {result.peak_reserved_mib:.0f} MiB reserved + {result.outside_allocator_mib:.0f} MiB "
         f"outside the allocator + {result.eval_cache_mib:.0f} MiB evaluation cache (bound) = "
         f"{result.per_trial_mib:.0f} MiB ({result.precision}) on {result.gpu_name} "
         f"({result.gpu_total_mib:.0f} MiB): {result.trials_per_gpu} trials per GPU, "
@@ -200,6 +244,7 @@ def main(argv: list[str] | None = None) -> int:
         "--eval-rows", type=int, default=0, help="validation rows a worker caches (their bound is added)"
     )
     parser.add_argument("--steps", type=int, default=3)
+    parser.add_argument("--width", type=int, default=1, help="a trial array of this many cells (halved until it fits)")
     parser.add_argument("--margin", type=float, default=MARGIN)
     parser.add_argument("--max-per-gpu", type=int, default=MAX_TRIALS_PER_GPU)
     parser.add_argument("--device", default="cuda", help="cuda, cuda:N (cpu: the same steps, peak RSS, no packing)")

@@ -63,57 +63,26 @@ def run_trial(
     worker = worker or process_worker()
     cfg = resolve_config(cfg)  # the id and the row name the precision actually used
     check_method(cfg)
-    device = trial_device(cfg)
-    plan = resolve_precision(cfg.precision, device)
-    if cfg.num_threads:
-        torch.set_num_threads(cfg.num_threads)
-    reset_peak_memory(device)
-
-    task = load_task(
-        cfg.dataset,
-        cfg.data_dir,
-        cfg.text_column,
-        cfg.label_column,
-        cfg.text_pair_column,
-        files=cfg.dataset_files,
-        empty_texts=cfg.empty_texts,
-        worker=worker,
-    )
-    check_select_metric(cfg, task)
-    train_rows = subset_indices(task.train.labels, cfg.train_size, cfg.split_seed)
-    val_rows = eval_rows(task, cfg)
-    tokenizer = load_tokenizer(cfg.model_files())
-    cache_dir = resolve_cache_dir(cfg.cache_dir)
-    train_ids = tokenize_split(tokenizer, task.train, cfg.max_seq_length, cache_dir, worker)
-    val_ids = tokenize_split(tokenizer, task.validation, cfg.max_seq_length, cache_dir, worker)
-    pad_id = padding_id(tokenizer)
-
-    model = attention_for(set_padding(initial_model(cfg, task.num_labels, worker), pad_id).to(device), device)
-    batches = [
-        b.to(device)
-        for b in eval_batches(val_ids.select(val_rows), task.validation.labels[val_rows], cfg.eval_batch_size, pad_id)
-    ]  # on the device once, for every evaluation
-    train_tokens = train_ids.select(train_rows)
-    val_key = (task.validation.digest, indices_digest(val_rows))
-    # the constant baseline on the rows scored: never the whole split when they are a sample
-    data = TrialData(task, train_rows, train_tokens, batches, val_key, task.baseline_metrics(val_rows), worker)
+    device, plan = start_trial(cfg)
+    data = trial_data(cfg, device, worker)
+    model = trial_model(cfg, data, device)
     if cfg.method == "probe":
         return _probe_trial(cfg, model, data, plan, device, started)
     report, lora_targets = adapt(model, cfg)
 
     fill_started = time.perf_counter()  # the caches' first fill in this worker: recorded on its own
-    eval_prefix = _eval_prefix(cfg, model, data, plan, device)
+    eval_prefix = evaluation_prefix(cfg, model, data, plan, device)
     train_prefix = _train_prefix(cfg, model, data, plan, device)
     synchronize(device)
     cache_fill_time_s = time.perf_counter() - fill_started
-    reader, feed = _training_feed(cfg, model, data, pad_id, device, packed=train_prefix is None)
+    reader, feed = feed_of(cfg, model, data, device, packed=train_prefix is None)
     graphed = graphs.cuda_graphs_apply(cfg, device, plan, train_prefix)
     ctx = FitContext(
         cfg=cfg,
         plan=plan,
         device=device,
-        schedule=make_schedule(len(train_rows), cfg),
-        eval_batches=batches,
+        schedule=make_schedule(len(data.train_rows), cfg),
+        eval_batches=data.batches,
         eval_prefix=eval_prefix,
         train_prefix=train_prefix,
         on_eval=on_eval or (lambda point: None),
@@ -122,8 +91,8 @@ def run_trial(
         cuda_graphs=graphed,
     )
     with first_token.narrowed(model, reader):
-        state = fit(model, train_tokens, task.train.labels[train_rows], pad_id, ctx)
-    result = _result(
+        state = fit(model, data.train_tokens, data.task.train.labels[data.train_rows], data.pad_id, ctx)
+    result = trial_result(
         cfg,
         data,
         report,
@@ -139,6 +108,16 @@ def run_trial(
         lora_targets=lora_targets,
         optimisations=optimisations_used(eval_prefix, train_prefix, reader, feed, cuda_graphs=graphed),
     )
+
+
+def start_trial(cfg: TrialConfig) -> tuple[torch.device, PrecisionPlan]:
+    """The cell's device and precision, its threads set and the peak memory counted from now."""
+    device = trial_device(cfg)
+    plan = resolve_precision(cfg.precision, device)
+    if cfg.num_threads:
+        torch.set_num_threads(cfg.num_threads)
+    reset_peak_memory(device)
+    return device, plan
 
 
 def optimisations_used(
@@ -216,7 +195,7 @@ def _probe_trial(
         trainable_params=fitted.trainable_params,
         total_params=sum(p.numel() for p in model.base_model.parameters()) + fitted.trainable_params,
     )
-    result = _result(
+    result = trial_result(
         cfg,
         data,
         params,
@@ -250,6 +229,44 @@ class TrialData:
     val_key: tuple[str, str]  # (the validation split's digest, the evaluated rows' digest)
     baseline: dict[str, float]  # every metric of the constant predictor on the evaluated rows
     worker: WorkerState
+    pad_id: int = 0  # the id batches are padded with (trials/tokens.py padding_id)
+
+
+def trial_data(cfg: TrialConfig, device: torch.device, worker: WorkerState) -> TrialData:
+    """What a cell reads: its task, its train subset tokenized, its validation batches on the device
+    (once, for every evaluation). Cells that share dataset, train size and split seed read the same."""
+    task = load_task(
+        cfg.dataset,
+        cfg.data_dir,
+        cfg.text_column,
+        cfg.label_column,
+        cfg.text_pair_column,
+        files=cfg.dataset_files,
+        empty_texts=cfg.empty_texts,
+        worker=worker,
+    )
+    check_select_metric(cfg, task)
+    train_rows = subset_indices(task.train.labels, cfg.train_size, cfg.split_seed)
+    val_rows = eval_rows(task, cfg)
+    tokenizer = load_tokenizer(cfg.model_files())
+    cache_dir = resolve_cache_dir(cfg.cache_dir)
+    train_ids = tokenize_split(tokenizer, task.train, cfg.max_seq_length, cache_dir, worker)
+    val_ids = tokenize_split(tokenizer, task.validation, cfg.max_seq_length, cache_dir, worker)
+    pad_id = padding_id(tokenizer)
+    batches = [
+        b.to(device)
+        for b in eval_batches(val_ids.select(val_rows), task.validation.labels[val_rows], cfg.eval_batch_size, pad_id)
+    ]  # on the device once, for every evaluation
+    val_key = (task.validation.digest, indices_digest(val_rows))
+    # the constant baseline on the rows scored: never the whole split when they are a sample
+    baseline = task.baseline_metrics(val_rows)
+    return TrialData(task, train_rows, train_ids.select(train_rows), batches, val_key, baseline, worker, pad_id)
+
+
+def trial_model(cfg: TrialConfig, data: TrialData, device: torch.device):
+    """The cell's initial model on its device, told its batches' padding id, with the device's attention."""
+    model = initial_model(cfg, data.task.num_labels, data.worker)
+    return attention_for(set_padding(model, data.pad_id).to(device), device)
 
 
 def check_method(cfg: TrialConfig) -> None:
@@ -294,7 +311,7 @@ def _train_key(cfg: TrialConfig, data: TrialData, plan: PrecisionPlan, device: t
     return TrainKey(cfg.model, _weights(cfg), data.task.train.digest, cfg.max_seq_length, plan.name, str(device))
 
 
-def _eval_prefix(cfg: TrialConfig, model, data: TrialData, plan, device) -> PrefixStates | None:
+def evaluation_prefix(cfg: TrialConfig, model, data: TrialData, plan, device) -> PrefixStates | None:
     """The cached output of the frozen layers for evaluation, when it is exact: pretrained weights
     (a random init differs per seed), at least one frozen layer, and bit-identical to the full model
     on the first batch."""
@@ -305,13 +322,12 @@ def _eval_prefix(cfg: TrialConfig, model, data: TrialData, plan, device) -> Pref
     )
 
 
-def _training_feed(
-    cfg: TrialConfig, model, data: TrialData, pad_id: int, device: torch.device, packed: bool
+def feed_of(
+    cfg: TrialConfig, model, data: TrialData, device: torch.device, packed: bool
 ) -> tuple[Reader | None, PaddedFeed | PackedFeed]:
     """The last layer narrowed to the head's token, training batches packed: each where exact for this
     model (checked on the first training rows; the opt-in training cache feeds padded states)."""
-    rows = np.arange(min(8, len(data.train_rows)))
-    check = collate(data.train_tokens.select(rows), data.task.train.labels[data.train_rows[rows]], pad_id).to(device)
+    check = check_batch(data, device)
     every_layer_frozen = (
         cfg.method == "freeze" and cfg.frozen_layers > 0 and cfg.frozen_layers == len(find_encoder_parts(model).layers)
     )
@@ -323,6 +339,14 @@ def _training_feed(
         cfg.narrow_last_layer,
         cfg.pack_training and packed,
         narrow_evaluation=not every_layer_frozen,
+    )
+
+
+def check_batch(data: TrialData, device: torch.device) -> Batch:
+    """A few training rows, padded, on the device: what the checks of the optimisations run on."""
+    rows = np.arange(min(8, len(data.train_rows)))
+    return collate(data.train_tokens.select(rows), data.task.train.labels[data.train_rows[rows]], data.pad_id).to(
+        device
     )
 
 
@@ -407,7 +431,7 @@ def collapsed(best: EvalPoint, metric: str, baseline: dict[str, float]) -> bool:
     return best.constant_predictions or abs(getattr(best, metric) - baseline[metric]) <= COLLAPSE_ATOL
 
 
-def _result(
+def trial_result(
     cfg,
     data: TrialData,
     report: FreezeReport,

@@ -123,8 +123,7 @@ def fit(model: nn.Module, train_ids: Tokens, train_labels: np.ndarray, pad_id: i
     accumulate there (tests/trials/test_step_syncs.py counts the host syncs)."""
     cfg, schedule = ctx.cfg, ctx.schedule
     params = [p for p in model.parameters() if p.requires_grad]
-    optimizer = make_optimizer(params, cfg, ctx.device, capturable=ctx.cuda_graphs)
-    scheduler = get_linear_schedule_with_warmup(optimizer, schedule.warmup_steps, schedule.total_steps)
+    optimizer, scheduler = optimizer_for(params, cfg, schedule, ctx.device, ctx.cuda_graphs)
     scaler = ctx.plan.grad_scaler()
     generator = torch.Generator().manual_seed(cfg.derived_seed)
     state = _restore(model, optimizer, scheduler, scaler, generator, cfg) or FitState()
@@ -144,9 +143,7 @@ def fit(model: nn.Module, train_ids: Tokens, train_labels: np.ndarray, pad_id: i
         batch = ctx.feed.gather(rows, *orders.batch(state.step, cfg.batch_size), pad_id)
         with ctx.train_prefix.feeding(model, batch) if ctx.train_prefix else contextlib.nullcontext():  # type: ignore[arg-type]  # padded: no packing with the cache (run.py)
             loss = step(batch)  # opt-in training cache: the step starts above k
-        state.loss_sum, state.loss_count = state.loss_sum + loss, state.loss_count + 1
-        state.step += 1
-        state.nonfinite_step = first_nonfinite(state.nonfinite_step, loss, state.step)
+        count_step(state, loss)
         if state.step in schedule.eval_steps or state.step in schedule.checkpoint_steps:
             synchronize(ctx.device)  # queued GPU work belongs to training, not to what follows
             state.train_time_s += time.perf_counter() - segment_started
@@ -159,6 +156,28 @@ def fit(model: nn.Module, train_ids: Tokens, train_labels: np.ndarray, pad_id: i
     state.train_time_s += time.perf_counter() - segment_started
     _discard_checkpoint(cfg)  # finished: a retry of this cell has nothing to resume
     return state
+
+
+def count_step(state: FitState, loss: torch.Tensor) -> None:
+    """One more step into the state: its loss into the running sum, and the first non-finite one's
+    step kept (device tensors: no host sync per step; a trial array counts each member's here)."""
+    state.loss_sum, state.loss_count = state.loss_sum + loss, state.loss_count + 1
+    state.step += 1
+    first = torch.as_tensor(state.nonfinite_step, device=loss.device)
+    state.nonfinite_step = first_nonfinite(first, loss, state.step)
+
+
+def optimizer_for(
+    params: list[torch.Tensor],
+    cfg: TrialConfig,
+    schedule: Schedule,
+    device: torch.device | None = None,
+    capturable: bool = False,
+) -> tuple:
+    """AdamW over ``params`` (``make_optimizer``) and its learning-rate schedule: linear warmup, then
+    linear decay to 0 (a trial array builds its members' the same way, trials/array.py)."""
+    optimizer = make_optimizer(params, cfg, device or torch.device("cpu"), capturable)
+    return optimizer, get_linear_schedule_with_warmup(optimizer, schedule.warmup_steps, schedule.total_steps)
 
 
 def make_optimizer(params, cfg: TrialConfig, device: torch.device, capturable: bool = False) -> torch.optim.AdamW:
@@ -323,7 +342,15 @@ def _evaluate_into(model: nn.Module, state: FitState, ctx: FitContext) -> None:
     metrics, loss, one_prediction = evaluate(
         model, ctx.eval_batches, ctx.plan, ctx.device, ctx.eval_prefix, ctx.eval_labels
     )
-    state.eval_time_s += time.perf_counter() - started
+    record_evaluation(state, ctx, metrics, loss, time.perf_counter() - started, one_prediction)
+
+
+def record_evaluation(
+    state: FitState, ctx: FitContext, metrics: dict[str, float], loss: float, eval_s: float, one_prediction: bool
+) -> None:
+    """An evaluation's metrics, mean loss and whether it gave every row one prediction into the trial's
+    state (``_evaluate_into``'s rules; a trial array records each member's here, trials/array.py)."""
+    state.eval_time_s += eval_s
     train_loss = float(state.loss_sum) / max(1, state.loss_count)
     if not (math.isfinite(loss) and math.isfinite(train_loss)):
         first = int(state.nonfinite_step)

@@ -1,8 +1,6 @@
 """Settle mode through Ray: rounds chosen from the stored rows, every trial stored once, a driver killed
 between rounds resumes to the same decisions, and a grown budget continues from what is stored."""
 
-import os
-import signal
 import subprocess
 import sys
 
@@ -18,6 +16,7 @@ from freezesweep.orchestrator.sweeps import resolve_here
 from freezesweep.results.query import read_rows
 from freezesweep.results.report import SweepRows, build_report
 from freezesweep.results.store import ResultStore
+from tests.conftest import killed_launch
 
 CLI = [sys.executable, "-m", "freezesweep.orchestrator.cli"]
 # Two settle sweeps of a dozen tiny trials each and a killed driver: about 5 minutes on 2 cores.
@@ -72,17 +71,7 @@ def test_a_settle_sweep_killed_between_rounds_resumes_to_the_same_decisions(writ
     expected = _decisions(store, whole)
 
     path = _settle_spec(write_spec, "killed", learned_first=False)
-    driver = subprocess.Popen(
-        CLI + ["launch", str(path)],
-        start_new_session=True,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env={**os.environ, "FREEZESWEEP_DRIVER_FAULT": "kill-after-round@1"},
-    )
-    driver.wait(timeout=600)
-    assert driver.returncode == -signal.SIGKILL, driver.stderr.read()[-3000:]
-    os.killpg(driver.pid, signal.SIGKILL)  # its embedded Ray
+    killed_launch(path, "kill-after-round@1")
     killed = ResultStore(whole.store, "killed")
     assert len(_runs(killed)) == 9  # the first round whole: 3 arms × 3 initial seeds, nothing of a second
     resumed = subprocess.run(

@@ -126,3 +126,36 @@ def test_the_probe_measures_and_packs(tiny_bert, device):
     assert light.gpu_total_mib == torch.cuda.get_device_properties(0).total_memory / 2**20
     assert 1 <= light.trials_per_gpu <= 8 and light.gpus_per_trial * light.trials_per_gpu <= 1
     assert gpu["gpu_uuid"].startswith(("GPU-", "MIG-")) and gpu["gpu_name"] == torch.cuda.get_device_name(0)
+
+
+def test_the_probe_measures_a_trial_array_on_the_cpu(tiny_bert):
+    from freezesweep.trials.memory_probe import describe
+
+    array = probe(
+        tiny_bert, batch_size=4, max_seq_length=16, eval_batch_size=8, precision="fp32", device="cpu", width=3
+    )
+    assert array.width == 3 and array.peak_reserved_mib > 0
+    assert describe(array).startswith("one trial array of 3 cells:")
+
+
+def test_an_array_that_does_not_fit_its_gpu_is_measured_at_half_its_width(tiny_bert, monkeypatch):
+    """A (pretend) 3,000 MiB GPU and arrays that take 1,000 MiB per cell: 8 and 4 do not fit with their
+    margin, 2 does; the share then packs arrays of 2 (one per GPU: 2,400 MiB with its margin)."""
+    import types
+
+    from freezesweep.trials import memory_probe, precision
+
+    measured = []
+    monkeypatch.setattr(precision, "resolve_device", lambda device, share=None: torch.device("cuda"))
+    monkeypatch.setattr(
+        torch.cuda,
+        "get_device_properties",
+        lambda device: types.SimpleNamespace(total_memory=3000 * 2**20, name="pretend"),
+    )
+    monkeypatch.setattr(
+        memory_probe,
+        "_measure",
+        lambda net, plan, device, shape, width: measured.append(width) or (1000.0 * width, 0.0),
+    )
+    result = probe(tiny_bert, batch_size=4, max_seq_length=16, precision="fp32", device="cuda", width=8)
+    assert measured == [8, 4, 2] and (result.width, result.trials_per_gpu, result.gpus_per_trial) == (2, 1, 1.0)

@@ -1,0 +1,804 @@
+"""Trial arrays: many cells of one model and task trained as one (issue 35).
+
+Cells of the same model, dataset, protocol, train size and seed already share the train subset, the
+batch order, the classifier head's initialisation and the schedule (paired seeds, trials/config.py).
+An array trains them in one process as one model: the parameters any member trains are stacked, one
+``[width, ...]`` tensor per parameter, and one forward and backward runs every member at once; the
+layers every member freezes are the model's own, unstacked, so they run once for all members; each
+member's trainable slices get their own gradient clipping (by the member's own norm) and their own
+AdamW (state, step and learning-rate schedule); evaluation runs every member in one pass. The result
+is one row per member, as its single trial (trials/run.py, the reference this is tested against)
+would give it, to float rounding; rows say ``trial_array`` among their ``optimisations``.
+
+How: ``torch.func.vmap`` over ``torch.func.functional_call`` of the model with the stacked
+parameters (PyTorch's model-ensembling tutorial: https://docs.pytorch.org/tutorials/intermediate/
+ensembling.html). Under ``vmap`` a tensor without a member dimension stays unbatched, so the frozen
+prefix (unstacked weights on the shared batch) computes once, and the first stacked layer turns its
+output into one batched matrix product over the members: the horizontal fusion HFTA writes by hand
+per operator (Wang et al., "Horizontally Fused Training Array", MLSys 2021: up to 15.1x training
+throughput for same-shape jobs on one accelerator). Chosen over HFTA's way (members folded into the
+batch dimension, every layer type rewritten as its batched twin) because it runs the model's own
+code: every family, the narrowed last layer (trials/first_token.py), packed batches
+(trials/packing.py) and the evaluation cache's layer swap (trials/eval_cache.py) work unchanged
+through it, with no layer library of our own to keep exact. Masks and the rest of the inputs stay
+unbatched (HF's mask-building code branches on their values, which ``vmap`` refuses on batched ones).
+Dropout draws with ``randomness="same"``: the members share their seed and step, so each single
+trial would draw these very masks (a frozen layer still runs dropout in training).
+
+A member's frozen slices (a layer some member trains and this one freezes) are not in its optimizer:
+they keep their initial values bit for bit, weight decay on or off, and their gradients are never in
+its norm. Its optimizer is stock fused AdamW over leaves that share the stacked storage (one per
+trainable slice), with its own schedule: stock AdamW over the stacked tensors would be exact per
+member only with one learning rate and step count for all of them (slots, below, are at different
+points of their schedules), and could not leave frozen slices alone under weight decay.
+
+A member whose loss turns non-finite leaves the array at the evaluation that sees it, its row written
+(``on_result``); its slices stay in the stacked tensors (inert: no optimizer step), so the other
+members go on bit for bit as they would have (each member's numbers never read another's).
+
+Slots (continuous batching, as LLM servers batch requests: Orca, OSDI 2022; vLLM, SOSP 2023): cells of
+one model and task with other seeds or train sizes take turns in an array of ``width`` slots; when a
+member is over its row is given and the next cell takes its slot with its own initial weights,
+subset, batches, schedule and optimizer. Each slot then draws its own batch, so inputs are batched
+too: padded to one shape for the whole run (the longest row of any queued cell's subset), and its
+dropout draws are its own but the array's stream, not its single trial's (``randomness=
+"different"``): without dropout a slot gives its single trial's numbers to float rounding, with it
+the same distribution. A padding mask is batched as the model's code takes it under ``vmap``
+(``mask_as``, measured per model: ``slots_mask_form``). No slot's numbers read another's, and the
+shapes never change, so refilling a slot leaves the others bit for bit.
+
+Which cells qualify is decided before any trial: ``array_key`` from the config (the freeze method,
+bf16 or fp32 — one GradScaler would skip every member's step when one member overflows in fp16 — no
+training cache, no checkpoints, and the ``trial_array`` switch: unset, on where the cell runs on a
+GPU; ``arrays_pay``), and once per model class and worker a measured check (``array_agrees``: the
+stacked model's logits and gradients on a few training rows are the plain model's, in fp32); a model
+that fails it (a layer ``vmap`` cannot batch) runs its members as single trials, one after another,
+rows without ``trial_array``.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import dataclasses
+import functools
+import re
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+
+import torch
+from torch import nn
+from torch.func import functional_call, vmap
+
+from freezesweep.trials import first_token
+from freezesweep.trials.config import EvalPoint, TrialConfig, TrialResult
+from freezesweep.trials.eval_cache import PrefixStates, eval_mode, starting_at
+from freezesweep.trials.evaluate import task_loss
+from freezesweep.trials.freezing import FreezeReport, find_encoder_parts
+from freezesweep.trials.metrics import compute_metrics, constant
+from freezesweep.trials.oom import catch_oom, is_oom
+from freezesweep.trials.packing import PackedFeed, PaddedFeed
+from freezesweep.trials.precision import PrecisionPlan, resolve_config, synchronize
+from freezesweep.trials.run import (
+    TrialData,
+    adapt,
+    check_batch,
+    evaluation_prefix,
+    feed_of,
+    free_memory,
+    initial_model,
+    optimisations_used,
+    run_trial,
+    run_trial_or_oom,
+    start_trial,
+    trial_data,
+    trial_model,
+    trial_result,
+)
+from freezesweep.trials.tokens import Batch, train_batches
+from freezesweep.trials.train import (
+    FitContext,
+    FitState,
+    count_step,
+    make_schedule,
+    optimizer_for,
+    optimizer_step,
+    record_evaluation,
+)
+from freezesweep.trials.worker import FeedKey, WorkerState, process_worker
+
+OPTIMISATION = "trial_array"  # what the rows of an array's members say among their optimisations
+ARRAY_PRECISIONS = ("bf16", "fp32")
+ArrayEval = Callable[[TrialConfig, EvalPoint], None]
+
+
+# --- which cells train together: decided from the configs, before any trial ----------------------
+def array_key(cfg: TrialConfig, anywhere: bool = False) -> TrialConfig | None:
+    """What a cell shares with the cells it may train beside (every field but its frozen depth), or
+    None when it runs alone: another method (LoRA trains adapters of each its own rank, the probe
+    trains no layer), fp16, the opt-in training cache, checkpoints, the switch off, or (unless
+    ``anywhere``: a caller of ``run_array`` asks for an array on any device) where arrays do not pay."""
+    cfg = resolve_config(cfg)
+    if not (
+        (arrays_pay(cfg) if not anywhere else cfg.trial_array is not False)
+        and cfg.method == "freeze"
+        and cfg.precision in ARRAY_PRECISIONS
+        and not cfg.train_cache
+        and not cfg.checkpoint_every_epochs
+    ):
+        return None
+    return dataclasses.replace(cfg, frozen_layers=0)
+
+
+def arrays_pay(cfg: TrialConfig) -> bool:
+    """The ``trial_array`` switch: on or off as set; unset (auto), on where the cell runs on a GPU. A
+    GPU runs a small model's step far below its arithmetic peak (kernel launches and the host bound
+    it, docs/speed.md), so one step for many members costs little more than one; a CPU is bound by
+    the arithmetic, and an array computes more of it than its single trials (every member's frozen
+    slices of the layers another member trains, and batched products ~20-40 % slower there)."""
+    if cfg.trial_array is not None:
+        return cfg.trial_array
+    if cfg.device != "auto":
+        return torch.device(cfg.device).type == "cuda"
+    if cfg.gpus_per_trial is not None:
+        return cfg.gpus_per_trial > 0
+    return torch.cuda.is_available()
+
+
+def slot_key(cfg: TrialConfig, anywhere: bool = False) -> TrialConfig | None:
+    """What a cell shares with the cells that may take turns in an array's slots (every field but its
+    frozen depth, seed and train size: the same model and task), or None when it runs alone."""
+    key = array_key(cfg, anywhere)
+    return None if key is None else dataclasses.replace(key, seed=0, train_size=1)
+
+
+QUEUE_WIDTHS = 4  # a slot array's cells: at most this many times its width (a crash runs them again)
+
+
+def group_cells(cells: Sequence[TrialConfig], width: int, slots: bool = True) -> list[list[TrialConfig]]:
+    """The cells as arrays of at most ``width`` members that share their stream (seed and train size;
+    in the cells' order, by first member), each cell that does not qualify alone. With ``slots``, the
+    arrays under half the width (few depths in the grid) pool, per model and task, into queues of at
+    most ``QUEUE_WIDTHS * width`` cells that an array of ``width`` slots works through (``run_array``).
+    Linear in the cells."""
+    arrays = _chunks(cells, width, lambda cell: array_key(cell) if width > 1 else None)
+    if not slots or width < 2:
+        return arrays
+    small = [cell for unit in arrays if 1 < len(unit) < width / 2 for cell in unit]
+    pooled = {id(unit) for unit in arrays if 1 < len(unit) < width / 2}
+    queues = _chunks(small, QUEUE_WIDTHS * width, slot_key)
+    return [unit for unit in arrays if id(unit) not in pooled] + queues
+
+
+def _chunks(cells: Sequence[TrialConfig], size: int, key) -> list[list[TrialConfig]]:
+    groups: dict[object, list[list[TrialConfig]]] = {}
+    order: list[list[TrialConfig]] = []
+    for i, cell in enumerate(cells):
+        k = key(cell)
+        chunks = groups.setdefault(("alone", i) if k is None else k, [])
+        if not chunks or len(chunks[-1]) >= size:
+            chunks.append([])
+            order.append(chunks[-1])
+        chunks[-1].append(cell)
+    return order
+
+
+# --- the stacked model ------------------------------------------------------------------------------
+@dataclass
+class Stack:
+    """The members' parameters that any member trains, one ``[width, ...]`` leaf each; every other
+    parameter is the model's own, shared by all members (unstacked: it runs once)."""
+
+    model: nn.Module
+    tensors: dict[str, torch.Tensor]
+    layers_path: str  # the layer stack's name in the model (eval-cache renaming)
+    randomness: str = "same"  # vmap's dropout draws: the members share their seed and step
+
+    @property
+    def width(self) -> int:
+        return next(iter(self.tensors.values())).shape[0]
+
+    def logits(self, feed: PaddedFeed | PackedFeed, batch, tensors: dict[str, torch.Tensor] | None = None):
+        """Every member's logits on ``batch``, ``[width, rows, labels]`` (``tensors``: the stacked
+        parameters under other names, for a swapped layer list)."""
+        model = self.model
+
+        def member(params: dict[str, torch.Tensor]) -> torch.Tensor:
+            return feed.logits(lambda **inputs: functional_call(model, params, (), inputs), batch)
+
+        return vmap(member, randomness=self.randomness)(self.tensors if tensors is None else tensors)
+
+    def own_logits(self, inputs: dict[str, torch.Tensor]) -> torch.Tensor:
+        """Every member's logits on its own inputs (each ``[width, ...]``: slots, ``OwnStreams``)."""
+        model = self.model
+
+        def member(params: dict[str, torch.Tensor], inputs: dict[str, torch.Tensor]) -> torch.Tensor:
+            return functional_call(model, params, (), inputs).logits
+
+        return vmap(member, randomness=self.randomness)(self.tensors, inputs)
+
+    def starting_at(self, layer: int) -> dict[str, torch.Tensor]:
+        """The stacked parameters named as in the layer list ``[injector, layer_k, …]`` (eval cache)."""
+        pattern = re.compile(rf"^{re.escape(self.layers_path)}\.(\d+)\.")
+
+        def renamed(name: str) -> str:
+            match = pattern.match(name)
+            if match is None:
+                return name
+            return f"{self.layers_path}.{int(match.group(1)) - layer + 1}.{name[match.end() :]}"
+
+        return {renamed(name): tensor for name, tensor in self.tensors.items()}
+
+
+def stack_model(model: nn.Module, names: set[str], width: int, randomness: str = "same") -> Stack:
+    """``model``'s parameters ``names`` (what any member trains, and what differs between members)
+    stacked ``width`` times from their values in ``model``; the model's own stop requiring grad."""
+    params = dict(model.named_parameters())
+    ordered = [n for n in params if n in names]
+    model.requires_grad_(False)
+    tensors = {
+        n: params[n].detach().unsqueeze(0).expand(width, *params[n].shape).clone().requires_grad_() for n in ordered
+    }
+    return Stack(model, tensors, _layers_path(model), randomness)
+
+
+def _layers_path(model: nn.Module) -> str:
+    try:
+        layers = find_encoder_parts(model).layers
+    except ValueError:
+        return ""
+    return next((name for name, module in model.named_modules() if module is layers), "")
+
+
+# --- members -----------------------------------------------------------------------------------
+@dataclass(eq=False)  # one member is itself only (its tensors compare by identity)
+class Member:
+    """One cell in a slot of the array: its trainable slices, its own optimizer and fit state, and
+    (slots) its own train subset and batches."""
+
+    cfg: TrialConfig
+    slot: int
+    report: FreezeReport
+    leaves: dict[str, torch.Tensor]  # stacked name -> its trainable slice (a leaf sharing the storage)
+    optimizer: torch.optim.Optimizer
+    scheduler: torch.optim.lr_scheduler.LRScheduler
+    ctx: FitContext  # its own cfg, schedule and on_eval
+    data: TrialData
+    stream: Iterator[Batch] | None = None  # its own batches (slots); None: the array's shared stream
+    state: FitState = field(default_factory=FitState)
+    scaler: torch.amp.GradScaler | None = None
+    entered: float = field(default_factory=time.perf_counter)
+
+
+def new_member(
+    stack: Stack, slot: int, cfg: TrialConfig, plan: Plan, data: TrialData, base: FitContext, own_stream: bool
+) -> Member:
+    """``cfg`` in ``slot``: its trainable slices (``plan``: what each cell trains), its optimizer and
+    schedule over them, its batches when it draws its own."""
+    report, trains = plan.adapted[cfg.trial_id]
+    leaves = {n: t.detach()[slot].requires_grad_() for n, t in stack.tensors.items() if n in trains}
+    schedule = make_schedule(len(data.train_rows), cfg)
+    optimizer, scheduler = optimizer_for(list(leaves.values()), cfg, schedule)
+    ctx = dataclasses.replace(base, cfg=cfg, schedule=schedule, on_eval=functools.partial(plan.on_eval, cfg))
+    stream = batch_stream(data, cfg) if own_stream else None
+    return Member(cfg, slot, report, leaves, optimizer, scheduler, ctx, data, stream, scaler=base.plan.grad_scaler())
+
+
+def batch_stream(data: TrialData, cfg: TrialConfig) -> Iterator[Batch]:
+    """The cell's training batches, epoch after epoch, as trials/train.py ``fit`` draws them."""
+    generator = torch.Generator().manual_seed(cfg.derived_seed)
+    labels = data.task.train.labels[data.train_rows]
+    while True:
+        yield from train_batches(data.train_tokens, labels, cfg.batch_size, data.pad_id, generator)
+
+
+# --- one step, one evaluation ------------------------------------------------------------------------
+def array_step(stack: Stack, members: Sequence[Member], batch, plan: PrecisionPlan, feed) -> torch.Tensor:
+    """One optimisation step of every member in ``members`` on ``batch`` (the others' slices stay
+    as they are); returns every slot's loss, ``[width]`` (no host sync)."""
+    with plan.autocast():
+        logits = stack.logits(feed, batch)
+    return update(stack, members, vmap(task_loss, in_dims=(0, None))(logits, batch.labels))
+
+
+def own_step(stack: Stack, members: Sequence[Member], inputs: dict, labels, weights, plan: PrecisionPlan):
+    """``array_step`` with every slot on its own batch (``inputs``, ``labels``, row ``weights``: each
+    ``[width, rows, ...]``; a row of weight 0 pads a short batch and counts nowhere)."""
+    with plan.autocast():
+        logits = stack.own_logits(inputs)
+    rows = vmap(functools.partial(task_loss, reduction="none"))(logits, labels)
+    losses = torch.where(weights > 0, rows, 0.0).sum(1) / weights.sum(1).clamp(min=1)
+    return update(stack, members, losses)
+
+
+def update(stack: Stack, members: Sequence[Member], losses: torch.Tensor) -> torch.Tensor:
+    losses.sum().backward()  # d(sum)/d(loss_i) = 1: each slot's gradients are its own loss's
+    for member in members:
+        member_update(stack, member)
+    for tensor in stack.tensors.values():
+        tensor.grad = None
+    return losses.detach().double()
+
+
+def member_update(stack: Stack, member: Member) -> None:
+    """Clip the member's trainable slices by its own norm, then its AdamW step and schedule."""
+    params = list(member.leaves.values())
+    for name, leaf in member.leaves.items():
+        leaf.grad = stack.tensors[name].grad[member.slot]
+    torch.nn.utils.clip_grad_norm_(params, member.cfg.max_grad_norm, foreach=True)
+    if optimizer_step(member.optimizer, member.scaler):
+        member.scheduler.step()
+    member.optimizer.zero_grad(set_to_none=True)
+
+
+@torch.inference_mode()
+def evaluate_array(
+    stack: Stack, batches: list[Batch], plan: PrecisionPlan, device: torch.device, prefix: PrefixStates | None
+) -> list[tuple[dict[str, float], float, bool]]:
+    """Every slot's (metrics, mean loss, whether every row got one prediction) over the validation
+    batches, as trials/evaluate.py computes one trial's, the members in one pass per batch."""
+    loss_sums = torch.zeros(stack.width, dtype=torch.float64, device=device)
+    predicted, truth = [], []
+    tensors = stack.starting_at(prefix.layer) if prefix is not None else None
+    with (
+        eval_mode(stack.model),
+        starting_at(stack.model, prefix.layer, prefix.tuple_output)
+        if prefix is not None
+        else contextlib.nullcontext() as injector,
+    ):
+        for i, batch in enumerate(batches):
+            if injector is not None:
+                injector.states = prefix.states[i]
+            with plan.autocast():
+                logits = stack.logits(PaddedFeed(), batch, tensors).float()
+            loss_sums += vmap(functools.partial(task_loss, reduction="sum"), in_dims=(0, None))(logits, batch.labels)
+            predicted.append(logits.squeeze(-1) if batch.labels.is_floating_point() else logits.argmax(-1))
+            truth.append(batch.labels)
+    labels = torch.cat(truth).cpu().numpy()
+    every = torch.cat(predicted, dim=1).cpu().numpy()
+    losses = (loss_sums / len(labels)).tolist()
+    regression, classes = labels.dtype.kind == "f", logits.shape[-1]
+    return [
+        (compute_metrics(every[slot], labels, regression, classes), losses[slot], constant(every[slot]))
+        for slot in range(stack.width)
+    ]
+
+
+# --- how batches reach the slots: one stream for all, or one per slot ----------------------------------
+@dataclass
+class SharedStream:
+    """Every member on the same batch (they share seed and train size): packed where the model
+    qualifies, inputs unbatched, so the frozen prefix runs once for all."""
+
+    batches: Iterator[Batch]
+    feed: PaddedFeed | PackedFeed
+
+    def __call__(self, run: ArrayRun, active: list[Member]) -> torch.Tensor:
+        batch = self.feed.prepare(next(self.batches)).to(run.base.device)
+        return array_step(run.stack, active, batch, run.base.plan, self.feed)
+
+
+@dataclass
+class OwnStreams:
+    """Every slot on its own member's next batch (slots across seeds and train sizes), padded to one
+    shape for all (``rows`` rows of ``tokens`` tokens: the longest row of any queued cell's subset), so
+    that no slot's numbers depend on what the others hold; a free slot trains a copy of another's batch
+    with weight 0 (its slices step nowhere). ``mask``: how the padding mask is given (``mask_form``)."""
+
+    rows: int
+    tokens: int
+    mask: str
+
+    def __call__(self, run: ArrayRun, active: list[Member]) -> torch.Tensor:
+        own = {m.slot: padded(next(m.stream), self.rows, self.tokens, m.data.pad_id) for m in active}
+        filler = next(iter(own.values()))
+        slots = [own.get(slot, (filler[0], torch.zeros_like(filler[1]))) for slot in range(run.stack.width)]
+        batches, weights = [b for b, _ in slots], torch.stack([w for _, w in slots])
+        device = run.base.device
+        inputs = {
+            name: torch.stack([getattr(b, name) for b in batches]).to(device)
+            for name in ("input_ids", "attention_mask", "token_type_ids")
+            if getattr(batches[0], name) is not None
+        }
+        inputs["attention_mask"] = mask_as(inputs["attention_mask"], self.mask)
+        labels = torch.stack([b.labels for b in batches]).to(device)
+        return own_step(run.stack, active, inputs, labels, weights.to(device), run.base.plan)
+
+
+def padded(batch: Batch, rows: int, tokens: int, pad_id: int) -> tuple[Batch, torch.Tensor]:
+    """``batch`` as ``rows`` rows of ``tokens`` tokens (padding on the right, masked; a short batch
+    repeats its rows, with weight 0) and its rows' weights."""
+    real = len(batch.labels)
+    again = torch.arange(rows) % real
+
+    def grown(t: torch.Tensor | None, value: int) -> torch.Tensor | None:
+        if t is None:
+            return None
+        return torch.nn.functional.pad(t[again], (0, tokens - t.shape[1]), value=value)
+
+    grown_batch = Batch(
+        grown(batch.input_ids, pad_id),
+        grown(batch.attention_mask, 0),
+        batch.labels[again],
+        token_type_ids=grown(batch.token_type_ids, 0),
+    )
+    return grown_batch, (torch.arange(rows) < real).float()
+
+
+def mask_as(mask: torch.Tensor, form: str) -> torch.Tensor:
+    """The padding mask ``[width, rows, tokens]`` as the model takes it batched: as it is ("2d": the
+    decoders and DeBERTa build theirs without asking its values), or additive ``[width, rows, 1, 1,
+    tokens]`` ("4d": BERT's mask-building branches on the values, which ``vmap`` refuses)."""
+    if form == "2d":
+        return mask
+    return torch.zeros(mask.shape, device=mask.device).masked_fill(mask == 0, torch.finfo(torch.float32).min)[
+        :, :, None, None, :
+    ]
+
+
+# --- the array's run -------------------------------------------------------------------------------
+@dataclass
+class Plan:
+    """What every member of an array is, decided before its first step: each cell's freeze report
+    and trained parameter names, and where its evaluations go."""
+
+    adapted: dict[str, tuple[FreezeReport, set[str]]]
+    on_eval: ArrayEval
+
+
+@dataclass
+class ArrayRun:
+    """An array ready to train: the stacked model, the members in its slots, and the loop's parts."""
+
+    stack: Stack
+    members: list[Member]
+    base: FitContext  # the members' shared context (their own cfg, schedule and on_eval aside)
+    reader: first_token.Reader | None
+    step: Callable[[ArrayRun, list[Member]], torch.Tensor]  # SharedStream or OwnStreams
+    finish: Callable[[Member], TrialResult]
+    on_result: Callable[[TrialResult], None]
+    refill: Callable[[int], Member | None] = lambda slot: None  # the next cell for a free slot (slots)
+    results: dict[str, TrialResult] = field(default_factory=dict)
+
+
+def run_array(
+    configs: Sequence[TrialConfig],
+    on_eval: ArrayEval | None = None,
+    on_result: Callable[[TrialResult], None] | None = None,
+    worker: WorkerState | None = None,
+    width: int | None = None,
+) -> list[TrialResult]:
+    """Run cells of one model and task as one array; their results, in ``configs``' order.
+    ``on_eval`` gets every member's evaluations (with its config), ``on_result`` each member's result
+    as soon as it is final; ``worker`` as ``run_trial``'s. Cells that differ only in frozen depth all
+    train at once on one batch stream; others take turns in ``width`` slots (default: as many as the
+    cells), the next cell taking a slot as soon as its member is over. Raises on failure, as
+    ``run_trial`` does; cells that cannot share one array raise ValueError at once. A model that does
+    not qualify (``array_agrees``) runs its cells as single trials, one after another."""
+    started = time.perf_counter()
+    worker = worker or process_worker()
+    cfgs = [resolve_config(c) for c in configs]
+    on_eval, on_result = on_eval or (lambda cfg, point: None), on_result or (lambda result: None)
+    check_together(cfgs)
+    run = build_array(cfgs, width or len(cfgs), Plan({}, on_eval), on_result, worker, started)
+    if run is None:
+        return [_alone(c, on_eval, on_result, worker) for c in cfgs]
+    with first_token.narrowed(run.stack.model, run.reader):
+        fit_array(run)
+    return [run.results[c.trial_id] for c in cfgs]
+
+
+def run_array_or_oom(
+    configs: Sequence[TrialConfig],
+    on_eval: ArrayEval | None = None,
+    on_result: Callable[[TrialResult], None] | None = None,
+    worker: WorkerState | None = None,
+    width: int | None = None,
+) -> list[TrialResult]:
+    """``run_array``, except that an array that runs out of GPU memory gives the memory back
+    (trials/oom.py) and its members without a row run again as two arrays of half its width, down to
+    single trials, whose out-of-memory is their ``oom`` row (``run_trial_or_oom``). Rows already given
+    (a member that diverged or finished before) stay given: every member gets exactly one."""
+    worker = worker or process_worker()
+    cfgs = [resolve_config(c) for c in configs]
+    on_eval, on_result = on_eval or (lambda cfg, point: None), on_result or (lambda result: None)
+    width = min(width or len(cfgs), len(cfgs))
+    if width == 1:
+        return [_alone(c, on_eval, on_result, worker, run_trial_or_oom) for c in cfgs]
+    given: dict[str, TrialResult] = {}
+
+    def give(result: TrialResult) -> None:
+        given[result.trial_id] = result
+        on_result(result)
+
+    done = catch_oom(
+        lambda: run_array(cfgs, on_eval, give, worker, width), lambda exc: None, free=lambda: free_memory(worker)
+    )
+    if done is None:
+        rest = [c for c in cfgs if c.trial_id not in given]
+        half = (len(rest) + 1) // 2
+        for part in filter(None, (rest[:half], rest[half:])):
+            run_array_or_oom(part, on_eval, give, worker, max(1, width // 2))
+    return [given[c.trial_id] for c in cfgs]
+
+
+def build_array(
+    cfgs: Sequence[TrialConfig], width: int, plan: Plan, on_result, worker: WorkerState, started: float
+) -> ArrayRun | None:
+    """The array of ``cfgs`` (resolved, checked together) ready to train, or None where the model
+    does not qualify (its members then run alone)."""
+    first = cfgs[0]
+    device, precision = start_trial(first)
+    data = trial_data(first, device, worker)
+    model = trial_model(first, data, device)
+    own = len({(c.seed, c.train_size) for c in cfgs}) > 1 or len(cfgs) > width  # slots: a stream each
+    common = dataclasses.replace(first, frozen_layers=min(c.frozen_layers for c in cfgs))  # what all freeze
+    reader, feed = feed_of(common, model, data, device, packed=not own)
+    key = FeedKey(first.model, type(model).__qualname__)
+    mask = qualifies(model, check_batch(data, device), data.pad_id, (reader, feed), key, own, worker)
+    if mask is None:
+        return None
+    datas = {first.train_size: data} | {c.train_size: trial_data(c, device, worker) for c in cfgs[1:] if own}
+    names = plan_members(model, cfgs, plan) | (differing(model, cfgs, plan, worker) if own else set())
+    fill_started = time.perf_counter()
+    prefix = (
+        evaluation_prefix(common, model, data, precision, device) if not names & prefix_names(model, common) else None
+    )
+    synchronize(device)
+    fill_s = (time.perf_counter() - fill_started) / len(cfgs)
+    stack = stack_model(model, names, min(width, len(cfgs)), "different" if own else "same")
+    schedule = make_schedule(len(data.train_rows), common)
+    base = FitContext(common, precision, device, schedule, data.batches, on_eval=None, eval_prefix=prefix, feed=feed)
+    used = (*optimisations_used(prefix, None, reader, feed), OPTIMISATION)
+    queue = collections.deque(cfgs)
+
+    def start(slot: int, entered: float | None = None) -> Member | None:
+        if not queue:
+            return None
+        cfg = queue.popleft()
+        if own:
+            load_initial(stack, slot, cfg, datas[cfg.train_size], worker)
+        member = new_member(stack, slot, cfg, plan, datas[cfg.train_size], base, own)
+        member.entered = entered or member.entered
+        return member
+
+    def finish(member: Member) -> TrialResult:
+        wall_s = (time.perf_counter() - member.entered) / stack.width  # its share of the array's time
+        result = trial_result(
+            member.cfg, member.data, member.report, member.state, device, precision, (prefix, None), wall_s, fill_s
+        )
+        return dataclasses.replace(result, optimisations=used)
+
+    members = [start(slot, started) for slot in range(stack.width)]
+    streams = OwnStreams(first.batch_size, max(map(longest, datas.values())), mask) if own else None
+    step = streams or SharedStream(batch_stream(data, first), feed)
+    return ArrayRun(stack, members, base, reader, step, finish, on_result, start)
+
+
+def qualifies(
+    model: nn.Module, check: Batch, pad_id: int, feeding, key: FeedKey, own: bool, worker: WorkerState
+) -> str | None:
+    """Whether the model trains as an array (``array_agrees``) fed as it will be; for slots, also how
+    it takes a batched padding mask (``slots_mask_form``). The mask form, "" for an array on one
+    stream, None where it does not qualify."""
+    reader, feed = feeding
+    with first_token.narrowed(model, reader):
+        mask = slots_mask_form(model, check, pad_id, key, worker) if own else ""
+        return mask if mask is not None and array_agrees(model, check, feed, key, worker) else None
+
+
+def plan_members(model: nn.Module, cfgs: Sequence[TrialConfig], plan: Plan) -> set[str]:
+    """Each cell's freeze report and trained parameters into ``plan``; returns what any of them trains."""
+    for cfg in cfgs:
+        report = adapt(model, cfg)[0]
+        plan.adapted[cfg.trial_id] = (report, {n for n, p in model.named_parameters() if p.requires_grad})
+    return set().union(*(trains for _, trains in plan.adapted.values()))
+
+
+def load_initial(stack: Stack, slot: int, cfg: TrialConfig, data: TrialData, worker: WorkerState) -> None:
+    """``cfg``'s initial weights into its slot (its head's initialisation is its seed's). The array's
+    random stream (its dropout draws) is not the one building a model seeds: it is put back after."""
+    with _rng_kept(stack.model):
+        params = dict(initial_model(cfg, data.task.num_labels, worker).named_parameters())
+    with torch.no_grad():
+        for name, tensor in stack.tensors.items():
+            tensor[slot].copy_(params[name])
+
+
+def differing(model: nn.Module, cfgs: Sequence[TrialConfig], plan: Plan, worker: WorkerState) -> set[str]:
+    """The parameters no cell trains whose initial values still differ between the cells' seeds (a
+    random initialisation, a layer the checkpoint lacks): stacked too, each slot its own."""
+    trained = set().union(*(trains for _, trains in plan.adapted.values()))
+    mine, differ = dict(model.named_parameters()), set()
+    for cfg in {c.derived_seed: c for c in cfgs}.values():
+        with _rng_kept(model):
+            other = initial_model(cfg, model.config.num_labels, worker)
+        differ |= {
+            n for n, p in other.named_parameters() if n not in trained and not torch.equal(p, mine[n].detach().cpu())
+        }
+    return differ
+
+
+def prefix_names(model: nn.Module, common: TrialConfig) -> set[str]:
+    """The parameters of the frozen prefix the evaluation cache would stand in for."""
+    if common.frozen_layers < 1:
+        return set()
+    parts = find_encoder_parts(model)
+    prefix = {id(p) for layer in parts.layers[: common.frozen_layers] for p in layer.parameters()}
+    prefix |= {id(p) for p in parts.bottom}
+    return {n for n, p in model.named_parameters() if id(p) in prefix}
+
+
+@contextlib.contextmanager
+def _rng_kept(model: nn.Module):
+    devices = [p.device for p in model.parameters() if p.is_cuda][:1]
+    with torch.random.fork_rng(devices=devices):
+        yield
+
+
+def longest(data: TrialData) -> int:
+    return max(len(row) for row in data.train_tokens.input_ids)
+
+
+def fit_array(run: ArrayRun) -> None:
+    """The reference loop (trials/train.py ``fit``) for every member at once: each step trains every
+    active member on its batch, each member is evaluated at its own schedule's steps (every slot in one
+    pass), and a member that is over (its last step, or diverged at an evaluation) leaves with its row
+    written; the next cell, if any, takes its slot."""
+    base, active = run.base, list(filter(None, run.members))
+    run.stack.model.train()
+    segment_started = time.perf_counter()
+    while active:
+        losses = run.step(run, active)
+        for member in active:
+            count_step(member.state, losses[member.slot])
+        due = [m for m in active if m.state.step in m.ctx.schedule.eval_steps]
+        over = [m for m in active if m.state.step >= m.ctx.schedule.total_steps]
+        if not (due or over):
+            continue
+        synchronize(base.device)
+        _share(active, "train_time_s", time.perf_counter() - segment_started)
+        if due:
+            _evaluate_members(run, due)
+        for member in [m for m in active if m in over or m.state.diverged_at_step is not None]:
+            active.remove(member)
+            _finished(run, member)
+            active += filter(None, [run.refill(member.slot)])
+        run.stack.model.train()
+        segment_started = time.perf_counter()
+
+
+def _share(members: list[Member], name: str, seconds: float) -> None:
+    """The array's time, shared by the members that were in it: each row's times are its share."""
+    for member in members:
+        setattr(member.state, name, getattr(member.state, name) + seconds / max(1, len(members)))
+
+
+def _evaluate_members(run: ArrayRun, due: list[Member]) -> None:
+    """Every slot evaluated in one pass (the same pass whoever is due: no slot's numbers depend on the
+    others'); each due member's evaluation into its state (a diverged one is marked so)."""
+    base = run.base
+    started = time.perf_counter()
+    outcomes = evaluate_array(run.stack, base.eval_batches, base.plan, base.device, base.eval_prefix)
+    eval_s = (time.perf_counter() - started) / len(due)
+    for member in due:
+        metrics, loss, one_prediction = outcomes[member.slot]
+        record_evaluation(member.state, member.ctx, metrics, loss, eval_s, one_prediction)
+
+
+def _finished(run: ArrayRun, member: Member) -> None:
+    result = run.finish(member)
+    run.results[member.cfg.trial_id] = result
+    run.on_result(result)
+
+
+def _alone(cfg: TrialConfig, on_eval: ArrayEval, on_result, worker: WorkerState, trial=None) -> TrialResult:
+    """A member that runs as its single trial (the array steps aside)."""
+    result = (trial or run_trial)(cfg, on_eval=functools.partial(on_eval, cfg), worker=worker)
+    on_result(result)
+    return result
+
+
+def check_together(cfgs: Sequence[TrialConfig]) -> None:
+    """One array holds cells of one model and task that qualify (on any device: the caller asks for
+    an array), each once."""
+    keys = [slot_key(c, anywhere=True) for c in cfgs]
+    problems = []
+    if not cfgs:
+        problems.append("no cells")
+    if len(cfgs) > 1 and (None in keys or len(set(keys)) > 1):
+        problems.append("cells that do not qualify or differ in more than their frozen depth, seed and train size")
+    if len({c.trial_id for c in cfgs}) < len(cfgs):
+        problems.append("a cell given twice")
+    if problems:
+        raise ValueError(f"not one trial array: {'; '.join(problems)}")
+
+
+# --- does the model qualify: measured once per model class, feed and worker --------------------------
+def array_agrees(model: nn.Module, batch: Batch, feed, key: FeedKey, worker: WorkerState) -> bool:
+    """Whether a 2-member array of ``model`` gives the plain model's logits and gradients on ``batch``
+    (a few training rows, fed as the trial feeds them), in fp32, in training mode with the same dropout
+    draws; a check that raises (a layer ``vmap`` has no rule for) is a "no". The verdict is kept in the
+    worker per (model, class, feed)."""
+    verdict = (key, type(feed).__name__)
+    if verdict not in worker.array_verdicts:
+        worker.array_verdicts[verdict] = _agrees(model, batch, feed)
+    return worker.array_verdicts[verdict]
+
+
+def _agrees(model: nn.Module, batch: Batch, feed) -> bool:
+    fed = feed.prepare(batch.to(torch.device("cpu"))).to(batch.input_ids.device)
+    params = dict(model.named_parameters())
+    devices = [batch.input_ids.device] if batch.input_ids.is_cuda else []
+    try:
+        with torch.random.fork_rng(devices=devices), _training(model):
+            torch.manual_seed(0)
+            plain = feed.logits(model, fed)
+            plain_grads = torch.autograd.grad(task_loss(plain, fed.labels), list(params.values()), allow_unused=True)
+            torch.manual_seed(0)
+            stack = Stack(
+                model, {n: p.detach().expand(2, *p.shape).clone().requires_grad_() for n, p in params.items()}, ""
+            )
+            stacked = stack.logits(feed, fed)
+            losses = vmap(task_loss, in_dims=(0, None))(stacked, fed.labels)
+            grads = torch.autograd.grad(losses.sum(), list(stack.tensors.values()), allow_unused=True)
+    except Exception as exc:  # a model this cannot serve trains its members alone, never a failed trial
+        if is_oom(exc):
+            raise
+        return False
+    pairs = [(plain, stacked)] + [(g, s) for g, s in zip(plain_grads, grads) if g is not None or s is not None]
+    return all(_close(a, b) for a, b in pairs)
+
+
+def slots_mask_form(model: nn.Module, batch: Batch, pad_id: int, key: FeedKey, worker: WorkerState) -> str | None:
+    """How a model takes a batched padding mask under ``vmap`` (``mask_as``), or None where neither
+    form gives its logits (slots then step aside): two slots on differently padded rows, in fp32, in
+    eval mode, against the plain model on each. Kept in the worker per model and class."""
+    verdict = (key, "slots")
+    if verdict not in worker.array_verdicts:
+        worker.array_verdicts[verdict] = _mask_form(model, batch, pad_id)
+    return worker.array_verdicts[verdict]
+
+
+def _mask_form(model: nn.Module, batch: Batch, pad_id: int) -> str | None:
+    rows, tokens = len(batch.labels), batch.input_ids.shape[1] + 1
+    names = ("input_ids", "attention_mask", "labels", "token_type_ids")
+    flipped = dataclasses.replace(
+        batch, **{n: getattr(batch, n).flip(0) for n in names if getattr(batch, n) is not None}
+    )
+    slots = [padded(b, rows, tokens, pad_id)[0] for b in (batch, flipped)]
+    stack = Stack(model, {n: p.detach().expand(2, *p.shape).clone() for n, p in model.named_parameters()}, "")
+    with eval_mode(model), torch.no_grad():
+        plain = [model(**b.model_inputs()).logits for b in slots]
+        for form in ("2d", "4d"):
+            inputs = {
+                n: torch.stack([v for v in (b.model_inputs()[n] for b in slots)]) for n in slots[0].model_inputs()
+            }
+            inputs["attention_mask"] = mask_as(inputs["attention_mask"], form)
+            try:
+                logits = stack.own_logits(inputs)
+            except Exception as exc:  # a form the model's code refuses under vmap: the next one
+                if is_oom(exc):
+                    raise
+                continue
+            if all(first_token.logits_agree(a, b) for a, b in zip(plain, logits)):
+                return form
+    return None
+
+
+def _close(single: torch.Tensor | None, stacked: torch.Tensor | None) -> bool:
+    if single is None or stacked is None:
+        return False
+    scale = float(single.detach().abs().max()) if single.numel() else 0.0
+    return all(torch.allclose(m.float(), single.float(), rtol=1e-4, atol=1e-5 * max(1.0, scale)) for m in stacked)
+
+
+@contextlib.contextmanager
+def _training(model: nn.Module):
+    was_training = model.training
+    model.train()
+    try:
+        yield
+    finally:
+        model.train(was_training)
