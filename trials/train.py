@@ -163,7 +163,9 @@ def count_step(state: FitState, loss: torch.Tensor) -> None:
     step kept (device tensors: no host sync per step; a trial array counts each member's here)."""
     state.loss_sum, state.loss_count = state.loss_sum + loss, state.loss_count + 1
     state.step += 1
-    first = torch.as_tensor(state.nonfinite_step, device=loss.device)
+    first = state.nonfinite_step  # a device tensor from the first step on (an int before: fit sets it)
+    if not isinstance(first, torch.Tensor):
+        first = torch.full((), first, device=loss.device)
     state.nonfinite_step = first_nonfinite(first, loss, state.step)
 
 
