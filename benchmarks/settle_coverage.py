@@ -26,12 +26,18 @@ Scenarios (--scenarios, default all):
   boundary-24  the same with 24 arms
   nothing-0    full fine-tuning's gain exactly 0 in mean (normal), 6 arms
   nothing-tol  full fine-tuning's gain exactly the tolerance, 6 arms
+  non-monotone k = 2 and k = 6 at full fine-tuning's mean, k = 4 3 tolerances below, k = 8 far below (quality
+               not monotone in k: the sequence stops at k = 4 and must still be right)
 
 Rules: settle mode (this checkout's), and with --before REV today's rule (results/settle.py at git REV)
 the same way; fixed grids of the budget's seeds and of settle mode's trials (rounded to whole seeds per
 arm), each decided once by the same rule.
 
-    python benchmarks/settle_coverage.py [--simulations 200] [--before main] [--scenarios reference ties]
+    python benchmarks/settle_coverage.py [--groups 400] [--tolerances 0.01 0.02 0.05] [--before 37044ef]
+        [--scenarios reference ties] [--jobs 2]
+
+Each scenario runs at least --groups groups (a 5 % rate needs about 400: its Monte Carlo standard error is
+then 1.1 points); --jobs runs the scenarios in that many processes at once.
 """
 
 from __future__ import annotations

@@ -489,9 +489,11 @@ class Decision:
     dataset: str
     train_size: int
     learned: str  # "learned", "nothing learned" or "undecided": does full fine-tuning beat the baseline
-    frozen_layers: int | None  # the advice: the most-frozen depth shown within tolerance (None: none)
+    frozen_layers: int | None  # the advice: the last depth the fixed sequence showed within (None: none)
     mean_diff: float | None  # its mean paired difference from full fine-tuning, on the selected metric
-    ci_low: float | None  # the difference's simultaneous confidence interval
+    # Its own bounds, at the level the sequence tested it (results/settle.py): ci_low > -tolerance is the
+    # "within" claim, family-wise valid with the group's other claims; ci_high at the same level.
+    ci_low: float | None
     ci_high: float | None
     sentence: str  # the decision in words, as the report says it
     record: Mapping[str, Any]  # every column of the decision table (results/decision.py)
