@@ -102,7 +102,7 @@ class TrainingSpec(_Strict):
     trial_array: bool | None = _default(
         "trial_array",
         description="train the cells that differ only in frozen depth as one trial array (trials/array.py): "
-        "unset (auto) where the cells run on a GPU; true also on a CPU (slower there, docs/speed.md); false never",
+        "unset (auto) where the cells run on a GPU; true also on a CPU (which it gives more arithmetic); false never",
     )
     train_cache: bool = _default(
         "train_cache",

@@ -152,7 +152,7 @@ class TrialConfig:
     pack_training: bool = True  # training batches without their padding (trials/packing.py)
     cuda_graphs: bool = False  # the training step as CUDA graphs over length buckets (trials/graphs.py): opt-in
     # Trains beside the cells that differ only in frozen depth (trials/array.py): None (auto) on a GPU only,
-    # where a step is kernel launches more than arithmetic; on a CPU an array is slower (docs/speed.md).
+    # where a step is kernel launches more than arithmetic; on a CPU, bound by arithmetic, an array adds to it.
     trial_array: bool | None = None
     data_dir: str | None = None
     cache_dir: str | None = None

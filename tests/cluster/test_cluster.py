@@ -241,7 +241,10 @@ def _rows(spec_path: Path) -> pd.DataFrame:
 def test_sweep_submitted_as_a_ray_job_spreads_over_nodes(cluster, write_spec):
     """`ray job submit` (token authentication, through the head's dashboard) runs the driver on the
     head; half a fake GPU per trial packs two trials on each GPU node, and the rows name both."""
-    path = write_spec("jobbed", resources={"gpus_per_trial": 0.5, "cpus_per_trial": 0.5})
+    # single trials: on GPU nodes the 4 cells would otherwise pool into one trial array, one Ray trial
+    path = write_spec(
+        "jobbed", resources={"gpus_per_trial": 0.5, "cpus_per_trial": 0.5}, training={"trial_array": False}
+    )
     done = subprocess.run(
         ["ray", "job", "submit", "--address", f"http://127.0.0.1:{cluster.dashboard}", "--", *CLI, "launch", str(path)],
         env=cluster.env,
