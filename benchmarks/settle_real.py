@@ -188,9 +188,11 @@ def main() -> None:
     print(side.to_string(index=False))
     n_settle, n_fixed = len(settle_rows), len(fixed_rows)
     undecided = side[side["decision settle"] == UNDECIDED]
+    advice = side.groupby("train_size")[["advice settle", "advice fixed"]].first()
     print(
         f"\ntrials: settle {n_settle}, fixed grid {n_fixed} ({n_settle / n_fixed:.0%}); "
-        f"same decisions: {int(side['same'].sum())}/{len(side)}; undecided in settle mode: {len(undecided)}"
+        f"same decisions: {int(side['same'].sum())}/{len(side)}; undecided in settle mode: {len(undecided)}; "
+        f"same advice: {int((advice['advice settle'] == advice['advice fixed']).sum())}/{len(advice)} train sizes"
     )
     print(f"wall: settle run {settle_s / 60:.1f} min, the fixed grid's other trials {fixed_extra_s / 60:.1f} min")
 
