@@ -67,6 +67,7 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 from torch import nn
 from torch.func import functional_call, vmap
@@ -74,7 +75,7 @@ from torch.func import functional_call, vmap
 from freezesweep.trials import first_token
 from freezesweep.trials.config import EvalPoint, TrialConfig, TrialResult
 from freezesweep.trials.eval_cache import PrefixStates, eval_mode, starting_at
-from freezesweep.trials.evaluate import task_loss
+from freezesweep.trials.evaluate import eval_labels, task_loss
 from freezesweep.trials.freezing import FreezeReport, find_encoder_parts
 from freezesweep.trials.metrics import compute_metrics, constant
 from freezesweep.trials.oom import catch_oom, is_oom
@@ -334,12 +335,17 @@ def member_update(stack: Stack, member: Member) -> None:
 
 @torch.inference_mode()
 def evaluate_array(
-    stack: Stack, batches: list[Batch], plan: PrecisionPlan, device: torch.device, prefix: PrefixStates | None
+    stack: Stack,
+    batches: list[Batch],
+    plan: PrecisionPlan,
+    device: torch.device,
+    prefix: PrefixStates | None,
+    labels: np.ndarray | None = None,
 ) -> list[tuple[dict[str, float], float, bool]]:
     """Every slot's (metrics, mean loss, whether every row got one prediction) over the validation
     batches, as trials/evaluate.py computes one trial's, the members in one pass per batch."""
     loss_sums = torch.zeros(stack.width, dtype=torch.float64, device=device)
-    predicted, truth = [], []
+    predicted = []
     tensors = stack.starting_at(prefix.layer) if prefix is not None else None
     with (
         eval_mode(stack.model),
@@ -354,8 +360,7 @@ def evaluate_array(
                 logits = stack.logits(PaddedFeed(), batch, tensors).float()
             loss_sums += vmap(functools.partial(task_loss, reduction="sum"), in_dims=(0, None))(logits, batch.labels)
             predicted.append(logits.squeeze(-1) if batch.labels.is_floating_point() else logits.argmax(-1))
-            truth.append(batch.labels)
-    labels = torch.cat(truth).cpu().numpy()
+    labels = eval_labels(batches) if labels is None else labels  # as trials/evaluate.py: once per array
     every = torch.cat(predicted, dim=1).cpu().numpy()
     losses = (loss_sums / len(labels)).tolist()
     regression, classes = labels.dtype.kind == "f", logits.shape[-1]
@@ -549,7 +554,17 @@ def build_array(
     fill_s = (time.perf_counter() - fill_started) / len(cfgs)
     stack = stack_model(model, names, min(width, len(cfgs)), "different" if own else "same")
     schedule = make_schedule(len(data.train_rows), common)
-    base = FitContext(common, precision, device, schedule, data.batches, on_eval=None, eval_prefix=prefix, feed=feed)
+    base = FitContext(
+        common,
+        precision,
+        device,
+        schedule,
+        data.batches,
+        on_eval=None,
+        eval_prefix=prefix,
+        feed=feed,
+        eval_labels=eval_labels(data.batches),  # on the host once per array, not at every evaluation
+    )
     used = (*optimisations_used(prefix, None, reader, feed), OPTIMISATION)
     queue = collections.deque(cfgs)
 
@@ -680,7 +695,7 @@ def _evaluate_members(run: ArrayRun, due: list[Member]) -> None:
     others'); each due member's evaluation into its state (a diverged one is marked so)."""
     base = run.base
     started = time.perf_counter()
-    outcomes = evaluate_array(run.stack, base.eval_batches, base.plan, base.device, base.eval_prefix)
+    outcomes = evaluate_array(run.stack, base.eval_batches, base.plan, base.device, base.eval_prefix, base.eval_labels)
     eval_s = (time.perf_counter() - started) / len(due)
     for member in due:
         metrics, loss, one_prediction = outcomes[member.slot]
