@@ -290,10 +290,21 @@ def test_worker_that_cannot_see_the_drivers_files_runs_trials(cluster, write_spe
 def test_worker_node_killed_mid_sweep_loses_and_duplicates_no_cell(cluster, write_spec, tmp_path, s3):
     """A third GPU node, `victim`, whose trials hang after their second evaluation (its environment
     alone holds the fault), is killed once one of them hangs there: that trial is run again on another
-    node from its last checkpoint, which Ray kept in the S3 store's _ray folder; the sweep ends with
-    every cell exactly once."""
+    node, `rescue`, from its last checkpoint, which Ray kept in the S3 store's _ray folder; the sweep
+    ends with every cell exactly once.
+
+    The trials ask for 3 CPUs, which only `victim` has (the head has 1, w1 2), so the first trial runs
+    there whatever order the scheduler picks (with 1 CPU a trial, fast trials could all end on the head
+    and w1 before any reached `victim`); `rescue`, with 3 CPUs, joins after the kill."""
     faults = tmp_path / "faults"
-    cluster.script("add-worker", "victim", "1", FREEZESWEEP_FAULT="hang@2*1", FREEZESWEEP_FAULT_DIR=str(faults))
+    cluster.script(
+        "add-worker",
+        "victim",
+        "1",
+        RAY_WORKER_CPUS="3",
+        FREEZESWEEP_FAULT="hang@2*1",
+        FREEZESWEEP_FAULT_DIR=str(faults),
+    )
     victim = cluster.node_ids("victim")["victim"]
     # 2 or 3 steps an epoch: an evaluation and then a checkpoint after each epoch; the hang comes at
     # the second evaluation, before the second checkpoint.
@@ -301,7 +312,7 @@ def test_worker_node_killed_mid_sweep_loses_and_duplicates_no_cell(cluster, writ
         "preempted",
         store=s3.uri,
         training={"epochs": 3, "eval_every_epochs": 1, "checkpoint_every_epochs": 1},
-        resources={"gpus_per_trial": 1, "cpus_per_trial": 1, "max_failures": 2},
+        resources={"gpus_per_trial": 1, "cpus_per_trial": 3, "max_failures": 2},
     )
     log = tmp_path / "driver.log"  # a file, not a pipe: nobody reads while the test waits
     with open(log, "w") as out:
@@ -314,12 +325,17 @@ def test_worker_node_killed_mid_sweep_loses_and_duplicates_no_cell(cluster, writ
     try:
         hung = _first_hang(faults, driver, log)
         cluster.script("kill-worker", "victim")
+        cluster.script("add-worker", "rescue", "1", RAY_WORKER_CPUS="3")
+        rescue = cluster.node_ids("rescue")["rescue"]
         driver.wait(timeout=600)
     finally:
         driver.kill()
+        # The module's other tests see the head, w1 and hidden only (no rescue node yet: nothing to end).
+        subprocess.run([SCRIPT, "kill-worker", "rescue"], env=cluster.env, capture_output=True, timeout=300)
     assert driver.returncode == 0, log.read_text()[-5000:]
     rows = _rows(path).set_index("trial_id")
     assert victim not in set(rows["node_id"])  # its one trial never finished there
+    assert set(rows["node_id"]) == {rescue}  # the others waited for a node with 3 CPUs
     again = rows.loc[hung]
     assert again["attempts"] == 2 and again["resumed_from_step"] == math.ceil(again["train_size"] / 16)  # epoch 1
     assert (rows.drop(index=hung)["attempts"] == 1).all()
