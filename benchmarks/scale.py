@@ -38,23 +38,28 @@ FROZEN_LAYERS = [-1, 0, 1, 2]
 
 # --- the instant trial (runs in Ray's workers) ----------------------------------------------------
 def instant_trainable(config: dict, cells: dict, shipment=None, earlier=None, width=None) -> None:
-    """A trial that trains nothing: the result row a real trial of this cell (each member of this
-    trial array) would store, at once."""
-    from freezesweep.orchestrator.tune_adapter import trial_configs_from_ray
+    """A trial that trains nothing: the result row a real trial of this cell would store, at once,
+    reported as the real trainables report it (a trial array's members, over at one step: one report)."""
+    from freezesweep.orchestrator.tune_adapter import (
+        ray_placement,
+        report_result,
+        report_results,
+        trial_configs_from_ray,
+    )
 
-    for cfg in trial_configs_from_ray(config, cells):
-        report_instant_row(cfg)
+    cfgs, placement = trial_configs_from_ray(config, cells), ray_placement()
+    rows = [instant_row(cfg, placement) for cfg in cfgs]
+    if len(rows) == 1:
+        report_result(rows[0], cfgs[0], placement)
+    else:
+        report_results(rows, {cfg.trial_id: cfg for cfg in cfgs}, placement)
 
 
-def report_instant_row(cfg) -> None:
-    from ray import tune
-
-    from freezesweep.orchestrator.tune_adapter import PLACEMENT_KEY, RESULT_KEY, ray_placement
+def instant_row(cfg, placement: dict):
     from freezesweep.trials.config import EvalPoint, TrialResult
 
     curve = tuple(EvalPoint(step=2 * i, epoch=i / 2, accuracy=0.5 + i / 100, loss=0.7 - i / 100) for i in range(1, 21))
-    placement = ray_placement()
-    result = TrialResult(
+    return TrialResult(
         trial_id=cfg.trial_id,
         config=cfg,
         status="ok",
@@ -72,9 +77,6 @@ def report_instant_row(cfg) -> None:
         precision=cfg.precision,
         device="cpu",
         placement=placement,
-    )
-    tune.report(
-        {"val_score": 0.7, RESULT_KEY: json.dumps(result.to_dict(), default=str), PLACEMENT_KEY: json.dumps(placement)}
     )
 
 

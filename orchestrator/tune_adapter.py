@@ -53,6 +53,8 @@ OutcomeSink = Callable[[TrialResult, int], None]
 
 CELL_KEY = "cell"  # a trial's config in Tune: the cell's trial_id only (the cells travel once, by id)
 ARRAY_SEPARATOR = "+"  # a trial array's config: its members' trial_ids joined (hex ids never hold it)
+# A report's final rows: one row's dict (a single trial), or a list of them (a trial array's members
+# that became final at one step: one report, so the driver pays its per-report work once for them).
 RESULT_KEY = "freezesweep_result"
 PLACEMENT_KEY = "freezesweep_placement"  # in every report, so a trial whose process dies is placed too
 CHECKPOINT_ERROR_KEY = "freezesweep_checkpoint_error"  # Ray's storage refused a checkpoint from this node
@@ -120,9 +122,7 @@ def array_trainable(
         if cfg.trial_id == first:  # one report per evaluation of the array: the driver handles each
             report_evaluation(point, placed)
 
-    run_array_or_oom(
-        local, on_eval, lambda result: report_result(result, sent[result.trial_id], placement), width=width
-    )
+    run_array_or_oom(local, on_eval, lambda results: report_results(results, sent, placement), width=width)
 
 
 def report_evaluation(point, placed: str) -> None:
@@ -131,19 +131,42 @@ def report_evaluation(point, placed: str) -> None:
 
 
 def report_result(result: TrialResult, cfg: TrialConfig, placement: dict[str, Any]) -> None:
-    """The cell's row to the driver. It names the files as the spec does, not this node's temporary
-    copies of them (``cfg``: the cell as sent), and no checkpoint folder (gone with the trial)."""
-    sent = dataclasses.replace(
-        result.config, dataset_files=cfg.dataset_files, model_dir=cfg.model_dir, checkpoint_dir=None
-    )
-    result = dataclasses.replace(result, config=sent, placement={**result.placement, **placement})
+    """The cell's row to the driver (``cfg``: the cell as sent)."""
+    row = as_sent(result, cfg, placement)
     tune.report(
         {
-            "val_score": result.best_val_score or 0.0,
-            RESULT_KEY: json.dumps(result.to_dict(), default=str),
+            "val_score": row.best_val_score or 0.0,
+            RESULT_KEY: json.dumps(row.to_dict(), default=str),
             PLACEMENT_KEY: json.dumps(placement),
         }
     )
+
+
+def report_results(results: list[TrialResult], sent: dict[str, TrialConfig], placement: dict[str, Any]) -> None:
+    """An array's members' rows that became final at one step, in one report (``sent``: the cells as sent)."""
+    rows = [as_sent(result, sent[result.trial_id], placement) for result in results]
+    tune.report(
+        {
+            "val_score": max(row.best_val_score or 0.0 for row in rows),
+            RESULT_KEY: json.dumps([row.to_dict() for row in rows], default=str),
+            PLACEMENT_KEY: json.dumps(placement),
+        }
+    )
+
+
+def as_sent(result: TrialResult, cfg: TrialConfig, placement: dict[str, Any]) -> TrialResult:
+    """The row names the files as the spec does, not this node's temporary copies of them (``cfg``: the
+    cell as sent), and no checkpoint folder (gone with the trial); placed where it ran."""
+    config = dataclasses.replace(
+        result.config, dataset_files=cfg.dataset_files, model_dir=cfg.model_dir, checkpoint_dir=None
+    )
+    return dataclasses.replace(result, config=config, placement={**result.placement, **placement})
+
+
+def reported_rows(payload: str) -> list[TrialResult]:
+    """The rows of a report's ``RESULT_KEY``: one (a single trial) or several (an array's)."""
+    loaded = json.loads(payload)
+    return [result_from_dict(row) for row in (loaded if isinstance(loaded, list) else [loaded])]
 
 
 @contextlib.contextmanager
@@ -259,8 +282,7 @@ class OutcomeCallback(tune.Callback):
             self._write(outcome, attempts)
 
     def on_trial_result(self, iteration, trials, trial, result, **info):
-        if RESULT_KEY in result:
-            outcome = result_from_dict(json.loads(result[RESULT_KEY]))
+        for outcome in reported_rows(result[RESULT_KEY]) if RESULT_KEY in result else []:
             self._sink(outcome, trial.num_failures + 1)
         if CHECKPOINT_ERROR_KEY in result and not self._told_checkpoint_error:
             self._told_checkpoint_error = True
@@ -465,11 +487,11 @@ def recover_from_ray(storage: RayStorage, experiment: str, done: set[str]) -> li
         restored = tune.Tuner.restore(path, trainable=tune_trainable, storage_filesystem=storage.filesystem)
         for trial in restored.get_results():
             payload = (trial.metrics or {}).get(RESULT_KEY)
-            result = result_from_dict(json.loads(payload)) if payload else None
-            if result is not None and result.status == "ok" and result.trial_id not in done:
-                # State written before rows were placed has no placement in the result: Ray's host and IP.
-                placement = {**last_placement(trial.metrics), **result.placement}
-                found.append(dataclasses.replace(result, placement=placement))
+            for result in reported_rows(payload) if payload else []:
+                if result.status == "ok" and result.trial_id not in done:
+                    # State written before rows were placed has no placement in the result: Ray's host and IP.
+                    placement = {**last_placement(trial.metrics), **result.placement}
+                    found.append(dataclasses.replace(result, placement=placement))
     except Exception:
         return found
     return found

@@ -33,7 +33,7 @@ member only with one learning rate and step count for all of them (slots, below,
 points of their schedules), and could not leave frozen slices alone under weight decay.
 
 A member whose loss turns non-finite leaves the array at the evaluation that sees it, its row written
-(``on_result``); its slices stay in the stacked tensors (inert: no optimizer step), so the other
+(``on_results``); its slices stay in the stacked tensors (inert: no optimizer step), so the other
 members go on bit for bit as they would have (each member's numbers never read another's).
 
 Slots (continuous batching, as LLM servers batch requests: Orca, OSDI 2022; vLLM, SOSP 2023): cells of
@@ -64,7 +64,7 @@ import dataclasses
 import functools
 import re
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -97,11 +97,14 @@ from freezesweep.trials.run import (
     trial_model,
     trial_result,
 )
-from freezesweep.trials.tokens import Batch, train_batches
+from freezesweep.trials.tokens import Batch, DeviceRows, collate_rows, device_rows
 from freezesweep.trials.train import (
+    EpochOrders,
     FitContext,
     FitState,
+    Schedule,
     count_step,
+    epoch_orders,
     make_schedule,
     optimizer_for,
     optimizer_step,
@@ -266,32 +269,51 @@ class Member:
     scheduler: torch.optim.lr_scheduler.LRScheduler
     ctx: FitContext  # its own cfg, schedule and on_eval
     data: TrialData
-    stream: Iterator[Batch] | None = None  # its own batches (slots); None: the array's shared stream
+    stream: DeviceStream | None = None  # its own batches (slots); None: the array's shared stream
     state: FitState = field(default_factory=FitState)
     scaler: torch.amp.GradScaler | None = None
     entered: float = field(default_factory=time.perf_counter)
 
 
 def new_member(
-    stack: Stack, slot: int, cfg: TrialConfig, plan: Plan, data: TrialData, base: FitContext, own_stream: bool
+    stack: Stack, slot: int, cfg: TrialConfig, plan: Plan, data: TrialData, base: FitContext, own_tokens: int = 0
 ) -> Member:
     """``cfg`` in ``slot``: its trainable slices (``plan``: what each cell trains), its optimizer and
-    schedule over them, its batches when it draws its own."""
+    schedule over them, its batches when it draws its own (``own_tokens``: the slots' batch width;
+    0: the array's shared stream)."""
     report, trains = plan.adapted[cfg.trial_id]
     leaves = {n: t.detach()[slot].requires_grad_() for n, t in stack.tensors.items() if n in trains}
     schedule = make_schedule(len(data.train_rows), cfg)
     optimizer, scheduler = optimizer_for(list(leaves.values()), cfg, schedule)
     ctx = dataclasses.replace(base, cfg=cfg, schedule=schedule, on_eval=functools.partial(plan.on_eval, cfg))
-    stream = batch_stream(data, cfg) if own_stream else None
+    stream = device_stream(data, cfg, schedule, base.device, own_tokens) if own_tokens else None
     return Member(cfg, slot, report, leaves, optimizer, scheduler, ctx, data, stream, scaler=base.plan.grad_scaler())
 
 
-def batch_stream(data: TrialData, cfg: TrialConfig) -> Iterator[Batch]:
-    """The cell's training batches, epoch after epoch, as trials/train.py ``fit`` draws them."""
+@dataclass
+class DeviceStream:
+    """A cell's training batches as trials/train.py ``fit`` draws them: its train subset moved to the
+    device once, every epoch's order drawn once (``epoch_orders``), each step's positions read in
+    turn; the batches are gathered on the device, nothing is copied from the host per step."""
+
+    rows: DeviceRows
+    orders: EpochOrders
+    batch_size: int
+    step: int = 0
+
+    def next(self) -> tuple[np.ndarray, torch.Tensor]:
+        """The next step's positions in the subset (host, device)."""
+        self.step += 1
+        return self.orders.batch(self.step - 1, self.batch_size)
+
+
+def device_stream(
+    data: TrialData, cfg: TrialConfig, schedule: Schedule, device: torch.device, width: int = 0
+) -> DeviceStream:
+    """``cfg``'s batches (``width``: the widest batch its slot is padded to)."""
     generator = torch.Generator().manual_seed(cfg.derived_seed)
-    labels = data.task.train.labels[data.train_rows]
-    while True:
-        yield from train_batches(data.train_tokens, labels, cfg.batch_size, data.pad_id, generator)
+    rows = device_rows(data.train_tokens, data.task.train.labels[data.train_rows], device, width)
+    return DeviceStream(rows, epoch_orders(len(rows), schedule, FitState(), generator, device), cfg.batch_size)
 
 
 # --- one step, one evaluation ------------------------------------------------------------------------
@@ -376,11 +398,12 @@ class SharedStream:
     """Every member on the same batch (they share seed and train size): packed where the model
     qualifies, inputs unbatched, so the frozen prefix runs once for all."""
 
-    batches: Iterator[Batch]
+    stream: DeviceStream
     feed: PaddedFeed | PackedFeed
+    pad_id: int
 
     def __call__(self, run: ArrayRun, active: list[Member]) -> torch.Tensor:
-        batch = self.feed.prepare(next(self.batches)).to(run.base.device)
+        batch = self.feed.gather(self.stream.rows, *self.stream.next(), self.pad_id)
         return array_step(run.stack, active, batch, run.base.plan, self.feed)
 
 
@@ -396,39 +419,29 @@ class OwnStreams:
     mask: str
 
     def __call__(self, run: ArrayRun, active: list[Member]) -> torch.Tensor:
-        own = {m.slot: padded(next(m.stream), self.rows, self.tokens, m.data.pad_id) for m in active}
+        own = {m.slot: padded(m.stream, self.rows, self.tokens, m.data.pad_id) for m in active if m.stream}
         filler = next(iter(own.values()))
         slots = [own.get(slot, (filler[0], torch.zeros_like(filler[1]))) for slot in range(run.stack.width)]
         batches, weights = [b for b, _ in slots], torch.stack([w for _, w in slots])
-        device = run.base.device
         inputs = {
-            name: torch.stack([getattr(b, name) for b in batches]).to(device)
+            name: torch.stack([getattr(b, name) for b in batches])
             for name in ("input_ids", "attention_mask", "token_type_ids")
             if getattr(batches[0], name) is not None
         }
         inputs["attention_mask"] = mask_as(inputs["attention_mask"], self.mask)
-        labels = torch.stack([b.labels for b in batches]).to(device)
-        return own_step(run.stack, active, inputs, labels, weights.to(device), run.base.plan)
+        labels = torch.stack([b.labels for b in batches])
+        return own_step(run.stack, active, inputs, labels, weights, run.base.plan)
 
 
-def padded(batch: Batch, rows: int, tokens: int, pad_id: int) -> tuple[Batch, torch.Tensor]:
-    """``batch`` as ``rows`` rows of ``tokens`` tokens (padding on the right, masked; a short batch
-    repeats its rows, with weight 0) and its rows' weights."""
-    real = len(batch.labels)
-    again = torch.arange(rows) % real
-
-    def grown(t: torch.Tensor | None, value: int) -> torch.Tensor | None:
-        if t is None:
-            return None
-        return torch.nn.functional.pad(t[again], (0, tokens - t.shape[1]), value=value)
-
-    grown_batch = Batch(
-        grown(batch.input_ids, pad_id),
-        grown(batch.attention_mask, 0),
-        batch.labels[again],
-        token_type_ids=grown(batch.token_type_ids, 0),
-    )
-    return grown_batch, (torch.arange(rows) < real).float()
+def padded(stream: DeviceStream, rows: int, tokens: int, pad_id: int) -> tuple[Batch, torch.Tensor]:
+    """The stream's next batch as ``rows`` rows of ``tokens`` tokens, gathered on the device (padding on
+    the right, masked; a short batch repeats its rows, with weight 0), and its rows' weights."""
+    positions, on_device = stream.next()
+    real, device = len(positions), on_device.device
+    if real < rows:  # the epoch's last batch: its rows again, on the device (no host data)
+        positions, on_device = positions[np.arange(rows) % real], on_device[torch.arange(rows, device=device) % real]
+    batch = collate_rows(stream.rows, positions, on_device, pad_id, width=tokens)
+    return batch, (torch.arange(rows, device=device) < real).float()
 
 
 def mask_as(mask: torch.Tensor, form: str) -> torch.Tensor:
@@ -462,21 +475,25 @@ class ArrayRun:
     reader: first_token.Reader | None
     step: Callable[[ArrayRun, list[Member]], torch.Tensor]  # SharedStream or OwnStreams
     finish: Callable[[Member], TrialResult]
-    on_result: Callable[[TrialResult], None]
+    on_results: Callable[[list[TrialResult]], None]
     refill: Callable[[int], Member | None] = lambda slot: None  # the next cell for a free slot (slots)
     results: dict[str, TrialResult] = field(default_factory=dict)
+
+
+Results = Callable[[list[TrialResult]], None]  # the members' results that became final at one step
 
 
 def run_array(
     configs: Sequence[TrialConfig],
     on_eval: ArrayEval | None = None,
-    on_result: Callable[[TrialResult], None] | None = None,
+    on_results: Results | None = None,
     worker: WorkerState | None = None,
     width: int | None = None,
 ) -> list[TrialResult]:
     """Run cells of one model and task as one array; their results, in ``configs``' order.
-    ``on_eval`` gets every member's evaluations (with its config), ``on_result`` each member's result
-    as soon as it is final; ``worker`` as ``run_trial``'s. Cells that differ only in frozen depth all
+    ``on_eval`` gets every member's evaluations (with its config), ``on_results`` the results that
+    became final at one step, together, as soon as they are (a Ray trial reports them as one result:
+    the driver's work per report is paid once); ``worker`` as ``run_trial``'s. Cells that differ only in frozen depth all
     train at once on one batch stream; others take turns in ``width`` slots (default: as many as the
     cells), the next cell taking a slot as soon as its member is over. Raises on failure, as
     ``run_trial`` does; cells that cannot share one array raise ValueError at once. A model that does
@@ -484,11 +501,11 @@ def run_array(
     started = time.perf_counter()
     worker = worker or process_worker()
     cfgs = [resolve_config(c) for c in configs]
-    on_eval, on_result = on_eval or (lambda cfg, point: None), on_result or (lambda result: None)
+    on_eval, on_results = on_eval or (lambda cfg, point: None), on_results or (lambda results: None)
     check_together(cfgs)
-    run = build_array(cfgs, width or len(cfgs), Plan({}, on_eval), on_result, worker, started)
+    run = build_array(cfgs, width or len(cfgs), Plan({}, on_eval), on_results, worker, started)
     if run is None:
-        return [_alone(c, on_eval, on_result, worker) for c in cfgs]
+        return [_alone(c, on_eval, on_results, worker) for c in cfgs]
     with first_token.narrowed(run.stack.model, run.reader):
         fit_array(run)
     return [run.results[c.trial_id] for c in cfgs]
@@ -497,7 +514,7 @@ def run_array(
 def run_array_or_oom(
     configs: Sequence[TrialConfig],
     on_eval: ArrayEval | None = None,
-    on_result: Callable[[TrialResult], None] | None = None,
+    on_results: Results | None = None,
     worker: WorkerState | None = None,
     width: int | None = None,
 ) -> list[TrialResult]:
@@ -507,15 +524,15 @@ def run_array_or_oom(
     (a member that diverged or finished before) stay given: every member gets exactly one."""
     worker = worker or process_worker()
     cfgs = [resolve_config(c) for c in configs]
-    on_eval, on_result = on_eval or (lambda cfg, point: None), on_result or (lambda result: None)
+    on_eval, on_results = on_eval or (lambda cfg, point: None), on_results or (lambda results: None)
     width = min(width or len(cfgs), len(cfgs))
     if width == 1:
-        return [_alone(c, on_eval, on_result, worker, run_trial_or_oom) for c in cfgs]
+        return [_alone(c, on_eval, on_results, worker, run_trial_or_oom) for c in cfgs]
     given: dict[str, TrialResult] = {}
 
-    def give(result: TrialResult) -> None:
-        given[result.trial_id] = result
-        on_result(result)
+    def give(results: list[TrialResult]) -> None:
+        given.update((result.trial_id, result) for result in results)
+        on_results(results)
 
     done = catch_oom(
         lambda: run_array(cfgs, on_eval, give, worker, width), lambda exc: None, free=lambda: free_memory(worker)
@@ -529,7 +546,7 @@ def run_array_or_oom(
 
 
 def build_array(
-    cfgs: Sequence[TrialConfig], width: int, plan: Plan, on_result, worker: WorkerState, started: float
+    cfgs: Sequence[TrialConfig], width: int, plan: Plan, on_results: Results, worker: WorkerState, started: float
 ) -> ArrayRun | None:
     """The array of ``cfgs`` (resolved, checked together) ready to train, or None where the model
     does not qualify (its members then run alone)."""
@@ -567,6 +584,7 @@ def build_array(
     )
     used = (*optimisations_used(prefix, None, reader, feed), OPTIMISATION)
     queue = collections.deque(cfgs)
+    tokens = max(map(longest, datas.values())) if own else 0  # the slots' one batch shape: the longest row
 
     def start(slot: int, entered: float | None = None) -> Member | None:
         if not queue:
@@ -574,7 +592,7 @@ def build_array(
         cfg = queue.popleft()
         if own:
             load_initial(stack, slot, cfg, datas[cfg.train_size], worker)
-        member = new_member(stack, slot, cfg, plan, datas[cfg.train_size], base, own)
+        member = new_member(stack, slot, cfg, plan, datas[cfg.train_size], base, tokens)
         member.entered = entered or member.entered
         return member
 
@@ -586,9 +604,9 @@ def build_array(
         return dataclasses.replace(result, optimisations=used)
 
     members = [start(slot, started) for slot in range(stack.width)]
-    streams = OwnStreams(first.batch_size, max(map(longest, datas.values())), mask) if own else None
-    step = streams or SharedStream(batch_stream(data, first), feed)
-    return ArrayRun(stack, members, base, reader, step, finish, on_result, start)
+    streams = OwnStreams(first.batch_size, tokens, mask) if own else None
+    step = streams or SharedStream(device_stream(data, first, schedule, device), feed, data.pad_id)
+    return ArrayRun(stack, members, base, reader, step, finish, on_results, start)
 
 
 def qualifies(
@@ -676,10 +694,11 @@ def fit_array(run: ArrayRun) -> None:
         _share(active, "train_time_s", time.perf_counter() - segment_started)
         if due:
             _evaluate_members(run, due)
-        for member in [m for m in active if m in over or m.state.diverged_at_step is not None]:
-            active.remove(member)
-            _finished(run, member)
-            active += filter(None, [run.refill(member.slot)])
+        leaving = [m for m in active if m in over or m.state.diverged_at_step is not None]
+        if leaving:
+            active = [m for m in active if m not in leaving]
+            _finished(run, leaving)  # their rows, together, before the next cells take their slots
+            active += filter(None, (run.refill(m.slot) for m in leaving))
         run.stack.model.train()
         segment_started = time.perf_counter()
 
@@ -702,16 +721,16 @@ def _evaluate_members(run: ArrayRun, due: list[Member]) -> None:
         record_evaluation(member.state, member.ctx, metrics, loss, eval_s, one_prediction)
 
 
-def _finished(run: ArrayRun, member: Member) -> None:
-    result = run.finish(member)
-    run.results[member.cfg.trial_id] = result
-    run.on_result(result)
+def _finished(run: ArrayRun, members: list[Member]) -> None:
+    results = [run.finish(member) for member in members]
+    run.results.update((result.trial_id, result) for result in results)
+    run.on_results(results)
 
 
-def _alone(cfg: TrialConfig, on_eval: ArrayEval, on_result, worker: WorkerState, trial=None) -> TrialResult:
+def _alone(cfg: TrialConfig, on_eval: ArrayEval, on_results: Results, worker: WorkerState, trial=None) -> TrialResult:
     """A member that runs as its single trial (the array steps aside)."""
     result = (trial or run_trial)(cfg, on_eval=functools.partial(on_eval, cfg), worker=worker)
-    on_result(result)
+    on_results([result])
     return result
 
 
@@ -777,12 +796,12 @@ def slots_mask_form(model: nn.Module, batch: Batch, pad_id: int, key: FeedKey, w
 
 
 def _mask_form(model: nn.Module, batch: Batch, pad_id: int) -> str | None:
-    rows, tokens = len(batch.labels), batch.input_ids.shape[1] + 1
+    tokens = batch.input_ids.shape[1] + 1
     names = ("input_ids", "attention_mask", "labels", "token_type_ids")
     flipped = dataclasses.replace(
         batch, **{n: getattr(batch, n).flip(0) for n in names if getattr(batch, n) is not None}
     )
-    slots = [padded(b, rows, tokens, pad_id)[0] for b in (batch, flipped)]
+    slots = [_wider(b, tokens, pad_id) for b in (batch, flipped)]
     stack = Stack(model, {n: p.detach().expand(2, *p.shape).clone() for n, p in model.named_parameters()}, "")
     with eval_mode(model), torch.no_grad():
         plain = [model(**b.model_inputs()).logits for b in slots]
@@ -800,6 +819,20 @@ def _mask_form(model: nn.Module, batch: Batch, pad_id: int) -> str | None:
             if all(first_token.logits_agree(a, b) for a, b in zip(plain, logits)):
                 return form
     return None
+
+
+def _wider(batch: Batch, tokens: int, pad_id: int) -> Batch:
+    """``batch`` padded on the right (masked) to ``tokens`` tokens, as a slot's batch is."""
+
+    def grown(t: torch.Tensor | None, value: int) -> torch.Tensor | None:
+        return None if t is None else torch.nn.functional.pad(t, (0, tokens - t.shape[1]), value=value)
+
+    return Batch(
+        grown(batch.input_ids, pad_id),
+        grown(batch.attention_mask, 0),
+        batch.labels,
+        token_type_ids=grown(batch.token_type_ids, 0),
+    )
 
 
 def _close(single: torch.Tensor | None, stacked: torch.Tensor | None) -> bool:

@@ -225,8 +225,10 @@ class DeviceRows:
         return len(self.host_lengths)
 
 
-def device_rows(tokens: Tokens, labels: np.ndarray, device: torch.device) -> DeviceRows:
-    """``tokens`` (a train subset's rows, in subset order) and their ``labels`` on ``device``."""
+def device_rows(tokens: Tokens, labels: np.ndarray, device: torch.device, width: int = 0) -> DeviceRows:
+    """``tokens`` (a train subset's rows, in subset order) and their ``labels`` on ``device``;
+    ``width``: the widest batch to be gathered, when wider than the longest row (a trial array's slots
+    share one shape, trials/array.py)."""
     lengths = np.array([len(x) for x in tokens.input_ids], dtype=np.int64)
     starts = np.concatenate([[0], np.cumsum(lengths)[:-1]]).astype(np.int64)
     labels = np.asarray(labels)
@@ -241,14 +243,17 @@ def device_rows(tokens: Tokens, labels: np.ndarray, device: torch.device) -> Dev
         lengths=to_device(lengths, device),
         labels=to_device(labels.astype(np.float32 if labels.dtype.kind == "f" else np.int64), device),
         host_lengths=lengths,
-        columns=to_device(np.arange(int(lengths.max()), dtype=np.int64), device),
+        columns=to_device(np.arange(max(int(lengths.max()), width), dtype=np.int64), device),
     )
 
 
-def collate_rows(rows: DeviceRows, positions: np.ndarray, on_device: torch.Tensor, pad_id: int) -> Batch:
+def collate_rows(
+    rows: DeviceRows, positions: np.ndarray, on_device: torch.Tensor, pad_id: int, width: int | None = None
+) -> Batch:
     """The batch of these rows (``positions`` in the subset, on the host; ``on_device``: the same
-    positions on the device), padded to its longest row: ``collate``'s batch, built on the device."""
-    width = int(rows.host_lengths[positions].max())
+    positions on the device), padded to its longest row (or to ``width`` tokens): ``collate``'s batch,
+    built on the device."""
+    width = width or int(rows.host_lengths[positions].max())
     columns = rows.columns[:width]
     mask = columns[None, :] < rows.lengths[on_device][:, None]
     index = torch.where(mask, rows.starts[on_device][:, None] + columns[None, :], 0)

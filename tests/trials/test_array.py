@@ -171,14 +171,15 @@ def assert_same_as_singles(array_results, single_results, atol=1e-5):
 
 def test_a_short_fit_gives_each_single_trials_row(cells):
     """10 epochs of 120 rows with dropout on: the full fine-tune learns, each member's curve is its
-    single trial's and its best evaluation the same step."""
+    single trial's and its best evaluation the same step; the members, over at one step, give their
+    rows together (one report for a Ray trial)."""
     cells = [dataclasses.replace(c, epochs=10, train_size=120, weight_decay=0.01) for c in cells[1::2]]  # k = 0, 2
     seen, finished = [], []
-    results = run_array(cells, on_eval=lambda cfg, point: seen.append(cfg.trial_id), on_result=finished.append)
+    results = run_array(cells, on_eval=lambda cfg, point: seen.append(cfg.trial_id), on_results=finished.append)
     singles = [run_trial(c) for c in cells]
     assert_same_as_singles(results, singles)
     assert max(r.best_val_accuracy - r.majority_baseline for r in results) > 0.1  # something learned
-    assert [r.trial_id for r in finished] == [c.trial_id for c in cells]
+    assert [[r.trial_id for r in given] for given in finished] == [[c.trial_id for c in cells]]
     assert len(seen) == sum(len(r.eval_curve) for r in results)
     assert {r.optimisations for r in results} == {("narrowed_last_layer", "packed_training", "trial_array")}
 
@@ -223,10 +224,11 @@ def test_a_diverged_member_leaves_with_its_row_and_the_others_go_on_bit_identica
 
     monkeypatch.setattr(arrays, "member_update", poisoned)
     finished = []
-    results = run_array(cells, on_result=finished.append)
+    results = run_array(cells, on_results=finished.append)
     diverged = next(r for r in results if r.config.frozen_layers == 1)
     assert diverged.status == "diverged" and diverged.diverged_at_step == 4
-    assert finished[0].trial_id == diverged.trial_id  # its row first, while the others train on
+    assert finished[0] == [diverged]  # its row first, alone, while the others train on
+    assert sorted(r.trial_id for r in finished[1]) == sorted(r.trial_id for r in results if r is not diverged)
     assert steps.count(1) == 4 < steps.count(0)  # no step after the evaluation that saw it
     for a, b in zip(results, clean):
         if a is not diverged:
@@ -336,7 +338,7 @@ def test_an_array_out_of_memory_runs_again_at_half_its_width(cells, tmp_path, mo
     widths, run = [], arrays.run_array
     monkeypatch.setattr(arrays, "run_array", lambda cfgs, *rest: widths.append(len(cfgs)) or run(cfgs, *rest))
     given = []
-    results = arrays.run_array_or_oom(cells, on_result=given.append)
+    results = arrays.run_array_or_oom(cells, on_results=given.extend)
     assert widths == [4, 2, 2]
     assert sorted(r.trial_id for r in given) == sorted(c.trial_id for c in cells)  # one row each
     monkeypatch.delenv("FREEZESWEEP_FAULT")
@@ -346,7 +348,7 @@ def test_an_array_out_of_memory_runs_again_at_half_its_width(cells, tmp_path, mo
 def test_a_lone_member_out_of_memory_is_its_oom_row(tiny_trial, monkeypatch):
     monkeypatch.setenv("FREEZESWEEP_FAULT", "oom@1")
     given = []
-    [result] = arrays.run_array_or_oom([tiny_trial], on_result=given.append)
+    [result] = arrays.run_array_or_oom([tiny_trial], on_results=given.extend)
     assert result.status == "oom" and given == [result]
 
 
@@ -368,7 +370,7 @@ def test_slots_across_seeds_and_train_sizes_give_each_single_trials_row(tiny_tri
         for k in (0, 2)
     ]
     finished = []
-    results = run_array(cells, on_result=finished.append, width=3)  # 8 cells through 3 slots
+    results = run_array(cells, on_results=finished.extend, width=3)  # 8 cells through 3 slots
     assert_same_as_singles(results, [run_trial(c) for c in cells])
     assert sorted(r.trial_id for r in finished) == sorted(c.trial_id for c in cells)
     assert {len(r.eval_curve) for r in results} == {4, 3}  # each on its own schedule (n = 24, n = 48)

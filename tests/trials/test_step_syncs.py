@@ -3,12 +3,14 @@ moved there once, the same batches as the host path built; and no host sync betw
 counted through a spy on every sync point (trials/syncs.py), which a sync added to the loop fails."""
 
 import dataclasses
+import functools
 
 import numpy as np
 import pytest
 import torch
 
 from tests.devices import DEVICES
+from freezesweep.trials import array as arrays
 from freezesweep.trials import graphs, packing, run, train
 from freezesweep.trials.config import TrialConfig
 from freezesweep.trials.packing import pack, pack_rows
@@ -52,20 +54,24 @@ def test_device_batches_are_the_host_batches(pairs, regression):
     assert step == schedule.total_steps
 
 
+def _marked(spy: HostSyncs, name: str, function):
+    """``function``, its calls marked in the spy's events (``name``, then ``name-end``)."""
+
+    def call(*args, **kwargs):
+        spy.mark(name)
+        try:
+            return function(*args, **kwargs)
+        finally:
+            spy.mark(f"{name}-end")
+
+    return call
+
+
 def _spied_trial(cfg: TrialConfig, monkeypatch) -> list[str]:
     """The events of ``cfg``'s fit: every sync point called, and marks at each step (its batch gathered),
     evaluation, forward pass of the model and capture of a CUDA graph (each ends with ``-end``)."""
     spy = HostSyncs()
-
-    def marked(name: str, function):
-        def call(*args, **kwargs):
-            spy.mark(name)
-            try:
-                return function(*args, **kwargs)
-            finally:
-                spy.mark(f"{name}-end")
-
-        return call
+    marked = functools.partial(_marked, spy)
 
     def spied_fit(model, *args, **kwargs):
         hooks = (
@@ -124,6 +130,30 @@ def test_no_host_sync_between_evaluations(tiny_trial, monkeypatch, device, cuda_
     assert events.count("mark:step") == 8 and events.count("mark:evaluation") == 4
     assert syncs_between_evaluations(events) == []
     assert any(not e.startswith("mark:") for e in events)  # the evaluations' own reads were seen
+
+
+@pytest.mark.parametrize("slots", [False, True], ids=["one-stream", "slots"])
+@pytest.mark.parametrize("device", DEVICES)
+def test_no_host_sync_between_an_arrays_evaluations(tiny_trial, monkeypatch, device, slots):
+    """A trial array's loop too (trials/array.py): its batches gathered on the device (one stream for
+    depths of one seed, packed; slots: each its own, padded to the slots' one shape, a short last batch
+    repeated), every member's clipping, AdamW step and loss count read nothing back between
+    evaluations. A member's end (its row; in slots the next cell's start) counts as an evaluation."""
+    base = dataclasses.replace(tiny_trial, train_size=40, epochs=2.5, device=device, trial_array=True)
+    cells = [dataclasses.replace(base, frozen_layers=k) for k in (-1, 0, 1)]
+    cells += [dataclasses.replace(base, seed=1, frozen_layers=k) for k in (0, 1)] if slots else []
+    spy = HostSyncs()
+    for stream in (arrays.SharedStream, arrays.OwnStreams):
+        monkeypatch.setattr(stream, "__call__", _marked(spy, "step", stream.__call__))
+    monkeypatch.setattr(arrays, "_evaluate_members", _marked(spy, "evaluation", arrays._evaluate_members))
+    monkeypatch.setattr(arrays, "_finished", _marked(spy, "evaluation", arrays._finished))
+    with spy:
+        results = arrays.run_array(cells, width=3)
+    assert [r.status for r in results] == ["ok"] * len(cells)
+    assert all("trial_array" in r.optimisations for r in results)
+    assert spy.events.count("mark:step") == (16 if slots else 8)  # 8 steps a cell; slots: two rounds of 8
+    assert syncs_between_evaluations(spy.events) == []
+    assert any(not e.startswith("mark:") for e in spy.events)  # the evaluations' own reads were seen
 
 
 @pytest.mark.parametrize("device", DEVICES)
