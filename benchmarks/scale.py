@@ -4,7 +4,8 @@ tune-scalability.rst). Benchmark-only: the instant trial trains nothing; it repo
 size a real one has (a 20-point curve, the train indices) and the driver stores it as a row.
 
 For each grid size (--cells, default 1k, 10k, 100k), without and with trial arrays (trials/array.py:
-the 4 depths of a train size and seed as one Ray trial, which reports each member's row):
+the 4 depths of a train size and seed as one Ray trial, which reports its members' rows, over at one
+step, in one report, as a real array does):
 - planning: the spec validated, resolved and expanded, and the cells still to run picked (in process);
 - a launch in a child process (the driver): time from its start to the first stored row, driver CPU
   per cell (the driver process's CPU time, all its threads, between the first and the last row it

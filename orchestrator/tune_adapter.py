@@ -113,7 +113,7 @@ def array_trainable(
     cfgs: list[TrialConfig], local: list[TrialConfig], placement: dict[str, Any], width: int | None
 ) -> None:
     """One Ray trial for a trial array: each member's row reported as soon as it is final (a diverged
-    member's first), the first member's evaluations as the trial's progress. An array that runs out
+    member's first; the rows final at one step together, in one report), the first member's evaluations as the trial's progress. An array that runs out
     of memory runs again at half its width (trials/array.py ``run_array_or_oom``)."""
     placed, sent = json.dumps(placement), {c.trial_id: c for c in cfgs}
     first = local[0].trial_id

@@ -302,7 +302,8 @@ class DeviceStream:
     step: int = 0
 
     def next(self) -> tuple[np.ndarray, torch.Tensor]:
-        """The next step's positions in the subset (host, device)."""
+        """The next step's positions in the subset (host, device). Only the schedule's steps are drawn:
+        a member leaves the array at its last step (``fit_array``), its stream with it."""
         self.step += 1
         return self.orders.batch(self.step - 1, self.batch_size)
 

@@ -200,6 +200,22 @@ def test_an_arrays_report_of_several_rows_hands_over_each(tiny_trial):
     assert [r.trial_id for r in tune_adapter.reported_rows(payload)] == [c.trial_id for c in cells[:2]]
 
 
+def test_an_array_reports_the_rows_over_at_one_step_once(tiny_trial, monkeypatch):
+    """A Ray trial running an array of two depths (one seed: over at the same step): its first member's
+    evaluations as progress, then one report with both rows, placed where they ran."""
+    reports = []
+    monkeypatch.setattr(tune_adapter.tune, "report", lambda metrics, checkpoint=None: reports.append(metrics))
+    cells = [dataclasses.replace(tiny_trial, trial_array=True, frozen_layers=k) for k in (0, 1)]
+    tune_adapter.array_trainable(cells, cells, {"node_ip": "10.0.0.7"}, width=None)
+    rows = [r for r in reports if tune_adapter.RESULT_KEY in r]
+    assert len(rows) == 1 and reports[-1] is rows[0]
+    given = tune_adapter.reported_rows(rows[0][tune_adapter.RESULT_KEY])
+    assert [r.trial_id for r in given] == [c.trial_id for c in cells]
+    assert all(r.status == "ok" and "trial_array" in r.optimisations for r in given)
+    assert all(r.placement["node_ip"] == "10.0.0.7" for r in given)
+    assert len(reports) - 1 == len(given[0].eval_curve)  # the first member's evaluations, one report each
+
+
 def test_nothing_is_recovered_from_a_state_ray_never_wrote(tmp_path):
     storage = ray_storage(ResultStore(str(tmp_path / "store"), "s"), cluster=False)
     assert tune_adapter.recover_from_ray(storage, "s", {"a"}) == []

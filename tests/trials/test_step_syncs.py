@@ -54,6 +54,44 @@ def test_device_batches_are_the_host_batches(pairs, regression):
     assert step == schedule.total_steps
 
 
+def test_a_slots_device_batches_are_the_host_batches():
+    """A slot's batches in a trial array (trials/array.py ``padded``): each step's rows gathered on the
+    device, padded to the slots' one shape (wider than any row of this subset), an epoch's short last
+    batch repeating its rows with weight 0: the host path's batches (collated, then grown), value for
+    value and dtype for dtype."""
+    n, batch_size, width, tokens, pad_id = 40, 16, 16, 15, 99  # 16, 16, 8 rows an epoch; rows of 2-11 tokens
+    cpu = torch.device("cpu")
+    rows, labels = _ragged_rows(n, pairs=True), np.arange(n) % 3
+    cfg = TrialConfig(dataset="d", model="m", train_size=n, frozen_layers=0, epochs=2, batch_size=batch_size)
+    schedule = make_schedule(n, cfg)
+    orders = epoch_orders(n, schedule, FitState(), torch.Generator().manual_seed(7), cpu)
+    stream = arrays.DeviceStream(device_rows(rows, labels, cpu, width=tokens), orders, batch_size)
+    host_generator, steps = torch.Generator().manual_seed(7), 0
+    for _ in range(2):
+        for expected in train_batches(rows, labels, batch_size, pad_id, host_generator):
+            batch, weights = arrays.padded(stream, width, tokens, pad_id)
+            real = len(expected.labels)
+            again = torch.arange(width) % real
+
+            want = {
+                "input_ids": _grown(expected.input_ids, again, tokens, pad_id),
+                "attention_mask": _grown(expected.attention_mask, again, tokens, 0),
+                "token_type_ids": _grown(expected.token_type_ids, again, tokens, 0),
+                "labels": expected.labels[again],
+            }
+            for name, value in want.items():
+                got = getattr(batch, name)
+                assert torch.equal(got, value) and got.dtype == value.dtype, name
+            assert torch.equal(weights, (torch.arange(width) < real).float())
+            steps += 1
+    assert steps == stream.step == schedule.total_steps == 6
+
+
+def _grown(t: torch.Tensor, rows: torch.Tensor, tokens: int, value: int) -> torch.Tensor:
+    """The host path of a slot's batch: ``t``'s ``rows``, padded on the right to ``tokens``."""
+    return torch.nn.functional.pad(t[rows], (0, tokens - t.shape[1]), value=value)
+
+
 def _marked(spy: HostSyncs, name: str, function):
     """``function``, its calls marked in the spy's events (``name``, then ``name-end``)."""
 
