@@ -137,10 +137,11 @@ def _crosses_devices(args, kwargs) -> bool:
     """``t.to(device)`` to another device than the tensor's (a dtype alone, or its own device, copies
     nothing). On a CPU run there is no other device: what would be an upload there shows as the host
     data it starts from (``torch.tensor``, ``as_tensor``, ``from_numpy``), which the spy counts too."""
-    target = kwargs.get("device")
+    target = _device_of(kwargs.get("device"))
     if target is None:
         target = next((d for d in map(_device_of, args[1:]) if d is not None), None)
-    return target is not None and _same_device(args[0].device, target) is False
+    source = _device_of(getattr(args[0], "device", None))  # a tensor-like whose device is a name (loaders)
+    return target is not None and source is not None and _same_device(source, target) is False
 
 
 def _same_device(a: torch.device, b: torch.device) -> bool:
