@@ -56,7 +56,7 @@ from freezesweep.orchestrator.sweeps import OLD_SWEEP, next_cells, precision_her
 from freezesweep.orchestrator.tune_adapter import recover_from_ray, run_tune
 from freezesweep.results.lock import SweepLock
 from freezesweep.results.store import FINAL_STATUSES, ResultStore, SpoolingWriter
-from freezesweep.trials.array import array_key
+from freezesweep.trials.array import array_key, group_cells
 from freezesweep.trials.config import TrialConfig, TrialResult
 from freezesweep.trials.memory_probe import describe
 
@@ -336,8 +336,8 @@ def run_cells(launch: Launch, pending: Iterable[TrialConfig]) -> int:
     out_of_memory: list[TrialConfig] = []
     with writer.progress:
         try:
-            for cells in rounds(pending, sweep.spec.resources.cells_per_round):
-                cells = [with_resources(c, sweep) for c in cells]
+            units = group_cells([with_resources(c, sweep) for c in pending], sweep.array_width)
+            for cells in rounds(units, sweep.spec.resources.cells_per_round):
                 writer.planned |= {c.trial_id for c in cells}
                 run_tune(
                     sweep,

@@ -12,7 +12,7 @@ import dataclasses
 import itertools
 import math
 import statistics
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -123,12 +123,21 @@ def with_resources(cell: TrialConfig, sweep: ResolvedSweep) -> TrialConfig:
     )
 
 
-def rounds(cells: Iterable[TrialConfig], size: int) -> Iterator[list[TrialConfig]]:
-    """The cells in order, in rounds of at most ``size`` (``resources.cells_per_round``), each one Tune
-    run: Tune's experiment state, its snapshots and its per-step bookkeeping grow with the trials of
-    one run (ray#11233: snapshot time; TuneController scans its trial list at every step)."""
-    cells = iter(cells)
-    while chunk := list(itertools.islice(cells, size)):
+def rounds(units: Iterable[Sequence[TrialConfig]], size: int) -> Iterator[list[TrialConfig]]:
+    """The cells, unit by unit (``trials.array.group_cells``: a trial array's members, or one cell), in
+    rounds of at most ``size`` cells (``resources.cells_per_round``; a unit is never split, one larger
+    than ``size`` is a round of its own), each one Tune run: Tune's experiment state, its snapshots and
+    its per-step bookkeeping grow with the trials of one run (ray#11233: snapshot time; TuneController
+    scans its trial list at every step). By units, not by the grid's order: an array's members lie
+    as far apart there as the grid has seeds, so rounds of the grid's order would split every array of
+    a grid with more seeds than a round has cells."""
+    chunk: list[TrialConfig] = []
+    for unit in units:
+        if chunk and len(chunk) + len(unit) > size:
+            yield chunk
+            chunk = []
+        chunk += unit
+    if chunk:
         yield chunk
 
 

@@ -72,6 +72,21 @@ def test_one_tune_trial_per_array_and_the_rows_of_single_trials(write_spec, tune
         assert row["best_val_score"] == pytest.approx(single["best_val_score"], abs=1e-9)
 
 
+def test_rounds_keep_an_arrays_members_together(write_spec, tune_trials):
+    """The grid's order puts an array's members as far apart as it has seeds (n, k, then seed): rounds
+    cut in that order (2 cells a round: k = 0 of both seeds, then k = 2) split every array into cells
+    alone. Rounds cut by arrays keep both depths of a seed in one Ray trial."""
+    path = write_spec(
+        "rounds", train_sizes=[24], seeds=[0, 1], training=ON, resources={"array_width": 2, "cells_per_round": 2}
+    )
+    summary = launch(load_spec(path), show_progress=False)
+    assert (summary.ran, summary.ok) == (4, 4)
+    cells = {c.trial_id: c for c in build_grid(resolve_here(load_spec(path)))}
+    assert sorted(len(unit) for unit in tune_trials) == [2, 2]
+    assert all(len({cells[i].seed for i in unit}) == 1 for unit in tune_trials)  # one seed, both depths
+    assert all("trial_array" in o for o in _rows(path)["optimisations"])
+
+
 def test_a_crashing_member_retries_its_array_and_every_cell_gets_one_row(write_spec, tmp_path, monkeypatch):
     import ray
 
