@@ -3,7 +3,7 @@ freezesweep, same cells, same machine, one invocation.
 
     python benchmarks/grid_speed.py                       # the CPU grid: real SST-2, MiniLM-L6, 16 cells
     python benchmarks/grid_speed.py --train-cache         # + the opt-in training cache, its accuracy effect
-    python benchmarks/grid_speed.py --skip-baseline --arrays 8 --singles-too   # trial arrays beside single trials
+    python benchmarks/grid_speed.py --engine local --skip-baseline --arrays 8 --singles-too   # arrays beside singles
     python benchmarks/grid_speed.py --engine local --workers 4 --device cuda ...   # no Ray (the GPU check)
 
 Prints the wall time of each side, the ratio, trials per hour, per-trial fixed overhead (a trial's
