@@ -138,12 +138,18 @@ def uncompacted(cli: list[str], rows: int, root: Path) -> None:
 
 
 def timed(command: list[str]) -> tuple[float, float]:
-    """Wall seconds and peak RSS (MB) of one command in a fresh process."""
-    done = subprocess.run(["/usr/bin/time", "-f", "%e %M", *command], capture_output=True, text=True)
-    if done.returncode != 0:
-        raise RuntimeError(f"{command}: {done.stderr[-2000:]}")
-    wall, kb = done.stderr.strip().splitlines()[-1].split()
-    return float(wall), int(kb) / 1024
+    """Wall seconds and peak RSS (MB) of one command in a fresh process (``os.wait4``: that child's own
+    resource usage, as GNU time reports it, without needing its binary)."""
+    with tempfile.TemporaryFile() as errors:
+        started = time.perf_counter()
+        child = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=errors)
+        _, status, usage = os.wait4(child.pid, 0)
+        wall = time.perf_counter() - started
+        child.returncode = os.waitstatus_to_exitcode(status)  # reaped here: Popen must not wait again
+        if child.returncode != 0:
+            errors.seek(0)
+            raise RuntimeError(f"{command}: {errors.read().decode(errors='replace')[-2000:]}")
+    return wall, usage.ru_maxrss / 1024  # kilobytes on Linux
 
 
 def main() -> None:

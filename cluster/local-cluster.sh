@@ -6,7 +6,7 @@
 #   RAY_AUTH_MODE=token freezesweep launch SPEC --address 127.0.0.1:6380
 #   RAY_AUTH_MODE=token ray job submit --address http://127.0.0.1:8265 -- freezesweep launch SPEC
 #   cluster/local-cluster.sh add-worker NAME [FAKE_GPUS]  # one more worker node, named NAME
-#   RAY_HIDE=/data:/root/.cache cluster/local-cluster.sh add-worker NAME
+#   RAY_HIDE=/data:$HOME/.cache cluster/local-cluster.sh add-worker NAME
 #                          # a worker in a mount namespace of its own (unshare --mount, needs root), with
 #                          # an empty tmpfs over each path: it cannot see the driver's data, caches, store
 #   cluster/local-cluster.sh kill-worker NAME              # SIGKILL that node's processes at once: a
@@ -20,14 +20,14 @@
 # Environment: RAY_PORT (6380), RAY_DASHBOARD_PORT (8265: the jobs API of the head), RAY_HEAD_CPUS (1),
 # RAY_HEAD_GPUS (0), RAY_WORKER_CPUS (2), RAY_CLUSTER_DIR; each node also gets the environment this
 # script runs with (a worker started with FREEZESWEEP_FAULT set fails its trials that way).
-# The cluster lives in one folder of its own (RAY_CLUSTER_DIR, default /tmp/freezesweep-ray-UID-PORT,
+# The cluster lives in one folder of its own (RAY_CLUSTER_DIR, default $TMPDIR/freezesweep-ray-UID-PORT,
 # short: Ray's socket paths under it must fit in 107 bytes); each worker keeps its sessions in a
 # subfolder named after it (Ray's --temp-dir is per node). `stop` ends only the processes whose command
 # line names that folder, `kill-worker` those naming the worker's subfolder: `ray stop` has no such
 # option and would end every Ray on the machine.
 set -euo pipefail
 PORT=${RAY_PORT:-6380}
-DIR=${RAY_CLUSTER_DIR:-/tmp/freezesweep-ray-$(id -u)-$PORT}
+DIR=${RAY_CLUSTER_DIR:-${TMPDIR:-/tmp}/freezesweep-ray-$(id -u)-$PORT}
 DIR=${DIR%/}
 GRACE_S=${RAY_STOP_GRACE_S:-16}  # as `ray stop --grace-period`
 export RAY_AUTH_MODE=token
