@@ -337,7 +337,8 @@ def run_cells(launch: Launch, pending: Iterable[TrialConfig]) -> int:
     with writer.progress:
         try:
             units = group_cells([with_resources(c, sweep) for c in pending], sweep.array_width)
-            for cells in rounds(units, sweep.spec.resources.cells_per_round):
+            for round_units in rounds(units, sweep.spec.resources.cells_per_round):
+                cells = [c for unit in round_units for c in unit]
                 writer.planned |= {c.trial_id for c in cells}
                 run_tune(
                     sweep,
@@ -347,6 +348,7 @@ def run_cells(launch: Launch, pending: Iterable[TrialConfig]) -> int:
                     experiment=sweep.name,
                     stop_if=launch.stop_if,
                     trainable=launch.trainable,
+                    units=round_units,  # grouped once, above
                 )
                 if not writer.has_outcomes(cells):
                     return 0

@@ -12,7 +12,7 @@ import dataclasses
 import itertools
 import math
 import statistics
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -123,20 +123,22 @@ def with_resources(cell: TrialConfig, sweep: ResolvedSweep) -> TrialConfig:
     )
 
 
-def rounds(units: Iterable[Sequence[TrialConfig]], size: int) -> Iterator[list[TrialConfig]]:
-    """The cells, unit by unit (``trials.array.group_cells``: a trial array's members, or one cell), in
-    rounds of at most ``size`` cells (``resources.cells_per_round``; a unit is never split, one larger
+def rounds(units: Iterable[list[TrialConfig]], size: int) -> Iterator[list[list[TrialConfig]]]:
+    """The units (``trials.array.group_cells``: a trial array's members, or one cell), in rounds of
+    at most ``size`` cells (``resources.cells_per_round``; a unit is never split, one larger
     than ``size`` is a round of its own), each one Tune run: Tune's experiment state, its snapshots and
     its per-step bookkeeping grow with the trials of one run (ray#11233: snapshot time; TuneController
     scans its trial list at every step). By units, not by the grid's order: an array's members lie
     as far apart there as the grid has seeds, so rounds of the grid's order would split every array of
     a grid with more seeds than a round has cells."""
-    chunk: list[TrialConfig] = []
+    chunk: list[list[TrialConfig]] = []
+    cells = 0
     for unit in units:
-        if chunk and len(chunk) + len(unit) > size:
+        if chunk and cells + len(unit) > size:
             yield chunk
-            chunk = []
-        chunk += unit
+            chunk, cells = [], 0
+        chunk.append(unit)
+        cells += len(unit)
     if chunk:
         yield chunk
 

@@ -113,8 +113,9 @@ def array_trainable(
     cfgs: list[TrialConfig], local: list[TrialConfig], placement: dict[str, Any], width: int | None
 ) -> None:
     """One Ray trial for a trial array: each member's row reported as soon as it is final (a diverged
-    member's first; the rows final at one step together, in one report), the first member's evaluations as the trial's progress. An array that runs out
-    of memory runs again at half its width (trials/array.py ``run_array_or_oom``)."""
+    member's first; the rows final at one step together, in one report), the first member's
+    evaluations as the trial's progress. An array that runs out of memory runs again at half its width
+    (trials/array.py ``run_array_or_oom``)."""
     placed, sent = json.dumps(placement), {c.trial_id: c for c in cfgs}
     first = local[0].trial_id
 
@@ -132,18 +133,12 @@ def report_evaluation(point, placed: str) -> None:
 
 def report_result(result: TrialResult, cfg: TrialConfig, placement: dict[str, Any]) -> None:
     """The cell's row to the driver (``cfg``: the cell as sent)."""
-    row = as_sent(result, cfg, placement)
-    tune.report(
-        {
-            "val_score": row.best_val_score or 0.0,
-            RESULT_KEY: json.dumps(row.to_dict(), default=str),
-            PLACEMENT_KEY: json.dumps(placement),
-        }
-    )
+    report_results([result], {cfg.trial_id: cfg}, placement)
 
 
 def report_results(results: list[TrialResult], sent: dict[str, TrialConfig], placement: dict[str, Any]) -> None:
-    """An array's members' rows that became final at one step, in one report (``sent``: the cells as sent)."""
+    """Rows that became final at one step (a single trial's one, an array's members'), in one report
+    (``sent``: the cells as sent)."""
     rows = [as_sent(result, sent[result.trial_id], placement) for result in results]
     tune.report(
         {
@@ -380,11 +375,12 @@ def run_tune(
     experiment: str,
     stop_if: Callable[[], None] | None = None,
     trainable: Callable = None,
+    units: list[list[TrialConfig]] | None = None,
 ) -> None:
     """Run ``cells`` as the Tune experiment ``experiment`` in ``storage`` (Ray connected), each outcome
     to ``on_outcome``. ``stop_if`` is called at every step of Tune's loop: what it raises ends the run.
     ``trainable``: what a trial runs (``tune_trainable``; benchmarks/scale.py measures Tune alone with
-    an instant one)."""
+    an instant one). ``units``: ``cells`` grouped as ``group_cells`` groups them, when the caller has."""
     os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")  # with verbose=0: no Tune tables; our bar reports
     # Tune's own per-trial CSV, JSON and TensorBoard files: nothing here reads them (rows are the store's).
     os.environ.setdefault("TUNE_DISABLE_AUTO_CALLBACK_LOGGERS", "1")
@@ -399,7 +395,7 @@ def run_tune(
     earlier = checkpoints_to_resume(storage, experiment, {c.trial_id for c in cells}) if checkpoints else {}
     outcomes: set[str] = set()
     by_id = {c.trial_id: c.to_dict() for c in cells}
-    units = group_cells(cells, sweep.array_width)  # one Tune trial per array (alone: one per cell)
+    units = units or group_cells(cells, sweep.array_width)  # one Tune trial per array (alone: one per cell)
 
     def sink(result: TrialResult, attempts: int) -> None:
         on_outcome(result, attempts)

@@ -115,6 +115,7 @@ from freezesweep.trials.worker import FeedKey, WorkerState, process_worker
 OPTIMISATION = "trial_array"  # what the rows of an array's members say among their optimisations
 ARRAY_PRECISIONS = ("bf16", "fp32")
 ArrayEval = Callable[[TrialConfig, EvalPoint], None]
+Results = Callable[[list[TrialResult]], None]  # the members' results that became final at one step
 
 
 # --- which cells train together: decided from the configs, before any trial ----------------------
@@ -486,12 +487,9 @@ class ArrayRun:
     reader: first_token.Reader | None
     step: Callable[[ArrayRun, list[Member]], torch.Tensor]  # SharedStream or OwnStreams
     finish: Callable[[Member], TrialResult]
-    on_results: Callable[[list[TrialResult]], None]
+    on_results: Results
     refill: Callable[[int], Member | None] = lambda slot: None  # the next cell for a free slot (slots)
     results: dict[str, TrialResult] = field(default_factory=dict)
-
-
-Results = Callable[[list[TrialResult]], None]  # the members' results that became final at one step
 
 
 def run_array(
@@ -504,7 +502,8 @@ def run_array(
     """Run cells of one model and task as one array; their results, in ``configs``' order.
     ``on_eval`` gets every member's evaluations (with its config), ``on_results`` the results that
     became final at one step, together, as soon as they are (a Ray trial reports them as one result:
-    the driver's work per report is paid once); ``worker`` as ``run_trial``'s. Cells that differ only in frozen depth all
+    the driver's work per report is paid once); ``worker`` as ``run_trial``'s. Cells that differ only
+    in frozen depth all
     train at once on one batch stream; others take turns in ``width`` slots (default: as many as the
     cells), the next cell taking a slot as soon as its member is over. Raises on failure, as
     ``run_trial`` does; cells that cannot share one array raise ValueError at once. A model that does
