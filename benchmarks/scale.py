@@ -161,9 +161,9 @@ def drive(path: Path, out: Path, stop_after: int | None) -> None:
     marks: list[tuple[float, float]] = []  # (wall, driver CPU) at each stored row
 
     class CountingRowWriter(launching.RowWriter):
-        def write(self, result, attempts, oom_retry=False):
-            super().write(result, attempts, oom_retry)
-            marks.append((time.perf_counter(), time.process_time()))
+        def write_all(self, results, attempts, oom_retry=False):
+            super().write_all(results, attempts, oom_retry)
+            marks.extend([(time.perf_counter(), time.process_time())] * len(results))
             if stop_after and len(marks) >= stop_after:  # again for rows that land while it stops
                 os.kill(os.getpid(), signal.SIGINT)  # Tune stops as on Ctrl-C
 

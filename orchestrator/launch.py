@@ -239,14 +239,15 @@ def run(
     with SweepLock(store.fs, store.sweep_dir, uri=store.uri) as lock:
         store.guard = lock.check  # a driver that lost the sweep to another stops writing, saying why
         sink = open_for_writing(store, sweep)
-        done = store.final_ids()
+        statuses = store.statuses()
+        done = {tid for tid, status in statuses.items() if status in FINAL_STATUSES}
         total = grid_size(sweep)
         pending = peeked(next_cells(sweep, store, done))
         if pending is None:
             return LaunchSummary(total, len(done), 0, 0, 0, sweep=sweep.name, store=sweep.spec.store)
         session.connect()  # before Tune reads its state back: the session decides where Ray runs
         storage = ray_storage(store, cluster=sweep.on_cluster)
-        recovered = recover_rows(storage, sink, sweep.name, done)
+        recovered = recover_rows(storage, sink, sweep.name, done, unfinished=set(statuses) - done)
         pending = peeked(c for c in pending if c.trial_id not in recovered)
         if pending is None:
             return LaunchSummary(
@@ -263,6 +264,7 @@ def run(
             done | recovered,
             SweepProgress(total=total, done=len(done | recovered), enabled=show_progress),
             on_row=row_tracker(sweep),
+            unfinished=set(statuses) - done - recovered,
         )
         retried = run_rounds(Launch(sweep, storage, writer, lock.raise_if_lost, faults, trainable), pending)
         flush_or_fail(sink)
@@ -344,7 +346,7 @@ def run_cells(launch: Launch, pending: Iterable[TrialConfig]) -> int:
                     sweep,
                     cells,
                     launch.storage,
-                    writer.write,
+                    writer.write_all,
                     experiment=sweep.name,
                     stop_if=launch.stop_if,
                     trainable=launch.trainable,
@@ -384,7 +386,7 @@ def retry_out_of_memory(launch: Launch, out_of_memory: list[TrialConfig]) -> int
         larger,
         [with_resources(c, larger) for c in out_of_memory],
         launch.storage,
-        functools.partial(launch.writer.write, oom_retry=True),
+        functools.partial(launch.writer.write_all, oom_retry=True),
         experiment=f"{larger.name}-oom-retry",
         stop_if=launch.stop_if,
         trainable=launch.trainable,
@@ -392,12 +394,15 @@ def retry_out_of_memory(launch: Launch, out_of_memory: list[TrialConfig]) -> int
     return len(out_of_memory)
 
 
-def recover_rows(storage: RayStorage, sink: SpoolingWriter, sweep_name: str, done: set[str]) -> set[str]:
+def recover_rows(
+    storage: RayStorage, sink: SpoolingWriter, sweep_name: str, done: set[str], unfinished: set[str]
+) -> set[str]:
     """Cells whose final result Ray's experiment state holds but the store does not (the driver died
-    between the two): written now instead of run again."""
+    between the two): written now instead of run again, as one file (``unfinished``: cells whose stored
+    row is not final, which these replace)."""
     recovered = recover_from_ray(storage, sweep_name, done)
-    for result in recovered:
-        sink.write_row(result_row(sweep_name, result))
+    if recovered:
+        sink.write_rows([result_row(sweep_name, result) for result in recovered], replacing=unfinished)
     return {result.trial_id for result in recovered}
 
 
@@ -436,7 +441,8 @@ def row_tracker(sweep: ResolvedSweep) -> Callable[[dict], None] | None:
 
 class RowWriter:
     """Driver-side sink of trial outcomes: one row per cell, final rows (ok, diverged) kept for good.
-    ``on_row``: called with each row written (the spec's tracker; it never raises)."""
+    ``on_row``: called with each row written (the spec's tracker; it never raises). ``unfinished``:
+    cells the store holds a row of that is not final (failed, oom): a final row replaces it."""
 
     def __init__(
         self,
@@ -445,9 +451,11 @@ class RowWriter:
         final_ids: set[str],
         progress: SweepProgress,
         on_row: Callable[[dict], None] | None = None,
+        unfinished: set[str] | None = None,
     ):
         self.sweep, self.sink, self.progress, self.on_row = sweep, sink, progress, on_row
         self.final_ids = set(final_ids)
+        self.unfinished = set(unfinished or ())
         self.outcomes: dict[str, str] = {}  # trial_id -> status of the row this launch wrote last
         self.planned: set[str] = set()  # the cells this launch set out to run
 
@@ -467,14 +475,20 @@ class RowWriter:
         return all(c.trial_id in self.outcomes for c in cells)
 
     def write(self, result: TrialResult, attempts: int, oom_retry: bool = False) -> None:
-        if result.trial_id in self.final_ids:
-            return  # a final row is never overwritten
-        row = result_row(self.sweep, result, attempts=attempts, oom_retry=oom_retry)
-        self.sink.write_row(row)
-        if self.on_row is not None:
-            self.on_row(row)
-        replaced = self.outcomes.get(result.trial_id)  # a retry's row replaces this launch's oom row
-        self.outcomes[result.trial_id] = result.status
-        if result.status in FINAL_STATUSES:
-            self.final_ids.add(result.trial_id)
-        self.progress.advance(result, replaces=replaced)
+        self.write_all([result], attempts, oom_retry)
+
+    def write_all(self, results: list[TrialResult], attempts: int, oom_retry: bool = False) -> None:
+        """Outcomes that arrived together (an array's members over at one step): their final rows go
+        to the store as one file (``ResultStore.write_rows``)."""
+        results = [r for r in results if r.trial_id not in self.final_ids]  # a final row is never overwritten
+        rows = [result_row(self.sweep, r, attempts=attempts, oom_retry=oom_retry) for r in results]
+        if not rows:
+            return
+        self.sink.write_rows(rows, replacing=self.unfinished)
+        for result, row in zip(results, rows):
+            if self.on_row is not None:
+                self.on_row(row)
+            replaced = self.outcomes.get(result.trial_id)  # a retry's row replaces this launch's oom row
+            self.outcomes[result.trial_id] = result.status
+            (self.final_ids if result.status in FINAL_STATUSES else self.unfinished).add(result.trial_id)
+            self.progress.advance(result, replaces=replaced)

@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import json
-from dataclasses import asdict
 from datetime import datetime, timezone
 from typing import Any
 
-from freezesweep.results.store import PLACEMENT_COLUMNS, SCHEMA
+from freezesweep.results.store import CURVE_FIELDS, PLACEMENT_COLUMNS, SCHEMA
 from freezesweep.trials.config import CELL_AXES, TrialResult
 from freezesweep.trials.metrics import METRICS
 
@@ -32,7 +31,8 @@ def result_row(sweep: str, result: TrialResult, attempts: int | None = None, oom
         oom_retry=oom_retry,
         optimisations=list(result.optimisations) if result.status in ("ok", "diverged") else None,
         node=result.placement.get("hostname"),  # the column before node ids existed: the host's name
-        eval_curve=[asdict(p) for p in result.eval_curve],
+        # the curve's columns by name: dataclasses.asdict's deep copy was two thirds of this function's time
+        eval_curve=[{name: getattr(p, name) for name in CURVE_FIELDS} for p in result.eval_curve],
         train_loss_curve=[{"step": s, "loss": loss} for s, loss in result.train_loss_curve],
         train_indices=list(result.train_indices),
         finished_at=datetime.now(timezone.utc),

@@ -49,7 +49,7 @@ from freezesweep.trials.run import failed_result, run_trial_or_oom
 
 # Where each finished or finally failed cell's outcome goes (the launch's row writer), with the number
 # of attempts Ray made.
-OutcomeSink = Callable[[TrialResult, int], None]
+OutcomeSink = Callable[[list[TrialResult], int], None]  # outcomes that arrived together, the attempt they are
 
 CELL_KEY = "cell"  # a trial's config in Tune: the cell's trial_id only (the cells travel once, by id)
 ARRAY_SEPARATOR = "+"  # a trial array's config: its members' trial_ids joined (hex ids never hold it)
@@ -272,13 +272,13 @@ class OutcomeCallback(tune.Callback):
         if self._stop_if is not None:
             self._stop_if()  # raised out of Tuner.fit: Tune stops its trials (TuneController.step)
 
-    def _sink(self, outcome: TrialResult, attempts: int) -> None:
-        if self._write is not None:
-            self._write(outcome, attempts)
+    def _sink(self, outcomes: list[TrialResult], attempts: int) -> None:
+        if self._write is not None and outcomes:
+            self._write(outcomes, attempts)
 
     def on_trial_result(self, iteration, trials, trial, result, **info):
-        for outcome in reported_rows(result[RESULT_KEY]) if RESULT_KEY in result else []:
-            self._sink(outcome, trial.num_failures + 1)
+        if RESULT_KEY in result:  # an array's members over at one step: together, as one file of rows
+            self._sink(reported_rows(result[RESULT_KEY]), trial.num_failures + 1)
         if CHECKPOINT_ERROR_KEY in result and not self._told_checkpoint_error:
             self._told_checkpoint_error = True
             where = json.loads(result.get(PLACEMENT_KEY, "{}")).get("node_ip", "a node")
@@ -298,8 +298,8 @@ class OutcomeCallback(tune.Callback):
     def on_trial_error(self, iteration, trials, trial, **info):
         error, trace = _trial_error(trial)
         placement = last_placement(trial.last_result or {})
-        for cfg in trial_configs_from_ray(trial.config, self._cells):  # an array's final rows stay (RowWriter)
-            self._sink(failed_result(cfg, error, trace=trace, placement=placement), trial.num_failures)
+        cfgs = trial_configs_from_ray(trial.config, self._cells)  # an array's final rows stay (RowWriter)
+        self._sink([failed_result(cfg, error, trace=trace, placement=placement) for cfg in cfgs], trial.num_failures)
         self._over(trial)  # Ray's retries are spent: a later launch starts the cell afresh
 
 
@@ -397,9 +397,9 @@ def run_tune(
     by_id = {c.trial_id: c.to_dict() for c in cells}
     units = units or group_cells(cells, sweep.array_width)  # one Tune trial per array (alone: one per cell)
 
-    def sink(result: TrialResult, attempts: int) -> None:
-        on_outcome(result, attempts)
-        outcomes.add(result.trial_id)
+    def sink(results: list[TrialResult], attempts: int) -> None:
+        on_outcome(results, attempts)
+        outcomes.update(result.trial_id for result in results)
 
     tuner = tune.Tuner(
         # with_parameters: what every trial may need goes to the object store once, not into each one's config

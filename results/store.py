@@ -4,6 +4,9 @@
   moved into ``results/`` whole (a rename on a local disk; on object stores each object appears
   whole): readers never see a partial file. A failed row is replaced by its retry's; a final row
   (``ok``, ``diverged``: FINAL_STATUSES) is never written again.
+- Final rows that arrive together (a trial array's members over at one step) land as one file,
+  ``results/rows-<id>.parquet`` (``write_rows``): one file's cost (a Parquet footer, a staged write, a
+  rename) for the array instead of one per member, the most of the driver's work per row.
 - Final rows are compacted into ``results/part-<id>.parquet`` files (at a launch's round boundaries
   and by ``freezesweep compact``): 100,000 rows are tens of files, not 100,000 footers. ``compact``
   says how it stays crash-safe and never shows a row twice in ``results/``.
@@ -21,7 +24,7 @@ from __future__ import annotations
 import contextlib
 import os
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Collection, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
@@ -36,6 +39,9 @@ import pyarrow.parquet as pq
 
 RESULTS_DIR, STAGING_DIR, SPEC_FILE = "results", "_staging", "spec.yaml"
 COMPACTING_DIR, QUARANTINE_DIR, PART_PREFIX = "_compacting", "_quarantine", "part-"
+# results/rows-<id>.parquet: final rows written together (write_rows); compaction absorbs them as it does
+# single-row files
+ROWS_PREFIX = "rows-"
 # Outcomes that no rerun changes: the row is kept for good (a failed or oom row is replaced by a retry).
 FINAL_STATUSES = ("ok", "diverged")
 # Readers open row files FILES_PER_BATCH at a time, READ_THREADS at once: memory holds one batch's rows
@@ -62,6 +68,7 @@ _CURVE = pa.list_(
         ]
     )
 )
+CURVE_FIELDS = tuple(f.name for f in _CURVE.value_type)  # an evaluation's columns in ``eval_curve``
 PLACEMENT_TYPES = {
     "node_id": pa.string(),
     "node_ip": pa.string(),
@@ -283,16 +290,30 @@ class ResultStore:
 
     # --- rows -----------------------------------------------------------------------------------
     def write_row(self, row: dict[str, Any]) -> str:
-        table = pa.Table.from_pylist([row], schema=SCHEMA)
-        sink = pa.BufferOutputStream()
-        # one row: column statistics and dictionaries would only weigh the footer (a part gets them)
-        pq.write_table(table, sink, write_statistics=False, use_dictionary=False)
         final = f"{self.results_dir}/{row['trial_id']}.parquet"
-        self._write_atomic(final, sink.getvalue().to_pybytes(), on_staged=self.on_staged)
+        self._write_atomic(final, _parquet_bytes([row]), on_staged=self.on_staged)
         return final
 
+    def write_rows(self, rows: list[dict[str, Any]], replacing: Collection[str] = ()) -> list[str]:
+        """Rows that arrived together: the final ones (two or more) as one ``rows-<id>.parquet`` file,
+        any other alone (``write_row``: a retry replaces it). ``replacing``: cells that may hold a
+        single-row file of an earlier, not final, outcome; a final row here deletes it just before its
+        file is moved in (a plain reader never sees the cell twice; killed between the two, the cell
+        reads as missing and runs again, or Ray's record of it is written). Returns the files written."""
+        final = [row for row in rows if row["status"] in FINAL_STATUSES]
+        if len(final) < 2:
+            return [self.write_row(row) for row in rows]
+        path = f"{self.results_dir}/{ROWS_PREFIX}{uuid.uuid4().hex[:16]}.parquet"
+        stale = [f"{self.results_dir}/{row['trial_id']}.parquet" for row in final if row["trial_id"] in replacing]
+        self._write_atomic(path, _parquet_bytes(final), on_staged=self.on_staged, replacing=stale)
+        return [path, *(self.write_row(row) for row in rows if row["status"] not in FINAL_STATUSES)]
+
     def _write_atomic(
-        self, final: str, payload: bytes, on_staged: Callable[[pafs.FileSystem, str], None] | None = None
+        self,
+        final: str,
+        payload: bytes,
+        on_staged: Callable[[pafs.FileSystem, str], None] | None = None,
+        replacing: Collection[str] = (),
     ) -> None:
         if self.guard is not None:
             self.guard()
@@ -307,6 +328,8 @@ class ResultStore:
             raise
         if on_staged is not None:
             on_staged(self.fs, staged)
+        for path in replacing:
+            _delete_quietly(self.fs, path)
         self.fs.move(staged, final)
 
     def clean_staging(self) -> int:
@@ -323,21 +346,23 @@ class ResultStore:
     def layout(self) -> "Layout":
         """One listing of the sweep's row files (results/ and, for a compaction under way, _compacting/)."""
         results = self._list(self.results_dir)
-        singles = sorted(p for p in results if not _name(p).startswith(PART_PREFIX))
+        singles = sorted(p for p in results if not _name(p).startswith((PART_PREFIX, ROWS_PREFIX)))
         parts = sorted(p for p in results if _name(p).startswith(PART_PREFIX))
+        together = sorted(p for p in results if _name(p).startswith(ROWS_PREFIX))
         committed = {_name(p).removeprefix(PART_PREFIX).removesuffix(".parquet") for p in parts}
         compacting = self.fs.get_file_info(pafs.FileSelector(self.compacting_dir, allow_not_found=True, recursive=True))
         absorbed = [i.path for i in compacting if i.type == pafs.FileType.File and i.path.endswith(".parquet")]
         # files of a part not committed yet are still rows; those of a committed part are its rows again
         pending = sorted(p for p in absorbed if p.split("/")[-2] not in committed)
-        return Layout(singles, parts, pending)
+        return Layout(singles, parts, pending, together)
 
     def _list(self, folder: str) -> list[str]:
         infos = self.fs.get_file_info(pafs.FileSelector(folder, allow_not_found=True))
         return [i.path for i in infos if i.path.endswith(".parquet") and i.type == pafs.FileType.File]
 
     def row_files(self) -> list[str]:
-        """Every file holding rows, compacted parts first (a row in two places is read from its part)."""
+        """Every file holding rows, compacted parts first (a row in two places is read from its part),
+        then rows written together, then single-row files."""
         return self.layout().files
 
     def read_table(self, columns: list[str] | None = None) -> pa.Table:
@@ -397,7 +422,7 @@ class ResultStore:
         readable files, or the rows themselves in the moment a compaction shows a cell twice. Many
         single-row files: see ``_scan_many``."""
         layout = self.layout()
-        loose = [*layout.singles, *layout.compacting]
+        loose = [*layout.together, *layout.singles, *layout.compacting]
         if len(loose) > FILES_PER_BATCH:
             return self._scan_many(layout.parts, loose)
         cells = self.read_table(columns=["trial_id"])  # also names the unreadable files
@@ -436,18 +461,22 @@ class ResultStore:
             with self.fs.open_input_file(path) as f:
                 row = pq.read_table(f, columns=["status", "finished_at"]).to_pylist()[0]
             return row["status"], row["finished_at"]
-        parts = self.layout().parts  # compacted rows are final: their cells never get another row
+        layout = self.layout()  # parts and rows written together are final: their cells get no other row
+        parts = [*layout.parts, *layout.together]
         if not parts:
             return None
-        table = pq.ParquetDataset(parts, filesystem=self.fs, schema=SCHEMA).read(
+        # (ParquetDataset.read has no filter: this raised TypeError wherever a part existed, until a test read one)
+        table = ds.dataset(parts, schema=SCHEMA, format="parquet", filesystem=self.fs).to_table(
             columns=["trial_id", "status", "finished_at"], filter=pc.field("trial_id") == trial_id
         )
         return (table["status"][0].as_py(), table["finished_at"][0].as_py()) if len(table) else None
 
     def compactable(self, statuses: dict[str, str]) -> int:
-        """How many single-row files hold a final row (``statuses``: trial_id → status, as read):
-        what ``compact`` would put into one part."""
-        return sum(statuses.get(_name(p).removesuffix(".parquet")) in FINAL_STATUSES for p in self.layout().singles)
+        """How many files outside the parts hold only final rows (``statuses``: trial_id → status, as
+        read): single-row files of a final row, and rows written together. ``compact`` puts them into one part."""
+        layout = self.layout()
+        singles = sum(statuses.get(_name(p).removesuffix(".parquet")) in FINAL_STATUSES for p in layout.singles)
+        return singles + len(layout.together)
 
     def final_ids(self) -> set[str]:
         """Cells whose row is an outcome no rerun changes (FINAL_STATUSES): a launch runs the others."""
@@ -479,7 +508,8 @@ class ResultStore:
 
     # --- compaction ------------------------------------------------------------------------------
     def compact(self) -> int:
-        """Final rows (FINAL_STATUSES) in single-row files into one Parquet part; returns how many.
+        """Final rows (FINAL_STATUSES) in single-row files and in files of rows written together into one
+        Parquet part; returns how many files it absorbed.
         The caller holds the sweep's lock. Crash-safe, and never a row in two files of ``results/``:
         1. the part is written to _staging/; 2. the rows' files move to _compacting/<part>/ (a plain
         reader of results/ may miss them for that moment, never double them; freezesweep's readers read
@@ -488,7 +518,8 @@ class ResultStore:
         self.recover_compaction()
         part_id = uuid.uuid4().hex[:16]
         staged = f"{self.staging_dir}/{PART_PREFIX}{part_id}.parquet"
-        absorbed = self._write_part(self.layout().singles, staged)
+        layout = self.layout()
+        absorbed = self._write_part([*layout.together, *layout.singles], staged)
         if not absorbed:
             return 0
         self._compaction_step("staged")
@@ -563,11 +594,12 @@ class ResultStore:
 class Layout:
     singles: list[str]  # results/<trial_id>.parquet: one row each (new outcomes; failed rows)
     parts: list[str]  # results/part-<id>.parquet: compacted final rows
-    compacting: list[str]  # _compacting/<id>/<trial_id>.parquet of a part not committed yet
+    compacting: list[str]  # _compacting/<id>/<file>.parquet of a part not committed yet
+    together: list[str] = field(default_factory=list)  # results/rows-<id>.parquet: final rows written together
 
     @property
     def files(self) -> list[str]:
-        return [*self.parts, *self.singles, *self.compacting]
+        return [*self.parts, *self.together, *self.singles, *self.compacting]
 
 
 @dataclass(frozen=True)
@@ -596,13 +628,22 @@ class Repair:
         rows = self.held.get(path)
         if rows is not None and rows > 1:
             return f"the {rows:,} cells whose rows it held run again"
-        if rows is None and _name(path).startswith(PART_PREFIX):
-            return "the cells whose rows it held (a compacted part: several, its footer lost too) run again"
+        if rows is None and _name(path).startswith((PART_PREFIX, ROWS_PREFIX)):
+            kind = "a compacted part" if _name(path).startswith(PART_PREFIX) else "rows written together"
+            return f"the cells whose rows it held ({kind}: several, its footer lost too) run again"
         return "its cell runs again"
 
 
 def _name(path: str) -> str:
     return path.rsplit("/", 1)[-1]
+
+
+def _parquet_bytes(rows: list[dict[str, Any]]) -> bytes:
+    table = pa.Table.from_pylist(rows, schema=SCHEMA)
+    sink = pa.BufferOutputStream()
+    # a few rows: column statistics and dictionaries would only weigh the footer (a part gets them)
+    pq.write_table(table, sink, write_statistics=False, use_dictionary=False)
+    return sink.getvalue().to_pybytes()
 
 
 def _scan_local(files: list[str], columns: list[str]) -> tuple[list[str], pa.Table] | None:
@@ -663,17 +704,27 @@ class SpoolingWriter:
     def write_row(self, row: dict[str, Any]) -> bool:
         """True when the row reached the store now; False when it was spooled. Anything but an
         ``OSError`` (e.g. the sweep's lock was lost) is raised, with the row spooled first."""
+        return self.write_rows([row])
+
+    def write_rows(self, rows: list[dict[str, Any]], replacing: Collection[str] = ()) -> bool:
+        """``write_row`` for rows that arrived together (``ResultStore.write_rows``: the final ones as one
+        file). Spooled, they wait one file each; a row the store took before the error is dropped at
+        the flush (``_superseded``)."""
         try:
             if self.flush() == 0:  # older rows first: a row never overtakes one still waiting
-                self.store.write_row(row)
+                self.store.write_rows(rows, replacing)
                 return True
         except OSError as exc:
             self.last_error = exc
-        except Exception:  # e.g. the sweep's lock was lost: the finished row is kept, not dropped
-            self._spool(row)
+        except Exception:  # e.g. the sweep's lock was lost: the finished rows are kept, not dropped
+            self._spool_all(rows)
             raise
-        self._spool(row)
+        self._spool_all(rows)
         return False
+
+    def _spool_all(self, rows: list[dict[str, Any]]) -> None:
+        for row in rows:
+            self._spool(row)
 
     def _spool(self, row: dict[str, Any]) -> None:
         os.makedirs(self.spool_dir, exist_ok=True)

@@ -38,6 +38,22 @@ def tune_trials(monkeypatch):
     return handed
 
 
+@pytest.fixture
+def files_written(monkeypatch):
+    """The name of every row file the driver wrote (before compaction absorbed it)."""
+    from freezesweep.results.store import ResultStore
+
+    names = []
+    write = ResultStore._write_atomic
+
+    def spy(self, final, payload, *args, **kwargs):
+        names.append(final.rsplit("/", 1)[-1])
+        return write(self, final, payload, *args, **kwargs)
+
+    monkeypatch.setattr(ResultStore, "_write_atomic", spy)
+    return names
+
+
 def _rows(spec_path) -> pd.DataFrame:
     spec = load_spec(spec_path)
     rows = pd.read_parquet(f"{spec.store}/{spec.name}/results")
@@ -46,16 +62,22 @@ def _rows(spec_path) -> pd.DataFrame:
     return rows.set_index("trial_id")
 
 
-def test_one_tune_trial_per_array_and_the_rows_of_single_trials(write_spec, tune_trials):
+def test_one_tune_trial_per_array_and_the_rows_of_single_trials(write_spec, tune_trials, files_written):
+    """Each array is one Tune trial and its rows one file (the driver's work per cell divided by the
+    width); the rows are the single trials' rows."""
     alone = write_spec("alone")
     arrayed = write_spec("arrayed", training=ON, resources={"array_width": 2})
     slotted = write_spec("slotted", training=ON)  # width 8: arrays of 2 pool into one queue of slots
     assert launch(load_spec(alone), show_progress=False).ok == 4
     assert len(tune_trials) == 4 and all(len(unit) == 1 for unit in tune_trials)
+    assert sum(name.endswith(".parquet") and "-" not in name for name in files_written) == 4  # a file per row
     tune_trials.clear()
+    files_written.clear()
     summary = launch(load_spec(arrayed), show_progress=False)
     assert (summary.ran, summary.ok) == (4, 4)
     assert sorted(len(unit) for unit in tune_trials) == [2, 2]  # (n = 24: k = 0, 2), (n = 48: k = 0, 2)
+    assert sum(name.startswith("rows-") for name in files_written) == 2  # a file per array
+    assert not any(name.endswith(".parquet") and "-" not in name for name in files_written)
     tune_trials.clear()
     assert launch(load_spec(slotted), show_progress=False).ok == 4
     assert [len(unit) for unit in tune_trials] == [4]
@@ -104,21 +126,22 @@ def test_a_crashing_member_retries_its_array_and_every_cell_gets_one_row(write_s
 
 
 def test_resume_runs_only_the_missing_members_of_a_half_finished_array(write_spec, tmp_path, tune_trials):
-    """The driver dies writing an array's second row: resume runs the two members without a row, as
-    one array, and every cell ends with exactly one row."""
-    path = write_spec("half", train_sizes=[24], frozen_layers=[0, 1, 2], training=ON)
+    """One array of slots (n = 24 and 48, k = 0 and 2): the n = 24 members end first and their rows land
+    as one file; the driver dies writing the n = 48 members' file. Resume runs those two, as one
+    array (or writes Ray's record of them), and every cell ends with exactly one row."""
+    path = write_spec("half", training=ON)
     killed_launch(path, "kill-in-write@2")
     spec = load_spec(path)
     first = pd.read_parquet(f"{spec.store}/half/results")
-    assert len(first) == 1
+    assert sorted(first["train_size"]) == [24, 24]
     summary = launch(spec, show_progress=False)
-    assert summary.ran + summary.recovered == 2 and summary.already_ok == 1
-    assert [sorted(unit) for unit in tune_trials] == (
-        [sorted(set(summary_ids(path)) - set(first["trial_id"]))] if summary.ran == 2 else tune_trials
-    )
+    assert summary.ran + summary.recovered == 2 and summary.already_ok == 2
+    missing = sorted(set(summary_ids(path)) - set(first["trial_id"]))
+    assert [sorted(unit) for unit in tune_trials] == ([missing] if summary.ran == 2 else [])
     rows = _rows(path)
-    assert len(rows) == 3 and (rows["status"] == "ok").all()
-    assert rows.loc[first["trial_id"].iloc[0], "best_step"] == first["best_step"].iloc[0]  # kept as it was
+    assert len(rows) == 4 and (rows["status"] == "ok").all()
+    kept = rows.loc[list(first["trial_id"])]
+    assert list(kept["best_step"]) == list(first["best_step"])  # kept as they were
     assert all("trial_array" in o for o in rows["optimisations"])
 
 

@@ -132,7 +132,7 @@ def test_many_trials_wait_for_a_place_at_once(write_spec, tmp_path, monkeypatch)
             sweep,
             cells,
             ray_storage(ResultStore(sweep.spec.store, "pending"), cluster=False),
-            lambda result, attempts: None,
+            lambda results, attempts: None,
             experiment="pending",
             stop_if=stop_if,
         )

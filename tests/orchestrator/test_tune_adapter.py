@@ -159,7 +159,7 @@ def test_the_callback_hands_over_each_outcome_once_with_its_attempts(tiny_trial,
     outcomes, over = [], []
     cell = dataclasses.replace(tiny_trial, precision="fp32")
     callback = tune_adapter.OutcomeCallback(
-        lambda result, attempts: outcomes.append((result, attempts)),
+        lambda results, attempts: outcomes.extend((result, attempts) for result in results),
         {cell.trial_id: cell.to_dict()},
         trial_over=over.append,
     )
@@ -181,14 +181,15 @@ def test_the_callback_hands_over_each_outcome_once_with_its_attempts(tiny_trial,
 
 
 def test_an_arrays_report_of_several_rows_hands_over_each(tiny_trial):
-    """A trial array reports the rows that became final at one step as one result (a list): each
-    reaches the sink, with the array's attempts; a single trial's report (one row) as before."""
+    """A trial array reports the rows that became final at one step as one result (a list): they reach
+    the sink together (one file of rows), with the array's attempts; a single trial's report (one row)
+    as before."""
     from freezesweep.trials.config import TrialResult
 
     cells = [dataclasses.replace(tiny_trial, precision="fp32", frozen_layers=k) for k in (0, 1, 2)]
     outcomes = []
     callback = tune_adapter.OutcomeCallback(
-        lambda result, attempts: outcomes.append((result.trial_id, result.status, attempts)),
+        lambda results, attempts: outcomes.append([(r.trial_id, r.status, attempts) for r in results]),
         {c.trial_id: c.to_dict() for c in cells},
     )
     rows = [TrialResult(trial_id=c.trial_id, config=c, status="ok", best_val_score=0.8) for c in cells]
@@ -196,7 +197,7 @@ def test_an_arrays_report_of_several_rows_hands_over_each(tiny_trial):
     payload = json.dumps([r.to_dict() for r in rows[:2]], default=str)
     callback.on_trial_result(0, [], trial, {tune_adapter.RESULT_KEY: payload})
     callback.on_trial_result(0, [], trial, {tune_adapter.RESULT_KEY: json.dumps(rows[2].to_dict(), default=str)})
-    assert outcomes == [(c.trial_id, "ok", 2) for c in cells]
+    assert outcomes == [[(c.trial_id, "ok", 2) for c in cells[:2]], [(cells[2].trial_id, "ok", 2)]]
     assert [r.trial_id for r in tune_adapter.reported_rows(payload)] == [c.trial_id for c in cells[:2]]
 
 

@@ -243,3 +243,67 @@ def test_a_damaged_part_says_how_many_cells_run_again(tmp_path, damage):
     )
     assert note == f"warning: {part} could not be read; moved to {store.quarantine_dir} (kept) and {again}"
     assert store.statuses() == {}  # all four cells are missing now: a launch runs them again
+
+
+# --- issue 35: an array's final rows, written together as one file -----------------------------------
+def test_rows_written_together_are_one_file_every_reader_reads_once(tmp_path):
+    """An array's members over at one step: their final rows as one file (one footer, one staged write,
+    one rename: the driver's cost per row divided), any other row alone; compact absorbs the file."""
+    store = ResultStore(str(tmp_path), "s")
+    rows = [result_row("s", _result(seed, acc=0.6 + seed / 100)) for seed in range(3)]
+    rows += [result_row("s", _result(3, status="failed"))]
+    written = store.write_rows(rows)
+    folder = tmp_path / "s" / "results"
+    together = [p for p in folder.iterdir() if p.name.startswith(store_module.ROWS_PREFIX)]
+    assert len(written) == 2 and len(together) == 1 and pq.ParquetFile(together[0]).metadata.num_rows == 3
+    assert _each_reader(folder) == dict.fromkeys(["pandas", "duckdb", "polars", "pyarrow"], 4)
+    assert store.statuses() == {**{_result(s).trial_id: "ok" for s in range(3)}, _result(3).trial_id: "failed"}
+    assert store.stored(_result(1).trial_id)[0] == "ok"  # the spool's check finds a row written together
+    assert store.compactable(store.statuses()) == 1
+    before = _rows(store)
+    assert sql(store, "SELECT count(*) AS n FROM results")["n"][0] == 4
+    assert store.compact() == 1  # the file of three rows, absorbed whole
+    assert store.stored(_result(1).trial_id)[0] == "ok"  # and in a part (this raised TypeError before)
+    assert sorted(p.name[:5] for p in folder.iterdir()) == sorted(["part-", f"{_result(3).trial_id}"[:5]])
+    pd.testing.assert_frame_equal(_rows(store), before)
+
+
+def test_a_final_row_written_together_replaces_the_cells_failed_row(tmp_path):
+    """A cell whose earlier attempt failed (its single-row file) and whose retry ran in an array: the
+    failed file goes as the array's file comes, so no reader sees the cell twice; a write killed before
+    its rename leaves the failed row where it was (nothing lost)."""
+    store = ResultStore(str(tmp_path), "s")
+    store.write_row(result_row("s", _result(0, status="failed")))
+    rows = [result_row("s", _result(seed)) for seed in (0, 1)]
+
+    def killed(fs, staged):
+        raise SystemExit("killed before the rename")
+
+    store.on_staged = killed
+    with pytest.raises(SystemExit):
+        store.write_rows(rows, replacing={_result(0).trial_id})
+    store.on_staged = None
+    assert store.statuses() == {_result(0).trial_id: "failed"}
+    store.clean_staging()
+    store.write_rows(rows, replacing={_result(0).trial_id})
+    assert _each_reader(tmp_path / "s" / "results") == dict.fromkeys(["pandas", "duckdb", "polars", "pyarrow"], 2)
+    assert store.statuses() == {_result(0).trial_id: "ok", _result(1).trial_id: "ok"}
+
+
+def test_rows_written_together_while_the_store_is_away_wait_in_the_spool(tmp_path, monkeypatch):
+    """The store unreachable: each row waits in the spool, then reaches the store once; a row the store
+    took before it went away is not written twice."""
+    store = ResultStore(str(tmp_path / "store"), "s")
+    sink = SpoolingWriter(store, str(tmp_path / "spool"))
+    rows = [result_row("s", _result(seed)) for seed in range(3)]
+
+    def away(*args, **kwargs):
+        raise OSError("store unreachable")
+
+    monkeypatch.setattr(store, "write_rows", away)
+    assert not sink.write_rows(rows)
+    assert len(sink.pending()) == 3
+    monkeypatch.undo()
+    store.write_row(rows[0])  # the first reached the store before it went away
+    assert sink.flush() == 0 and sorted(store.statuses()) == sorted(_result(s).trial_id for s in range(3))
+    assert _each_reader(tmp_path / "store" / "s" / "results")["duckdb"] == 3

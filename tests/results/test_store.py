@@ -432,3 +432,25 @@ def test_a_full_disk_leaves_no_temporary_file(tmp_path):
         lock.release()
     assert _leftovers(tmp_path) == []
     assert set(ResultStore(str(tmp_path), "s").statuses()) == {_result(0).trial_id}  # the good row as it was
+
+
+def test_an_arrays_rows_reach_the_store_as_one_file_and_replace_failed_rows(tmp_path):
+    """RowWriter.write_all (what Tune's callback hands over: an array's members over at one step): the
+    final rows as one file, each counted and tracked; a cell whose stored row failed (read at the
+    launch's start, or written by this launch) has that row replaced, never shown twice."""
+    store = ResultStore(str(tmp_path), "s")
+    store.write_row(result_row("s", _result(0, status="failed")))  # an earlier launch's
+    tracked: list[dict] = []
+    progress = SweepProgress(total=4, done=0, enabled=False)
+    sink = SpoolingWriter(store, str(tmp_path / "spool"))
+    writer = RowWriter("s", sink, set(), progress, on_row=tracked.append, unfinished={_result(0).trial_id})
+    writer.write(_result(1, status="oom"), 1)  # this launch's
+    writer.write_all([_result(seed) for seed in range(3)] + [_result(3, status="failed")], 1)
+    files = sorted(p.name for p in (tmp_path / "s" / "results").iterdir())
+    assert len(files) == 2 and files[1].startswith("rows-")  # seed 3's failed row alone, the three ok together
+    assert duckdb.sql(f"SELECT count(*) FROM read_parquet('{tmp_path}/s/results/*.parquet')").fetchall() == [(4,)]
+    assert store.statuses() == {**{_result(s).trial_id: "ok" for s in range(3)}, _result(3).trial_id: "failed"}
+    assert (writer.ok, writer.failed, progress.failed) == (3, 1, 1)
+    assert [row["seed"] for row in tracked] == [1, 0, 1, 2, 3]
+    writer.write_all([_result(seed, acc=0.99) for seed in range(3)], 2)  # final rows are never written again
+    assert len(list((tmp_path / "s" / "results").iterdir())) == 2 and len(tracked) == 5
