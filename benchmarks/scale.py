@@ -1,11 +1,13 @@
 """Orchestration at scale: freezesweep's driver with real Ray Tune and an instant trial, so that only
 orchestration is measured (as Ray's own Tune scalability benchmark does: doc/source/tune/tutorials/
-tune-scalability.rst). Benchmark-only: the instant trial trains nothing; it reports a result of the
-size a real one has (a 20-point curve, the train indices) and the driver stores it as a row.
+tune-scalability.rst). Benchmark-only: the instant trial trains nothing; it reports what a real one
+reports, its 20 evaluations (the protocol's: 10 epochs, every half epoch) and a result of the size a
+real one has (a 20-point curve, the train indices), and the driver stores it as a row.
 
 For each grid size (--cells, default 1k, 10k, 100k), without and with trial arrays (trials/array.py:
-the 4 depths of a train size and seed as one Ray trial, which reports its members' rows, over at one
-step, in one report, as a real array does):
+the 4 depths of a train size and seed as one Ray trial, which reports its first member's evaluations
+and its members' rows, over at one step, in one report, as a real array does; the rows land as one
+file):
 - planning: the spec validated, resolved and expanded, and the cells still to run picked (in process);
 - a launch in a child process (the driver): time from its start to the first stored row, driver CPU
   per cell (the driver process's CPU time, all its threads, between the first and the last row it
@@ -14,6 +16,7 @@ step, in one report, as a real array does):
   grows with the grid, the quadratic launch it replaces paid it from the first trial.
 
     python benchmarks/scale.py [--cells 1000 10000 100000] [--full-max 10000] [--sample 2500] [--arrays both]
+    SCALE_EVALUATIONS=0 python benchmarks/scale.py …   # rows only, as measured before 2026-11-26
 """
 
 from __future__ import annotations
@@ -35,14 +38,20 @@ import yaml
 REPO = Path(__file__).resolve().parents[1]
 TRAIN_SIZES = [24, 48, 96, 120, 200]
 FROZEN_LAYERS = [-1, 0, 1, 2]
+EVALUATIONS_ENV = "SCALE_EVALUATIONS"  # read by the instant trial in Ray's workers (they inherit the driver's env)
 
 
 # --- the instant trial (runs in Ray's workers) ----------------------------------------------------
 def instant_trainable(config: dict, cells: dict, shipment=None, earlier=None, width=None) -> None:
-    """A trial that trains nothing: the result row a real trial of this cell would store, at once,
-    reported as the real trainables report it (a trial array's members, over at one step: one report)."""
+    """A trial that trains nothing: what a real trial of this cell reports, at once: its evaluations
+    (a single trial's all; an array's, its first member's, as ``array_trainable`` reports them), then
+    its row (a trial array's members, over at one step: one report). ``SCALE_EVALUATIONS=0``: rows only,
+    as this benchmark measured before 2026-11-26."""
+    import json
+
     from freezesweep.orchestrator.tune_adapter import (
         ray_placement,
+        report_evaluation,
         report_result,
         report_results,
         trial_configs_from_ray,
@@ -50,6 +59,9 @@ def instant_trainable(config: dict, cells: dict, shipment=None, earlier=None, wi
 
     cfgs, placement = trial_configs_from_ray(config, cells), ray_placement()
     rows = [instant_row(cfg, placement) for cfg in cfgs]
+    if os.environ.get(EVALUATIONS_ENV, "1") != "0":
+        for point in rows[0].eval_curve:
+            report_evaluation(point, json.dumps(placement))
     if len(rows) == 1:
         report_result(rows[0], cfgs[0], placement)
     else:
@@ -59,6 +71,7 @@ def instant_trainable(config: dict, cells: dict, shipment=None, earlier=None, wi
 def instant_row(cfg, placement: dict):
     from freezesweep.trials.config import EvalPoint, TrialResult
 
+    # the protocol's 20 evaluations (10 epochs, every half epoch)
     curve = tuple(EvalPoint(step=2 * i, epoch=i / 2, accuracy=0.5 + i / 100, loss=0.7 - i / 100) for i in range(1, 21))
     return TrialResult(
         trial_id=cfg.trial_id,
