@@ -689,28 +689,43 @@ def fit_array(run: ArrayRun) -> None:
     active member on its batch, each member is evaluated at its own schedule's steps (every slot in one
     pass), and a member that is over (its last step, or diverged at an evaluation) leaves with its row
     written; the next cell, if any, takes its slot."""
-    base, active = run.base, list(filter(None, run.members))
+    active = list(filter(None, run.members))
+    # A member lives only while it holds its slot: its optimizer state (AdamW: twice its trainable
+    # slices) is freed before its successor's first step makes one, so a queue of cells never holds
+    # more than the width the memory probe measured. Kept here, the first members stayed to the end.
+    run.members.clear()
     run.stack.model.train()
     segment_started = time.perf_counter()
     while active:
         losses = run.step(run, active)
         for member in active:
             count_step(member.state, losses[member.slot])
-        due = [m for m in active if m.state.step in m.ctx.schedule.eval_steps]
-        over = [m for m in active if m.state.step >= m.ctx.schedule.total_steps]
-        if not (due or over):
+        going_on = _evaluate_and_rotate(run, active, segment_started)
+        if going_on is None:
             continue
-        synchronize(base.device)
-        _share(active, "train_time_s", time.perf_counter() - segment_started)
-        if due:
-            _evaluate_members(run, due)
-        leaving = [m for m in active if m in over or m.state.diverged_at_step is not None]
-        if leaving:
-            active = [m for m in active if m not in leaving]
-            _finished(run, leaving)  # their rows, together, before the next cells take their slots
-            active += filter(None, (run.refill(m.slot) for m in leaving))
+        active = going_on
         run.stack.model.train()
         segment_started = time.perf_counter()
+
+
+def _evaluate_and_rotate(run: ArrayRun, active: list[Member], segment_started: float) -> list[Member] | None:
+    """At a step where a member is due an evaluation or over: the segment's time shared, the due ones
+    evaluated, those over (or diverged) gone with their rows, together, and their slots refilled;
+    returns the members that go on (None at any other step). No list of leavers outlives the call."""
+    due = [m for m in active if m.state.step in m.ctx.schedule.eval_steps]
+    over = [m for m in active if m.state.step >= m.ctx.schedule.total_steps]
+    if not (due or over):
+        return None
+    synchronize(run.base.device)
+    _share(active, "train_time_s", time.perf_counter() - segment_started)
+    if due:
+        _evaluate_members(run, due)
+    leaving = [m for m in active if m in over or m.state.diverged_at_step is not None]
+    if not leaving:
+        return active
+    _finished(run, leaving)  # their rows, together, before the next cells take their slots
+    staying = [m for m in active if m not in leaving]
+    return staying + [m for m in (run.refill(m.slot) for m in leaving) if m is not None]
 
 
 def _share(members: list[Member], name: str, seconds: float) -> None:

@@ -124,11 +124,11 @@ def test_one_step_is_each_single_trials_step_frozen_slices_bit_unchanged(cells):
 def test_frozen_slices_stay_bit_unchanged_through_a_fit_with_weight_decay(cells):
     cells = [dataclasses.replace(c, weight_decay=0.1) for c in cells]
     run = built(cells)
-    initial = slot_weights(run, 0)
+    initial, members = slot_weights(run, 0), list(run.members)  # fit_array lets each go as it leaves
     with arrays.first_token.narrowed(run.stack.model, run.reader):
         arrays.fit_array(run)
     moved = set()
-    for member in run.members:
+    for member in members:
         for name, tensor in run.stack.tensors.items():
             unchanged = torch.equal(tensor[member.slot], initial[name])
             assert unchanged != (name in member.leaves), (member.cfg.frozen_layers, name)
@@ -409,3 +409,29 @@ def test_small_arrays_pool_into_slot_queues(tiny_trial):
     assert sorted(len(u) for u in units) == [2, 10]
     assert [len(u) for u in group_cells(grid, width=8, slots=False)] == [2] * 5
     assert [len(u) for u in group_cells(grid, width=2)] == [2] * 5  # full arrays of one stream stay
+
+
+def test_a_member_that_left_its_slot_is_freed_before_its_successor_trains(tiny_trial, monkeypatch):
+    """A slot's member (its optimizer state: twice its trainable slices) goes with its row: a queue of
+    cells holds the members of its width, never the first ones to the end (it did: run.members)."""
+    import gc
+    import weakref
+
+    made, seen_alive = [], []
+    new_member = arrays.new_member
+
+    def tracked(*args, **kwargs):
+        member = new_member(*args, **kwargs)
+        made.append((member.cfg.trial_id, weakref.ref(member.optimizer)))
+        return member
+
+    def on_eval(cfg, point):  # the queue's last cell, training: the cells before it have left
+        if cfg.trial_id == cells[-1].trial_id:
+            gc.collect()
+            seen_alive.append([tid for tid, ref in made if ref() is not None])
+
+    monkeypatch.setattr(arrays, "new_member", tracked)
+    cells = [dataclasses.replace(tiny_trial, train_size=24, seed=s, frozen_layers=2) for s in range(3)]
+    results = run_array(cells, on_eval=on_eval, width=1)  # one slot: the cells one after another
+    assert [r.status for r in results] == ["ok"] * 3 and len(made) == 3
+    assert seen_alive and all(alive == [cells[-1].trial_id] for alive in seen_alive)
