@@ -307,3 +307,17 @@ def test_rows_written_together_while_the_store_is_away_wait_in_the_spool(tmp_pat
     store.write_row(rows[0])  # the first reached the store before it went away
     assert sink.flush() == 0 and sorted(store.statuses()) == sorted(_result(s).trial_id for s in range(3))
     assert _each_reader(tmp_path / "store" / "s" / "results")["duckdb"] == 3
+
+
+def test_a_spooled_row_reaches_a_store_that_has_a_part(tmp_path):
+    """Before: the spool's check (``stored``) read the parts with a filter ParquetDataset.read does not
+    take, so a resume after an outage raised TypeError wherever a round had been compacted."""
+    from freezesweep.orchestrator.launch import spool_dir
+
+    store = _filled(tmp_path, ok=3, failed=0)
+    assert store.compact() == 3
+    sink = SpoolingWriter(store, spool_dir(store))
+    sink._spool(result_row("s", _result(7)))  # the store was away when this row came
+    sink._spool(result_row("s", _result(1, status="failed")))  # an older attempt of a compacted cell
+    assert sink.flush() == 0
+    assert store.statuses() == {_result(s).trial_id: "ok" for s in (0, 1, 2, 7)}
