@@ -434,7 +434,8 @@ def _compact_advice(result_store: ResultStore, statuses: dict[str, str]) -> list
         return []
     where = "" if result_store.uri == DEFAULT_STORE else f" --store {result_store.uri}"
     return [
-        f"note: {singles:,} final rows are in single-row files, each opened by every command: run "
+        f"note: {singles:,} small files hold final rows (single-row files, or a trial array's rows), each opened by "
+        "every command: run "
         f"`freezesweep compact {result_store.sweep}{where}` to put them into one Parquet part"
     ]
 

@@ -300,12 +300,12 @@ class ResultStore:
         single-row file of an earlier, not final, outcome; a final row here deletes it just before its
         file is moved in (a plain reader never sees the cell twice; killed between the two, the cell
         reads as missing and runs again, or Ray's record of it is written). Returns the files written."""
-        final = [row for row in rows if row["status"] in FINAL_STATUSES]
-        if len(final) < 2:
+        final = list({row["trial_id"]: row for row in reversed(rows) if row["status"] in FINAL_STATUSES}.values())
+        if len(final) < 2:  # (one row per cell: a cell given twice keeps its first final row)
             return [self.write_row(row) for row in rows]
         path = f"{self.results_dir}/{ROWS_PREFIX}{uuid.uuid4().hex[:16]}.parquet"
         stale = [f"{self.results_dir}/{row['trial_id']}.parquet" for row in final if row["trial_id"] in replacing]
-        self._write_atomic(path, _parquet_bytes(final), on_staged=self.on_staged, replacing=stale)
+        self._write_atomic(path, _parquet_bytes(final[::-1]), on_staged=self.on_staged, replacing=stale)
         return [path, *(self.write_row(row) for row in rows if row["status"] not in FINAL_STATUSES)]
 
     def _write_atomic(
@@ -328,9 +328,27 @@ class ResultStore:
             raise
         if on_staged is not None:
             on_staged(self.fs, staged)
-        for path in replacing:
-            _delete_quietly(self.fs, path)
+        try:
+            self._replace(replacing)
+        except BaseException:
+            _delete_quietly(self.fs, staged)
+            raise
         self.fs.move(staged, final)
+
+    def _replace(self, paths: Collection[str]) -> None:
+        """Delete the single-row files a file about to move in replaces. Unlike a file moved over its
+        own name, a rows- file does not replace them by itself: the lock is checked again first (a
+        driver that lost the sweep since must not delete the new holder's rows), and a file that cannot
+        be deleted stops the write (its rows are spooled) rather than leave its cell twice in results/."""
+        if not paths:
+            return
+        if self.guard is not None:
+            self.guard()
+        for path in paths:
+            try:
+                self.fs.delete_file(path)
+            except FileNotFoundError:
+                pass  # the cell's earlier row never reached the store, or was replaced already
 
     def clean_staging(self) -> int:
         """Remove leftovers of writes that a crash interrupted; they were never visible to readers."""

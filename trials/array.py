@@ -697,15 +697,18 @@ def fit_array(run: ArrayRun) -> None:
     run.stack.model.train()
     segment_started = time.perf_counter()
     while active:
-        losses = run.step(run, active)
-        for member in active:
-            count_step(member.state, losses[member.slot])
+        _count_steps(active, run.step(run, active))  # (no loop variable here keeps a leaver alive)
         going_on = _evaluate_and_rotate(run, active, segment_started)
         if going_on is None:
             continue
         active = going_on
         run.stack.model.train()
         segment_started = time.perf_counter()
+
+
+def _count_steps(active: list[Member], losses: torch.Tensor) -> None:
+    for member in active:
+        count_step(member.state, losses[member.slot])
 
 
 def _evaluate_and_rotate(run: ArrayRun, active: list[Member], segment_started: float) -> list[Member] | None:

@@ -168,7 +168,7 @@ def test_status_on_many_single_row_files_says_to_compact(write_spec, tmp_path, m
     args = ["status", "many", "--store", str(tmp_path / "store")]
     done = runner.invoke(app, args)
     assert done.exit_code == 0, done.output
-    assert "note: 3 final rows are in single-row files" in done.stderr
+    assert "note: 3 small files hold final rows" in done.stderr
     assert f"`freezesweep compact many --store {tmp_path / 'store'}`" in done.stderr.replace("\n", "")
     assert runner.invoke(app, ["compact", *args[1:]]).exit_code == 0
     assert "compact" not in runner.invoke(app, args).stderr  # the failed row's file alone: nothing to compact

@@ -321,3 +321,52 @@ def test_a_spooled_row_reaches_a_store_that_has_a_part(tmp_path):
     sink._spool(result_row("s", _result(1, status="failed")))  # an older attempt of a compacted cell
     assert sink.flush() == 0
     assert store.statuses() == {_result(s).trial_id: "ok" for s in (0, 1, 2, 7)}
+
+
+class _Undeletable:
+    """The store's filesystem, where no file can be deleted (permissions, an object store's passing
+    error)."""
+
+    def __init__(self, fs):
+        self._fs = fs
+
+    def __getattr__(self, name):
+        return getattr(self._fs, name)
+
+    def delete_file(self, path):
+        raise PermissionError(f"cannot delete {path}")
+
+
+def test_a_failed_row_that_cannot_be_deleted_stops_the_write_and_the_rows_wait(tmp_path):
+    """The rows' file would hold a cell whose failed single-row file stays: a plain reader would see the
+    cell twice for good. The write stops instead; its rows wait in the spool and replace the file later."""
+    store = ResultStore(str(tmp_path / "store"), "s")
+    store.write_row(result_row("s", _result(0, status="failed")))
+    sink = SpoolingWriter(store, str(tmp_path / "spool"))
+    real, store.fs = store.fs, _Undeletable(store.fs)
+    assert not sink.write_rows([result_row("s", _result(seed)) for seed in (0, 1)], replacing={_result(0).trial_id})
+    store.fs = real
+    assert store.statuses() == {_result(0).trial_id: "failed"} and len(sink.pending()) == 2
+    assert sink.flush() == 0
+    assert _each_reader(tmp_path / "store" / "s" / "results")["duckdb"] == 2
+    assert store.statuses() == {_result(0).trial_id: "ok", _result(1).trial_id: "ok"}
+
+
+def test_a_driver_that_lost_the_sweep_while_staging_deletes_and_moves_nothing(tmp_path):
+    """The lock is checked again between the staged write and the delete and move it makes."""
+    from freezesweep.results.lock import LockLost
+
+    store = ResultStore(str(tmp_path), "s")
+    store.write_row(result_row("s", _result(0, status="failed")))
+    checks = []
+
+    def guard():
+        checks.append(1)
+        if len(checks) > 1:
+            raise LockLost("the sweep was taken over")
+
+    store.guard = guard
+    with pytest.raises(LockLost):
+        store.write_rows([result_row("s", _result(seed)) for seed in (0, 1)], replacing={_result(0).trial_id})
+    assert len(checks) == 2 and store.statuses() == {_result(0).trial_id: "failed"}
+    assert not list((tmp_path / "s" / "_staging").iterdir())

@@ -412,26 +412,29 @@ def test_small_arrays_pool_into_slot_queues(tiny_trial):
 
 
 def test_a_member_that_left_its_slot_is_freed_before_its_successor_trains(tiny_trial, monkeypatch):
-    """A slot's member (its optimizer state: twice its trainable slices) goes with its row: a queue of
-    cells holds the members of its width, never the first ones to the end (it did: run.members)."""
+    """A slot's member (its optimizer state: twice its trainable slices) goes with its row: at every
+    step (where a successor's first makes its AdamW state) the members alive are the slots' own, never
+    one that left (the first ones stayed to the end in run.members; a loop variable kept one a step)."""
     import gc
     import weakref
 
-    made, seen_alive = [], []
-    new_member = arrays.new_member
+    made, steps = [], []
+    new_member, own_step = arrays.new_member, arrays.own_step
 
     def tracked(*args, **kwargs):
         member = new_member(*args, **kwargs)
         made.append((member.cfg.trial_id, weakref.ref(member.optimizer)))
         return member
 
-    def on_eval(cfg, point):  # the queue's last cell, training: the cells before it have left
-        if cfg.trial_id == cells[-1].trial_id:
-            gc.collect()
-            seen_alive.append([tid for tid, ref in made if ref() is not None])
+    def step(stack, active, *args, **kwargs):
+        gc.collect()
+        steps.append(({tid for tid, ref in made if ref() is not None}, {m.cfg.trial_id for m in active}))
+        return own_step(stack, active, *args, **kwargs)
 
     monkeypatch.setattr(arrays, "new_member", tracked)
+    monkeypatch.setattr(arrays, "own_step", step)
     cells = [dataclasses.replace(tiny_trial, train_size=24, seed=s, frozen_layers=2) for s in range(3)]
-    results = run_array(cells, on_eval=on_eval, width=1)  # one slot: the cells one after another
+    results = run_array(cells, width=1)  # one slot: the cells one after another
     assert [r.status for r in results] == ["ok"] * 3 and len(made) == 3
-    assert seen_alive and all(alive == [cells[-1].trial_id] for alive in seen_alive)
+    assert {frozenset(active) for _, active in steps} == {frozenset([c.trial_id]) for c in cells}
+    assert all(alive == active for alive, active in steps)
