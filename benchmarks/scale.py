@@ -60,8 +60,9 @@ def instant_trainable(config: dict, cells: dict, shipment=None, earlier=None, wi
     cfgs, placement = trial_configs_from_ray(config, cells), ray_placement()
     rows = [instant_row(cfg, placement) for cfg in cfgs]
     if os.environ.get(EVALUATIONS_ENV, "1") != "0":
+        placed = json.dumps(placement)
         for point in rows[0].eval_curve:
-            report_evaluation(point, json.dumps(placement))
+            report_evaluation(point, placed)
     if len(rows) == 1:
         report_result(rows[0], cfgs[0], placement)
     else:

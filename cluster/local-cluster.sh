@@ -20,14 +20,16 @@
 # Environment: RAY_PORT (6380), RAY_DASHBOARD_PORT (8265: the jobs API of the head), RAY_HEAD_CPUS (1),
 # RAY_HEAD_GPUS (0), RAY_WORKER_CPUS (2), RAY_CLUSTER_DIR; each node also gets the environment this
 # script runs with (a worker started with FREEZESWEEP_FAULT set fails its trials that way).
-# The cluster lives in one folder of its own (RAY_CLUSTER_DIR, default $TMPDIR/freezesweep-ray-UID-PORT,
+# The cluster lives in one folder of its own (RAY_CLUSTER_DIR, default <temp>/freezesweep-ray-UID-PORT,
 # short: Ray's socket paths under it must fit in 107 bytes); each worker keeps its sessions in a
 # subfolder named after it (Ray's --temp-dir is per node). `stop` ends only the processes whose command
 # line names that folder, `kill-worker` those naming the worker's subfolder: `ray stop` has no such
 # option and would end every Ray on the machine.
 set -euo pipefail
 PORT=${RAY_PORT:-6380}
-DIR=${RAY_CLUSTER_DIR:-${TMPDIR:-/tmp}/freezesweep-ray-$(id -u)-$PORT}
+# the system's temporary folder as Python's tempfile names it (TMPDIR, TEMP, TMP, else the platform's)
+TMP_DIR=$(python3 -c 'import tempfile; print(tempfile.gettempdir())')
+DIR=${RAY_CLUSTER_DIR:-$TMP_DIR/freezesweep-ray-$(id -u)-$PORT}
 DIR=${DIR%/}
 GRACE_S=${RAY_STOP_GRACE_S:-16}  # as `ray stop --grace-period`
 export RAY_AUTH_MODE=token

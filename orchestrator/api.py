@@ -157,7 +157,7 @@ def plan(spec: SpecSource, *, store: str | None = None) -> Plan:
     from freezesweep.orchestrator.plan import build_grid
     from freezesweep.orchestrator.sweeps import next_cells, resolve_for_plan
     from freezesweep.results.query import status_table
-    from freezesweep.results.store import FINAL_STATUSES
+    from freezesweep.results.store import final_of
     from freezesweep.trials.placement import mps_here
 
     spec = load_spec(spec, store=store, check_devices=False)  # the trials' machines are not here
@@ -166,7 +166,7 @@ def plan(spec: SpecSource, *, store: str | None = None) -> Plan:
     result_store = ResultStore(spec.store, spec.name)
     rows = result_store.read_table(columns=["trial_id", "status", "wall_time_s"]).to_pandas()
     statuses = dict(zip(rows["trial_id"], rows["status"]))
-    done = {t for t, s in statuses.items() if s in FINAL_STATUSES}
+    done = final_of(statuses)
     pending = list(next_cells(sweep, result_store, done))
     per_round = spec.resources.cells_per_round
     at_once = spec.resources.max_concurrent_trials or max(

@@ -55,7 +55,7 @@ from freezesweep.orchestrator.spec import DEFAULT_STORE, SpecError, SweepSpec
 from freezesweep.orchestrator.sweeps import OLD_SWEEP, next_cells, precision_here, resolve_spec
 from freezesweep.orchestrator.tune_adapter import recover_from_ray, run_tune
 from freezesweep.results.lock import SweepLock
-from freezesweep.results.store import FINAL_STATUSES, ResultStore, SpoolingWriter
+from freezesweep.results.store import FINAL_STATUSES, ResultStore, SpoolingWriter, final_of
 from freezesweep.trials.array import array_key, group_cells
 from freezesweep.trials.config import TrialConfig, TrialResult
 from freezesweep.trials.memory_probe import describe
@@ -240,14 +240,15 @@ def run(
         store.guard = lock.check  # a driver that lost the sweep to another stops writing, saying why
         sink = open_for_writing(store, sweep)
         statuses = store.statuses()
-        done = {tid for tid, status in statuses.items() if status in FINAL_STATUSES}
+        done = final_of(statuses)
+        unfinished = set(statuses) - done  # cells whose stored row a final one replaces
         total = grid_size(sweep)
         pending = peeked(next_cells(sweep, store, done))
         if pending is None:
             return LaunchSummary(total, len(done), 0, 0, 0, sweep=sweep.name, store=sweep.spec.store)
         session.connect()  # before Tune reads its state back: the session decides where Ray runs
         storage = ray_storage(store, cluster=sweep.on_cluster)
-        recovered = recover_rows(storage, sink, sweep.name, done, unfinished=set(statuses) - done)
+        recovered = recover_rows(storage, sink, sweep.name, done, unfinished)
         pending = peeked(c for c in pending if c.trial_id not in recovered)
         if pending is None:
             return LaunchSummary(
@@ -264,7 +265,7 @@ def run(
             done | recovered,
             SweepProgress(total=total, done=len(done | recovered), enabled=show_progress),
             on_row=row_tracker(sweep),
-            unfinished=set(statuses) - done - recovered,
+            unfinished=unfinished - recovered,
         )
         retried = run_rounds(Launch(sweep, storage, writer, lock.raise_if_lost, faults, trainable), pending)
         flush_or_fail(sink)

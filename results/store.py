@@ -300,12 +300,16 @@ class ResultStore:
         single-row file of an earlier, not final, outcome; a final row here deletes it just before its
         file is moved in (a plain reader never sees the cell twice; killed between the two, the cell
         reads as missing and runs again, or Ray's record of it is written). Returns the files written."""
-        final = list({row["trial_id"]: row for row in reversed(rows) if row["status"] in FINAL_STATUSES}.values())
-        if len(final) < 2:  # (one row per cell: a cell given twice keeps its first final row)
+        firsts: dict[str, dict[str, Any]] = {}  # one row per cell: a cell given twice keeps its first
+        for row in rows:
+            if row["status"] in FINAL_STATUSES:
+                firsts.setdefault(row["trial_id"], row)
+        final = list(firsts.values())
+        if len(final) < 2:
             return [self.write_row(row) for row in rows]
         path = f"{self.results_dir}/{ROWS_PREFIX}{uuid.uuid4().hex[:16]}.parquet"
         stale = [f"{self.results_dir}/{row['trial_id']}.parquet" for row in final if row["trial_id"] in replacing]
-        self._write_atomic(path, _parquet_bytes(final[::-1]), on_staged=self.on_staged, replacing=stale)
+        self._write_atomic(path, _parquet_bytes(final), on_staged=self.on_staged, replacing=stale)
         return [path, *(self.write_row(row) for row in rows if row["status"] not in FINAL_STATUSES)]
 
     def _write_atomic(
@@ -483,7 +487,7 @@ class ResultStore:
         parts = [*layout.parts, *layout.together]
         if not parts:
             return None
-        # (ParquetDataset.read has no filter: this raised TypeError wherever a part existed, until a test read one)
+        # a dataset: ParquetDataset.read takes no filter
         table = ds.dataset(parts, schema=SCHEMA, format="parquet", filesystem=self.fs).to_table(
             columns=["trial_id", "status", "finished_at"], filter=pc.field("trial_id") == trial_id
         )
@@ -498,7 +502,7 @@ class ResultStore:
 
     def final_ids(self) -> set[str]:
         """Cells whose row is an outcome no rerun changes (FINAL_STATUSES): a launch runs the others."""
-        return {tid for tid, status in self.statuses().items() if status in FINAL_STATUSES}
+        return final_of(self.statuses())
 
     # --- damage --------------------------------------------------------------------------------------
     def quarantine_unreadable(self) -> list[str]:
@@ -650,6 +654,11 @@ class Repair:
             kind = "a compacted part" if _name(path).startswith(PART_PREFIX) else "rows written together"
             return f"the cells whose rows it held ({kind}: several, its footer lost too) run again"
         return "its cell runs again"
+
+
+def final_of(statuses: dict[str, str]) -> set[str]:
+    """The cells of ``statuses`` (trial_id → status) whose row is final (FINAL_STATUSES)."""
+    return {tid for tid, status in statuses.items() if status in FINAL_STATUSES}
 
 
 def _name(path: str) -> str:

@@ -503,9 +503,8 @@ def run_array(
     ``on_eval`` gets every member's evaluations (with its config), ``on_results`` the results that
     became final at one step, together, as soon as they are (a Ray trial reports them as one result:
     the driver's work per report is paid once); ``worker`` as ``run_trial``'s. Cells that differ only
-    in frozen depth all
-    train at once on one batch stream; others take turns in ``width`` slots (default: as many as the
-    cells), the next cell taking a slot as soon as its member is over. Raises on failure, as
+    in frozen depth all train at once on one batch stream; others take turns in ``width`` slots
+    (default: as many as the cells), the next cell taking a slot as soon as its member is over. Raises on failure, as
     ``run_trial`` does; cells that cannot share one array raise ValueError at once. A model that does
     not qualify (``array_agrees``) runs its cells as single trials, one after another."""
     started = time.perf_counter()
