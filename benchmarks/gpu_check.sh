@@ -81,9 +81,12 @@ else
   DATASETS=(glue/sst2 glue/cola) EPOCHS=10 WORKERS=8 ARRAY_WORKERS=${GPU_CHECK_ARRAY_WORKERS:-4} WIDTH=7 EVAL=()
   LIMITS=(tests=70 profile=75 grid=125 arrays=80)  # 350 s with the start; each a `timeout`
 fi
+if [ -n "${GPU_CHECK_LIMITS:-}" ]; then  # e.g. "profile=150 arrays=130": a part run alone on a longer lease
+  read -ra LIMITS <<< "$GPU_CHECK_LIMITS ${LIMITS[*]}"  # the first of a name wins (limit)
+fi
 PARTS=(tests profile grid arrays)
 FILES=(check.log tests.log profile.log profile.json grid.log grid.json arrays.log arrays.json)  # what `all` writes
-limit() { local kv; for kv in "${LIMITS[@]}"; do if [ "${kv%%=*}" = "$1" ]; then echo "${kv#*=}"; fi; done; }
+limit() { local kv; for kv in "${LIMITS[@]}"; do if [ "${kv%%=*}" = "$1" ]; then echo "${kv#*=}"; return; fi; done; }
 
 environment() {
   [ -d "$CARRY/glue" ] || { echo "run 'bash benchmarks/gpu_check.sh prepare' here first and carry $CARRY" >&2; exit 2; }

@@ -62,6 +62,7 @@ import collections
 import contextlib
 import dataclasses
 import functools
+import logging
 import re
 import time
 from collections.abc import Callable, Sequence
@@ -78,6 +79,7 @@ from freezesweep.trials.eval_cache import PrefixStates, eval_mode, starting_at
 from freezesweep.trials.evaluate import eval_labels, task_loss
 from freezesweep.trials.freezing import FreezeReport, find_encoder_parts
 from freezesweep.trials.metrics import compute_metrics, constant
+from freezesweep.trials.model import eager_attention
 from freezesweep.trials.oom import catch_oom, is_oom
 from freezesweep.trials.packing import PackedFeed, PaddedFeed
 from freezesweep.trials.precision import PrecisionPlan, resolve_config, resolve_precision, synchronize, trial_device
@@ -112,6 +114,7 @@ from freezesweep.trials.train import (
 )
 from freezesweep.trials.worker import FeedKey, WorkerState, process_worker
 
+log = logging.getLogger(__name__)
 OPTIMISATION = "trial_array"  # what the rows of an array's members say among their optimisations
 ARRAY_PRECISIONS = ("bf16", "fp32")
 ArrayEval = Callable[[TrialConfig, EvalPoint], None]
@@ -562,7 +565,7 @@ def build_array(
     first = cfgs[0]
     device, precision = start_trial(first)
     data = trial_data(first, device, worker)
-    model = trial_model(first, data, device)
+    model = eager_attention(trial_model(first, data, device))  # vmap draws its dropout (trials/model.py)
     own = len({(c.seed, c.train_size) for c in cfgs}) > 1 or len(cfgs) > width  # slots: a stream each
     common = dataclasses.replace(first, frozen_layers=min(c.frozen_layers for c in cfgs))  # what all freeze
     reader, feed = feed_of(common, model, data, device, packed=not own)
@@ -781,14 +784,18 @@ def array_agrees(model: nn.Module, batch: Batch, feed, key: FeedKey, worker: Wor
     """Whether a 2-member array of ``model`` gives the plain model's logits and gradients on ``batch``
     (a few training rows, fed as the trial feeds them), in fp32, in training mode with the same dropout
     draws; a check that raises (a layer ``vmap`` has no rule for) is a "no". The verdict is kept in the
-    worker per (model, class, feed)."""
+    worker per (model, class, feed); a "no" is logged with what differed."""
     verdict = (key, type(feed).__name__)
     if verdict not in worker.array_verdicts:
-        worker.array_verdicts[verdict] = _agrees(model, batch, feed)
+        reason = _disagreement(model, batch, feed)
+        if reason:  # said once per worker and model: its cells' rows then lack trial_array
+            log.warning("%s trains its members as single trials, not as an array: %s", key.model, reason)
+        worker.array_verdicts[verdict] = not reason
     return worker.array_verdicts[verdict]
 
 
-def _agrees(model: nn.Module, batch: Batch, feed) -> bool:
+def _disagreement(model: nn.Module, batch: Batch, feed) -> str:
+    """An empty string where a 2-member array gives the plain model's numbers, else what differs (or what raised)."""
     fed = feed.prepare(batch.to(torch.device("cpu"))).to(batch.input_ids.device)
     params = dict(model.named_parameters())
     devices = [batch.input_ids.device] if batch.input_ids.is_cuda else []
@@ -807,9 +814,11 @@ def _agrees(model: nn.Module, batch: Batch, feed) -> bool:
     except Exception as exc:  # a model this cannot serve trains its members alone, never a failed trial
         if is_oom(exc):
             raise
-        return False
-    pairs = [(plain, stacked)] + [(g, s) for g, s in zip(plain_grads, grads) if g is not None or s is not None]
-    return all(_close(a, b) for a, b in pairs)
+        return f"{type(exc).__name__}: {exc}"
+    pairs = [("logits", plain, stacked)] + [
+        (f"{name}'s gradient", g, s) for name, g, s in zip(params, plain_grads, grads) if g is not None or s is not None
+    ]
+    return next((f"{name} differ by {_gap(a, b)}" for name, a, b in pairs if not _close(a, b)), "")
 
 
 def slots_mask_form(model: nn.Module, batch: Batch, pad_id: int, key: FeedKey, worker: WorkerState) -> str | None:
@@ -819,6 +828,8 @@ def slots_mask_form(model: nn.Module, batch: Batch, pad_id: int, key: FeedKey, w
     verdict = (key, "slots")
     if verdict not in worker.array_verdicts:
         worker.array_verdicts[verdict] = _mask_form(model, batch, pad_id)
+        if worker.array_verdicts[verdict] is None:
+            log.warning("%s takes no batched padding mask: its cells of other seeds and sizes run apart", key.model)
     return worker.array_verdicts[verdict]
 
 
@@ -860,6 +871,12 @@ def _wider(batch: Batch, tokens: int, pad_id: int) -> Batch:
         batch.labels,
         token_type_ids=grown(batch.token_type_ids, 0),
     )
+
+
+def _gap(single: torch.Tensor | None, stacked: torch.Tensor | None) -> str:
+    if single is None or stacked is None:
+        return "a missing gradient"
+    return f"{max(float((m.float() - single.float()).abs().max()) for m in stacked):.3g} at most"
 
 
 def _close(single: torch.Tensor | None, stacked: torch.Tensor | None) -> bool:

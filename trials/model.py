@@ -108,6 +108,17 @@ def attention_for(model: PreTrainedModel, device: torch.device) -> PreTrainedMod
     CPU's SDPA kernels are the slower ones (measured, MiniLM-L6 in bf16 on one core: a full validation
     pass 3.52 -> 3.39 s, a packed training step 0.22 -> 0.17 s: a block-diagonal mask with dropout
     sends SDPA to its unfused path); a GPU's fused SDPA kernels are what it is built for."""
-    if device.type == "cpu" and hasattr(model, "set_attn_implementation"):
+    if device.type == "cpu":
+        return eager_attention(model)
+    return model
+
+
+def eager_attention(model: PreTrainedModel) -> PreTrainedModel:
+    """The model's attention as plain operators (matrix products, softmax, dropout). A trial array
+    (trials/array.py) runs the model under ``torch.func.vmap``: a GPU's fused SDPA kernels draw their
+    attention dropout inside the kernel, so vmapped members do not draw the plain model's masks, and
+    the array's check (``array_agrees``) refused every model on a GPU (issue 35, seen on an H100);
+    eager attention's dropout is an operator that ``vmap`` draws as its ``randomness`` says."""
+    if hasattr(model, "set_attn_implementation"):
         model.set_attn_implementation("eager")
     return model
