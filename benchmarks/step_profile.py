@@ -10,9 +10,10 @@ shape, 110 M parameters; or a folder), its tokenizer MiniLM-L6's (the BERT uncas
 data real SST-2 where ``--data-dir``/``FREEZESWEEP_DATA_DIR`` holds it, else a toy task of the same shape.
 
 How: every figure is a difference of two whole trials through ``run_trial`` (or ``run_array``), one
-of W steps and one of W + N, each with one evaluation, at the end, after a first trial that warms the
-worker's caches: set-up, the evaluation and whatever else both do cancel, and what is left is N steps
-of the real loop (batch gathering, forward, backward, clipping, AdamW, loss tracking), divided by N.
+of W steps and one of W + N, each with one evaluation, at the end, after a first trial of W + N steps
+that warms the worker's caches and meets every batch shape: set-up, the evaluation and whatever else
+both do cancel, and what is left is N steps of the real loop (batch gathering, forward, backward,
+clipping, AdamW, loss tracking), divided by N.
 Timings come from runs without instruments; kernels, launches and syncs from runs under
 ``torch.profiler`` and the sync spy (trials/syncs.py: every sync point of torch's Python API and the
 project's, plus torch's own CUDA sync detector on a GPU). On a CPU the device time is the wall time.
@@ -199,7 +200,10 @@ def counted(run, cfgs) -> Run:
 
 def per_step(args, run, make) -> dict:
     """N steps' worth of every figure: (W + N steps) − (W steps), over N."""
-    run(make(args.warmup_steps))  # warms the worker: tokenized splits, the initial model, the feed verdicts
+    # Warms the worker (tokenized splits, the initial model, the feed verdicts) and every shape the long
+    # run will meet: a GPU's first call of a shape can cost far more than its step (cuDNN's plan builds,
+    # trials/model.py attention_kernels), which would otherwise land in the difference below.
+    run(make(args.warmup_steps + args.steps))
     short, long = make(args.warmup_steps), make(args.warmup_steps + args.steps)
     long_run = timed(run, long)
     time_diff = long_run - timed(run, short)

@@ -22,8 +22,12 @@ code: every family, the narrowed last layer (trials/first_token.py), packed batc
 (trials/packing.py) and the evaluation cache's layer swap (trials/eval_cache.py) work unchanged
 through it, with no layer library of our own to keep exact. Masks and the rest of the inputs stay
 unbatched (HF's mask-building code branches on their values, which ``vmap`` refuses on batched ones).
-Dropout draws with ``randomness="same"``: the members share their seed and step, so each single
-trial would draw these very masks (a frozen layer still runs dropout in training).
+Dropout draws with ``randomness="same"``: the members share their seed and step, so they draw the same
+masks (a frozen layer still runs dropout in training). On a CPU these are their single trials' very
+masks; on a GPU vmap draws them with another kernel than the plain model's fused dropout (seen on an
+H100: the same function, other masks), so there a member's curve is its single trial's in distribution.
+The array's model runs eager attention on every device (trials/model.py ``eager_attention``): a GPU's
+fused SDPA cannot draw dropout under ``randomness="same"`` (vmap raises).
 
 A member's frozen slices (a layer some member trains and this one freezes) are not in its optimizer:
 they keep their initial values bit for bit, weight decay on or off, and their gradients are never in
@@ -782,9 +786,9 @@ def check_together(cfgs: Sequence[TrialConfig]) -> None:
 # --- does the model qualify: measured once per model class, feed and worker --------------------------
 def array_agrees(model: nn.Module, batch: Batch, feed, key: FeedKey, worker: WorkerState) -> bool:
     """Whether a 2-member array of ``model`` gives the plain model's logits and gradients on ``batch``
-    (a few training rows, fed as the trial feeds them), in fp32, in training mode with the same dropout
-    draws; a check that raises (a layer ``vmap`` has no rule for) is a "no". The verdict is kept in the
-    worker per (model, class, feed); a "no" is logged with what differed."""
+    (a few training rows, fed as the trial feeds them), in fp32, dropout off, and trains in training
+    mode (its dropout drawn by ``vmap``); a check that raises (a layer ``vmap`` has no rule for) is a
+    "no". The verdict is kept in the worker per (model, class, feed); a "no" is logged with what differed."""
     verdict = (key, type(feed).__name__)
     if verdict not in worker.array_verdicts:
         reason = _disagreement(model, batch, feed)
@@ -795,22 +799,19 @@ def array_agrees(model: nn.Module, batch: Batch, feed, key: FeedKey, worker: Wor
 
 
 def _disagreement(model: nn.Module, batch: Batch, feed) -> str:
-    """An empty string where a 2-member array gives the plain model's numbers, else what differs (or what raised)."""
+    """An empty string where a 2-member array gives the plain model's numbers, else what differs (or
+    what raised). The numbers are compared with dropout off: a GPU's vmapped dropout draws other masks
+    than the plain model's fused kernel, the same function either way (module docstring)."""
     fed = feed.prepare(batch.to(torch.device("cpu"))).to(batch.input_ids.device)
     params = dict(model.named_parameters())
     devices = [batch.input_ids.device] if batch.input_ids.is_cuda else []
     try:
-        with torch.random.fork_rng(devices=devices), _training(model):
-            torch.manual_seed(0)
+        with eval_mode(model):
             plain = feed.logits(model, fed)
             plain_grads = torch.autograd.grad(task_loss(plain, fed.labels), list(params.values()), allow_unused=True)
-            torch.manual_seed(0)
-            stack = Stack(
-                model, {n: p.detach().expand(2, *p.shape).clone().requires_grad_() for n, p in params.items()}, ""
-            )
-            stacked = stack.logits(feed, fed)
-            losses = vmap(task_loss, in_dims=(0, None))(stacked, fed.labels)
-            grads = torch.autograd.grad(losses.sum(), list(stack.tensors.values()), allow_unused=True)
+            stacked, grads = _stacked_pass(model, params, feed, fed)
+        with torch.random.fork_rng(devices=devices), _training(model):  # the trial's draws stay its own
+            _stacked_pass(model, params, feed, fed)  # dropout under vmap: it must run
     except Exception as exc:  # a model this cannot serve trains its members alone, never a failed trial
         if is_oom(exc):
             raise
@@ -819,6 +820,14 @@ def _disagreement(model: nn.Module, batch: Batch, feed) -> str:
         (f"{name}'s gradient", g, s) for name, g, s in zip(params, plain_grads, grads) if g is not None or s is not None
     ]
     return next((f"{name} differ by {_gap(a, b)}" for name, a, b in pairs if not _close(a, b)), "")
+
+
+def _stacked_pass(model: nn.Module, params: dict, feed, fed) -> tuple[torch.Tensor, tuple]:
+    """Two members (copies of ``params``): their logits on ``fed`` and their gradients."""
+    stack = Stack(model, {n: p.detach().expand(2, *p.shape).clone().requires_grad_() for n, p in params.items()}, "")
+    stacked = stack.logits(feed, fed)
+    losses = vmap(task_loss, in_dims=(0, None))(stacked, fed.labels)
+    return stacked, torch.autograd.grad(losses.sum(), list(stack.tensors.values()), allow_unused=True)
 
 
 def slots_mask_form(model: nn.Module, batch: Batch, pad_id: int, key: FeedKey, worker: WorkerState) -> str | None:
@@ -876,7 +885,7 @@ def _wider(batch: Batch, tokens: int, pad_id: int) -> Batch:
 def _gap(single: torch.Tensor | None, stacked: torch.Tensor | None) -> str:
     if single is None or stacked is None:
         return "a missing gradient"
-    return f"{max(float((m.float() - single.float()).abs().max()) for m in stacked):.3g} at most"
+    return f"{max(float((m.detach().float() - single.detach().float()).abs().max()) for m in stacked):.3g} at most"
 
 
 def _close(single: torch.Tensor | None, stacked: torch.Tensor | None) -> bool:

@@ -89,11 +89,12 @@ def probe(
     cells, each at ``frozen_layers`` (the most an array of the grid stacks); on a GPU one that does not
     fit is measured again at half its width, down to 1: the width is the one that fits."""
     from freezesweep.trials.freezing import freeze
-    from freezesweep.trials.model import build_model
+    from freezesweep.trials.model import attention_kernels, build_model
     from freezesweep.trials.precision import resolve_device, resolve_precision
 
     target = resolve_device(device)
     plan = resolve_precision(precision, target)
+    attention_kernels(target)  # the kernels its trials will run (trials/model.py)
     while True:
         torch.manual_seed(0)
         net = build_model(model, num_labels, model_init)
@@ -178,9 +179,11 @@ def _run_array_steps(
     from freezesweep.trials import first_token
     from freezesweep.trials.array import evaluate_array, stack_model
     from freezesweep.trials.evaluate import task_loss
+    from freezesweep.trials.model import eager_attention
     from freezesweep.trials.packing import training_feed
     from freezesweep.trials.worker import FeedKey
 
+    eager_attention(net)  # as an array's model runs (trials/array.py build_array)
     vocab, labels = net.config.vocab_size, net.config.num_labels
     generator = torch.Generator().manual_seed(0)
     check = _batch(min(batch_size, 8), max_seq_length, vocab, labels, generator, ragged=True).to(device)

@@ -113,6 +113,19 @@ def attention_for(model: PreTrainedModel, device: torch.device) -> PreTrainedMod
     return model
 
 
+def attention_kernels(device: torch.device) -> None:
+    """On a GPU, SDPA without its cuDNN kernels (flash and memory-efficient attention remain): a
+    process-wide switch, set where a trial starts. Seen on an H100 (issue 35): a worker's first trial
+    of 63 steps took 9.5 s, the same trial again 2.6 s (126 steps: 11.4 s, then 5.7 s), about 0.1 s
+    for each packed token count met the first time, and a packed batch has a new count at almost every
+    step. That is the known cost of cuDNN attention, which PyTorch prefers on Hopper: it builds an
+    execution plan for each new shape (meta-pytorch/torchtune#1652, "Unusual CPU overhead of SDPA call
+    on H100"; sgl-project/sglang#4650 measured ~400 ms a build). The gain of this switch is not yet
+    measured on a GPU (docs/speed.md)."""
+    if device.type == "cuda":
+        torch.backends.cuda.enable_cudnn_sdp(False)
+
+
 def eager_attention(model: PreTrainedModel) -> PreTrainedModel:
     """The model's attention as plain operators (matrix products, softmax, dropout). A trial array
     (trials/array.py) runs the model under ``torch.func.vmap``: a GPU's fused SDPA kernels draw their

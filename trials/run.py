@@ -33,6 +33,7 @@ from freezesweep.trials.lora import apply_lora
 from freezesweep.trials.metrics import METRICS, compute_metrics, constant, describe_shape
 from freezesweep.trials.model import (
     attention_for,
+    attention_kernels,
     build_model,
     is_decoder_only,
     load_tokenizer,
@@ -111,9 +112,11 @@ def run_trial(
 
 
 def start_trial(cfg: TrialConfig) -> tuple[torch.device, PrecisionPlan]:
-    """The cell's device and precision, its threads set and the peak memory counted from now."""
+    """The cell's device and precision, its threads and attention kernels set and the peak memory
+    counted from now."""
     device = trial_device(cfg)
     plan = resolve_precision(cfg.precision, device)
+    attention_kernels(device)
     if cfg.num_threads:
         torch.set_num_threads(cfg.num_threads)
     reset_peak_memory(device)

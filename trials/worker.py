@@ -141,10 +141,28 @@ def _bytes(value: Any, device_type: str, seen: set[int] | None = None) -> int:
     if isinstance(value, dict):
         return sum(_bytes(v, device_type, seen) for v in value.values())
     if isinstance(value, (list, tuple)):
+        kinds = set(map(type, value))  # a split's rows (one array or string each): counted without a call per row
+        if kinds <= _NO_TENSORS:
+            return 0
+        if kinds == {np.ndarray}:
+            return _arrays_bytes(value, device_type, seen)
         return sum(_bytes(v, device_type, seen) for v in value)
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
         return sum(_bytes(getattr(value, f.name), device_type, seen) for f in fields(value))
     return 0
+
+
+_NO_TENSORS = {str, bytes, int, float, bool, type(None)}
+
+
+def _arrays_bytes(arrays, device_type: str, seen: set[int]) -> int:
+    """The bytes of numpy arrays not yet counted (none on a GPU). A trial's row takes this walk; per
+    row of a split it cost ~0.2 s a trial on SST-2 and CoLA (CPU and GPU alike)."""
+    if device_type != "cpu":
+        return 0
+    new = {id(a): a for a in arrays if id(a) not in seen}
+    seen.update(new)
+    return sum(a.nbytes for a in new.values())
 
 
 _PROCESS = WorkerState()  # this process's: a worker process runs one trial at a time

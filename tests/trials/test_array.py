@@ -259,6 +259,55 @@ def test_a_model_vmap_cannot_batch_steps_aside(tmp_path, minilm_tokenizer, tiny_
     assert [r.eval_curve for r in results] == [run_trial(c).eval_curve for c in cells]
 
 
+class _Dropout(torch.nn.Dropout):
+    """Dropout that, under ``vmap`` in training, draws other masks than the plain model's (as a GPU's
+    vmapped dropout does: seen on an H100) or raises (as a GPU's fused SDPA does under "same")."""
+
+    def __init__(self, p: float, raises: bool):
+        super().__init__(p)
+        self.raises = raises
+
+    def forward(self, x):
+        if self.training and torch._C._functorch.is_batchedtensor(x):
+            if self.raises:
+                raise RuntimeError("same randomness is not supported here")
+            torch.rand(())  # the masks that follow are others than the plain model's
+        return super().forward(x)
+
+
+def _with_dropout(tiny_trial, raises: bool):
+    cfg = dataclasses.replace(tiny_trial, frozen_layers=0)
+    data = trial_data(cfg, torch.device("cpu"), WorkerState())
+    model = trial_model(cfg, data, torch.device("cpu"))
+    for name, module in list(model.named_modules()):
+        if isinstance(module, torch.nn.Dropout):
+            parent, _, leaf = name.rpartition(".")
+            setattr(model.get_submodule(parent), leaf, _Dropout(0.5, raises))
+    return model, check_batch(data, torch.device("cpu"))
+
+
+@pytest.mark.parametrize("raises", [False, True], ids=["other-masks", "raises"])
+def test_the_check_compares_numbers_with_dropout_off_and_needs_training_to_run(tiny_trial, caplog, raises):
+    """Members whose dropout draws other masks than the plain model's still compute its function:
+    they qualify (the array's masks are the members' shared draws). A model whose training pass
+    raises under vmap is refused, and the log says what raised."""
+    model, batch = _with_dropout(tiny_trial, raises)
+    key = arrays.FeedKey(tiny_trial.model, type(model).__qualname__)
+    caplog.set_level("WARNING", logger=arrays.__name__)
+    assert arrays.array_agrees(model, batch, PaddedFeed(), key, WorkerState()) is not raises
+    assert ("same randomness is not supported here" in caplog.text) is raises
+
+
+def test_an_arrays_model_runs_eager_attention(cells, monkeypatch):
+    """Whatever attention a trial's model gets on its device (SDPA on a GPU), the array's model runs
+    eager attention: a GPU's fused SDPA cannot draw dropout under vmap."""
+    from freezesweep.trials import run as runs
+
+    monkeypatch.setattr(runs, "attention_for", lambda model, device: model.set_attn_implementation("sdpa") or model)
+    run = built(cells)
+    assert run.stack.model.config._attn_implementation == "eager"
+
+
 def test_which_cells_qualify(tiny_trial):
     lora = dataclasses.replace(
         tiny_trial, method="lora", frozen_layers=None, lora_rank=4, lora_alpha=8.0, lora_dropout=0.0

@@ -132,3 +132,17 @@ def test_train_time_runs_to_the_last_step(tiny_trial, monkeypatch):
     result = run.run_trial(dataclasses.replace(tiny_trial, train_size=40, epochs=1.5))
     assert [p.step for p in result.eval_curve] == [2, 4] and events.count("step") == 5
     assert events[-1] == "sync" and events[-2] == "step"
+
+
+def test_a_gpu_trial_runs_attention_without_cudnns_kernels(tiny_trial, monkeypatch):
+    """cuDNN attention builds a plan for every new shape (~0.1 s a packed token count on an H100, where
+    a step is ~35 ms): a trial on a GPU starts with it off; a CPU trial leaves the switch alone."""
+    calls = []
+    monkeypatch.setattr(torch.backends.cuda, "enable_cudnn_sdp", calls.append)
+    monkeypatch.setattr(torch.cuda, "reset_peak_memory_stats", lambda *a, **k: None)
+    monkeypatch.setattr(run, "reset_peak_memory", lambda device: None)
+    run.start_trial(dataclasses.replace(tiny_trial, device="cpu"))
+    assert calls == []
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    device, _ = run.start_trial(dataclasses.replace(tiny_trial, device="cuda", precision="fp32"))
+    assert device.type == "cuda" and calls == [False]
