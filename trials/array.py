@@ -8,7 +8,9 @@ layers every member freezes are the model's own, unstacked, so they run once for
 member's trainable slices get their own gradient clipping (by the member's own norm) and their own
 AdamW (state, step and learning-rate schedule); evaluation runs every member in one pass. The result
 is one row per member, as its single trial (trials/run.py, the reference this is tested against)
-would give it, to float rounding; rows say ``trial_array`` among their ``optimisations``.
+would give it: to float rounding on a CPU; on a GPU in distribution (dropout masks and attention kernels
+differ, below), so there an array's rows pair with each other, not with single trials' rows; rows say
+``trial_array`` among their ``optimisations``.
 
 How: ``torch.func.vmap`` over ``torch.func.functional_call`` of the model with the stacked
 parameters (PyTorch's model-ensembling tutorial: https://docs.pytorch.org/tutorials/intermediate/
@@ -83,7 +85,7 @@ from freezesweep.trials.eval_cache import PrefixStates, eval_mode, starting_at
 from freezesweep.trials.evaluate import eval_labels, task_loss
 from freezesweep.trials.freezing import FreezeReport, find_encoder_parts
 from freezesweep.trials.metrics import compute_metrics, constant
-from freezesweep.trials.model import eager_attention
+from freezesweep.trials.model import attention_of, eager_attention
 from freezesweep.trials.oom import catch_oom, is_oom
 from freezesweep.trials.packing import PackedFeed, PaddedFeed
 from freezesweep.trials.precision import PrecisionPlan, resolve_config, resolve_precision, synchronize, trial_device
@@ -573,7 +575,7 @@ def build_array(
     own = len({(c.seed, c.train_size) for c in cfgs}) > 1 or len(cfgs) > width  # slots: a stream each
     common = dataclasses.replace(first, frozen_layers=min(c.frozen_layers for c in cfgs))  # what all freeze
     reader, feed = feed_of(common, model, data, device, packed=not own)
-    key = FeedKey(first.model, type(model).__qualname__)
+    key = FeedKey(first.model, type(model).__qualname__, attention_of(model))
     mask = qualifies(model, check_batch(data, device), data.pad_id, (reader, feed), key, own, worker)
     if mask is None:
         return None
@@ -634,7 +636,8 @@ def qualifies(
     reader, feed = feeding
     with first_token.narrowed(model, reader):
         mask = slots_mask_form(model, check, pad_id, key, worker) if own else ""
-        return mask if mask is not None and array_agrees(model, check, feed, key, worker) else None
+        randomness = "different" if own else "same"  # as stack_model will draw (build_array)
+        return mask if mask is not None and array_agrees(model, check, feed, key, worker, randomness) else None
 
 
 def plan_members(model: nn.Module, cfgs: Sequence[TrialConfig], plan: Plan) -> set[str]:
@@ -784,21 +787,25 @@ def check_together(cfgs: Sequence[TrialConfig]) -> None:
 
 
 # --- does the model qualify: measured once per model class, feed and worker --------------------------
-def array_agrees(model: nn.Module, batch: Batch, feed, key: FeedKey, worker: WorkerState) -> bool:
+def array_agrees(
+    model: nn.Module, batch: Batch, feed, key: FeedKey, worker: WorkerState, randomness: str = "same"
+) -> bool:
     """Whether a 2-member array of ``model`` gives the plain model's logits and gradients on ``batch``
     (a few training rows, fed as the trial feeds them), in fp32, dropout off, and trains in training
-    mode (its dropout drawn by ``vmap``); a check that raises (a layer ``vmap`` has no rule for) is a
-    "no". The verdict is kept in the worker per (model, class, feed); a "no" is logged with what differed."""
-    verdict = (key, type(feed).__name__)
+    mode with its dropout drawn by ``vmap`` as the array will draw it (``randomness``; under "same" two
+    equal members must then agree); a check that raises (a layer ``vmap`` has no rule for) is a "no".
+    The verdict is kept in the worker per (model, class, attention, feed, randomness); a "no" is logged
+    with what differed."""
+    verdict = (key, type(feed).__name__, randomness)
     if verdict not in worker.array_verdicts:
-        reason = _disagreement(model, batch, feed)
+        reason = _disagreement(model, batch, feed, randomness)
         if reason:  # said once per worker and model: its cells' rows then lack trial_array
             log.warning("%s trains its members as single trials, not as an array: %s", key.model, reason)
         worker.array_verdicts[verdict] = not reason
     return worker.array_verdicts[verdict]
 
 
-def _disagreement(model: nn.Module, batch: Batch, feed) -> str:
+def _disagreement(model: nn.Module, batch: Batch, feed, randomness: str) -> str:
     """An empty string where a 2-member array gives the plain model's numbers, else what differs (or
     what raised). The numbers are compared with dropout off: a GPU's vmapped dropout draws other masks
     than the plain model's fused kernel, the same function either way (module docstring)."""
@@ -807,24 +814,35 @@ def _disagreement(model: nn.Module, batch: Batch, feed) -> str:
     devices = [batch.input_ids.device] if batch.input_ids.is_cuda else []
     try:
         with eval_mode(model):
-            plain = feed.logits(model, fed)
-            plain_grads = torch.autograd.grad(task_loss(plain, fed.labels), list(params.values()), allow_unused=True)
-            stacked, grads = _stacked_pass(model, params, feed, fed)
+            reason = _differs(model, params, feed, fed)
+        if reason:
+            return reason
         with torch.random.fork_rng(devices=devices), _training(model):  # the trial's draws stay its own
-            _stacked_pass(model, params, feed, fed)  # dropout under vmap: it must run
+            stacked, _ = _stacked_pass(model, params, feed, fed, randomness)  # dropout under vmap: it must run
     except Exception as exc:  # a model this cannot serve trains its members alone, never a failed trial
         if is_oom(exc):
             raise
         return f"{type(exc).__name__}: {exc}"
+    if randomness == "same" and not _close(stacked[0], stacked[1:]):
+        return f"two equal members differ in training by {_gap(stacked[0], stacked[1:])}"
+    return ""
+
+
+def _differs(model: nn.Module, params: dict, feed, fed) -> str:
+    """What differs between the plain model and two stacked copies (logits, then each gradient)."""
+    plain = feed.logits(model, fed)
+    plain_grads = torch.autograd.grad(task_loss(plain, fed.labels), list(params.values()), allow_unused=True)
+    stacked, grads = _stacked_pass(model, params, feed, fed, "same")
     pairs = [("logits", plain, stacked)] + [
         (f"{name}'s gradient", g, s) for name, g, s in zip(params, plain_grads, grads) if g is not None or s is not None
     ]
     return next((f"{name} differ by {_gap(a, b)}" for name, a, b in pairs if not _close(a, b)), "")
 
 
-def _stacked_pass(model: nn.Module, params: dict, feed, fed) -> tuple[torch.Tensor, tuple]:
+def _stacked_pass(model: nn.Module, params: dict, feed, fed, randomness: str) -> tuple[torch.Tensor, tuple]:
     """Two members (copies of ``params``): their logits on ``fed`` and their gradients."""
-    stack = Stack(model, {n: p.detach().expand(2, *p.shape).clone().requires_grad_() for n, p in params.items()}, "")
+    tensors = {n: p.detach().expand(2, *p.shape).clone().requires_grad_() for n, p in params.items()}
+    stack = Stack(model, tensors, "", randomness)
     stacked = stack.logits(feed, fed)
     losses = vmap(task_loss, in_dims=(0, None))(stacked, fed.labels)
     return stacked, torch.autograd.grad(losses.sum(), list(stack.tensors.values()), allow_unused=True)
@@ -883,6 +901,7 @@ def _wider(batch: Batch, tokens: int, pad_id: int) -> Batch:
 
 
 def _gap(single: torch.Tensor | None, stacked: torch.Tensor | None) -> str:
+    """How far ``stacked``'s members are from ``single`` at most, for the log."""
     if single is None or stacked is None:
         return "a missing gradient"
     return f"{max(float((m.detach().float() - single.detach().float()).abs().max()) for m in stacked):.3g} at most"

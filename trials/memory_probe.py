@@ -94,7 +94,9 @@ def probe(
 
     target = resolve_device(device)
     plan = resolve_precision(precision, target)
-    attention_kernels(target)  # the kernels its trials will run (trials/model.py)
+    attention_kernels(
+        target
+    )  # the kernels its trials will run (trials/model.py): process-wide, in the caller's process
     while True:
         torch.manual_seed(0)
         net = build_model(model, num_labels, model_init)

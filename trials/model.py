@@ -117,13 +117,20 @@ def attention_kernels(device: torch.device) -> None:
     """On a GPU, SDPA without its cuDNN kernels (flash and memory-efficient attention remain): a
     process-wide switch, set where a trial starts. Seen on an H100 (issue 35): a worker's first trial
     of 63 steps took 9.5 s, the same trial again 2.6 s (126 steps: 11.4 s, then 5.7 s), about 0.1 s
-    for each packed token count met the first time, and a packed batch has a new count at almost every
-    step. That is the known cost of cuDNN attention, which PyTorch prefers on Hopper: it builds an
-    execution plan for each new shape (meta-pytorch/torchtune#1652, "Unusual CPU overhead of SDPA call
-    on H100"; sgl-project/sglang#4650 measured ~400 ms a build). The gain of this switch is not yet
-    measured on a GPU (docs/speed.md)."""
+    for each packed token count met the first time (a packed batch's count varies from step to step).
+    We attribute it to cuDNN attention, which PyTorch prefers on Hopper (``check_prefer_cudnn_attention``
+    in aten/src/ATen/native/transformers/cuda/sdp_utils.cpp) and which builds an execution plan for each
+    new shape (meta-pytorch/torchtune#1652, "Unusual CPU overhead of SDPA call on H100";
+    sgl-project/sglang#4650 measured ~400 ms a build). The gain of this switch is not yet measured on a
+    GPU (docs/speed.md)."""
     if device.type == "cuda":
         torch.backends.cuda.enable_cudnn_sdp(False)
+
+
+def attention_of(model: PreTrainedModel) -> str:
+    """The attention kernels the model runs ("sdpa", "eager", …; "" where it does not say), for the
+    worker's cache keys: a verdict or cached state of one is not bit for bit the other's."""
+    return str(getattr(model.config, "_attn_implementation", None) or "")
 
 
 def eager_attention(model: PreTrainedModel) -> PreTrainedModel:

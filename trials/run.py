@@ -34,6 +34,7 @@ from freezesweep.trials.metrics import METRICS, compute_metrics, constant, descr
 from freezesweep.trials.model import (
     attention_for,
     attention_kernels,
+    attention_of,
     build_model,
     is_decoder_only,
     load_tokenizer,
@@ -149,7 +150,7 @@ def _probe_trial(
     task, layers = data.task, len(find_encoder_parts(model).layers)
     fill_started = time.perf_counter()
     val_states = eval_cache.prefix_states(
-        model, data.batches, plan, device, layers, _eval_key(cfg, data, plan, device), data.worker
+        model, data.batches, plan, device, layers, _eval_key(cfg, data, plan, device, model), data.worker
     )
     train_states = train_prefix(
         model,
@@ -303,10 +304,17 @@ def _weights(cfg: TrialConfig) -> str:
     return "pretrained" if cfg.model_init == "pretrained" else f"random-{cfg.derived_seed}"
 
 
-def _eval_key(cfg: TrialConfig, data: TrialData, plan: PrecisionPlan, device: torch.device) -> EvalKey:
+def _eval_key(cfg: TrialConfig, data: TrialData, plan: PrecisionPlan, device: torch.device, model) -> EvalKey:
     """The evaluation cache's key: freeze cells (pretrained only) and probe cells share entries."""
     return EvalKey(
-        cfg.model, *data.val_key, cfg.eval_batch_size, cfg.max_seq_length, _weights(cfg), plan.name, str(device)
+        cfg.model,
+        *data.val_key,
+        cfg.eval_batch_size,
+        cfg.max_seq_length,
+        _weights(cfg),
+        plan.name,
+        str(device),
+        attention_of(model),
     )
 
 
@@ -321,7 +329,7 @@ def evaluation_prefix(cfg: TrialConfig, model, data: TrialData, plan, device) ->
     if not (cfg.eval_cache and cfg.method == "freeze" and cfg.model_init == "pretrained" and cfg.frozen_layers >= 1):
         return None
     return exact_prefix(
-        model, data.batches, plan, device, cfg.frozen_layers, _eval_key(cfg, data, plan, device), data.worker
+        model, data.batches, plan, device, cfg.frozen_layers, _eval_key(cfg, data, plan, device, model), data.worker
     )
 
 
@@ -337,7 +345,7 @@ def feed_of(
     return training_feed(
         model,
         check,
-        FeedKey(cfg.model, type(model).__qualname__),
+        FeedKey(cfg.model, type(model).__qualname__, attention_of(model)),
         data.worker.feed_verdicts,
         cfg.narrow_last_layer,
         cfg.pack_training and packed,

@@ -74,6 +74,7 @@ class EvalKey(NamedTuple):
     weights: str  # "pretrained", or the random init's seed (a random init differs per seed)
     precision: str
     device: str
+    attention: str = ""  # the model's attention kernels (model.attention_of): SDPA and eager round apart
 
 
 class TrainKey(NamedTuple):
@@ -95,6 +96,7 @@ class PrefixKey(NamedTuple):
 class FeedKey(NamedTuple):
     model: str
     model_class: str
+    attention: str = ""  # as EvalKey's: a verdict on one attention's numbers is not the other's
 
 
 @dataclass
@@ -156,8 +158,9 @@ _NO_TENSORS = {str, bytes, int, float, bool, type(None)}
 
 
 def _arrays_bytes(arrays, device_type: str, seen: set[int]) -> int:
-    """The bytes of numpy arrays not yet counted (none on a GPU). A trial's row takes this walk; per
-    row of a split it cost ~0.2 s a trial on SST-2 and CoLA (CPU and GPU alike)."""
+    """The bytes of numpy arrays not yet counted (none on a GPU). A trial's row takes this walk; a call
+    per row of a split cost 0.17 s a trial with SST-2 in the worker (measured on a 2-core CPU; 0.88 s
+    under cProfile with SST-2 and CoLA on the H100 run, benchmarks/results/gpu_check_h100.log)."""
     if device_type != "cpu":
         return 0
     new = {id(a): a for a in arrays if id(a) not in seen}

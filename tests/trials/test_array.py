@@ -298,6 +298,22 @@ def test_the_check_compares_numbers_with_dropout_off_and_needs_training_to_run(t
     assert ("same randomness is not supported here" in caplog.text) is raises
 
 
+def test_a_workers_verdicts_are_kept_per_attention(tiny_trial):
+    """On a GPU single trials run SDPA and arrays eager attention in one worker: a verdict measured
+    on one attention's numbers (the feed's, the array's) is not taken for the other's."""
+    from freezesweep.trials.run import feed_of
+
+    worker = WorkerState()
+    cfg = dataclasses.replace(tiny_trial, frozen_layers=0)
+    data = trial_data(cfg, torch.device("cpu"), worker)
+    eager = trial_model(cfg, data, torch.device("cpu"))
+    sdpa = copy.deepcopy(eager)
+    sdpa.set_attn_implementation("sdpa")
+    for model in (eager, sdpa):
+        feed_of(cfg, model, data, torch.device("cpu"), packed=True)
+    assert sorted(key.attention for key in worker.feed_verdicts) == ["eager", "sdpa"]
+
+
 def test_an_arrays_model_runs_eager_attention(cells, monkeypatch):
     """Whatever attention a trial's model gets on its device (SDPA on a GPU), the array's model runs
     eager attention: a GPU's fused SDPA cannot draw dropout under vmap."""

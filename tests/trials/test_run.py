@@ -259,21 +259,26 @@ def test_a_diverging_trial_is_diverged_never_ok(tiny_trial):
     assert run_trial(tiny_trial).diverged_at_step is None
 
 
-def test_what_a_worker_holds_counts_each_array_once_and_rows_of_text_as_nothing():
+def test_what_a_worker_holds_counts_each_array_once_and_rows_of_text_as_nothing(monkeypatch):
     """A split's rows (a tuple of arrays, a tuple of strings) are summed without a call per row; an
     array reached twice (a subset's rows are its split's) still counts once, and none on a GPU."""
     import numpy as np
 
+    from freezesweep.trials import worker as workers
     from freezesweep.trials.tokens import Tokens
     from freezesweep.trials.worker import Lru
 
-    rows = tuple(np.zeros(n, dtype=np.int64) for n in (10, 20, 30))  # 480 bytes
+    calls = []
+    walk = workers._bytes
+    monkeypatch.setattr(workers, "_bytes", lambda *args: calls.append(1) or walk(*args))
+    rows = tuple(np.zeros(n, dtype=np.int64) for n in (10, 20, 30)) + tuple(np.zeros(0) for _ in range(1000))
     worker = WorkerState(token_splits=Lru(4), tasks=Lru(4))
     worker.token_splits.put("split", Tokens(rows))
     worker.token_splits.put("subset", Tokens(rows[1:]))  # the same arrays again
     worker.tasks.put("texts", (("a", "b"), [1, 2.0, None], [torch.ones(8)]))  # 32 bytes in a tensor
     assert worker.held_mib(torch.device("cpu")) * 2**20 == 480 + 32
     assert worker.held_mib(torch.device("cuda")) == 0
+    assert len(calls) < 100  # not one call per row: two walks of 2,000 rows
 
 
 def test_a_trials_peak_memory_excludes_its_workers_caches(tiny_trial):
