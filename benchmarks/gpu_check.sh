@@ -11,7 +11,8 @@
 #     bash benchmarks/gpu_check.sh tests      # the CUDA tests (every gpu-marked test: each also runs on a
 #                                             # CPU in CI, tests/devices.py)
 #     bash benchmarks/gpu_check.sh profile    # 30 steps of an n = 1000, k = 0 trial: eager, as CUDA graphs,
-#                                             # and as a 7-member trial array (benchmarks/step_profile.py)
+#                                             # and as a 7-member trial array (benchmarks/step_profile.py);
+#                                             # then eager with PyTorch's cuDNN attention kept, to compare
 #     bash benchmarks/gpu_check.sh grid       # the 70-cell grid, 8 trial processes on the GPU
 #     bash benchmarks/gpu_check.sh arrays     # the same grid as trial arrays (7 members, 4 processes)
 #     bash benchmarks/gpu_check.sh baseline   # HF Trainer vs freezesweep on a subset of the same cells
@@ -131,6 +132,11 @@ profile() {
     --warmup-steps "$WARMUP" --train-size "$PROFILE_N" --frozen-layers 0 --cuda-graphs "$GRAPHS" "${array[@]}" \
     --eval-examples "$PROFILE_EVAL" \
     --json "$LOGS/profile.json"
+  # Then the single trial with cuDNN attention kept, against the eager row above (trials turn it off:
+  # trials/model.py attention_kernels): the two 1st-shapes figures say what the switch saves (issue 35).
+  "$PY" benchmarks/step_profile.py --model "$CARRY/bert-base-random" --device "$DEVICE" --steps "$STEPS" \
+    --warmup-steps "$WARMUP" --train-size "$PROFILE_N" --frozen-layers 0 --cuda-graphs off --cudnn-attention on \
+    --eval-examples "$PROFILE_EVAL"
 }
 
 grid() { "$PY" benchmarks/grid_speed.py "${GRID[@]}" --workers "$WORKERS" --out "$LOGS/grid.json"; }

@@ -14,7 +14,10 @@ of W steps and one of W + N, each with one evaluation, at the end, after a first
 that warms the worker's caches and meets every batch shape: set-up, the evaluation and whatever else
 both do cancel, and what is left is N steps of the real loop (batch gathering, forward, backward,
 clipping, AdamW, loss tracking), divided by N.
-Timings come from runs without instruments; kernels, launches and syncs from runs under
+Before those, a trial of W steps warms the worker and a trial of W + N steps meets every batch shape
+of the long run, timed: its extra time over the long run, per step, is ``1st shapes ms`` (a GPU's
+kernels can cost far more at a shape's first call: ``--cudnn-attention on`` keeps PyTorch's default
+cuDNN attention, which trials turn off, to compare). Timings come from runs without instruments; kernels, launches and syncs from runs under
 ``torch.profiler`` and the sync spy (trials/syncs.py: every sync point of torch's Python API and the
 project's, plus torch's own CUDA sync detector on a GPU). On a CPU the device time is the wall time.
 """
@@ -56,6 +59,12 @@ def parse_args(argv=None) -> argparse.Namespace:
         choices=["off", "on", "both"],
         default="off",
         help="the single trial's step as CUDA graphs (training.cuda_graphs; both: a row each)",
+    )
+    parser.add_argument(
+        "--cudnn-attention",
+        choices=["off", "on"],
+        default="off",
+        help="off: as trials run on a GPU (trials/model.py attention_kernels); on: PyTorch's default, to compare",
     )
     parser.add_argument("--data-dir", default=os.environ.get("FREEZESWEEP_DATA_DIR"))
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: 1 on a CPU, as a trial's)")
@@ -200,11 +209,12 @@ def counted(run, cfgs) -> Run:
 
 def per_step(args, run, make) -> dict:
     """N steps' worth of every figure: (W + N steps) − (W steps), over N."""
-    # Warms the worker (tokenized splits, the initial model, the feed verdicts) and every shape the long
-    # run will meet: a GPU's first call of a shape can cost far more than its step (cuDNN's plan builds,
-    # trials/model.py attention_kernels), which would otherwise land in the difference below.
-    run(make(args.warmup_steps + args.steps))
+    # The worker is warmed, then meets every shape of the long run before the timed runs: a GPU's first
+    # call of a shape can cost far more than its step (cuDNN attention's plans, trials/model.py
+    # attention_kernels). That first meeting's extra time is a figure of its own (first_shapes_ms).
     short, long = make(args.warmup_steps), make(args.warmup_steps + args.steps)
+    run(short)  # the worker: tokenized splits, the initial model, the feed verdicts
+    cold = timed(run, long)  # its first meeting with the long run's shapes, timed
     long_run = timed(run, long)
     time_diff = long_run - timed(run, short)
     count_diff = counted(run, long) - counted(run, short)
@@ -216,6 +226,7 @@ def per_step(args, run, make) -> dict:
     figures.update(
         {k: v / args.steps for k, v in dataclasses.asdict(count_diff).items() if k in COUNTS and v is not None}
     )
+    figures["first_shapes_ms"] = (cold.wall_ms - long_run.wall_ms) / args.steps
     figures["peak_mib"] = long_run.peak_mib
     return figures
 
@@ -233,6 +244,8 @@ def main(argv=None) -> dict:
         args.threads = 1  # a CPU trial's own (cpus_per_trial 1); more threads on a shared machine only spin
     if args.threads:
         torch.set_num_threads(args.threads)
+    if args.cudnn_attention == "on":
+        cudnn_attention_kept()
     rows: dict[str, dict] = {}
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
@@ -256,7 +269,9 @@ def main(argv=None) -> dict:
 def measurements(args, model: str, data):
     """(row name, entry point, cells of a given step count) for each row asked for."""
     for graphs in {"off": [False], "on": [True], "both": [False, True]}[args.cuda_graphs]:
-        name = "single trial" + (", CUDA graphs" if graphs else "")
+        name = (
+            "single trial" + (", CUDA graphs" if graphs else "") + (", cuDNN" if args.cudnn_attention == "on" else "")
+        )
         yield name, runner(False), lambda s, g=graphs: cells(args, model, data, s, [args.frozen_layers], g)
     if not args.array:
         return
@@ -266,11 +281,24 @@ def measurements(args, model: str, data):
     yield f"array of {args.array}", runner(True), lambda s: cells(args, model, data, s, ARRAY_DEPTHS[: args.array])
 
 
+def cudnn_attention_kept() -> None:
+    """PyTorch's default attention kernels kept in trials (cuDNN's included): the trials' switch
+    (``attention_kernels``, called where a trial starts) made a no-op, for a side-by-side run."""
+    import torch
+
+    from freezesweep.trials import run as runs
+
+    if hasattr(runs, "attention_kernels"):  # a checkout before it has nothing to undo
+        runs.attention_kernels = lambda device: None
+    torch.backends.cuda.enable_cudnn_sdp(True)
+
+
 def header(args) -> str:
     device = "GPU ms" if args.device == "cuda" else "device ms"
     return (
         f"{'per optimizer step':<22}{'wall ms':>9}{'CPU ms':>9}{device:>10}{'busy ms':>9}"
         f"{'kernels' if args.device == 'cuda' else 'aten ops':>10}{'launches':>10}{'syncs':>7}{'peak MiB':>10}"
+        f"{'1st shapes ms':>15}"
     )
 
 
@@ -282,6 +310,7 @@ def line(name: str, f: dict, args) -> str:
     return (
         f"{name:<22}{cell(f['wall_ms'], 9)}{cell(f['cpu_ms'], 9)}{cell(device_ms, 10)}{cell(f['busy_ms'], 9, 2)}"
         f"{cell(f['kernels'], 10, 0)}{cell(f['launches'], 10, 0)}{cell(f['syncs'], 7, 2)}{cell(f['peak_mib'], 10, 0)}"
+        f"{cell(f.get('first_shapes_ms'), 15)}"
     )
 
 
@@ -290,6 +319,10 @@ def footnotes(rows: dict, args) -> None:
         print("syncs: torch's CUDA sync detector; busy ms: the kernels' own time; GPU ms: CUDA events")
     else:
         print("on a CPU the device is the host: device ms is the wall time; aten ops stand in for kernels")
+    print(
+        "1st shapes ms: per step, what the trial's first meeting with its batch shapes added (the same trial "
+        "in a warm worker, before and after it met them)"
+    )
     for name, f in rows.items():
         if name.startswith("array of"):
             members = int(name.split()[-1])
