@@ -10,16 +10,16 @@ shape, 110 M parameters; or a folder), its tokenizer MiniLM-L6's (the BERT uncas
 data real SST-2 where ``--data-dir``/``FREEZESWEEP_DATA_DIR`` holds it, else a toy task of the same shape.
 
 How: every figure is a difference of two whole trials through ``run_trial`` (or ``run_array``), one
-of W steps and one of W + N, each with one evaluation, at the end, after a first trial of W + N steps
-that warms the worker's caches and meets every batch shape: set-up, the evaluation and whatever else
-both do cancel, and what is left is N steps of the real loop (batch gathering, forward, backward,
-clipping, AdamW, loss tracking), divided by N.
-Before those, a trial of W steps warms the worker and a trial of W + N steps meets every batch shape
-of the long run, timed: its extra time over the long run, per step, is ``1st shapes ms`` (a GPU's
-kernels can cost far more at a shape's first call: ``--cudnn-attention on`` keeps PyTorch's default
-cuDNN attention, which trials turn off, to compare). Timings come from runs without instruments; kernels, launches and syncs from runs under
-``torch.profiler`` and the sync spy (trials/syncs.py: every sync point of torch's Python API and the
-project's, plus torch's own CUDA sync detector on a GPU). On a CPU the device time is the wall time.
+of W steps and one of W + N, each with one evaluation, at the end: set-up, the evaluation and
+whatever else both do cancel, and what is left is N steps of the real loop (batch gathering, forward,
+backward, clipping, AdamW, loss tracking), divided by N. Before those, a trial of W steps warms the
+worker's caches and a trial of W + N steps meets every batch shape of the long run, timed: its extra
+time over the long run, per step, is ``1st shapes ms`` (a GPU's kernels can cost far more at a
+shape's first call; ``--cudnn-attention on`` keeps PyTorch's default cuDNN attention, which trials
+turn off, to compare). Timings come from runs without instruments; kernels, launches and syncs from
+runs under ``torch.profiler`` and the sync spy (trials/syncs.py: every sync point of torch's Python
+API and the project's, plus torch's own CUDA sync detector on a GPU). On a CPU the device time is the
+wall time.
 """
 
 from __future__ import annotations
