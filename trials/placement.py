@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 import os
 import socket
+import tempfile
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -39,16 +40,18 @@ def where(device: torch.device) -> dict[str, Any]:
 
 # --- CUDA MPS -------------------------------------------------------------------------------------
 # The control daemon (``nvidia-cuda-mps-control -d``) listens on a UNIX socket named ``control`` in its
-# pipe directory: CUDA_MPS_PIPE_DIRECTORY, else /tmp/nvidia-mps (NVIDIA's MPS guide). A CUDA process
-# connects there when it initialises CUDA and, if the daemon answers, becomes an MPS client; if not, it
-# runs as it would without MPS. A daemon that died can leave the socket behind, refusing connections.
-MPS_PIPE_DIRECTORY = "/tmp/nvidia-mps"
+# pipe directory: CUDA_MPS_PIPE_DIRECTORY, else nvidia-mps in the system's temporary folder (NVIDIA's
+# MPS guide). A CUDA process connects there when it initialises CUDA and, if the daemon answers, becomes
+# an MPS client; if not, it runs as it would without MPS. A daemon that died can leave the socket
+# behind, refusing connections. The folder is tempfile's (the system's where TMPDIR is unset); the
+# project's recipes set CUDA_MPS_PIPE_DIRECTORY for the daemon and the trials alike.
+MPS_PIPE_NAME = "nvidia-mps"
 NVIDIA_GPUS = Path("/proc/driver/nvidia/gpus")  # one entry per GPU the NVIDIA driver drives (Linux)
 
 
 def mps_pipe_directory(environ: Mapping[str, str] | None = None) -> Path:
     environ = os.environ if environ is None else environ
-    return Path(environ.get("CUDA_MPS_PIPE_DIRECTORY") or MPS_PIPE_DIRECTORY)
+    return Path(environ.get("CUDA_MPS_PIPE_DIRECTORY") or Path(tempfile.gettempdir()) / MPS_PIPE_NAME)
 
 
 def mps_active(pipe_directory: Path | None = None) -> bool:

@@ -47,7 +47,7 @@ def test_mps_is_on_only_where_the_daemon_answers(pipe_dir):
 
 
 def test_the_pipe_directory_is_the_environments_else_nvidias_default():
-    assert str(mps_pipe_directory({})) == "/tmp/nvidia-mps"
+    assert mps_pipe_directory({}) == Path(tempfile.gettempdir()) / "nvidia-mps"
     assert str(mps_pipe_directory({"CUDA_MPS_PIPE_DIRECTORY": "/run/mps"})) == "/run/mps"
 
 
