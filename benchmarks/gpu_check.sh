@@ -17,6 +17,7 @@
 #     bash benchmarks/gpu_check.sh arrays     # the same grid as trial arrays (7 members, 4 processes)
 #     bash benchmarks/gpu_check.sh baseline   # HF Trainer vs freezesweep on a subset of the same cells
 #     bash benchmarks/gpu_check.sh probe      # gpus_per_trial auto's measurement alone
+#   GPU_CHECK_GRID_ARGS="--cuda-graphs" bash benchmarks/gpu_check.sh grid   # a grid part with more options
 #   GPU_CHECK_SMOKE=1 bash benchmarks/gpu_check.sh all   # the same parts shrunk for a CPU: a tiny model,
 #                                             # a few cells, seconds (tests/test_gpu_check.py runs it)
 #
@@ -100,6 +101,8 @@ environment() {
   GRID=(--model "$CARRY/bert-base-random" --model-init random --datasets "${DATASETS[@]}" --device "$DEVICE"
         --engine local --eval-batch-size 512 --train-sizes "${SIZES[@]}" --frozen-layers "${DEPTHS[@]}"
         --seeds 0 --epochs "$EPOCHS" --skip-baseline "${EVAL[@]}")
+  read -ra EXTRA <<< "${GPU_CHECK_GRID_ARGS:-}"  # e.g. "--cuda-graphs": the grid parts with a setting changed
+  GRID+=("${EXTRA[@]}")
 }
 
 has_arrays() { "$PY" -c 'import importlib.util, sys; sys.exit(importlib.util.find_spec("freezesweep.trials.array") is None)'; }

@@ -52,6 +52,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--skip-baseline", action="store_true", help="freezesweep only (e.g. a packing study)")
     parser.add_argument("--train-cache", action="store_true", help="also run with the opt-in training cache")
     parser.add_argument(
+        "--cuda-graphs", action="store_true", help="freezesweep's training steps as CUDA graphs (trials/graphs.py)"
+    )
+    parser.add_argument(
         "--arrays",
         type=int,
         default=0,
@@ -84,6 +87,8 @@ def grid(args: argparse.Namespace, train_cache: bool = False) -> list:
     extra = {"train_cache": True} if train_cache else {}
     if args.eval_batch_size:
         extra["eval_batch_size"] = args.eval_batch_size
+    if args.cuda_graphs:
+        extra["cuda_graphs"] = True
     return [
         TrialConfig(
             dataset=dataset,
@@ -129,6 +134,7 @@ def sweep_spec(cells: list, args: argparse.Namespace):
                 "eval_batch_size": first.eval_batch_size,
                 "max_eval_examples": first.max_eval_examples,
                 **({"train_cache": True} if getattr(first, "train_cache", False) else {}),
+                **({"cuda_graphs": True} if first.cuda_graphs else {}),
                 **({"trial_array": first.trial_array} if getattr(first, "trial_array", None) is not None else {}),
             },
             "resources": {"gpus_per_trial": gpus, "cpus_per_trial": 1, "array_width": args.arrays or 8},
@@ -217,9 +223,19 @@ def _through_processes(cells, args) -> list[dict]:
     rows, started = [], time.perf_counter()
     with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) as pool:
         for done in as_completed([pool.submit(_one_unit, unit) for unit in units]):
-            rows += done.result()
-            print(f"  [{len(rows):>5}/{len(cells)}] trials done at {time.perf_counter() - started:7.1f} s", flush=True)
+            unit = done.result()
+            rows += unit
+            done_s = time.perf_counter() - started
+            print(f"  [{len(rows):>5}/{len(cells)}] trials done at {done_s:7.1f} s: {_said(unit)}", flush=True)
     return rows
+
+
+def _said(rows: list[dict]) -> str:
+    """A finished unit in a few words: its cells, its slowest member's wall time, what it ran with."""
+    first, config = rows[0], rows[0]["config"]
+    cells = f"{config['dataset']} n={config['train_size']} k=" + ",".join(str(r["config"]["frozen_layers"]) for r in rows)
+    wall = max(r.get("wall_time_s") or 0.0 for r in rows)
+    return f"{cells} in {wall:.1f} s ({first['status']}; {', '.join(first.get('optimisations') or ()) or '-'})"
 
 
 def _work(unit) -> float:
