@@ -10,11 +10,15 @@
 #                                             # under its own `timeout`, at most 8 files in $OUT
 #     bash benchmarks/gpu_check.sh tests      # the CUDA tests (every gpu-marked test: each also runs on a
 #                                             # CPU in CI, tests/devices.py)
-#     bash benchmarks/gpu_check.sh profile    # 30 steps of an n = 1000, k = 0 trial: eager, as CUDA graphs,
-#                                             # and as a 7-member trial array (benchmarks/step_profile.py);
-#                                             # then eager with PyTorch's cuDNN attention kept, to compare
+#     bash benchmarks/gpu_check.sh profile    # 30 steps of an n = 1000, k = 0 trial: eager and as a 7-member
+#                                             # trial array (benchmarks/step_profile.py; GPU_CHECK_PROFILE_GRAPHS=
+#                                             # both adds CUDA graphs); then eager with PyTorch's cuDNN
+#                                             # attention kept, to compare
 #     bash benchmarks/gpu_check.sh grid       # the 70-cell grid, 8 trial processes on the GPU
 #     bash benchmarks/gpu_check.sh arrays     # the same grid as trial arrays (7 members, 4 processes)
+#     bash benchmarks/gpu_check.sh graphs     # the grid's 8 processes with CUDA graphs (not in `all`)
+#   `all` first starts the CUDA MPS control daemon where the machine has it, as the cluster recipes do
+#   (GPU_CHECK_MPS=0: not), and says in check.log whether a CUDA process here is an MPS client.
 #     bash benchmarks/gpu_check.sh baseline   # HF Trainer vs freezesweep on a subset of the same cells
 #     bash benchmarks/gpu_check.sh probe      # gpus_per_trial auto's measurement alone
 #   GPU_CHECK_GRID_ARGS="--cuda-graphs" bash benchmarks/gpu_check.sh grid   # a grid part with more options
@@ -78,7 +82,9 @@ if [ -n "$SMOKE" ]; then
   EPOCHS=1 WORKERS=2 ARRAY_WORKERS=1 WIDTH=2 EVAL=(--max-eval-examples 32)
   LIMITS=(tests=400 profile=400 grid=400 arrays=400)  # a minute or two in all on an idle CPU; caps for a busy one
 else
-  DEVICE=cuda STEPS=30 WARMUP=5 PROFILE_N=1000 PROFILE_EVAL=256 GRAPHS=both SIZES=(50 100 200 500 1000)
+  # CUDA graphs' step was measured on the H100 (docs/speed.md): the profile's time goes to the array's row
+  DEVICE=cuda STEPS=30 WARMUP=5 PROFILE_N=1000 PROFILE_EVAL=256 GRAPHS=${GPU_CHECK_PROFILE_GRAPHS:-off}
+  SIZES=(50 100 200 500 1000)
   DEPTHS=(-1 0 2 4 8 10 12)
   DATASETS=(glue/sst2 glue/cola) EPOCHS=10 WORKERS=8 ARRAY_WORKERS=${GPU_CHECK_ARRAY_WORKERS:-4} WIDTH=7 EVAL=()
   # 350 s with the start; each a `timeout`. On the H100 (docs/speed.md) the tests took 48 s and the profile
@@ -144,6 +150,28 @@ profile() {
 
 grid() { "$PY" benchmarks/grid_speed.py "${GRID[@]}" --workers "$WORKERS" --out "$LOGS/grid.json"; }
 
+graphs() { "$PY" benchmarks/grid_speed.py "${GRID[@]}" --cuda-graphs --workers "$WORKERS" --out "$LOGS/graphs.json"; }
+
+# CUDA MPS, as the cluster recipes run GPU trials (docs/clusters.md): the control daemon in NVIDIA's default
+# pipe directory, then the product's own test of whether a CUDA process here is its client (the rows' gpu_mps).
+mps_client() { "$PY" -c 'import sys; sys.path.insert(0, "."); from freezesweep.trials.placement import mps_active; print(mps_active())' 2>/dev/null; }
+
+mps_start() {
+  MPS_STARTED=
+  if [ "${GPU_CHECK_MPS:-1}" = 0 ] || [ "$DEVICE" != cuda ]; then echo "CUDA MPS: not started (GPU_CHECK_MPS=0, or no GPU)"
+  elif [ "$(mps_client)" = True ]; then echo "CUDA MPS: on (its daemon was running)"
+  elif ! command -v nvidia-cuda-mps-control >/dev/null; then echo "CUDA MPS: off (no nvidia-cuda-mps-control here)"
+  elif nvidia-cuda-mps-control -d && [ "$(mps_client)" = True ] &&
+       timeout 60 "$PY" -c "import torch; torch.ones(1, device='cuda').sum().item()"; then
+    MPS_STARTED=1; echo "CUDA MPS: on (started for this check)"
+  else
+    echo quit | nvidia-cuda-mps-control >/dev/null 2>&1 || true
+    echo "CUDA MPS: off (its daemon did not start, or a CUDA client of it failed)"
+  fi
+}
+
+mps_stop() { if [ -n "${MPS_STARTED:-}" ]; then echo quit | nvidia-cuda-mps-control || true; fi; }
+
 arrays() {
   if ! has_arrays; then
     echo "skipped: freezesweep.trials.array is not in this checkout (issue 35.1)"; return 0; fi
@@ -165,11 +193,13 @@ all)
     started=$SECONDS
     if [ "$DEVICE" = cuda ]; then nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader; fi
     "$PY" -c "import torch, transformers; print('torch', torch.__version__, 'transformers', transformers.__version__)"
+    mps_start
     for name in "${PARTS[@]}"; do part "$name"; done
+    mps_stop
     echo "== all parts: $((SECONDS - started)) s"
   } 2>&1 | tee "$LOGS/check.log"
   ;;
-tests|profile|grid|arrays)
+tests|profile|grid|arrays|graphs)
   environment
   TAIL=200 part "$1"
   ;;
@@ -193,7 +223,7 @@ probe)
   done
   ;;
 *)
-  echo "usage: bash benchmarks/gpu_check.sh prepare|plan|all|tests|profile|grid|arrays|baseline|probe" >&2
+  echo "usage: bash benchmarks/gpu_check.sh prepare|plan|all|tests|profile|grid|arrays|graphs|baseline|probe" >&2
   exit 2
   ;;
 esac

@@ -233,7 +233,9 @@ def _through_processes(cells, args) -> list[dict]:
 def _said(rows: list[dict]) -> str:
     """A finished unit in a few words: its cells, its slowest member's wall time, what it ran with."""
     first, config = rows[0], rows[0]["config"]
-    cells = f"{config['dataset']} n={config['train_size']} k=" + ",".join(str(r["config"]["frozen_layers"]) for r in rows)
+    cells = f"{config['dataset']} n={config['train_size']} k=" + ",".join(
+        str(r["config"]["frozen_layers"]) for r in rows
+    )
     wall = max(r.get("wall_time_s") or 0.0 for r in rows)
     return f"{cells} in {wall:.1f} s ({first['status']}; {', '.join(first.get('optimisations') or ()) or '-'})"
 

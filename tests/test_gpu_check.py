@@ -41,7 +41,7 @@ def test_the_check_fits_one_short_device_run():
 @pytest.mark.timeout(1800)  # each part is capped at 400 s by the script itself (a busy CPU)
 def test_the_smoke_mode_runs_every_part(tmp_path):
     """GPU_CHECK_SMOKE=1: prepare (a toy task where no GLUE files are at hand) and every part of `all`
-    on the CPU; each part ends on its own, the step profile finds no host sync in the step, the grid
+    on the CPU; it says whether MPS was on, each part ends on its own, the step profile finds no host sync in the step, the grid
     writes its rows, and only the planned files are written."""
     out, carry = tmp_path / "out", tmp_path / "carry"
     out.mkdir()
@@ -59,6 +59,7 @@ def test_the_smoke_mode_runs_every_part(tmp_path):
     assert done.returncode == 0, done.stderr[-2000:]
     for part in ("tests", "profile", "grid", "arrays"):
         assert f"== {part}: exit 0" in summary, summary[-3000:]
+    assert "CUDA MPS: not started" in summary  # the check says where its trials ran without MPS (a CPU)
     profile = json.loads((out / "profile.json").read_text())["per_step"]
     assert "single trial" in profile  # (CUDA graphs step aside on a CPU: their row is the GPU run's)
     assert profile["single trial"]["syncs"] == 0 and profile["single trial"]["wall_ms"] > 0

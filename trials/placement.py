@@ -46,6 +46,8 @@ def where(device: torch.device) -> dict[str, Any]:
 # behind, refusing connections. The folder is tempfile's (the system's where TMPDIR is unset); the
 # project's recipes set CUDA_MPS_PIPE_DIRECTORY for the daemon and the trials alike.
 MPS_PIPE_NAME = "nvidia-mps"
+# What plan says to do where MPS is off; the clusters page gives the trade and the measurement.
+MPS_START = "`nvidia-cuda-mps-control -d` starts it: see the clusters page"
 NVIDIA_GPUS = Path("/proc/driver/nvidia/gpus")  # one entry per GPU the NVIDIA driver drives (Linux)
 
 
@@ -82,7 +84,7 @@ def mps_here(driver: Path | None = None, pipe_directory: Path | None = None) -> 
     count = gpus_here(driver)
     if not count:
         return None
-    state = "on" if mps_active(pipe_directory) else "off (trials that share a GPU take turns on it)"
+    state = "on" if mps_active(pipe_directory) else f"off (trials that share a GPU take turns on it; {MPS_START})"
     return f"this machine: {count} GPU(s), CUDA MPS {state}"
 
 

@@ -57,7 +57,8 @@ def test_this_machines_gpus_are_counted_from_the_driver(tmp_path, pipe_dir):
     for bus in ("0000:17:00.0", "0000:65:00.0"):
         (driver / bus).mkdir(parents=True)
     assert mps_here(driver, pipe_dir) == (
-        "this machine: 2 GPU(s), CUDA MPS off (trials that share a GPU take turns on it)"
+        "this machine: 2 GPU(s), CUDA MPS off (trials that share a GPU take turns on it; "
+        "`nvidia-cuda-mps-control -d` starts it: see the clusters page)"
     )
     with _listening(pipe_dir):
         assert mps_here(driver, pipe_dir) == "this machine: 2 GPU(s), CUDA MPS on"
