@@ -22,6 +22,7 @@
 #     bash benchmarks/gpu_check.sh baseline   # HF Trainer vs freezesweep on a subset of the same cells
 #     bash benchmarks/gpu_check.sh probe      # gpus_per_trial auto's measurement alone
 #   GPU_CHECK_GRID_ARGS="--cuda-graphs" bash benchmarks/gpu_check.sh grid   # a grid part with more options
+#   GPU_CHECK_WORKERS=16 bash benchmarks/gpu_check.sh grid    # more trial processes (GPU_CHECK_ARRAY_WORKERS: arrays')
 #   GPU_CHECK_SMOKE=1 bash benchmarks/gpu_check.sh all   # the same parts shrunk for a CPU: a tiny model,
 #                                             # a few cells, seconds (tests/test_gpu_check.py runs it)
 #
@@ -86,7 +87,7 @@ else
   DEVICE=cuda STEPS=30 WARMUP=5 PROFILE_N=1000 PROFILE_EVAL=256 GRAPHS=${GPU_CHECK_PROFILE_GRAPHS:-off}
   SIZES=(50 100 200 500 1000)
   DEPTHS=(-1 0 2 4 8 10 12)
-  DATASETS=(glue/sst2 glue/cola) EPOCHS=10 WORKERS=8 ARRAY_WORKERS=${GPU_CHECK_ARRAY_WORKERS:-4} WIDTH=7 EVAL=()
+  DATASETS=(glue/sst2 glue/cola) EPOCHS=10 WORKERS=${GPU_CHECK_WORKERS:-8} ARRAY_WORKERS=${GPU_CHECK_ARRAY_WORKERS:-4} WIDTH=7 EVAL=()
   # 350 s with the start; each a `timeout`. On the H100 (docs/speed.md) the tests took 48 s and the profile
   # was cut at 75 s; the 8-process grid fits no share (the H200 took 158 s) and a cut part still prints
   # its progress, so the profile and the arrays get more.
