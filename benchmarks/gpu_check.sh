@@ -81,7 +81,7 @@ EOF
 if [ -n "$SMOKE" ]; then
   DEVICE=cpu STEPS=2 WARMUP=1 PROFILE_N=50 PROFILE_EVAL=16 GRAPHS=off SIZES=(50) DEPTHS=(0 2) DATASETS=(glue/sst2)
   EPOCHS=1 WORKERS=2 ARRAY_WORKERS=1 WIDTH=2 EVAL=(--max-eval-examples 32)
-  LIMITS=(tests=400 profile=400 grid=400 arrays=400)  # a minute or two in all on an idle CPU; caps for a busy one
+  LIMITS=(tests=400 profile=400 grid=400 arrays=400 graphs=400)  # a minute or two in all on an idle CPU; caps for a busy one
 else
   # CUDA graphs' step was measured on the H100 (docs/speed.md): the profile's time goes to the array's row
   DEVICE=cuda STEPS=30 WARMUP=5 PROFILE_N=1000 PROFILE_EVAL=256 GRAPHS=${GPU_CHECK_PROFILE_GRAPHS:-off}
@@ -91,7 +91,7 @@ else
   # 350 s with the start; each a `timeout`. On the H100 (docs/speed.md) the tests took 48 s and the profile
   # was cut at 75 s; the 8-process grid fits no share (the H200 took 158 s) and a cut part still prints
   # its progress, so the profile and the arrays get more.
-  LIMITS=(tests=60 profile=90 grid=95 arrays=105)
+  LIMITS=(tests=60 profile=90 grid=95 arrays=105 graphs=95)  # graphs: not in `all`
 fi
 if [ -n "${GPU_CHECK_LIMITS:-}" ]; then  # e.g. "profile=150 arrays=130": a part run alone on a longer lease
   read -ra LIMITS <<< "$GPU_CHECK_LIMITS ${LIMITS[*]}"  # the first of a name wins (limit)
@@ -153,25 +153,43 @@ grid() { "$PY" benchmarks/grid_speed.py "${GRID[@]}" --workers "$WORKERS" --out 
 
 graphs() { "$PY" benchmarks/grid_speed.py "${GRID[@]}" --cuda-graphs --workers "$WORKERS" --out "$LOGS/graphs.json"; }
 
-# CUDA MPS, as the cluster recipes run GPU trials (docs/clusters.md): the control daemon in NVIDIA's default
-# pipe directory, then the product's own test of whether a CUDA process here is its client (the rows' gpu_mps).
-mps_client() { "$PY" -c 'import sys; sys.path.insert(0, "."); from freezesweep.trials.placement import mps_active; print(mps_active())' 2>/dev/null; }
+# CUDA MPS, as the cluster recipes run GPU trials (docs/clusters.md): the control daemon, its pipe directory
+# the one the product looks in (trials/placement.py: CUDA_MPS_PIPE_DIRECTORY, else nvidia-mps in the
+# temporary folder), exported so that every part's CUDA processes find it; then the product's own test of
+# whether a CUDA process here is its client (the rows' gpu_mps). Only a daemon this check started is ended.
+placement() { "$PY" -c "import sys; sys.path.insert(0, '.'); from freezesweep.trials import placement; print($1)" 2>/dev/null; }
+
+mps_client() {  # True once the daemon answers (its socket can come a moment after `-d` returns)
+  local tries
+  for tries in 1 2 3 4 5; do
+    if [ "$(placement 'placement.mps_active()')" = True ]; then echo True; return; fi
+    [ "${1:-}" = wait ] || break
+    sleep 1
+  done
+  echo False
+}
 
 mps_start() {
   MPS_STARTED=
-  if [ "${GPU_CHECK_MPS:-1}" = 0 ] || [ "$DEVICE" != cuda ]; then echo "CUDA MPS: not started (GPU_CHECK_MPS=0, or no GPU)"
-  elif [ "$(mps_client)" = True ]; then echo "CUDA MPS: on (its daemon was running)"
+  if [ "${GPU_CHECK_MPS:-1}" = 0 ] || [ "$DEVICE" != cuda ]; then
+    echo "CUDA MPS: not started (GPU_CHECK_MPS=0, or no GPU)"; return 0; fi
+  CUDA_MPS_PIPE_DIRECTORY=$(placement 'placement.mps_pipe_directory()')
+  if [ -z "$CUDA_MPS_PIPE_DIRECTORY" ]; then echo "CUDA MPS: off (trials/placement.py did not load)"; return 0; fi
+  export CUDA_MPS_PIPE_DIRECTORY CUDA_MPS_LOG_DIRECTORY=${CUDA_MPS_LOG_DIRECTORY:-$CUDA_MPS_PIPE_DIRECTORY-log}
+  if [ "$(mps_client)" = True ]; then echo "CUDA MPS: on (its daemon was running; pipe directory $CUDA_MPS_PIPE_DIRECTORY)"
   elif ! command -v nvidia-cuda-mps-control >/dev/null; then echo "CUDA MPS: off (no nvidia-cuda-mps-control here)"
-  elif nvidia-cuda-mps-control -d && [ "$(mps_client)" = True ] &&
+  elif ! { mkdir -p "$CUDA_MPS_PIPE_DIRECTORY" "$CUDA_MPS_LOG_DIRECTORY" && nvidia-cuda-mps-control -d; }; then
+    echo "CUDA MPS: off (its daemon did not start)"
+  elif [ "$(mps_client wait)" = True ] &&
        timeout 60 "$PY" -c "import torch; torch.ones(1, device='cuda').sum().item()"; then
-    MPS_STARTED=1; echo "CUDA MPS: on (started for this check)"
+    MPS_STARTED=1; echo "CUDA MPS: on (started for this check; pipe directory $CUDA_MPS_PIPE_DIRECTORY)"
   else
-    echo quit | nvidia-cuda-mps-control >/dev/null 2>&1 || true
-    echo "CUDA MPS: off (its daemon did not start, or a CUDA client of it failed)"
+    echo quit | nvidia-cuda-mps-control >/dev/null 2>&1 || true  # the daemon started here, but no client ran
+    echo "CUDA MPS: off (its daemon started, but a CUDA process could not be its client)"
   fi
 }
 
-mps_stop() { if [ -n "${MPS_STARTED:-}" ]; then echo quit | nvidia-cuda-mps-control || true; fi; }
+mps_stop() { if [ -n "${MPS_STARTED:-}" ]; then echo quit | nvidia-cuda-mps-control || true; MPS_STARTED=; fi; }
 
 arrays() {
   if ! has_arrays; then
@@ -195,6 +213,7 @@ all)
     if [ "$DEVICE" = cuda ]; then nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader; fi
     "$PY" -c "import torch, transformers; print('torch', torch.__version__, 'transformers', transformers.__version__)"
     mps_start
+    trap mps_stop EXIT  # a daemon this check started ends with it, however it ends
     for name in "${PARTS[@]}"; do part "$name"; done
     mps_stop
     echo "== all parts: $((SECONDS - started)) s"

@@ -19,6 +19,7 @@ Ray (``--engine ray``) or through plain worker processes (``--engine local``, wh
 from __future__ import annotations
 
 import argparse
+import collections
 import json
 import math
 import os
@@ -237,7 +238,9 @@ def _said(rows: list[dict]) -> str:
         str(r["config"]["frozen_layers"]) for r in rows
     )
     wall = max(r.get("wall_time_s") or 0.0 for r in rows)
-    return f"{cells} in {wall:.1f} s ({first['status']}; {', '.join(first.get('optimisations') or ()) or '-'})"
+    statuses = collections.Counter(r["status"] for r in rows)  # an array's members can end differently
+    said = ", ".join(f"{n} {s}" if len(rows) > 1 else s for s, n in statuses.items())
+    return f"{cells} in {wall:.1f} s ({said}; {', '.join(first.get('optimisations') or ()) or '-'})"
 
 
 def _work(unit) -> float:
