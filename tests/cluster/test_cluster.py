@@ -264,12 +264,13 @@ def test_sweep_submitted_as_a_ray_job_spreads_over_nodes(cluster, write_spec):
 def test_worker_that_cannot_see_the_drivers_files_runs_trials(cluster, write_spec):
     if not cluster.hidden:
         pytest.skip("no private mount namespace here (unshare --mount needs root or CAP_SYS_ADMIN)")
-    # Every node can take one trial; 12 cells of 4 epochs outlast a worker's start-up on the hidden node
-    # (4 two-epoch cells once all ran on one node, each finished before another node's worker was up).
+    # Every node can take one trial; 12 cells of 8 epochs outlast a worker's start-up on the hidden node
+    # (4 two-epoch cells once all ran on one node, each finished before another node's worker was up;
+    # so did 12 four-epoch cells once in CI on 2 busy cores, 2026-11-26).
     path = write_spec(
         "unseen",
         seeds=[0, 1, 2],
-        training={"epochs": 4},
+        training={"epochs": 8},
         resources={"gpus_per_trial": 0, "cpus_per_trial": 1},
     )
     done = subprocess.run(
