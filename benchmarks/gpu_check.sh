@@ -157,30 +157,32 @@ graphs() { "$PY" benchmarks/grid_speed.py "${GRID[@]}" --cuda-graphs --workers "
 # the one the product looks in (trials/placement.py: CUDA_MPS_PIPE_DIRECTORY, else nvidia-mps in the
 # temporary folder), exported so that every part's CUDA processes find it; then the product's own test of
 # whether a CUDA process here is its client (the rows' gpu_mps). Only a daemon this check started is ended.
-placement() { "$PY" -c "import sys; sys.path.insert(0, '.'); from freezesweep.trials import placement; print($1)" 2>/dev/null; }
-
-mps_client() {  # True once the daemon answers (its socket can come a moment after `-d` returns)
-  local tries
-  for tries in 1 2 3 4 5; do
-    if [ "$(placement 'placement.mps_active()')" = True ]; then echo True; return; fi
-    [ "${1:-}" = wait ] || break
-    sleep 1
-  done
-  echo False
+mps_probe() {  # "<pipe directory> <True|False>"; with `wait`, up to 5 s for the daemon's socket (it can come a
+  # moment after `-d` returns). One Python process: importing trials/placement.py imports torch.
+  "$PY" - "${1:-}" <<'PROBE' 2>/dev/null
+import sys, time
+sys.path.insert(0, ".")
+from freezesweep.trials.placement import mps_active, mps_pipe_directory
+deadline = time.monotonic() + (5 if sys.argv[1] == "wait" else 0)
+while not (active := mps_active()) and time.monotonic() < deadline:
+    time.sleep(0.2)
+print(mps_pipe_directory(), active)
+PROBE
 }
 
 mps_start() {
   MPS_STARTED=
   if [ "${GPU_CHECK_MPS:-1}" = 0 ] || [ "$DEVICE" != cuda ]; then
     echo "CUDA MPS: not started (GPU_CHECK_MPS=0, or no GPU)"; return 0; fi
-  CUDA_MPS_PIPE_DIRECTORY=$(placement 'placement.mps_pipe_directory()')
+  local probe active
+  read -r CUDA_MPS_PIPE_DIRECTORY active <<< "$(mps_probe)" || true
   if [ -z "$CUDA_MPS_PIPE_DIRECTORY" ]; then echo "CUDA MPS: off (trials/placement.py did not load)"; return 0; fi
   export CUDA_MPS_PIPE_DIRECTORY CUDA_MPS_LOG_DIRECTORY=${CUDA_MPS_LOG_DIRECTORY:-$CUDA_MPS_PIPE_DIRECTORY-log}
-  if [ "$(mps_client)" = True ]; then echo "CUDA MPS: on (its daemon was running; pipe directory $CUDA_MPS_PIPE_DIRECTORY)"
+  if [ "$active" = True ]; then echo "CUDA MPS: on (its daemon was running; pipe directory $CUDA_MPS_PIPE_DIRECTORY)"
   elif ! command -v nvidia-cuda-mps-control >/dev/null; then echo "CUDA MPS: off (no nvidia-cuda-mps-control here)"
   elif ! { mkdir -p "$CUDA_MPS_PIPE_DIRECTORY" "$CUDA_MPS_LOG_DIRECTORY" && nvidia-cuda-mps-control -d; }; then
     echo "CUDA MPS: off (its daemon did not start)"
-  elif [ "$(mps_client wait)" = True ] &&
+  elif probe=$(mps_probe wait) && [ "${probe##* }" = True ] &&
        timeout 60 "$PY" -c "import torch; torch.ones(1, device='cuda').sum().item()"; then
     MPS_STARTED=1; echo "CUDA MPS: on (started for this check; pipe directory $CUDA_MPS_PIPE_DIRECTORY)"
   else
