@@ -10,18 +10,21 @@
 #                                             # under its own `timeout`, at most 8 files in $OUT
 #     bash benchmarks/gpu_check.sh tests      # the CUDA tests (every gpu-marked test: each also runs on a
 #                                             # CPU in CI, tests/devices.py)
-#     bash benchmarks/gpu_check.sh profile    # 30 steps of an n = 1000, k = 0 trial: eager and as a 7-member
-#                                             # trial array (benchmarks/step_profile.py; GPU_CHECK_PROFILE_GRAPHS=
-#                                             # both adds CUDA graphs); then eager with PyTorch's cuDNN
-#                                             # attention kept, to compare
-#     bash benchmarks/gpu_check.sh grid       # the 70-cell grid, 8 trial processes on the GPU
-#     bash benchmarks/gpu_check.sh arrays     # the same grid as trial arrays (7 members, 4 processes)
+#     bash benchmarks/gpu_check.sh profile    # 30 steps of an n = 1000, k = 0 trial: eager, then as a 7-member
+#                                             # trial array with CUDA graphs (benchmarks/step_profile.py;
+#                                             # GPU_CHECK_PROFILE_GRAPHS=both adds the single trial's graphs,
+#                                             # GPU_CHECK_PROFILE_ARRAY_GRAPHS=both the array's eager row);
+#                                             # then eager with PyTorch's cuDNN attention kept, to compare
+#     bash benchmarks/gpu_check.sh grid       # the 70-cell grid, 8 trial processes on the GPU, CUDA graphs
+#     bash benchmarks/gpu_check.sh arrays     # the same grid as trial arrays (7 members, 4 processes), CUDA graphs
 #     bash benchmarks/gpu_check.sh graphs     # the grid's 8 processes with CUDA graphs (not in `all`)
+#   The grid parts run their steps as CUDA graphs (the best grid measured so far, docs/speed.md);
+#   GPU_CHECK_GRAPHS=0: eagerly.
 #   `all` first starts the CUDA MPS control daemon where the machine has it, as the cluster recipes do
 #   (GPU_CHECK_MPS=0: not), and says in check.log whether a CUDA process here is an MPS client.
 #     bash benchmarks/gpu_check.sh baseline   # HF Trainer vs freezesweep on a subset of the same cells
 #     bash benchmarks/gpu_check.sh probe      # gpus_per_trial auto's measurement alone
-#   GPU_CHECK_GRID_ARGS="--cuda-graphs" bash benchmarks/gpu_check.sh grid   # a grid part with more options
+#   GPU_CHECK_GRID_ARGS="--eval-batch-size 256" bash benchmarks/gpu_check.sh grid   # a grid part with more options
 #   GPU_CHECK_WORKERS=16 bash benchmarks/gpu_check.sh grid    # more trial processes (GPU_CHECK_ARRAY_WORKERS: arrays')
 #   GPU_CHECK_SMOKE=1 bash benchmarks/gpu_check.sh all   # the same parts shrunk for a CPU: a tiny model,
 #                                             # a few cells, seconds (tests/test_gpu_check.py runs it)
@@ -79,12 +82,14 @@ EOF
 
 # The parts' sizes: the GPU's, or a smoke run's on a CPU (seconds).
 if [ -n "$SMOKE" ]; then
-  DEVICE=cpu STEPS=2 WARMUP=1 PROFILE_N=50 PROFILE_EVAL=16 GRAPHS=off SIZES=(50) DEPTHS=(0 2) DATASETS=(glue/sst2)
+  DEVICE=cpu STEPS=2 WARMUP=1 PROFILE_N=50 PROFILE_EVAL=16 GRAPHS=off ARRAY_GRAPHS=off SIZES=(50) DEPTHS=(0 2)
+  DATASETS=(glue/sst2)
   EPOCHS=1 WORKERS=2 ARRAY_WORKERS=1 WIDTH=2 EVAL=(--max-eval-examples 32)
   LIMITS=(tests=400 profile=400 grid=400 arrays=400 graphs=400)  # a minute or two in all on an idle CPU; caps for a busy one
 else
   # CUDA graphs' step was measured on the H100 (docs/speed.md): the profile's time goes to the array's row
   DEVICE=cuda STEPS=30 WARMUP=5 PROFILE_N=1000 PROFILE_EVAL=256 GRAPHS=${GPU_CHECK_PROFILE_GRAPHS:-off}
+  ARRAY_GRAPHS=${GPU_CHECK_PROFILE_ARRAY_GRAPHS:-on}  # an array's graphs: new (2026-11-27), never yet on a GPU
   SIZES=(50 100 200 500 1000)
   DEPTHS=(-1 0 2 4 8 10 12)
   DATASETS=(glue/sst2 glue/cola) EPOCHS=10 WORKERS=${GPU_CHECK_WORKERS:-8} ARRAY_WORKERS=${GPU_CHECK_ARRAY_WORKERS:-4} WIDTH=7 EVAL=()
@@ -108,6 +113,7 @@ environment() {
   GRID=(--model "$CARRY/bert-base-random" --model-init random --datasets "${DATASETS[@]}" --device "$DEVICE"
         --engine local --eval-batch-size 512 --train-sizes "${SIZES[@]}" --frozen-layers "${DEPTHS[@]}"
         --seeds 0 --epochs "$EPOCHS" --skip-baseline "${EVAL[@]}")
+  if [ "${GPU_CHECK_GRAPHS:-1}" != 0 ]; then GRID+=(--cuda-graphs); fi  # no effect on a CPU (smoke)
   read -ra EXTRA <<< "${GPU_CHECK_GRID_ARGS:-}"  # e.g. "--cuda-graphs": the grid parts with a setting changed
   GRID+=("${EXTRA[@]}")
 }
@@ -139,7 +145,7 @@ profile() {
   if has_arrays; then array=(--array "$WIDTH"); else
     echo "array of $WIDTH: skipped, freezesweep.trials.array is not in this checkout (issue 35.1)"; fi
   "$PY" benchmarks/step_profile.py --model "$CARRY/bert-base-random" --device "$DEVICE" --steps "$STEPS" \
-    --warmup-steps "$WARMUP" --train-size "$PROFILE_N" --frozen-layers 0 --cuda-graphs "$GRAPHS" "${array[@]}" \
+    --warmup-steps "$WARMUP" --train-size "$PROFILE_N" --frozen-layers 0 --cuda-graphs "$GRAPHS" --array-cuda-graphs "$ARRAY_GRAPHS" "${array[@]}" \
     --eval-examples "$PROFILE_EVAL" \
     --json "$LOGS/profile.json"
   # Then the single trial with cuDNN attention kept, against the eager row above (trials turn it off:
@@ -151,7 +157,10 @@ profile() {
 
 grid() { "$PY" benchmarks/grid_speed.py "${GRID[@]}" --workers "$WORKERS" --out "$LOGS/grid.json"; }
 
-graphs() { "$PY" benchmarks/grid_speed.py "${GRID[@]}" --cuda-graphs --workers "$WORKERS" --out "$LOGS/graphs.json"; }
+graphs() {  # (the grid's flags have it already, but where GPU_CHECK_GRAPHS=0)
+  local flags=("${GRID[@]}"); [[ " ${flags[*]} " == *" --cuda-graphs "* ]] || flags+=(--cuda-graphs)
+  "$PY" benchmarks/grid_speed.py "${flags[@]}" --workers "$WORKERS" --out "$LOGS/graphs.json"
+}
 
 # CUDA MPS, as the cluster recipes run GPU trials (docs/clusters.md): the control daemon, its pipe directory
 # the one the product looks in (trials/placement.py: CUDA_MPS_PIPE_DIRECTORY, else nvidia-mps in the

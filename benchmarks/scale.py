@@ -127,7 +127,7 @@ def make_inputs(folder: Path) -> tuple[str, str]:
 
 
 def write_spec(
-    folder: Path, cells: int, model: str, data: str, cells_per_round: int | None = None, arrays: bool = False
+    folder: Path, cells: int, model: str, data: str, trials_per_round: int | None = None, arrays: bool = False
 ) -> Path:
     per_seed = len(TRAIN_SIZES) * len(FROZEN_LAYERS)
     name = f"scale-{cells}" + ("-arrays" if arrays else "")
@@ -140,7 +140,7 @@ def write_spec(
         "seeds": list(range(cells // per_seed)),
         # arrays: the 4 depths of a (train size, seed) as one Ray trial (trials/array.py), forced on (CPU)
         "training": {"precision": "fp32", "epochs": 1, "trial_array": arrays},
-        "resources": {"cpus_per_trial": 0.5, **({"cells_per_round": cells_per_round} if cells_per_round else {})},
+        "resources": {"cpus_per_trial": 0.5, **({"trials_per_round": trials_per_round} if trials_per_round else {})},
         "store": str(folder / "store"),
     }
     path = folder / f"{name}.yaml"
@@ -228,7 +228,7 @@ def main() -> None:
 
 def measure(folder: Path, cells: int, model: str, data: str, args: argparse.Namespace, arrays: bool) -> dict | None:
     """One grid size through a driver of its own; prints its line, returns its numbers (None: it failed)."""
-    path = write_spec(folder, cells, model, data, args.cells_per_round, arrays)
+    path = write_spec(folder, cells, model, data, args.trials_per_round, arrays)
     planning = measure_planning(path)
     out = folder / f"driver-{path.stem}.json"
     stop = args.sample if cells > args.full_max else None
@@ -257,7 +257,7 @@ def parse_args() -> argparse.Namespace:
         "--sample", type=int, default=2500, help="mid-round (rounds of 1,000), where Tune stops at once"
     )
     parser.add_argument(
-        "--cells-per-round", type=int, help="the spec's resources.cells_per_round (default: its default)"
+        "--trials-per-round", type=int, help="the spec's resources.trials_per_round (default: its default)"
     )
     parser.add_argument(
         "--arrays", choices=["both", "off", "on"], default="both", help="each grid without and with trial arrays"

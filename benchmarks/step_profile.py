@@ -61,6 +61,12 @@ def parse_args(argv=None) -> argparse.Namespace:
         help="the single trial's step as CUDA graphs (training.cuda_graphs; both: a row each)",
     )
     parser.add_argument(
+        "--array-cuda-graphs",
+        choices=["off", "on", "both"],
+        default=None,
+        help="the array's step as CUDA graphs (default: as --cuda-graphs)",
+    )
+    parser.add_argument(
         "--cudnn-attention",
         choices=["off", "on"],
         default="off",
@@ -278,7 +284,10 @@ def measurements(args, model: str, data):
     if importlib.util.find_spec(ARRAY_MODULE) is None:
         print(f"array of {args.array}: skipped, {ARRAY_MODULE} is not in this checkout (issue 35.1)", flush=True)
         return
-    yield f"array of {args.array}", runner(True), lambda s: cells(args, model, data, s, ARRAY_DEPTHS[: args.array])
+    for graphs in {"off": [False], "on": [True], "both": [False, True]}[args.array_cuda_graphs or args.cuda_graphs]:
+        name = f"array of {args.array}" + (", CUDA graphs" if graphs else "")
+        depths = ARRAY_DEPTHS[: args.array]
+        yield name, runner(True), lambda s, g=graphs: cells(args, model, data, s, depths, g)
 
 
 def cudnn_attention_kept() -> None:

@@ -140,7 +140,7 @@ class Plan:
     cells: list[TrialConfig]  # the grid (settle mode: every cell the budget allows)
     pending: list[TrialConfig]  # the cells a launch runs now
     done: int  # cells with a final row (ok, diverged)
-    rounds: int  # Tune runs the pending cells take (``resources.cells_per_round``)
+    rounds: int  # Tune runs the pending cells take (``resources.trials_per_round`` Ray trials each)
     status: pd.DataFrame  # per axis value: done / failed / missing cells
     work: WorkEstimate | None  # the pending cells' trial time, priced by the store's own rows
     trials_at_once: int  # this machine's cores per trial, or ``max_concurrent_trials``
@@ -154,7 +154,7 @@ class Plan:
 def plan(spec: SpecSource, *, store: str | None = None) -> Plan:
     """The dry run: the grid's cells, which are done and which a launch would run now, and the work
     left as the store's measured trial times price it. Nothing starts, nothing is written."""
-    from freezesweep.orchestrator.plan import build_grid
+    from freezesweep.orchestrator.plan import build_grid, launch_units
     from freezesweep.orchestrator.sweeps import next_cells, resolve_for_plan
     from freezesweep.results.query import status_table
     from freezesweep.results.store import final_of
@@ -168,7 +168,6 @@ def plan(spec: SpecSource, *, store: str | None = None) -> Plan:
     statuses = dict(zip(rows["trial_id"], rows["status"]))
     done = final_of(statuses)
     pending = list(next_cells(sweep, result_store, done))
-    per_round = spec.resources.cells_per_round
     at_once = spec.resources.max_concurrent_trials or max(
         1, int((os.cpu_count() or 1) // spec.resources.cpus_per_trial)
     )
@@ -178,7 +177,7 @@ def plan(spec: SpecSource, *, store: str | None = None) -> Plan:
         cells,
         pending,
         len(done & {c.trial_id for c in cells}),
-        -(-len(pending) // per_round),
+        -(-len(launch_units(pending, sweep)) // spec.resources.trials_per_round),
         status_table(cells, statuses),
         _work(cells, pending, rows),
         at_once,
@@ -283,7 +282,7 @@ def _launch(raw: Any, source: str, progress: bool) -> LaunchSummary:
         if spec.cell_count() > LARGE_GRID:
             print(
                 f"a large grid: {spec.cell_count():,} cells ({spec.cell_count_words()}), run in rounds of "
-                f"{spec.resources.cells_per_round:,}",
+                f"{spec.resources.trials_per_round:,} Ray trials",
                 file=sys.stderr,
             )
         summary_ = run_launch(spec, show_progress=progress, session=session)

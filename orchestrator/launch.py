@@ -42,6 +42,7 @@ from freezesweep.orchestrator.plan import (
     ResolvedSweep,
     grid_size,
     hungriest_frozen_layers,
+    launch_units,
     method_variants,
     rounds,
     with_doubled_gpu_share,
@@ -56,7 +57,7 @@ from freezesweep.orchestrator.sweeps import OLD_SWEEP, next_cells, precision_her
 from freezesweep.orchestrator.tune_adapter import recover_from_ray, run_tune
 from freezesweep.results.lock import SweepLock
 from freezesweep.results.store import FINAL_STATUSES, ResultStore, SpoolingWriter, final_of
-from freezesweep.trials.array import array_key, group_cells
+from freezesweep.trials.array import array_key
 from freezesweep.trials.config import TrialConfig, TrialResult
 from freezesweep.trials.memory_probe import describe
 
@@ -339,8 +340,7 @@ def run_cells(launch: Launch, pending: Iterable[TrialConfig]) -> int:
     out_of_memory: list[TrialConfig] = []
     with writer.progress:
         try:
-            units = group_cells([with_resources(c, sweep) for c in pending], sweep.array_width)
-            for round_units in rounds(units, sweep.spec.resources.cells_per_round):
+            for round_units in rounds(launch_units(pending, sweep), sweep.spec.resources.trials_per_round):
                 cells = [c for unit in round_units for c in unit]
                 writer.planned |= {c.trial_id for c in cells}
                 run_tune(

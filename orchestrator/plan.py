@@ -123,22 +123,28 @@ def with_resources(cell: TrialConfig, sweep: ResolvedSweep) -> TrialConfig:
     )
 
 
+def launch_units(pending: Iterable[TrialConfig], sweep: ResolvedSweep) -> list[list[TrialConfig]]:
+    """The pending cells as a launch runs them (``with_resources``), one list per Ray trial: a trial
+    array's members, or one cell (``trials.array.group_cells``). Linear in the cells."""
+    from freezesweep.trials.array import group_cells  # torch: a launch's, not every reader's of the plan
+
+    return group_cells([with_resources(c, sweep) for c in pending], sweep.array_width)
+
+
 def rounds(units: Iterable[list[TrialConfig]], size: int) -> Iterator[list[list[TrialConfig]]]:
-    """The units (``trials.array.group_cells``: a trial array's members, or one cell), in rounds of
-    at most ``size`` cells (``resources.cells_per_round``; a unit is never split, one larger
-    than ``size`` is a round of its own), each one Tune run: Tune's experiment state, its snapshots and
+    """The units (``launch_units``: one Ray trial each), in rounds of at most ``size`` of them
+    (``resources.trials_per_round``), each one Tune run: Tune's experiment state, its snapshots and
     its per-step bookkeeping grow with the trials of one run (ray#11233: snapshot time; TuneController
-    scans its trial list at every step). By units, not by the grid's order: an array's members lie
-    as far apart there as the grid has seeds, so rounds of the grid's order would split every array of
-    a grid with more seeds than a round has cells."""
+    scans its trial list at every step), and a round's start has a fixed cost on the driver (its Tuner,
+    its trial actors importing the trial code: docs/scale.md), so counting trials, not cells, divides
+    that cost by the arrays' width too. Units are never split: an array's members lie as far apart in
+    the grid's order as the grid has seeds."""
     chunk: list[list[TrialConfig]] = []
-    cells = 0
     for unit in units:
-        if chunk and cells + len(unit) > size:
+        if len(chunk) >= size:
             yield chunk
-            chunk, cells = [], 0
+            chunk = []
         chunk.append(unit)
-        cells += len(unit)
     if chunk:
         yield chunk
 

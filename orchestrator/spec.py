@@ -214,12 +214,15 @@ class ResourcesSpec(_Strict):
         "gpus_per_trial auto, the memory probe may halve it until one array fits its GPU)",
     )
     # 1,000: on 2 cores, 10,000 instant trials took 19 ms of driver CPU each and 1.2 GB at most in rounds of
-    # 1,000, 2.5 GB in rounds of 5,000 (Tune keeps every trial of a run; ray#64231) (benchmarks/scale.py)
-    cells_per_round: Int = Field(
+    # 1,000, 2.5 GB in rounds of 5,000 (Tune keeps every trial of a run; ray#64231) (benchmarks/scale.py).
+    # Counted in Ray trials, not cells: what grows in a Tune run is its trials, and a trial array is one
+    # (cells counted, a round's fixed start was paid per 1,000 cells with arrays or without: docs/scale.md).
+    trials_per_round: Int = Field(
         1000,
         gt=0,
-        description="a launch runs its cells in rounds of at most this many, "
-        "each one Tune run: Tune's state and bookkeeping grow with the trials of a run",
+        description="a launch runs its cells in rounds of at most this many Ray trials (a trial array is "
+        "one), each one Tune run: Tune's state and bookkeeping grow with the trials of a run "
+        "(cells_per_round: its name until 0.3.0, still read)",
     )
 
     @field_validator("gpus_per_trial", mode="before")
@@ -445,8 +448,9 @@ def method_fields(method: str, lora: LoraSpec | None = None, probe: ProbeSpec | 
 
 
 def spec_aliases(raw: Any) -> Any:
-    """Spellings a spec may use: ``models:`` for a list of models, and ``training.method`` (specs
-    written before the methods axis, stored ones included) for ``methods: [that one]``."""
+    """Spellings a spec may use: ``models:`` for a list of models, ``training.method`` (specs
+    written before the methods axis, stored ones included) for ``methods: [that one]``, and
+    ``resources.cells_per_round`` (specs and stored specs until 0.3.0) for ``trials_per_round``."""
     if not isinstance(raw, dict):
         return raw
     raw = dict(raw)
@@ -454,6 +458,11 @@ def spec_aliases(raw: Any) -> Any:
         if raw.get("model") is not None:
             raise ValueError("give model or models, not both")
         raw["model"] = raw.pop("models")
+    resources = raw.get("resources")
+    if isinstance(resources, dict) and "cells_per_round" in resources:  # its name until 0.3.0
+        if "trials_per_round" in resources:
+            raise ValueError("give resources.trials_per_round or its old name cells_per_round, not both")
+        raw["resources"] = {(k if k != "cells_per_round" else "trials_per_round"): v for k, v in resources.items()}
     training = raw.get("training")
     if isinstance(training, dict) and "method" in training:
         raw["training"] = {k: v for k, v in training.items() if k != "method"}

@@ -53,6 +53,14 @@ the same distribution. A padding mask is batched as the model's code takes it un
 (``mask_as``, measured per model: ``slots_mask_form``). No slot's numbers read another's, and the
 shapes never change, so refilling a slot leaves the others bit for bit.
 
+CUDA graphs (opt-in ``cuda_graphs``, as a single trial's: trials/graphs.py): an array on one stream
+captures its step per (rows, length bucket) once every member's AdamW has its state, the capture
+holding every member's forward, backward, clipping and capturable AdamW update, each member's schedule
+filling its learning-rate tensor after a replay; a member that leaves takes the graphs with it, and the
+others' are captured again. A GPU runs an array's step far below its arithmetic, its host bound (an
+array of 7 calls ~2.6x a single step's operators: benchmarks/step_profile.py on a CPU); replayed, the
+launches go. Slots run eagerly.
+
 Which cells qualify is decided before any trial: ``array_key`` from the config (the freeze method,
 bf16 or fp32 — one GradScaler would skip every member's step when one member overflows in fp16 — no
 training cache, no checkpoints, and the ``trial_array`` switch: unset, on where the cell runs on a
@@ -79,11 +87,12 @@ import torch
 from torch import nn
 from torch.func import functional_call, vmap
 
-from freezesweep.trials import first_token
+from freezesweep.trials import first_token, graphs
 from freezesweep.trials.config import EvalPoint, TrialConfig, TrialResult
 from freezesweep.trials.eval_cache import PrefixStates, eval_mode, starting_at
 from freezesweep.trials.evaluate import eval_labels, task_loss
 from freezesweep.trials.freezing import FreezeReport, find_encoder_parts
+from freezesweep.trials.graphs import StepGraphs, length_buckets
 from freezesweep.trials.metrics import compute_metrics, constant
 from freezesweep.trials.model import attention_of, eager_attention
 from freezesweep.trials.oom import catch_oom, is_oom
@@ -304,7 +313,7 @@ def new_member(
     report, trains = plan.adapted[cfg.trial_id]
     leaves = {n: t.detach()[slot].requires_grad_() for n, t in stack.tensors.items() if n in trains}
     schedule = make_schedule(len(data.train_rows), cfg)
-    optimizer, scheduler = optimizer_for(list(leaves.values()), cfg, schedule)
+    optimizer, scheduler = optimizer_for(list(leaves.values()), cfg, schedule, base.device, base.cuda_graphs)
     ctx = dataclasses.replace(base, cfg=cfg, schedule=schedule, on_eval=functools.partial(plan.on_eval, cfg))
     stream = device_stream(data, cfg, schedule, base.device, own_tokens) if own_tokens else None
     return Member(cfg, slot, report, leaves, optimizer, scheduler, ctx, data, stream, scaler=base.plan.grad_scaler())
@@ -341,9 +350,14 @@ def device_stream(
 def array_step(stack: Stack, members: Sequence[Member], batch, plan: PrecisionPlan, feed) -> torch.Tensor:
     """One optimisation step of every member in ``members`` on ``batch`` (the others' slices stay
     as they are); returns every slot's loss, ``[width]`` (no host sync)."""
-    with plan.autocast():
+    return update(stack, members, array_losses(stack, batch, plan, feed))
+
+
+def array_losses(stack: Stack, batch, plan: PrecisionPlan, feed, autocast_cache: bool = True) -> torch.Tensor:
+    """Every slot's loss on ``batch``, ``[width]`` (``autocast_cache`` off where a CUDA graph is captured)."""
+    with plan.autocast(cache=autocast_cache):
         logits = stack.logits(feed, batch)
-    return update(stack, members, vmap(task_loss, in_dims=(0, None))(logits, batch.labels))
+    return vmap(task_loss, in_dims=(0, None))(logits, batch.labels)
 
 
 def own_step(stack: Stack, members: Sequence[Member], inputs: dict, labels, weights, plan: PrecisionPlan):
@@ -367,13 +381,57 @@ def update(stack: Stack, members: Sequence[Member], losses: torch.Tensor) -> tor
 
 def member_update(stack: Stack, member: Member) -> None:
     """Clip the member's trainable slices by its own norm, then its AdamW step and schedule."""
-    params = list(member.leaves.values())
-    for name, leaf in member.leaves.items():
-        leaf.grad = stack.tensors[name].grad[member.slot]
-    torch.nn.utils.clip_grad_norm_(params, member.cfg.max_grad_norm, foreach=True)
+    clip_member(stack, member)
     if optimizer_step(member.optimizer, member.scaler):
         member.scheduler.step()
     member.optimizer.zero_grad(set_to_none=True)
+
+
+def clip_member(stack: Stack, member: Member) -> None:
+    """The member's gradients (its slices of the stacked ones), clipped by its own norm."""
+    for name, leaf in member.leaves.items():
+        leaf.grad = stack.tensors[name].grad[member.slot]
+    torch.nn.utils.clip_grad_norm_(list(member.leaves.values()), member.cfg.max_grad_norm, foreach=True)
+
+
+# --- the step as CUDA graphs (opt-in ``cuda_graphs``; an array on one stream) ----------------------------
+def array_graphs(stack: Stack, active: list[Member], stream: SharedStream, plan: PrecisionPlan) -> StepGraphs:
+    """``active``'s step as CUDA graphs over the stream's length buckets (trials/graphs.py, as a single
+    trial's): captured, the update without the schedules (every member's clipping and capturable
+    AdamW, whose learning rate each member's schedule fills after a replay); its warm-up the same
+    without AdamW. Made for one set of members: one that leaves is in these graphs' updates, so the
+    others' graphs are captured again (``SharedStream``)."""
+    feed = stream.feed
+
+    def backward(batch) -> torch.Tensor:
+        losses = array_losses(stack, batch, plan, feed, autocast_cache=False)
+        losses.sum().backward()
+        for member in active:
+            clip_member(stack, member)
+        return losses.detach().double()
+
+    def update(batch) -> torch.Tensor:
+        losses = backward(batch)
+        for member in active:
+            member.optimizer.step()
+        return losses
+
+    def reset() -> None:
+        for member in active:
+            member.optimizer.zero_grad(set_to_none=True)
+        for tensor in stack.tensors.values():
+            tensor.grad = None
+
+    return StepGraphs(
+        lambda batch: array_step(stack, active, batch, plan, feed),
+        step=update,
+        warm=backward,
+        after=lambda: [member.scheduler.step() for member in active],
+        reset=reset,
+        ready=lambda: all(member.optimizer.state for member in active),  # an eager step made AdamW's state
+        buckets=stream.buckets,
+        pad_id=stream.pad_id,
+    )
 
 
 @torch.inference_mode()
@@ -417,15 +475,30 @@ def evaluate_array(
 @dataclass
 class SharedStream:
     """Every member on the same batch (they share seed and train size): packed where the model
-    qualifies, inputs unbatched, so the frozen prefix runs once for all."""
+    qualifies, inputs unbatched, so the frozen prefix runs once for all. ``buckets``: the step as CUDA
+    graphs over these length buckets (``array_graphs``), the graphs of one set of members at a time;
+    empty: eager."""
 
     stream: DeviceStream
     feed: PaddedFeed | PackedFeed
     pad_id: int
+    buckets: tuple[int, ...] = ()
+    graphed: dict[tuple, StepGraphs] = field(default_factory=dict)  # the active members' -> their graphs
 
     def __call__(self, run: ArrayRun, active: list[Member]) -> torch.Tensor:
         batch = self.feed.gather(self.stream.rows, *self.stream.next(), self.pad_id)
-        return array_step(run.stack, active, batch, run.base.plan, self.feed)
+        if not self.buckets:
+            return array_step(run.stack, active, batch, run.base.plan, self.feed)
+        members = tuple((member.slot, member.cfg.trial_id) for member in active)
+        if members not in self.graphed:
+            self.graphed.clear()  # a member left: its update is in these graphs (and they hold it alive)
+            self.graphed[members] = array_graphs(run.stack, active, self, run.base.plan)
+        return self.graphed[members](batch)
+
+    def batch_sizes(self, steps: int) -> list[int]:
+        """Every step's batch size as the feed builds it (token count or width), from the host's lengths."""
+        rows, orders, size = self.stream.rows, self.stream.orders, self.stream.batch_size
+        return [self.feed.length(rows.host_lengths[orders.batch(s, size)[0]]) for s in range(steps)]
 
 
 @dataclass
@@ -589,6 +662,9 @@ def build_array(
     fill_s = (time.perf_counter() - fill_started) / len(cfgs)
     stack = stack_model(model, names, min(width, len(cfgs)), "different" if own else "same")
     schedule = make_schedule(len(data.train_rows), common)
+    # CUDA graphs where every member asks for them, on one stream (slots' batches are one shape, but
+    # their members come and go: not captured yet)
+    graphed = not own and all(c.cuda_graphs for c in cfgs) and graphs.cuda_graphs_apply(common, device, precision, None)
     base = FitContext(
         common,
         precision,
@@ -599,8 +675,9 @@ def build_array(
         eval_prefix=prefix,
         feed=feed,
         eval_labels=eval_labels(data.batches),  # on the host once per array, not at every evaluation
+        cuda_graphs=graphed,
     )
-    used = (*optimisations_used(prefix, None, reader, feed), OPTIMISATION)
+    used = (*optimisations_used(prefix, None, reader, feed, cuda_graphs=graphed), OPTIMISATION)
     queue = collections.deque(cfgs)
     tokens = max(map(longest, datas.values())) if own else 0  # the slots' one batch shape: the longest row
 
@@ -622,9 +699,14 @@ def build_array(
         return dataclasses.replace(result, optimisations=used)
 
     members = [start(slot, started) for slot in range(stack.width)]
-    streams = OwnStreams(first.batch_size, tokens, mask) if own else None
-    step = streams or SharedStream(device_stream(data, first, schedule, device), feed, data.pad_id)
-    return ArrayRun(stack, members, base, reader, step, finish, on_results, start)
+    if own:
+        return ArrayRun(
+            stack, members, base, reader, OwnStreams(first.batch_size, tokens, mask), finish, on_results, start
+        )
+    shared = SharedStream(device_stream(data, first, schedule, device), feed, data.pad_id)
+    if graphed:
+        shared.buckets = length_buckets(shared.batch_sizes(schedule.total_steps))
+    return ArrayRun(stack, members, base, reader, shared, finish, on_results, start)
 
 
 def qualifies(

@@ -103,8 +103,7 @@ def run_eagerly(
 ) -> tuple[Callable[[], None], torch.Tensor]:
     """``capture``'s stand-in where there is no GPU (tests): the same static inputs, the same step,
     run when replayed."""
-    warm(inputs)
-    loss = torch.zeros((), dtype=torch.float64, device=inputs.input_ids.device)
+    loss = torch.zeros_like(warm(inputs))  # the step's loss: a trial's one, an array's one per member
     return lambda: loss.copy_(step(inputs)), loss
 
 
@@ -155,9 +154,10 @@ class StepGraphs:
         self.reset()
         return _Graph(inputs, replay, loss)
 
-    def _warm_then_reset(self, inputs: Batch | Packed) -> None:
-        self.warm(inputs)
+    def _warm_then_reset(self, inputs: Batch | Packed) -> torch.Tensor:
+        loss = self.warm(inputs)
         self.reset()
+        return loss
 
 
 def _clone(value):

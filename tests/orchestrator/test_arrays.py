@@ -97,9 +97,9 @@ def test_one_tune_trial_per_array_and_the_rows_of_single_trials(write_spec, tune
 def test_rounds_keep_an_arrays_members_together(write_spec, tune_trials):
     """The grid's order puts an array's members as far apart as it has seeds (n, k, then seed): rounds
     cut in that order (2 cells a round: k = 0 of both seeds, then k = 2) split every array into cells
-    alone. Rounds cut by arrays keep both depths of a seed in one Ray trial."""
+    alone. Rounds counted in Ray trials (one array a round here) keep both depths of a seed in one."""
     path = write_spec(
-        "rounds", train_sizes=[24], seeds=[0, 1], training=ON, resources={"array_width": 2, "cells_per_round": 2}
+        "rounds", train_sizes=[24], seeds=[0, 1], training=ON, resources={"array_width": 2, "trials_per_round": 1}
     )
     summary = launch(load_spec(path), show_progress=False)
     assert (summary.ran, summary.ok) == (4, 4)

@@ -8,6 +8,8 @@ from freezesweep.orchestrator.plan import (
     ResolvedSweep,
     build_grid,
     hungriest_frozen_layers,
+    launch_units,
+    rounds,
     with_resources,
     with_doubled_gpu_share,
 )
@@ -61,6 +63,19 @@ def test_cells_carry_their_resources_not_a_new_identity():
     placed = [with_resources(c, sweep) for c in cells]
     assert [c.trial_id for c in placed] == [c.trial_id for c in cells]
     assert {c.num_threads for c in placed} == {2}
+
+
+def test_rounds_count_ray_trials_and_never_split_an_array():
+    """A round is at most ``trials_per_round`` Ray trials, an array one of them (its start is paid per
+    round: counted in cells, arrays would pay it as often as single cells do)."""
+    sweep = dataclasses.replace(_sweep(), array_width=3)  # GPU trials in fp32: freeze cells train as arrays
+    cells = build_grid(sweep)
+    units = launch_units(cells, sweep)
+    assert max(len(u) for u in units) == 3 and len(units) < len(cells)  # arrays, and cells alone (LoRA, probe)
+    chunks = list(rounds(units, 4))
+    assert [len(r) for r in chunks] == [4] * (len(units) // 4) + ([len(units) % 4] if len(units) % 4 else [])
+    assert [u for r in chunks for u in r] == units  # every unit once, whole, in order
+    assert sorted(c.trial_id for r in chunks for u in r for c in u) == sorted(c.trial_id for c in cells)
 
 
 def test_the_hungriest_depth_and_the_doubled_share():

@@ -25,12 +25,12 @@ from tests.conftest import REPO, count_rows, rows_by_id
 DRIVER = [sys.executable, str(REPO / "benchmarks" / "scale.py"), "--driver"]
 
 
-def _spec(write_spec, name: str, seeds: int, cells_per_round: int) -> Path:
+def _spec(write_spec, name: str, seeds: int, trials_per_round: int, key: str = "trials_per_round") -> Path:
     """2 sizes × 2 depths × ``seeds``; instant trials, four at a time on 2 cores."""
     return write_spec(
         name,
         seeds=list(range(seeds)),
-        resources={"cpus_per_trial": 0.5, "max_failures": 0, "cells_per_round": cells_per_round},
+        resources={"cpus_per_trial": 0.5, "max_failures": 0, key: trials_per_round},
     )
 
 
@@ -56,7 +56,7 @@ def _drive(path: Path, tmp_path: Path, **env) -> subprocess.Popen:
 
 @pytest.mark.slow
 def test_five_thousand_cells_each_exactly_once(write_spec, tmp_path):
-    path = _spec(write_spec, "five-thousand", seeds=1250, cells_per_round=2000)  # 3 rounds
+    path = _spec(write_spec, "five-thousand", seeds=1250, trials_per_round=2000)  # 3 rounds
     done = subprocess.run(
         DRIVER + [str(path), "--out", str(tmp_path / "driver.json")], capture_output=True, text=True, timeout=1800
     )
@@ -66,7 +66,7 @@ def test_five_thousand_cells_each_exactly_once(write_spec, tmp_path):
 
 @pytest.mark.slow  # ~2 min on 2 cores; the default suite's kill tests (test_faults, test_sweep) cover one round
 def test_driver_killed_between_rounds_and_inside_one_then_resumed(write_spec, tmp_path):
-    path = _spec(write_spec, "rounds", seeds=75, cells_per_round=100)  # 300 cells, 3 rounds of 100
+    path = _spec(write_spec, "rounds", seeds=75, trials_per_round=100, key="cells_per_round")  # 3 rounds of 100 cells
     results = tmp_path / "store" / "rounds" / "results"
 
     between = _drive(path, tmp_path, FREEZESWEEP_DRIVER_FAULT="kill-after-round@1")
@@ -92,7 +92,8 @@ def test_driver_killed_between_rounds_and_inside_one_then_resumed(write_spec, tm
     assert len(_rows(path)) == 300
     assert {tid: row for tid, row in rows_by_id(results).items() if tid in kept} == kept  # nothing stored was touched
     assert (
-        yaml.safe_load((tmp_path / "store" / "rounds" / "spec.yaml").read_text())["resources"]["cells_per_round"] == 100
+        yaml.safe_load((tmp_path / "store" / "rounds" / "spec.yaml").read_text())["resources"]["trials_per_round"]
+        == 100
     )
 
 
@@ -124,7 +125,7 @@ def test_many_trials_wait_for_a_place_at_once(write_spec, tmp_path, monkeypatch)
         raising=False,
     )
     monkeypatch.delenv("TUNE_MAX_PENDING_TRIALS_PG", raising=False)
-    sweep = resolve_here(load_spec(_spec(write_spec, "pending", seeds=2, cells_per_round=100)))  # 8 cells
+    sweep = resolve_here(load_spec(_spec(write_spec, "pending", seeds=2, trials_per_round=100)))  # 8 cells
     cells = list(build_grid(sweep))
     RaySession(num_cpus=2).connect()
     with pytest.raises(_FirstStart):

@@ -73,6 +73,12 @@ def test_aliases_and_stored_specs():
     assert spec_aliases({"training": {"method": "freeze"}})["methods"] == ["freeze"]
     with pytest.raises(ValueError, match="model or models"):
         spec_aliases({"model": "a", "models": ["b"]})
+    # resources.cells_per_round: trials_per_round's name until 0.3.0 (user specs, stored spec.yaml files)
+    renamed = SweepSpec.model_validate({**MINIMAL, "resources": {"cells_per_round": 50, "array_width": 4}})
+    assert (renamed.resources.trials_per_round, renamed.resources.array_width) == (50, 4)
+    assert "cells_per_round" not in renamed.to_yaml() and "trials_per_round: 50" in renamed.to_yaml()
+    _, problems = parse({**MINIMAL, "resources": {"cells_per_round": 50, "trials_per_round": 60}})
+    assert len(problems) == 1 and "trials_per_round or its old name cells_per_round" in problems[0]
     legacy = read_stored_spec("name: s\ntraining: {epochs: 2}\n")
     assert legacy["training"]["select_metric"] == "accuracy"  # what rows before select_metric used
 
@@ -150,7 +156,7 @@ def test_a_boolean_is_never_a_number(tmp_path):
     path.write_text(
         "name: s\nmodel: m\ndatasets: [d]\ntrain_sizes: [on]\nfrozen_layers: [0, true]\nseeds: [yes, no]\n"
         "split_seed: off\ntraining: {epochs: yes, batch_size: true, max_eval_examples: no}\n"
-        "resources: {max_failures: no, cpus_per_trial: yes, cells_per_round: on}\n"
+        "resources: {max_failures: no, cpus_per_trial: yes, trials_per_round: on}\n"
         "lora: {alpha: yes}\nprobe: {folds: yes}\n"
     )
     _, problems = parse(read_yaml(path))
@@ -165,7 +171,7 @@ def test_a_boolean_is_never_a_number(tmp_path):
         "training.max_eval_examples",
         "resources.max_failures",
         "resources.cpus_per_trial",
-        "resources.cells_per_round",
+        "resources.trials_per_round",
         "lora.alpha",
         "probe.folds",
     ]

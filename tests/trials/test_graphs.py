@@ -103,6 +103,94 @@ def test_a_graphed_fit_trains_as_the_eager_one(still_bert, toy_dataset, monkeypa
     assert graphed.best_val_accuracy == eager.best_val_accuracy
 
 
+@pytest.mark.parametrize("device", DEVICES)
+def test_a_graphed_array_trains_as_the_eager_one(still_bert, toy_dataset, monkeypatch, device):
+    """A trial array on one stream (trials/array.py) as CUDA graphs: each member's eager first step
+    (its AdamW state), then one capture per (rows, bucket) of every member's update, a replay per step
+    and each member's schedule after it. Without dropout every member follows its eager array's curve
+    to float rounding; its row says both optimisations."""
+    from freezesweep.trials import array
+    from freezesweep.trials.config import TrialConfig
+
+    captures = []
+    real = graphs.run_eagerly if device == "cpu" else graphs.capture
+    monkeypatch.setattr(
+        graphs,
+        "capture",
+        lambda step, warm, inputs, shared: captures.append(inputs) or real(step, warm, inputs, shared),
+    )
+    monkeypatch.setattr(graphs, "cuda_graphs_apply", lambda cfg, *_: cfg.cuda_graphs)  # on the CPU too
+    cells = [
+        TrialConfig(
+            dataset=toy_dataset,
+            model=still_bert,
+            train_size=40,  # batches of 16, 16, 8: two row counts
+            frozen_layers=k,
+            epochs=3,
+            learning_rate=3e-3,
+            precision="fp32",
+            device=device,
+            num_threads=1,
+            trial_array=True,
+        )
+        for k in (-1, 0, 2)
+    ]
+    eager = array.run_array(cells)
+    graphed = array.run_array([dataclasses.replace(c, cuda_graphs=True) for c in cells])
+    assert 2 <= len(captures) <= 2 * graphs.BUCKETS and {len(c.labels) for c in captures} == {16, 8}
+    for g, e in zip(graphed, eager):
+        assert {"trial_array", "cuda_graphs"} <= set(g.optimisations) and "cuda_graphs" not in e.optimisations
+        assert [p.step for p in g.eval_curve] == [p.step for p in e.eval_curve]
+        assert [p.loss for p in g.eval_curve] == pytest.approx([p.loss for p in e.eval_curve], rel=1e-4)
+        assert g.best_val_accuracy == e.best_val_accuracy
+    assert len({tuple(p.loss for p in g.eval_curve) for g in graphed}) == 3  # each member its own update
+
+
+def test_a_graphed_array_captures_again_when_a_member_leaves(still_bert, toy_dataset, monkeypatch):
+    """A member that diverges leaves with its row; the graphs held its update, so the others' are
+    captured again without it, and their curves are the clean graphed run's (CPU: the capture stood in for)."""
+    from freezesweep.trials import array
+    from freezesweep.trials.config import TrialConfig
+
+    monkeypatch.setattr(graphs, "capture", graphs.run_eagerly)
+    monkeypatch.setattr(graphs, "cuda_graphs_apply", lambda cfg, *_: cfg.cuda_graphs)
+    cells = [
+        TrialConfig(
+            dataset=toy_dataset,
+            model=still_bert,
+            train_size=40,
+            frozen_layers=k,
+            epochs=4,
+            learning_rate=3e-3,
+            precision="fp32",
+            num_threads=1,
+            trial_array=True,
+            cuda_graphs=True,
+        )
+        for k in (-1, 0, 2)
+    ]
+    clean = array.run_array(cells)
+    made, clip, clips, captured = [], array.clip_member, [], array.array_graphs
+    monkeypatch.setattr(
+        array, "array_graphs", lambda stack, active, *rest: made.append(len(active)) or captured(stack, active, *rest)
+    )
+
+    def poisoned(stack, member):  # k = 0's gradients turn NaN at its fifth clipping (a replay's)
+        clips.append(member.cfg.frozen_layers)
+        clip(stack, member)
+        if member.cfg.frozen_layers == 0 and clips.count(0) == 5:
+            stack.tensors["classifier.weight"].grad[member.slot].fill_(float("nan"))
+
+    monkeypatch.setattr(array, "clip_member", poisoned)
+    results = array.run_array(cells)
+    diverged = next(r for r in results if r.config.frozen_layers == 0)
+    assert diverged.status == "diverged"
+    assert made == [3, 2]  # captured for all three, then again for the two that went on
+    for a, b in zip(results, clean):
+        if a is not diverged:
+            assert a.status == "ok" and [p.loss for p in a.eval_curve] == [p.loss for p in b.eval_curve]
+
+
 def test_fp16_and_the_training_cache_step_aside(tiny_trial):
     from freezesweep.trials.precision import PrecisionPlan
 
