@@ -154,7 +154,7 @@ class Plan:
 def plan(spec: SpecSource, *, store: str | None = None) -> Plan:
     """The dry run: the grid's cells, which are done and which a launch would run now, and the work
     left as the store's measured trial times price it. Nothing starts, nothing is written."""
-    from freezesweep.orchestrator.plan import build_grid, launch_units
+    from freezesweep.orchestrator.plan import build_grid, round_count
     from freezesweep.orchestrator.sweeps import next_cells, resolve_for_plan
     from freezesweep.results.query import status_table
     from freezesweep.results.store import final_of
@@ -177,7 +177,7 @@ def plan(spec: SpecSource, *, store: str | None = None) -> Plan:
         cells,
         pending,
         len(done & {c.trial_id for c in cells}),
-        -(-len(launch_units(pending, sweep)) // spec.resources.trials_per_round),
+        round_count(pending, sweep),
         status_table(cells, statuses),
         _work(cells, pending, rows),
         at_once,

@@ -9,6 +9,7 @@ from freezesweep.orchestrator.plan import (
     build_grid,
     hungriest_frozen_layers,
     launch_units,
+    round_count,
     rounds,
     with_resources,
     with_doubled_gpu_share,
@@ -76,6 +77,15 @@ def test_rounds_count_ray_trials_and_never_split_an_array():
     assert [len(r) for r in chunks] == [4] * (len(units) // 4) + ([len(units) % 4] if len(units) % 4 else [])
     assert [u for r in chunks for u in r] == units  # every unit once, whole, in order
     assert sorted(c.trial_id for r in chunks for u in r for c in u) == sorted(c.trial_id for c in cells)
+    plan_of = dataclasses.replace(
+        sweep,
+        spec=sweep.spec.model_copy(
+            update={"resources": sweep.spec.resources.model_copy(update={"trials_per_round": 4})}
+        ),
+    )
+    assert round_count(cells, plan_of) == len(chunks)
+    on_cpu = dataclasses.replace(plan_of, gpu_share=0.0)  # no arrays: a trial a cell, counted without placing each
+    assert len(launch_units(cells, on_cpu)) == len(cells) and round_count(cells, on_cpu) == -(-len(cells) // 4)
 
 
 def test_the_hungriest_depth_and_the_doubled_share():
