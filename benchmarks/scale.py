@@ -254,7 +254,7 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--cells", type=int, nargs="+", default=[1000, 10_000, 100_000])
     parser.add_argument("--full-max", type=int, default=10_000, help="larger grids run only --sample trials")
     parser.add_argument(
-        "--sample", type=int, default=2500, help="mid-round (rounds of 1,000), where Tune stops at once"
+        "--sample", type=int, default=2500, help="mid-round (rounds of 1,000 Ray trials), where Tune stops at once"
     )
     parser.add_argument(
         "--trials-per-round", type=int, help="the spec's resources.trials_per_round (default: its default)"

@@ -132,15 +132,16 @@ def launch_units(pending: Iterable[TrialConfig], sweep: ResolvedSweep) -> list[l
 
 
 def round_count(pending: list[TrialConfig], sweep: ResolvedSweep) -> int:
-    """How many rounds a launch runs ``pending`` in (``rounds`` of ``launch_units``). Where no cell
-    trains in an array (the switch, the device and the GPU share are the sweep's, the same for every
-    cell) each cell is a trial: counted without placing each (~40 µs a cell, 4 s at 100,000)."""
-    from freezesweep.trials.array import arrays_pay
+    """How many rounds a launch runs ``pending`` in (``rounds`` of ``launch_units``), without placing
+    each cell (~40 µs a cell, 4 s at 100,000): whether arrays pay is the sweep's (its switch, device and
+    GPU share, the same for every cell), so one placed cell says it for all. An estimate where
+    ``gpus_per_trial`` is auto: a launch may narrow the arrays to what its GPU measured."""
+    from freezesweep.trials.array import arrays_pay, group_cells
 
     size = sweep.spec.resources.trials_per_round
     if not pending or sweep.array_width < 2 or not arrays_pay(with_resources(pending[0], sweep)):
-        return -(-len(pending) // size)
-    return sum(1 for _ in rounds(launch_units(pending, sweep), size))
+        return -(-len(pending) // size)  # no arrays: a Ray trial a cell
+    return -(-len(group_cells(pending, sweep.array_width, anywhere=True)) // size)
 
 
 def rounds(units: Iterable[list[TrialConfig]], size: int) -> Iterator[list[list[TrialConfig]]]:

@@ -225,6 +225,17 @@ class ResourcesSpec(_Strict):
         "(cells_per_round: its name until 0.3.0, still read)",
     )
 
+    @model_validator(mode="before")
+    @classmethod
+    def _old_name(cls, raw: Any) -> Any:
+        """``cells_per_round``: ``trials_per_round``'s name until 0.3.0 (specs, stored spec.yaml files).
+        Here, not in ``spec_aliases``: a conflict is then one problem among the spec's others."""
+        if isinstance(raw, dict) and "cells_per_round" in raw:
+            if "trials_per_round" in raw:
+                raise ValueError("give trials_per_round or its old name cells_per_round, not both")
+            raw = {("trials_per_round" if k == "cells_per_round" else k): v for k, v in raw.items()}
+        return raw
+
     @field_validator("gpus_per_trial", mode="before")
     @classmethod
     def _share_or_auto(cls, value: Any) -> Any:
@@ -448,9 +459,9 @@ def method_fields(method: str, lora: LoraSpec | None = None, probe: ProbeSpec | 
 
 
 def spec_aliases(raw: Any) -> Any:
-    """Spellings a spec may use: ``models:`` for a list of models, ``training.method`` (specs
-    written before the methods axis, stored ones included) for ``methods: [that one]``, and
-    ``resources.cells_per_round`` (specs and stored specs until 0.3.0) for ``trials_per_round``."""
+    """Spellings a spec may use: ``models:`` for a list of models, and ``training.method`` (specs
+    written before the methods axis, stored ones included) for ``methods: [that one]`` (and
+    ``ResourcesSpec``'s own: ``cells_per_round``)."""
     if not isinstance(raw, dict):
         return raw
     raw = dict(raw)
@@ -458,11 +469,6 @@ def spec_aliases(raw: Any) -> Any:
         if raw.get("model") is not None:
             raise ValueError("give model or models, not both")
         raw["model"] = raw.pop("models")
-    resources = raw.get("resources")
-    if isinstance(resources, dict) and "cells_per_round" in resources:  # its name until 0.3.0
-        if "trials_per_round" in resources:
-            raise ValueError("give resources.trials_per_round or its old name cells_per_round, not both")
-        raw["resources"] = {(k if k != "cells_per_round" else "trials_per_round"): v for k, v in resources.items()}
     training = raw.get("training")
     if isinstance(training, dict) and "method" in training:
         raw["training"] = {k: v for k, v in training.items() if k != "method"}

@@ -40,7 +40,8 @@ points of their schedules), and could not leave frozen slices alone under weight
 
 A member whose loss turns non-finite leaves the array at the evaluation that sees it, its row written
 (``on_results``); its slices stay in the stacked tensors (inert: no optimizer step), so the other
-members go on bit for bit as they would have (each member's numbers never read another's).
+members go on bit for bit as they would have (each member's numbers never read another's; under CUDA
+graphs with dropout, in distribution: below).
 
 Slots (continuous batching, as LLM servers batch requests: Orca, OSDI 2022; vLLM, SOSP 2023): cells of
 one model and task with other seeds or train sizes take turns in an array of ``width`` slots; when a
@@ -57,7 +58,8 @@ CUDA graphs (opt-in ``cuda_graphs``, as a single trial's: trials/graphs.py): an 
 captures its step per (rows, length bucket) once every member's AdamW has its state, the capture
 holding every member's forward, backward, clipping and capturable AdamW update, each member's schedule
 filling its learning-rate tensor after a replay; a member that leaves takes the graphs with it, and the
-others' are captured again. A GPU runs an array's step far below its arithmetic, its host bound (an
+others' are captured again (with dropout, a capture's warm-up draws masks of its own: after it the
+others go on in distribution, no longer bit for bit). A GPU runs an array's step far below its arithmetic, its host bound (an
 array of 7 calls ~2.6x a single step's operators: benchmarks/step_profile.py on a CPU); replayed, the
 launches go. Slots run eagerly.
 
@@ -189,18 +191,20 @@ def slot_key(cfg: TrialConfig, anywhere: bool = False) -> tuple | None:
 QUEUE_WIDTHS = 4  # a slot array's cells: at most this many times its width (a crash runs them again)
 
 
-def group_cells(cells: Sequence[TrialConfig], width: int, slots: bool = True) -> list[list[TrialConfig]]:
+def group_cells(
+    cells: Sequence[TrialConfig], width: int, slots: bool = True, anywhere: bool = False
+) -> list[list[TrialConfig]]:
     """The cells as arrays of at most ``width`` members that share their stream (seed and train size;
     in the cells' order, by first member), each cell that does not qualify alone. With ``slots``, the
     arrays under half the width (few depths in the grid) pool, per model and task, into queues of at
     most ``QUEUE_WIDTHS * width`` cells that an array of ``width`` slots works through (``run_array``).
-    Linear in the cells."""
-    arrays = _chunks(cells, width, lambda cell: array_key(cell) if width > 1 else None)
+    ``anywhere``: as ``array_key``'s (arrays known to pay). Linear in the cells."""
+    arrays = _chunks(cells, width, lambda cell: array_key(cell, anywhere) if width > 1 else None)
     if not slots or width < 2:
         return arrays
     small = [cell for unit in arrays if 1 < len(unit) < width / 2 for cell in unit]
     pooled = {id(unit) for unit in arrays if 1 < len(unit) < width / 2}
-    queues = _chunks(small, QUEUE_WIDTHS * width, slot_key)
+    queues = _chunks(small, QUEUE_WIDTHS * width, functools.partial(slot_key, anywhere=anywhere))
     return [unit for unit in arrays if id(unit) not in pooled] + queues
 
 
@@ -410,7 +414,7 @@ def array_graphs(stack: Stack, active: list[Member], stream: SharedStream, plan:
             clip_member(stack, member)
         return losses.detach().double()
 
-    def update(batch) -> torch.Tensor:
+    def graphed_update(batch) -> torch.Tensor:
         losses = backward(batch)
         for member in active:
             member.optimizer.step()
@@ -424,7 +428,7 @@ def array_graphs(stack: Stack, active: list[Member], stream: SharedStream, plan:
 
     return StepGraphs(
         lambda batch: array_step(stack, active, batch, plan, feed),
-        step=update,
+        step=graphed_update,
         warm=backward,
         after=lambda: [member.scheduler.step() for member in active],
         reset=reset,

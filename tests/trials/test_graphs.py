@@ -104,7 +104,8 @@ def test_a_graphed_fit_trains_as_the_eager_one(still_bert, toy_dataset, monkeypa
 
 
 @pytest.mark.parametrize("device", DEVICES)
-def test_a_graphed_array_trains_as_the_eager_one(still_bert, toy_dataset, monkeypatch, device):
+@pytest.mark.parametrize("packed", [True, False], ids=["packed", "padded"])
+def test_a_graphed_array_trains_as_the_eager_one(still_bert, toy_dataset, monkeypatch, device, packed):
     """A trial array on one stream (trials/array.py) as CUDA graphs: each member's eager first step
     (its AdamW state), then one capture per (rows, bucket) of every member's update, a replay per step
     and each member's schedule after it. Without dropout every member follows its eager array's curve
@@ -132,6 +133,7 @@ def test_a_graphed_array_trains_as_the_eager_one(still_bert, toy_dataset, monkey
             device=device,
             num_threads=1,
             trial_array=True,
+            pack_training=packed,
         )
         for k in (-1, 0, 2)
     ]
@@ -140,6 +142,7 @@ def test_a_graphed_array_trains_as_the_eager_one(still_bert, toy_dataset, monkey
     assert 2 <= len(captures) <= 2 * graphs.BUCKETS and {len(c.labels) for c in captures} == {16, 8}
     for g, e in zip(graphed, eager):
         assert {"trial_array", "cuda_graphs"} <= set(g.optimisations) and "cuda_graphs" not in e.optimisations
+        assert ("packed_training" in g.optimisations) == packed
         assert [p.step for p in g.eval_curve] == [p.step for p in e.eval_curve]
         assert [p.loss for p in g.eval_curve] == pytest.approx([p.loss for p in e.eval_curve], rel=1e-4)
         assert g.best_val_accuracy == e.best_val_accuracy
@@ -148,7 +151,9 @@ def test_a_graphed_array_trains_as_the_eager_one(still_bert, toy_dataset, monkey
 
 def test_a_graphed_array_captures_again_when_a_member_leaves(still_bert, toy_dataset, monkeypatch):
     """A member that diverges leaves with its row; the graphs held its update, so the others' are
-    captured again without it, and their curves are the clean graphed run's (CPU: the capture stood in for)."""
+    captured again without it, and their curves are the clean graphed run's. CPU only: the capture
+    stood in for runs the step's Python at each replay, where the poison below is put in (a real
+    replay runs no Python)."""
     from freezesweep.trials import array
     from freezesweep.trials.config import TrialConfig
 
