@@ -122,6 +122,7 @@ from freezesweep.trials.train import (
     FitContext,
     FitState,
     Schedule,
+    batch_sizes,
     count_step,
     epoch_orders,
     make_schedule,
@@ -499,11 +500,6 @@ class SharedStream:
             self.graphed[members] = array_graphs(run.stack, active, self, run.base.plan)
         return self.graphed[members](batch)
 
-    def batch_sizes(self, steps: int) -> list[int]:
-        """Every step's batch size as the feed builds it (token count or width), from the host's lengths."""
-        rows, orders, size = self.stream.rows, self.stream.orders, self.stream.batch_size
-        return [self.feed.length(rows.host_lengths[orders.batch(s, size)[0]]) for s in range(steps)]
-
 
 @dataclass
 class OwnStreams:
@@ -709,7 +705,7 @@ def build_array(
         )
     shared = SharedStream(device_stream(data, first, schedule, device), feed, data.pad_id)
     if graphed:
-        shared.buckets = length_buckets(shared.batch_sizes(schedule.total_steps))
+        shared.buckets = length_buckets(batch_sizes(shared.stream.rows, shared.stream.orders, 0, base))
     return ArrayRun(stack, members, base, reader, shared, finish, on_results, start)
 
 

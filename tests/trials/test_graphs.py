@@ -37,6 +37,14 @@ def still_bert(tmp_path_factory, minilm_tokenizer) -> str:
     return save_family(tmp_path_factory.mktemp("still-bert"), FAMILIES["bert"], minilm_tokenizer)
 
 
+def _cell(still_bert: str, toy_dataset: str, **fields):
+    """A cell of 40 rows (batches of 16, 16, 8: two row counts) of the still BERT, fp32, one thread."""
+    from freezesweep.trials.config import TrialConfig
+
+    fixed = dict(train_size=40, epochs=3, learning_rate=3e-3, precision="fp32", num_threads=1)
+    return TrialConfig(dataset=toy_dataset, model=still_bert, **{**fixed, **fields})
+
+
 def _batch(pad_id: int) -> "Batch":  # noqa: F821
     rows = [[101, 7, 8, 9, 102], [101, 5, 102], [101, 4, 6, 102], [101, 102]]
     return collate(Tokens(tuple(np.array(r) for r in rows), None), np.array([1, 0, 1, 0]), pad_id)
@@ -70,7 +78,6 @@ def test_a_graphed_fit_trains_as_the_eager_one(still_bert, toy_dataset, monkeypa
     capture per (rows, bucket) and a replay per step, the schedule filling the tensor learning rate.
     Without dropout it follows the eager trial's curve to float rounding (the bucket's extra columns
     change the matrix shapes only). On the CPU the capture is stood in for; on a GPU it is real."""
-    from freezesweep.trials.config import TrialConfig
 
     captures = []
     real = graphs.run_eagerly if device == "cpu" else graphs.capture
@@ -80,18 +87,7 @@ def test_a_graphed_fit_trains_as_the_eager_one(still_bert, toy_dataset, monkeypa
         lambda step, warm, inputs, shared: captures.append(inputs) or real(step, warm, inputs, shared),
     )
     monkeypatch.setattr(graphs, "cuda_graphs_apply", lambda cfg, *_: cfg.cuda_graphs)  # on the CPU too
-    cfg = TrialConfig(
-        dataset=toy_dataset,
-        model=still_bert,
-        train_size=40,  # batches of 16, 16, 8: two row counts
-        frozen_layers=0,
-        epochs=3,
-        learning_rate=3e-3,
-        precision="fp32",
-        device=device,
-        pack_training=packed,
-        num_threads=1,
-    )
+    cfg = _cell(still_bert, toy_dataset, frozen_layers=0, device=device, pack_training=packed)
     eager = run.run_trial(cfg)
     graphed = run.run_trial(dataclasses.replace(cfg, cuda_graphs=True))
     assert "cuda_graphs" in graphed.optimisations and "cuda_graphs" not in eager.optimisations
@@ -111,7 +107,6 @@ def test_a_graphed_array_trains_as_the_eager_one(still_bert, toy_dataset, monkey
     and each member's schedule after it. Without dropout every member follows its eager array's curve
     to float rounding; its row says both optimisations."""
     from freezesweep.trials import array
-    from freezesweep.trials.config import TrialConfig
 
     captures = []
     real = graphs.run_eagerly if device == "cpu" else graphs.capture
@@ -122,19 +117,7 @@ def test_a_graphed_array_trains_as_the_eager_one(still_bert, toy_dataset, monkey
     )
     monkeypatch.setattr(graphs, "cuda_graphs_apply", lambda cfg, *_: cfg.cuda_graphs)  # on the CPU too
     cells = [
-        TrialConfig(
-            dataset=toy_dataset,
-            model=still_bert,
-            train_size=40,  # batches of 16, 16, 8: two row counts
-            frozen_layers=k,
-            epochs=3,
-            learning_rate=3e-3,
-            precision="fp32",
-            device=device,
-            num_threads=1,
-            trial_array=True,
-            pack_training=packed,
-        )
+        _cell(still_bert, toy_dataset, frozen_layers=k, device=device, pack_training=packed, trial_array=True)
         for k in (-1, 0, 2)
     ]
     eager = array.run_array(cells)
@@ -155,23 +138,11 @@ def test_a_graphed_array_captures_again_when_a_member_leaves(still_bert, toy_dat
     stood in for runs the step's Python at each replay, where the poison below is put in (a real
     replay runs no Python)."""
     from freezesweep.trials import array
-    from freezesweep.trials.config import TrialConfig
 
     monkeypatch.setattr(graphs, "capture", graphs.run_eagerly)
     monkeypatch.setattr(graphs, "cuda_graphs_apply", lambda cfg, *_: cfg.cuda_graphs)
     cells = [
-        TrialConfig(
-            dataset=toy_dataset,
-            model=still_bert,
-            train_size=40,
-            frozen_layers=k,
-            epochs=4,
-            learning_rate=3e-3,
-            precision="fp32",
-            num_threads=1,
-            trial_array=True,
-            cuda_graphs=True,
-        )
+        _cell(still_bert, toy_dataset, frozen_layers=k, epochs=4, trial_array=True, cuda_graphs=True)
         for k in (-1, 0, 2)
     ]
     clean = array.run_array(cells)
