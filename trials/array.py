@@ -489,16 +489,21 @@ class SharedStream:
     pad_id: int
     buckets: tuple[int, ...] = ()
     graphed: dict[tuple, StepGraphs] = field(default_factory=dict)  # the active members' -> their graphs
+    failed: str | None = None  # why a capture failed (trials/graphs.py): eager from then on, for all
 
     def __call__(self, run: ArrayRun, active: list[Member]) -> torch.Tensor:
         batch = self.feed.gather(self.stream.rows, *self.stream.next(), self.pad_id)
-        if not self.buckets:
+        if not self.buckets or self.failed:
             return array_step(run.stack, active, batch, run.base.plan, self.feed)
         members = tuple((member.slot, member.cfg.trial_id) for member in active)
         if members not in self.graphed:
             self.graphed.clear()  # a member left: its update is in these graphs (and they hold it alive)
             self.graphed[members] = array_graphs(run.stack, active, self, run.base.plan)
-        return self.graphed[members](batch)
+        losses = self.graphed[members](batch)
+        if self.graphed[members].failed:
+            self.failed = self.graphed[members].failed
+            self.graphed.clear()
+        return losses
 
 
 @dataclass
@@ -842,6 +847,9 @@ def _evaluate_members(run: ArrayRun, due: list[Member]) -> None:
 
 def _finished(run: ArrayRun, members: list[Member]) -> None:
     results = [run.finish(member) for member in members]
+    if getattr(run.step, "failed", None):  # a graph capture failed: the array went on eagerly
+        used = tuple(name for name in results[0].optimisations if name != "cuda_graphs")
+        results = [dataclasses.replace(r, optimisations=used) for r in results]
     run.results.update((result.trial_id, result) for result in results)
     run.on_results(results)
 

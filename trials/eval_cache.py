@@ -1,7 +1,7 @@
 """Exact evaluation cache: the validation set's hidden states after the frozen prefix.
 
-In evaluation every frozen layer runs in eval mode (no dropout) on the same inputs with the same,
-pretrained weights, so for a given (model, validation rows, batching, precision, device) the hidden
+In evaluation every frozen layer runs in eval mode (no dropout) on the same inputs with the same
+weights (the pretrained ones, or a random init's of the same seed: the key says which), so for a given (model, validation rows, batching, precision, device) the hidden
 states entering layer k are the same in every trial that freezes k layers, at every evaluation. They
 are computed once per worker process and reused: an evaluation then runs only the embeddings (cheap),
 layers k+1..L and the head. The states after layer j also serve every k > j: a miss at k starts from
@@ -103,7 +103,7 @@ def prefix_states(
     key: EvalKey,
     worker: WorkerState,
 ) -> PrefixStates:
-    """The cached states for ``key`` after ``layer`` layers (computed with ``model``'s pretrained
+    """The cached states for ``key`` after ``layer`` layers (computed with ``model``'s frozen
     prefix on a miss, from the deepest cached shallower entry when there is one)."""
     cached = worker.eval_states.fresh(PrefixKey(key, layer))
     if cached is not None:

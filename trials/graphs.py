@@ -15,11 +15,18 @@ AdamW ``capturable`` with a device-tensor learning rate (the schedule fills it a
 its state created by an eager step first, autocast without its weight cache, no host sync inside (the
 loop has none, tests/trials/test_step_syncs.py), a warm-up on the capture stream, and no loss scaling
 (fp16's GradScaler decides on the host whether to skip a step: an fp16 trial runs eagerly).
+
+A capture that fails (a model whose forward reads a value on the host, which a capture forbids) is
+not a failed trial: the fit goes on eagerly from that step, as an uncaptured one would, and its row
+does not list ``cuda_graphs`` (the reason is logged). Out of GPU memory is not caught here: it is the
+trial's, as any other step's (trials/oom.py). A fault that leaves the GPU unusable fails the eager step
+too, and the trial with it, as without graphs.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import logging
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
@@ -27,8 +34,11 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from freezesweep.trials.oom import is_oom
 from freezesweep.trials.packing import Packed
 from freezesweep.trials.tokens import Batch
+
+log = logging.getLogger(__name__)
 
 BUCKETS = 4  # graphs per row count: captures cost one step's launches each, and a pool of activations
 MULTIPLE = 8  # bucket sizes in multiples of 8 tokens (tensor-core friendly shapes)
@@ -128,22 +138,40 @@ class StepGraphs:
         self.capture = capture
         self.graphs: dict[tuple[int, int], _Graph] = {}
         self.shared: dict = {}  # what the captures share (a CUDA memory pool and stream)
+        self.failed: str | None = None  # why a capture failed: every step from then on is eager
 
     def __call__(self, batch: Batch | Packed) -> torch.Tensor:
         bucket = bucket_for(batch.input_ids.shape[1], self.buckets)
-        if bucket is None or not self.ready():
+        if self.failed or bucket is None or not self.ready():
             return self.eager(batch)
         key = (len(batch.labels), bucket)
         padded = padded_to(batch, bucket, self.pad_id)
         graph = self.graphs.get(key)
         if graph is None:
-            graph = self.graphs[key] = self._capture(padded)
+            graph = self._capture_or_none(padded)
+            if graph is None:
+                return self.eager(batch)
+            self.graphs[key] = graph
         for static, new in zip(_tensors(graph.inputs), _tensors(padded)):
             static.copy_(new)
         graph.replay()
         self.reset()  # a replay leaves no gradient behind (a captured backward writes into its own memory)
         self.after()
         return graph.loss.clone()  # the static output is overwritten by the next replay
+
+    def _capture_or_none(self, inputs: Batch | Packed) -> _Graph | None:
+        """The graph of ``inputs``' shape, or None where capturing failed (then never again: eager)."""
+        try:
+            return self._capture(inputs)
+        except RuntimeError as exc:
+            if is_oom(exc):
+                raise
+            self.failed = f"{type(exc).__name__}: {exc}".splitlines()[0][:300]
+            log.warning("a CUDA graph capture failed, the fit goes on eagerly: %s", self.failed)
+            self.graphs.clear()
+            self.shared.clear()  # the graphs and their memory pool go
+            self.reset()  # the failed step's gradients (a capture's writes never ran)
+            return None
 
     def _capture(self, inputs: Batch | Packed) -> _Graph:
         inputs = dataclasses.replace(

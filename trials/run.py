@@ -108,7 +108,9 @@ def run_trial(
     return dataclasses.replace(
         result,
         lora_targets=lora_targets,
-        optimisations=optimisations_used(eval_prefix, train_prefix, reader, feed, cuda_graphs=graphed),
+        optimisations=optimisations_used(
+            eval_prefix, train_prefix, reader, feed, cuda_graphs=graphed and not state.cuda_graphs_failed
+        ),
     )
 
 
@@ -305,7 +307,7 @@ def _weights(cfg: TrialConfig) -> str:
 
 
 def _eval_key(cfg: TrialConfig, data: TrialData, plan: PrecisionPlan, device: torch.device, model) -> EvalKey:
-    """The evaluation cache's key: freeze cells (pretrained only) and probe cells share entries."""
+    """The evaluation cache's key: freeze cells and probe cells of the same weights share entries."""
     return EvalKey(
         cfg.model,
         *data.val_key,
@@ -323,10 +325,10 @@ def _train_key(cfg: TrialConfig, data: TrialData, plan: PrecisionPlan, device: t
 
 
 def evaluation_prefix(cfg: TrialConfig, model, data: TrialData, plan, device) -> PrefixStates | None:
-    """The cached output of the frozen layers for evaluation, when it is exact: pretrained weights
-    (a random init differs per seed), at least one frozen layer, and bit-identical to the full model
-    on the first batch."""
-    if not (cfg.eval_cache and cfg.method == "freeze" and cfg.model_init == "pretrained" and cfg.frozen_layers >= 1):
+    """The cached output of the frozen layers for evaluation, when it is exact: at least one frozen
+    layer, and bit-identical to the full model on the first batch. A random init is cached too, under
+    its seed (``_weights``): the cells of one seed start from the same weights (``initial_model``)."""
+    if not (cfg.eval_cache and cfg.method == "freeze" and cfg.frozen_layers >= 1):
         return None
     return exact_prefix(
         model, data.batches, plan, device, cfg.frozen_layers, _eval_key(cfg, data, plan, device, model), data.worker

@@ -96,6 +96,7 @@ class FitState:
     # host sync per step), and the step the trial diverged at: the fit stops there (trials/run.py: diverged).
     nonfinite_step: int | torch.Tensor = -1
     diverged_at_step: int | None = None
+    cuda_graphs_failed: str | None = None  # why a graph capture failed (trials/graphs.py): eager from then on
 
 
 @dataclass(frozen=True)
@@ -154,6 +155,7 @@ def fit(model: nn.Module, train_ids: Tokens, train_labels: np.ndarray, pad_id: i
             segment_started = time.perf_counter()
     synchronize(ctx.device)  # steps after the last evaluation are training time too, up to the last one
     state.train_time_s += time.perf_counter() - segment_started
+    state.cuda_graphs_failed = getattr(step, "failed", None)
     _discard_checkpoint(cfg)  # finished: a retry of this cell has nothing to resume
     return state
 

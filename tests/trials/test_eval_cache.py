@@ -28,16 +28,28 @@ def test_cached_and_uncached_evaluation_are_identical_in_fp32(request, tiny_tria
     assert again.eval_cached_layers == k and len(worker.eval_states) == 1
 
 
-def test_nothing_frozen_or_random_init_is_never_cached(tiny_trial, worker):
+def test_nothing_frozen_is_never_cached(tiny_trial, worker):
     assert run_trial(tiny_trial, worker=worker).eval_cached_layers is None  # k = 0: every layer trains
     assert run_trial(dataclasses.replace(tiny_trial, frozen_layers=-1), worker=worker).eval_cached_layers is None
-    assert (
-        run_trial(
-            dataclasses.replace(tiny_trial, frozen_layers=1, model_init="random"), worker=worker
-        ).eval_cached_layers
-        is None
-    )
     assert len(worker.eval_states) == 0
+
+
+def test_a_random_init_is_cached_under_its_seed(tiny_trial, worker):
+    """A random init is the same for every cell of a seed (the worker's template), another seed's is
+    not: each seed gets its own entry, and each cached trial evaluates as its uncached twin."""
+    for seed in (0, 1):
+        cfg = dataclasses.replace(tiny_trial, frozen_layers=1, model_init="random", seed=seed, epochs=1)
+        uncached = run_trial(dataclasses.replace(cfg, eval_cache=False), worker=worker)
+        cached = run_trial(cfg, worker=worker)
+        assert cached.eval_cached_layers == 1 and uncached.eval_cached_layers is None
+        assert [(p.accuracy, p.loss) for p in cached.eval_curve] == [(p.accuracy, p.loss) for p in uncached.eval_curve]
+    assert sorted(key.base.weights for key in worker.eval_states) == sorted(
+        {f"random-{c}" for c in _derived(tiny_trial)}
+    )
+
+
+def _derived(cfg) -> list[int]:
+    return [dataclasses.replace(cfg, model_init="random", seed=seed).derived_seed for seed in (0, 1)]
 
 
 def _setup(cfg):

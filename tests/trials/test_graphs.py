@@ -167,6 +167,73 @@ def test_a_graphed_array_captures_again_when_a_member_leaves(still_bert, toy_dat
             assert a.status == "ok" and [p.loss for p in a.eval_curve] == [p.loss for p in b.eval_curve]
 
 
+def _failing_capture(fail_at: int, calls: list, device: str = "cpu"):
+    """A capture whose ``fail_at``-th call fails as one that meets a host sync does: on a GPU a real
+    capture of a step that reads its loss on the host, on the CPU a stand-in that raises the same."""
+
+    def capture(step, warm, inputs, shared):
+        calls.append(len(inputs.labels))
+        if len(calls) != fail_at:
+            return (graphs.run_eagerly if device == "cpu" else graphs.capture)(step, warm, inputs, shared)
+        if device == "cpu":
+            raise RuntimeError("CUDA error: operation not permitted when stream is capturing")
+        return graphs.capture(lambda batch: step(batch).sum().item(), warm, inputs, shared)
+
+    return capture
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("fail_at", [1, 2], ids=["first", "second"])
+def test_a_failed_capture_goes_on_eagerly(still_bert, toy_dataset, monkeypatch, fail_at, device):
+    """A capture that fails is not a failed trial: the fit goes on eagerly from that step and captures
+    nothing more; its row lists no ``cuda_graphs``. Failing at the first capture, every step is the
+    eager trial's (the same curve, without dropout: exactly on the CPU); at the second, after replays,
+    to rounding. On a GPU the capture really fails, and the GPU is still usable after it."""
+    calls: list = []
+    monkeypatch.setattr(graphs, "capture", _failing_capture(fail_at, calls, device))
+    monkeypatch.setattr(graphs, "cuda_graphs_apply", lambda cfg, *_: cfg.cuda_graphs)
+    cfg = _cell(still_bert, toy_dataset, frozen_layers=0, device=device)
+    eager = run.run_trial(cfg)
+    fell_back = run.run_trial(dataclasses.replace(cfg, cuda_graphs=True))
+    assert fell_back.status == "ok" and len(calls) == fail_at
+    assert "cuda_graphs" not in fell_back.optimisations and "packed_training" in fell_back.optimisations
+    losses, expected = [p.loss for p in fell_back.eval_curve], [p.loss for p in eager.eval_curve]
+    if fail_at == 1 and device == "cpu":
+        assert losses == expected
+    else:
+        assert losses == pytest.approx(expected, rel=1e-4)
+
+
+def test_out_of_memory_in_a_capture_stays_the_trials(still_bert, toy_dataset, monkeypatch):
+    def capture(step, warm, inputs, shared):
+        raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+
+    monkeypatch.setattr(graphs, "capture", capture)
+    monkeypatch.setattr(graphs, "cuda_graphs_apply", lambda cfg, *_: cfg.cuda_graphs)
+    cfg = _cell(still_bert, toy_dataset, frozen_layers=0, cuda_graphs=True)
+    with pytest.raises(torch.cuda.OutOfMemoryError):
+        run.run_trial(cfg)
+    assert run.run_trial_or_oom(cfg).status == "oom"
+
+
+def test_a_graphed_array_whose_capture_fails_goes_on_eagerly(still_bert, toy_dataset, monkeypatch):
+    """The same for a trial array: every member goes on eagerly, along the eager array's curves (to
+    rounding: its members' AdamW is the capturable one, with tensor step counts), with ``trial_array``
+    but not ``cuda_graphs`` in its row; nothing is captured again."""
+    from freezesweep.trials import array
+
+    calls: list = []
+    monkeypatch.setattr(graphs, "capture", _failing_capture(1, calls))
+    monkeypatch.setattr(graphs, "cuda_graphs_apply", lambda cfg, *_: cfg.cuda_graphs)
+    cells = [_cell(still_bert, toy_dataset, frozen_layers=k, trial_array=True) for k in (-1, 0, 2)]
+    eager = array.run_array(cells)
+    fell_back = array.run_array([dataclasses.replace(c, cuda_graphs=True) for c in cells])
+    assert len(calls) == 1
+    for f, e in zip(fell_back, eager):
+        assert f.status == "ok" and "trial_array" in f.optimisations and "cuda_graphs" not in f.optimisations
+        assert [p.loss for p in f.eval_curve] == pytest.approx([p.loss for p in e.eval_curve], rel=1e-6)
+
+
 def test_fp16_and_the_training_cache_step_aside(tiny_trial):
     from freezesweep.trials.precision import PrecisionPlan
 
