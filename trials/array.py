@@ -6,7 +6,8 @@ An array trains them in one process as one model: the parameters any member trai
 ``[width, ...]`` tensor per parameter, and one forward and backward runs every member at once; the
 layers every member freezes are the model's own, unstacked, so they run once for all members; each
 member's trainable slices get their own gradient clipping (by the member's own norm) and their own
-AdamW (state, step and learning-rate schedule); evaluation runs every member in one pass. The result
+AdamW (state, step and learning-rate schedule); evaluation runs each member from its own frozen depth's
+cached states (trials/eval_cache.py), the members of one depth in one pass (``eval_groups``). The result
 is one row per member, as its single trial (trials/run.py, the reference this is tested against)
 would give it: to float rounding on a CPU; on a GPU in distribution (dropout masks and attention kernels
 differ, below), so there an array's rows pair with each other, not with single trials' rows; rows say
@@ -256,17 +257,24 @@ class Stack:
 
         return vmap(member, randomness=self.randomness)(self.tensors, inputs)
 
-    def starting_at(self, layer: int) -> dict[str, torch.Tensor]:
-        """The stacked parameters named as in the layer list ``[injector, layer_k, …]`` (eval cache)."""
+    def starting_at(
+        self, layer: int, slots: Sequence[int] | None = None, skip: frozenset[str] = frozenset()
+    ) -> dict[str, torch.Tensor]:
+        """The stacked parameters named as in the layer list ``[injector, layer_k, …]`` (eval cache):
+        ``slots``' slices only (a view where they follow each other; default: every slot), without
+        ``skip`` (the frozen prefix the injector stands in for: the model's own weights run there)."""
         pattern = re.compile(rf"^{re.escape(self.layers_path)}\.(\d+)\.")
+        every = slots is None or tuple(slots) == tuple(range(self.width))
+        ordered = slots is not None and tuple(slots) == tuple(range(slots[0], slots[0] + len(slots)))
+        pick = slice(None) if every else slice(slots[0], slots[0] + len(slots)) if ordered else list(slots or ())
 
         def renamed(name: str) -> str:
             match = pattern.match(name)
-            if match is None:
+            if match is None or layer == 0:
                 return name
             return f"{self.layers_path}.{int(match.group(1)) - layer + 1}.{name[match.end() :]}"
 
-        return {renamed(name): tensor for name, tensor in self.tensors.items()}
+        return {renamed(name): tensor[pick] for name, tensor in self.tensors.items() if name not in skip}
 
 
 def stack_model(model: nn.Module, names: set[str], width: int, randomness: str = "same") -> Stack:
@@ -439,41 +447,67 @@ def array_graphs(stack: Stack, active: list[Member], stream: SharedStream, plan:
     )
 
 
+@dataclass(frozen=True)
+class EvalGroup:
+    """Slots evaluated in one pass: from ``prefix``'s cached states (the frozen layers they share, run
+    once per worker: trials/eval_cache.py), or from the embeddings where it is None."""
+
+    slots: tuple[int, ...]
+    prefix: PrefixStates | None = None
+    skip: frozenset[str] = frozenset()  # stacked names inside the prefix (the model's own values there)
+
+
 @torch.inference_mode()
 def evaluate_array(
     stack: Stack,
     batches: list[Batch],
     plan: PrecisionPlan,
     device: torch.device,
-    prefix: PrefixStates | None,
+    groups: Sequence[EvalGroup] | None = None,
     labels: np.ndarray | None = None,
 ) -> list[tuple[dict[str, float], float, bool]]:
     """Every slot's (metrics, mean loss, whether every row got one prediction) over the validation
-    batches, as trials/evaluate.py computes one trial's, the members in one pass per batch."""
+    batches, as trials/evaluate.py computes one trial's: the members in one pass per batch for each
+    group (default: one group of every slot, uncached)."""
     loss_sums = torch.zeros(stack.width, dtype=torch.float64, device=device)
-    predicted = []
-    tensors = stack.starting_at(prefix.layer) if prefix is not None else None
-    with (
-        eval_mode(stack.model),
-        starting_at(stack.model, prefix.layer, prefix.tuple_output)
-        if prefix is not None
-        else contextlib.nullcontext() as injector,
-    ):
-        for i, batch in enumerate(batches):
-            if injector is not None:
-                injector.states = prefix.states[i]
-            with plan.autocast():
-                logits = stack.logits(PaddedFeed(), batch, tensors).float()
-            loss_sums += vmap(functools.partial(task_loss, reduction="sum"), in_dims=(0, None))(logits, batch.labels)
-            predicted.append(logits.squeeze(-1) if batch.labels.is_floating_point() else logits.argmax(-1))
+    predicted: list[torch.Tensor | None] = [None] * stack.width
+    for group in groups or (EvalGroup(tuple(range(stack.width))),):
+        sums, predictions = _evaluate_group(stack, batches, plan, group)
+        loss_sums[list(group.slots)] = sums
+        for slot, prediction in zip(group.slots, predictions):
+            predicted[slot] = prediction
     labels = eval_labels(batches) if labels is None else labels  # as trials/evaluate.py: once per array
-    every = torch.cat(predicted, dim=1).cpu().numpy()
+    every = torch.stack(predicted).cpu().numpy()  # type: ignore[arg-type]  # every slot is in one group
     losses = (loss_sums / len(labels)).tolist()
-    regression, classes = labels.dtype.kind == "f", logits.shape[-1]
+    regression, classes = labels.dtype.kind == "f", stack.model.config.num_labels
     return [
         (compute_metrics(every[slot], labels, regression, classes), losses[slot], constant(every[slot]))
         for slot in range(stack.width)
     ]
+
+
+def _evaluate_group(
+    stack: Stack, batches: list[Batch], plan: PrecisionPlan, group: EvalGroup
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """One group's loss sums ``[slots]`` and predictions ``[slots, rows]`` over the batches."""
+    prefix = group.prefix
+    tensors = stack.starting_at(prefix.layer if prefix else 0, group.slots, group.skip)
+    loss_sums, predicted = 0.0, []
+    with (
+        eval_mode(stack.model),
+        starting_at(stack.model, prefix.layer, prefix.tuple_output) if prefix else contextlib.nullcontext() as injector,
+    ):
+        for i, batch in enumerate(batches):
+            if injector is not None:
+                injector.states = prefix.states[i]  # type: ignore[union-attr]  # set with the injector
+            with plan.autocast():
+                logits = stack.logits(PaddedFeed(), batch, tensors).float()
+            loss_sums = (
+                loss_sums
+                + vmap(functools.partial(task_loss, reduction="sum"), in_dims=(0, None))(logits, batch.labels).double()
+            )
+            predicted.append(logits.squeeze(-1) if batch.labels.is_floating_point() else logits.argmax(-1))
+    return loss_sums, torch.cat(predicted, dim=1)
 
 
 # --- how batches reach the slots: one stream for all, or one per slot ----------------------------------
@@ -576,6 +610,7 @@ class ArrayRun:
     finish: Callable[[Member], TrialResult]
     on_results: Results
     refill: Callable[[int], Member | None] = lambda slot: None  # the next cell for a free slot (slots)
+    eval_groups: tuple[EvalGroup, ...] = ()  # how the slots are evaluated (default: all in one pass)
     results: dict[str, TrialResult] = field(default_factory=dict)
 
 
@@ -660,9 +695,8 @@ def build_array(
     datas = {first.train_size: data} | {c.train_size: trial_data(c, device, worker) for c in cfgs[1:] if own}
     names = plan_members(model, cfgs, plan) | (differing(model, cfgs, plan, worker) if own else set())
     fill_started = time.perf_counter()
-    prefix = (
-        evaluation_prefix(common, model, data, precision, device) if not names & prefix_names(model, common) else None
-    )
+    groups = eval_groups(cfgs, own, min(width, len(cfgs)), model, names, (common, data, precision, device))
+    prefix_of = {slot: group.prefix for group in groups for slot in group.slots}
     synchronize(device)
     fill_s = (time.perf_counter() - fill_started) / len(cfgs)
     stack = stack_model(model, names, min(width, len(cfgs)), "different" if own else "same")
@@ -677,12 +711,10 @@ def build_array(
         schedule,
         data.batches,
         on_eval=None,
-        eval_prefix=prefix,
         feed=feed,
         eval_labels=eval_labels(data.batches),  # on the host once per array, not at every evaluation
         cuda_graphs=graphed,
     )
-    used = (*optimisations_used(prefix, None, reader, feed, cuda_graphs=graphed), OPTIMISATION)
     queue = collections.deque(cfgs)
     tokens = max(map(longest, datas.values())) if own else 0  # the slots' one batch shape: the longest row
 
@@ -698,20 +730,50 @@ def build_array(
 
     def finish(member: Member) -> TrialResult:
         wall_s = (time.perf_counter() - member.entered) / stack.width  # its share of the array's time
+        prefix = prefix_of[member.slot]
         result = trial_result(
             member.cfg, member.data, member.report, member.state, device, precision, (prefix, None), wall_s, fill_s
         )
-        return dataclasses.replace(result, optimisations=used)
+        used = optimisations_used(prefix, None, reader, feed, cuda_graphs=graphed)
+        return dataclasses.replace(result, optimisations=(*used, OPTIMISATION))
 
     members = [start(slot, started) for slot in range(stack.width)]
     if own:
-        return ArrayRun(
-            stack, members, base, reader, OwnStreams(first.batch_size, tokens, mask), finish, on_results, start
-        )
+        streams = OwnStreams(first.batch_size, tokens, mask)
+        return ArrayRun(stack, members, base, reader, streams, finish, on_results, start, groups)
     shared = SharedStream(device_stream(data, first, schedule, device), feed, data.pad_id)
     if graphed:
         shared.buckets = length_buckets(batch_sizes(shared.stream.rows, shared.stream.orders, 0, base))
-    return ArrayRun(stack, members, base, reader, shared, finish, on_results, start)
+    return ArrayRun(stack, members, base, reader, shared, finish, on_results, start, groups)
+
+
+def eval_groups(
+    cfgs: Sequence[TrialConfig], own: bool, width: int, model: nn.Module, names: set[str], where: tuple
+) -> tuple[EvalGroup, ...]:
+    """How the slots are evaluated (``where``: the common config, data, precision and device). On one
+    stream (one seed and train size, so one initial model) each member from its own frozen depth's
+    cached states, one pass per depth, those without a cache in one pass: an array's evaluation runs
+    the layers its members' single trials run, no more (one pass for all would run every member through
+    every layer the least frozen one trains). With slots (other seeds: other initial weights) all slots
+    from the layers every cell freezes, where no stacked weight is among them."""
+    common, data, precision, device = where
+    if own:
+        prefix = (
+            None if names & prefix_names(model, common) else evaluation_prefix(common, model, data, precision, device)
+        )
+        return (EvalGroup(tuple(range(width)), prefix),)
+    depths: dict[int, list[int]] = {}
+    for slot, cfg in enumerate(cfgs):
+        depths.setdefault(cfg.frozen_layers, []).append(slot)
+    groups, uncached = [], []
+    for depth, slots in sorted(depths.items()):  # shallow first: a deeper entry starts from a shallower one
+        at = dataclasses.replace(common, frozen_layers=depth)
+        prefix = evaluation_prefix(at, model, data, precision, device)
+        if prefix is None:
+            uncached += slots
+        else:
+            groups.append(EvalGroup(tuple(slots), prefix, frozenset(names & prefix_names(model, at))))
+    return (EvalGroup(tuple(sorted(uncached))),) * bool(uncached) + tuple(groups)
 
 
 def qualifies(
@@ -838,7 +900,7 @@ def _evaluate_members(run: ArrayRun, due: list[Member]) -> None:
     others'); each due member's evaluation into its state (a diverged one is marked so)."""
     base = run.base
     started = time.perf_counter()
-    outcomes = evaluate_array(run.stack, base.eval_batches, base.plan, base.device, base.eval_prefix, base.eval_labels)
+    outcomes = evaluate_array(run.stack, base.eval_batches, base.plan, base.device, run.eval_groups, base.eval_labels)
     eval_s = (time.perf_counter() - started) / len(due)
     for member in due:
         metrics, loss, one_prediction = outcomes[member.slot]

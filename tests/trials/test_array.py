@@ -156,10 +156,43 @@ def test_the_layers_every_member_freezes_run_once(cells):
     assert {n.split(".")[3] for n in run.stack.tensors if n.startswith("bert.encoder.layer.")} == {"1"}
 
 
-def assert_same_as_singles(array_results, single_results, atol=1e-5):
+def test_each_member_is_evaluated_from_its_own_depth(cells):
+    """On one stream the evaluation runs per member only the layers its single trial runs: k = -1 and
+    0 (no cache) in one pass from the embeddings, k = 1 from its cached states (layer 1 only), k = 2
+    (every layer frozen) from its own (no layer at all). Tiny BERT has 2 layers."""
+    run = built(cells)
+    assert [(g.slots, g.prefix and g.prefix.layer) for g in run.eval_groups] == [((0, 1), None), ((2,), 1), ((3,), 2)]
+    layers = arrays.find_encoder_parts(run.stack.model).layers
+    members: dict[int, list[int]] = {0: [], 1: []}
+
+    def seen(module, args, out, i):  # how many members each pass of layer i computes
+        value = out[0] if isinstance(out, tuple) else out
+        members[i].append(_width(value) if torch._C._functorch.is_batchedtensor(value) else 0)
+
+    hooks = [layer.register_forward_hook(functools.partial(seen, i=i)) for i, layer in enumerate(layers)]
+    try:
+        arrays.evaluate_array(run.stack, run.base.eval_batches[:1], run.base.plan, run.base.device, run.eval_groups)
+    finally:
+        for hook in hooks:
+            hook.remove()
+    assert members == {0: [2], 1: [2, 1]}  # layer 0: the uncached pair; layer 1: the pair, then k = 1
+
+
+def _width(batched: torch.Tensor) -> int:
+    """The member dimension's size of a tensor batched by ``vmap``."""
+    return torch._C._functorch.get_unwrapped(batched).shape[torch._C._functorch.maybe_get_bdim(batched)]
+
+
+def assert_same_as_singles(array_results, single_results, atol=1e-5, slots=False):
+    """Each member's row is its single trial's; on one stream with the same optimisations too (the
+    evaluation cache at its own depth: ``eval_groups``). Slots are padded, and evaluated from the
+    layers every cell freezes."""
     for a, s in zip(array_results, single_results):
         assert a.trial_id == s.trial_id and a.status == s.status == "ok"
         assert "trial_array" in a.optimisations and "trial_array" not in s.optimisations
+        if not slots:
+            assert a.optimisations == (*s.optimisations, "trial_array")
+            assert a.eval_cached_layers == s.eval_cached_layers
         assert [p.step for p in a.eval_curve] == [p.step for p in s.eval_curve]
         assert a.best_step == s.best_step and a.train_indices == s.train_indices
         for p, q in zip(a.eval_curve, s.eval_curve):
@@ -181,7 +214,10 @@ def test_a_short_fit_gives_each_single_trials_row(cells):
     assert max(r.best_val_accuracy - r.majority_baseline for r in results) > 0.1  # something learned
     assert [[r.trial_id for r in given] for given in finished] == [[c.trial_id for c in cells]]
     assert len(seen) == sum(len(r.eval_curve) for r in results)
-    assert {r.optimisations for r in results} == {("narrowed_last_layer", "packed_training", "trial_array")}
+    assert [r.optimisations for r in results] == [
+        ("narrowed_last_layer", "packed_training", "trial_array"),  # k = 0
+        ("eval_cache", "narrowed_last_layer", "packed_training", "trial_array"),  # k = 2: from its own depth
+    ]
 
 
 def test_a_bf16_array(cells):
@@ -201,14 +237,15 @@ def test_padded_and_unnarrowed_feeds_in_an_array(cells, narrow, pack):
     results = run_array(cells)
     assert_same_as_singles(results, [run_trial(c) for c in cells])
     expected = ("narrowed_last_layer",) * narrow + ("trial_array",)
-    assert {r.optimisations for r in results} == {expected}
+    assert {tuple(o for o in r.optimisations if o != "eval_cache") for r in results} == {expected}
 
 
 def test_an_array_of_frozen_layers_uses_the_evaluation_cache(cells):
     cells = [c for c in cells if c.frozen_layers >= 1]
     results = run_array(cells)
     assert_same_as_singles(results, [run_trial(c) for c in cells])
-    assert {r.eval_cached_layers for r in results} == {1} and all("eval_cache" in r.optimisations for r in results)
+    assert [r.eval_cached_layers for r in results] == [c.frozen_layers for c in cells]  # each from its own depth
+    assert all("eval_cache" in r.optimisations for r in results)
 
 
 def test_a_diverged_member_leaves_with_its_row_and_the_others_go_on_bit_identically(cells, monkeypatch):
@@ -436,7 +473,7 @@ def test_slots_across_seeds_and_train_sizes_give_each_single_trials_row(tiny_tri
     ]
     finished = []
     results = run_array(cells, on_results=finished.extend, width=3)  # 8 cells through 3 slots
-    assert_same_as_singles(results, [run_trial(c) for c in cells])
+    assert_same_as_singles(results, [run_trial(c) for c in cells], slots=True)
     assert sorted(r.trial_id for r in finished) == sorted(c.trial_id for c in cells)
     assert {len(r.eval_curve) for r in results} == {4, 3}  # each on its own schedule (n = 24, n = 48)
 
