@@ -11,7 +11,9 @@ Prints, for the same model, data and machine in one run:
 4. tokenization: from scratch vs the disk cache vs the in-process cache;
 5. evaluation with the frozen layers' output cached (trials/eval_cache.py) vs the full model, per k;
 6. the last layer computed for the head's token only (trials/first_token.py), in evaluation and
-   training, and training batches packed without their padding (trials/packing.py).
+   training, and training batches packed without their padding (trials/packing.py);
+7. a trial array's evaluation (trials/array.py: one seed and train size, every depth -1 … L): each
+   member from its own depth's cached states, a pass per depth, vs one pass for all members.
 Only ratios measured here are printed; nothing is hard-coded.
 """
 
@@ -26,11 +28,12 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from transformers import AutoConfig
 
 from freezesweep.trials.worker import WorkerState
 from freezesweep.trials.data import load_task
 from freezesweep.trials.evaluate import evaluate
-from freezesweep.trials.model import build_model, load_tokenizer
+from freezesweep.trials.model import build_model, load_tokenizer, resolve_model_path
 from freezesweep.trials.precision import resolve_precision
 from freezesweep.trials.tokens import Tokens, collate, eval_batches, tokenize_split, train_batches
 
@@ -224,6 +227,35 @@ def bench_unpadded(model_name, train_ids, val_ids, train_labels, val_labels, pad
         row("packed, last layer narrowed (freezesweep)", timed(lambda: train_epoch(feed), repeats), base_train)
 
 
+def bench_array_eval(model_name, data_dir, dataset, device, repeats) -> None:
+    """Section 7: the same array's evaluation both ways, and how far apart their losses are."""
+    from freezesweep.trials import array
+    from freezesweep.trials.config import TrialConfig
+
+    depths = range(-1, AutoConfig.from_pretrained(resolve_model_path(model_name)).num_hidden_layers + 1)
+    print(f"7. a trial array's evaluation, {len(depths)} members (k = -1 … {depths[-1]}), the validation split")
+    cells = [
+        TrialConfig(dataset, model_name, 200, k, data_dir=data_dir, device=str(device), trial_array=True)
+        for k in depths
+    ]
+    run = array.build_array(cells, len(cells), array.Plan({}, lambda cfg, point: None), print, WorkerState(), 0.0)
+    assert run is not None, "this model does not qualify for trial arrays"
+    base = run.base
+
+    def evaluated(groups):
+        return array.evaluate_array(run.stack, base.eval_batches, base.plan, base.device, groups, base.eval_labels)
+
+    one = timed(lambda: evaluated(None), repeats)
+    row("one pass for all members (baseline)", one, one)
+    row(
+        f"a pass per depth, from its cache ({len(run.eval_groups)} passes)",
+        timed(lambda: evaluated(run.eval_groups), repeats),
+        one,
+    )
+    gap = max(abs(a[1] - b[1]) for a, b in zip(evaluated(None), evaluated(run.eval_groups)))
+    print(f"  largest difference of a member's validation loss between the two: {gap:.2e}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default="sentence-transformers/all-MiniLM-L6-v2")
@@ -235,8 +267,8 @@ def main() -> None:
         "--only",
         type=int,
         nargs="+",
-        choices=range(1, 7),
-        default=range(1, 7),
+        choices=range(1, 8),
+        default=range(1, 8),
         help="sections to run (3 needs 1 and 2)",
     )
     args = parser.parse_args()
@@ -269,6 +301,8 @@ def main() -> None:
         bench_eval_cache(model, val_ids, labels, pad, plan, device, args.repeats)
     if 6 in only:
         bench_unpadded(args.model, train_ids, val_ids, task.train.labels, labels, pad, plan, device, args.repeats)
+    if 7 in only:
+        bench_array_eval(args.model, args.data_dir, args.dataset, device, args.repeats)
 
 
 if __name__ == "__main__":

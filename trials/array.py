@@ -97,7 +97,7 @@ from freezesweep.trials.evaluate import eval_labels, task_loss
 from freezesweep.trials.freezing import FreezeReport, find_encoder_parts
 from freezesweep.trials.graphs import StepGraphs, length_buckets
 from freezesweep.trials.metrics import compute_metrics, constant
-from freezesweep.trials.model import attention_of, eager_attention
+from freezesweep.trials.model import eager_attention
 from freezesweep.trials.oom import catch_oom, is_oom
 from freezesweep.trials.packing import PackedFeed, PaddedFeed
 from freezesweep.trials.precision import PrecisionPlan, resolve_config, resolve_precision, synchronize, trial_device
@@ -109,6 +109,7 @@ from freezesweep.trials.run import (
     feed_of,
     free_memory,
     initial_model,
+    model_key,
     optimisations_used,
     run_trial,
     run_trial_or_oom,
@@ -469,16 +470,15 @@ def evaluate_array(
     """Every slot's (metrics, mean loss, whether every row got one prediction) over the validation
     batches, as trials/evaluate.py computes one trial's: the members in one pass per batch for each
     group (default: one group of every slot, uncached)."""
-    loss_sums = torch.zeros(stack.width, dtype=torch.float64, device=device)
-    predicted: list[torch.Tensor | None] = [None] * stack.width
+    sums: list = [None] * stack.width  # each slot's loss sum and predictions, from its group's pass
+    predicted: list = [None] * stack.width  # (put together on the device: no index tensor from the host)
     for group in groups or (EvalGroup(tuple(range(stack.width))),):
-        sums, predictions = _evaluate_group(stack, batches, plan, group)
-        loss_sums[list(group.slots)] = sums
-        for slot, prediction in zip(group.slots, predictions):
-            predicted[slot] = prediction
+        group_sums, predictions = _evaluate_group(stack, batches, plan, device, group)
+        for i, slot in enumerate(group.slots):
+            sums[slot], predicted[slot] = group_sums[i], predictions[i]
     labels = eval_labels(batches) if labels is None else labels  # as trials/evaluate.py: once per array
-    every = torch.stack(predicted).cpu().numpy()  # type: ignore[arg-type]  # every slot is in one group
-    losses = (loss_sums / len(labels)).tolist()
+    every = torch.stack(predicted).cpu().numpy()
+    losses = (torch.stack(sums) / len(labels)).tolist()
     regression, classes = labels.dtype.kind == "f", stack.model.config.num_labels
     return [
         (compute_metrics(every[slot], labels, regression, classes), losses[slot], constant(every[slot]))
@@ -487,12 +487,12 @@ def evaluate_array(
 
 
 def _evaluate_group(
-    stack: Stack, batches: list[Batch], plan: PrecisionPlan, group: EvalGroup
+    stack: Stack, batches: list[Batch], plan: PrecisionPlan, device: torch.device, group: EvalGroup
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """One group's loss sums ``[slots]`` and predictions ``[slots, rows]`` over the batches."""
     prefix = group.prefix
     tensors = stack.starting_at(prefix.layer if prefix else 0, group.slots, group.skip)
-    loss_sums, predicted = 0.0, []
+    loss_sums, predicted = torch.zeros(len(group.slots), dtype=torch.float64, device=device), []
     with (
         eval_mode(stack.model),
         starting_at(stack.model, prefix.layer, prefix.tuple_output) if prefix else contextlib.nullcontext() as injector,
@@ -502,10 +502,7 @@ def _evaluate_group(
                 injector.states = prefix.states[i]  # type: ignore[union-attr]  # set with the injector
             with plan.autocast():
                 logits = stack.logits(PaddedFeed(), batch, tensors).float()
-            loss_sums = (
-                loss_sums
-                + vmap(functools.partial(task_loss, reduction="sum"), in_dims=(0, None))(logits, batch.labels).double()
-            )
+            loss_sums += vmap(functools.partial(task_loss, reduction="sum"), in_dims=(0, None))(logits, batch.labels)
             predicted.append(logits.squeeze(-1) if batch.labels.is_floating_point() else logits.argmax(-1))
     return loss_sums, torch.cat(predicted, dim=1)
 
@@ -524,6 +521,8 @@ class SharedStream:
     buckets: tuple[int, ...] = ()
     graphed: dict[tuple, StepGraphs] = field(default_factory=dict)  # the active members' -> their graphs
     failed: str | None = None  # why a capture failed (trials/graphs.py): eager from then on, for all
+    failures: dict = field(default_factory=dict)  # where the verdict is kept (the worker's graph_failures)
+    key: FeedKey | None = None  # under which
 
     def __call__(self, run: ArrayRun, active: list[Member]) -> torch.Tensor:
         batch = self.feed.gather(self.stream.rows, *self.stream.next(), self.pad_id)
@@ -535,7 +534,7 @@ class SharedStream:
             self.graphed[members] = array_graphs(run.stack, active, self, run.base.plan)
         losses = self.graphed[members](batch)
         if self.graphed[members].failed:
-            self.failed = self.graphed[members].failed
+            self.failed = self.failures[self.key] = self.graphed[members].failed
             self.graphed.clear()
         return losses
 
@@ -688,7 +687,7 @@ def build_array(
     own = len({(c.seed, c.train_size) for c in cfgs}) > 1 or len(cfgs) > width  # slots: a stream each
     common = dataclasses.replace(first, frozen_layers=min(c.frozen_layers for c in cfgs))  # what all freeze
     reader, feed = feed_of(common, model, data, device, packed=not own)
-    key = FeedKey(first.model, type(model).__qualname__, attention_of(model))
+    key = model_key(first, model)
     mask = qualifies(model, check_batch(data, device), data.pad_id, (reader, feed), key, own, worker)
     if mask is None:
         return None
@@ -703,7 +702,12 @@ def build_array(
     schedule = make_schedule(len(data.train_rows), common)
     # CUDA graphs where every member asks for them, on one stream (slots' batches are one shape, but
     # their members come and go: not captured yet)
-    graphed = not own and all(c.cuda_graphs for c in cfgs) and graphs.cuda_graphs_apply(common, device, precision, None)
+    graphed = (
+        not own
+        and all(c.cuda_graphs for c in cfgs)
+        and graphs.cuda_graphs_apply(common, device, precision, None)
+        and key not in worker.graph_failures
+    )
     base = FitContext(
         common,
         precision,
@@ -744,6 +748,7 @@ def build_array(
     shared = SharedStream(device_stream(data, first, schedule, device), feed, data.pad_id)
     if graphed:
         shared.buckets = length_buckets(batch_sizes(shared.stream.rows, shared.stream.orders, 0, base))
+        shared.failures, shared.key = worker.graph_failures, key
     return ArrayRun(stack, members, base, reader, shared, finish, on_results, start, groups)
 
 
@@ -766,8 +771,8 @@ def eval_groups(
     for slot, cfg in enumerate(cfgs):
         depths.setdefault(cfg.frozen_layers, []).append(slot)
     groups, uncached = [], []
-    for depth, slots in sorted(depths.items()):  # shallow first: a deeper entry starts from a shallower one
-        at = dataclasses.replace(common, frozen_layers=depth)
+    for _, slots in sorted(depths.items()):  # shallow first: a deeper entry starts from a shallower one
+        at = cfgs[slots[0]]  # (the members of one depth share their config but for their ids)
         prefix = evaluation_prefix(at, model, data, precision, device)
         if prefix is None:
             uncached += slots
@@ -910,8 +915,10 @@ def _evaluate_members(run: ArrayRun, due: list[Member]) -> None:
 def _finished(run: ArrayRun, members: list[Member]) -> None:
     results = [run.finish(member) for member in members]
     if getattr(run.step, "failed", None):  # a graph capture failed: the array went on eagerly
-        used = tuple(name for name in results[0].optimisations if name != "cuda_graphs")
-        results = [dataclasses.replace(r, optimisations=used) for r in results]
+        results = [
+            dataclasses.replace(r, optimisations=tuple(name for name in r.optimisations if name != "cuda_graphs"))
+            for r in results
+        ]
     run.results.update((result.trial_id, result) for result in results)
     run.on_results(results)
 

@@ -18,9 +18,11 @@ loop has none, tests/trials/test_step_syncs.py), a warm-up on the capture stream
 
 A capture that fails (a model whose forward reads a value on the host, which a capture forbids) is
 not a failed trial: the fit goes on eagerly from that step, as an uncaptured one would, and its row
-does not list ``cuda_graphs`` (the reason is logged). Out of GPU memory is not caught here: it is the
-trial's, as any other step's (trials/oom.py). A fault that leaves the GPU unusable fails the eager step
-too, and the trial with it, as without graphs.
+does not list ``cuda_graphs`` (the reason is logged); the worker keeps the verdict, and its later
+trials of that model run eagerly from the start (``WorkerState.graph_failures``): a failed capture's
+memory pool stays reserved until the process ends, once. Out of GPU memory is not caught here: it is
+the trial's, as any other step's (trials/oom.py). A fault that leaves the GPU unusable fails the eager
+step too, and the trial with it, as without graphs.
 """
 
 from __future__ import annotations
@@ -101,9 +103,16 @@ def capture(
     with torch.cuda.stream(stream):
         warm(inputs)
     torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph, pool=pool, stream=stream):
-        loss = step(inputs)
+    graph, previous = torch.cuda.CUDAGraph(), torch.cuda.current_stream()
+    try:
+        with torch.cuda.graph(graph, pool=pool, stream=stream):
+            loss = step(inputs)
+    except BaseException:
+        # torch.cuda.graph's __exit__ ends the capture before it leaves its stream context, so a failed
+        # capture leaves the capture stream current (torch/cuda/graphs.py): the eager steps run where
+        # the trial's did
+        torch.cuda.set_stream(previous)
+        raise
     shared.setdefault("graphs", []).append(graph)
     return graph.replay, loss
 
@@ -166,10 +175,10 @@ class StepGraphs:
         except RuntimeError as exc:
             if is_oom(exc):
                 raise
-            self.failed = f"{type(exc).__name__}: {exc}".splitlines()[0][:300]
+            self.failed = capture_error(exc)
             log.warning("a CUDA graph capture failed, the fit goes on eagerly: %s", self.failed)
-            self.graphs.clear()
-            self.shared.clear()  # the graphs and their memory pool go
+            self.graphs.clear()  # (their memory pool stays reserved: PyTorch frees a pool after an ended capture)
+            self.shared.clear()
             self.reset()  # the failed step's gradients (a capture's writes never ran)
             return None
 
@@ -186,6 +195,16 @@ class StepGraphs:
         loss = self.warm(inputs)
         self.reset()
         return loss
+
+
+def capture_error(exc: BaseException) -> str:
+    """What made a capture fail: the first error of the chain (the capture's end then raises its own,
+    "operation failed due to a previous error during capture"), on one line."""
+    first = exc
+    while first.__context__ is not None:
+        first = first.__context__
+    said = f"{type(first).__name__}: {first}".splitlines()
+    return (said[0] if said else type(first).__name__)[:300]
 
 
 def _clone(value):

@@ -78,7 +78,9 @@ def run_trial(
     synchronize(device)
     cache_fill_time_s = time.perf_counter() - fill_started
     reader, feed = feed_of(cfg, model, data, device, packed=train_prefix is None)
-    graphed = graphs.cuda_graphs_apply(cfg, device, plan, train_prefix)
+    graphed = graphs.cuda_graphs_apply(cfg, device, plan, train_prefix) and model_key(cfg, model) not in (
+        data.worker.graph_failures
+    )
     ctx = FitContext(
         cfg=cfg,
         plan=plan,
@@ -94,6 +96,8 @@ def run_trial(
     )
     with first_token.narrowed(model, reader):
         state = fit(model, data.train_tokens, data.task.train.labels[data.train_rows], data.pad_id, ctx)
+    if state.cuda_graphs_failed:  # this worker's later trials of the model run eagerly from the start
+        data.worker.graph_failures[model_key(cfg, model)] = state.cuda_graphs_failed
     result = trial_result(
         cfg,
         data,
@@ -347,12 +351,17 @@ def feed_of(
     return training_feed(
         model,
         check,
-        FeedKey(cfg.model, type(model).__qualname__, attention_of(model)),
+        model_key(cfg, model),
         data.worker.feed_verdicts,
         cfg.narrow_last_layer,
         cfg.pack_training and packed,
         narrow_evaluation=not every_layer_frozen,
     )
+
+
+def model_key(cfg: TrialConfig, model) -> FeedKey:
+    """What a worker's verdicts on a model are kept under (packing, narrowing, CUDA graphs, arrays)."""
+    return FeedKey(cfg.model, type(model).__qualname__, attention_of(model))
 
 
 def check_batch(data: TrialData, device: torch.device) -> Batch:

@@ -108,6 +108,7 @@ class WorkerState:
     train_exact: dict = field(default_factory=dict)  # PrefixKey -> the cached training path gives the model's logits
     feed_verdicts: dict = field(default_factory=dict)  # FeedKey -> (narrowing exact, packing exact)
     array_verdicts: dict = field(default_factory=dict)  # (FeedKey, feed) -> a trial array gives the model's numbers
+    graph_failures: dict = field(default_factory=dict)  # FeedKey -> why a CUDA graph capture failed (eager since)
     token_splits: Lru = field(default_factory=lambda: Lru(MAX_TOKEN_SPLITS))  # cache file -> Tokens
     tasks: Lru = field(default_factory=lambda: Lru(MAX_TASKS))  # how a dataset is read -> TaskData
 

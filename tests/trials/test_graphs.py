@@ -192,16 +192,22 @@ def test_a_failed_capture_goes_on_eagerly(still_bert, toy_dataset, monkeypatch, 
     calls: list = []
     monkeypatch.setattr(graphs, "capture", _failing_capture(fail_at, calls, device))
     monkeypatch.setattr(graphs, "cuda_graphs_apply", lambda cfg, *_: cfg.cuda_graphs)
-    cfg = _cell(still_bert, toy_dataset, frozen_layers=0, device=device)
-    eager = run.run_trial(cfg)
-    fell_back = run.run_trial(dataclasses.replace(cfg, cuda_graphs=True))
+    cfg, worker = _cell(still_bert, toy_dataset, frozen_layers=0, device=device), WorkerState()
+    eager = run.run_trial(cfg, worker=worker)
+    fell_back = run.run_trial(dataclasses.replace(cfg, cuda_graphs=True), worker=worker)
     assert fell_back.status == "ok" and len(calls) == fail_at
     assert "cuda_graphs" not in fell_back.optimisations and "packed_training" in fell_back.optimisations
+    assert "operation not permitted when stream is capturing" in next(iter(worker.graph_failures.values()))
     losses, expected = [p.loss for p in fell_back.eval_curve], [p.loss for p in eager.eval_curve]
     if fail_at == 1 and device == "cpu":
         assert losses == expected
     else:
         assert losses == pytest.approx(expected, rel=1e-4)
+    if device == "cuda":  # the trial's stream again, not the capture's
+        assert torch.cuda.current_stream() == torch.cuda.default_stream()
+    later = run.run_trial(dataclasses.replace(cfg, cuda_graphs=True, seed=1), worker=worker)
+    assert later.status == "ok" and "cuda_graphs" not in later.optimisations
+    assert len(calls) == fail_at  # the worker's verdict: the model's later trials capture nothing
 
 
 def test_out_of_memory_in_a_capture_stays_the_trials(still_bert, toy_dataset, monkeypatch):
@@ -226,11 +232,12 @@ def test_a_graphed_array_whose_capture_fails_goes_on_eagerly(still_bert, toy_dat
     monkeypatch.setattr(graphs, "capture", _failing_capture(1, calls))
     monkeypatch.setattr(graphs, "cuda_graphs_apply", lambda cfg, *_: cfg.cuda_graphs)
     cells = [_cell(still_bert, toy_dataset, frozen_layers=k, trial_array=True) for k in (-1, 0, 2)]
-    eager = array.run_array(cells)
-    fell_back = array.run_array([dataclasses.replace(c, cuda_graphs=True) for c in cells])
-    assert len(calls) == 1
+    worker = WorkerState()
+    eager = array.run_array(cells, worker=worker)
+    fell_back = array.run_array([dataclasses.replace(c, cuda_graphs=True) for c in cells], worker=worker)
+    assert len(calls) == 1 and len(worker.graph_failures) == 1
     for f, e in zip(fell_back, eager):
-        assert f.status == "ok" and "trial_array" in f.optimisations and "cuda_graphs" not in f.optimisations
+        assert f.status == "ok" and f.optimisations == e.optimisations  # each its own (k = 2: the eval cache)
         assert [p.loss for p in f.eval_curve] == pytest.approx([p.loss for p in e.eval_curve], rel=1e-6)
 
 
