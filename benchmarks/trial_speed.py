@@ -34,7 +34,7 @@ from freezesweep.trials.worker import WorkerState
 from freezesweep.trials.data import load_task
 from freezesweep.trials.evaluate import evaluate
 from freezesweep.trials.model import build_model, load_tokenizer, resolve_model_path
-from freezesweep.trials.precision import resolve_precision
+from freezesweep.trials.precision import resolve_config, resolve_precision
 from freezesweep.trials.tokens import Tokens, collate, eval_batches, tokenize_split, train_batches
 
 
@@ -235,7 +235,9 @@ def bench_array_eval(model_name, data_dir, dataset, device, repeats) -> None:
     depths = range(-1, AutoConfig.from_pretrained(resolve_model_path(model_name)).num_hidden_layers + 1)
     print(f"7. a trial array's evaluation, {len(depths)} members (k = -1 … {depths[-1]}), the validation split")
     cells = [
-        TrialConfig(dataset, model_name, 200, k, data_dir=data_dir, device=str(device), trial_array=True)
+        resolve_config(
+            TrialConfig(dataset, model_name, 200, k, data_dir=data_dir, device=str(device), trial_array=True)
+        )
         for k in depths
     ]
     run = array.build_array(cells, len(cells), array.Plan({}, lambda cfg, point: None), print, WorkerState(), 0.0)

@@ -20,7 +20,7 @@ A capture that fails (a model whose forward reads a value on the host, which a c
 not a failed trial: the fit goes on eagerly from that step, as an uncaptured one would, and its row
 does not list ``cuda_graphs`` (the reason is logged); the worker keeps the verdict, and its later
 trials of that model run eagerly from the start (``WorkerState.graph_failures``): a failed capture's
-memory pool stays reserved until the process ends, once. Out of GPU memory is not caught here: it is
+memory pool may stay reserved until the process ends, once at most. Out of GPU memory is not caught here: it is
 the trial's, as any other step's (trials/oom.py). A fault that leaves the GPU unusable fails the eager
 step too, and the trial with it, as without graphs.
 """
@@ -177,7 +177,7 @@ class StepGraphs:
                 raise
             self.failed = capture_error(exc)
             log.warning("a CUDA graph capture failed, the fit goes on eagerly: %s", self.failed)
-            self.graphs.clear()  # (their memory pool stays reserved: PyTorch frees a pool after an ended capture)
+            self.graphs.clear()  # (their pool may stay reserved: PyTorch releases a pool after an ended capture)
             self.shared.clear()
             self.reset()  # the failed step's gradients (a capture's writes never ran)
             return None

@@ -187,8 +187,9 @@ def _failing_capture(fail_at: int, calls: list, device: str = "cpu"):
 def test_a_failed_capture_goes_on_eagerly(still_bert, toy_dataset, monkeypatch, fail_at, device):
     """A capture that fails is not a failed trial: the fit goes on eagerly from that step and captures
     nothing more; its row lists no ``cuda_graphs``. Failing at the first capture, every step is the
-    eager trial's (the same curve, without dropout: exactly on the CPU); at the second, after replays,
-    to rounding. On a GPU the capture really fails, and the GPU is still usable after it."""
+    eager trial's (the same curve without dropout, to the rounding of the capturable AdamW's tensor
+    learning rate); at the second, after replays, to a bucket's rounding. On a GPU the capture really
+    fails, and the GPU is still usable after it."""
     calls: list = []
     monkeypatch.setattr(graphs, "capture", _failing_capture(fail_at, calls, device))
     monkeypatch.setattr(graphs, "cuda_graphs_apply", lambda cfg, *_: cfg.cuda_graphs)
@@ -199,10 +200,7 @@ def test_a_failed_capture_goes_on_eagerly(still_bert, toy_dataset, monkeypatch, 
     assert "cuda_graphs" not in fell_back.optimisations and "packed_training" in fell_back.optimisations
     assert "operation not permitted when stream is capturing" in next(iter(worker.graph_failures.values()))
     losses, expected = [p.loss for p in fell_back.eval_curve], [p.loss for p in eager.eval_curve]
-    if fail_at == 1 and device == "cpu":
-        assert losses == expected
-    else:
-        assert losses == pytest.approx(expected, rel=1e-4)
+    assert losses == pytest.approx(expected, rel=1e-6 if fail_at == 1 else 1e-4)
     if device == "cuda":  # the trial's stream again, not the capture's
         assert torch.cuda.current_stream() == torch.cuda.default_stream()
     later = run.run_trial(dataclasses.replace(cfg, cuda_graphs=True, seed=1), worker=worker)
