@@ -162,6 +162,8 @@ def run_baseline(cells, precision: str) -> tuple[float, dict]:
             "wall_time_s": result.wall_time_s,
             "overhead_s": result.wall_time_s - result.train_time_s - result.eval_time_s,
             "checkpoint_time_s": result.checkpoint_time_s,
+            "train_time_s": result.train_time_s,
+            "eval_time_s": result.eval_time_s,
         }
         print(
             f"  baseline {i}/{len(cells)} n={cell.train_size} k={cell.frozen_layers}: "
@@ -184,6 +186,9 @@ def run_freezesweep(cells, args) -> tuple[float, dict]:
             # fixed cost: outside training, evaluation and filling the caches (compute)
             "overhead_s": r["wall_time_s"] - r["train_time_s"] - r["eval_time_s"] - (r.get("cache_fill_time_s") or 0.0),
             "peak_mem_mb": r["peak_mem_mb"],
+            "train_time_s": r["train_time_s"],
+            "eval_time_s": r["eval_time_s"],
+            "cache_fill_time_s": r.get("cache_fill_time_s") or 0.0,
         }
         for r in results
         if r["status"] == "ok"
@@ -261,6 +266,16 @@ def _one_unit(cells) -> list[dict]:
 
 
 # --- the comparison --------------------------------------------------------------------------------
+def where_the_time_went(rows: dict) -> str:
+    """The trials' seconds summed over rows (an array member's are its shares of the array's): training,
+    evaluation, filling the caches, and the rest (building, loading, checks)."""
+    parts = {name: sum(r.get(f"{name}_time_s") or 0.0 for r in rows.values()) for name in ("train", "eval")}
+    parts["cache fill"] = sum(r.get("cache_fill_time_s") or 0.0 for r in rows.values())
+    parts["other"] = sum(r["overhead_s"] for r in rows.values())
+    total = sum(parts.values()) or math.nan
+    return "trial seconds " + ", ".join(f"{name} {s:.1f} ({s / total:.0%})" for name, s in parts.items())
+
+
 def report(cells, sides: dict[str, tuple[float, dict]], reference: str) -> None:
     base_wall, base_rows = sides[reference]
     print(f"\n{'side':<28}{'wall s':>9}{'ratio':>8}{'trials/h':>10}{'overhead s (median)':>20}{'mean acc':>10}")
@@ -287,6 +302,8 @@ def report(cells, sides: dict[str, tuple[float, dict]], reference: str) -> None:
         peaks = [r["peak_mem_mb"] for r in rows.values() if r.get("peak_mem_mb")]
         if peaks:
             print(f"{name}: peak memory per trial {statistics.mean(peaks):.0f} MB mean, {max(peaks):.0f} MB max")
+    for name, (_, rows) in sides.items():
+        print(f"{name}: {where_the_time_went(rows)}")
     for name in names:
         if name == reference:
             continue
