@@ -265,9 +265,9 @@ class Stack:
         ``slots``' slices only (a view where they follow each other; default: every slot), without
         ``skip`` (the frozen prefix the injector stands in for: the model's own weights run there)."""
         pattern = re.compile(rf"^{re.escape(self.layers_path)}\.(\d+)\.")
-        every = slots is None or tuple(slots) == tuple(range(self.width))
-        ordered = slots is not None and tuple(slots) == tuple(range(slots[0], slots[0] + len(slots)))
-        pick = slice(None) if every else slice(slots[0], slots[0] + len(slots)) if ordered else list(slots or ())
+        pick: slice | list[int] = slice(None) if slots is None else list(slots)
+        if slots is not None and list(slots) == list(range(slots[0], slots[-1] + 1)):
+            pick = slice(slots[0], slots[-1] + 1)  # a view, no copy
 
         def renamed(name: str) -> str:
             match = pattern.match(name)
@@ -520,13 +520,12 @@ class SharedStream:
     pad_id: int
     buckets: tuple[int, ...] = ()
     graphed: dict[tuple, StepGraphs] = field(default_factory=dict)  # the active members' -> their graphs
-    failed: str | None = None  # why a capture failed (trials/graphs.py): eager from then on, for all
-    failures: dict = field(default_factory=dict)  # where the verdict is kept (the worker's graph_failures)
-    key: FeedKey | None = None  # under which
+    failures: dict = field(default_factory=dict)  # the worker's graph_failures: a failed capture's verdict
+    key: FeedKey | None = None  # the model's, there (listed: eager from then on, for all members)
 
     def __call__(self, run: ArrayRun, active: list[Member]) -> torch.Tensor:
         batch = self.feed.gather(self.stream.rows, *self.stream.next(), self.pad_id)
-        if not self.buckets or self.failed:
+        if not self.buckets or self.key in self.failures:
             return array_step(run.stack, active, batch, run.base.plan, self.feed)
         members = tuple((member.slot, member.cfg.trial_id) for member in active)
         if members not in self.graphed:
@@ -534,7 +533,7 @@ class SharedStream:
             self.graphed[members] = array_graphs(run.stack, active, self, run.base.plan)
         losses = self.graphed[members](batch)
         if self.graphed[members].failed:
-            self.failed = self.failures[self.key] = self.graphed[members].failed
+            self.failures[self.key] = self.graphed[members].failed
             self.graphed.clear()
         return losses
 
@@ -738,7 +737,8 @@ def build_array(
         result = trial_result(
             member.cfg, member.data, member.report, member.state, device, precision, (prefix, None), wall_s, fill_s
         )
-        used = optimisations_used(prefix, None, reader, feed, cuda_graphs=graphed)
+        # (a capture that failed in this array put the model among the worker's graph failures)
+        used = optimisations_used(prefix, None, reader, feed, cuda_graphs=graphed and key not in worker.graph_failures)
         return dataclasses.replace(result, optimisations=(*used, OPTIMISATION))
 
     members = [start(slot, started) for slot in range(stack.width)]
@@ -914,11 +914,6 @@ def _evaluate_members(run: ArrayRun, due: list[Member]) -> None:
 
 def _finished(run: ArrayRun, members: list[Member]) -> None:
     results = [run.finish(member) for member in members]
-    if getattr(run.step, "failed", None):  # a graph capture failed: the array went on eagerly
-        results = [
-            dataclasses.replace(r, optimisations=tuple(name for name in r.optimisations if name != "cuda_graphs"))
-            for r in results
-        ]
     run.results.update((result.trial_id, result) for result in results)
     run.on_results(results)
 
