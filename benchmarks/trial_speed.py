@@ -8,7 +8,8 @@ Prints, for the same model, data and machine in one run:
 2. a training step in each precision available on the device;
 3. a weights+optimizer checkpoint written at every evaluation (the study) vs none (freezesweep),
    as seconds per evaluation and as a share of a whole trial;
-4. tokenization: from scratch vs the disk cache vs the in-process cache;
+4. tokenization: from scratch vs the disk cache vs the in-process cache, and a 1,000-row subset
+   tokenized alone (what a trial does: trials/tokens.py tokenize_rows) vs read from the whole split;
 5. evaluation with the frozen layers' output cached (trials/eval_cache.py) vs the full model, per k;
 6. the last layer computed for the head's token only (trials/first_token.py), in evaluation and
    training, and training batches packed without their padding (trials/packing.py);
@@ -35,7 +36,8 @@ from freezesweep.trials.data import load_task
 from freezesweep.trials.evaluate import evaluate
 from freezesweep.trials.model import build_model, load_tokenizer, resolve_model_path
 from freezesweep.trials.precision import resolve_config, resolve_precision
-from freezesweep.trials.tokens import Tokens, collate, eval_batches, tokenize_split, train_batches
+from freezesweep.trials.subsets import subset_indices
+from freezesweep.trials.tokens import Tokens, collate, eval_batches, tokenize_rows, tokenize_split, train_batches
 
 
 def timed(fn, repeats: int) -> float:
@@ -124,6 +126,17 @@ def bench_tokenize(tokenizer, split, repeats: int) -> None:
         row(
             "in-process cache (a reused Ray worker)",
             timed(lambda: tokenize_split(tokenizer, split, 128, Path(tmp)), repeats),
+            base,
+        )
+        rows = subset_indices(split.labels, min(1000, len(split) // 20), 0)  # under WHOLE_SPLIT_SHARE
+        row(
+            f"{len(rows)} rows alone, a fresh worker",
+            timed(lambda: tokenize_rows(tokenizer, split, rows, 128, Path(tmp), WorkerState()), repeats),
+            base,
+        )
+        row(
+            f"{len(rows)} rows from the whole split on disk",
+            timed(lambda: tokenize_split(tokenizer, split, 128, Path(tmp), WorkerState()).select(rows), repeats),
             base,
         )
 

@@ -46,7 +46,7 @@ from freezesweep.trials.packing import PackedFeed, PaddedFeed, training_feed
 from freezesweep.trials.placement import where
 from freezesweep.trials.precision import PrecisionPlan, resolve_config, resolve_precision, synchronize, trial_device
 from freezesweep.trials.subsets import indices_digest, stratified_order, subset_indices
-from freezesweep.trials.tokens import Batch, Tokens, collate, eval_batches, padding_id, tokenize_split
+from freezesweep.trials.tokens import Batch, Tokens, collate, eval_batches, padding_id, tokenize_rows
 from freezesweep.trials.train_cache import TrainPrefix, train_prefix
 from freezesweep.trials.train import FitContext, FitState, fit, make_schedule
 from freezesweep.trials.worker import EvalKey, FeedKey, TemplateKey, TrainKey, WorkerState, process_worker
@@ -260,17 +260,16 @@ def trial_data(cfg: TrialConfig, device: torch.device, worker: WorkerState) -> T
     val_rows = eval_rows(task, cfg)
     tokenizer = load_tokenizer(cfg.model_files())
     cache_dir = resolve_cache_dir(cfg.cache_dir)
-    train_ids = tokenize_split(tokenizer, task.train, cfg.max_seq_length, cache_dir, worker)
-    val_ids = tokenize_split(tokenizer, task.validation, cfg.max_seq_length, cache_dir, worker)
+    train_ids = tokenize_rows(tokenizer, task.train, train_rows, cfg.max_seq_length, cache_dir, worker)
+    val_ids = tokenize_rows(tokenizer, task.validation, val_rows, cfg.max_seq_length, cache_dir, worker)
     pad_id = padding_id(tokenizer)
     batches = [
-        b.to(device)
-        for b in eval_batches(val_ids.select(val_rows), task.validation.labels[val_rows], cfg.eval_batch_size, pad_id)
+        b.to(device) for b in eval_batches(val_ids, task.validation.labels[val_rows], cfg.eval_batch_size, pad_id)
     ]  # on the device once, for every evaluation
     val_key = (task.validation.digest, indices_digest(val_rows))
     # the constant baseline on the rows scored: never the whole split when they are a sample
     baseline = task.baseline_metrics(val_rows)
-    return TrialData(task, train_rows, train_ids.select(train_rows), batches, val_key, baseline, worker, pad_id)
+    return TrialData(task, train_rows, train_ids, batches, val_key, baseline, worker, pad_id)
 
 
 def trial_model(cfg: TrialConfig, data: TrialData, device: torch.device):

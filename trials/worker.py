@@ -3,8 +3,8 @@
 A Ray worker runs many trials (``reuse_actors``), and keeping what they share is most of the speed:
 the initial models (trials/run.py), the evaluation cache's states and exactness verdicts
 (trials/eval_cache.py), the opt-in training cache (trials/train_cache.py), the packing and narrowing
-verdicts (trials/packing.py), tokenized splits read from the disk cache (trials/tokens.py) and loaded
-datasets (trials/data.py). A trial takes a ``WorkerState``; without one it uses this process's
+verdicts (trials/packing.py), tokenized splits read from the disk cache and the rows tokenized alone
+(trials/tokens.py) and loaded datasets (trials/data.py). A trial takes a ``WorkerState``; without one it uses this process's
 (``process_worker``). ``clear`` empties it all: after a CUDA out-of-memory error (states and models may
 sit on the GPU beside the trials packed there), and in tests that want a cold worker.
 
@@ -110,6 +110,7 @@ class WorkerState:
     array_verdicts: dict = field(default_factory=dict)  # (FeedKey, feed) -> a trial array gives the model's numbers
     graph_failures: dict = field(default_factory=dict)  # FeedKey -> why a CUDA graph capture failed (eager since)
     token_splits: Lru = field(default_factory=lambda: Lru(MAX_TOKEN_SPLITS))  # cache file -> Tokens
+    token_rows: Lru = field(default_factory=lambda: Lru(MAX_TOKEN_SPLITS))  # cache file -> TokenBook (its rows so far)
     tasks: Lru = field(default_factory=lambda: Lru(MAX_TASKS))  # how a dataset is read -> TaskData
 
     def clear(self) -> None:

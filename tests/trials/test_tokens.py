@@ -3,7 +3,15 @@ import pytest
 import torch
 
 from freezesweep.trials.data import Split
-from freezesweep.trials.tokens import Tokens, collate, eval_batches, tokenize_split, train_batches
+from freezesweep.trials.tokens import (
+    WHOLE_SPLIT_SHARE,
+    Tokens,
+    collate,
+    eval_batches,
+    tokenize_rows,
+    tokenize_split,
+    train_batches,
+)
 
 
 class CountingTokenizer:
@@ -14,9 +22,13 @@ class CountingTokenizer:
     def __len__(self):
         return len(self.inner)
 
-    def __call__(self, texts, **kw):
-        self.calls += isinstance(texts, list)
-        return self.inner(texts, **kw)
+    def __call__(self, texts, *pairs, **kw):
+        if isinstance(texts, list):
+            self.calls += 1
+            self.rows += len(texts)
+        return self.inner(texts, *pairs, **kw)
+
+    rows = 0  # rows encoded in list calls (the probe sentence is not one)
 
 
 def test_tokenization_is_cached_on_disk(minilm_tokenizer, tmp_path):
@@ -33,6 +45,43 @@ def test_tokenization_is_cached_on_disk(minilm_tokenizer, tmp_path):
     changed = Split("train", ("a good film", "a bad one", "not fine"), np.array([1, 0, 1]))
     tokenize_split(counting, changed, 16, tmp_path)
     assert counting.calls == 2  # new content, new entry
+
+
+@pytest.mark.parametrize("pairs", [False, True])
+def test_a_few_rows_are_tokenized_alone_each_once_as_the_whole_split_gives_them(minilm_tokenizer, tmp_path, pairs):
+    from freezesweep.trials.worker import WorkerState
+
+    texts = tuple(f"row {i} says {'good ' * (i % 7)}things" for i in range(400))
+    split = Split("train", texts, np.arange(400) % 2, pairs=tuple(f"pair {i}" for i in range(400)) if pairs else None)
+    few = np.array([7, 3, 300, 7 + 1])
+    assert len(few) < WHOLE_SPLIT_SHARE * len(split)
+    counting, worker = CountingTokenizer(minilm_tokenizer), WorkerState()
+    alone = tokenize_rows(counting, split, few, 16, tmp_path, worker)
+    assert counting.rows == len(few)  # not the 400 of the split
+    assert not (tmp_path / "tokens").exists()  # nor the split's disk cache
+    more = np.array([300, 3, 11])  # two it has, one it has not
+    again = tokenize_rows(counting, split, more, 16, tmp_path, worker)
+    assert counting.rows == len(few) + 1
+    whole = tokenize_split(minilm_tokenizer, split, 16, tmp_path, WorkerState())
+    for rows, tokens in ((few, alone), (more, again)):
+        assert [a.tolist() for a in tokens.input_ids] == [whole.input_ids[i].tolist() for i in rows]
+        assert (tokens.token_type_ids is None) == (not pairs)
+        if pairs:
+            assert [a.tolist() for a in tokens.token_type_ids] == [whole.token_type_ids[i].tolist() for i in rows]
+    assert alone.input_ids[0].dtype == whole.input_ids[0].dtype  # batches pad them alike
+
+
+def test_a_large_share_of_a_split_reads_the_whole_split_cached_on_disk(minilm_tokenizer, tmp_path):
+    from freezesweep.trials.worker import WorkerState
+
+    split = Split("train", tuple(f"row {i}" for i in range(40)), np.arange(40) % 2)
+    counting = CountingTokenizer(minilm_tokenizer)
+    rows = np.arange(0, 40, 4)  # a quarter
+    tokens = tokenize_rows(counting, split, rows, 16, tmp_path, WorkerState())
+    assert counting.rows == len(split) and len(list((tmp_path / "tokens").glob("*.parquet"))) == 1
+    assert len(tokens) == len(rows)
+    tokenize_rows(counting, split, rows[:1], 16, tmp_path, WorkerState())  # a fresh worker, a few rows: tokenized alone
+    assert counting.rows == len(split) + 1
 
 
 def test_dynamic_padding_and_length_sorted_eval():
