@@ -219,7 +219,8 @@ def cluster(tmp_path_factory):
     try:
         cluster.script("start", "1", "1")  # the head and w1, one fake GPU each
         if cluster.hidden:
-            cluster.script("add-worker", "hidden", "0", RAY_HIDE=":".join(cluster.hidden))
+            # 2 CPUs, the only node with 2: a trial that asks for 2 runs there and nowhere else
+            cluster.script("add-worker", "hidden", "0", RAY_HIDE=":".join(cluster.hidden), RAY_WORKER_CPUS="2")
         cluster.node_ids("head", "w1", *(["hidden"] if cluster.hidden else []))
         yield cluster
     finally:
@@ -264,15 +265,10 @@ def test_sweep_submitted_as_a_ray_job_spreads_over_nodes(cluster, write_spec):
 def test_worker_that_cannot_see_the_drivers_files_runs_trials(cluster, write_spec):
     if not cluster.hidden:
         pytest.skip("no private mount namespace here (unshare --mount needs root or CAP_SYS_ADMIN)")
-    # Every node can take one trial; 12 cells of 8 epochs outlast a worker's start-up on the hidden node
-    # (4 two-epoch cells once all ran on one node, each finished before another node's worker was up;
-    # so did 12 four-epoch cells once in CI on 2 busy cores, 2026-11-26).
-    path = write_spec(
-        "unseen",
-        seeds=[0, 1, 2],
-        training={"epochs": 8},
-        resources={"gpus_per_trial": 0, "cpus_per_trial": 1},
-    )
+    # Each trial asks for 2 CPUs, which only `hidden` has: every cell must run there, whatever order the
+    # scheduler picks. (With 1 CPU a trial, enough cells to outlast its worker's start-up was a guess:
+    # 4 two-epoch cells once all ran on one node, and so did 12 four-epoch ones in CI on 2 busy cores.)
+    path = write_spec("unseen", resources={"gpus_per_trial": 0, "cpus_per_trial": 2})
     done = subprocess.run(
         [*CLI, "launch", str(path), "--address", cluster.address],
         env=cluster.env,
@@ -282,8 +278,8 @@ def test_worker_that_cannot_see_the_drivers_files_runs_trials(cluster, write_spe
     )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     rows = _rows(path)
-    assert cluster.node_ids("hidden")["hidden"] in set(rows["node_id"]), (
-        f"no trial ended on the worker without our files:\n{rows[['node_id', 'attempts']]}"
+    assert set(rows["node_id"]) == {cluster.node_ids("hidden")["hidden"]}, (
+        f"a trial ended on a node that sees our files:\n{rows[['node_id', 'attempts']]}"
     )
 
 
@@ -294,9 +290,10 @@ def test_worker_node_killed_mid_sweep_loses_and_duplicates_no_cell(cluster, writ
     node, `rescue`, from its last checkpoint, which Ray kept in the S3 store's _ray folder; the sweep
     ends with every cell exactly once.
 
-    The trials ask for 3 CPUs, which only `victim` has (the head has 1, w1 2), so the first trial runs
-    there whatever order the scheduler picks (with 1 CPU a trial, fast trials could all end on the head
-    and w1 before any reached `victim`); `rescue`, with 3 CPUs, joins after the kill."""
+    The trials ask for 3 CPUs, which only `victim` has (the head and w1 have 1, `hidden` 2 and no GPU),
+    so the first trial runs there whatever order the scheduler picks (with 1 CPU a trial, fast trials
+    could all end on the head and w1 before any reached `victim`); `rescue`, with 3 CPUs, joins after
+    the kill."""
     faults = tmp_path / "faults"
     cluster.script(
         "add-worker",
