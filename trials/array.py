@@ -7,7 +7,7 @@ An array trains them in one process as one model: the parameters any member trai
 layers every member freezes are the model's own, unstacked, so they run once for all members; each
 member's trainable slices get their own gradient clipping (by the member's own norm) and their own
 AdamW (state, step and learning-rate schedule); evaluation runs each member from its own frozen depth's
-cached states (trials/eval_cache.py), the members of one depth in one pass (``eval_groups``). The result
+cached states (trials/eval_cache.py), the members of one depth in one pass (``EvalDepths``). The result
 is one row per member, as its single trial (trials/run.py, the reference this is tested against)
 would give it: to float rounding on a CPU; on a GPU in distribution (dropout masks and attention kernels
 differ, below), so there an array's rows pair with each other, not with single trials' rows; rows say
@@ -53,7 +53,9 @@ dropout draws are its own but the array's stream, not its single trial's (``rand
 "different"``): without dropout a slot gives its single trial's numbers to float rounding, with it
 the same distribution. A padding mask is batched as the model's code takes it under ``vmap``
 (``mask_as``, measured per model: ``slots_mask_form``). No slot's numbers read another's, and the
-shapes never change, so refilling a slot leaves the others bit for bit.
+training step's shapes never change, so refilling a slot leaves the others bit for bit. A slot is
+evaluated at its own schedule's steps only, from its own depth's cached states where its frozen
+weights are the array model's (a pretrained model's: every seed's).
 
 CUDA graphs (opt-in ``cuda_graphs``, as a single trial's: trials/graphs.py): an array on one stream
 captures its step per (rows, length bucket) once every member's AdamW has its state, the capture
@@ -117,6 +119,7 @@ from freezesweep.trials.run import (
     trial_data,
     trial_model,
     trial_result,
+    weights_key,
 )
 from freezesweep.trials.tokens import Batch, DeviceRows, collate_rows, device_rows
 from freezesweep.trials.train import (
@@ -458,6 +461,32 @@ class EvalGroup:
     skip: frozenset[str] = frozenset()  # stacked names inside the prefix (the model's own values there)
 
 
+@dataclass(frozen=True)
+class EvalDepths:
+    """Where an array's members are evaluated from, decided at its build: each frozen depth's cached
+    states (with the stacked names they stand in for), for the members whose initial weights are the
+    array model's own (``weights``: a pretrained model's, or a random init of its seed); the others,
+    and the depths without a cache, from the embeddings."""
+
+    prefixes: dict[int, tuple[PrefixStates | None, frozenset[str]]]
+    weights: str
+
+    def prefix(self, cfg: TrialConfig) -> PrefixStates | None:
+        return self.prefixes[cfg.frozen_layers][0] if weights_key(cfg) == self.weights else None
+
+    def groups(self, members: Sequence[Member]) -> tuple[EvalGroup, ...]:
+        """``members`` (those due an evaluation) in one pass per cached depth, the rest in one pass from
+        the embeddings: per member the layers its single trial runs, and no slot that is not due."""
+        by_depth: dict[int | None, list[int]] = {}
+        for member in sorted(members, key=lambda m: m.slot):
+            depth = member.cfg.frozen_layers if self.prefix(member.cfg) is not None else None
+            by_depth.setdefault(depth, []).append(member.slot)
+        uncached = by_depth.pop(None, [])
+        return (EvalGroup(tuple(uncached)),) * bool(uncached) + tuple(
+            EvalGroup(tuple(slots), *self.prefixes[depth]) for depth, slots in sorted(by_depth.items())
+        )
+
+
 @torch.inference_mode()
 def evaluate_array(
     stack: Stack,
@@ -466,24 +495,24 @@ def evaluate_array(
     device: torch.device,
     groups: Sequence[EvalGroup] | None = None,
     labels: np.ndarray | None = None,
-) -> list[tuple[dict[str, float], float, bool]]:
-    """Every slot's (metrics, mean loss, whether every row got one prediction) over the validation
-    batches, as trials/evaluate.py computes one trial's: the members in one pass per batch for each
-    group (default: one group of every slot, uncached)."""
-    sums: list = [None] * stack.width  # each slot's loss sum and predictions, from its group's pass
-    predicted: list = [None] * stack.width  # (put together on the device: no index tensor from the host)
+) -> dict[int, tuple[dict[str, float], float, bool]]:
+    """Each grouped slot's (metrics, mean loss, whether every row got one prediction) over the
+    validation batches, as trials/evaluate.py computes one trial's: the members in one pass per batch
+    for each group (default: one group of every slot, uncached)."""
+    slots, sums, predicted = [], [], []  # (put together on the device: no index tensor from the host)
     for group in groups or (EvalGroup(tuple(range(stack.width))),):
         group_sums, predictions = _evaluate_group(stack, batches, plan, device, group)
-        for i, slot in enumerate(group.slots):
-            sums[slot], predicted[slot] = group_sums[i], predictions[i]
+        slots += group.slots
+        sums.append(group_sums)
+        predicted.append(predictions)
     labels = eval_labels(batches) if labels is None else labels  # as trials/evaluate.py: once per array
-    every = torch.stack(predicted).cpu().numpy()
-    losses = (torch.stack(sums) / len(labels)).tolist()
+    every = torch.cat(predicted).cpu().numpy()
+    losses = (torch.cat(sums) / len(labels)).tolist()
     regression, classes = labels.dtype.kind == "f", stack.model.config.num_labels
-    return [
-        (compute_metrics(every[slot], labels, regression, classes), losses[slot], constant(every[slot]))
-        for slot in range(stack.width)
-    ]
+    return {
+        slot: (compute_metrics(every[i], labels, regression, classes), losses[i], constant(every[i]))
+        for i, slot in enumerate(slots)
+    }
 
 
 def _evaluate_group(
@@ -608,7 +637,7 @@ class ArrayRun:
     finish: Callable[[Member], TrialResult]
     on_results: Results
     refill: Callable[[int], Member | None] = lambda slot: None  # the next cell for a free slot (slots)
-    eval_groups: tuple[EvalGroup, ...] = ()  # how the slots are evaluated (default: all in one pass)
+    eval_depths: EvalDepths = EvalDepths({}, "")  # where each member is evaluated from
     results: dict[str, TrialResult] = field(default_factory=dict)
 
 
@@ -691,10 +720,10 @@ def build_array(
     if mask is None:
         return None
     datas = {first.train_size: data} | {c.train_size: trial_data(c, device, worker) for c in cfgs[1:] if own}
-    names = plan_members(model, cfgs, plan) | (differing(model, cfgs, plan, worker) if own else set())
+    differ = differing(model, cfgs, plan, worker) if own else set()
+    names = plan_members(model, cfgs, plan) | differ
     fill_started = time.perf_counter()
-    groups = eval_groups(cfgs, own, min(width, len(cfgs)), model, names, (common, data, precision, device))
-    prefix_of = {slot: group.prefix for group in groups for slot in group.slots}
+    depths = eval_depths(cfgs, model, names, differ, (data, precision, device))
     synchronize(device)
     fill_s = (time.perf_counter() - fill_started) / len(cfgs)
     stack = stack_model(model, names, min(width, len(cfgs)), "different" if own else "same")
@@ -733,7 +762,7 @@ def build_array(
 
     def finish(member: Member) -> TrialResult:
         wall_s = (time.perf_counter() - member.entered) / stack.width  # its share of the array's time
-        prefix = prefix_of[member.slot]
+        prefix = depths.prefix(member.cfg)
         result = trial_result(
             member.cfg, member.data, member.report, member.state, device, precision, (prefix, None), wall_s, fill_s
         )
@@ -744,41 +773,33 @@ def build_array(
     members = [start(slot, started) for slot in range(stack.width)]
     if own:
         streams = OwnStreams(first.batch_size, tokens, mask)
-        return ArrayRun(stack, members, base, reader, streams, finish, on_results, start, groups)
+        return ArrayRun(stack, members, base, reader, streams, finish, on_results, start, depths)
     shared = SharedStream(device_stream(data, first, schedule, device), feed, data.pad_id)
     if graphed:
         shared.buckets = length_buckets(batch_sizes(shared.stream.rows, shared.stream.orders, 0, base))
         shared.failures, shared.key = worker.graph_failures, key
-    return ArrayRun(stack, members, base, reader, shared, finish, on_results, start, groups)
+    return ArrayRun(stack, members, base, reader, shared, finish, on_results, start, depths)
 
 
-def eval_groups(
-    cfgs: Sequence[TrialConfig], own: bool, width: int, model: nn.Module, names: set[str], where: tuple
-) -> tuple[EvalGroup, ...]:
-    """How the slots are evaluated (``where``: the common config, data, precision and device). On one
-    stream (one seed and train size, so one initial model) each member from its own frozen depth's
-    cached states, one pass per depth, those without a cache in one pass: an array's evaluation runs
-    the layers its members' single trials run, no more (one pass for all would run every member through
-    every layer the least frozen one trains). With slots (other seeds: other initial weights) all slots
-    from the layers every cell freezes, where no stacked weight is among them."""
-    common, data, precision, device = where
-    if own:
-        prefix = (
-            None if names & prefix_names(model, common) else evaluation_prefix(common, model, data, precision, device)
-        )
-        return (EvalGroup(tuple(range(width)), prefix),)
-    depths: dict[int, list[int]] = {}
-    for slot, cfg in enumerate(cfgs):
-        depths.setdefault(cfg.frozen_layers, []).append(slot)
-    groups, uncached = [], []
-    for _, slots in sorted(depths.items()):  # shallow first: a deeper entry starts from a shallower one
-        at = cfgs[slots[0]]  # (the members of one depth share their config but for their ids)
-        prefix = evaluation_prefix(at, model, data, precision, device)
-        if prefix is None:
-            uncached += slots
-        else:
-            groups.append(EvalGroup(tuple(slots), prefix, frozenset(names & prefix_names(model, at))))
-    return (EvalGroup(tuple(sorted(uncached))),) * bool(uncached) + tuple(groups)
+def eval_depths(
+    cfgs: Sequence[TrialConfig], model: nn.Module, names: set[str], differ: set[str], where: tuple
+) -> EvalDepths:
+    """Each depth's cached states (``where``: the data, precision and device), filled here, shallow
+    first (a deeper entry starts from a shallower one): an array's evaluation runs the layers its
+    members' single trials run, no more (one pass for all would run every member through every layer
+    the least frozen one trains). The states are the array model's own, the first cell's initial
+    weights: a depth whose prefix holds a weight that differs between the cells' seeds (``differ``:
+    slots) has none, and a member of another random init evaluates from the embeddings
+    (``EvalDepths.prefix``)."""
+    data, precision, device = where
+    first, prefixes = cfgs[0], {}
+    for depth in sorted({c.frozen_layers for c in cfgs}):
+        at = dataclasses.replace(first, frozen_layers=depth)  # (its weights are the model's: the first cell's)
+        inside = prefix_names(model, at)
+        usable = not differ & inside
+        prefix = evaluation_prefix(at, model, data, precision, device) if usable else None
+        prefixes[depth] = (prefix, frozenset(names & inside))
+    return EvalDepths(prefixes, weights_key(first))
 
 
 def qualifies(
@@ -849,8 +870,8 @@ def longest(data: TrialData) -> int:
 
 def fit_array(run: ArrayRun) -> None:
     """The reference loop (trials/train.py ``fit``) for every member at once: each step trains every
-    active member on its batch, each member is evaluated at its own schedule's steps (every slot in one
-    pass), and a member that is over (its last step, or diverged at an evaluation) leaves with its row
+    active member on its batch, each member is evaluated at its own schedule's steps (those due, in a
+    pass per depth: ``EvalDepths.groups``), and a member that is over (its last step, or diverged at an evaluation) leaves with its row
     written; the next cell, if any, takes its slot."""
     active = list(filter(None, run.members))
     # A member lives only while it holds its slot: its optimizer state (AdamW: twice its trainable
@@ -901,11 +922,13 @@ def _share(members: list[Member], name: str, seconds: float) -> None:
 
 
 def _evaluate_members(run: ArrayRun, due: list[Member]) -> None:
-    """Every slot evaluated in one pass (the same pass whoever is due: no slot's numbers depend on the
-    others'); each due member's evaluation into its state (a diverged one is marked so)."""
+    """The members due evaluated (``EvalDepths.groups``: slots on other schedules are not, so a slot
+    queue of n = 50 and n = 1,000 cells evaluates each at its own steps only); each one's evaluation
+    into its state (a diverged one is marked so)."""
     base = run.base
     started = time.perf_counter()
-    outcomes = evaluate_array(run.stack, base.eval_batches, base.plan, base.device, run.eval_groups, base.eval_labels)
+    groups = run.eval_depths.groups(due)
+    outcomes = evaluate_array(run.stack, base.eval_batches, base.plan, base.device, groups, base.eval_labels)
     eval_s = (time.perf_counter() - started) / len(due)
     for member in due:
         metrics, loss, one_prediction = outcomes[member.slot]

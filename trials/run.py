@@ -304,7 +304,7 @@ def adapt(model, cfg: TrialConfig) -> tuple[FreezeReport, tuple[str, ...]]:
     return freeze(model, cfg.frozen_layers), ()
 
 
-def _weights(cfg: TrialConfig) -> str:
+def weights_key(cfg: TrialConfig) -> str:
     """What the model's weights are, for cache keys: random ones differ per seed."""
     return "pretrained" if cfg.model_init == "pretrained" else f"random-{cfg.derived_seed}"
 
@@ -316,7 +316,7 @@ def _eval_key(cfg: TrialConfig, data: TrialData, plan: PrecisionPlan, device: to
         *data.val_key,
         cfg.eval_batch_size,
         cfg.max_seq_length,
-        _weights(cfg),
+        weights_key(cfg),
         plan.name,
         str(device),
         attention_of(model),
@@ -324,13 +324,13 @@ def _eval_key(cfg: TrialConfig, data: TrialData, plan: PrecisionPlan, device: to
 
 
 def _train_key(cfg: TrialConfig, data: TrialData, plan: PrecisionPlan, device: torch.device) -> TrainKey:
-    return TrainKey(cfg.model, _weights(cfg), data.task.train.digest, cfg.max_seq_length, plan.name, str(device))
+    return TrainKey(cfg.model, weights_key(cfg), data.task.train.digest, cfg.max_seq_length, plan.name, str(device))
 
 
 def evaluation_prefix(cfg: TrialConfig, model, data: TrialData, plan, device) -> PrefixStates | None:
     """The cached output of the frozen layers for evaluation, when it is exact: at least one frozen
     layer, and bit-identical to the full model on the first batch. A random init is cached too, under
-    its seed (``_weights``): the cells of one seed start from the same weights (``initial_model``)."""
+    its seed (``weights_key``): the cells of one seed start from the same weights (``initial_model``)."""
     if not (cfg.eval_cache and cfg.method == "freeze" and cfg.frozen_layers >= 1):
         return None
     return exact_prefix(

@@ -161,7 +161,8 @@ def test_each_member_is_evaluated_from_its_own_depth(cells):
     0 (no cache) in one pass from the embeddings, k = 1 from its cached states (layer 1 only), k = 2
     (every layer frozen) from its own (no layer at all). Tiny BERT has 2 layers."""
     run = built(cells)
-    assert [(g.slots, g.prefix and g.prefix.layer) for g in run.eval_groups] == [((0, 1), None), ((2,), 1), ((3,), 2)]
+    groups = run.eval_depths.groups(run.members)
+    assert [(g.slots, g.prefix and g.prefix.layer) for g in groups] == [((0, 1), None), ((2,), 1), ((3,), 2)]
     layers = arrays.find_encoder_parts(run.stack.model).layers
     members: dict[int, list[int]] = {0: [], 1: []}
 
@@ -171,7 +172,7 @@ def test_each_member_is_evaluated_from_its_own_depth(cells):
 
     hooks = [layer.register_forward_hook(functools.partial(seen, i=i)) for i, layer in enumerate(layers)]
     try:
-        arrays.evaluate_array(run.stack, run.base.eval_batches[:1], run.base.plan, run.base.device, run.eval_groups)
+        arrays.evaluate_array(run.stack, run.base.eval_batches[:1], run.base.plan, run.base.device, groups)
     finally:
         for hook in hooks:
             hook.remove()
@@ -184,15 +185,15 @@ def _width(batched: torch.Tensor) -> int:
 
 
 def assert_same_as_singles(array_results, single_results, atol=1e-5, slots=False):
-    """Each member's row is its single trial's; on one stream with the same optimisations too (the
-    evaluation cache at its own depth: ``eval_groups``). Slots are padded, and evaluated from the
-    layers every cell freezes."""
+    """Each member's row is its single trial's, the evaluation cache at its own depth too
+    (``EvalDepths``); on one stream with the same optimisations (slots are padded, never packed)."""
     for a, s in zip(array_results, single_results):
         assert a.trial_id == s.trial_id and a.status == s.status == "ok"
         assert "trial_array" in a.optimisations and "trial_array" not in s.optimisations
+        assert a.eval_cached_layers == s.eval_cached_layers
+        assert ("eval_cache" in a.optimisations) == ("eval_cache" in s.optimisations)
         if not slots:
             assert a.optimisations == (*s.optimisations, "trial_array")
-            assert a.eval_cached_layers == s.eval_cached_layers
         assert [p.step for p in a.eval_curve] == [p.step for p in s.eval_curve]
         assert a.best_step == s.best_step and a.train_indices == s.train_indices
         for p, q in zip(a.eval_curve, s.eval_curve):
@@ -476,6 +477,43 @@ def test_slots_across_seeds_and_train_sizes_give_each_single_trials_row(tiny_tri
     assert_same_as_singles(results, [run_trial(c) for c in cells], slots=True)
     assert sorted(r.trial_id for r in finished) == sorted(c.trial_id for c in cells)
     assert {len(r.eval_curve) for r in results} == {4, 3}  # each on its own schedule (n = 24, n = 48)
+
+
+def test_a_slot_is_evaluated_at_its_own_steps_only(tiny_trial, quiet_bert, monkeypatch):
+    """Slots on other schedules (n = 24 evaluates every step, n = 48 every other) are not evaluated
+    when another is due: the members evaluated, summed over the run, are the points of the curves (an
+    evaluation of every slot whoever was due ran more)."""
+    cells = [
+        dataclasses.replace(tiny_trial, model=quiet_bert, train_size=n, seed=s, frozen_layers=k)
+        for n, s, k in ((24, 0, 0), (48, 1, 0), (24, 2, 2), (48, 0, 2))
+    ]
+    evaluated, group = [], arrays._evaluate_group
+
+    def counted(stack, batches, plan, device, g):
+        evaluated.append(len(g.slots))
+        return group(stack, batches, plan, device, g)
+
+    monkeypatch.setattr(arrays, "_evaluate_group", counted)
+    results = run_array(cells, width=2)
+    assert sum(evaluated) == sum(len(r.eval_curve) for r in results)
+    assert_same_as_singles(results, [run_trial(c) for c in cells], slots=True)
+
+
+def test_slots_of_another_random_init_evaluate_from_the_embeddings(tiny_trial, quiet_bert):
+    """A random init differs per seed, and the cached states are the array model's (the first cell's
+    seed): a slot of another seed evaluates every layer, never those states (its single trial caches
+    its own seed's), and both give their single trials' numbers."""
+    cells = [
+        dataclasses.replace(tiny_trial, model=quiet_bert, model_init="random", seed=s, frozen_layers=k)
+        for s in (0, 1)
+        for k in (0, 2)
+    ]
+    results = run_array(cells, width=2)
+    singles = [run_trial(c) for c in cells]
+    assert [r.eval_cached_layers for r in results] == [None, 2, None, None]
+    assert [r.eval_cached_layers for r in singles] == [None, 2, None, 2]
+    for a, s in zip(results, singles):
+        assert [p.loss for p in a.eval_curve] == pytest.approx([p.loss for p in s.eval_curve], abs=1e-5)
 
 
 def test_a_refilled_slot_leaves_the_others_bit_unchanged(tiny_trial):
