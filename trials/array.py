@@ -720,8 +720,9 @@ def build_array(
     if mask is None:
         return None
     datas = {first.train_size: data} | {c.train_size: trial_data(c, device, worker) for c in cfgs[1:] if own}
-    differ = differing(model, cfgs, plan, worker) if own else set()
-    names = plan_members(model, cfgs, plan) | differ
+    trained = plan_members(model, cfgs, plan)
+    differ = differing(model, cfgs, plan, worker) if own else set()  # (after plan_members: it reads the plan)
+    names = trained | differ
     fill_started = time.perf_counter()
     depths = eval_depths(cfgs, model, names, differ, (data, precision, device))
     synchronize(device)
