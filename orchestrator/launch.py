@@ -41,6 +41,7 @@ from freezesweep.orchestrator.driver_faults import DriverFaults
 from freezesweep.orchestrator.plan import (
     ResolvedSweep,
     grid_size,
+    eval_cache_entries,
     hungriest_frozen_layers,
     launch_units,
     method_variants,
@@ -192,7 +193,10 @@ def measure_gpu_share(
         frozen_layers=hungriest_depth(spec, model_layers),
         width=spec.resources.array_width if arrays_apply(spec) else 1,
     )
-    calls = [{"model": model, "shipment": shipment, **shape} for model in spec.models()]
+    calls = [
+        {"model": model, "shipment": shipment, **shape, "eval_entries": eval_cache_entries(spec, model, model_layers)}
+        for model in spec.models()
+    ]
     try:
         probes = session.run_task(
             memory_probe_task, calls, cpus=spec.resources.cpus_per_trial, gpus=1, fresh_process=True

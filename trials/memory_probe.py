@@ -14,7 +14,8 @@ batch's tokens: 32 × 512 rows make it ~1 GiB in fp32), padded otherwise; then o
 gradients and optimizer state). A trial process costs the allocator's peak *reserved* memory (what it
 holds back from the other processes, not only what its tensors used) plus what the process holds
 outside the allocator (the CUDA context and libraries' workspaces, measured as the device's used
-memory minus the allocator's reservation) plus one evaluation cache entry, bounded, not measured: the
+memory minus the allocator's reservation) plus the evaluation cache entries a worker keeps
+(``eval_entries``: one per dataset and cached depth of the sweep), each bounded, not measured: the
 frozen layers' output over ``eval_rows`` validation rows at ``max_seq_length`` tokens (each worker keeps
 its entries on the device; rows are shorter in practice). Each trial then keeps a margin of its own.
 """
@@ -41,13 +42,16 @@ MARGIN = 0.2  # of each trial's memory, kept free beside it: allocator fragmenta
 class MemoryProbe:
     peak_reserved_mib: float  # the allocator's peak reservation over the steps and the evaluation batch
     outside_allocator_mib: float  # CUDA context and library workspaces (0 on a CPU)
-    eval_cache_mib: float  # the bound of one evaluation cache entry (eval_rows × max_seq_length states)
+    eval_cache_mib: (
+        float  # the bound of the worker's evaluation cache: eval_entries × (eval_rows × max_seq_length states)
+    )
     gpu_total_mib: float | None  # None on a CPU
     gpu_name: str | None
     precision: str
     trials_per_gpu: int | None
     gpus_per_trial: float | None
     width: int = 1  # the cells of the trial array measured (trials/array.py); 1: a single trial
+    eval_entries: int = 1  # evaluation cache entries a worker keeps (one per dataset and cached depth)
 
     @property
     def per_trial_mib(self) -> float:
@@ -83,11 +87,15 @@ def probe(
     max_per_gpu: int = MAX_TRIALS_PER_GPU,
     eval_rows: int = 0,
     width: int = 1,
+    eval_entries: int = 1,
 ) -> MemoryProbe:
     """Measure one trial (``device="cpu"`` runs the same steps for tests and reports the process's
     peak RSS, with no packing) and pick the packing. ``width`` > 1: one trial array of that many
     cells, each at ``frozen_layers`` (the most an array of the grid stacks); on a GPU one that does not
-    fit is measured again at half its width, down to 1: the width is the one that fits."""
+    fit is measured again at half its width, down to 1: the width is the one that fits. ``eval_entries``:
+    the evaluation cache entries a worker keeps (a worker keeps every depth it met, up to
+    trials/worker.py's ``MAX_EVAL_ENTRIES``, and an array holds each of its cached depths), each bounded
+    at ``eval_rows`` rows of ``max_seq_length`` tokens."""
     from freezesweep.trials.freezing import freeze
     from freezesweep.trials.model import attention_kernels, build_model
     from freezesweep.trials.precision import resolve_device, resolve_precision
@@ -102,14 +110,14 @@ def probe(
         net = build_model(model, num_labels, model_init)
         freeze(net, frozen_layers)
         peak, outside = _measure(net, plan, target, (batch_size, max_seq_length, eval_batch_size, steps), width)
-        cache = eval_cache_bound_mib(net, eval_rows, max_seq_length, plan)
+        cache = eval_entries * eval_cache_bound_mib(net, eval_rows, max_seq_length, plan)
         if target.type != "cuda":
-            return MemoryProbe(peak, outside, cache, None, None, plan.name, None, None, width)
+            return MemoryProbe(peak, outside, cache, None, None, plan.name, None, None, width, eval_entries)
         props = torch.cuda.get_device_properties(target)
         total = props.total_memory / 2**20
         if width == 1 or (peak + outside + cache) * (1 + margin) <= total:
             n, share = packing(peak + outside + cache, total, margin, max_per_gpu)
-            return MemoryProbe(peak, outside, cache, total, props.name, plan.name, n, share, width)
+            return MemoryProbe(peak, outside, cache, total, props.name, plan.name, n, share, width, eval_entries)
         del net
         width //= 2
 
@@ -228,7 +236,8 @@ def describe(result: MemoryProbe) -> str:
         )
     return (
         f"{what}: peak {result.peak_reserved_mib:.0f} MiB reserved + {result.outside_allocator_mib:.0f} MiB "
-        f"outside the allocator + {result.eval_cache_mib:.0f} MiB evaluation cache (bound) = "
+        f"outside the allocator + {result.eval_cache_mib:.0f} MiB evaluation cache ({result.eval_entries} "
+        "entries, bound) = "
         f"{result.per_trial_mib:.0f} MiB ({result.precision}) on {result.gpu_name} "
         f"({result.gpu_total_mib:.0f} MiB): {result.trials_per_gpu} trials per GPU, "
         f"gpus_per_trial {result.gpus_per_trial:g}"
@@ -247,6 +256,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--num-labels", type=int, default=2)
     parser.add_argument(
         "--eval-rows", type=int, default=0, help="validation rows a worker caches (their bound is added)"
+    )
+    parser.add_argument(
+        "--eval-entries", type=int, default=1, help="evaluation cache entries a worker keeps (each bounded as above)"
     )
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--width", type=int, default=1, help="a trial array of this many cells (halved until it fits)")

@@ -118,6 +118,17 @@ def test_the_memory_probe_measures_a_packed_trial_and_bounds_the_evaluation_cach
     assert fed and fed[-1].input_ids.shape == (1, 4 * 16)  # packed: every token of the batch in one row
     assert result.eval_cache_mib == pytest.approx(1000 * 16 * 32 * 4 / 2**20)  # rows × tokens × hidden × fp32
     assert result.per_trial_mib == pytest.approx(result.peak_reserved_mib + result.eval_cache_mib)
+    three = memory_probe.probe(
+        tiny_bert,
+        batch_size=4,
+        max_seq_length=16,
+        eval_batch_size=8,
+        precision="fp32",
+        device="cpu",
+        eval_rows=1000,
+        eval_entries=3,
+    )  # a worker that keeps three depths' entries (an array of three cached depths holds all three)
+    assert (three.eval_entries, three.eval_cache_mib) == (3, pytest.approx(3 * result.eval_cache_mib))
 
 
 def test_train_time_runs_to_the_last_step(tiny_trial, monkeypatch):
