@@ -499,7 +499,8 @@ def evaluate_array(
     """Each grouped slot's (metrics, mean loss, whether every row got one prediction) over the
     validation batches, as trials/evaluate.py computes one trial's: the members in one pass per batch
     for each group (default: one group of every slot, uncached)."""
-    slots, sums, predicted = [], [], []  # (put together on the device: no index tensor from the host)
+    slots: list[int] = []
+    sums, predicted = [], []  # (put together on the device: no index tensor from the host)
     for group in groups or (EvalGroup(tuple(range(stack.width))),):
         group_sums, predictions = _evaluate_group(stack, batches, plan, device, group)
         slots += group.slots
