@@ -291,13 +291,6 @@ def _data_options(training: dict) -> dict[str, str]:
     return {k: training[k] for k in keys if isinstance(training.get(k), str)}
 
 
-def validation_rows(spec: SweepSpec) -> int:
-    """The most validation rows a trial of the sweep evaluates (what a worker's evaluation cache holds)."""
-    options = _data_options(spec.training.model_dump())
-    rows = max(describe_task(d, spec.data_dir, **options).rows["validation"] for d in spec.datasets)
-    return min(rows, spec.training.max_eval_examples or rows)
-
-
 def data_notes(spec: SweepSpec) -> list[str]:
     """What validation did to the data that the user should hear of: rows dropped for empty texts."""
     options = _data_options(spec.training.model_dump())

@@ -36,12 +36,12 @@ from typing import Any
 
 from freezesweep.orchestrator import local_files
 from freezesweep.orchestrator.local_files import Shipment
-from freezesweep.orchestrator.checks import model_depths, stored_spec_mapping, validation_rows
+from freezesweep.orchestrator.checks import model_depths, stored_spec_mapping
 from freezesweep.orchestrator.driver_faults import DriverFaults
 from freezesweep.orchestrator.plan import (
     ResolvedSweep,
     grid_size,
-    eval_cache_entries,
+    cached_depths,
     hungriest_frozen_layers,
     launch_units,
     method_variants,
@@ -61,6 +61,8 @@ from freezesweep.results.store import FINAL_STATUSES, ResultStore, SpoolingWrite
 from freezesweep.trials.array import array_key
 from freezesweep.trials.config import TrialConfig, TrialResult
 from freezesweep.trials.memory_probe import describe
+from freezesweep.trials.run import eval_cache_tokens
+from freezesweep.trials.worker import MAX_EVAL_ENTRIES
 
 
 @dataclass(frozen=True)
@@ -189,12 +191,11 @@ def measure_gpu_share(
         model_init=t.model_init,
         eval_batch_size=t.eval_batch_size,
         precision=t.precision,
-        eval_rows=validation_rows(spec),
         frozen_layers=hungriest_depth(spec, model_layers),
         width=spec.resources.array_width if arrays_apply(spec) else 1,
     )
     calls = [
-        {"model": model, "shipment": shipment, **shape, "eval_entries": eval_cache_entries(spec, model, model_layers)}
+        {"model": model, "shipment": shipment, **shape, "eval_tokens": worker_eval_tokens(spec, model, model_layers)}
         for model in spec.models()
     ]
     try:
@@ -209,20 +210,37 @@ def measure_gpu_share(
     return probe.gpus_per_trial, f"gpus_per_trial auto: {describe(probe)}", min(p.width for p in probes)
 
 
-def arrays_apply(spec: SweepSpec) -> bool:
-    """Whether the sweep's freeze cells train as trial arrays on a GPU (trials/array.py ``array_key``,
-    asked of one cell with a GPU share: every freeze cell of a spec shares what it decides on)."""
-    if "freeze" not in spec.methods:
-        return False
-    cell = TrialConfig(
-        dataset=spec.datasets[0],
-        model=spec.models()[0],
+def worker_eval_tokens(spec: SweepSpec, model: str, model_layers: Mapping[str, int]) -> int:
+    """The token positions of the evaluation cache entries a worker of ``model``'s cells keeps: each
+    dataset's validation rows as its evaluation pads them (trials/run.py ``eval_cache_tokens``: read
+    and tokenized here, once per dataset), once per cached depth, the largest ``MAX_EVAL_ENTRIES``."""
+    depths = cached_depths(spec, model, model_layers)
+    if not depths:
+        return 0
+    per_dataset = [eval_cache_tokens(_cell(spec, model, dataset)) for dataset in spec.datasets]
+    entries = sorted((tokens for tokens in per_dataset for _ in range(depths)), reverse=True)
+    return sum(entries[:MAX_EVAL_ENTRIES])
+
+
+def _cell(spec: SweepSpec, model: str, dataset: str) -> TrialConfig:
+    """A cell of ``model`` on ``dataset`` with every field the sweep shares (its depth, size and seed
+    aside: what the evaluation cache and the array switch do not depend on)."""
+    return TrialConfig(
+        dataset=dataset,
+        model=model,
         train_size=spec.train_sizes[0],
         frozen_layers=0,
         gpus_per_trial=1.0,
         **spec.trial_template(),
     )
-    return array_key(cell) is not None
+
+
+def arrays_apply(spec: SweepSpec) -> bool:
+    """Whether the sweep's freeze cells train as trial arrays on a GPU (trials/array.py ``array_key``,
+    asked of one cell with a GPU share: every freeze cell of a spec shares what it decides on)."""
+    if "freeze" not in spec.methods:
+        return False
+    return array_key(_cell(spec, spec.models()[0], spec.datasets[0])) is not None
 
 
 def hungriest_depth(spec: SweepSpec, model_layers: Mapping[str, int]) -> int:

@@ -23,7 +23,6 @@ from freezesweep.orchestrator.spec import SweepSpec
 from freezesweep.results.settle import FULL, decide, next_round, variant_label
 from freezesweep.results.store import FINAL_STATUSES
 from freezesweep.trials.config import TrialConfig
-from freezesweep.trials.worker import MAX_EVAL_ENTRIES
 
 
 @dataclass(frozen=True)
@@ -171,17 +170,17 @@ def hungriest_frozen_layers(cells: list[TrialConfig]) -> int:
     return 0 if 0 in ks or not ks else (-1 if -1 in ks else min(ks))
 
 
-def eval_cache_entries(spec: SweepSpec, model: str, model_layers: Mapping[str, int]) -> int:
-    """The evaluation cache entries a worker of the sweep keeps for ``model`` (trials/eval_cache.py):
-    one per dataset and frozen depth of at least one layer (probe cells share the every-layer one;
-    LoRA cells keep none), at most the worker's ``MAX_EVAL_ENTRIES``. A worker keeps every entry it
-    met up to that count, and a trial array holds each of its members' depths."""
+def cached_depths(spec: SweepSpec, model: str, model_layers: Mapping[str, int]) -> int:
+    """The evaluation cache entries one dataset's cells of ``model`` make in a worker
+    (trials/eval_cache.py): one per frozen depth of at least one layer (probe cells share the
+    every-layer one; LoRA cells make none). A worker keeps every entry it met, up to its
+    ``MAX_EVAL_ENTRIES``, and a trial array holds each of its members' depths at once."""
     depths = {
         model_layers[model] if v["method"] == "probe" else v["frozen_layers"]
         for v in method_variants(spec, model, model_layers)
         if v["method"] in ("freeze", "probe")
     }
-    return min(MAX_EVAL_ENTRIES, len(spec.datasets) * sum(1 for k in depths if k >= 1))
+    return sum(1 for k in depths if k >= 1)
 
 
 def gpu_request(spec: SweepSpec) -> float:

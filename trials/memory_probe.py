@@ -14,10 +14,11 @@ batch's tokens: 32 × 512 rows make it ~1 GiB in fp32), padded otherwise; then o
 gradients and optimizer state). A trial process costs the allocator's peak *reserved* memory (what it
 holds back from the other processes, not only what its tensors used) plus what the process holds
 outside the allocator (the CUDA context and libraries' workspaces, measured as the device's used
-memory minus the allocator's reservation) plus the evaluation cache entries a worker keeps
-(``eval_entries``: one per dataset and cached depth of the sweep), each bounded, not measured: the
-frozen layers' output over ``eval_rows`` validation rows at ``max_seq_length`` tokens (each worker keeps
-its entries on the device; rows are shorter in practice). Each trial then keeps a margin of its own.
+memory minus the allocator's reservation) plus the evaluation cache entries a worker keeps on the
+device, counted, not measured: a hidden state per token position of each entry (``eval_tokens``: a
+sweep counts its validation sets' real padded lengths, one entry per dataset and cached depth:
+orchestrator/launch.py; on the command line, a bound of ``--eval-rows`` rows at ``max_seq_length``
+tokens per entry). Each trial then keeps a margin of its own.
 """
 
 from __future__ import annotations
@@ -42,16 +43,14 @@ MARGIN = 0.2  # of each trial's memory, kept free beside it: allocator fragmenta
 class MemoryProbe:
     peak_reserved_mib: float  # the allocator's peak reservation over the steps and the evaluation batch
     outside_allocator_mib: float  # CUDA context and library workspaces (0 on a CPU)
-    eval_cache_mib: (
-        float  # the bound of the worker's evaluation cache: eval_entries × (eval_rows × max_seq_length states)
-    )
+    eval_cache_mib: float  # the worker's evaluation cache entries: a hidden state per token position
     gpu_total_mib: float | None  # None on a CPU
     gpu_name: str | None
     precision: str
     trials_per_gpu: int | None
     gpus_per_trial: float | None
     width: int = 1  # the cells of the trial array measured (trials/array.py); 1: a single trial
-    eval_entries: int = 1  # evaluation cache entries a worker keeps (one per dataset and cached depth)
+    eval_tokens: int = 0  # the token positions of those entries
 
     @property
     def per_trial_mib(self) -> float:
@@ -85,17 +84,15 @@ def probe(
     device: str = "cuda",
     margin: float = MARGIN,
     max_per_gpu: int = MAX_TRIALS_PER_GPU,
-    eval_rows: int = 0,
     width: int = 1,
-    eval_entries: int = 1,
+    eval_tokens: int = 0,
 ) -> MemoryProbe:
     """Measure one trial (``device="cpu"`` runs the same steps for tests and reports the process's
     peak RSS, with no packing) and pick the packing. ``width`` > 1: one trial array of that many
     cells, each at ``frozen_layers`` (the most an array of the grid stacks); on a GPU one that does not
-    fit is measured again at half its width, down to 1: the width is the one that fits. ``eval_entries``:
-    the evaluation cache entries a worker keeps (a worker keeps every depth it met, up to
-    trials/worker.py's ``MAX_EVAL_ENTRIES``, and an array holds each of its cached depths), each bounded
-    at ``eval_rows`` rows of ``max_seq_length`` tokens."""
+    fit is measured again at half its width, down to 1: the width is the one that fits.
+    ``eval_tokens``: the token positions of the evaluation cache entries a worker keeps (it keeps every
+    depth it met, up to trials/worker.py's ``MAX_EVAL_ENTRIES``; an array holds each of its depths)."""
     from freezesweep.trials.freezing import freeze
     from freezesweep.trials.model import attention_kernels, build_model
     from freezesweep.trials.precision import resolve_device, resolve_precision
@@ -110,23 +107,23 @@ def probe(
         net = build_model(model, num_labels, model_init)
         freeze(net, frozen_layers)
         peak, outside = _measure(net, plan, target, (batch_size, max_seq_length, eval_batch_size, steps), width)
-        cache = eval_entries * eval_cache_bound_mib(net, eval_rows, max_seq_length, plan)
+        cache = states_mib(net, eval_tokens, plan)
         if target.type != "cuda":
-            return MemoryProbe(peak, outside, cache, None, None, plan.name, None, None, width, eval_entries)
+            return MemoryProbe(peak, outside, cache, None, None, plan.name, None, None, width, eval_tokens)
         props = torch.cuda.get_device_properties(target)
         total = props.total_memory / 2**20
         if width == 1 or (peak + outside + cache) * (1 + margin) <= total:
             n, share = packing(peak + outside + cache, total, margin, max_per_gpu)
-            return MemoryProbe(peak, outside, cache, total, props.name, plan.name, n, share, width, eval_entries)
+            return MemoryProbe(peak, outside, cache, total, props.name, plan.name, n, share, width, eval_tokens)
         del net
         width //= 2
 
 
-def eval_cache_bound_mib(net, eval_rows: int, max_seq_length: int, plan) -> float:
-    """One evaluation cache entry at most: a hidden state per token of ``eval_rows`` rows of
-    ``max_seq_length`` tokens, in the precision the frozen layers compute in (trials/eval_cache.py)."""
+def states_mib(net, tokens: int, plan) -> float:
+    """A hidden state per token position, in the precision the frozen layers compute in
+    (trials/eval_cache.py)."""
     element = 4 if plan.name == "fp32" else 2
-    return eval_rows * max_seq_length * net.config.hidden_size * element / 2**20
+    return tokens * net.config.hidden_size * element / 2**20
 
 
 def _measure(net, plan, device: torch.device, shape: tuple[int, int, int, int], width: int) -> tuple[float, float]:
@@ -236,8 +233,8 @@ def describe(result: MemoryProbe) -> str:
         )
     return (
         f"{what}: peak {result.peak_reserved_mib:.0f} MiB reserved + {result.outside_allocator_mib:.0f} MiB "
-        f"outside the allocator + {result.eval_cache_mib:.0f} MiB evaluation cache ({result.eval_entries} "
-        "entries, bound) = "
+        f"outside the allocator + {result.eval_cache_mib:.0f} MiB evaluation cache ({result.eval_tokens:,} "
+        "token positions) = "
         f"{result.per_trial_mib:.0f} MiB ({result.precision}) on {result.gpu_name} "
         f"({result.gpu_total_mib:.0f} MiB): {result.trials_per_gpu} trials per GPU, "
         f"gpus_per_trial {result.gpus_per_trial:g}"
@@ -255,7 +252,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--model-init", default="pretrained", choices=["pretrained", "random"])
     parser.add_argument("--num-labels", type=int, default=2)
     parser.add_argument(
-        "--eval-rows", type=int, default=0, help="validation rows a worker caches (their bound is added)"
+        "--eval-rows", type=int, default=0, help="validation rows a worker caches (bounded at max_seq_length tokens)"
     )
     parser.add_argument(
         "--eval-entries", type=int, default=1, help="evaluation cache entries a worker keeps (each bounded as above)"
@@ -268,6 +265,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", action="store_true", help="print the measurement as JSON")
     args = vars(parser.parse_args(argv))
     as_json = args.pop("json")
+    args["eval_tokens"] = args.pop("eval_rows") * args["max_seq_length"] * args.pop("eval_entries")  # a bound
     if args["device"].startswith("cuda") and not torch.cuda.is_available():
         print("error: no CUDA GPU here: the probe measures GPU memory", file=sys.stderr)
         return 2

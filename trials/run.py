@@ -46,7 +46,7 @@ from freezesweep.trials.packing import PackedFeed, PaddedFeed, training_feed
 from freezesweep.trials.placement import where
 from freezesweep.trials.precision import PrecisionPlan, resolve_config, resolve_precision, synchronize, trial_device
 from freezesweep.trials.subsets import indices_digest, stratified_order, subset_indices
-from freezesweep.trials.tokens import Batch, Tokens, collate, eval_batches, padding_id, tokenize_rows
+from freezesweep.trials.tokens import Batch, Tokens, collate, eval_batches, padded_tokens, padding_id, tokenize_rows
 from freezesweep.trials.train_cache import TrainPrefix, train_prefix
 from freezesweep.trials.train import FitContext, FitState, fit, make_schedule
 from freezesweep.trials.worker import EvalKey, FeedKey, TemplateKey, TrainKey, WorkerState, process_worker
@@ -242,10 +242,9 @@ class TrialData:
     pad_id: int = 0  # the id batches are padded with (trials/tokens.py padding_id)
 
 
-def trial_data(cfg: TrialConfig, device: torch.device, worker: WorkerState) -> TrialData:
-    """What a cell reads: its task, its train subset tokenized, its validation batches on the device
-    (once, for every evaluation). Cells that share dataset, train size and split seed read the same."""
-    task = load_task(
+def cell_task(cfg: TrialConfig, worker: WorkerState | None = None) -> TaskData:
+    """The cell's dataset, read as the cell says (columns, files, empty texts)."""
+    return load_task(
         cfg.dataset,
         cfg.data_dir,
         cfg.text_column,
@@ -255,6 +254,23 @@ def trial_data(cfg: TrialConfig, device: torch.device, worker: WorkerState) -> T
         empty_texts=cfg.empty_texts,
         worker=worker,
     )
+
+
+def eval_cache_tokens(cfg: TrialConfig, worker: WorkerState | None = None) -> int:
+    """The token positions one evaluation cache entry of ``cfg``'s cells holds a state for: its
+    validation rows tokenized, length-sorted and padded per batch as its evaluation pads them (what
+    the memory probe counts: trials/memory_probe.py)."""
+    task = cell_task(cfg, worker)
+    rows = eval_rows(task, cfg)
+    tokenizer = load_tokenizer(cfg.model_files())
+    ids = tokenize_rows(tokenizer, task.validation, rows, cfg.max_seq_length, resolve_cache_dir(cfg.cache_dir), worker)
+    return padded_tokens(ids, cfg.eval_batch_size)
+
+
+def trial_data(cfg: TrialConfig, device: torch.device, worker: WorkerState) -> TrialData:
+    """What a cell reads: its task, its train subset tokenized, its validation batches on the device
+    (once, for every evaluation). Cells that share dataset, train size and split seed read the same."""
+    task = cell_task(cfg, worker)
     check_select_metric(cfg, task)
     train_rows = subset_indices(task.train.labels, cfg.train_size, cfg.split_seed)
     val_rows = eval_rows(task, cfg)

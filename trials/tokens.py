@@ -271,6 +271,14 @@ def eval_batches(tokens: Tokens, labels: np.ndarray, batch_size: int, pad_id: in
     ]
 
 
+def padded_tokens(tokens: Tokens, batch_size: int) -> int:
+    """The token positions ``eval_batches`` pads these rows to (each length-sorted batch at its longest
+    row): what an evaluation cache entry holds a hidden state for (trials/eval_cache.py)."""
+    lengths = np.sort([len(x) for x in tokens.input_ids], kind="stable")
+    chunks = np.array_split(lengths, max(1, -(-len(lengths) // batch_size)))
+    return sum(int(chunk[-1]) * len(chunk) for chunk in chunks if len(chunk))
+
+
 def train_batches(
     tokens: Tokens, labels: np.ndarray, batch_size: int, pad_id: int, generator: torch.Generator
 ) -> list[Batch]:

@@ -64,50 +64,55 @@ def test_the_gpu_probe_depth_comes_from_the_variants_without_the_grid(overrides,
 
 
 @pytest.mark.parametrize(
-    "overrides, entries",
+    "overrides, depths",
     [
-        ({}, {"/nowhere/a": 4, "/nowhere/b": 2}),  # 2 datasets x {6, 2} (the probe shares 'all'); b: x {2}
+        ({}, {"/nowhere/a": 2, "/nowhere/b": 1}),  # a: {6, 2} (the probe shares 'all'); b: {2}
         ({"methods": ["freeze"], "frozen_layers": [-1, 0], "lora_ranks": []}, {"/nowhere/a": 0, "/nowhere/b": 0}),
-        ({"methods": ["freeze", "probe"], "frozen_layers": [1], "lora_ranks": []}, {"/nowhere/a": 4, "/nowhere/b": 4}),
-        (
-            {"methods": ["freeze"], "frozen_layers": [1, 2, 3, 4, 5], "lora_ranks": []},
-            {"/nowhere/a": 8, "/nowhere/b": 8},
-        ),
+        ({"methods": ["freeze", "probe"], "frozen_layers": [1], "lora_ranks": []}, {"/nowhere/a": 2, "/nowhere/b": 2}),
+        ({"methods": ["lora"], "frozen_layers": [], "lora_ranks": [4]}, {"/nowhere/a": 0, "/nowhere/b": 0}),
     ],
 )
-def test_the_probe_counts_every_evaluation_cache_entry_a_worker_keeps(overrides, entries):
-    """One per dataset and frozen depth of at least one layer (probe cells: every layer; LoRA: none),
-    at most the worker's LRU: the entries of the grid's cells, counted from their variants."""
-    from freezesweep.orchestrator.plan import eval_cache_entries
-    from freezesweep.trials.worker import MAX_EVAL_ENTRIES
+def test_the_cached_depths_are_the_grids(overrides, depths):
+    """One evaluation cache entry per frozen depth of at least one layer (probe cells: every layer;
+    LoRA: none), per dataset: counted from the variants, as the grid's cells make them."""
+    from freezesweep.orchestrator.plan import cached_depths
     from tests.orchestrator.test_plan import _sweep
 
     sweep = _sweep(**overrides)
     cells = build_grid(sweep)
-    for model, expected in entries.items():
-        assert eval_cache_entries(sweep.spec, model, sweep.model_layers) == expected
+    for model, expected in depths.items():
+        assert cached_depths(sweep.spec, model, sweep.model_layers) == expected
         cached = {
             (c.dataset, c.frozen_layers if c.method == "freeze" else sweep.model_layers[model])
             for c in cells
             if c.model == model and c.method in ("freeze", "probe")
         }
-        assert expected == min(MAX_EVAL_ENTRIES, sum(1 for _, k in cached if k >= 1))
+        assert expected * len(sweep.spec.datasets) == sum(1 for _, k in cached if k >= 1)
 
 
-def test_the_gpu_probe_is_asked_for_the_workers_evaluation_cache_entries(monkeypatch):
-    """What ``gpus_per_trial: auto`` sends each model's probe: the entries its workers will keep."""
+@pytest.mark.parametrize(
+    "frozen_layers, tokens",
+    [
+        ([0, "all", 2], {"/nowhere/a": 2 * 3000 + 2 * 1000, "/nowhere/b": 3000 + 1000}),
+        ([1, 2, 3, 4, 5], {"/nowhere/a": 5 * 3000 + 3 * 1000, "/nowhere/b": 5 * 3000 + 3 * 1000}),  # the LRU's 8
+    ],
+)
+def test_the_gpu_probe_is_asked_for_the_workers_evaluation_cache(monkeypatch, frozen_layers, tokens):
+    """What ``gpus_per_trial: auto`` sends each model's probe: the token positions of the entries its
+    workers keep, each dataset's entry as large as its validation rows padded (faked here: 1,000 and
+    3,000), once per cached depth, the largest 8 (a worker's LRU)."""
     from freezesweep.orchestrator import launch as launching
     from freezesweep.trials.memory_probe import MemoryProbe
     from tests.orchestrator.test_plan import _sweep
 
-    sweep, asked = _sweep(), []
+    sweep, asked = _sweep(methods=["freeze"], frozen_layers=frozen_layers, lora_ranks=[]), []
 
     class Session:
         def run_task(self, fn, calls, **resources):
             asked.extend(calls)
             return [MemoryProbe(100.0, 10.0, 1.0, 80_000.0, "GPU", "fp32", 8, 0.125) for _ in calls]
 
-    monkeypatch.setattr(launching, "validation_rows", lambda spec: 872)
+    padded = {"/nowhere/d": 1000, "glue/cola": 3000}
+    monkeypatch.setattr(launching, "eval_cache_tokens", lambda cfg: padded[cfg.dataset])
     launching.measure_gpu_share(sweep.spec, sweep.model_layers, None, Session())
-    assert {c["model"]: c["eval_entries"] for c in asked} == {"/nowhere/a": 4, "/nowhere/b": 2}
-    assert {c["eval_rows"] for c in asked} == {872}
+    assert {c["model"]: c["eval_tokens"] for c in asked} == tokens

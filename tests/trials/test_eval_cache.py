@@ -28,6 +28,21 @@ def test_cached_and_uncached_evaluation_are_identical_in_fp32(request, tiny_tria
     assert again.eval_cached_layers == k and len(worker.eval_states) == 1
 
 
+@pytest.mark.parametrize("max_eval_examples", [None, 40])
+def test_what_the_memory_probe_counts_is_an_entrys_real_size(tiny_trial, worker, max_eval_examples):
+    """``eval_cache_tokens`` (what ``gpus_per_trial: auto`` adds per entry, without a model or a device)
+    is the token positions an entry holds a hidden state for, the validation rows evaluated (all, or
+    a sample) padded per length-sorted batch."""
+    from freezesweep.trials.run import eval_cache_tokens
+
+    cfg = dataclasses.replace(tiny_trial, frozen_layers=1, epochs=1, max_eval_examples=max_eval_examples)
+    run_trial(cfg, worker=worker)
+    (entry,) = worker.eval_states.values()
+    hidden = entry.states[0].shape[-1]
+    assert eval_cache_tokens(cfg, WorkerState()) == sum(s.numel() for s in entry.states) // hidden
+    assert sum(s.shape[0] for s in entry.states) == (max_eval_examples or 60)  # every row evaluated, or the sample
+
+
 def test_nothing_frozen_is_never_cached(tiny_trial, worker):
     assert run_trial(tiny_trial, worker=worker).eval_cached_layers is None  # k = 0: every layer trains
     assert run_trial(dataclasses.replace(tiny_trial, frozen_layers=-1), worker=worker).eval_cached_layers is None

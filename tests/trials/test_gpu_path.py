@@ -104,31 +104,25 @@ def test_cuda_is_initialised_before_its_memory_statistics(monkeypatch):
     assert events == ["init", "reset"]
 
 
-def test_the_memory_probe_measures_a_packed_trial_and_bounds_the_evaluation_cache(tiny_bert, monkeypatch):
-    """Packed batches build dense [T, T] masks (no bound from padded ones), and a worker keeps an
-    evaluation cache entry beside its trial: both are in what the probe counts."""
+def test_the_memory_probe_measures_a_packed_trial_and_counts_the_evaluation_cache(tiny_bert, monkeypatch):
+    """Packed batches build dense [T, T] masks (no bound from padded ones), and a worker keeps its
+    evaluation cache entries beside its trial (a hidden state per token position): both are in what
+    the probe counts; its command line bounds the entries at max_seq_length tokens a row."""
     fed = []
     logits = packing.PackedFeed.logits
     monkeypatch.setattr(
         packing.PackedFeed, "logits", lambda self, model, packed: fed.append(packed) or logits(self, model, packed)
     )
-    result = memory_probe.probe(
-        tiny_bert, batch_size=4, max_seq_length=16, eval_batch_size=8, precision="fp32", device="cpu", eval_rows=1000
-    )
+    shape = dict(batch_size=4, max_seq_length=16, eval_batch_size=8, precision="fp32", device="cpu")
+    result = memory_probe.probe(tiny_bert, **shape, eval_tokens=3 * 1000 * 16)
     assert fed and fed[-1].input_ids.shape == (1, 4 * 16)  # packed: every token of the batch in one row
-    assert result.eval_cache_mib == pytest.approx(1000 * 16 * 32 * 4 / 2**20)  # rows × tokens × hidden × fp32
+    assert result.eval_cache_mib == pytest.approx(3 * 1000 * 16 * 32 * 4 / 2**20)  # positions × hidden × fp32
     assert result.per_trial_mib == pytest.approx(result.peak_reserved_mib + result.eval_cache_mib)
-    three = memory_probe.probe(
-        tiny_bert,
-        batch_size=4,
-        max_seq_length=16,
-        eval_batch_size=8,
-        precision="fp32",
-        device="cpu",
-        eval_rows=1000,
-        eval_entries=3,
-    )  # a worker that keeps three depths' entries (an array of three cached depths holds all three)
-    assert (three.eval_entries, three.eval_cache_mib) == (3, pytest.approx(3 * result.eval_cache_mib))
+    probed = []
+    monkeypatch.setattr(memory_probe, "probe", lambda **kwargs: probed.append(kwargs) or result)
+    flags = "--batch-size 4 --max-seq-length 16 --device cpu --eval-rows 1000 --eval-entries 3"
+    assert memory_probe.main(["--model", tiny_bert, *flags.split()]) == 0
+    assert probed[0]["eval_tokens"] == 3 * 1000 * 16  # 3 entries of 1,000 rows at 16 tokens
 
 
 def test_train_time_runs_to_the_last_step(tiny_trial, monkeypatch):
