@@ -252,7 +252,8 @@ probe)
   environment
   # The grid's fewest frozen layers (-1) is its largest footprint; the same batch sizes as `grid`; the
   # evaluation cache a sweep of the grid would count (CoLA's 1,043 validation rows, the larger; 2 datasets
-  # x 5 cached depths, up to a worker's 8 entries: orchestrator/plan.py eval_cache_entries).
+  # x 5 cached depths, up to a worker's 8 entries, each bounded at 128 tokens a row; a sweep counts the rows'
+  # real lengths: orchestrator/launch.py worker_eval_tokens).
   for precision in auto fp32; do
     "$PY" -m freezesweep.trials.memory_probe --model "$CARRY/bert-base-random" --model-init random --batch-size 16 \
       --max-seq-length 128 --eval-batch-size 512 --frozen-layers -1 --precision $precision --json \

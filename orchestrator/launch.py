@@ -41,7 +41,7 @@ from freezesweep.orchestrator.driver_faults import DriverFaults
 from freezesweep.orchestrator.plan import (
     ResolvedSweep,
     grid_size,
-    cached_depths,
+    eval_entries_per_dataset,
     hungriest_frozen_layers,
     launch_units,
     method_variants,
@@ -62,7 +62,7 @@ from freezesweep.trials.array import array_key
 from freezesweep.trials.config import TrialConfig, TrialResult
 from freezesweep.trials.memory_probe import describe
 from freezesweep.trials.run import eval_cache_tokens
-from freezesweep.trials.worker import MAX_EVAL_ENTRIES
+from freezesweep.trials.worker import MAX_EVAL_ENTRIES, WorkerState
 
 
 @dataclass(frozen=True)
@@ -213,12 +213,13 @@ def measure_gpu_share(
 def worker_eval_tokens(spec: SweepSpec, model: str, model_layers: Mapping[str, int]) -> int:
     """The token positions of the evaluation cache entries a worker of ``model``'s cells keeps: each
     dataset's validation rows as its evaluation pads them (trials/run.py ``eval_cache_tokens``: read
-    and tokenized here, once per dataset), once per cached depth, the largest ``MAX_EVAL_ENTRIES``."""
-    depths = cached_depths(spec, model, model_layers)
-    if not depths:
+    and tokenized here, once per dataset, and not kept), once per entry (``eval_entries_per_dataset``),
+    the largest ``MAX_EVAL_ENTRIES``."""
+    each = eval_entries_per_dataset(spec, model, model_layers)
+    if not each:
         return 0
-    per_dataset = [eval_cache_tokens(_cell(spec, model, dataset)) for dataset in spec.datasets]
-    entries = sorted((tokens for tokens in per_dataset for _ in range(depths)), reverse=True)
+    per_dataset = [eval_cache_tokens(_cell(spec, model, dataset), WorkerState()) for dataset in spec.datasets]
+    entries = sorted((tokens for tokens in per_dataset for _ in range(each)), reverse=True)
     return sum(entries[:MAX_EVAL_ENTRIES])
 
 

@@ -170,17 +170,19 @@ def hungriest_frozen_layers(cells: list[TrialConfig]) -> int:
     return 0 if 0 in ks or not ks else (-1 if -1 in ks else min(ks))
 
 
-def cached_depths(spec: SweepSpec, model: str, model_layers: Mapping[str, int]) -> int:
+def eval_entries_per_dataset(spec: SweepSpec, model: str, model_layers: Mapping[str, int]) -> int:
     """The evaluation cache entries one dataset's cells of ``model`` make in a worker
     (trials/eval_cache.py): one per frozen depth of at least one layer (probe cells share the
-    every-layer one; LoRA cells make none). A worker keeps every entry it met, up to its
-    ``MAX_EVAL_ENTRIES``, and a trial array holds each of its members' depths at once."""
+    every-layer one; LoRA cells make none), and of a random init one per seed too (its key names the
+    seed). A worker keeps every entry it met, up to its ``MAX_EVAL_ENTRIES``, and a trial array holds
+    each of its members' depths at once."""
     depths = {
         model_layers[model] if v["method"] == "probe" else v["frozen_layers"]
         for v in method_variants(spec, model, model_layers)
         if v["method"] in ("freeze", "probe")
     }
-    return sum(1 for k in depths if k >= 1)
+    seeds = len(spec.seeds) if spec.training.model_init == "random" else 1
+    return seeds * sum(1 for k in depths if k >= 1)
 
 
 def gpu_request(spec: SweepSpec) -> float:

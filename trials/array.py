@@ -468,11 +468,13 @@ class EvalDepths:
     array model's own (``weights``: a pretrained model's, or a random init of its seed); the others,
     and the depths without a cache, from the embeddings."""
 
-    prefixes: dict[int, tuple[PrefixStates | None, frozenset[str]]]
+    prefixes: dict[int, tuple[PrefixStates, frozenset[str]]]  # the cached depths only
     weights: str
+    fill_s: float = 0.0  # the time filling them took, per cell of the array
 
     def prefix(self, cfg: TrialConfig) -> PrefixStates | None:
-        return self.prefixes[cfg.frozen_layers][0] if weights_key(cfg) == self.weights else None
+        cached = self.prefixes.get(cfg.frozen_layers) if weights_key(cfg) == self.weights else None
+        return cached[0] if cached else None
 
     def groups(self, members: Sequence[Member]) -> tuple[EvalGroup, ...]:
         """``members`` (those due an evaluation) in one pass per cached depth, the rest in one pass from
@@ -721,23 +723,12 @@ def build_array(
     if mask is None:
         return None
     datas = {first.train_size: data} | {c.train_size: trial_data(c, device, worker) for c in cfgs[1:] if own}
-    trained = plan_members(model, cfgs, plan)
-    differ = differing(model, cfgs, plan, worker) if own else set()  # (after plan_members: it reads the plan)
-    names = trained | differ
-    fill_started = time.perf_counter()
+    differ = differing(model, cfgs, worker) if own else set()
+    names = plan_members(model, cfgs, plan) | differ
     depths = eval_depths(cfgs, model, names, differ, (data, precision, device))
-    synchronize(device)
-    fill_s = (time.perf_counter() - fill_started) / len(cfgs)
     stack = stack_model(model, names, min(width, len(cfgs)), "different" if own else "same")
     schedule = make_schedule(len(data.train_rows), common)
-    # CUDA graphs where every member asks for them, on one stream (slots' batches are one shape, but
-    # their members come and go: not captured yet)
-    graphed = (
-        not own
-        and all(c.cuda_graphs for c in cfgs)
-        and graphs.cuda_graphs_apply(common, device, precision, None)
-        and key not in worker.graph_failures
-    )
+    graphed = not own and array_graphs_apply(cfgs, common, (device, precision), key, worker)
     base = FitContext(
         common,
         precision,
@@ -766,7 +757,15 @@ def build_array(
         wall_s = (time.perf_counter() - member.entered) / stack.width  # its share of the array's time
         prefix = depths.prefix(member.cfg)
         result = trial_result(
-            member.cfg, member.data, member.report, member.state, device, precision, (prefix, None), wall_s, fill_s
+            member.cfg,
+            member.data,
+            member.report,
+            member.state,
+            device,
+            precision,
+            (prefix, None),
+            wall_s,
+            depths.fill_s,
         )
         # (a capture that failed in this array put the model among the worker's graph failures)
         used = optimisations_used(prefix, None, reader, feed, cuda_graphs=graphed and key not in worker.graph_failures)
@@ -787,21 +786,38 @@ def eval_depths(
     cfgs: Sequence[TrialConfig], model: nn.Module, names: set[str], differ: set[str], where: tuple
 ) -> EvalDepths:
     """Each depth's cached states (``where``: the data, precision and device), filled here, shallow
-    first (a deeper entry starts from a shallower one): an array's evaluation runs the layers its
-    members' single trials run, no more (one pass for all would run every member through every layer
-    the least frozen one trains). The states are the array model's own, the first cell's initial
-    weights: a depth whose prefix holds a weight that differs between the cells' seeds (``differ``:
-    slots) has none, and a member of another random init evaluates from the embeddings
-    (``EvalDepths.prefix``)."""
+    first (a deeper entry starts from a shallower one), with the time it took per cell: an array's
+    evaluation runs the layers its members' single trials run, no more (one pass for all would run
+    every member through every layer the least frozen one trains). The states are the array model's
+    own, the first cell's initial weights, so they are filled for the depths of the cells whose
+    weights those are (``weights_key``: a pretrained model's, every seed; a random init, its seed's)
+    and used by those cells only (``EvalDepths.prefix``). Of a pretrained model, a depth whose prefix
+    holds a weight that differs between the cells' seeds (``differ``: one the checkpoint lacks) has none."""
     data, precision, device = where
-    first, prefixes = cfgs[0], {}
-    for depth in sorted({c.frozen_layers for c in cfgs}):
+    first, prefixes, started = cfgs[0], {}, time.perf_counter()
+    seeded = first.model_init != "pretrained"  # (a random init's weights are its seed's: all of them)
+    for depth in sorted({c.frozen_layers for c in cfgs if weights_key(c) == weights_key(first)}):
         at = dataclasses.replace(first, frozen_layers=depth)  # (its weights are the model's: the first cell's)
         inside = prefix_names(model, at)
-        usable = not differ & inside
-        prefix = evaluation_prefix(at, model, data, precision, device) if usable else None
-        prefixes[depth] = (prefix, frozenset(names & inside))
-    return EvalDepths(prefixes, weights_key(first))
+        prefix = evaluation_prefix(at, model, data, precision, device) if seeded or not differ & inside else None
+        if prefix is not None:
+            prefixes[depth] = (prefix, frozenset(names & inside))
+    synchronize(device)
+    return EvalDepths(prefixes, weights_key(first), (time.perf_counter() - started) / len(cfgs))
+
+
+def array_graphs_apply(
+    cfgs: Sequence[TrialConfig], common: TrialConfig, where: tuple, key: FeedKey, worker: WorkerState
+) -> bool:
+    """CUDA graphs for an array on one stream where every member asks for them (slots' batches are one
+    shape, but their members come and go: not captured yet), unless this worker saw a capture of the
+    model fail."""
+    device, precision = where
+    return (
+        all(c.cuda_graphs for c in cfgs)
+        and graphs.cuda_graphs_apply(common, device, precision, None)
+        and key not in worker.graph_failures
+    )
 
 
 def qualifies(
@@ -835,26 +851,24 @@ def load_initial(stack: Stack, slot: int, cfg: TrialConfig, data: TrialData, wor
             tensor[slot].copy_(params[name])
 
 
-def differing(model: nn.Module, cfgs: Sequence[TrialConfig], plan: Plan, worker: WorkerState) -> set[str]:
-    """The parameters no cell trains whose initial values still differ between the cells' seeds (a
-    random initialisation, a layer the checkpoint lacks): stacked too, each slot its own."""
-    trained = set().union(*(trains for _, trains in plan.adapted.values()))
+def differing(model: nn.Module, cfgs: Sequence[TrialConfig], worker: WorkerState) -> set[str]:
+    """The parameters whose initial values differ between the cells' seeds (the new head; a random
+    initialisation; a layer the checkpoint lacks): stacked, each slot its own, whether some cell trains
+    them or not; and where the evaluation cache's states (the first cell's) hold for no other seed."""
     mine, differ = dict(model.named_parameters()), set()
     for cfg in {c.derived_seed: c for c in cfgs}.values():
         with _rng_kept(model):
             other = initial_model(cfg, model.config.num_labels, worker)
-        differ |= {
-            n for n, p in other.named_parameters() if n not in trained and not torch.equal(p, mine[n].detach().cpu())
-        }
+        differ |= {n for n, p in other.named_parameters() if not torch.equal(p, mine[n].detach().cpu())}
     return differ
 
 
-def prefix_names(model: nn.Module, common: TrialConfig) -> set[str]:
-    """The parameters of the frozen prefix the evaluation cache would stand in for."""
-    if common.frozen_layers < 1:
+def prefix_names(model: nn.Module, cfg: TrialConfig) -> set[str]:
+    """The parameters of the frozen prefix the evaluation cache would stand in for at ``cfg``'s depth."""
+    if cfg.frozen_layers < 1:
         return set()
     parts = find_encoder_parts(model)
-    prefix = {id(p) for layer in parts.layers[: common.frozen_layers] for p in layer.parameters()}
+    prefix = {id(p) for layer in parts.layers[: cfg.frozen_layers] for p in layer.parameters()}
     prefix |= {id(p) for p in parts.bottom}
     return {n for n, p in model.named_parameters() if id(p) in prefix}
 

@@ -12,6 +12,7 @@ from freezesweep.orchestrator.rows import result_row
 from freezesweep.results.store import ResultStore
 from freezesweep.trials.config import TrialResult
 from freezesweep.trials.precision import auto_precision
+from tests.orchestrator.test_plan import RESOLVED
 
 
 @pytest.fixture
@@ -70,24 +71,30 @@ def test_the_gpu_probe_depth_comes_from_the_variants_without_the_grid(overrides,
         ({"methods": ["freeze"], "frozen_layers": [-1, 0], "lora_ranks": []}, {"/nowhere/a": 0, "/nowhere/b": 0}),
         ({"methods": ["freeze", "probe"], "frozen_layers": [1], "lora_ranks": []}, {"/nowhere/a": 2, "/nowhere/b": 2}),
         ({"methods": ["lora"], "frozen_layers": [], "lora_ranks": [4]}, {"/nowhere/a": 0, "/nowhere/b": 0}),
+        (  # a random init's entries are its seed's: 2 seeds
+            {"training": {**RESOLVED["training"], "model_init": "random"}},
+            {"/nowhere/a": 4, "/nowhere/b": 2},
+        ),
     ],
 )
-def test_the_cached_depths_are_the_grids(overrides, depths):
+def test_the_evaluation_cache_entries_are_the_grids(overrides, depths):
     """One evaluation cache entry per frozen depth of at least one layer (probe cells: every layer;
-    LoRA: none), per dataset: counted from the variants, as the grid's cells make them."""
-    from freezesweep.orchestrator.plan import cached_depths
+    LoRA: none), per dataset, and of a random init per seed: counted from the variants, as the grid's
+    cells make them (a cell's entry: its dataset, depth and weights)."""
+    from freezesweep.orchestrator.plan import eval_entries_per_dataset
+    from freezesweep.trials.run import weights_key
     from tests.orchestrator.test_plan import _sweep
 
     sweep = _sweep(**overrides)
     cells = build_grid(sweep)
     for model, expected in depths.items():
-        assert cached_depths(sweep.spec, model, sweep.model_layers) == expected
+        assert eval_entries_per_dataset(sweep.spec, model, sweep.model_layers) == expected
         cached = {
-            (c.dataset, c.frozen_layers if c.method == "freeze" else sweep.model_layers[model])
+            (c.dataset, c.frozen_layers if c.method == "freeze" else sweep.model_layers[model], weights_key(c))
             for c in cells
             if c.model == model and c.method in ("freeze", "probe")
         }
-        assert expected * len(sweep.spec.datasets) == sum(1 for _, k in cached if k >= 1)
+        assert expected * len(sweep.spec.datasets) == sum(1 for _, k, _ in cached if k >= 1)
 
 
 @pytest.mark.parametrize(
@@ -113,6 +120,6 @@ def test_the_gpu_probe_is_asked_for_the_workers_evaluation_cache(monkeypatch, fr
             return [MemoryProbe(100.0, 10.0, 1.0, 80_000.0, "GPU", "fp32", 8, 0.125) for _ in calls]
 
     padded = {"/nowhere/d": 1000, "glue/cola": 3000}
-    monkeypatch.setattr(launching, "eval_cache_tokens", lambda cfg: padded[cfg.dataset])
+    monkeypatch.setattr(launching, "eval_cache_tokens", lambda cfg, worker: padded[cfg.dataset])
     launching.measure_gpu_share(sweep.spec, sweep.model_layers, None, Session())
     assert {c["model"]: c["eval_tokens"] for c in asked} == tokens

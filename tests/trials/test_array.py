@@ -499,19 +499,26 @@ def test_a_slot_is_evaluated_at_its_own_steps_only(tiny_trial, quiet_bert, monke
     assert_same_as_singles(results, [run_trial(c) for c in cells], slots=True)
 
 
-def test_slots_of_another_random_init_evaluate_from_the_embeddings(tiny_trial, quiet_bert):
+@pytest.mark.parametrize(
+    "depths, cached",
+    [
+        ((0, 2), [None, 2, None, None]),  # k = 0 trains every weight of the k = 2 prefix
+        ((1, 2), [1, 2, None, None]),  # nobody trains the embeddings, which differ between the seeds
+    ],
+)
+def test_slots_of_another_random_init_evaluate_from_the_embeddings(tiny_trial, quiet_bert, depths, cached):
     """A random init differs per seed, and the cached states are the array model's (the first cell's
-    seed): a slot of another seed evaluates every layer, never those states (its single trial caches
-    its own seed's), and both give their single trials' numbers."""
+    seed): its seed's slots evaluate from them, a slot of another seed every layer, never those states
+    (its single trial caches its own seed's), and each gives its single trial's numbers."""
     cells = [
         dataclasses.replace(tiny_trial, model=quiet_bert, model_init="random", seed=s, frozen_layers=k)
         for s in (0, 1)
-        for k in (0, 2)
+        for k in depths
     ]
     results = run_array(cells, width=2)
     singles = [run_trial(c) for c in cells]
-    assert [r.eval_cached_layers for r in results] == [None, 2, None, None]
-    assert [r.eval_cached_layers for r in singles] == [None, 2, None, 2]
+    assert [r.eval_cached_layers for r in results] == cached
+    assert [r.eval_cached_layers for r in singles] == [k if k >= 1 else None for k in depths] * 2
     for a, s in zip(results, singles):
         assert [p.loss for p in a.eval_curve] == pytest.approx([p.loss for p in s.eval_curve], abs=1e-5)
 
