@@ -31,6 +31,7 @@ def _parts(folder: Path) -> dict[str, bytes]:
     return {p.name: p.read_bytes() for p in sorted(folder.glob("*.parquet"))}
 
 
+@pytest.mark.slow  # a long end-to-end run: `make test-slow` (CI runs both suites)
 def test_a_results_file_cut_in_half(write_spec, tmp_path):
     """Before: status, report and resume crashed with a pyarrow traceback, summary and query refused
     the whole sweep, and resume neither ran the damaged cells again nor set the file aside."""

@@ -68,6 +68,7 @@ def _check_store(spec_path) -> pd.DataFrame:
     return rows
 
 
+@pytest.mark.slow  # a long end-to-end run: `make test-slow` (CI runs both suites)
 def test_driver_killed_at_five_moments(write_spec, tmp_path):
     path = write_spec(
         "kills",
@@ -275,6 +276,7 @@ def test_trial_killed_after_its_checkpoint_resumes_from_it(write_spec, tmp_path,
     ]
 
 
+@pytest.mark.slow  # a long end-to-end run: `make test-slow` (CI runs both suites)
 def test_driver_killed_mid_trial_resumes_the_trial_from_its_checkpoint(write_spec, tmp_path):
     """The driver (and its embedded Ray) dies while a trial hangs after its checkpoint at step 3: the
     next launch starts that cell from the checkpoint Ray kept in the sweep's storage, not from step 0,

@@ -222,6 +222,7 @@ def test_ctrl_c_stops_cleanly_and_says_what_is_left(write_spec, tmp_path):
     _assert_exactly_once(path)
 
 
+@pytest.mark.slow  # a long end-to-end run: `make test-slow` (CI runs both suites)
 def test_sigterm_stops_like_ctrl_c(write_spec, tmp_path):
     """SIGTERM (a scheduler stopping the driver): trials stopped, lock released, every process the driver
     started gone, exit 143 and the resume hint (before: exit 134 and Ray's native crash dump)."""

@@ -35,6 +35,7 @@ def test_unreachable_store_spools_and_flushes(s3, tmp_path):
     assert len(store.read()) == 3
 
 
+@pytest.mark.slow  # a long end-to-end run: `make test-slow` (CI runs both suites)
 def test_sweep_on_s3_survives_the_store_going_away(s3, write_spec, monkeypatch):
     import ray
 
