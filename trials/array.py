@@ -755,17 +755,9 @@ def build_array(
 
     def finish(member: Member) -> TrialResult:
         wall_s = (time.perf_counter() - member.entered) / stack.width  # its share of the array's time
-        prefix = depths.prefix(member.cfg)
+        m, prefix = member, depths.prefix(member.cfg)
         result = trial_result(
-            member.cfg,
-            member.data,
-            member.report,
-            member.state,
-            device,
-            precision,
-            (prefix, None),
-            wall_s,
-            depths.fill_s,
+            m.cfg, m.data, m.report, m.state, device, precision, (prefix, None), wall_s, depths.fill_s
         )
         # (a capture that failed in this array put the model among the worker's graph failures)
         used = optimisations_used(prefix, None, reader, feed, cuda_graphs=graphed and key not in worker.graph_failures)
