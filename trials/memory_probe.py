@@ -16,8 +16,8 @@ holds back from the other processes, not only what its tensors used) plus what t
 outside the allocator (the CUDA context and libraries' workspaces, measured as the device's used
 memory minus the allocator's reservation) plus the evaluation cache entries a worker keeps on the
 device, counted, not measured: a hidden state per token position of each entry (``eval_tokens``: a
-sweep counts its validation sets' real padded lengths, one entry per dataset and cached depth:
-orchestrator/launch.py; on the command line, a bound of ``--eval-rows`` rows at ``max_seq_length``
+sweep counts its validation sets' real padded lengths, one entry per dataset and cached depth, and of
+a random init per seed: orchestrator/launch.py; on the command line, a bound of ``--eval-rows`` rows at ``max_seq_length``
 tokens per entry). Each trial then keeps a margin of its own.
 """
 
@@ -36,7 +36,7 @@ from freezesweep.trials.placement import share_for
 # A sane bound, not a measured optimum: past a handful of processes a GPU time-slices them, each pays
 # its own CUDA context, and each needs its own CPU cores (benchmarks/gpu_check.sh pack compares 1, 4, 8).
 MAX_TRIALS_PER_GPU = 8
-MARGIN = 0.2  # of each trial's memory, kept free beside it: allocator fragmentation, a second cache entry
+MARGIN = 0.2  # of each trial's memory, kept free beside it: allocator fragmentation, what a bound misses
 
 
 @dataclass(frozen=True)

@@ -4,9 +4,10 @@ A Ray worker runs many trials (``reuse_actors``), and keeping what they share is
 the initial models (trials/run.py), the evaluation cache's states and exactness verdicts
 (trials/eval_cache.py), the opt-in training cache (trials/train_cache.py), the packing and narrowing
 verdicts (trials/packing.py), tokenized splits read from the disk cache and the rows tokenized alone
-(trials/tokens.py) and loaded datasets (trials/data.py). A trial takes a ``WorkerState``; without one it uses this process's
-(``process_worker``). ``clear`` empties it all: after a CUDA out-of-memory error (states and models may
-sit on the GPU beside the trials packed there), and in tests that want a cold worker.
+(trials/tokens.py) and loaded datasets (trials/data.py). A trial takes a ``WorkerState``; without one
+it uses this process's (``process_worker``). ``clear`` empties it all: after a CUDA out-of-memory error
+(states and models may sit on the GPU beside the trials packed there), and in tests that want a cold
+worker.
 
 Not here: look-ups that are pure functions of their arguments and hold no trial's data (a model's
 config and tokenizer, what ``auto`` precision means on this machine): lru_caches beside them.
