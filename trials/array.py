@@ -879,8 +879,8 @@ def longest(data: TrialData) -> int:
 def fit_array(run: ArrayRun) -> None:
     """The reference loop (trials/train.py ``fit``) for every member at once: each step trains every
     active member on its batch, each member is evaluated at its own schedule's steps (those due, in a
-    pass per depth: ``EvalDepths.groups``), and a member that is over (its last step, or diverged at an evaluation) leaves with its row
-    written; the next cell, if any, takes its slot."""
+    pass per depth: ``EvalDepths.groups``), and a member that is over (its last step, or diverged at an
+    evaluation) leaves with its row written; the next cell, if any, takes its slot."""
     active = list(filter(None, run.members))
     # A member lives only while it holds its slot: its optimizer state (AdamW: twice its trainable
     # slices) is freed before its successor's first step makes one, so a queue of cells never holds

@@ -17,8 +17,8 @@ outside the allocator (the CUDA context and libraries' workspaces, measured as t
 memory minus the allocator's reservation) plus the evaluation cache entries a worker keeps on the
 device, counted, not measured: a hidden state per token position of each entry (``eval_tokens``: a
 sweep counts its validation sets' real padded lengths, one entry per dataset and cached depth, and of
-a random init per seed: orchestrator/launch.py; on the command line, a bound of ``--eval-rows`` rows at ``max_seq_length``
-tokens per entry). Each trial then keeps a margin of its own.
+a random init per seed: orchestrator/launch.py; on the command line, a bound of ``--eval-rows`` rows at
+``max_seq_length`` tokens per entry). Each trial then keeps a margin of its own.
 """
 
 from __future__ import annotations

@@ -264,19 +264,19 @@ def collate(tokens: Tokens, labels: np.ndarray, pad_id: int) -> Batch:
 def eval_batches(tokens: Tokens, labels: np.ndarray, batch_size: int, pad_id: int) -> list[Batch]:
     """Evaluation batches sorted by length, so each pads to near its own rows' length; built once
     per trial and reused by every evaluation."""
+    return [collate(tokens.select(chunk), labels[chunk], pad_id) for chunk in eval_chunks(tokens, batch_size)]
+
+
+def eval_chunks(tokens: Tokens, batch_size: int) -> list[np.ndarray]:
+    """The rows of each evaluation batch, by length: the shortest first."""
     order = np.argsort([len(x) for x in tokens.input_ids], kind="stable")
-    return [
-        collate(tokens.select(chunk), labels[chunk], pad_id)
-        for chunk in np.array_split(order, max(1, -(-len(order) // batch_size)))
-    ]
+    return np.array_split(order, max(1, -(-len(order) // batch_size)))
 
 
 def padded_tokens(tokens: Tokens, batch_size: int) -> int:
-    """The token positions ``eval_batches`` pads these rows to (each length-sorted batch at its longest
-    row): what an evaluation cache entry holds a hidden state for (trials/eval_cache.py)."""
-    lengths = np.sort([len(x) for x in tokens.input_ids], kind="stable")
-    chunks = np.array_split(lengths, max(1, -(-len(lengths) // batch_size)))
-    return sum(int(chunk[-1]) * len(chunk) for chunk in chunks if len(chunk))
+    """The token positions ``eval_batches`` pads these rows to (each batch at its longest row): what
+    an evaluation cache entry holds a hidden state for (trials/eval_cache.py)."""
+    return sum(len(tokens.input_ids[chunk[-1]]) * len(chunk) for chunk in eval_chunks(tokens, batch_size) if len(chunk))
 
 
 def train_batches(
