@@ -75,6 +75,20 @@ def save_tiny(path: Path, config, tokenizer) -> str:
     return str(path)
 
 
+def lacking(model: str, path, name: str) -> str:
+    """A copy of the checkpoint at ``model`` without its weight ``name``: loading it initialises that
+    weight anew, from the trial's seed (as a checkpoint of another architecture variant would)."""
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    shutil.copytree(model, path)
+    weights = load_file(path / "model.safetensors")
+    assert weights.pop(name, None) is not None, sorted(weights)
+    save_file(weights, path / "model.safetensors", metadata={"format": "pt"})
+    return str(path)
+
+
 @pytest.fixture(scope="session")
 def tiny_bert(tmp_path_factory, minilm_tokenizer) -> str:
     from transformers import BertConfig

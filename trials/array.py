@@ -96,7 +96,7 @@ from freezesweep.trials import first_token, graphs
 from freezesweep.trials.config import EvalPoint, TrialConfig, TrialResult
 from freezesweep.trials.eval_cache import PrefixStates, eval_mode, starting_at
 from freezesweep.trials.evaluate import eval_labels, task_loss
-from freezesweep.trials.freezing import FreezeReport, find_encoder_parts
+from freezesweep.trials.freezing import FreezeReport, find_encoder_parts, prefix_names
 from freezesweep.trials.graphs import StepGraphs, length_buckets
 from freezesweep.trials.metrics import compute_metrics, constant
 from freezesweep.trials.model import eager_attention
@@ -115,6 +115,7 @@ from freezesweep.trials.run import (
     optimisations_used,
     run_trial,
     run_trial_or_oom,
+    seeded_weights,
     start_trial,
     trial_data,
     trial_model,
@@ -465,15 +466,16 @@ class EvalGroup:
 class EvalDepths:
     """Where an array's members are evaluated from, decided at its build: each frozen depth's cached
     states (with the stacked names they stand in for), for the members whose initial weights are the
-    array model's own (``weights``: a pretrained model's, or a random init of its seed); the others,
-    and the depths without a cache, from the embeddings."""
+    array model's own (``seed``: that seed's only, where its weights below the head are drawn from it;
+    None: every seed's, a pretrained model's); the others, and the depths without a cache, from the
+    embeddings."""
 
     prefixes: dict[int, tuple[PrefixStates, frozenset[str]]]  # the cached depths only
-    weights: str
+    seed: int | None = None
     fill_s: float = 0.0  # the time filling them took, per cell of the array
 
     def prefix(self, cfg: TrialConfig) -> PrefixStates | None:
-        cached = self.prefixes.get(cfg.frozen_layers) if weights_key(cfg) == self.weights else None
+        cached = self.prefixes.get(cfg.frozen_layers) if self.seed in (None, cfg.derived_seed) else None
         return cached[0] if cached else None
 
     def groups(self, members: Sequence[Member]) -> tuple[EvalGroup, ...]:
@@ -640,7 +642,7 @@ class ArrayRun:
     finish: Callable[[Member], TrialResult]
     on_results: Results
     refill: Callable[[int], Member | None] = lambda slot: None  # the next cell for a free slot (slots)
-    eval_depths: EvalDepths = EvalDepths({}, "")  # where each member is evaluated from
+    eval_depths: EvalDepths = EvalDepths({})  # where each member is evaluated from
     results: dict[str, TrialResult] = field(default_factory=dict)
 
 
@@ -725,7 +727,7 @@ def build_array(
     datas = {first.train_size: data} | {c.train_size: trial_data(c, device, worker) for c in cfgs[1:] if own}
     differ = differing(model, cfgs, worker) if own else set()
     names = plan_members(model, cfgs, plan) | differ
-    depths = eval_depths(cfgs, model, names, differ, (data, precision, device))
+    depths = eval_depths(cfgs, model, names, (data, precision, device))
     stack = stack_model(model, names, min(width, len(cfgs)), "different" if own else "same")
     schedule = make_schedule(len(data.train_rows), common)
     graphed = not own and array_graphs_apply(cfgs, common, (device, precision), key, worker)
@@ -774,28 +776,25 @@ def build_array(
     return ArrayRun(stack, members, base, reader, shared, finish, on_results, start, depths)
 
 
-def eval_depths(
-    cfgs: Sequence[TrialConfig], model: nn.Module, names: set[str], differ: set[str], where: tuple
-) -> EvalDepths:
+def eval_depths(cfgs: Sequence[TrialConfig], model: nn.Module, names: set[str], where: tuple) -> EvalDepths:
     """Each depth's cached states (``where``: the data, precision and device), filled here, shallow
     first (a deeper entry starts from a shallower one), with the time it took per cell: an array's
     evaluation runs the layers its members' single trials run, no more (one pass for all would run
     every member through every layer the least frozen one trains). The states are the array model's
     own, the first cell's initial weights, so they are filled for the depths of the cells whose
-    weights those are (``weights_key``: a pretrained model's, every seed; a random init, its seed's)
-    and used by those cells only (``EvalDepths.prefix``). Of a pretrained model, a depth whose prefix
-    holds a weight that differs between the cells' seeds (``differ``: one the checkpoint lacks) has none."""
+    weights those are (``weights_key``: a pretrained model's, every seed, unless its checkpoint lacks
+    a prefix weight; a random init, its seed's) and used by those cells only (``EvalDepths.prefix``)."""
     data, precision, device = where
     first, prefixes, started = cfgs[0], {}, time.perf_counter()
-    seeded = first.model_init != "pretrained"  # (a random init's weights are its seed's: all of them)
-    for depth in sorted({c.frozen_layers for c in cfgs if weights_key(c) == weights_key(first)}):
+    weights = weights_key(first, data.worker)
+    for depth in sorted({c.frozen_layers for c in cfgs if weights_key(c, data.worker) == weights}):
         at = dataclasses.replace(first, frozen_layers=depth)  # (its weights are the model's: the first cell's)
-        inside = prefix_names(model, at)
-        prefix = evaluation_prefix(at, model, data, precision, device) if seeded or not differ & inside else None
+        prefix = evaluation_prefix(at, model, data, precision, device)
         if prefix is not None:
-            prefixes[depth] = (prefix, frozenset(names & inside))
+            prefixes[depth] = (prefix, frozenset(names & prefix_names(model, depth)))
     synchronize(device)
-    return EvalDepths(prefixes, weights_key(first), (time.perf_counter() - started) / len(cfgs))
+    seed = first.derived_seed if seeded_weights(first, data.worker) else None
+    return EvalDepths(prefixes, seed, (time.perf_counter() - started) / len(cfgs))
 
 
 def array_graphs_apply(
@@ -853,16 +852,6 @@ def differing(model: nn.Module, cfgs: Sequence[TrialConfig], worker: WorkerState
             other = initial_model(cfg, model.config.num_labels, worker)
         differ |= {n for n, p in other.named_parameters() if not torch.equal(p, mine[n].detach().cpu())}
     return differ
-
-
-def prefix_names(model: nn.Module, cfg: TrialConfig) -> set[str]:
-    """The parameters of the frozen prefix the evaluation cache would stand in for at ``cfg``'s depth."""
-    if cfg.frozen_layers < 1:
-        return set()
-    parts = find_encoder_parts(model)
-    prefix = {id(p) for layer in parts.layers[: cfg.frozen_layers] for p in layer.parameters()}
-    prefix |= {id(p) for p in parts.bottom}
-    return {n for n, p in model.named_parameters() if id(p) in prefix}
 
 
 @contextlib.contextmanager

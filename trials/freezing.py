@@ -75,6 +75,17 @@ def find_encoder_parts(model: nn.Module) -> EncoderParts:
     return EncoderParts(bottom=tuple(bottom), layers=base.get_submodule(layers_name), layers_name=layers_name)
 
 
+def prefix_names(model: nn.Module, depth: int) -> set[str]:
+    """The parameters of the frozen prefix at ``depth`` (the embeddings and shared encoder parameters,
+    then the first ``depth`` layers): what a cache of the states after layer ``depth`` stands in for.
+    None below one layer (no cache there)."""
+    if depth < 1:
+        return set()
+    parts = find_encoder_parts(model)
+    prefix = {id(p) for layer in parts.layers[:depth] for p in layer.parameters()} | {id(p) for p in parts.bottom}
+    return {n for n, p in model.named_parameters() if id(p) in prefix}
+
+
 def _layers_name(model: nn.Module) -> str:
     """The name of the layer stack, or a FreezingError saying why there is none to freeze."""
     base = getattr(model, "base_model", model)

@@ -67,13 +67,29 @@ def build_skeleton(model: str, num_labels: int = 2) -> PreTrainedModel:
 
 def build_model(model: str, num_labels: int, model_init: str) -> PreTrainedModel:
     """A sequence classifier; the caller seeds the RNG first, which fixes the new head's init."""
+    return built_model(model, num_labels, model_init)[0]
+
+
+def built_model(model: str, num_labels: int, model_init: str) -> tuple[PreTrainedModel, frozenset[str]]:
+    """``build_model``'s classifier and the names of its parameters drawn from the seeded RNG rather
+    than read: every one of a random init; of a pretrained model, those its checkpoint lacks (the new
+    head, and any other: transformers initialises them and reports them as missing keys)."""
     path = resolve_model_path(model)
     if model_init == "pretrained":
-        return AutoModelForSequenceClassification.from_pretrained(path, num_labels=num_labels)
+        net, loading = AutoModelForSequenceClassification.from_pretrained(
+            path, num_labels=num_labels, output_loading_info=True
+        )
+        missing = set(loading["missing_keys"])  # (named from the model, or from its base model)
+        return net, frozenset(n for n, _ in net.named_parameters() if n in missing or _base_name(net, n) in missing)
     if model_init == "random":
         config = AutoConfig.from_pretrained(path, num_labels=num_labels)
-        return AutoModelForSequenceClassification.from_config(config)
+        net = AutoModelForSequenceClassification.from_config(config)
+        return net, frozenset(n for n, _ in net.named_parameters())
     raise ModelError(f"model_init must be 'pretrained' or 'random', got {model_init!r}")
+
+
+def _base_name(net: PreTrainedModel, name: str) -> str:
+    return name.removeprefix(f"{net.base_model_prefix}.")
 
 
 def is_decoder_only(config) -> bool:

@@ -28,14 +28,14 @@ from freezesweep.trials import eval_cache, first_token, graphs, probe, train_cac
 from freezesweep.trials.data import TaskData, load_task, resolve_cache_dir
 from freezesweep.trials.eval_cache import PrefixStates, exact_prefix
 from freezesweep.trials.first_token import Reader
-from freezesweep.trials.freezing import FreezeReport, find_encoder_parts, freeze
+from freezesweep.trials.freezing import FreezeReport, find_encoder_parts, freeze, prefix_names
 from freezesweep.trials.lora import apply_lora
 from freezesweep.trials.metrics import METRICS, compute_metrics, constant, describe_shape
 from freezesweep.trials.model import (
     attention_for,
     attention_kernels,
     attention_of,
-    build_model,
+    built_model,
     is_decoder_only,
     load_tokenizer,
     resolve_model_path,
@@ -320,9 +320,16 @@ def adapt(model, cfg: TrialConfig) -> tuple[FreezeReport, tuple[str, ...]]:
     return freeze(model, cfg.frozen_layers), ()
 
 
-def weights_key(cfg: TrialConfig) -> str:
-    """What the model's weights are, for cache keys: random ones differ per seed."""
-    return "pretrained" if cfg.model_init == "pretrained" else f"random-{cfg.derived_seed}"
+def seeded_weights(cfg: TrialConfig, worker: WorkerState | None = None) -> bool:
+    """Whether the model's weights below its head are drawn from the cell's seed: a random init's; a
+    pretrained model's where its checkpoint lacks one (``worker`` built it and saw: transformers draws
+    the weights a checkpoint lacks, so the states after them differ per seed)."""
+    return cfg.model_init != "pretrained" or bool(worker and worker.seeded_prefix.get(cfg.model))
+
+
+def weights_key(cfg: TrialConfig, worker: WorkerState | None = None) -> str:
+    """What the model's weights are below its head, for the keys of the states cached after them."""
+    return f"{cfg.model_init}-{cfg.derived_seed}" if seeded_weights(cfg, worker) else "pretrained"
 
 
 def _eval_key(cfg: TrialConfig, data: TrialData, plan: PrecisionPlan, device: torch.device, model) -> EvalKey:
@@ -332,7 +339,7 @@ def _eval_key(cfg: TrialConfig, data: TrialData, plan: PrecisionPlan, device: to
         *data.val_key,
         cfg.eval_batch_size,
         cfg.max_seq_length,
-        weights_key(cfg),
+        weights_key(cfg, data.worker),
         plan.name,
         str(device),
         attention_of(model),
@@ -340,7 +347,8 @@ def _eval_key(cfg: TrialConfig, data: TrialData, plan: PrecisionPlan, device: to
 
 
 def _train_key(cfg: TrialConfig, data: TrialData, plan: PrecisionPlan, device: torch.device) -> TrainKey:
-    return TrainKey(cfg.model, weights_key(cfg), data.task.train.digest, cfg.max_seq_length, plan.name, str(device))
+    weights = weights_key(cfg, data.worker)
+    return TrainKey(cfg.model, weights, data.task.train.digest, cfg.max_seq_length, plan.name, str(device))
 
 
 def evaluation_prefix(cfg: TrialConfig, model, data: TrialData, plan, device) -> PrefixStates | None:
@@ -429,12 +437,15 @@ def initial_model(cfg: TrialConfig, num_labels: int, worker: WorkerState | None 
     the copy, and the RNG state restored beside it, are bit for bit what building it again would
     give, minus the load (or the random initialisation of a whole model, ~1.4 s for a base-size one
     on a CPU). It pays where a worker meets the cells of one seed in a row (a one-seed grid)."""
-    templates = (worker or process_worker()).templates
+    worker = worker or process_worker()
     key = TemplateKey(cfg.model, cfg.model_init, num_labels, cfg.derived_seed)
     seed_everything(cfg.derived_seed)
-    if key not in templates:
-        templates.put(key, (build_model(cfg.model_files(), num_labels, cfg.model_init), _host_rng_states()))
-    template, states = templates.fresh(key)
+    if key not in worker.templates:
+        model, drawn = built_model(cfg.model_files(), num_labels, cfg.model_init)
+        worker.templates.put(key, (model, _host_rng_states()))
+        if cfg.model_init == "pretrained":  # (a random init is its seed's through and through)
+            worker.seeded_prefix[cfg.model] = bool(drawn & prefix_names(model, len(find_encoder_parts(model).layers)))
+    template, states = worker.templates.fresh(key)
     _set_host_rng_states(states)  # as if the model had just been built (dropout draws continue from here)
     return copy.deepcopy(template)
 

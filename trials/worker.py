@@ -103,6 +103,7 @@ class FeedKey(NamedTuple):
 @dataclass
 class WorkerState:
     templates: Lru = field(default_factory=lambda: Lru(MAX_TEMPLATES))  # TemplateKey -> (model, RNG states)
+    seeded_prefix: dict = field(default_factory=dict)  # pretrained model -> its checkpoint lacks a prefix weight
     eval_states: Lru = field(default_factory=lambda: Lru(MAX_EVAL_ENTRIES))  # PrefixKey -> PrefixStates
     eval_exact: dict = field(default_factory=dict)  # PrefixKey -> the cached path is bit-identical
     train_states: Lru = field(default_factory=lambda: Lru(MAX_TRAIN_ENTRIES))  # PrefixKey -> rows' states

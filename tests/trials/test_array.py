@@ -18,6 +18,7 @@ from freezesweep.trials.packing import PaddedFeed
 from freezesweep.trials.run import adapt, check_batch, run_trial, trial_data, trial_model
 from freezesweep.trials.train import make_schedule, optimizer_for, train_step
 from freezesweep.trials.worker import WorkerState
+from tests.conftest import lacking
 
 DEPTHS = (-1, 0, 1, 2)  # tiny_bert has 2 layers: embeddings only, nothing, one layer, every layer
 
@@ -499,19 +500,29 @@ def test_a_slot_is_evaluated_at_its_own_steps_only(tiny_trial, quiet_bert, monke
     assert_same_as_singles(results, [run_trial(c) for c in cells], slots=True)
 
 
+@pytest.mark.parametrize("init", ["random", "lacking"])
 @pytest.mark.parametrize(
     "depths, cached",
     [
         ((0, 2), [None, 2, None, None]),  # k = 0 trains every weight of the k = 2 prefix
-        ((1, 2), [1, 2, None, None]),  # nobody trains the embeddings, which differ between the seeds
+        ((1, 2), [1, 2, None, None]),  # nobody trains the prefix, whose weights differ between the seeds
     ],
 )
-def test_slots_of_another_random_init_evaluate_from_the_embeddings(tiny_trial, quiet_bert, depths, cached):
-    """A random init differs per seed, and the cached states are the array model's (the first cell's
-    seed): its seed's slots evaluate from them, a slot of another seed every layer, never those states
-    (its single trial caches its own seed's), and each gives its single trial's numbers."""
+def test_slots_of_another_random_init_evaluate_from_the_embeddings(
+    tiny_trial, quiet_bert, depths, cached, init, tmp_path
+):
+    """A random init differs per seed, as does a pretrained model's weight its checkpoint lacks (drawn
+    from the seed), and the cached states are the array model's (the first cell's seed): its seed's
+    slots evaluate from them, a slot of another seed every layer, never those states (its single trial
+    caches its own seed's), and each gives its single trial's numbers."""
+    model, model_init = quiet_bert, init
+    if init == "lacking":
+        model, model_init = (
+            lacking(quiet_bert, tmp_path / "lacking", "encoder.layer.0.attention.self.query.weight"),
+            "pretrained",
+        )
     cells = [
-        dataclasses.replace(tiny_trial, model=quiet_bert, model_init="random", seed=s, frozen_layers=k)
+        dataclasses.replace(tiny_trial, model=model, model_init=model_init, seed=s, frozen_layers=k)
         for s in (0, 1)
         for k in depths
     ]

@@ -9,6 +9,7 @@ from freezesweep.trials.worker import WorkerState
 from freezesweep.trials import eval_cache
 from freezesweep.trials.eval_cache import PrefixStates, matches_full_model, prefix_states, starting_at
 from freezesweep.trials.run import run_trial
+from tests.conftest import lacking
 
 
 @pytest.mark.parametrize(
@@ -159,3 +160,20 @@ def test_the_cache_is_exact_on_sentence_pairs(tiny_trial, toy_pairs, worker):
     cached = run_trial(cfg, worker=worker)
     assert cached.eval_cached_layers == 1
     assert cached.eval_curve == uncached.eval_curve  # every metric and the loss, bit for bit
+
+
+@pytest.mark.parametrize("method", ["freeze", "probe"])
+def test_a_prefix_weight_the_checkpoint_lacks_is_cached_per_seed(tiny_trial, tmp_path, worker, method):
+    """Pretrained weights are every seed's, so their cached states serve every seed; a prefix weight
+    the checkpoint lacks is drawn from each seed, and so are the states after it: each seed gets its
+    own entry, and each cached trial scores as its uncached twin."""
+    model = lacking(tiny_trial.model, tmp_path / "lacking", "encoder.layer.0.attention.self.query.weight")
+    probe = {"frozen_layers": None, "probe_pooling": "auto", "probe_folds": 2, "probe_cs": 2}
+    fields = {"frozen_layers": 1} if method == "freeze" else {"method": "probe", **probe}
+    for seed in (0, 1):
+        cfg = dataclasses.replace(tiny_trial, model=model, seed=seed, epochs=1, **fields)
+        uncached = run_trial(dataclasses.replace(cfg, eval_cache=False), worker=WorkerState())
+        cached = run_trial(cfg, worker=worker)
+        assert cached.status == "ok" and cached.best_val_metrics == uncached.best_val_metrics
+        assert [(p.accuracy, p.loss) for p in cached.eval_curve] == [(p.accuracy, p.loss) for p in uncached.eval_curve]
+    assert len({key.base.weights for key in worker.eval_states}) == 2  # one per seed

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from freezesweep.trials import run
-from freezesweep.trials.model import build_model
+from freezesweep.trials.model import build_model, built_model
 from freezesweep.trials.run import initial_model, run_trial, seed_everything
 
 
@@ -41,7 +41,7 @@ def test_a_trial_from_a_copied_template_equals_one_from_a_fresh_build(tiny_trial
     fresh = run_trial(cfg, worker=worker)
     worker.clear()
     builds = []
-    monkeypatch.setattr(run, "build_model", lambda *a: builds.append(a) or build_model(*a))
+    monkeypatch.setattr(run, "built_model", lambda *a: builds.append(a) or built_model(*a))
     run_trial(
         dataclasses.replace(cfg, frozen_layers=0, train_size=24), worker=worker
     )  # another cell of the same seed builds it
