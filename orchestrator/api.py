@@ -555,14 +555,19 @@ def decide(names: str | Sequence[str], *, store: str | None = None, tolerance: f
     from freezesweep.results.report import decisions
 
     names = [names] if isinstance(names, str) else list(names)
-    frame = decisions([_sweep_rows(n, store, tolerance) for n in names], _tolerance(tolerance))
-    return Decisions.of(frame)
+    sweeps = [_sweep_rows(n, store, tolerance) for n in names]
+    return Decisions.of(decisions(sweeps, _tolerance(tolerance, sweeps)))
 
 
-def _tolerance(tolerance: float | None) -> float:
+def _tolerance(tolerance: float | None, sweeps: Sequence[SweepRows]) -> float:
+    """The tolerance asked; else the sweeps' own where every one is a settle sweep of one tolerance (what
+    its decisions use, so the figures and words say it too); else 0.01."""
     from freezesweep.results.stats import TOLERANCE
 
-    return TOLERANCE if tolerance is None else tolerance
+    if tolerance is not None:
+        return tolerance
+    own = {s.rule[0].tolerance if s.rule else None for s in sweeps}  # (rule, looks, arms)
+    return own.pop() if len(own) == 1 and None not in own else TOLERANCE
 
 
 def report(
@@ -574,7 +579,8 @@ def report(
     from freezesweep.results.report import write_report
 
     names = [names] if isinstance(names, str) else list(names)
-    return write_report([_sweep_rows(n, store, tolerance) for n in names], str(out), _tolerance(tolerance))
+    sweeps = [_sweep_rows(n, store, tolerance) for n in names]
+    return write_report(sweeps, str(out), _tolerance(tolerance, sweeps))
 
 
 def budget_prices(decisions: pd.DataFrame, names: str | Sequence[str], store: str | None = None) -> list[str]:

@@ -237,6 +237,11 @@ def _print_summary(summary, stopped: int) -> None:
         f"ran {summary.ran}: {summary.ok} ok, {summary.failed} failed/oom{retried}"
         + (f", {summary.diverged} diverged (a non-finite loss: final, not run again)" if summary.diverged else "")
     )
+    if summary.not_needed:
+        console.print(
+            f"settle mode: {summary.not_needed} of the grid's cells not needed, the answer was decided without them "
+            f"(`freezesweep report {summary.sweep}` says how)"
+        )
     console.print(f"store: {summary.store}/{summary.sweep}/results/")
     if summary.unfinished:
         console.print(

@@ -35,7 +35,7 @@ from types import SimpleNamespace
 from typing import Any
 
 from freezesweep.orchestrator import local_files
-from freezesweep.orchestrator.local_files import Shipment
+from freezesweep.orchestrator.local_files import Anchored, Shipment
 from freezesweep.orchestrator.checks import model_depths, stored_spec_mapping
 from freezesweep.orchestrator.driver_faults import DriverFaults
 from freezesweep.orchestrator.plan import (
@@ -80,6 +80,13 @@ class LaunchSummary:
     sweep: str = ""  # the sweep's name
     store: str = ""  # its store's root
     terminated: bool = False  # stopped by SIGTERM (a scheduler), not Ctrl-C: ``unfinished`` cells wait for resume
+    settle: bool = False  # settle mode: rounds run the cells the answer needs, more or fewer than ``total``
+
+    @property
+    def not_needed(self) -> int:
+        """Settle mode, ended: cells of the grid no round ran, the answer decided without them."""
+        left = self.total - self.already_ok - self.recovered - self.ran
+        return max(0, left) if self.settle and not self.unfinished else 0
 
     @property
     def outcome(self) -> str:
@@ -113,7 +120,7 @@ def resolve_for_launch(spec: SweepSpec, session: RaySession) -> ResolvedSweep:
         preflight(spec, session)  # every node has what its trials open, before anything is written
     precision = resolve_precision(spec, session)
     check_stored_precision(spec, precision)
-    shipment = session.ship(spec) if local_files.mode(spec, session.on_cluster) == "ship" else None
+    shipment = session.ship(spec) if local_files.mode(spec, session.on_cluster) == "ship" else local_files.anchor(spec)
     decided, depths = resolve_spec(spec, precision), model_depths(spec)
     share, measured, width = (
         (None, None, None)
@@ -176,7 +183,7 @@ def check_stored_precision(spec: SweepSpec, precision: str) -> None:
 
 
 def measure_gpu_share(
-    spec: SweepSpec, model_layers: Mapping[str, int], shipment: Shipment | None, session: RaySession
+    spec: SweepSpec, model_layers: Mapping[str, int], shipment: Shipment | Anchored | None, session: RaySession
 ) -> tuple[float, str, int]:
     """``gpus_per_trial: auto``: one trial of the grid's hungriest depth measured on a GPU where the
     trials run (a Ray task holding a whole GPU, in a worker process that exits after it, so the memory
@@ -306,6 +313,7 @@ def run(
         gpu_packing=sweep.gpu_packing,
         sweep=sweep.name,
         store=sweep.spec.store,
+        settle=sweep.spec.settle is not None,
     )
 
 

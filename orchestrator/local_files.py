@@ -10,7 +10,9 @@ and the trial reads them there: the machine fields ``dataset_files`` and ``model
 packages that ship a model (trials.model.OFFLINE_PACKAGES) are not shipped: workers have packages.
 
 ``local_files: node_local``: every node has the files at the paths the spec names (a shared or
-copied folder). With the embedded Ray (``auto`` without a cluster) the one node is this machine.
+copied folder). With the embedded Ray (``auto`` without a cluster) the one node is this machine. A
+relative path is the driver's working directory's, where validation found it: the driver sends it
+absolute (``anchor``), as Ray Tune runs each trial in a folder of its own.
 
 On a cluster the driver runs a preflight task on every alive node before the first trial
 (``node_lacks``, sent by orchestrator/ray_session.py): it checks the named paths (node_local) and the
@@ -36,7 +38,7 @@ from typing import Any
 
 from freezesweep.orchestrator.spec import SweepSpec
 from freezesweep.trials.config import TrialConfig
-from freezesweep.trials.data import DatasetError, resolve_cache_dir, split_files
+from freezesweep.trials.data import SPLITS, DatasetError, glue_task, resolve_cache_dir, resolve_data_dir, split_files
 
 Put = Callable[[bytes], Any]  # bytes -> a reference in the object store (driver side)
 Fetch = Callable[[Any], bytes]  # that reference -> the bytes (on any node)
@@ -120,6 +122,40 @@ class Shipment:
         return str(folder.materialise(root or shipped_root(), fetch)) if folder else model
 
 
+@dataclass(frozen=True)
+class Anchored:
+    """``local_files: node_local``: the files at the paths the spec names, each made absolute from the
+    driver's working directory (``anchor``), for trials that run in folders of their own (Ray Tune's
+    trial directory). Machine fields only, as ``Shipment``'s: the same trial_id."""
+
+    data_dir: str | None  # the spec's data dir, or FREEZESWEEP_DATA_DIR's as the driver reads it
+    datasets: dict[str, tuple[str, str]]  # dataset -> its (train, validation) files
+    models: dict[str, str]  # a model named by a folder -> that folder
+
+    def place(self, cfg: TrialConfig, fetch: Fetch | None = None) -> TrialConfig:
+        """``cfg`` reading its files at their absolute paths."""
+        updates: dict[str, Any] = {"data_dir": self.data_dir}
+        if cfg.dataset in self.datasets:
+            updates["dataset_files"] = self.datasets[cfg.dataset]
+        if cfg.model in self.models:
+            updates["model_dir"] = self.models[cfg.model]
+        return dataclasses.replace(cfg, **updates)
+
+    def model_files(self, model: str, fetch: Fetch | None = None) -> str:
+        return self.models.get(model, model)
+
+
+def anchor(spec: SweepSpec) -> Anchored:
+    """Driver side: the spec's local files (``local_datasets``, ``local_models``: found from here) and
+    its data dir, as absolute paths."""
+    data_dir = resolve_data_dir(spec.data_dir)
+    return Anchored(
+        str(data_dir.absolute()) if data_dir else None,
+        {d: (str(f["train"].absolute()), str(f["validation"].absolute())) for d, f in local_datasets(spec).items()},
+        {model: str(Path(model).expanduser().absolute()) for model in local_models(spec)},
+    )
+
+
 def pack(spec: SweepSpec, put: Put) -> Shipment:
     """Driver side: the files of the spec's local datasets and model folders, in the object store.
     GLUE tasks read from the hub and hub models are not files: nothing to ship."""
@@ -175,11 +211,12 @@ class NodeNeeds:
         }
         if how == "ship":
             return cls(packages=packages)
-        digests = {
-            dataset: {split: file_digest(path) for split, path in files.items()}
-            for dataset, files in local_datasets(spec).items()
+        anchored = anchor(spec)  # (a node's task runs in a folder of its own: the driver's paths, absolute)
+        digests = {  # a GLUE task by its name (in the data dir), other datasets by their files
+            dataset if glue_task(dataset) else ",".join(files): dict(zip(SPLITS, map(file_digest, map(Path, files))))
+            for dataset, files in anchored.datasets.items()
         }
-        return cls(spec.data_dir, digests, tuple(local_models(spec)), packages)
+        return cls(anchored.data_dir, digests, tuple(anchored.models.values()), packages)
 
 
 def node_lacks(needs: NodeNeeds) -> list[str]:

@@ -18,7 +18,7 @@ from typing import Any
 
 import pandas as pd
 
-from freezesweep.orchestrator.local_files import Shipment
+from freezesweep.orchestrator.local_files import Anchored, Shipment
 from freezesweep.orchestrator.spec import SweepSpec
 from freezesweep.results.settle import FULL, decide, next_round, variant_label
 from freezesweep.results.store import FINAL_STATUSES
@@ -30,7 +30,8 @@ class ResolvedSweep:
     spec: SweepSpec  # precision resolved, select_metric per dataset, data_dir recorded
     model_layers: Mapping[str, int] = field(default_factory=dict)  # depth of each model (frozen_layers: all)
     address: str | None = None  # the Ray cluster the trials run on; None: an embedded Ray here
-    shipment: Shipment | None = None  # local files sent through Ray's object store (local_files: ship)
+    # local files sent through Ray's object store (local_files: ship), or their absolute paths (node_local)
+    shipment: Shipment | Anchored | None = None
     gpu_share: float | None = None  # each trial's GPU share: the spec's, or what gpus_per_trial auto measured
     gpu_packing: str | None = None  # what gpus_per_trial auto measured and chose, in words
     array_width: int | None = None  # the most cells per trial array: the spec's, or what fits the GPU share

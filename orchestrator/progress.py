@@ -37,6 +37,15 @@ def cell_words(result: TrialResult) -> str:
     return words
 
 
+REASON_CHARS = 200  # of a failed trial's error, on its line: the whole of it is the row's ``error``
+
+
+def reason(result: TrialResult) -> str:
+    """Why a trial did not finish ok, in a line: its error's first (``DatasetError: …``), or nothing."""
+    first = (result.error or "").strip().split("\n", 1)[0]
+    return first if len(first) <= REASON_CHARS else first[: REASON_CHARS - 1] + "…"
+
+
 def _duration(seconds: float) -> str:
     return str(timedelta(seconds=round(seconds)))
 
@@ -82,7 +91,8 @@ class SweepProgress:
         self._bar.update(self._task, advance=0 if replaces else 1, failed=self.failed, last=last)
         if self.mode == "lines":
             took = f" {result.wall_time_s:.1f}s" if result.wall_time_s is not None else ""
-            self._write(f"trial {self.done}/{self.total}: {last}{took}")
+            why = f": {reason(result)}" if result.status != "ok" and result.error else ""
+            self._write(f"trial {self.done}/{self.total}: {last}{took}{why}")
 
     def _summary(self) -> None:
         self._write(self.summary_line())

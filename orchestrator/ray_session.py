@@ -22,7 +22,7 @@ from urllib.parse import urlsplit
 import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-from freezesweep.orchestrator.local_files import NodeNeeds, Shipment, node_lacks, pack
+from freezesweep.orchestrator.local_files import Anchored, NodeNeeds, Shipment, node_lacks, pack
 from freezesweep.orchestrator.spec import SweepSpec
 from freezesweep.trials.memory_probe import MemoryProbe, probe as probe_memory
 from freezesweep.trials.precision import auto_precision
@@ -220,6 +220,6 @@ def auto_precision_task(device_type: str) -> str:
     return auto_precision(device_type)
 
 
-def memory_probe_task(model: str, shipment: Shipment | None = None, **shape: Any) -> MemoryProbe:
+def memory_probe_task(model: str, shipment: Shipment | Anchored | None = None, **shape: Any) -> MemoryProbe:
     """One trial of this shape measured on the GPU Ray gave this task (trials/memory_probe.py)."""
     return probe_memory(model=shipment.model_files(model, fetch=ray.get) if shipment else model, **shape)

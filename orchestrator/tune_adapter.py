@@ -38,7 +38,7 @@ import transformers
 from ray import cloudpickle, tune
 from ray.tune.search import Searcher
 
-from freezesweep.orchestrator.local_files import Shipment
+from freezesweep.orchestrator.local_files import Anchored, Shipment
 from freezesweep.orchestrator.plan import ResolvedSweep
 from freezesweep.orchestrator.ray_storage import RayStorage, drop_checkpoints, latest_checkpoints
 from freezesweep.trials.array import group_cells, run_array_or_oom
@@ -83,12 +83,13 @@ def unit_id(cells: list[TrialConfig]) -> str:
 def tune_trainable(
     config: dict,
     cells: dict[str, dict],
-    shipment: Shipment | None = None,
+    shipment: Shipment | Anchored | None = None,
     earlier: dict | None = None,
     width: int | None = None,
 ) -> None:
     """One Ray trial: one cell, or one trial array. ``cells``: the round's cells by trial id (in the
-    object store once, not in each trial's config); ``shipment``: the files the driver shipped;
+    object store once, not in each trial's config); ``shipment``: the files the driver shipped (or
+    their absolute paths: orchestrator/local_files.py);
     ``earlier``: an earlier launch's last checkpoint of some cells (``tune.Checkpoint`` by trial id);
     ``width``: an array's slots (``resources.array_width``)."""
     transformers.logging.set_verbosity_error()
@@ -150,10 +151,14 @@ def report_results(results: list[TrialResult], sent: dict[str, TrialConfig], pla
 
 
 def as_sent(result: TrialResult, cfg: TrialConfig, placement: dict[str, Any]) -> TrialResult:
-    """The row names the files as the spec does, not this node's temporary copies of them (``cfg``: the
-    cell as sent), and no checkpoint folder (gone with the trial); placed where it ran."""
+    """The row names the files as the spec does, not this node's copies of them nor their absolute
+    paths (``cfg``: the cell as sent), and no checkpoint folder (gone with the trial); placed where it ran."""
     config = dataclasses.replace(
-        result.config, dataset_files=cfg.dataset_files, model_dir=cfg.model_dir, checkpoint_dir=None
+        result.config,
+        data_dir=cfg.data_dir,
+        dataset_files=cfg.dataset_files,
+        model_dir=cfg.model_dir,
+        checkpoint_dir=None,
     )
     return dataclasses.replace(result, config=config, placement={**result.placement, **placement})
 

@@ -174,36 +174,47 @@ def test_status_on_many_single_row_files_says_to_compact(write_spec, tmp_path, m
     assert "compact" not in runner.invoke(app, args).stderr  # the failed row's file alone: nothing to compact
 
 
-def test_report_of_an_open_settle_sweep_names_the_budget_that_would_decide_it_and_its_price(write_spec, tmp_path):
-    """The demo before: "no k is shown within 0.01", and nothing on what would decide it. And a report at
-    another tolerance than the sweep asked was accepted (the question chosen after seeing the rows)."""
+def _settled_rows(write_spec, name: str, settle: dict):
+    """A stored settle sweep of 3 seeds whose k = 2 differs from k = 0 by +0.004, +0.012, 0."""
     from freezesweep.results.store import ResultStore
     from tests.results.test_report import row
 
-    spec = load_spec(
-        write_spec(
-            "open", seeds=[], train_sizes=[24], frozen_layers=[0, 2], settle={"initial_seeds": 3, "max_seeds": 3}
-        ),
-        semantic=False,
-    )
+    spec = load_spec(write_spec(name, seeds=[], train_sizes=[24], frozen_layers=[0, 2], settle=settle), semantic=False)
     sweep = resolve_here(spec)
-    store = ResultStore(spec.store, "open")
+    store = ResultStore(spec.store, name)
     store.write_spec(sweep.spec.to_yaml())
-    acc = {0: [0.70, 0.80, 0.75], 2: [0.704, 0.812, 0.75]}  # k = 2: +0.004, +0.012, 0: open at 3 seeds
+    acc = {0: [0.70, 0.80, 0.75], 2: [0.704, 0.812, 0.75]}
     for cell in build_grid(sweep):
+        k, seed = cell.frozen_layers, cell.seed
         store.write_row(
             row(
-                "open",
+                name,
                 dataset=cell.dataset,
                 n=24,
-                k=cell.frozen_layers,
-                seed=cell.seed,
-                acc=acc[cell.frozen_layers][cell.seed],
+                k=k,
+                seed=seed,
+                acc=acc[k][seed],
                 trial_id=cell.trial_id,
                 cost=(10, 5.0, 1.0),
                 wall_time_s=60.0,
             )
         )
+    return spec
+
+
+def test_a_settle_sweeps_report_draws_and_says_its_own_tolerance(write_spec, tmp_path):
+    """Before: the demo asked 0.02, and its report's figure shaded "±0.01" and its words said −0.01."""
+    spec = _settled_rows(write_spec, "asked", {"initial_seeds": 3, "max_seeds": 3, "tolerance": 0.05})
+    done = runner.invoke(app, ["report", "asked", "--store", spec.store, "--out", str(tmp_path / "out")])
+    assert done.exit_code == 0, done.output
+    markdown = (tmp_path / "out" / "report.md").read_text()
+    assert "the shaded band is ±0.05" in markdown and "(−0.05 " in markdown and "±0.01" not in markdown
+
+
+def test_report_of_an_open_settle_sweep_names_the_budget_that_would_decide_it_and_its_price(write_spec, tmp_path):
+    """The demo before: "no k is shown within 0.01", and nothing on what would decide it. And a report at
+    another tolerance than the sweep asked was accepted (the question chosen after seeing the rows)."""
+    spec = _settled_rows(write_spec, "open", {"initial_seeds": 3, "max_seeds": 3})
     done = runner.invoke(app, ["report", "open", "--store", spec.store, "--out", str(tmp_path / "out")])
     assert done.exit_code == 0, done.output
     assert "4 seeds per arm would decide it if the spread stays as it is" in done.stdout
@@ -277,3 +288,18 @@ def test_status_of_a_sweep_in_its_specs_store_says_where_it_looked_and_reads_the
         assert "sweep elsewhere" in found.stdout
     assert "the spec file" in runner.invoke(app, ["status", "--help"]).stdout
     assert "the spec's" not in runner.invoke(app, ["status", "--help"]).stdout  # a name knows no spec
+
+
+@pytest.mark.parametrize(
+    "fields, not_needed",
+    [
+        ({"settle": True}, 1),  # the demo: 11 of its 12 cells ran, and the launch said nothing of the 12th
+        ({"settle": True, "unfinished": 1}, 0),  # interrupted: resume runs it
+        ({}, 0),  # a fixed grid runs every cell
+    ],
+)
+def test_a_settled_launch_counts_the_cells_its_answer_did_not_need(fields, not_needed):
+    """What the launch's summary line says after "ran 11: 11 ok" (settle mode: 1 of the grid's cells not needed)."""
+    from freezesweep.orchestrator.launch import LaunchSummary
+
+    assert LaunchSummary(12, 0, 11, 11, 0, sweep="demo", store="sweeps", **fields).not_needed == not_needed

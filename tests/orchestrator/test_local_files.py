@@ -213,3 +213,33 @@ def test_a_shipping_sweep_reads_the_nodes_copies_and_rows_name_the_specs_paths(
     copies = list(local_files.shipped_root().iterdir())
     assert {_tree(c).get("train.csv") for c in copies} >= {(Path(toy_dataset) / "train.csv").read_bytes()}
     assert any(_tree(c) == _tree(Path(tiny_bert)) for c in copies)
+
+
+def test_relative_paths_are_read_from_the_drivers_working_directory(
+    local_ray, write_spec, tmp_path, toy_dataset, tiny_bert, monkeypatch
+):
+    """A data dir, a dataset folder and a model folder named relative to where the command runs (where
+    validation found them): Ray Tune runs each trial in a folder of its own, so the trials read them
+    from the driver's working directory, and the rows name them as the spec does."""
+    import json
+
+    import pandas as pd
+
+    from freezesweep.orchestrator.launch import launch
+
+    work = tmp_path / "work"
+    shutil.copytree(toy_dataset, work / "data" / "toy")
+    shutil.copytree(toy_dataset, work / "data" / "glue" / "sst2")  # a local GLUE copy of the toy rows
+    shutil.copytree(tiny_bert, work / "models" / "tiny")
+    monkeypatch.chdir(work)
+    monkeypatch.delenv("FREEZESWEEP_DATA_DIR", raising=False)
+    overrides = {"model": "models/tiny", "datasets": ["data/toy", "glue/sst2"], "data_dir": "data/glue"}
+    spec = load_spec(write_spec("relative", train_sizes=[24], frozen_layers=[1], **overrides))
+    summary = launch(spec, show_progress=False)
+    rows = pd.read_parquet(tmp_path / "store" / "relative" / "results")
+    assert (summary.ran, summary.ok) == (2, 2), rows["error"].tolist()
+    configs = [json.loads(c) for c in rows["config"]]
+    assert {(c["dataset"], c["model"], c["data_dir"], c["dataset_files"], c["model_dir"]) for c in configs} == {
+        ("data/toy", "models/tiny", "data/glue", None, None),
+        ("glue/sst2", "models/tiny", "data/glue", None, None),
+    }

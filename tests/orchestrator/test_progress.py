@@ -20,7 +20,7 @@ class FakeClock:
         return self.now_s
 
 
-def _result(seed: int, status: str = "ok", k: int = 0) -> TrialResult:
+def _result(seed: int, status: str = "ok", k: int = 0, error: str | None = None) -> TrialResult:
     cfg = TrialConfig(dataset="glue/sst2", model="m", train_size=200, frozen_layers=k, seed=seed, precision="fp32")
     score = 0.785 if status == "ok" else None
     return TrialResult(
@@ -30,6 +30,7 @@ def _result(seed: int, status: str = "ok", k: int = 0) -> TrialResult:
         select_metric="accuracy",
         best_val_score=score,
         wall_time_s=12.34,
+        error=error,
     )
 
 
@@ -38,10 +39,10 @@ def test_without_a_terminal_one_line_per_trial_and_a_summary_every_minute():
     progress = SweepProgress(total=10, done=2, out=out, terminal=False, clock=clock)
     clock.now_s += 30
     progress.advance(_result(0))
-    progress.advance(_result(1, status="failed", k=2))
+    progress.advance(_result(1, status="failed", k=2, error="DatasetError: no folder x\n  File trials/data.py"))
     assert out.getvalue().splitlines() == [
         "trial 3/10: glue/sst2 n=200 k=0 s=0 ok accuracy=0.785 12.3s",
-        "trial 4/10: glue/sst2 n=200 k=2 s=1 failed 12.3s",
+        "trial 4/10: glue/sst2 n=200 k=2 s=1 failed 12.3s: DatasetError: no folder x",  # why, in a line
     ]
     clock.now_s += 29.9
     progress.tick()  # 59.9 s since the start: no summary yet

@@ -87,7 +87,8 @@ def test_a_grown_budget_is_refused_and_learned_first_runs_full_fine_tuning_alone
     """Learned first through Ray: while it is open whether full fine-tuning learns, no arm runs. A grown
     budget on the stored rows would take looks their confidence was not shared by: refused, with the count."""
     small = load_spec(_settle_spec(write_spec, "grown", max_seeds=3))
-    launch(small, show_progress=False)
+    summary = launch(small, show_progress=False)
+    assert (summary.total, summary.ran, summary.not_needed) == (9, 3, 6)  # said: the answer needed 3 of the 9
     store = ResultStore(small.store, "grown")
     first = _runs(store).set_index("trial_id")["finished_at"]
     assert len(first) == 3 and set(_runs(store)["frozen_layers"]) == {0}
