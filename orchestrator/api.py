@@ -182,9 +182,17 @@ def plan(spec: SpecSource, *, store: str | None = None) -> Plan:
         _work(cells, pending, rows),
         at_once,
         note,
-        spec.cell_count_words(),
+        spec.cell_count_words() + _one_depth(spec, sweep.model_layers),
         mps_here(),
     )
+
+
+def _one_depth(spec: SweepSpec, model_layers: Mapping[str, int]) -> str:
+    """Where ``all`` and a listed k are one depth of a model (a cell once): said beside the axes' product."""
+    if "freeze" not in spec.methods or "all" not in spec.frozen_layers:
+        return ""
+    same = [f"{model}: all is k = {n}, also listed" for model, n in model_layers.items() if n in spec.frozen_layers]
+    return f"; one cell per depth ({'; '.join(same)})" if same else ""
 
 
 def _work(cells: list[TrialConfig], pending: list[TrialConfig], rows: pd.DataFrame) -> WorkEstimate | None:

@@ -60,22 +60,26 @@ def trial(
             "train/validation files, or TRAIN,VALIDATION files"
         ),
     ],
-    train_size: Annotated[int, typer.Option()],
+    train_size: Annotated[int, typer.Option(help="rows of the stratified, nested train subset")],
     frozen_layers: Annotated[
         Optional[int], typer.Option(help="freeze: -1 embeddings only, 0 nothing, k embeddings + first k layers")
     ] = None,
     method: Annotated[str, typer.Option(help="freeze | lora | probe")] = "freeze",
     lora_rank: Annotated[Optional[int], typer.Option(help="lora: the adapters' rank")] = None,
-    seed: Annotated[int, typer.Option()] = 0,
-    split_seed: Annotated[int, typer.Option()] = 0,
-    epochs: Annotated[Optional[float], typer.Option()] = None,
+    seed: Annotated[int, typer.Option(help="the trial's seed (head, batch order, dropout)")] = 0,
+    split_seed: Annotated[int, typer.Option(help="draws the train subset")] = 0,
+    epochs: Annotated[Optional[float], typer.Option(help="(default: 10, the reference protocol)")] = None,
     data_dir: Annotated[Optional[str], typer.Option(help="folder of <task>/{train,validation}.parquet")] = None,
-    max_eval_examples: Annotated[Optional[int], typer.Option()] = None,
+    max_eval_examples: Annotated[
+        Optional[int], typer.Option(help="a stratified validation sample of this many rows (default: every row)")
+    ] = None,
     precision: Annotated[Optional[str], typer.Option(help="auto | fp16 | bf16 | fp32 (default: auto)")] = None,
     model_init: Annotated[Optional[str], typer.Option(help="pretrained | random (default: pretrained)")] = None,
-    text_column: Annotated[Optional[str], typer.Option()] = None,
+    text_column: Annotated[
+        Optional[str], typer.Option(help="the text column (default: the GLUE task's, else sentence)")
+    ] = None,
     text_pair_column: Annotated[Optional[str], typer.Option(help="second text of a sentence pair")] = None,
-    label_column: Annotated[Optional[str], typer.Option()] = None,
+    label_column: Annotated[Optional[str], typer.Option(help="the label column (default: label)")] = None,
     empty_texts: Annotated[Optional[str], typer.Option(help="refuse (default) | drop: rows with an empty text")] = None,
     select_metric: Annotated[
         Optional[str], typer.Option(help="picks the best evaluation (default: the task's official metric)")

@@ -11,10 +11,11 @@ and ``freezesweep trial`` alike.
 from __future__ import annotations
 
 import dataclasses
+import difflib
 from collections import Counter
 from collections.abc import Hashable, Mapping
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, get_args
 
 import numpy as np
 import yaml
@@ -572,10 +573,13 @@ def read_stored_spec(text: str, source: str = "spec.yaml") -> dict[str, Any]:
 def _format_pydantic(err: Mapping[str, Any]) -> str:
     where = ".".join(str(p) for p in err["loc"]) or "(top level)"
     if err["type"] == "extra_forbidden":
-        return f"{where}: unknown key"
+        near = difflib.get_close_matches(str(err["loc"][-1]), _known_keys(err["loc"][:-1]), n=1, cutoff=0.75)
+        return f"{where}: unknown key" + (f" (did you mean {near[0]}?)" if near else "")
     message = err["msg"].removeprefix("Value error, ")
     if not err["loc"]:  # a check across keys: its message names them (the input is the whole spec)
         return message
+    if err["type"] == "missing":  # its input is the mapping the key is missing from: nothing to show
+        return f"{where}: {message}"
     shown = repr(err.get("input"))
     if len(shown) > _SHOWN_INPUT_CHARS:  # an axis of 100,000 seeds is named, not printed
         shown = shown[:_SHOWN_INPUT_CHARS] + f"… ({len(shown):,} characters)"
@@ -583,3 +587,19 @@ def _format_pydantic(err: Mapping[str, Any]) -> str:
 
 
 _SHOWN_INPUT_CHARS = 200
+
+
+def _known_keys(loc: tuple) -> list[str]:
+    """The keys a spec's mapping at ``loc`` takes (its section's fields and their aliases), for a hint."""
+    model: Any = SweepSpec
+    for part in loc:
+        field = model.model_fields.get(str(part)) if isinstance(model, type) else None
+        sections = [t for t in (field.annotation, *get_args(field.annotation)) if _is_section(t)] if field else []
+        if not sections:
+            return []
+        model = sections[0]
+    return [alias or name for name, f in model.model_fields.items() for alias in {None, f.alias}]
+
+
+def _is_section(annotation: Any) -> bool:
+    return isinstance(annotation, type) and issubclass(annotation, BaseModel)

@@ -450,6 +450,8 @@ def split_files(dataset: str, data_dir: str | Path | None = None) -> dict[str, P
         if root is None:
             return None
         folder = root / dataset.split("/", 1)[1]
+        if not root.is_dir():
+            raise DatasetError(f"{dataset}: data_dir {root} is not a folder here (set data_dir or {DATA_DIR_ENV})")
         if not folder.is_dir():
             raise DatasetError(
                 f"{dataset}: no folder {folder} in data_dir {root} (a named data dir is never "
@@ -470,8 +472,8 @@ def split_files(dataset: str, data_dir: str | Path | None = None) -> dict[str, P
     if folder.is_dir():
         return {s: _find_split_file(folder, s) for s in SPLITS}
     raise DatasetError(
-        f"unknown dataset {dataset!r}: use glue/<task> ({', '.join(sorted(GLUE_TASKS))}) or a folder "
-        f"holding train and validation files ({', '.join(_EXTENSIONS)})"
+        f"dataset {dataset!r}: no such folder here ({folder.absolute()}); a dataset is glue/<task> "
+        f"({', '.join(sorted(GLUE_TASKS))}) or a folder holding train and validation files ({', '.join(_EXTENSIONS)})"
     )
 
 

@@ -123,6 +123,11 @@ def test_shipped_configs_are_valid(glue_dir, monkeypatch):
     monkeypatch.setenv("FREEZESWEEP_DATA_DIR", str(glue_dir))
     demo = load_spec(REPO / "configs" / "demo.yaml")
     assert len(build_grid(resolve_here(demo))) == 12 and demo.model == "sentence-transformers/all-MiniLM-L6-v2"
+    smoke = load_spec(REPO / "configs" / "smoke.yaml")  # the shrink switch: two cells, one epoch
+    assert [(c.frozen_layers, c.epochs, c.max_eval_examples) for c in build_grid(resolve_here(smoke))] == [
+        (0, 1, 64),
+        (6, 1, 64),
+    ]
     reference = validate(yaml.safe_load((REPO / "configs" / "reference.yaml").read_text()), semantic=False)
     grid = build_grid(resolve_here(reference))
     assert len(grid) == 350

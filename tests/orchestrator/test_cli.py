@@ -303,3 +303,12 @@ def test_a_settled_launch_counts_the_cells_its_answer_did_not_need(fields, not_n
     from freezesweep.orchestrator.launch import LaunchSummary
 
     assert LaunchSummary(12, 0, 11, 11, 0, sweep="demo", store="sweeps", **fields).not_needed == not_needed
+
+
+def test_plan_says_where_all_and_a_listed_depth_are_one_cell(write_spec, tiny_bert):
+    """Before: "2 cells (… × 3 variants × …)" for [0, 2, all] on a 2-layer model, and not a word on why."""
+    done = runner.invoke(app, ["plan", str(write_spec("same", train_sizes=[24], frozen_layers=[0, 2, "all"]))])
+    assert done.exit_code == 0, done.output
+    assert f"one cell per depth ({tiny_bert}: all is k = 2, also listed)" in done.stdout.replace("\n", "")
+    plain = runner.invoke(app, ["plan", str(write_spec("plain", train_sizes=[24], frozen_layers=[0, "all"]))])
+    assert "one cell per depth" not in plain.stdout

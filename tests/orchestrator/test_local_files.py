@@ -69,7 +69,10 @@ def test_missing_local_paths_are_errors_never_the_hub(no_hub, write_spec, tmp_pa
         )
     message = str(refused.value)
     assert f"no folder {tmp_path / 'sst2'} in data_dir {tmp_path}" in message
-    assert f"unknown dataset {str(tmp_path / 'mine')!r}" in message
+    assert f"dataset {str(tmp_path / 'mine')!r}: no such folder here" in message
+    assert "glue/sst2: glue/sst2" not in message  # the dataset named once
+    with pytest.raises(DatasetError, match=f"data_dir {tmp_path / 'glu'} is not a folder here"):
+        load_task("glue/sst2", data_dir=str(tmp_path / "glu"))  # a mistyped data dir is said to be one
     assert f"model folder {tmp_path / 'model'} does not exist" in message
     with pytest.raises(DatasetError, match="no folder"):
         run_trial(
@@ -145,7 +148,7 @@ def test_preflight_names_each_node_and_what_it_lacks(local_ray, write_spec, tmp_
     [problem] = session.check_nodes(lacking)
     assert problem.startswith(f"node {node['NodeID'][:12]} ({node['NodeManagerAddress']}, ")
     for expected in [
-        f"no folder {tmp_path / 'glue' / 'sst2'}",
+        f"data_dir {tmp_path / 'glue'} is not a folder here",
         f"{toy_dataset}/train.csv (its content differs",
         f"model folder {tmp_path / 'model'}",
         "package no_such_package_x (it ships the model org/m)",

@@ -186,3 +186,17 @@ def test_a_boolean_is_never_a_number(tmp_path):
     assert [p.split(":")[0] for p in problems] == ["seeds.1"]  # numpy's booleans too; its integers read
     spec, _ = parse({**MINIMAL, "train_sizes": [200.0], "frozen_layers": ["all", 0]})
     assert spec.train_sizes == [200] and spec.frozen_layers == ["all", 0]
+
+
+def test_an_unknown_key_names_the_key_it_may_mean_and_a_missing_one_shows_no_spec():
+    """Before: ``train_size: unknown key`` beside ``train_sizes: Field required (got {…the whole spec…})``."""
+    raw = {k: v for k, v in MINIMAL.items() if k != "train_sizes"}
+    spec, problems = parse({**raw, "train_size": [50], "training": {"epoch": 3}, "resources": {"gpus_per_trail": 1}})
+    assert spec is None
+    assert sorted(problems) == [
+        "resources.gpus_per_trail: unknown key (did you mean gpus_per_trial?)",
+        "train_size: unknown key (did you mean train_sizes?)",
+        "train_sizes: Field required",
+        "training.epoch: unknown key (did you mean epochs?)",
+    ]
+    assert parse({**MINIMAL, "colour": "red"})[1] == ["colour: unknown key"]  # nothing near: no guess
