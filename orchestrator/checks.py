@@ -248,7 +248,8 @@ def _data_problems(datasets: list[str], sizes: list[int], data_dir: str | None, 
             shape = describe_task(dataset, data_dir, **_data_options(training))
         except (DatasetError, OSError) as exc:
             each = getattr(exc, "problems", None) or [str(exc).splitlines()[0]]
-            problems += [f"datasets: {dataset}: {p.removeprefix(f'{dataset}: ')}" for p in each]
+            named = (f"{dataset}: ", f"dataset {dataset!r}: ")  # the dataset said once
+            problems += [f"datasets: {dataset}: {p.removeprefix(named[0]).removeprefix(named[1])}" for p in each]
             # the files were read: the train sizes are said beside their problems, not after their fix
             problems += _size_problems(dataset, sizes, (getattr(exc, "rows", None) or {}).get("train"))
             continue

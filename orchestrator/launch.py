@@ -84,9 +84,10 @@ class LaunchSummary:
 
     @property
     def not_needed(self) -> int:
-        """Settle mode, ended: cells of the grid no round ran, the answer decided without them."""
+        """Settle mode, ended with nothing failed: cells of the grid no round ran, the answer decided
+        without them (a failed cell stops the rounds undecided: resume runs it, then the rest)."""
         left = self.total - self.already_ok - self.recovered - self.ran
-        return max(0, left) if self.settle and not self.unfinished else 0
+        return max(0, left) if self.settle and not (self.unfinished or self.failed) else 0
 
     @property
     def outcome(self) -> str:

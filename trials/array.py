@@ -845,7 +845,7 @@ def load_initial(stack: Stack, slot: int, cfg: TrialConfig, data: TrialData, wor
 def differing(model: nn.Module, cfgs: Sequence[TrialConfig], worker: WorkerState) -> set[str]:
     """The parameters whose initial values differ between the cells' seeds (the new head; a random
     initialisation; a layer the checkpoint lacks): stacked, each slot its own, whether some cell trains
-    them or not; and where the evaluation cache's states (the first cell's) hold for no other seed."""
+    them or not."""
     mine, differ = dict(model.named_parameters()), set()
     for cfg in {c.derived_seed: c for c in cfgs}.values():
         with _rng_kept(model):

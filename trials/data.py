@@ -451,7 +451,7 @@ def split_files(dataset: str, data_dir: str | Path | None = None) -> dict[str, P
             return None
         folder = root / dataset.split("/", 1)[1]
         if not root.is_dir():
-            raise DatasetError(f"{dataset}: data_dir {root} is not a folder here (set data_dir or {DATA_DIR_ENV})")
+            raise DatasetError(f"{dataset}: data_dir {root} is not a folder here (see data_dir or {DATA_DIR_ENV})")
         if not folder.is_dir():
             raise DatasetError(
                 f"{dataset}: no folder {folder} in data_dir {root} (a named data dir is never "

@@ -78,7 +78,7 @@ def find_encoder_parts(model: nn.Module) -> EncoderParts:
 def prefix_names(model: nn.Module, depth: int) -> set[str]:
     """The parameters of the frozen prefix at ``depth`` (the embeddings and shared encoder parameters,
     then the first ``depth`` layers): what a cache of the states after layer ``depth`` stands in for.
-    None below one layer (no cache there)."""
+    Empty below one layer (no cache there)."""
     if depth < 1:
         return set()
     parts = find_encoder_parts(model)

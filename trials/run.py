@@ -28,7 +28,7 @@ from freezesweep.trials import eval_cache, first_token, graphs, probe, train_cac
 from freezesweep.trials.data import TaskData, load_task, resolve_cache_dir
 from freezesweep.trials.eval_cache import PrefixStates, exact_prefix
 from freezesweep.trials.first_token import Reader
-from freezesweep.trials.freezing import FreezeReport, find_encoder_parts, freeze, prefix_names
+from freezesweep.trials.freezing import FreezeReport, FreezingError, find_encoder_parts, freeze, prefix_names
 from freezesweep.trials.lora import apply_lora
 from freezesweep.trials.metrics import METRICS, compute_metrics, constant, describe_shape
 from freezesweep.trials.model import (
@@ -442,12 +442,23 @@ def initial_model(cfg: TrialConfig, num_labels: int, worker: WorkerState | None 
     seed_everything(cfg.derived_seed)
     if key not in worker.templates:
         model, drawn = built_model(cfg.model_files(), num_labels, cfg.model_init)
-        worker.templates.put(key, (model, _host_rng_states()))
         if cfg.model_init == "pretrained":  # (a random init is its seed's through and through)
-            worker.seeded_prefix[cfg.model] = bool(drawn & prefix_names(model, len(find_encoder_parts(model).layers)))
+            worker.seeded_prefix[cfg.model] = drawn_in_prefix(model, drawn)
+        worker.templates.put(key, (model, _host_rng_states()))
     template, states = worker.templates.fresh(key)
     _set_host_rng_states(states)  # as if the model had just been built (dropout draws continue from here)
     return copy.deepcopy(template)
+
+
+def drawn_in_prefix(model, drawn: frozenset[str]) -> bool:
+    """Whether a weight drawn from the seed (``built_model``) lies in the embeddings or the encoder
+    layers: what the cached states after a frozen layer depend on. A model without one layer stack
+    (ALBERT's shared layer, an encoder-decoder) runs full fine-tuning alone: nothing of it is cached."""
+    try:
+        depth = len(find_encoder_parts(model).layers)
+    except FreezingError:
+        return False
+    return bool(drawn & prefix_names(model, depth))
 
 
 def seed_everything(seed: int) -> None:

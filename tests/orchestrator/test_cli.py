@@ -295,6 +295,7 @@ def test_status_of_a_sweep_in_its_specs_store_says_where_it_looked_and_reads_the
     [
         ({"settle": True}, 1),  # the demo: 11 of its 12 cells ran, and the launch said nothing of the 12th
         ({"settle": True, "unfinished": 1}, 0),  # interrupted: resume runs it
+        ({"settle": True, "ok": 10, "failed": 1}, 0),  # a failed cell stopped the rounds, undecided
         ({}, 0),  # a fixed grid runs every cell
     ],
 )
@@ -302,7 +303,8 @@ def test_a_settled_launch_counts_the_cells_its_answer_did_not_need(fields, not_n
     """What the launch's summary line says after "ran 11: 11 ok" (settle mode: 1 of the grid's cells not needed)."""
     from freezesweep.orchestrator.launch import LaunchSummary
 
-    assert LaunchSummary(12, 0, 11, 11, 0, sweep="demo", store="sweeps", **fields).not_needed == not_needed
+    counts = {"total": 12, "already_ok": 0, "ran": 11, "ok": 11, "failed": 0}
+    assert LaunchSummary(**{**counts, **fields}, sweep="demo", store="sweeps").not_needed == not_needed
 
 
 def test_plan_says_where_all_and_a_listed_depth_are_one_cell(write_spec, tiny_bert):

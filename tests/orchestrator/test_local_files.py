@@ -69,8 +69,8 @@ def test_missing_local_paths_are_errors_never_the_hub(no_hub, write_spec, tmp_pa
         )
     message = str(refused.value)
     assert f"no folder {tmp_path / 'sst2'} in data_dir {tmp_path}" in message
-    assert f"dataset {str(tmp_path / 'mine')!r}: no such folder here" in message
-    assert "glue/sst2: glue/sst2" not in message  # the dataset named once
+    assert f"datasets: {tmp_path / 'mine'}: no such folder here" in message  # the dataset named once
+    assert "glue/sst2: glue/sst2" not in message and "mine'" not in message
     with pytest.raises(DatasetError, match=f"data_dir {tmp_path / 'glu'} is not a folder here"):
         load_task("glue/sst2", data_dir=str(tmp_path / "glu"))  # a mistyped data dir is said to be one
     assert f"model folder {tmp_path / 'model'} does not exist" in message

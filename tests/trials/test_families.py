@@ -220,3 +220,15 @@ def test_an_optimisation_that_raises_steps_aside_and_the_row_is_ok(broken, absen
     monkeypatch.setattr(broken, _raises)
     result = run_trial(cfg, worker=worker)
     assert result.status == "ok" and absent not in result.optimisations and result.optimisations
+
+
+@pytest.mark.parametrize("name", sorted(REFUSED))
+def test_full_fine_tuning_of_a_family_without_one_layer_stack_runs(name, folders, tiny_trial):
+    """k = 0 needs no layer stack (validation lets it through): its trial is an ok row, its weights drawn
+    or read whatever the stack (a regression: the check for a checkpoint's missing prefix weights raised)."""
+    import dataclasses
+
+    from freezesweep.trials.run import run_trial
+
+    result = run_trial(dataclasses.replace(tiny_trial, model=folders(name), frozen_layers=0, epochs=1))
+    assert result.status == "ok", result.error
