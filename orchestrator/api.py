@@ -410,6 +410,7 @@ class SweepStatus:
     nodes: pd.DataFrame | None  # the Ray nodes the rows ran on (None: no row yet)
     gpus: int  # distinct GPUs the rows ran on
     notes: tuple[str, ...] = ()  # the store's state beside its rows: an interrupted compaction, a stale lock
+    failures: pd.DataFrame | None = None  # why the failed cells failed: each error's first line, its cells
 
     __repr__ = short_repr
 
@@ -417,10 +418,11 @@ class SweepStatus:
 def status(name: str, *, store: str | None = None) -> SweepStatus:
     """Done / failed / missing cells per axis value, and the nodes (Ray node ids) the rows ran on."""
     from freezesweep.results.lock import store_notes
-    from freezesweep.results.query import NODE_COLUMNS, placement, status_table
+    from freezesweep.results.query import NODE_COLUMNS, failure_reasons, placement, status_table
 
     sweep, result_store = _stored_sweep(name, store)
-    rows = result_store.read_table(columns=["trial_id", *NODE_COLUMNS]).to_pandas()  # one read: statuses and nodes
+    # one read: statuses, nodes and the failures' errors
+    rows = result_store.read_table(columns=["trial_id", *NODE_COLUMNS, "error"]).to_pandas()
     _warn_unreadable(result_store)
     statuses = dict(zip(rows["trial_id"], rows["status"]))
     notes = (*store_notes(result_store), *_compact_advice(result_store, statuses))
@@ -428,7 +430,8 @@ def status(name: str, *, store: str | None = None) -> SweepStatus:
     if not len(rows):
         return SweepStatus(result_store.sweep, table, None, 0, notes)
     # nunique skips CPU rows' nulls
-    return SweepStatus(result_store.sweep, table, placement(rows), int(rows["gpu_uuid"].nunique()), notes)
+    gpus = int(rows["gpu_uuid"].nunique())
+    return SweepStatus(result_store.sweep, table, placement(rows), gpus, notes, failure_reasons(rows))
 
 
 def _compact_advice(result_store: ResultStore, statuses: dict[str, str]) -> list[str]:

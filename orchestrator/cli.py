@@ -356,6 +356,10 @@ def status(sweep: SweepArg, store: SweepStoreOpt = None) -> None:
         mps = mps_summary(found.nodes)
         if mps:
             console.print(mps, highlight=False)
+    if found.failures is not None and len(found.failures):
+        _print_frame(
+            found.failures, OutputFormat.table, "why the failed cells failed (each row's `error` has it whole)"
+        )
 
 
 @app.command()

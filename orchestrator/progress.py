@@ -89,10 +89,12 @@ class SweepProgress:
             self.done, self.finished = self.done + 1, self.finished + 1
         last = cell_words(result)
         self._bar.update(self._task, advance=0 if replaces else 1, failed=self.failed, last=last)
+        why = f": {reason(result)}" if result.status != "ok" and result.error else ""
         if self.mode == "lines":
             took = f" {result.wall_time_s:.1f}s" if result.wall_time_s is not None else ""
-            why = f": {reason(result)}" if result.status != "ok" and result.error else ""
             self._write(f"trial {self.done}/{self.total}: {last}{took}{why}")
+        elif self.mode == "bar" and why:  # above the bar, which shows the last cell only
+            self._bar.console.print(f"trial {self.done}/{self.total}: {last}{why}", markup=False, highlight=False)
 
     def _summary(self) -> None:
         self._write(self.summary_line())

@@ -222,6 +222,18 @@ def paired_by_seed(df: pd.DataFrame, baseline_k: int = 0) -> pd.DataFrame:
 NODE_COLUMNS = ["node_id", "node_ip", "hostname", "node", "gpu_uuid", "gpu_mps", "status"]
 
 
+def failure_reasons(rows: pd.DataFrame, limit: int = 5) -> pd.DataFrame:
+    """Why the cells that are failed now (their last row failed or ran out of memory) failed: each
+    error's first line (``DatasetError: …``) with how many cells it stopped, the most first, at most
+    ``limit`` (the whole errors are the rows' ``error`` column)."""
+    last = rows.drop_duplicates("trial_id", keep="last")
+    failed = last[last["status"].isin(["failed", "oom"])]
+    first_lines = (
+        failed["error"].fillna("(no error recorded)").str.strip().str.split("\n", n=1).str[0].str.slice(0, 200)
+    )
+    return first_lines.value_counts().head(limit).rename_axis("error").reset_index(name="cells")
+
+
 def placement(df: pd.DataFrame) -> pd.DataFrame:
     """Per node: its IP and host, the rows it ran (ok and not), the distinct GPUs they used and whether
     CUDA MPS served them (``mps``: on, off, or empty where no row says: CPU rows, rows from before)."""

@@ -164,10 +164,16 @@ def test_status_on_many_single_row_files_says_to_compact(write_spec, tmp_path, m
     cells = build_grid(sweep)
     for cell in cells[:3]:
         store.write_row(result_row("many", TrialResult(trial_id=cell.trial_id, config=cell, status="ok")))
-    store.write_row(result_row("many", TrialResult(trial_id=cells[3].trial_id, config=cells[3], status="failed")))
+    error = "DatasetError: no folder x\nTraceback …"
+    store.write_row(
+        result_row("many", TrialResult(trial_id=cells[3].trial_id, config=cells[3], status="failed", error=error))
+    )
     args = ["status", "many", "--store", str(tmp_path / "store")]
     done = runner.invoke(app, args)
     assert done.exit_code == 0, done.output
+    assert (
+        "why the failed cells failed" in done.stdout and "DatasetError: no folder x" in done.stdout
+    )  # why, not a count
     assert "note: 3 small files hold final rows" in done.stderr
     assert f"`freezesweep compact many --store {tmp_path / 'store'}`" in done.stderr.replace("\n", "")
     assert runner.invoke(app, ["compact", *args[1:]]).exit_code == 0

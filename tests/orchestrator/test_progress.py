@@ -101,6 +101,16 @@ def _bar_line(width: int) -> str:
     return console.file.getvalue().rstrip("\n")
 
 
+def test_on_a_terminal_a_failed_trial_says_why_above_the_bar():
+    console = Console(width=200, file=io.StringIO(), force_terminal=True, color_system=None)
+    progress = SweepProgress(total=96, done=30, out=io.StringIO(), terminal=True, console=console)
+    progress.advance(_result(1))  # an ok trial: the bar's last cell only
+    progress.advance(_result(2, status="failed", error="DatasetError: no folder [x]\n  File trials/data.py"))
+    assert console.file.getvalue().strip().splitlines() == [
+        "trial 32/96: glue/sst2 n=200 k=0 s=2 failed: DatasetError: no folder [x]"
+    ]
+
+
 def test_on_a_terminal_of_80_columns_done_total_and_eta_come_first():
     line = _bar_line(80)
     assert len(line) <= 80 and "\n" not in line
