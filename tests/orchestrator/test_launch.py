@@ -1,6 +1,8 @@
 """orchestrator/launch.py in units: ``resolve_for_launch`` decides everything once, before anything is written, and
 ``run`` starts Ray only when some cell is left to run (real sweeps: test_sweep.py, test_faults.py)."""
 
+from pathlib import Path
+
 import pytest
 import ray
 
@@ -31,7 +33,12 @@ def test_resolve_decides_precision_metrics_and_data_dir_once_without_ray(
     assert sweep.spec.training.select_metric == {toy_dataset: "accuracy"}
     assert sweep.spec.data_dir == str((tmp_path / "glue").resolve())  # recorded: resume needs no environment
     assert sweep.model_layers == {spec.model: 2} and {c.frozen_layers for c in build_grid(sweep)} == {0, 2}
-    assert (sweep.address, sweep.shipment, sweep.gpu_share, sweep.gpu_packing) == (None, None, 0.0, None)
+    assert (sweep.address, sweep.gpu_share, sweep.gpu_packing) == (None, 0.0, None)
+    # node_local (the embedded Ray): the local files' absolute paths, for trials run in folders of their own
+    from freezesweep.orchestrator.local_files import Anchored
+
+    assert isinstance(sweep.shipment, Anchored) and sweep.shipment.models == {spec.model: spec.model}
+    assert all(Path(f).is_absolute() for f in sweep.shipment.datasets[toy_dataset])
     assert not (tmp_path / "store").exists()  # resolving writes nothing
 
 
