@@ -591,9 +591,9 @@ _SHOWN_INPUT_CHARS = 200
 
 def _known_keys(loc: tuple) -> list[str]:
     """The keys a spec's mapping at ``loc`` takes (its section's fields and their aliases), for a hint."""
-    model: Any = SweepSpec
+    model: type[BaseModel] = SweepSpec
     for part in loc:
-        field = model.model_fields.get(str(part)) if isinstance(model, type) else None
+        field = model.model_fields.get(str(part))
         sections = [t for t in (field.annotation, *get_args(field.annotation)) if _is_section(t)] if field else []
         if not sections:
             return []
