@@ -389,6 +389,10 @@ def run_tune(
     os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")  # with verbose=0: no Tune tables; our bar reports
     # Tune's own per-trial CSV, JSON and TensorBoard files: nothing here reads them (rows are the store's).
     os.environ.setdefault("TUNE_DISABLE_AUTO_CALLBACK_LOGGERS", "1")
+    # Tune's traceback of every failed attempt (ray/tune/execution/tune_controller.py, _trial_task_failure):
+    # 36 failed attempts printed 2,324 lines. A failed cell's line says why and its row keeps the traceback;
+    # TUNE_PRINT_ALL_TRIAL_ERRORS=1 brings Tune's back.
+    os.environ.setdefault("TUNE_PRINT_ALL_TRIAL_ERRORS", "0")
     # Trials Tune keeps waiting for a place at once. Its "auto" gives a custom Searcher one, so each
     # trial waited for the one before it to start: a cluster filled one worker start-up at a time and
     # short trials all ran on the first node (ray/tune/execution/tune_controller.py,
