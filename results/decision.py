@@ -91,8 +91,10 @@ def decide(
         grid = _grid_arms(group, arms)
         decision = decide_group(_arms(group), rule, looks, grid)
         record = _record(key, group, decision, rule, looks, costs)
-        if key[0] in (rules or {}):  # a settle sweep: what budget would decide what is open
-            record["decided_at_seeds"] = _budget_to_decide(decision, rule, grid)
+        # what budget of a new settle sweep (its looks paid anew) would decide what is open: a settle
+        # sweep's past its own; a fixed grid's from one seed more than a settle sweep's first look
+        new = rule if key[0] in (rules or {}) else dataclasses.replace(rule, max_seeds=rule.initial_seeds)
+        record["decided_at_seeds"] = _budget_to_decide(decision, new, grid)
         running = _running(group, (planned_ks or {}).get(key[0]), (planned_seeds or {}).get(key[0]))
         if key[0] not in (rules or {}) and running:
             records.append(
@@ -253,7 +255,7 @@ def sentence(
     if record.get("frozen_layers") is None:
         return (
             f"fine-tune every layer: no k is shown within {rule.tolerance:g} of full fine-tuning at "
-            f"{_pairs(decision)} trained pairs{rest}; {_add_seeds(record, settle)}{left_out}."
+            f"{_pairs(decision)} trained pairs{rest}; {_add_seeds(record, settle, rule.tolerance)}{left_out}."
         )
     return _advice(record, decision, rule) + f"{rest}{left_out}."
 
@@ -289,7 +291,7 @@ def _not_learned(record: dict, decision: GroupDecision, rule: SettleRule, settle
     return (
         f"not yet shown that full fine-tuning beats the constant baseline by more than {rule.tolerance:g} here "
         f"({trained}: {gain.why}){_collapses(gain, pct) if gain.collapsed else ''}; no freezing advice — "
-        f"{_add_seeds(record, settle)}"
+        f"{_add_seeds(record, settle, rule.tolerance)}"
     )
 
 
@@ -340,8 +342,8 @@ def _collapses(c: Comparison, pct: str) -> str:
     )
 
 
-def _add_seeds(record: dict, settle: bool) -> str:
-    """What would decide it: a budget (plan prices it), or seeds in a new sweep."""
+def _add_seeds(record: dict, settle: bool, tolerance: float) -> str:
+    """What would decide it: a budget of a new settle sweep (plan prices it), or why there is none."""
     budget = record.get("decided_at_seeds")
     if budget is None or pd.isna(budget):
         return (
@@ -349,9 +351,15 @@ def _add_seeds(record: dict, settle: bool) -> str:
             if settle
             else "add seeds (a settle sweep runs as many as the question needs)"
         )
+    # a fixed grid's seeds grown in place would look at its rows twice: a new sweep pays its looks anew
+    where = (
+        f"settle.max_seeds {int(budget)}"
+        if settle
+        else f"settle: {{tolerance: {tolerance:g}, max_seeds: {int(budget)}}}, under a new name"
+    )
     return (
         f"{int(budget)} seeds per arm would decide it if the spread stays as it is (a new settle sweep with "
-        f"settle.max_seeds {int(budget)}: `freezesweep plan` prices it)"
+        f"{where}: `freezesweep plan` prices it)"
     )
 
 

@@ -121,8 +121,8 @@ def test_decision_sentences_and_table(store_rows):
         "at k=6): accuracy 0.848 vs 0.850 on the same 3 seeds, paired difference -0.002 (its own one-sided bound "
         f"-0.005, at 97.8 %); 0 of 3 seeds collapsed to the constant predictor or diverged (at most "
         f"{100 * (1 - (0.05 * 0.05 / 4) ** (1 / 3)):.0f} % of seeds do, 95 % family-wise); it trains with 75 % fewer "
-        "trainable parameters, 40 % less train time and 25 % less peak memory (undecided: k=6 (-0.050 when trained)) "
-        "(left out: 1 failed)."
+        "trainable parameters, 40 % less train time and 25 % less peak memory (undecided: k=6 (-0.050 when trained); "
+        "6 seeds per arm would decide what is open) (left out: 1 failed)."
     )
     assert decisions.loc[100, "frozen_layers"] == 3 and decisions.loc[100, "k_retaining_90"] == 3
     assert decisions.loc[100, ["params_saved_pct", "time_saved_pct", "mem_saved_pct"]].tolist() == pytest.approx(
@@ -144,7 +144,9 @@ def test_a_tighter_tolerance_admits_no_k_and_says_what_is_undecided(store_rows):
         "d, n = 100: fine-tune every layer: no k is shown within 0.001 of full fine-tuning at 3 trained pairs "
         "(undecided: k=-1 (+0.000 when trained); not tested, deeper than where the sequence stopped: k=3 (-0.002 "
         "when trained), k=6 "
-        "(-0.050 when trained)); add seeds (a settle sweep runs as many as the question needs) (left out: 1 failed)."
+        "(-0.050 when trained)); 13 seeds per arm would decide it if the spread stays as it is (a new settle sweep "
+        "with settle: {tolerance: 0.001, max_seeds: 13}, under a new name: `freezesweep plan` prices it) "
+        "(left out: 1 failed)."
     )
     assert pd.isna(decisions.loc[100, "frozen_layers"])
 
@@ -218,7 +220,7 @@ def test_report_files_tables_and_completeness(store_rows, tmp_path):
         "75.0 %",
         "40.0 %",
         "25.0 %",
-        "–",
+        "6",  # seeds to decide: k = 6 is open
     ]
     tables = markdown_rows(markdown)
     assert decision_row in tables
