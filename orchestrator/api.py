@@ -434,6 +434,11 @@ def status(name: str, *, store: str | None = None) -> SweepStatus:
     return SweepStatus(result_store.sweep, table, placement(rows), gpus, notes, failure_reasons(rows))
 
 
+def store_flag(store: str) -> str:
+    """The ``--store`` a command needs to find a sweep in ``store`` (none for the default store)."""
+    return "" if store == DEFAULT_STORE else f" --store {store}"
+
+
 def _compact_advice(result_store: ResultStore, statuses: dict[str, str]) -> list[str]:
     """Thousands of single-row files (a store from before compaction, rounds that never finished): every
     read opens each of them; one `compact` makes them one part."""
@@ -442,7 +447,7 @@ def _compact_advice(result_store: ResultStore, statuses: dict[str, str]) -> list
     singles = result_store.compactable(statuses)
     if singles <= COMPACT_ADVICE_FILES:
         return []
-    where = "" if result_store.uri == DEFAULT_STORE else f" --store {result_store.uri}"
+    where = store_flag(result_store.uri)
     return [
         f"note: {singles:,} small files hold final rows (single-row files, or a trial array's rows), each opened by "
         "every command: run "

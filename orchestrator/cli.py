@@ -227,10 +227,6 @@ def _run_launch(run: Callable[[], Any]) -> None:
     _print_summary(summary, stopped=143 if summary.terminated or terminated else 130)
 
 
-def _store_words(store: str) -> str:
-    return "" if store == DEFAULT_STORE else f" --store {store}"
-
-
 def _print_summary(summary, stopped: int) -> None:
     recovered = f", {summary.recovered} recovered from Ray's state" if summary.recovered else ""
     if summary.gpu_packing:
@@ -248,7 +244,7 @@ def _print_summary(summary, stopped: int) -> None:
     if summary.not_needed:
         console.print(
             f"settle mode: {summary.not_needed} of the grid's cells not needed, the answer was decided without them "
-            f"(`freezesweep report {summary.sweep}{_store_words(summary.store)}` says how)"
+            f"(`freezesweep report {summary.sweep}{api.store_flag(summary.store)}` says how)"
         )
     console.print(f"store: {summary.store}/{summary.sweep}/results/")
     if summary.unfinished:

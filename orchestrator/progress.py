@@ -24,6 +24,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Column
 
 from freezesweep.trials.config import TrialResult
+from freezesweep.results.query import first_line
 
 SUMMARY_EVERY_S = 60.0  # the longest a log goes without a line while a sweep runs
 
@@ -35,15 +36,6 @@ def cell_words(result: TrialResult) -> str:
     if result.best_val_score is not None:
         words += f" {result.select_metric}={result.best_val_score:.3f}"
     return words
-
-
-REASON_CHARS = 200  # of a failed trial's error, on its line: the whole of it is the row's ``error``
-
-
-def reason(result: TrialResult) -> str:
-    """Why a trial did not finish ok, in a line: its error's first (``DatasetError: …``), or nothing."""
-    first = (result.error or "").strip().split("\n", 1)[0]
-    return first if len(first) <= REASON_CHARS else first[: REASON_CHARS - 1] + "…"
 
 
 def _duration(seconds: float) -> str:
@@ -89,7 +81,7 @@ class SweepProgress:
             self.done, self.finished = self.done + 1, self.finished + 1
         last = cell_words(result)
         self._bar.update(self._task, advance=0 if replaces else 1, failed=self.failed, last=last)
-        why = f": {reason(result)}" if result.status != "ok" and result.error else ""
+        why = f": {first_line(result.error)}" if result.status != "ok" and result.error else ""
         if self.mode == "lines":
             took = f" {result.wall_time_s:.1f}s" if result.wall_time_s is not None else ""
             self._write(f"trial {self.done}/{self.total}: {last}{took}{why}")

@@ -222,16 +222,22 @@ def paired_by_seed(df: pd.DataFrame, baseline_k: int = 0) -> pd.DataFrame:
 NODE_COLUMNS = ["node_id", "node_ip", "hostname", "node", "gpu_uuid", "gpu_mps", "status"]
 
 
+REASON_CHARS = 200  # of an error's first line, where one line says why (the row's ``error`` has it whole)
+
+
+def first_line(error: str | None) -> str:
+    """Why a trial failed, in a line: its error's first (``DatasetError: …``), cut at ``REASON_CHARS``."""
+    first = (error or "").strip().split("\n", 1)[0]
+    return first if len(first) <= REASON_CHARS else first[: REASON_CHARS - 1] + "…"
+
+
 def failure_reasons(rows: pd.DataFrame, limit: int = 5) -> pd.DataFrame:
     """Why the cells that are failed now (their last row failed or ran out of memory) failed: each
-    error's first line (``DatasetError: …``) with how many cells it stopped, the most first, at most
-    ``limit`` (the whole errors are the rows' ``error`` column)."""
+    error's ``first_line`` with how many cells it stopped, the most first, at most ``limit``."""
     last = rows.drop_duplicates("trial_id", keep="last")
     failed = last[last["status"].isin(["failed", "oom"])]
-    first_lines = (
-        failed["error"].fillna("(no error recorded)").str.strip().str.split("\n", n=1).str[0].str.slice(0, 200)
-    )
-    return first_lines.value_counts().head(limit).rename_axis("error").reset_index(name="cells")
+    reasons = failed["error"].map(lambda error: first_line(error) or "(no error recorded)")
+    return reasons.value_counts().head(limit).rename_axis("error").reset_index(name="cells")
 
 
 def placement(df: pd.DataFrame) -> pd.DataFrame:

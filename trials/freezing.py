@@ -75,11 +75,11 @@ def find_encoder_parts(model: nn.Module) -> EncoderParts:
     return EncoderParts(bottom=tuple(bottom), layers=base.get_submodule(layers_name), layers_name=layers_name)
 
 
-def prefix_names(model: nn.Module, depth: int) -> set[str]:
+def prefix_names(model: nn.Module, depth: int | None = None) -> set[str]:
     """The parameters of the frozen prefix at ``depth`` (the embeddings and shared encoder parameters,
-    then the first ``depth`` layers): what a cache of the states after layer ``depth`` stands in for.
-    Empty below one layer (no cache there)."""
-    if depth < 1:
+    then the first ``depth`` layers; None: every layer): what a cache of the states after layer
+    ``depth`` stands in for. Empty below one layer (no cache there)."""
+    if depth is not None and depth < 1:
         return set()
     parts = find_encoder_parts(model)
     prefix = {id(p) for layer in parts.layers[:depth] for p in layer.parameters()} | {id(p) for p in parts.bottom}

@@ -442,7 +442,8 @@ def initial_model(cfg: TrialConfig, num_labels: int, worker: WorkerState | None 
     seed_everything(cfg.derived_seed)
     if key not in worker.templates:
         model, drawn = built_model(cfg.model_files(), num_labels, cfg.model_init)
-        if cfg.model_init == "pretrained":  # (a random init is its seed's through and through)
+        # once per model: a checkpoint lacks the same weights whatever the seed (a random init: all of them)
+        if cfg.model_init == "pretrained" and cfg.model not in worker.seeded_prefix:
             worker.seeded_prefix[cfg.model] = drawn_in_prefix(model, drawn)
         worker.templates.put(key, (model, _host_rng_states()))
     template, states = worker.templates.fresh(key)
@@ -455,10 +456,9 @@ def drawn_in_prefix(model, drawn: frozenset[str]) -> bool:
     layers: what the cached states after a frozen layer depend on. A model without one layer stack
     (ALBERT's shared layer, an encoder-decoder) runs full fine-tuning alone: nothing of it is cached."""
     try:
-        depth = len(find_encoder_parts(model).layers)
+        return bool(drawn & prefix_names(model))
     except FreezingError:
         return False
-    return bool(drawn & prefix_names(model, depth))
 
 
 def seed_everything(seed: int) -> None:
