@@ -136,7 +136,7 @@ from freezesweep.trials.train import (
     optimizer_step,
     record_evaluation,
 )
-from freezesweep.trials.worker import FeedKey, WorkerState, process_worker
+from freezesweep.trials.worker import FeedKey, WorkerState, process_worker, states_bytes
 
 log = logging.getLogger(__name__)
 OPTIMISATION = "trial_array"  # what the rows of an array's members say among their optimisations
@@ -783,13 +783,16 @@ def eval_depths(cfgs: Sequence[TrialConfig], model: nn.Module, names: set[str], 
     every member through every layer the least frozen one trains). The states are the array model's
     own, the first cell's initial weights, so they are filled for the depths of the cells whose
     weights those are (``weights_key``: a pretrained model's, every seed, unless its checkpoint lacks
-    a prefix weight; a random init, its seed's) and used by those cells only (``EvalDepths.prefix``)."""
+    a prefix weight; a random init, its seed's) and used by those cells only (``EvalDepths.prefix``).
+    The depths' states together keep to the worker's budget for the cache: past it, from the embeddings."""
     data, precision, device = where
-    first, prefixes, started = cfgs[0], {}, time.perf_counter()
-    weights = weights_key(first, data.worker)
+    first, started = cfgs[0], time.perf_counter()
+    prefixes: dict[int, tuple[PrefixStates, frozenset[str]]] = {}
+    weights, room = weights_key(first, data.worker), data.worker.eval_states.max_bytes
     for depth in sorted({c.frozen_layers for c in cfgs if weights_key(c, data.worker) == weights}):
         at = dataclasses.replace(first, frozen_layers=depth)  # (its weights are the model's: the first cell's)
-        prefix = evaluation_prefix(at, model, data, precision, device)
+        held = sum(states_bytes(p) for p, _ in prefixes.values())  # the array holds them all: one budget
+        prefix = evaluation_prefix(at, model, data, precision, device, None if room is None else room - held)
         if prefix is not None:
             prefixes[depth] = (prefix, frozenset(names & prefix_names(model, depth)))
     synchronize(device)

@@ -11,6 +11,9 @@ Each entry is checked once against the full model on the first batch; an entry t
 single bit (e.g. an architecture whose encoder does not simply loop over its layers), or whose
 cached path raises (a model whose layer loop the injector cannot stand in for), is dropped and its
 trials evaluate the full model: a "no", never a failed trial.
+The states a worker keeps are bounded in bytes (trials/worker.py ``MAX_EVAL_MIB``), the least
+recently used going first; an entry that would not fit alone (a large validation set) is not made:
+the first batch's states price it, and its trials evaluate the full model, as for a "no".
 
 How: the encoder's ``ModuleList`` of layers is swapped, for the duration of an evaluation, for
 ``[injector, layer_k+1, …, layer_L]``; the injector ignores the hidden states it is given and returns
@@ -73,17 +76,22 @@ def exact_prefix(
     layer: int,
     key: EvalKey,
     worker: WorkerState,
+    room: int | None = None,
 ) -> PrefixStates | None:
     """The cached states for ``key`` if the cached path is bit-identical to the full model, else
     None. Checked once per entry: every trial sharing it feeds the same states through the same code
-    path, and identical states give identical logits whatever the trained layers' weights."""
+    path, and identical states give identical logits whatever the trained layers' weights. None too
+    where the entry would take more than ``room`` bytes (default: the worker's whole budget)."""
     entry = PrefixKey(key, layer)
     if worker.eval_exact.get(entry) is False:
         return None  # failed once: never computed (nor kept, nor chained from) again
+    room = worker.eval_states.max_bytes if room is None else room
     try:
-        prefix = prefix_states(model, batches, plan, device, layer, key, worker)
+        prefix = prefix_states(model, batches, plan, device, layer, key, worker, room)
         if entry not in worker.eval_exact:
             worker.eval_exact[entry] = matches_full_model(model, batches[0], prefix, plan, device)
+    except TooLarge:
+        return None  # not a verdict on the model: with more room (another trial's) it may be made
     except Exception as exc:  # the cached path cannot run this model: a "no", the trial evaluates in full
         if is_oom(exc):
             raise  # out of memory is the trial's to handle (trials/oom.py), not a verdict on the model
@@ -102,20 +110,24 @@ def prefix_states(
     layer: int,
     key: EvalKey,
     worker: WorkerState,
+    room: int | None = None,
 ) -> PrefixStates:
     """The cached states for ``key`` after ``layer`` layers (computed with ``model``'s frozen
-    prefix on a miss, from the deepest cached shallower entry when there is one)."""
+    prefix on a miss, from the deepest cached shallower entry when there is one). A miss whose states
+    would take more than ``room`` bytes raises ``TooLarge`` after the first batch (None: no bound)."""
     cached = worker.eval_states.fresh(PrefixKey(key, layer))
     if cached is not None:
         return cached
     below = [j for j in range(layer - 1, 0, -1) if PrefixKey(key, j) in worker.eval_states]
     start = worker.eval_states[PrefixKey(key, below[0])] if below else None
     try:
-        states = _compute(model, batches, plan, device, layer, start)
+        states = _compute(model, batches, plan, device, layer, start, room)
     except Exception as exc:
-        if start is None or is_oom(exc):
+        if start is None or is_oom(exc) or isinstance(exc, TooLarge):
             raise
-        states = _compute(model, batches, plan, device, layer)  # the injected start fails here: from the embeddings
+        states = _compute(
+            model, batches, plan, device, layer, room=room
+        )  # the injected start fails: from the embeddings
     for dropped in worker.eval_states.put(PrefixKey(key, layer), states):
         worker.eval_exact.pop(dropped, None)
     return states
@@ -129,9 +141,11 @@ def _compute(
     device: torch.device,
     layer: int,
     start: PrefixStates | None = None,
+    room: int | None = None,
 ) -> PrefixStates:
     """The output of layer ``layer`` (1-based count of frozen layers) for every batch, from the
-    embeddings or, with ``start``, from the cached states entering layer ``start.layer``."""
+    embeddings or, with ``start``, from the cached states entering layer ``start.layer``; ``TooLarge``
+    once the first batch's states show that all of them would take more than ``room`` bytes."""
     parts = find_encoder_parts(model)
     captured, tuple_output = [], 0
     with (
@@ -142,8 +156,21 @@ def _compute(
             if injector is not None:
                 injector.states = start.states[i]
             states, tuple_output = output_of(model, parts.layers[layer - 1], batch.to(device), plan)
+            if i == 0 and room is not None and projected_bytes(states, batches) > room:
+                raise TooLarge(f"{projected_bytes(states, batches)} bytes of states, room for {room}")
             captured.append(states)
     return PrefixStates(layer=layer, states=tuple(captured), tuple_output=tuple_output)
+
+
+class TooLarge(Exception):
+    """An entry that would take more bytes than its room: not made, its trials evaluate in full."""
+
+
+def projected_bytes(first: torch.Tensor, batches: list[Batch]) -> int:
+    """All batches' states, priced by the first batch's (``first``: [rows, tokens, hidden]): a state
+    per token position the batches pad to."""
+    per_position = first.nbytes // max(1, first.shape[0] * first.shape[1])
+    return per_position * sum(batch.input_ids.numel() for batch in batches)
 
 
 class _Stop(Exception):

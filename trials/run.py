@@ -351,15 +351,17 @@ def _train_key(cfg: TrialConfig, data: TrialData, plan: PrecisionPlan, device: t
     return TrainKey(cfg.model, weights, data.task.train.digest, cfg.max_seq_length, plan.name, str(device))
 
 
-def evaluation_prefix(cfg: TrialConfig, model, data: TrialData, plan, device) -> PrefixStates | None:
+def evaluation_prefix(
+    cfg: TrialConfig, model, data: TrialData, plan, device, room: int | None = None
+) -> PrefixStates | None:
     """The cached output of the frozen layers for evaluation, when it is exact: at least one frozen
-    layer, and bit-identical to the full model on the first batch. A random init is cached too, under
-    its seed (``weights_key``): the cells of one seed start from the same weights (``initial_model``)."""
+    layer, and bit-identical to the full model on the first batch; and when it fits ``room`` bytes
+    (default: the worker's budget for the cache). A random init is cached too, under its seed
+    (``weights_key``): the cells of one seed start from the same weights (``initial_model``)."""
     if not (cfg.eval_cache and cfg.method == "freeze" and cfg.frozen_layers >= 1):
         return None
-    return exact_prefix(
-        model, data.batches, plan, device, cfg.frozen_layers, _eval_key(cfg, data, plan, device, model), data.worker
-    )
+    key = _eval_key(cfg, data, plan, device, model)
+    return exact_prefix(model, data.batches, plan, device, cfg.frozen_layers, key, data.worker, room)
 
 
 def feed_of(

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass, field, fields
 from typing import TYPE_CHECKING, Any, NamedTuple
 
@@ -27,17 +28,27 @@ if TYPE_CHECKING:
 
 MAX_TEMPLATES = 2  # initial models kept (a base-size model is ~0.5 GB in fp32)
 MAX_EVAL_ENTRIES = 8  # evaluation cache entries (a few MB to a few hundred MB each)
+# The evaluation cache's states a worker keeps, in all: the reference grid's entries are ~40 MB each
+# (SST-2's 872 rows through roberta-base in fp16), but an entry grows with the validation set (QQP's
+# 40,430 pairs of ~40 tokens: ~2.5 GB in bf16, ~5 GB in fp32), and eight such would end a CPU worker or
+# crowd a GPU's packed trials. Past it the least recently used entries go; one that would pass it alone is not made
+# (trials/eval_cache.py: its trials evaluate in full, a "no").
+MAX_EVAL_MIB = 2048
 MAX_TRAIN_ENTRIES = 8  # training cache entries: a grid's k values all fit
 MAX_TOKEN_SPLITS = 16
 MAX_TASKS = 4
 
 
 class Lru(OrderedDict):
-    """A mapping of at most ``maxsize`` entries; ``put`` drops the least recently used and says which."""
+    """A mapping of at most ``maxsize`` entries (and, given ``max_bytes`` and ``size``, entries of at most
+    that many bytes together); ``put`` drops the least recently used and says which."""
 
-    def __init__(self, maxsize: int):
+    def __init__(self, maxsize: int, max_bytes: int | None = None, size: Callable[[Any], int] | None = None):
         super().__init__()
-        self.maxsize = maxsize
+        self.maxsize, self.max_bytes, self.size = maxsize, max_bytes, size
+
+    def held_bytes(self) -> int:
+        return sum(map(self.size, self.values())) if self.size else 0
 
     def fresh(self, key: Any) -> Any:
         """The entry (None if absent), now the most recently used."""
@@ -51,9 +62,12 @@ class Lru(OrderedDict):
         self[key] = value
         self.move_to_end(key)
         dropped = []
-        while len(self) > self.maxsize:
+        while self and (len(self) > self.maxsize or self._too_big()):
             dropped.append(self.popitem(last=False)[0])
         return dropped
+
+    def _too_big(self) -> bool:
+        return self.max_bytes is not None and self.held_bytes() > self.max_bytes
 
 
 # --- what the caches are keyed by ----------------------------------------------------------------
@@ -104,7 +118,9 @@ class FeedKey(NamedTuple):
 class WorkerState:
     templates: Lru = field(default_factory=lambda: Lru(MAX_TEMPLATES))  # TemplateKey -> (model, RNG states)
     seeded_prefix: dict = field(default_factory=dict)  # pretrained model -> its checkpoint lacks a prefix weight
-    eval_states: Lru = field(default_factory=lambda: Lru(MAX_EVAL_ENTRIES))  # PrefixKey -> PrefixStates
+    eval_states: Lru = field(  # PrefixKey -> PrefixStates
+        default_factory=lambda: Lru(MAX_EVAL_ENTRIES, MAX_EVAL_MIB * 2**20, states_bytes)
+    )
     eval_exact: dict = field(default_factory=dict)  # PrefixKey -> the cached path is bit-identical
     train_states: Lru = field(default_factory=lambda: Lru(MAX_TRAIN_ENTRIES))  # PrefixKey -> rows' states
     train_exact: dict = field(default_factory=dict)  # PrefixKey -> the cached training path gives the model's logits
@@ -170,6 +186,11 @@ def _arrays_bytes(arrays, device_type: str, seen: set[int]) -> int:
     new = {id(a): a for a in arrays if id(a) not in seen}
     seen.update(new)
     return sum(a.nbytes for a in new.values())
+
+
+def states_bytes(prefix: Any) -> int:
+    """An evaluation cache entry's bytes (trials/eval_cache.py ``PrefixStates``: a tensor per batch)."""
+    return sum(t.nbytes for t in prefix.states)
 
 
 _PROCESS = WorkerState()  # this process's: a worker process runs one trial at a time

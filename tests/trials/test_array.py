@@ -596,3 +596,22 @@ def test_a_member_that_left_its_slot_is_freed_before_its_successor_trains(tiny_t
     assert [r.status for r in results] == ["ok"] * 3 and len(made) == 3
     assert {frozenset(active) for _, active in steps} == {frozenset([c.trial_id]) for c in cells}
     assert all(alive == active for alive, active in steps)
+
+
+def test_an_arrays_cached_depths_keep_to_the_workers_budget(cells):
+    """Room for one depth's states: the array caches k = 1 and evaluates k = 2 from the embeddings (its
+    depths' states are held together for its whole life), each member as its single trial scores."""
+    from freezesweep.trials.worker import MAX_EVAL_ENTRIES, Lru, states_bytes
+
+    probe = WorkerState()
+    run_trial(dataclasses.replace(cells[2], epochs=1), worker=probe)
+    (entry,) = probe.eval_states.values()
+    worker = WorkerState(eval_states=Lru(MAX_EVAL_ENTRIES, states_bytes(entry), states_bytes))
+    run = built(cells, worker)
+    groups = run.eval_depths.groups(run.members)
+    assert [(g.slots, g.prefix and g.prefix.layer) for g in groups] == [((0, 1, 3), None), ((2,), 1)]
+    results = run_array(cells, worker=worker)
+    assert [r.eval_cached_layers for r in results] == [None, None, 1, None]
+    for a, s in zip(results, [run_trial(dataclasses.replace(c, eval_cache=False)) for c in cells]):
+        assert [p.step for p in a.eval_curve] == [p.step for p in s.eval_curve]
+        assert all(p.loss == pytest.approx(q.loss, abs=1e-5) for p, q in zip(a.eval_curve, s.eval_curve))

@@ -177,3 +177,61 @@ def test_a_prefix_weight_the_checkpoint_lacks_is_cached_per_seed(tiny_trial, tmp
         assert cached.status == "ok" and cached.best_val_metrics == uncached.best_val_metrics
         assert [(p.accuracy, p.loss) for p in cached.eval_curve] == [(p.accuracy, p.loss) for p in uncached.eval_curve]
     assert len({key.base.weights for key in worker.eval_states}) == 2  # one per seed
+
+
+def _budgeted(max_bytes: int) -> WorkerState:
+    from freezesweep.trials.worker import MAX_EVAL_ENTRIES, Lru, states_bytes
+
+    return WorkerState(eval_states=Lru(MAX_EVAL_ENTRIES, max_bytes, states_bytes))
+
+
+def _entry_bytes(cfg) -> int:
+    from freezesweep.trials.worker import states_bytes
+
+    probe = WorkerState()
+    run_trial(cfg, worker=probe)
+    (entry,) = probe.eval_states.values()
+    return states_bytes(entry)
+
+
+def test_an_entry_that_would_pass_the_budget_alone_is_not_made(tiny_trial, monkeypatch):
+    """A validation set too large for the worker's budget: priced from its first batch and not made (no
+    layer past that batch runs for it), the trial evaluates in full as its uncached twin, and the refusal
+    is no verdict on the model (a worker with room makes the entry)."""
+    from freezesweep.trials import eval_cache as module
+
+    cfg = dataclasses.replace(tiny_trial, frozen_layers=1, epochs=1)
+    size = _entry_bytes(cfg)
+    outputs = []
+    real_output_of = module.output_of
+    monkeypatch.setattr(module, "output_of", lambda *a: outputs.append(1) or real_output_of(*a))
+    small = _budgeted(size - 1)
+    refused = run_trial(cfg, worker=small)
+    uncached = run_trial(dataclasses.replace(cfg, eval_cache=False), worker=WorkerState())
+    assert refused.eval_cached_layers is None and "eval_cache" not in refused.optimisations
+    assert [(p.accuracy, p.loss) for p in refused.eval_curve] == [(p.accuracy, p.loss) for p in uncached.eval_curve]
+    assert len(small.eval_states) == 0 and outputs == [1] and not small.eval_exact  # one batch priced it
+    assert run_trial(cfg, worker=_budgeted(size)).eval_cached_layers == 1
+
+
+def test_the_worker_keeps_its_entries_within_the_budget(tiny_trial):
+    """Room for one entry: a second depth's entry is made (chained from the first) and the first goes;
+    each trial evaluates from its cache as its uncached twin does."""
+    cfg = dataclasses.replace(tiny_trial, frozen_layers=1, epochs=1)
+    worker = _budgeted(_entry_bytes(cfg))
+    for k in (1, 2):
+        at = dataclasses.replace(cfg, frozen_layers=k)
+        cached, uncached = run_trial(at, worker=worker), run_trial(dataclasses.replace(at, eval_cache=False))
+        assert cached.eval_cached_layers == k
+        assert [(p.accuracy, p.loss) for p in cached.eval_curve] == [(p.accuracy, p.loss) for p in uncached.eval_curve]
+    assert [key.layer for key in worker.eval_states] == [2]
+    assert worker.eval_states.held_bytes() <= worker.eval_states.max_bytes
+
+
+def test_an_lru_bounded_in_bytes_drops_the_oldest_and_keeps_nothing_too_large():
+    from freezesweep.trials.worker import Lru
+
+    lru = Lru(8, max_bytes=10, size=len)
+    assert lru.put("a", "xxxx") == [] and lru.put("b", "xxxx") == []
+    assert lru.put("c", "xxxx") == ["a"] and list(lru) == ["b", "c"]
+    assert lru.put("d", "x" * 11) == ["b", "c", "d"] and len(lru) == 0  # alone past the bound: not kept
