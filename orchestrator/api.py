@@ -477,6 +477,10 @@ def _sweep_rows(name: str, store: str | None, tolerance: float | None) -> SweepR
     from freezesweep.results.query import status_table
     from freezesweep.results.report import SweepRows
 
+    if tolerance is not None and not tolerance > 0:  # "worse by more than -0.01" claims nothing sane
+        raise SpecError(
+            [f"tolerance: {tolerance:g} is not above 0 (how much below full fine-tuning still counts)"], name
+        )
     sweep, result_store = _stored_sweep(name, store)
     settle = sweep.spec.settle
     rule = settle.rule() if settle else None

@@ -374,7 +374,11 @@ def _store_problems(raw: dict[str, Any]) -> list[str]:
         return [f"store: {exc}"]
     except SpecError as exc:  # a damaged spec.yaml: named with what to do, beside the other problems
         return [f"store: {exc.source}: {p}" for p in exc.problems]
-    return [] if stored is None else _protocol_changes(stored, raw) + _settle_changes(stored, raw)
+    return (
+        []
+        if stored is None
+        else _protocol_changes(stored, raw) + _settle_changes(stored, raw) + _seed_changes(stored, raw, target)
+    )
 
 
 def stored_spec_mapping(store: ResultStore) -> dict[str, Any] | None:
@@ -426,6 +430,58 @@ def _protocol_changes(stored: dict[str, Any], raw: dict[str, Any]) -> list[str]:
         "with the old protocol (start a new sweep name to compare protocols)"
         for k in changed
     ]
+
+
+def _seed_changes(stored: dict[str, Any], raw: dict[str, Any], store: ResultStore) -> list[str]:
+    """A fixed grid is decided at one look, all its seeds at once, as soon as a group's cells are all in:
+    seeds added after that would look at its rows a second time (results/settle.py), at a level paid once.
+    So would a fixed grid turned into a settle sweep (its rows a first look) or the other way round.
+    Seeds added before any group was complete are new cells like any other (no look was possible)."""
+    old_settle, new_settle = isinstance(stored.get("settle"), dict), isinstance(raw.get("settle"), dict)
+    new_seeds = raw.get("seeds") if isinstance(raw.get("seeds"), list) else []
+    where = f"sweep {raw.get('name')!r} already has rows"
+    fresh = "start a new sweep name (`freezesweep plan` prices it)"
+    if old_settle != new_settle and (new_settle or new_seeds) and _has_rows(store):
+        was, now = ("a settle sweep", "a fixed grid of seeds") if old_settle else ("a fixed grid", "a settle sweep")
+        return [
+            f"settle: {where} as {was}; as {now} its decisions would look at them again, at a level paid once ({fresh})"
+        ]
+    added = sorted({s for s in new_seeds if isinstance(s, int)} - set(stored.get("seeds") or []))
+    if old_settle or not added:
+        return []
+    complete = complete_group(stored, store)
+    if complete is None:
+        return []
+    return [
+        f"seeds: {added} added, but {where} and its group {complete} has all its cells in: a fixed grid is "
+        "decided once, at all its seeds, and a decision on more seeds would be a second look its confidence "
+        f"was not shared by (for more seeds of the same question: a settle sweep, whose looks are paid for, "
+        f"under a new name; {fresh})"
+    ]
+
+
+def _has_rows(store: ResultStore) -> bool:
+    return bool(store.row_files())
+
+
+def complete_group(stored: dict[str, Any], store: ResultStore) -> str | None:
+    """A (model, dataset, train size) of a stored fixed grid whose frozen depths all have a final row at
+    every seed (one whose decision may have been read), named; None if there is none. ``all`` stands for
+    the deepest depth in the model's rows: a group missing its every-layer cells may read as complete,
+    which refuses a growth that was harmless, never the other way round."""
+    columns = ["model", "dataset", "train_size", "method", "frozen_layers", "seed", "status"]
+    rows = store.read_table(columns=columns).to_pandas()
+    rows = rows[(rows["method"] == "freeze") & rows["status"].isin(("ok", "diverged"))]
+    seeds = set(stored.get("seeds") or [])
+    asked = stored.get("frozen_layers") or []
+    for (model, dataset, size), group in rows.groupby(["model", "dataset", "train_size"]):
+        depths = {k for k in asked if isinstance(k, int)} | (
+            {int(group["frozen_layers"].max())} if "all" in asked else set()
+        )
+        final = set(zip(group["frozen_layers"].astype(int), group["seed"].astype(int)))
+        if depths and {(k, s) for k in depths for s in seeds} <= final:
+            return f"{model} · {dataset}, n = {int(size)}"
+    return None
 
 
 SETTLE_QUESTION = ("tolerance", "confidence", "initial_seeds", "seeds_per_round", "max_seeds")

@@ -423,8 +423,8 @@ def report(
     tolerance: Annotated[
         Optional[float],
         typer.Option(
-            help="how much of the selected metric below full fine-tuning still counts as as good (default: a settle "
-            "sweep's own, else 0.01)"
+            help="how much of the selected metric below full fine-tuning still counts as as good, above 0 (default: a "
+            "settle sweep's own, else 0.01); choose it before reading the rows: one chosen after voids the confidence"
         ),
     ] = None,
 ) -> None:

@@ -2,9 +2,9 @@
 the same honest rule in every mode (results/settle.py).
 
 Each frozen depth is compared with full fine-tuning (k = 0) on the seeds where both trained, and full
-fine-tuning with the constant baseline, with one-sided bounds that hold simultaneously over the group's
-claims and over every look the sweep took (a fixed grid: one, once complete; a settle sweep: its
-budget's); how often each collapses is counted and bounded beside it. Advice is the most-frozen depth
+fine-tuning with the constant baseline, with one-sided tests whose claims hold together over the group's
+claims (family-wise per group: one dataset, train size and model) and over every look the sweep took (a
+fixed grid: one, once complete; a settle sweep: its budget's); how often each collapses is counted and bounded beside it. Advice is the most-frozen depth
 shown within the tolerance of full fine-tuning when it trains, with its collapse count. There is none
 from fewer than 3 trained pairs, from a bound of zero width, or where full fine-tuning is not shown to
 beat the constant baseline by more than the tolerance; what stays undecided is said, with the seeds it
@@ -134,10 +134,17 @@ def _running(group: pd.DataFrame, ks: set[int] | None, seeds: set[int] | None) -
     planned = {(k, s) for k in ks for s in seeds}
     if planned <= final:
         return ""
+    failed = set(zip(group["frozen_layers"], group["seed"])) & planned - final  # rows, not final: failed, oom
+    counts = f"({len(planned & final)} of {len(planned)} cells in)"
+    state = (
+        f"the grid is not complete here: {len(failed)} cell{'s' if len(failed) > 1 else ''} failed, which "
+        f"`freezesweep resume` runs again {counts}"
+        if failed
+        else f"the grid is still running here {counts}"
+    )
     return (
-        f"the grid is still running here ({len(planned & final)} of {len(planned)} cells in): a fixed grid is "
-        "decided once, when all its cells are in (a look at part of it would be one more look than its "
-        "confidence was shared by)."
+        f"{state}: a fixed grid is decided once, when all its cells are in (a look at part of it would be one "
+        "more look than its confidence was shared by)."
     )
 
 
@@ -247,17 +254,30 @@ def sentence(
         return _not_learned(record, decision, rule, settle) + f"{left_out}."
     rest = _others(record, decision)
     if record.get("frozen_layers") is None and settled:
-        return (
-            f"fine-tune every layer: freezing costs more than {rule.tolerance:g} here — the least frozen depth "
-            f"({_k(decision.stopped_at or '')}) is not within the tolerance, and more seeds would not make it so"
-            f"{rest}{left_out}."
-        )
+        return _every_layer(decision, rule) + f"{rest}{left_out}."
     if record.get("frozen_layers") is None:
         return (
             f"fine-tune every layer: no k is shown within {rule.tolerance:g} of full fine-tuning at "
             f"{_pairs(decision)} trained pairs{rest}; {_add_seeds(record, settle, rule.tolerance)}{left_out}."
         )
     return _advice(record, decision, rule) + f"{rest}{left_out}."
+
+
+def _every_layer(decision: GroupDecision, rule: SettleRule) -> str:
+    """No depth within, and no seed would change that: a claim where the first depth is shown worse, else
+    what stopped its seeds, an estimate (``results.settle.open_arms``: its own bound, or hopeless)."""
+    first = next((c for c in decision.arms if c.arm == decision.stopped_at), None)
+    depth = _k(decision.stopped_at or "")
+    if first is not None and first.decision == WORSE:
+        return (
+            f"fine-tune every layer: freezing costs more than {rule.tolerance:g} here — the least frozen depth "
+            f"({depth}) is shown worse than full fine-tuning by more than the tolerance ({_family(rule)})"
+        )
+    why = first.why if first is not None and first.why else "it runs no more seeds"
+    return (
+        f"fine-tune every layer: no k is shown within {rule.tolerance:g} of full fine-tuning, and the least "
+        f"frozen depth ({depth}) is undecided ({why}; an estimate, not a claim)"
+    )
 
 
 def _family(rule: SettleRule) -> str:
@@ -281,17 +301,18 @@ def _not_learned(record: dict, decision: GroupDecision, rule: SettleRule, settle
         )
     if gain.seeds and gain.collapsed == gain.seeds:
         needed = all_collapsed_to_show(decision, rule, settle)
-        how = f"a new settle sweep with settle.max_seeds {needed}" if settle else f"a grid of {needed} seeds"
+        how = f"a new settle sweep with settle.max_seeds {needed}" if settle else f"a new grid of {needed} seeds"
+        every, count = ("all", f"{gain.seeds} seeds") if gain.seeds > 1 else ("the", "one seed")
         return (
-            f"all {gain.seeds} seeds of full fine-tuning predicted one class (the constant predictor): nothing "
-            f"learned as far as they show, but {gain.seeds} seeds cannot show it at {pct} ({how}, every seed at "
-            f"the constant predictor, would); no freezing advice"
+            f"{every} {count} of full fine-tuning predicted one class (the constant predictor): nothing learned as "
+            f"far as {'they show' if gain.seeds > 1 else 'it shows'}, but {count} cannot show it at {pct} ({how}, "
+            "every seed at the constant predictor, would); no freezing advice"
         )
     trained = f"{gain.pairs} trained seed{'s' if gain.pairs != 1 else ''}"
     return (
         f"not yet shown that full fine-tuning beats the constant baseline by more than {rule.tolerance:g} here "
         f"({trained}: {gain.why}){_collapses(gain, pct) if gain.collapsed else ''}; no freezing advice — "
-        f"{_add_seeds(record, settle, rule.tolerance)}"
+        f"{_add_seeds(record, settle, rule.tolerance, 'whether full fine-tuning learns (the depths, asked next, may need more)')}"
     )
 
 
@@ -321,7 +342,7 @@ def _advice(record: dict, decision: GroupDecision, rule: SettleRule) -> str:
         f"fine-tuning when it trains ({_family(rule)}; {_sequence(decision)}): {record['metric']} "
         f"{record['score_k']:.3f} vs {record['score_0']:.3f} on the same {record['pairs']} seeds, paired difference "
         f"{record['mean_diff']:+.3f} (its own one-sided bound {record['ci_low']:+.3f}, at "
-        f"{100 * (1 - chosen.level):.1f} %){_collapses(chosen, _family(rule))}{saves}"
+        f"{100 * (1 - chosen.level):.1f} % unadjusted for choosing this depth){_collapses(chosen, _family(rule))}{saves}"
     )
 
 
@@ -342,14 +363,15 @@ def _collapses(c: Comparison, pct: str) -> str:
     )
 
 
-def _add_seeds(record: dict, settle: bool, tolerance: float) -> str:
+def _add_seeds(record: dict, settle: bool, tolerance: float, what: str = "it") -> str:
     """What would decide it: a budget of a new settle sweep (plan prices it), or why there is none."""
     budget = record.get("decided_at_seeds")
     if budget is None or pd.isna(budget):
         return (
             "more seeds than 100 per arm would be needed at this spread, or the mean sits on the boundary"
             if settle
-            else "add seeds (a settle sweep runs as many as the question needs)"
+            else "too few seeds trained to say how many would (a settle sweep under a new name runs as many as "
+            "the question needs)"
         )
     # a fixed grid's seeds grown in place would look at its rows twice: a new sweep pays its looks anew
     where = (
@@ -358,7 +380,7 @@ def _add_seeds(record: dict, settle: bool, tolerance: float) -> str:
         else f"settle: {{tolerance: {tolerance:g}, max_seeds: {int(budget)}}}, under a new name"
     )
     return (
-        f"{int(budget)} seeds per arm would decide it if the spread stays as it is (a new settle sweep with "
+        f"{int(budget)} seeds per arm would decide {what} if the spread stays as it is (a new settle sweep with "
         f"{where}: `freezesweep plan` prices it)"
     )
 

@@ -331,7 +331,7 @@ def test_task_shapes_are_checked_one_clear_error_each(write_spec, toy_dataset, t
     )
     problems = _problems(path)
     expected = [
-        "datasets: glue/rte: no column 'sentence2' (text_pair_column) in the train and validation split",
+        "datasets: glue/rte: no column 'sentence2' (training.text_pair_column in a spec, --text-pair-column for a trial) in the train and validation split",
         "datasets: glue/rte: label column 'label' holds floats in the train and validation split, but glue/rte "
         "is a classification task",
         f"training.select_metric: spearman does not fit {toy_dataset} (a 2-class classification task: "
@@ -541,3 +541,37 @@ def test_a_train_size_larger_than_the_data_is_named_beside_the_datas_own_problem
     pd.DataFrame({"text": ["a"] * 30}).to_csv(folder / "train.csv", index=False)
     with pytest.raises(SpecError, match=r"(?s)label.*\[10000\] exceed the 30 train rows"):
         api.plan(write_spec("bad", datasets=[str(folder)], train_sizes=[24, 10_000]))
+
+
+def _stored_fixed_grid(write_spec, name: str, cells: list[tuple[int, int, int]]) -> dict:
+    """A fixed grid stored as a launch stores it (seed 0, sizes 24 and 48, k 0 and 2), with final rows for
+    ``cells`` (train size, k, seed)."""
+    from freezesweep.results.store import SCHEMA
+
+    raw = yaml.safe_load(write_spec(name).read_text())
+    store = ResultStore(raw["store"], name)
+    store.write_spec(yaml.safe_dump(raw))
+    for n, k, seed in cells:
+        values = dict(sweep=name, trial_id=f"{name}-{n}-{k}-{seed}", model=raw["model"], dataset=raw["datasets"][0])
+        values |= dict(train_size=n, method="freeze", frozen_layers=k, seed=seed, status="ok")
+        store.write_row({c: None for c in SCHEMA.names} | values)
+    return raw
+
+
+def test_seeds_added_to_a_fixed_grid_once_a_group_is_complete_are_refused(write_spec):
+    """Before: a fixed grid grown by a seed after its decision was read was decided again at the same
+    level, a second look (a 5-seed look then a 10-seed one: 3.9 % false "within" against 2.25 %)."""
+    raw = _stored_fixed_grid(write_spec, "fixed", [(24, 0, 0), (24, 2, 0), (48, 0, 0)])
+    (problem,) = _problems(write_spec("fixed", seeds=[0, 1]))
+    assert problem.startswith("seeds: [1] added, but sweep 'fixed' already has rows and its group ")
+    assert f"{raw['datasets'][0]}, n = 24 has all its cells in" in problem and "second look" in problem
+    settle = {"tolerance": 0.01, "initial_seeds": 3, "max_seeds": 5}
+    (switched,) = _problems(write_spec("fixed", seeds=[], settle=settle))
+    assert switched.startswith("settle: sweep 'fixed' already has rows as a fixed grid; as a settle sweep")
+    load_spec(write_spec("fixed", seeds=[0], train_sizes=[24, 48, 96]))  # other axes still grow
+
+
+def test_seeds_added_before_any_group_is_complete_are_new_cells(write_spec):
+    """No group had all its cells in: no decision could have been read, so no look was taken."""
+    _stored_fixed_grid(write_spec, "early", [(24, 0, 0), (48, 0, 0)])
+    assert load_spec(write_spec("early", seeds=[0, 1])).seeds == [0, 1]

@@ -119,7 +119,7 @@ def test_decision_sentences_and_table(store_rows):
         "d, n = 100: freeze the embeddings and the first 3 layers (k = 3) — shown within the 0.01 tolerance of full "
         "fine-tuning when it trains (95 % family-wise; tested from the least frozen depth: k=-1, k=3 within, stopped "
         "at k=6): accuracy 0.848 vs 0.850 on the same 3 seeds, paired difference -0.002 (its own one-sided bound "
-        f"-0.005, at 97.8 %); 0 of 3 seeds collapsed to the constant predictor or diverged (at most "
+        f"-0.005, at 97.8 % unadjusted for choosing this depth); 0 of 3 seeds collapsed to the constant predictor or diverged (at most "
         f"{100 * (1 - (0.05 * 0.05 / 4) ** (1 / 3)):.0f} % of seeds do, 95 % family-wise); it trains with 75 % fewer "
         "trainable parameters, 40 % less train time and 25 % less peak memory (undecided: k=6 (-0.050 when trained); "
         "6 seeds per arm would decide what is open) (left out: 1 failed)."
@@ -130,8 +130,8 @@ def test_decision_sentences_and_table(store_rows):
     )
     assert decisions.loc[20, "sentence"] == (
         "d, n = 20: not yet shown that full fine-tuning beats the constant baseline by more than 0.01 here (1 trained "
-        "seed: fewer than 3 seeds where both sides trained); no freezing advice — add seeds (a settle sweep runs as "
-        "many as the question needs)."
+        "seed: fewer than 3 trained seeds); no freezing advice — too few seeds trained to say how "
+        "many would (a settle sweep under a new name runs as many as the question needs)."
     )
     assert decisions.loc[50, "sentence"] == (
         "d, n = 50: no full fine-tuning (k = 0) runs to compare with (none in the store), so no decision."
@@ -271,10 +271,11 @@ def test_a_sweep_with_nothing_finished_still_reports(tmp_path):
     assert "0 of 4 cells done, 1 failed, 3 missing" in (tmp_path / "out" / "index.html").read_text()
 
 
-def test_cli_report_names_what_is_missing(tmp_path):
+def _stored_fixed_grid(tmp_path, seeds: int) -> tuple[list, ResultStore]:
+    """A fixed grid "s" (k 0 and 3, n = 100) stored as a launch stores it, no rows yet: its cells and store."""
     from freezesweep.orchestrator.plan import build_grid
-    from freezesweep.orchestrator.sweeps import resolve_here
     from freezesweep.orchestrator.spec import SweepSpec, TrainingSpec
+    from freezesweep.orchestrator.sweeps import resolve_here
 
     spec = SweepSpec(
         name="s",
@@ -282,13 +283,18 @@ def test_cli_report_names_what_is_missing(tmp_path):
         datasets=["d"],
         train_sizes=[100],
         frozen_layers=[0, 3],
-        seeds=[0, 1, 2, 3],
+        seeds=list(range(seeds)),
         training=TrainingSpec(precision="fp32", select_metric="accuracy"),  # resolved, as a launch stores it
         store=str(tmp_path),
     )
     store = ResultStore(str(tmp_path), "s")
     store.write_spec(spec.to_yaml())
-    for cfg in build_grid(resolve_here(spec)):
+    return build_grid(resolve_here(spec)), store
+
+
+def test_cli_report_names_what_is_missing(tmp_path):
+    cells, store = _stored_fixed_grid(tmp_path, 4)
+    for cfg in cells:
         if cfg.seed < 3:  # seed 3 has not run yet
             store.write_row(
                 row(
@@ -316,7 +322,7 @@ def test_cli_report_names_what_is_missing(tmp_path):
     # Before: "freeze the embeddings and the first 3 layers", from 3 of its 4 seeds
     assert "d, n = 100: the grid is still running here (6 of 8 cells in)" in done.stdout
     assert "s: INCOMPLETE — 6 of 8 cells done, 0 failed, 2 missing" in done.stdout
-    for cfg in build_grid(resolve_here(spec)):
+    for cfg in cells:
         if cfg.seed == 3:
             store.write_row(
                 row(
@@ -586,5 +592,60 @@ def test_a_group_where_freezing_is_shown_to_cost_says_to_fine_tune_every_layer(t
     assert decision["worse"] == "k=2" and pd.isna(decision["frozen_layers"])
     assert decision["sentence"] == (
         "d, n = 100: fine-tune every layer: freezing costs more than 0.01 here — the least frozen depth (k=2) is "
-        "not within the tolerance, and more seeds would not make it so (worse than full fine-tuning: k=2)."
+        "shown worse than full fine-tuning by more than the tolerance (95 % family-wise) (worse than full "
+        "fine-tuning: k=2)."
+    )
+
+
+def test_a_depth_that_stopped_on_an_estimate_is_no_claim_that_freezing_costs(tmp_path):
+    """k = 2's upper bound at a last look's level is below −0.01 (it runs no more seeds), but Holm does not
+    show it worse (t = −6.2 against 6.96): the sentence says what stopped it, and claims nothing."""
+    store = ResultStore(str(tmp_path), "s")
+    x = 0.01117  # the differences' spread: −0.05 ± x, a t of (−0.05 + 0.01) / (x / √3) ≈ −6.2
+    for k, accs in {0: [0.80, 0.85, 0.90], 2: [0.80 - 0.05 - x, 0.85 - 0.05, 0.90 - 0.05 + x]}.items():
+        for seed, acc in enumerate(accs):
+            store.write_row(row("s", n=100, k=k, seed=seed, acc=acc, cost=(1000, 1.0, 10.0)))
+    (decision,) = build_report([SweepRows.from_store(store)]).decisions.to_dict("records")
+    assert decision["undecided"] == "k=2" and decision["worse"] == "" and pd.isna(decision["frozen_layers"])
+    assert decision["sentence"].startswith(
+        "d, n = 100: fine-tune every layer: no k is shown within 0.01 of full fine-tuning, and the least frozen "
+        "depth (k=2) is undecided (its seeds so far put it well below −0.01 when it trains: it runs no more "
+        "seeds; an estimate, not a claim)"
+    )
+    assert "costs more" not in decision["sentence"]
+
+
+def test_a_fixed_grid_with_a_failed_cell_says_so_not_that_it_is_running(tmp_path):
+    """Before: a fixed grid whose last cell failed for good said "the grid is still running here" forever."""
+    from freezesweep.orchestrator import api
+
+    cells, store = _stored_fixed_grid(tmp_path, 3)
+    for cfg in cells:
+        k, seed = cfg.frozen_layers, cfg.seed
+        failed = dict(status="failed", error="CUDA out of memory") if (k, seed) == (3, 2) else {}
+        store.write_row(row(k=k, seed=seed, acc=ACC_100[k][seed], trial_id=cfg.trial_id) | failed)
+    (sentence,) = api.decide("s", store=str(tmp_path)).frame["sentence"]
+    assert sentence.startswith(
+        "d, n = 100: the grid is not complete here: 1 cell failed, which `freezesweep resume` runs again "
+        "(5 of 6 cells in): a fixed grid is decided once"
+    )
+    from freezesweep.orchestrator.spec import SpecError
+
+    with pytest.raises(SpecError, match="tolerance: -0.01 is not above 0"):  # "worse by more than -0.01"
+        api.decide("s", store=str(tmp_path), tolerance=-0.01)
+
+
+@pytest.mark.parametrize("seeds", [1, 3])
+def test_full_fine_tuning_at_the_constant_predictor_on_every_seed_is_said_in_good_grammar(tmp_path, seeds):
+    """Before: "all 1 seeds of full fine-tuning predicted one class … 1 seeds cannot show it"."""
+    store = ResultStore(str(tmp_path), "s")
+    for seed in range(seeds):
+        for k in (0, 2):
+            store.write_row(row(k=k, seed=seed, acc=MAJORITY))
+    (decision,) = build_report([SweepRows.from_store(store)]).decisions.to_dict("records")
+    said = "the one seed" if seeds == 1 else f"all {seeds} seeds"
+    shows = "it shows, but one seed" if seeds == 1 else f"they show, but {seeds} seeds"
+    assert decision["sentence"].startswith(
+        f"d, n = 100: {said} of full fine-tuning predicted one class (the constant predictor): nothing learned as "
+        f"far as {shows} cannot show it at 95 % family-wise (a new grid of "
     )

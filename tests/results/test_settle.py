@@ -342,3 +342,29 @@ def test_the_budget_that_would_decide_uses_the_new_last_looks_level():
     assert stats.t.ppf(1 - level, budget - 1) * spread / math.sqrt(budget) < gap  # decides at the budget
     smaller = WITHIN_LEVEL * dataclasses.replace(RULE, max_seeds=budget - 1).look_weights[-1]
     assert budget - 1 <= RULE.max_seeds or stats.t.ppf(1 - smaller, budget - 2) * spread / math.sqrt(budget - 1) >= gap
+
+
+def test_a_gap_in_the_seeds_holds_the_look_at_the_count_before_it():
+    """Seed 3 failed, seeds 0–2 and 4–5 in: five seeds, but not seeds 0–4; a look at 5 now and another
+    at 5 once seed 3 is in would be two looks at one count (only one was paid for). It stays at 3."""
+    arm = [0.80, 0.83, 0.77, 0.0, 0.795, 0.81]
+    full = [*FULL_SCORES, 0.80]
+    gap = decide(_rows({FULL: full, "freeze k=2": arm}, status={("freeze k=2", 3): "failed"}), RULE)
+    first_three = decide(_rows({FULL: full[:3], "freeze k=2": arm[:3]}), RULE)
+    assert (gap.arms[0].seeds, gap.arms[0].pairs) == (3, 3)
+    assert (gap.arms[0].low, gap.arms[0].level) == (first_three.arms[0].low, first_three.arms[0].level)
+
+
+def test_worse_is_claimed_over_the_seeds_where_full_fine_tuning_trained():
+    """Full fine-tuning's collapse (seed 3, at the baseline) would put a large positive difference among
+    the arm's: a right skew under which the t bound is liberal. "Worse" leaves that seed out; the arm's
+    own collapses stay in at their scores (a left skew, under which the bound is conservative)."""
+    full = [0.80, 0.82, 0.78, 0.5, 0.79, 0.81]
+    arm = [0.76, 0.77, 0.75, 0.74, 0.74, 0.77]
+    (k2,) = decide(_rows({FULL: full, "freeze k=2": arm}, baseline=0.5), RULE, looks=1).arms
+    kept = [0, 1, 2, 4, 5]
+    assert k2.mean_all == pytest.approx(np.mean([arm[s] - full[s] for s in kept]))
+    assert k2.decision == WORSE  # with seed 3's +0.24 in, its mean would be −0.0 and its spread ten times wider
+    collapsing = [0.76, 0.5, 0.75, 0.74, 0.74, 0.77]  # the arm's own collapse at seed 1: in, at its score
+    (own,) = decide(_rows({FULL: full, "freeze k=2": collapsing}, baseline=0.5), RULE, looks=1).arms
+    assert own.mean_all == pytest.approx(np.mean([collapsing[s] - full[s] for s in kept]))

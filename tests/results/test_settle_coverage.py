@@ -51,6 +51,10 @@ def test_ties_settle_as_nothing_learned_and_a_collapsing_arm_is_judged_in_its_ow
     [six] = coverage.scenario_worlds("collapse-6", pd.read_csv(coverage.REFERENCE), args)
     assert six.truth.trained_diff["freeze k=1"] == pytest.approx(0.01)
     assert six.truth.mean_diff["freeze k=1"] == pytest.approx(0.9 * 0.86 + 0.1 * 0.56 - 0.85)  # −0.02
+    assert six.truth.worse_diff["freeze k=1"] == pytest.approx(0.9 * 0.86 + 0.1 * 0.56 - 0.85)  # full never collapses
+    [full] = coverage.scenario_worlds("full-collapse", pd.read_csv(coverage.REFERENCE), args)
+    assert full.truth.mean_diff["freeze k=1"] == pytest.approx(0.81 - (0.9 * 0.85 + 0.1 * 0.5))  # −0.005: not worse
+    assert full.truth.worse_diff["freeze k=1"] == pytest.approx(0.81 - 0.85)  # where full fine-tuning trains: worse
 
 
 def _family_wise_wrong(coverage, world, rule, groups: int, seed: int) -> float:
