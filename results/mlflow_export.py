@@ -109,7 +109,8 @@ def folder_store_problem(uri: str) -> str | None:
     return (
         f"{uri} is a folder, and MLflow 3 no longer tracks into one: use a SQLite file "
         f"(sqlite:///mlflow.db, MLflow's default when no URI is given; `mlflow migrate-filestore` moves "
-        f"{folder}'s runs into one) or a tracking server (http://host:5000)"
+        f"{folder}'s runs into one) or a tracking server (http://host:5000); MLFLOW_ALLOW_FILE_STORE=true keeps "
+        "the folder store, in maintenance mode"
     )
 
 
@@ -267,7 +268,9 @@ def run_params(row: dict[str, Any]) -> dict[str, str]:
     """The cell's axes and method parameters, then the full protocol it ran with (its resolved config)."""
     config = json.loads(row["config"]) if row.get("config") else {}
     protocol = {k: v for k, v in config.items() if k not in AXES and not isinstance(v, (dict, list))}
-    values = {**{k: row.get(k) for k in (*AXES, *METHOD_PARAMS)}, **protocol}
+    ran = {k: row.get(k) for k in (*AXES, *METHOD_PARAMS)}
+    # what the row says it ran wins over the config it was asked with (probe_pooling "auto" ran as "mean")
+    values = {**ran, **{k: v for k, v in protocol.items() if ran.get(k) is None}}
     return {k: str(v)[:MAX_PARAM_CHARS] for k, v in values.items() if v is not None}
 
 

@@ -386,7 +386,8 @@ def _column_problems(split_columns: dict[str, list[str]], columns: Columns) -> l
         if lacking:
             names = split_columns[lacking[0]]
             problems.append(
-                f"no column {column!r} ({role}) in the {' and '.join(lacking)} split (columns: {', '.join(names)})"
+                f"no column {column!r} (training.{role} in a spec, --{role.replace('_', '-')} for a trial) in the "
+                f"{' and '.join(lacking)} split (columns: {', '.join(names)})"
             )
     return problems
 

@@ -257,3 +257,16 @@ def test_an_export_with_no_uri_writes_mlflows_own_default_and_says_where(write_s
     assert f"at sqlite:///{tmp_path / 'mlflow.db'})" in done.stdout.replace("\n", "")
     assert (tmp_path / "mlflow.db").is_file() and not (tmp_path / "mlruns").exists()
     assert len(_runs(f"sqlite:///{tmp_path / 'mlflow.db'}", "here")) == 4
+
+
+def test_a_runs_params_say_what_the_row_ran_not_what_its_config_asked():
+    """Before: a probe asked for pooling "auto" that ran with "mean" was logged as "auto" (the config's
+    value overwrote the row's)."""
+    import json
+
+    from freezesweep.results.mlflow_export import run_params
+
+    config = {"probe_pooling": "auto", "learning_rate": 5e-5, "method": "probe", "seed": 0}
+    row = {"method": "probe", "seed": 0, "probe_pooling": "mean", "probe_c": 0.5, "config": json.dumps(config)}
+    params = run_params(row)
+    assert params["probe_pooling"] == "mean" and params["probe_c"] == "0.5" and params["learning_rate"] == "5e-05"

@@ -159,7 +159,8 @@ def test_local_pairs_and_float_labels(tmp_path):
     assert scores.regression and scores.num_labels == 1 and scores.official_metrics == ("pearson", "spearman")
     assert scores.train.labels.dtype == np.float32
     with pytest.raises(
-        DatasetError, match="no column 'second' \\(text_pair_column\\) in the train and validation split"
+        DatasetError,
+        match="no column 'second' \\(training.text_pair_column in a spec, --text-pair-column for a trial\\) in the train and validation split",
     ):
         load_task(str(pairs), text_column="sentence1", text_pair_column="second")
 
