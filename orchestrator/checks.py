@@ -19,11 +19,13 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from freezesweep.orchestrator.spec import (
+    COLUMN_KEYS,
     DEFAULT_STORE,
     NAME_PATTERN,
     SettleSpec,
     SpecError,
     SweepSpec,
+    column_for,
     parse,
     read_stored_spec,
     read_yaml,
@@ -106,14 +108,17 @@ def _tracking_problems(raw: dict[str, Any]) -> list[str]:
 def select_metrics(spec: SweepSpec) -> dict[str, str]:
     """Per dataset, the metric that picks a trial's best evaluation: the spec's, else the task's
     official one (read from the data when the spec does not say)."""
-    chosen, t = spec.training.select_metric, spec.training
+    chosen = spec.training.select_metric
     if isinstance(chosen, str):
         return dict.fromkeys(spec.datasets, chosen)
-    return {
-        d: (chosen or {}).get(d)
-        or official_metric(d, spec.data_dir, t.text_column, t.label_column, t.text_pair_column, t.empty_texts)
-        for d in spec.datasets
-    }
+    return {d: (chosen or {}).get(d) or _official(spec, d) for d in spec.datasets}
+
+
+def _official(spec: SweepSpec, dataset: str) -> str:
+    c = spec.training.trial_fields(dataset)
+    return official_metric(
+        dataset, spec.data_dir, c["text_column"], c["label_column"], c["text_pair_column"], c["empty_texts"]
+    )
 
 
 def model_depths(spec: SweepSpec) -> dict[str, int]:
@@ -245,7 +250,7 @@ def _data_problems(datasets: list[str], sizes: list[int], data_dir: str | None, 
     chosen = training.get("select_metric")
     for dataset in dict.fromkeys(datasets):  # duplicates are pydantic's to report
         try:
-            shape = describe_task(dataset, data_dir, **_data_options(training))
+            shape = describe_task(dataset, data_dir, **_data_options(training, dataset))
         except (DatasetError, OSError) as exc:
             each = getattr(exc, "problems", None) or [str(exc).splitlines()[0]]
             named = (f"{dataset}: ", f"dataset {dataset!r}: ")  # the dataset said once
@@ -258,10 +263,12 @@ def _data_problems(datasets: list[str], sizes: list[int], data_dir: str | None, 
         metric = chosen.get(dataset) if isinstance(chosen, dict) else chosen
         if metric in METRICS and metric not in shape.metrics:  # an unknown name is pydantic's to report
             problems.append(f"training.select_metric: {metric} does not fit {dataset} ({shape_words(shape)})")
-    if isinstance(chosen, dict):
-        strays = [d for d in chosen if d not in datasets]
+    for key in ("select_metric", *COLUMN_KEYS):
+        strays = (
+            [d for d in training.get(key) or {} if d not in datasets] if isinstance(training.get(key), dict) else []
+        )
         if strays:
-            problems.append(f"training.select_metric: {', '.join(strays)} not among the datasets")
+            problems.append(f"training.{key}: {', '.join(strays)} not among the datasets")
     return problems
 
 
@@ -286,17 +293,18 @@ def _class_problems(dataset: str, sizes: list[int], shape) -> list[str]:
     ]
 
 
-def _data_options(training: dict) -> dict[str, str]:
-    """The training keys that say how a dataset is read, where they are strings (else pydantic reports them)."""
-    keys = ("text_column", "text_pair_column", "label_column", "empty_texts")
-    return {k: training[k] for k in keys if isinstance(training.get(k), str)}
+def _data_options(training: dict, dataset: str) -> dict[str, str]:
+    """The training keys that say how ``dataset`` is read (a column mapping's value for it), where they are
+    strings (else pydantic reports them)."""
+    options = {k: column_for(training.get(k), dataset) for k in COLUMN_KEYS}
+    return {k: v for k, v in {**options, "empty_texts": training.get("empty_texts")}.items() if isinstance(v, str)}
 
 
 def data_notes(spec: SweepSpec) -> list[str]:
     """What validation did to the data that the user should hear of: rows dropped for empty texts."""
-    options = _data_options(spec.training.model_dump())
     notes = []
     for dataset in spec.datasets:
+        options = _data_options(spec.training.model_dump(), dataset)
         dropped = {split: n for split, n in describe_task(dataset, spec.data_dir, **options).dropped.items() if n}
         if dropped:
             counts = " and ".join(f"{n} {split}" for split, n in dropped.items())

@@ -240,7 +240,7 @@ def _cell(spec: SweepSpec, model: str, dataset: str) -> TrialConfig:
         train_size=spec.train_sizes[0],
         frozen_layers=0,
         gpus_per_trial=1.0,
-        **spec.trial_template(),
+        **spec.trial_template(dataset),
     )
 
 

@@ -73,7 +73,7 @@ def iter_grid(sweep: ResolvedSweep) -> Iterator[TrialConfig]:
     """``build_grid``'s cells one at a time: a launch starts its first round after a round's worth of
     cells, not after the whole grid (a million cells take a minute to build and hash)."""
     spec = sweep.spec
-    template, metrics = spec.trial_template(), spec.training.select_metric
+    templates, metrics = {d: spec.trial_template(d) for d in spec.datasets}, spec.training.select_metric
     variants = {model: method_variants(spec, model, sweep.model_layers) for model in spec.models()}
     for model in spec.models():
         for dataset, size in itertools.product(spec.datasets, spec.train_sizes):
@@ -85,7 +85,7 @@ def iter_grid(sweep: ResolvedSweep) -> Iterator[TrialConfig]:
                         train_size=size,
                         seed=seed,
                         select_metric=metrics[dataset],  # type: ignore[index]  # resolved: one per dataset
-                        **{**template, **variant},
+                        **{**templates[dataset], **variant},
                     )
 
 

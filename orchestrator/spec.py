@@ -57,6 +57,15 @@ Depth = Annotated[int | Literal["all"], BeforeValidator(_not_a_boolean)]  # one 
 _TRIAL_DEFAULTS = {f.name: f.default for f in dataclasses.fields(TrialConfig)}
 
 
+COLUMN_KEYS = ("text_column", "text_pair_column", "label_column")
+
+
+def column_for(value: str | Mapping[str, str] | None, dataset: str | None) -> str | None:
+    """A column key's value for ``dataset``: one name for every dataset, or a mapping's for it (None: the
+    default, or a GLUE task's own columns)."""
+    return value.get(dataset) if isinstance(value, Mapping) else value  # type: ignore[arg-type]
+
+
 def _default(name: str, **constraints: Any) -> Any:
     return Field(_TRIAL_DEFAULTS[name], **constraints)
 
@@ -85,11 +94,16 @@ class TrainingSpec(_Strict):
     max_eval_examples: Int | None = _default("max_eval_examples", gt=0)
     max_seq_length: Int = _default("max_seq_length", gt=0)
     model_init: Literal["pretrained", "random"] = _default("model_init")
-    text_column: str | None = _default("text_column")
-    text_pair_column: str | None = _default(
-        "text_pair_column", description="second text of a sentence pair (GLUE pair tasks: theirs)"
+    text_column: str | dict[str, str] | None = _default(
+        "text_column", description="the text's column: one for every dataset, or {dataset: column} (default: sentence)"
     )
-    label_column: str | None = _default("label_column")
+    text_pair_column: str | dict[str, str] | None = _default(
+        "text_pair_column",
+        description="second text of a sentence pair, or {dataset: column} (GLUE pair tasks: theirs)",
+    )
+    label_column: str | dict[str, str] | None = _default(
+        "label_column", description="the label's column, or {dataset: column} (default: label)"
+    )
     empty_texts: Literal["refuse", "drop"] = _default(
         "empty_texts",
         description="rows with an empty or missing text: refuse (an error naming them) or drop (their count said)",
@@ -116,9 +130,12 @@ class TrainingSpec(_Strict):
         "(trials/graphs.py); off until a GPU has measured it",
     )
 
-    def trial_fields(self) -> dict[str, Any]:
-        """The TrialConfig fields this protocol sets (every field but ``select_metric``, resolved per dataset)."""
-        return {k: v for k, v in self.model_dump().items() if k != "select_metric"}
+    def trial_fields(self, dataset: str | None = None) -> dict[str, Any]:
+        """The TrialConfig fields this protocol sets (every field but ``select_metric``, resolved per
+        dataset), its columns ``dataset``'s (a mapping's value for it; a dataset it does not name: the
+        default, its own columns for a GLUE task)."""
+        fields = {k: v for k, v in self.model_dump().items() if k != "select_metric"}
+        return fields | {k: column_for(fields[k], dataset) for k in COLUMN_KEYS}
 
     @field_validator("select_metric")
     @classmethod
@@ -424,10 +441,10 @@ class SweepSpec(_Strict):
     def to_yaml(self) -> str:
         return yaml.safe_dump(self.model_dump(mode="json"), sort_keys=False)
 
-    def trial_template(self) -> dict[str, Any]:
-        """TrialConfig fields shared by every cell (the plan adds the axes, each method's own fields
-        and each dataset's select_metric)."""
-        return {"split_seed": self.split_seed, "data_dir": self.data_dir, **self.training.trial_fields()}
+    def trial_template(self, dataset: str | None = None) -> dict[str, Any]:
+        """TrialConfig fields shared by every cell of ``dataset`` (the plan adds the axes, each method's
+        own fields and each dataset's select_metric)."""
+        return {"split_seed": self.split_seed, "data_dir": self.data_dir, **self.training.trial_fields(dataset)}
 
     def method_fields(self, method: str) -> dict[str, Any]:
         return method_fields(method, self.lora, self.probe)

@@ -153,8 +153,14 @@ class MlflowRuns:
     """The runs of one sweep in one MLflow experiment (created when missing), by trial_id."""
 
     def __init__(self, tracking_uri: str | None, experiment: str, sweep: str):
+        import logging
+
         from mlflow.tracking import MlflowClient  # the optional extra: imported only when asked for
 
+        # a new SQLite store's set-up ("Creating initial MLflow database tables...", alembic's migrations)
+        # logs at INFO into the sweep's own lines; its warnings and errors still show
+        for name in ("mlflow.store.db.utils", "alembic"):
+            logging.getLogger(name).setLevel(logging.WARNING)
         self.client, self.sweep = MlflowClient(tracking_uri=tracking_uri), sweep
         found = self.client.get_experiment_by_name(experiment)
         self.experiment_id = found.experiment_id if found else self.client.create_experiment(experiment)

@@ -575,3 +575,25 @@ def test_seeds_added_before_any_group_is_complete_are_new_cells(write_spec):
     """No group had all its cells in: no decision could have been read, so no look was taken."""
     _stored_fixed_grid(write_spec, "early", [(24, 0, 0), (48, 0, 0)])
     assert load_spec(write_spec("early", seeds=[0, 1])).seeds == [0, 1]
+
+
+def test_columns_can_be_named_per_dataset(write_spec, toy_dataset, tmp_path):
+    """A new user's sweep: a GLUE-like task beside files of their own with other column names. Before, one
+    text_column applied to every dataset ("no column 'review'" for the other), and a mapping was refused."""
+    renamed = tmp_path / "reviews"
+    renamed.mkdir()
+    for split in ("train", "validation"):
+        frame = pd.read_csv(f"{toy_dataset}/{split}.csv")
+        frame.rename(columns={"sentence": "review", "label": "sentiment"}).to_parquet(renamed / f"{split}.parquet")
+    columns = {"text_column": {str(renamed): "review"}, "label_column": {str(renamed): "sentiment"}}
+    spec = load_spec(write_spec("mixed", datasets=[toy_dataset, str(renamed)], training=columns))
+    cells = build_grid(resolve_here(spec))
+    read = {(c.dataset, c.text_column, c.label_column) for c in cells}
+    assert read == {(toy_dataset, None, None), (str(renamed), "review", "sentiment")}
+    one = load_spec(
+        write_spec("one", datasets=[str(renamed)], training={"text_column": "review", "label_column": "sentiment"})
+    )
+    (first, *_) = build_grid(resolve_here(one))
+    assert (first.text_column, first.label_column) == ("review", "sentiment")  # one name for every dataset, as before
+    strays = _problems(write_spec("stray", datasets=[toy_dataset], training={"text_column": {"elsewhere": "x"}}))
+    assert strays == ["training.text_column: elsewhere not among the datasets"]

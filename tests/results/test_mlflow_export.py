@@ -270,3 +270,14 @@ def test_a_runs_params_say_what_the_row_ran_not_what_its_config_asked():
     row = {"method": "probe", "seed": 0, "probe_pooling": "mean", "probe_c": 0.5, "config": json.dumps(config)}
     params = run_params(row)
     assert params["probe_pooling"] == "mean" and params["probe_c"] == "0.5" and params["learning_rate"] == "5e-05"
+
+
+def test_a_new_sqlite_stores_set_up_stays_out_of_the_sweeps_lines(tmp_path, capfd):
+    """Before: live tracking into a new SQLite file printed MLflow's INFO lines ("Creating initial MLflow
+    database tables...") among the trials' lines."""
+    from freezesweep.results.mlflow_export import MlflowRuns
+
+    MlflowRuns(f"sqlite:///{tmp_path / 'mlflow.db'}", "quiet", "s")
+    printed = capfd.readouterr()
+    assert "Creating initial MLflow database tables" not in printed.err + printed.out
+    assert (tmp_path / "mlflow.db").exists()
