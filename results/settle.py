@@ -21,7 +21,9 @@ spent where the advice needs it (docs/settle.md argues each step, with its sourc
   schedule); divided by that look's weight (``SettleRule.look_weights``: most on the last look, the
   earlier ones O'Brien–Fleming-like, rising with their seeds) it is a valid p-value whenever the sweep
   stops — Bonferroni over the looks, valid whatever their correlation (repeated confidence intervals,
-  Jennison & Turnbull 1989) — so every procedure below runs on these look-adjusted p-values.
+  Jennison & Turnbull 1989) — so every procedure below runs on these look-adjusted p-values. At the
+  schedule's last look the sequence's claims spend what Bonferroni left unspent on nested looks
+  (``last_look_level``: simulated for the trained counts each look saw).
 - **Serial gatekeeping and a fixed sequence** (CHAIN_SHARE of α). "Learned" (full fine-tuning's gain
   over the constant baseline, when it trains, is above the tolerance) is tested first; only once it
   holds are the frozen depths tested, "within the tolerance", one after the other from the least frozen
@@ -45,6 +47,7 @@ their spread is not known, not zero), and no freezing advice where nothing is le
 from __future__ import annotations
 
 import dataclasses
+import functools
 import itertools
 import math
 from collections.abc import Collection, Mapping, Sequence
@@ -299,6 +302,20 @@ class _Look:
     collapsed: int
     score: float
     reference: float
+    counts: tuple[int, ...] = ()  # the trained differences at each look of the schedule so far (nested)
+    last: bool = False  # this look is the schedule's last of several
+    sequence_weight: float = math.nan  # the sequence's claims' share at this look (NaN: ``weight``)
+
+    @property
+    def within_weight(self) -> float:
+        return self.weight if math.isnan(self.sequence_weight) else self.sequence_weight
+
+
+def _counts(trained: list[int], schedule, look: int) -> tuple[bool, tuple[int, ...]]:
+    """(whether ``look`` is the schedule's last of several, the trained seeds below each look's count)."""
+    if schedule is None or look < 0:
+        return False, (len(trained),)
+    return look == len(schedule) - 1, tuple(sum(1 for s in trained if s < n) for n in schedule[: look + 1])
 
 
 def _gain_look(full: _Seeds | None, schedule, weights) -> _Look:
@@ -306,6 +323,7 @@ def _gain_look(full: _Seeds | None, schedule, weights) -> _Look:
     trained = [s for s in seeds if not math.isnan(full.trained[s])]
     mine = np.array([full.trained[s] for s in trained]) if trained else np.array([])
     base = np.array([full.baseline[s] for s in trained]) if trained else np.array([])
+    last, counts = _counts(trained, schedule, look)
     return _Look(
         seeds,
         weights[look] if look >= 0 else 0.0,
@@ -314,6 +332,8 @@ def _gain_look(full: _Seeds | None, schedule, weights) -> _Look:
         len(seeds) - len(trained),
         float(mine.mean()) if trained else math.nan,
         float(base.mean()) if trained else math.nan,
+        counts,
+        last,
     )
 
 
@@ -324,9 +344,10 @@ def _pair_look(arm: _Seeds, full: _Seeds | None, schedule, weights) -> _Look:
     theirs = np.array([full.trained[s] for s in both])
     # "worse" on the seeds where full fine-tuning trained, the arm's collapses at their scores: those skew
     # the differences left (its upper bound conservative); full fine-tuning's would skew them right (a
-    # rare large positive difference: the bound liberal, a false "worse" in 36 % of groups simulated
-    # with 10 % of its seeds collapsing).
+    # rare large positive difference: the bound liberal, a false "worse" in 34.5 % of simulated 10-seed
+    # grids with 10 % of its seeds collapsing: benchmarks/settle_coverage.py, full-collapse).
     every = np.array([arm.every[s] - full.trained[s] for s in seeds if not math.isnan(full.trained[s])])
+    last, counts = _counts(both, schedule, look)
     return _Look(
         seeds,
         weights[look] if look >= 0 else 0.0,
@@ -335,23 +356,73 @@ def _pair_look(arm: _Seeds, full: _Seeds | None, schedule, weights) -> _Look:
         sum(1 for s in seeds if math.isnan(arm.trained[s])),
         float(mine.mean()) if both else math.nan,
         float(theirs.mean()) if both else math.nan,
+        counts,
+        last,
     )
+
+
+def _spent(look: _Look, level: float, weights: Sequence[float]) -> _Look:
+    """A claim of the sequence at the schedule's last look spends what its earlier looks left unspent
+    (``last_look_level``); elsewhere its look's weight."""
+    if not look.last:
+        return look
+    return dataclasses.replace(look, sequence_weight=last_look_level(look.counts, level, tuple(weights)) / level)
+
+
+SIMULATED_PATHS = 200_000
+_SIMULATION_SEED = 20261127  # fixed: a group's decision never changes between two reads
+
+
+@functools.lru_cache(maxsize=1024)
+def last_look_level(counts: tuple[int, ...], level: float, weights: tuple[float, ...]) -> float:
+    """The one-sided level of a claim's last look that, beside its earlier looks at ``level`` × their
+    weights, spends ``level`` (never less than ``level`` × the last weight: Bonferroni's). Bonferroni over
+    nested looks leaves about a fifth of it unspent (at the boundary, 3/5/7/9/10 seeds: 0.0176 of 0.0225).
+    The looks' t statistics are of nested samples (``counts``: the trained differences at each look), so
+    under the boundary with normal differences — the t bound's own assumption — their joint law depends on
+    the counts alone: simulated (SIMULATED_PATHS paths, a fixed seed), the last look's critical value is
+    the one at which crossing at any look has probability ``level`` less three Monte Carlo standard errors
+    (a group-sequential boundary: Jennison & Turnbull 2000, ch. 7, by simulation)."""
+    from scipy import special
+
+    bonferroni = level * weights[len(counts) - 1]
+    if len(counts) < 2 or counts[-1] < MIN_PAIRS:
+        return bonferroni
+    draws = np.random.default_rng(_SIMULATION_SEED).standard_normal((SIMULATED_PATHS, counts[-1]))
+    total, squares = np.cumsum(draws, axis=1), np.cumsum(draws**2, axis=1)
+
+    def t_at(n: int) -> np.ndarray:  # the one-sided t statistic of the first n differences, at the boundary
+        mean = total[:, n - 1] / n
+        return mean / np.sqrt(np.maximum(squares[:, n - 1] - n * mean**2, 1e-300) / (n - 1) / n)
+
+    early = np.zeros(SIMULATED_PATHS, dtype=bool)
+    for n, w in zip(counts[:-1], weights):
+        if n >= MIN_PAIRS:
+            early |= t_at(n) >= special.stdtrit(n - 1, 1 - level * w)
+    room = level - 3 * math.sqrt(level * (1 - level) / SIMULATED_PATHS) - early.mean()
+    alone = np.sort(t_at(counts[-1])[~early])[::-1]  # the last look's statistics where no earlier one crossed
+    crossing = int(room * SIMULATED_PATHS)
+    if crossing <= 0 or crossing >= len(alone):
+        return bonferroni
+    critical = float(alone[crossing])  # exactly `crossing` paths lie above it
+    return max(bonferroni, float(special.stdtr(counts[-1] - 1, -critical)))
 
 
 def _pvalues(gain: _Look, looks: Mapping[str, _Look], tolerance: float) -> dict[str, float]:
     """Every claim's look-adjusted p-value (its p-value over its look's weight, at most 1): "learned",
     "nothing: gain", "nothing: collapse", "worse: ARM" and "within: ARM"."""
 
-    def adjusted(p: float, look: _Look) -> float:
-        return min(1.0, p / look.weight) if look.weight > 0 else 1.0
+    def adjusted(p: float, look: _Look, weight: float | None = None) -> float:
+        weight = look.weight if weight is None else weight
+        return min(1.0, p / weight) if weight > 0 else 1.0
 
     p = {
-        "learned": adjusted(_t_pvalue(gain.diffs, tolerance, above=True), gain),
+        "learned": adjusted(_t_pvalue(gain.diffs, tolerance, above=True), gain, gain.within_weight),
         "nothing: gain": adjusted(_t_pvalue(gain.diffs, tolerance, above=False), gain),
         "nothing: collapse": adjusted(_most_collapse_pvalue(gain.collapsed, len(gain.seeds)), gain),
     }
     for arm, look in looks.items():
-        p[f"within: {arm}"] = adjusted(_t_pvalue(look.diffs, -tolerance, above=True), look)
+        p[f"within: {arm}"] = adjusted(_t_pvalue(look.diffs, -tolerance, above=True), look, look.within_weight)
         worse = _t_pvalue(look.all_diffs, -tolerance, above=False) if len(look.all_diffs) >= MIN_PAIRS else 1.0
         p[f"worse: {arm}"] = adjusted(worse, look)
     return p
@@ -371,8 +442,9 @@ def decide(
     levels = rule.levels(grid)
     schedule = rule.schedule if (looks or rule.looks) > 1 else None  # a fixed grid is read once, whole
     weights = rule.look_weights if schedule else (1.0,)
-    gain = _gain_look(by_arm.get(FULL), schedule, weights)
+    gain = _spent(_gain_look(by_arm.get(FULL), schedule, weights), levels.within, weights)
     pairs = {arm: _pair_look(by_arm[arm], by_arm.get(FULL), schedule, weights) for arm in grid if arm in by_arm}
+    pairs = {arm: _spent(look, levels.within, weights) if _is_freeze(arm) else look for arm, look in pairs.items()}
     p = _pvalues(gain, pairs, rule.tolerance)
     shown, at = _holm_claims(p, levels)
     learned = _learned(gain, p, shown, at, levels)
@@ -438,7 +510,7 @@ def _learned(
     gain: _Look, p: Mapping[str, float], shown: set[str], at: Mapping[str, float], levels: Levels
 ) -> Comparison:
     w = gain.weight
-    mean, low, _ = _t_bounds(gain.diffs, levels.within * w)
+    mean, low, _ = _t_bounds(gain.diffs, levels.within * gain.within_weight)
     _, _, high = _t_bounds(gain.diffs, at["nothing: gain"] * w)
     lower, _ = collapse_bounds(gain.collapsed, len(gain.seeds), at["nothing: collapse"] * w)
     _, upper = collapse_bounds(gain.collapsed, len(gain.seeds), levels.stability * w)
@@ -464,7 +536,7 @@ def _learned(
         collapse_lower=lower,
         score=gain.score,
         reference=gain.reference,
-        level=levels.within * w,
+        level=levels.within * gain.within_weight,
         clears=decision == LEARNED,
     )
 
@@ -481,7 +553,7 @@ def _arm(
     w, freeze = look.weight, _is_freeze(arm)
     within_level = levels.within if freeze else at[f"within: {arm}"]
     worse_level = at[f"worse: {arm}"]
-    mean, low, high = _t_bounds(look.diffs, within_level * w)
+    mean, low, high = _t_bounds(look.diffs, within_level * look.within_weight)
     mean_all, _, high_all = _t_bounds(look.all_diffs, worse_level * w)
     _, upper = collapse_bounds(look.collapsed, len(look.seeds), levels.stability * w)
     decision, why = state
@@ -504,7 +576,7 @@ def _arm(
         reference=look.reference,
         mean_all=mean_all,
         high_all=high_all,
-        level=within_level * w,
+        level=within_level * look.within_weight,
         clears=p[f"within: {arm}"] <= within_level,
         clears_worse=p[f"worse: {arm}"] <= worse_level,
     )

@@ -368,3 +368,36 @@ def test_worse_is_claimed_over_the_seeds_where_full_fine_tuning_trained():
     collapsing = [0.76, 0.5, 0.75, 0.74, 0.74, 0.77]  # the arm's own collapse at seed 1: in, at its score
     (own,) = decide(_rows({FULL: full, "freeze k=2": collapsing}, baseline=0.5), RULE, looks=1).arms
     assert own.mean_all == pytest.approx(np.mean([collapsing[s] - full[s] for s in kept]))
+
+
+def test_the_last_look_spends_what_the_earlier_looks_left():
+    """Bonferroni over nested looks leaves about a fifth of the sequence's level unspent. At the schedule's
+    last look a depth's "within" is tested at the level that spends it (simulated: ``last_look_level``),
+    never below Bonferroni's: here a t between the two critical values is within only so."""
+    from freezesweep.results.settle import last_look_level
+
+    exact = last_look_level((3, 5, 7, 9), WITHIN_LEVEL, RULE.look_weights)
+    bonferroni = WITHIN_LEVEL * RULE.look_weights[-1]
+    assert bonferroni * 1.15 < exact < WITHIN_LEVEL
+    between = (stats.t.ppf(1 - bonferroni, 8) + stats.t.ppf(1 - exact, 8)) / 2
+    z = np.array([-1.5, -1.0, -0.5, 0.0, 0.0, 0.0, 0.5, 1.0, 1.5])
+    diffs = -0.01 + between * 0.01 / 3 + 0.01 * (z - z.mean()) / z.std(ddof=1)  # t = between, sd 0.01
+    full = np.array([0.80, 0.82, 0.78, 0.81, 0.79, 0.80, 0.83, 0.77, 0.80])
+    (k2,) = decide(_rows({FULL: list(full), "freeze k=2": list(full + diffs)}, 0.4), RULE).arms
+    assert k2.level == pytest.approx(exact) and k2.decision == WITHIN
+    assert k2.low == pytest.approx(_lower(diffs, exact)) and _lower(diffs, bonferroni) < -0.01 < k2.low
+
+
+def test_the_last_looks_level_keeps_the_claims_error_within_its_level():
+    """Another seed's nested normal samples at the boundary: crossing at any look (the earlier ones at
+    Bonferroni's levels, the last at the spent one) stays within the level, and near it."""
+    from freezesweep.results.settle import last_look_level
+
+    counts, weights = (3, 5, 7, 9, 10), SettleRule(max_seeds=10).look_weights
+    levels = [WITHIN_LEVEL * w for w in weights[:-1]] + [last_look_level(counts, WITHIN_LEVEL, weights)]
+    draws = np.random.default_rng(7).standard_normal((400_000, 10))
+    crossed = np.zeros(len(draws), dtype=bool)
+    for n, level in zip(counts, levels):
+        sample = draws[:, :n]
+        crossed |= sample.mean(1) / (sample.std(1, ddof=1) / math.sqrt(n)) >= stats.t.ppf(1 - level, n - 1)
+    assert 0.9 * WITHIN_LEVEL < crossed.mean() <= WITHIN_LEVEL  # Bonferroni's: 0.0176
