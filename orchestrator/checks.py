@@ -440,55 +440,78 @@ def _protocol_changes(stored: dict[str, Any], raw: dict[str, Any]) -> list[str]:
     ]
 
 
+FRESH_SWEEP = (
+    "a new sweep name with another split_seed: fresh subsets and run seeds, not the rows already seen (the "
+    "same split_seed would rerun them); a settle sweep pays for its own looks; `freezesweep plan` prices it"
+)
+
+
 def _seed_changes(stored: dict[str, Any], raw: dict[str, Any], store: ResultStore) -> list[str]:
-    """A fixed grid is decided at one look, all its seeds at once, as soon as a group's cells are all in:
-    seeds added after that would look at its rows a second time (results/settle.py), at a level paid once.
-    So would a fixed grid turned into a settle sweep (its rows a first look) or the other way round.
-    Seeds added before any group was complete are new cells like any other (no look was possible)."""
+    """A fixed grid is decided at one look, all its seeds at once: once a group may have been decided,
+    seeds added would look at its rows a second time (results/settle.py), at a level paid once, and so
+    would a depth added below its deepest (the sequence of depths tested again with one more claim in
+    it; a deeper one only extends it). So would a fixed grid turned into a settle sweep (its rows a first
+    look) or the other way round. Before any group may have been decided, both are new cells as before."""
     old_settle, new_settle = isinstance(stored.get("settle"), dict), isinstance(raw.get("settle"), dict)
     new_seeds = raw.get("seeds") if isinstance(raw.get("seeds"), list) else []
     where = f"sweep {raw.get('name')!r} already has rows"
-    fresh = "start a new sweep name (`freezesweep plan` prices it)"
     if old_settle != new_settle and (new_settle or new_seeds) and _has_rows(store):
         was, now = ("a settle sweep", "a fixed grid of seeds") if old_settle else ("a fixed grid", "a settle sweep")
-        return [
-            f"settle: {where} as {was}; as {now} its decisions would look at them again, at a level paid once ({fresh})"
-        ]
+        return [f"settle: {where} as {was}; as {now} its decisions would look at them again ({FRESH_SWEEP})"]
     added = sorted({s for s in new_seeds if isinstance(s, int)} - set(stored.get("seeds") or []))
-    if old_settle or not added:
+    if old_settle or not (added or _new_depths(stored, raw)):
         return []
-    complete = complete_group(stored, store)
-    if complete is None:
+    decided = decided_group(stored, store)
+    if decided is None:
         return []
-    return [
-        f"seeds: {added} added, but {where} and its group {complete} has all its cells in: a fixed grid is "
-        "decided once, at all its seeds, and a decision on more seeds would be a second look its confidence "
-        f"was not shared by (for more seeds of the same question: a settle sweep, whose looks are paid for, "
-        f"under a new name; {fresh})"
-    ]
+    group, deepest = decided
+    inserted = [k for k in _new_depths(stored, raw) if _sequence_order(k) < _sequence_order(deepest)]
+    problems = [
+        f"seeds: {_listed(added)} added, but {where} and its group {group} may have been decided (full fine-tuning "
+        "and a frozen depth in at every seed): a decision on more seeds would be a second look its confidence "
+        f"was not shared by ({FRESH_SWEEP})"
+    ] * bool(added)
+    problems += [
+        f"frozen_layers: {inserted} added below the deepest depth ({deepest}), but {where} and its group {group} "
+        "may have been decided: its sequence of depths would be tested again with more claims in it (a depth "
+        f"deeper than {deepest} extends it and may be added; else {FRESH_SWEEP})"
+    ] * bool(inserted)
+    return problems
+
+
+def _listed(values: list[int], shown: int = 10) -> str:
+    """A list as it is said in an error: whole when short, else its count and ends."""
+    return str(values) if len(values) <= shown else f"{len(values):,} ({values[0]}, …, {values[-1]})"
+
+
+def _new_depths(stored: dict[str, Any], raw: dict[str, Any]) -> list[int]:
+    new = raw.get("frozen_layers") if isinstance(raw.get("frozen_layers"), list) else []
+    old = stored.get("frozen_layers") or []
+    return sorted(k for k in new if isinstance(k, int) and not isinstance(k, bool) and k not in old)
+
+
+def _sequence_order(k: int) -> float:
+    return 0.5 if k == -1 else float(k)  # k = -1 (embeddings only) between 0 and 1: results/settle.py
 
 
 def _has_rows(store: ResultStore) -> bool:
     return bool(store.row_files())
 
 
-def complete_group(stored: dict[str, Any], store: ResultStore) -> str | None:
-    """A (model, dataset, train size) of a stored fixed grid whose frozen depths all have a final row at
-    every seed (one whose decision may have been read), named; None if there is none. ``all`` stands for
-    the deepest depth in the model's rows: a group missing its every-layer cells may read as complete,
-    which refuses a growth that was harmless, never the other way round."""
+def decided_group(stored: dict[str, Any], store: ResultStore) -> tuple[str, int] | None:
+    """A (model, dataset, train size) of a stored fixed grid that may have been decided — full fine-tuning
+    and some frozen depth final at every stored seed (a read decision needs no more; a group judged by
+    the spec's depths alone could be made incomplete by adding a depth first) — named, with its deepest
+    depth in the rows; None if there is none."""
     columns = ["model", "dataset", "train_size", "method", "frozen_layers", "seed", "status"]
     rows = store.read_table(columns=columns).to_pandas()
     rows = rows[(rows["method"] == "freeze") & rows["status"].isin(("ok", "diverged"))]
     seeds = set(stored.get("seeds") or [])
-    asked = stored.get("frozen_layers") or []
     for (model, dataset, size), group in rows.groupby(["model", "dataset", "train_size"]):
-        depths = {k for k in asked if isinstance(k, int)} | (
-            {int(group["frozen_layers"].max())} if "all" in asked else set()
-        )
-        final = set(zip(group["frozen_layers"].astype(int), group["seed"].astype(int)))
-        if depths and {(k, s) for k in depths for s in seeds} <= final:
-            return f"{model} · {dataset}, n = {int(size)}"
+        by_depth = group.groupby(group["frozen_layers"].astype(int))["seed"].agg(lambda s: set(s.astype(int)))
+        complete = [k for k, done in by_depth.items() if seeds <= done]
+        if 0 in complete and len(complete) > 1:
+            return f"{model} · {dataset}, n = {int(size)}", max(by_depth.index, key=_sequence_order)
     return None
 
 

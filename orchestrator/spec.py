@@ -430,6 +430,9 @@ class SweepSpec(_Strict):
         Axes (models, datasets, sizes, methods, their own axes, seeds) may grow: new cells, new ids.
         ``select_metrics``: per dataset, resolved ("official" and a name may mean the same)."""
         training = {k: v for k, v in self.training.model_dump().items() if k not in MACHINE_FIELDS}
+        # each dataset's columns, as its cells read them: a mapping that names a new dataset, or one name
+        # spelled as a mapping, changes no cell
+        training |= {k: {d: column_for(training[k], d) for d in self.datasets} for k in COLUMN_KEYS}
         training["select_metric"] = dict(select_metrics)
         return {
             "split_seed": self.split_seed,

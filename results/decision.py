@@ -267,7 +267,9 @@ def _every_layer(decision: GroupDecision, rule: SettleRule) -> str:
     """No depth within, and no seed would change that: a claim where the first depth is shown worse, else
     what stopped its seeds, an estimate (``results.settle.open_arms``: its own bound, or hopeless)."""
     first = next((c for c in decision.arms if c.arm == decision.stopped_at), None)
-    depth = _k(decision.stopped_at or "")
+    if decision.stopped_at is None:
+        return "fine-tune every layer: the grid has no frozen depth to compare with full fine-tuning"
+    depth = _k(decision.stopped_at)
     if first is not None and first.decision == WORSE:
         return (
             f"fine-tune every layer: freezing costs more than {rule.tolerance:g} here — the least frozen depth "
@@ -364,24 +366,27 @@ def _collapses(c: Comparison, pct: str) -> str:
 
 
 def _add_seeds(record: dict, settle: bool, tolerance: float, what: str = "it") -> str:
-    """What would decide it: a budget of a new settle sweep (plan prices it), or why there is none."""
+    """What would decide it: a budget of a new settle sweep (plan prices it), or why there is none. A new
+    sweep, under a new name and another split_seed: its seeds 0, 1, … under the same split_seed would be
+    the rows already seen (a cell's run seed is drawn from its seed, split_seed, dataset and model), and a
+    fixed grid's seeds grown in place would look at its rows twice."""
     budget = record.get("decided_at_seeds")
     if budget is None or pd.isna(budget):
         return (
             "more seeds than 100 per arm would be needed at this spread, or the mean sits on the boundary"
             if settle
-            else "too few seeds trained to say how many would (a settle sweep under a new name runs as many as "
-            "the question needs)"
+            else "too few seeds trained to say how many would (a settle sweep under a new name and another "
+            "split_seed runs as many as the question needs)"
         )
-    # a fixed grid's seeds grown in place would look at its rows twice: a new sweep pays its looks anew
     where = (
         f"settle.max_seeds {int(budget)}"
         if settle
-        else f"settle: {{tolerance: {tolerance:g}, max_seeds: {int(budget)}}}, under a new name"
+        else f"settle: {{tolerance: {tolerance:g}, max_seeds: {int(budget)}}}"
     )
     return (
         f"{int(budget)} seeds per arm would decide {what} if the spread stays as it is (a new settle sweep with "
-        f"{where}: `freezesweep plan` prices it)"
+        f"{where}, under a new name and another split_seed, so that its seeds are not the rows already seen: "
+        "`freezesweep plan` prices it)"
     )
 
 

@@ -373,6 +373,35 @@ SIMULATED_PATHS = 200_000
 _SIMULATION_SEED = 20261127  # fixed: a group's decision never changes between two reads
 
 
+def _simulated_looks(
+    counts: tuple[int, ...], level: float, weights: tuple[float, ...], chunk: int = 20_000
+) -> tuple[np.ndarray, np.ndarray]:
+    """Per simulated path: whether an earlier look crossed its Bonferroni level, and the last look's t
+    statistic (nested standard normal samples at the boundary), drawn ``chunk`` paths at a time: memory
+    stays a few tens of MB whatever the budget."""
+    from scipy import special
+
+    rng = np.random.default_rng(_SIMULATION_SEED)  # the same draws for a given numpy
+    critical = [special.stdtrit(n - 1, 1 - level * w) if n >= MIN_PAIRS else math.inf for n, w in zip(counts, weights)]
+    early, last = [], []
+    for start in range(0, SIMULATED_PATHS, chunk):
+        draws = rng.standard_normal((min(chunk, SIMULATED_PATHS - start), counts[-1]))
+        total, squares = np.cumsum(draws, axis=1), np.cumsum(draws**2, axis=1)
+        crossed = np.zeros(len(draws), dtype=bool)
+        for n, c in zip(counts[:-1], critical):
+            if n >= MIN_PAIRS:
+                crossed |= _t_of_prefix(total, squares, n) >= c
+        early.append(crossed)
+        last.append(_t_of_prefix(total, squares, counts[-1]))
+    return np.concatenate(early), np.concatenate(last)
+
+
+def _t_of_prefix(total: np.ndarray, squares: np.ndarray, n: int) -> np.ndarray:
+    """Each path's one-sided t statistic (against 0) of its first n draws, from their running sums."""
+    mean = total[:, n - 1] / n
+    return mean / np.sqrt(np.maximum(squares[:, n - 1] - n * mean**2, 1e-300) / (n - 1) / n)
+
+
 @functools.lru_cache(maxsize=1024)
 def last_look_level(counts: tuple[int, ...], level: float, weights: tuple[float, ...]) -> float:
     """The one-sided level of a claim's last look that, beside its earlier looks at ``level`` × their
@@ -388,19 +417,9 @@ def last_look_level(counts: tuple[int, ...], level: float, weights: tuple[float,
     bonferroni = level * weights[len(counts) - 1]
     if len(counts) < 2 or counts[-1] < MIN_PAIRS:
         return bonferroni
-    draws = np.random.default_rng(_SIMULATION_SEED).standard_normal((SIMULATED_PATHS, counts[-1]))
-    total, squares = np.cumsum(draws, axis=1), np.cumsum(draws**2, axis=1)
-
-    def t_at(n: int) -> np.ndarray:  # the one-sided t statistic of the first n differences, at the boundary
-        mean = total[:, n - 1] / n
-        return mean / np.sqrt(np.maximum(squares[:, n - 1] - n * mean**2, 1e-300) / (n - 1) / n)
-
-    early = np.zeros(SIMULATED_PATHS, dtype=bool)
-    for n, w in zip(counts[:-1], weights):
-        if n >= MIN_PAIRS:
-            early |= t_at(n) >= special.stdtrit(n - 1, 1 - level * w)
+    early, last = _simulated_looks(counts, level, weights)
     room = level - 3 * math.sqrt(level * (1 - level) / SIMULATED_PATHS) - early.mean()
-    alone = np.sort(t_at(counts[-1])[~early])[::-1]  # the last look's statistics where no earlier one crossed
+    alone = np.sort(last[~early])[::-1]  # the last look's statistics where no earlier one crossed
     crossing = int(room * SIMULATED_PATHS)
     if crossing <= 0 or crossing >= len(alone):
         return bonferroni

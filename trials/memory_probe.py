@@ -18,8 +18,9 @@ memory minus the allocator's reservation) plus the evaluation cache entries a wo
 device, counted, not measured: a hidden state per token position of each entry (``eval_tokens``: a
 sweep counts its validation sets' real padded lengths, one entry per dataset and cached depth, and of
 a random init per seed: orchestrator/launch.py; on the command line, a bound of ``--eval-rows`` rows at
-``max_seq_length`` tokens per entry), at most the worker's budget for them (trials/worker.py
-``MAX_EVAL_MIB``). Each trial then keeps a margin of its own.
+``max_seq_length`` tokens per entry; not capped at the worker's budget for them, trials/worker.py
+``MAX_EVAL_MIB``: a probe trial holds its every-layer states whatever it). Each trial then keeps a margin
+of its own.
 """
 
 from __future__ import annotations
@@ -33,7 +34,6 @@ from dataclasses import asdict, dataclass
 import torch
 
 from freezesweep.trials.placement import share_for
-from freezesweep.trials.worker import MAX_EVAL_MIB
 
 # A sane bound, not a measured optimum: past a handful of processes a GPU time-slices them, each pays
 # its own CUDA context, and each needs its own CPU cores (benchmarks/gpu_check.sh pack compares 1, 4, 8).
@@ -109,7 +109,7 @@ def probe(
         net = build_model(model, num_labels, model_init)
         freeze(net, frozen_layers)
         peak, outside = _measure(net, plan, target, (batch_size, max_seq_length, eval_batch_size, steps), width)
-        cache = min(states_mib(net, eval_tokens, plan), MAX_EVAL_MIB)  # what a worker keeps at most
+        cache = states_mib(net, eval_tokens, plan)  # uncapped: a probe trial holds its states whatever the budget
         if target.type != "cuda":
             return MemoryProbe(peak, outside, cache, None, None, plan.name, None, None, width, eval_tokens)
         props = torch.cuda.get_device_properties(target)

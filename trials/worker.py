@@ -59,6 +59,9 @@ class Lru(OrderedDict):
 
     def put(self, key: Any, value: Any) -> list[Any]:
         """Store ``value``; returns the keys dropped to make room."""
+        if self.max_bytes is not None and self.size and self.size(value) > self.max_bytes:
+            self.pop(key, None)
+            return [key]  # too large alone: not kept, and nothing else dropped for it
         self[key] = value
         self.move_to_end(key)
         dropped = []

@@ -543,12 +543,12 @@ def test_a_train_size_larger_than_the_data_is_named_beside_the_datas_own_problem
         api.plan(write_spec("bad", datasets=[str(folder)], train_sizes=[24, 10_000]))
 
 
-def _stored_fixed_grid(write_spec, name: str, cells: list[tuple[int, int, int]]) -> dict:
+def _stored_fixed_grid(write_spec, name: str, cells: list[tuple[int, int, int]], **spec) -> dict:
     """A fixed grid stored as a launch stores it (seed 0, sizes 24 and 48, k 0 and 2), with final rows for
     ``cells`` (train size, k, seed)."""
     from freezesweep.results.store import SCHEMA
 
-    raw = yaml.safe_load(write_spec(name).read_text())
+    raw = yaml.safe_load(write_spec(name, **spec).read_text())
     store = ResultStore(raw["store"], name)
     store.write_spec(yaml.safe_dump(raw))
     for n, k, seed in cells:
@@ -564,11 +564,26 @@ def test_seeds_added_to_a_fixed_grid_once_a_group_is_complete_are_refused(write_
     raw = _stored_fixed_grid(write_spec, "fixed", [(24, 0, 0), (24, 2, 0), (48, 0, 0)])
     (problem,) = _problems(write_spec("fixed", seeds=[0, 1]))
     assert problem.startswith("seeds: [1] added, but sweep 'fixed' already has rows and its group ")
-    assert f"{raw['datasets'][0]}, n = 24 has all its cells in" in problem and "second look" in problem
+    assert f"{raw['datasets'][0]}, n = 24 may have been decided" in problem and "second look" in problem
+    assert "another split_seed" in problem  # a new name alone would rerun the rows already seen
+    (many,) = _problems(write_spec("fixed", seeds=list(range(50))))
+    assert many.startswith("seeds: 49 (1, …, 49) added")  # not 49 numbers
     settle = {"tolerance": 0.01, "initial_seeds": 3, "max_seeds": 5}
     (switched,) = _problems(write_spec("fixed", seeds=[], settle=settle))
     assert switched.startswith("settle: sweep 'fixed' already has rows as a fixed grid; as a settle sweep")
     load_spec(write_spec("fixed", seeds=[0], train_sizes=[24, 48, 96]))  # other axes still grow
+
+
+def test_a_depth_added_first_does_not_open_the_way_to_more_seeds(write_spec):
+    """The review's bypass: add a depth (the group then looks incomplete), then seeds. A depth below the
+    deepest is itself refused once a group may have been decided (its sequence tested again with more
+    claims); a deeper one extends the sequence and is accepted, and seeds stay refused after it."""
+    _stored_fixed_grid(write_spec, "deep", [(24, 0, 0), (24, 1, 0)], frozen_layers=[0, 1])
+    (inserted,) = _problems(write_spec("deep", frozen_layers=[-1, 0, 1]))  # k = -1 sits between 0 and 1
+    assert inserted.startswith("frozen_layers: [-1] added below the deepest depth (1), but sweep 'deep'")
+    load_spec(write_spec("deep", frozen_layers=[0, 1, 2]))  # deeper: accepted
+    (problem,) = _problems(write_spec("deep", frozen_layers=[0, 1, 2], seeds=[0, 1]))
+    assert problem.startswith("seeds: [1] added")
 
 
 def test_seeds_added_before_any_group_is_complete_are_new_cells(write_spec):
@@ -597,3 +612,12 @@ def test_columns_can_be_named_per_dataset(write_spec, toy_dataset, tmp_path):
     assert (first.text_column, first.label_column) == ("review", "sentiment")  # one name for every dataset, as before
     strays = _problems(write_spec("stray", datasets=[toy_dataset], training={"text_column": {"elsewhere": "x"}}))
     assert strays == ["training.text_column: elsewhere not among the datasets"]
+    # a stored sweep reading one name for its dataset grows by a dataset named in a mapping: no cell of it
+    # changes, so it is no change of protocol (the review found both refused)
+    raw = yaml.safe_load(write_spec("grows", datasets=[toy_dataset], training={"text_column": "sentence"}).read_text())
+    ResultStore(raw["store"], "grows").write_spec(yaml.safe_dump(raw))
+    mapping = {
+        "text_column": {toy_dataset: "sentence", str(renamed): "review"},
+        "label_column": {str(renamed): "sentiment"},
+    }
+    load_spec(write_spec("grows", datasets=[toy_dataset, str(renamed)], training=mapping))

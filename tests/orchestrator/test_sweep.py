@@ -83,12 +83,13 @@ def test_kill_driver_then_resume_runs_each_cell_once(write_spec, tmp_path):
 
 
 def test_grow_by_one_depth_runs_only_new_cells(write_spec, tmp_path):
-    first = launch(load_spec(write_spec("grow")), show_progress=False)
+    first = launch(load_spec(write_spec("grow", frozen_layers=[0, 1])), show_progress=False)
     assert (first.total, first.ran, first.ok) == (4, 4, 4)
     store = tmp_path / "store" / "grow" / "results"
     stamps = rows_by_id(store)
 
-    # (a fixed grid's seeds may not grow once a group is complete: a second look; orchestrator/checks.py)
+    # (a deeper depth: a fixed grid's seeds, or a depth below its deepest, may not grow once a group may
+    # have been decided, a second look: orchestrator/checks.py)
     grown = launch(load_spec(write_spec("grow", frozen_layers=[0, 1, 2])), show_progress=False)
     assert (grown.total, grown.already_ok, grown.ran, grown.ok) == (6, 4, 2, 2)
     assert {tid: row for tid, row in rows_by_id(store).items() if tid in stamps} == stamps
@@ -100,7 +101,7 @@ def test_grow_by_one_depth_runs_only_new_cells(write_spec, tmp_path):
 
     # A row Ray finished but the driver never stored (it died in between): taken from Ray's
     # experiment state through Tuner.restore, not run again.
-    newest = rows[rows["frozen_layers"] == 1]["trial_id"].iloc[0]  # run by the latest Tuner, whose state Ray keeps
+    newest = rows[rows["frozen_layers"] == 2]["trial_id"].iloc[0]  # run by the latest Tuner, whose state Ray keeps
     kept = _drop_row(store, newest)
     recovered = launch(load_spec(write_spec("grow", frozen_layers=[0, 1, 2])), show_progress=False)
     assert (recovered.recovered, recovered.ran) == (1, 0)

@@ -131,7 +131,7 @@ def test_decision_sentences_and_table(store_rows):
     assert decisions.loc[20, "sentence"] == (
         "d, n = 20: not yet shown that full fine-tuning beats the constant baseline by more than 0.01 here (1 trained "
         "seed: fewer than 3 trained seeds); no freezing advice — too few seeds trained to say how "
-        "many would (a settle sweep under a new name runs as many as the question needs)."
+        "many would (a settle sweep under a new name and another split_seed runs as many as the question needs)."
     )
     assert decisions.loc[50, "sentence"] == (
         "d, n = 50: no full fine-tuning (k = 0) runs to compare with (none in the store), so no decision."
@@ -145,7 +145,8 @@ def test_a_tighter_tolerance_admits_no_k_and_says_what_is_undecided(store_rows):
         "(undecided: k=-1 (+0.000 when trained); not tested, deeper than where the sequence stopped: k=3 (-0.002 "
         "when trained), k=6 "
         "(-0.050 when trained)); 13 seeds per arm would decide it if the spread stays as it is (a new settle sweep "
-        "with settle: {tolerance: 0.001, max_seeds: 13}, under a new name: `freezesweep plan` prices it) "
+        "with settle: {tolerance: 0.001, max_seeds: 13}, under a new name and another split_seed, so that its seeds "
+        "are not the rows already seen: `freezesweep plan` prices it) "
         "(left out: 1 failed)."
     )
     assert pd.isna(decisions.loc[100, "frozen_layers"])
@@ -648,4 +649,16 @@ def test_full_fine_tuning_at_the_constant_predictor_on_every_seed_is_said_in_goo
     assert decision["sentence"].startswith(
         f"d, n = 100: {said} of full fine-tuning predicted one class (the constant predictor): nothing learned as "
         f"far as {shows} cannot show it at 95 % family-wise (a new grid of "
+    )
+
+
+def test_a_grid_without_a_frozen_depth_says_so(tmp_path):
+    """The review: a grid of full fine-tuning alone (k = 0 beside LoRA, say) read "the least frozen depth
+    () is undecided"."""
+    store = ResultStore(str(tmp_path), "s")
+    for seed, acc in enumerate([0.80, 0.85, 0.90]):
+        store.write_row(row(k=0, seed=seed, acc=acc))
+    (decision,) = build_report([SweepRows.from_store(store)]).decisions.to_dict("records")
+    assert decision["sentence"].startswith(
+        "d, n = 100: fine-tune every layer: the grid has no frozen depth to compare with full fine-tuning"
     )

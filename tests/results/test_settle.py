@@ -401,3 +401,15 @@ def test_the_last_looks_level_keeps_the_claims_error_within_its_level():
         sample = draws[:, :n]
         crossed |= sample.mean(1) / (sample.std(1, ddof=1) / math.sqrt(n)) >= stats.t.ppf(1 - level, n - 1)
     assert 0.9 * WITHIN_LEVEL < crossed.mean() <= WITHIN_LEVEL  # Bonferroni's: 0.0176
+
+
+def test_learned_at_the_last_look_is_tested_at_the_spent_level_too():
+    """ "Learned" is the sequence's first claim (the gatekeeper): at the schedule's last look it spends what
+    its earlier looks left, as each depth's "within" does."""
+    from freezesweep.results.settle import last_look_level
+
+    full = [0.60, 0.62, 0.58, 0.61, 0.59, 0.60, 0.63, 0.57, 0.60]
+    result = decide(_rows({FULL: full, "freeze k=2": full}, 0.4), RULE)
+    assert result.learned.level == pytest.approx(last_look_level((3, 5, 7, 9), WITHIN_LEVEL, RULE.look_weights))
+    early = decide(_rows({FULL: full[:7], "freeze k=2": full[:7]}, 0.4), RULE)  # the third look: Bonferroni's
+    assert early.learned.level == pytest.approx(WITHIN_LEVEL * RULE.look_weights[2])
