@@ -27,6 +27,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from freezesweep.trials import hub
 from freezesweep.trials.metrics import REGRESSION_METRICS, compute_metrics, describe_shape, task_metrics
 from freezesweep.trials.worker import WorkerState, process_worker
 
@@ -506,15 +507,19 @@ def _read_file(path: Path) -> pd.DataFrame:
 
 def _load_from_hub(dataset: str) -> dict[str, pd.DataFrame]:
     glue, task = glue_task(dataset), dataset.split("/", 1)[1]
+    no_files = (
+        f"glue/{task}: no data dir named (set data_dir or {DATA_DIR_ENV} to a folder holding "
+        f"{task}/train.parquet and {task}/validation.parquet)"
+    )
+    problem = hub.hub_problem("glue", "dataset")  # `datasets` would retry for ~25 s before failing
+    if problem is not None:
+        raise DatasetError(f"{no_files} and {problem}; with HF_HUB_OFFLINE=1 a copy `datasets` cached is read")
     try:
         import datasets
 
         ds = datasets.load_dataset("glue", task)
-    except Exception as exc:  # offline, hub down, ...: say where local files would be looked for
-        raise DatasetError(
-            f"glue/{task}: no data dir named (set data_dir or {DATA_DIR_ENV} to a folder holding "
-            f"{task}/train.parquet and {task}/validation.parquet) and the hub failed: {exc}"
-        ) from exc
+    except Exception as exc:  # hub down, not in the cache offline, ...: say where local files would be looked for
+        raise DatasetError(f"{no_files} and the hub failed: {exc}") from exc
     return {"train": ds["train"].to_pandas(), "validation": ds[glue.validation_split].to_pandas()}
 
 

@@ -7,6 +7,7 @@ import importlib.resources
 from pathlib import Path
 
 import torch
+from freezesweep.trials import hub
 from transformers import AutoConfig, AutoModelForSequenceClassification, AutoTokenizer, PreTrainedModel
 
 # Hub ids that a pip package ships, so they resolve with no network.
@@ -44,11 +45,34 @@ def names_folder(model: str) -> bool:
 
 @functools.lru_cache(maxsize=8)
 def load_model_config(model: str):
-    """The model's config (layer count for validation); cached, a sweep asks for it per cell."""
+    """The model's config (layer count for validation); cached, a sweep asks for it per cell. A folder,
+    a package or the hub cache is read without a request; a hub id missing from the cache asks the hub
+    once before loading (``hub_problem``), so that no network fails at once, with the remedy."""
+    path = resolve_model_path(model)
     try:
-        return AutoConfig.from_pretrained(resolve_model_path(model))
+        return AutoConfig.from_pretrained(path, local_files_only=True)
+    except Exception as exc:
+        if path != model or Path(path).is_dir() or hub.offline():  # a folder's or the cache's own error
+            raise ModelError(f"cannot load model {model!r}: {_not_local(exc)}") from exc
+    problem = hub.hub_problem(model)
+    if problem is not None:
+        raise ModelError(
+            f"cannot load model {model!r}: it is not in this machine's Hugging Face cache and {problem}; "
+            f"name a local folder instead (model: path/to/folder), or download it where the hub is "
+            f"reachable (`hf download {model}`)"
+        )
+    try:
+        return AutoConfig.from_pretrained(path)
     except Exception as exc:
         raise ModelError(f"cannot load model {model!r}: {exc}") from exc
+
+
+def _not_local(exc: Exception) -> str:
+    """transformers' words, plus the remedy where HF_HUB_OFFLINE kept it from the hub."""
+    if hub.offline():
+        first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        return f"{first} (HF_HUB_OFFLINE is set: download it where the hub is reachable, or name a local folder)"
+    return str(exc)
 
 
 @functools.lru_cache(maxsize=4)
