@@ -48,9 +48,11 @@ def load_model_config(model: str):
     """The model's config (layer count for validation); cached, a sweep asks for it per cell. A folder,
     a package or the hub cache is read without a request; a hub id missing from the cache asks the hub
     once before loading (``hub_problem``), so that no network fails at once, with the remedy."""
-    path = resolve_model_path(model)
     try:
+        path = resolve_model_path(model)
         return AutoConfig.from_pretrained(path, local_files_only=True)
+    except ModelError as exc:
+        raise ModelError(f"cannot load model {model!r}: {exc}") from exc
     except Exception as exc:
         if path != model or Path(path).is_dir() or hub.offline():  # a folder's or the cache's own error
             raise ModelError(f"cannot load model {model!r}: {_not_local(exc)}") from exc
