@@ -386,18 +386,7 @@ def run_tune(
     to ``on_outcome``. ``stop_if`` is called at every step of Tune's loop: what it raises ends the run.
     ``trainable``: what a trial runs (``tune_trainable``; benchmarks/scale.py measures Tune alone with
     an instant one). ``units``: ``cells`` grouped as ``group_cells`` groups them, when the caller has."""
-    os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")  # with verbose=0: no Tune tables; our bar reports
-    # Tune's own per-trial CSV, JSON and TensorBoard files: nothing here reads them (rows are the store's).
-    os.environ.setdefault("TUNE_DISABLE_AUTO_CALLBACK_LOGGERS", "1")
-    # Tune's traceback of every failed attempt (ray/tune/execution/tune_controller.py, _trial_task_failure):
-    # 36 failed attempts printed 2,324 lines. A failed cell's line says why and its row keeps the traceback;
-    # TUNE_PRINT_ALL_TRIAL_ERRORS=1 brings Tune's back.
-    os.environ.setdefault("TUNE_PRINT_ALL_TRIAL_ERRORS", "0")
-    # Trials Tune keeps waiting for a place at once. Its "auto" gives a custom Searcher one, so each
-    # trial waited for the one before it to start: a cluster filled one worker start-up at a time and
-    # short trials all ran on the first node (ray/tune/execution/tune_controller.py,
-    # _get_max_pending_trials). Grid search's own default instead: max(200, 1.1 × the cluster's CPUs).
-    os.environ.setdefault("TUNE_MAX_PENDING_TRIALS_PG", str(MAX_PENDING_TRIALS))
+    _quiet_tune_defaults()
     resources = sweep.spec.resources
     checkpoints = bool(sweep.spec.training.checkpoint_every_epochs)
     # An earlier launch's driver died while some of these cells ran: each starts from its last checkpoint.
@@ -462,6 +451,22 @@ def run_tune(
             "every trial's outcome is kept",
             file=sys.stderr,
         )
+
+
+def _quiet_tune_defaults() -> None:
+    """Tune's output and waiting as a sweep of many short trials needs them; each stays the user's to set."""
+    os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")  # with verbose=0: no Tune tables; our bar reports
+    # Tune's own per-trial CSV, JSON and TensorBoard files: nothing here reads them (rows are the store's).
+    os.environ.setdefault("TUNE_DISABLE_AUTO_CALLBACK_LOGGERS", "1")
+    # Tune's traceback of every failed attempt (ray/tune/execution/tune_controller.py, _trial_task_failure):
+    # 36 failed attempts printed 2,324 lines. A failed cell's line says why and its row keeps the traceback;
+    # TUNE_PRINT_ALL_TRIAL_ERRORS=1 brings Tune's back.
+    os.environ.setdefault("TUNE_PRINT_ALL_TRIAL_ERRORS", "0")
+    # Trials Tune keeps waiting for a place at once. Its "auto" gives a custom Searcher one, so each
+    # trial waited for the one before it to start: a cluster filled one worker start-up at a time and
+    # short trials all ran on the first node (ray/tune/execution/tune_controller.py,
+    # _get_max_pending_trials). Grid search's own default instead: max(200, 1.1 × the cluster's CPUs).
+    os.environ.setdefault("TUNE_MAX_PENDING_TRIALS_PG", str(MAX_PENDING_TRIALS))
 
 
 def trial_dirname(trial) -> str:

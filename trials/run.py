@@ -185,17 +185,7 @@ def _probe_trial(
         cfg.seed,
     )
     eval_started = time.perf_counter()
-    features, labels = probe.validation_features(val_states, data.batches, pooling)
-    predictions = fitted.predictor.predict(features)
-    metrics = compute_metrics(predictions, labels, task.regression, task.num_labels)
-    loss = probe.validation_loss(fitted, features, labels, task.regression, task.num_labels)
-    point = EvalPoint(
-        step=0,
-        epoch=0.0,
-        loss=loss,
-        constant_predictions=constant(predictions),
-        **{name: metrics.get(name) for name in METRICS},
-    )
+    point = _probe_point(fitted, val_states, data, pooling)
     state = FitState(
         curve=[point], train_time_s=eval_started - fit_started, eval_time_s=time.perf_counter() - eval_started
     )
@@ -223,6 +213,22 @@ def _probe_trial(
         train_examples_per_s=None,
         eval_cached_layers=layers,
         train_cached_layers=layers,
+    )
+
+
+def _probe_point(fitted: probe.ProbeFit, val_states, data: TrialData, pooling: str) -> EvalPoint:
+    """The probe's one evaluation: the validation set scored once."""
+    task = data.task
+    features, labels = probe.validation_features(val_states, data.batches, pooling)
+    predictions = fitted.predictor.predict(features)
+    metrics = compute_metrics(predictions, labels, task.regression, task.num_labels)
+    loss = probe.validation_loss(fitted, features, labels, task.regression, task.num_labels)
+    return EvalPoint(
+        step=0,
+        epoch=0.0,
+        loss=loss,
+        constant_predictions=constant(predictions),
+        **{name: metrics.get(name) for name in METRICS},
     )
 
 
