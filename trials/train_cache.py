@@ -76,15 +76,16 @@ def train_prefix(
 ) -> TrainPrefix:
     """The frozen prefix's output for each row of the subset (``train_rows``: their indices in the
     split, ``train_ids``: their tokens, in the same order); computed for rows not yet cached. An
-    entry per (model, split, k, precision, device): the nested train sizes of each k share rows."""
-    entry = worker.train_states.fresh(PrefixKey(key, layer))
-    if entry is None:
-        entry = _Entry()
-        worker.train_states.put(PrefixKey(key, layer), entry)
+    entry per (model, split, k, precision, device): the nested train sizes of each k share rows; the
+    worker keeps its entries within ``worker.MAX_TRAIN_MIB``."""
+    held = PrefixKey(key, layer)
+    entry = worker.train_states.fresh(held) or _Entry()
     parts = find_encoder_parts(model)
     todo = [(int(r), position) for position, r in enumerate(train_rows) if int(r) not in entry.rows]
     if todo:
         _run_prefix(model, parts.layers[layer - 1], train_ids, todo, entry, plan, device)
+    if todo or held not in worker.train_states:
+        worker.train_states.put(held, entry)  # priced as it is now (worker.MAX_TRAIN_MIB)
     injector, layers = injected_layers(parts, layer, entry.tuple_output)
     return TrainPrefix(
         layer=layer, states=tuple(entry.rows[int(r)] for r in train_rows), parts=parts, injector=injector, layers=layers

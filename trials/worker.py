@@ -35,6 +35,11 @@ MAX_EVAL_ENTRIES = 8  # evaluation cache entries (a few MB to a few hundred MB e
 # (trials/eval_cache.py: its trials evaluate in full, a "no").
 MAX_EVAL_MIB = 2048
 MAX_TRAIN_ENTRIES = 8  # training cache entries: a grid's k values all fit
+# The training cache's states (train_cache: true, and the probe's features), in all: an entry holds a
+# state per train row, so it grows with the train size (SST-2's 67,349 rows of ~13 tokens through a
+# base-size model: ~1.3 GB in bf16). Past it the least recently used entries go; one that passes it
+# alone is used by its trial and not kept.
+MAX_TRAIN_MIB = 2048
 MAX_TOKEN_SPLITS = 16
 MAX_TASKS = 4
 
@@ -125,7 +130,9 @@ class WorkerState:
         default_factory=lambda: Lru(MAX_EVAL_ENTRIES, MAX_EVAL_MIB * 2**20, states_bytes)
     )
     eval_exact: dict = field(default_factory=dict)  # PrefixKey -> the cached path is bit-identical
-    train_states: Lru = field(default_factory=lambda: Lru(MAX_TRAIN_ENTRIES))  # PrefixKey -> rows' states
+    train_states: Lru = field(  # PrefixKey -> rows' states
+        default_factory=lambda: Lru(MAX_TRAIN_ENTRIES, MAX_TRAIN_MIB * 2**20, rows_bytes)
+    )
     train_exact: dict = field(default_factory=dict)  # PrefixKey -> the cached training path gives the model's logits
     feed_verdicts: dict = field(default_factory=dict)  # FeedKey -> (narrowing exact, packing exact)
     array_verdicts: dict = field(default_factory=dict)  # (FeedKey, feed) -> a trial array gives the model's numbers
@@ -189,6 +196,11 @@ def _arrays_bytes(arrays, device_type: str, seen: set[int]) -> int:
     new = {id(a): a for a in arrays if id(a) not in seen}
     seen.update(new)
     return sum(a.nbytes for a in new.values())
+
+
+def rows_bytes(entry: Any) -> int:
+    """A training cache entry's bytes (trials/train_cache.py: a tensor per cached train row)."""
+    return sum(t.nbytes for t in entry.rows.values())
 
 
 def states_bytes(prefix: Any) -> int:

@@ -70,3 +70,27 @@ def test_nested_subsets_share_rows_and_history_does_not_change_a_result(tiny_tri
     after_bigger = run_trial(cfg, worker=worker)  # served entirely from rows another cell computed
     assert after_bigger.train_loss_curve == fresh.train_loss_curve
     assert [p.loss for p in after_bigger.eval_curve] == [p.loss for p in fresh.eval_curve]
+
+
+def _budgeted(max_bytes: int):
+    from freezesweep.trials.worker import MAX_TRAIN_ENTRIES, Lru, WorkerState, rows_bytes
+
+    return WorkerState(train_states=Lru(MAX_TRAIN_ENTRIES, max_bytes, rows_bytes))
+
+
+def test_the_worker_keeps_its_training_states_within_the_budget(tiny_trial):
+    """Room for one entry of 24 rows: a second depth's entry is made and the first goes; an entry that
+    grows past the budget alone (48 rows) is used by its trial, not kept, and drops no other. Each trial
+    trains as it does in a worker with room."""
+    from freezesweep.trials.worker import WorkerState, rows_bytes
+
+    cfg = dataclasses.replace(tiny_trial, frozen_layers=1, train_cache=True, train_size=24, epochs=1)
+    roomy = WorkerState()
+    run_trial(cfg, worker=roomy)
+    (entry,) = roomy.train_states.values()
+    worker = _budgeted(rows_bytes(entry))
+    for at in (cfg, dataclasses.replace(cfg, frozen_layers=2), dataclasses.replace(cfg, train_size=48)):
+        kept, alone = run_trial(at, worker=worker), run_trial(at, worker=WorkerState())
+        assert kept.train_cached_layers == at.frozen_layers and kept.train_loss_curve == alone.train_loss_curve
+        assert worker.train_states.held_bytes() <= worker.train_states.max_bytes
+        assert [key.layer for key in worker.train_states] == [at.frozen_layers if at.train_size == 24 else 2]
