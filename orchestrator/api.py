@@ -31,7 +31,7 @@ import pandas as pd
 
 from freezesweep.orchestrator.spec import DEFAULT_STORE, LARGE_GRID, SpecError, SweepSpec, read_yaml
 from freezesweep.results.reprs import short_repr
-from freezesweep.results.store import ResultStore
+from freezesweep.results.store import ResultStore, StoreError
 
 if TYPE_CHECKING:  # the annotations only: importing them at run time would import Ray and torch
     import duckdb
@@ -142,7 +142,8 @@ class Plan:
     done: int  # cells with a final row (ok, diverged)
     rounds: int  # Tune runs the pending cells take (``resources.trials_per_round`` Ray trials each)
     status: pd.DataFrame  # per axis value: done / failed / missing cells
-    work: WorkEstimate | None  # the pending cells' trial time, priced by the store's own rows
+    work: WorkEstimate | None  # the pending cells' trial time, priced by the store's measured rows
+    priced_from: tuple[str, ...]  # the store's other sweeps whose rows priced kinds this one has not run
     trials_at_once: int  # this machine's cores per trial, or ``max_concurrent_trials``
     note: str | None = None  # how ``precision: auto`` was planned where the trials' GPUs are not
     size_words: str = ""  # the grid's axes, e.g. "1 models × 1 datasets × …"
@@ -179,7 +180,7 @@ def plan(spec: SpecSource, *, store: str | None = None) -> Plan:
         len(done & {c.trial_id for c in cells}),
         round_count(pending, sweep),
         status_table(cells, statuses),
-        _work(cells, pending, rows),
+        *_work(cells, pending, rows, result_store),
         at_once,
         note,
         spec.cell_count_words() + _one_depth(spec, sweep.model_layers),
@@ -195,16 +196,53 @@ def _one_depth(spec: SweepSpec, model_layers: Mapping[str, int]) -> str:
     return f"; one cell per depth ({'; '.join(same)})" if same else ""
 
 
-def _work(cells: list[TrialConfig], pending: list[TrialConfig], rows: pd.DataFrame) -> WorkEstimate | None:
-    """The pending cells' trial time, priced by the store's own measured ok rows (orchestrator/plan.py)."""
+def _work(
+    cells: list[TrialConfig], pending: list[TrialConfig], rows: pd.DataFrame, result_store: ResultStore
+) -> tuple[WorkEstimate | None, tuple[str, ...]]:
+    """The pending cells' trial time, priced by the sweep's own measured ok rows, and for the kinds it
+    has none of, by the store's other sweeps' (orchestrator/plan.py); and the sweeps that priced it."""
     from freezesweep.orchestrator.plan import estimate_work, work_key
 
     by_id = {c.trial_id: c for c in cells}
     measured: dict[tuple, list[float]] = {}
-    for trial_id, status_, wall_s in rows[["trial_id", "status", "wall_time_s"]].itertuples(index=False):
-        if status_ == "ok" and trial_id in by_id and wall_s == wall_s:  # NaN: not measured
-            measured.setdefault(work_key(by_id[trial_id]), []).append(float(wall_s))
-    return estimate_work(pending, measured)
+    for trial_id, wall_s in _ok_times(rows).items():
+        if trial_id in by_id:
+            measured.setdefault(work_key(by_id[trial_id]), []).append(wall_s)
+    unpriced = [c for c in pending if work_key(c) not in measured]
+    elsewhere, sources = _measured_in_other_sweeps(unpriced, result_store) if unpriced else ({}, ())
+    return estimate_work(pending, {**elsewhere, **measured}), sources
+
+
+def _ok_times(rows: pd.DataFrame) -> dict[str, float]:
+    ok = rows[(rows["status"] == "ok") & rows["wall_time_s"].notna()]  # NaN: not measured
+    return dict(zip(ok["trial_id"], ok["wall_time_s"].astype(float)))
+
+
+def _measured_in_other_sweeps(
+    pending: list[TrialConfig], result_store: ResultStore
+) -> tuple[dict[tuple, list[float]], tuple[str, ...]]:
+    """The measured times of ``pending``'s kinds in the store's other sweeps of their models and
+    datasets (``plan.measured_elsewhere``), and those sweeps' names. One that cannot be read prices nothing."""
+    from freezesweep.orchestrator.plan import measured_elsewhere
+    from freezesweep.orchestrator.sweeps import load_sweep
+
+    models, datasets = {c.model for c in pending}, {c.dataset for c in pending}
+    found: dict[tuple, list[float]] = {}
+    sources = []
+    for name in result_store.other_sweeps() or []:
+        if name == result_store.sweep:
+            continue
+        try:
+            other = load_sweep(name, result_store.uri)
+            if not (models & set(other.spec.models()) and datasets & set(other.spec.datasets)):
+                continue
+            rows = ResultStore(result_store.uri, name).read_table(columns=["trial_id", "status", "wall_time_s"])
+        except (SpecError, StoreError, ValueError):  # an old, damaged or foreign sweep
+            continue
+        for key, times in measured_elsewhere(pending, other, _ok_times(rows.to_pandas())).items():
+            found.setdefault(key, []).extend(times)
+            sources.append(name)
+    return found, tuple(dict.fromkeys(sources))
 
 
 # --- launch and resume -----------------------------------------------------------------------------

@@ -316,12 +316,18 @@ def plan(
 def _print_work(planned) -> None:
     estimate, pending = planned.work, len(planned.pending)
     if estimate is None:
-        console.print("work: no measured trial in the store yet to estimate it from", highlight=False)
+        console.print(
+            "work: no measured trial of these kinds in the store yet (this sweep's, or another's under the same "
+            "protocol) to estimate it from",
+            highlight=False,
+        )
         return
+    others = ", ".join(planned.priced_from)
+    elsewhere = f", some or all of them {others}'s, run under the same protocol" if others else ""
     console.print(
         f"work: about {estimate.trial_s / 3600:,.2f} trial-hours ({estimate.measured_cells:,} of "
         f"{pending:,} pending cells priced by rows of their own kind, from {estimate.measured_rows:,} "
-        f"measured rows); about {estimate.trial_s / planned.trials_at_once / 3600:,.2f} h at "
+        f"measured rows{elsewhere}); about {estimate.trial_s / planned.trials_at_once / 3600:,.2f} h at "
         f"{planned.trials_at_once} trials at once (this machine's cores, or max_concurrent_trials)",
         highlight=False,
     )

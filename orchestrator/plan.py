@@ -231,6 +231,27 @@ def work_key(cell: TrialConfig) -> tuple:
     return cell.model, cell.dataset, cell.train_size, cell.variant()
 
 
+def cost_protocol(cell: TrialConfig) -> tuple:
+    """What else a trial's time depends on across sweeps: the protocol (epochs, batch size, precision,
+    …), but for ``split_seed`` (another draw of subsets of the same sizes costs the same)."""
+    return tuple(sorted((name, repr(value)) for name, value in cell.protocol().items() if name != "split_seed"))
+
+
+def measured_elsewhere(
+    pending: list[TrialConfig], other: ResolvedSweep, wall_s: Mapping[str, float]
+) -> dict[tuple, list[float]]:
+    """Another sweep's measured times (``wall_s``: its ok rows' wall time by trial id) of the pending
+    cells' kinds (``work_key``) under their protocol: a new sweep with another split_seed, or one grown
+    from an earlier sweep's kinds, is priced before its first trial."""
+    wanted = {work_key(cell): cost_protocol(cell) for cell in pending}
+    found: dict[tuple, list[float]] = {}
+    for cell in build_grid(other):
+        key = work_key(cell)
+        if key in wanted and cell.trial_id in wall_s and cost_protocol(cell) == wanted[key]:
+            found.setdefault(key, []).append(wall_s[cell.trial_id])
+    return found
+
+
 def arm_of(cell: TrialConfig) -> str:
     """The cell's arm in settle mode's terms: "freeze k=3", "lora r=8", "probe"."""
     return variant_label(cell.method, cell.frozen_layers, cell.lora_rank)

@@ -102,6 +102,32 @@ def test_plan_counts_cells_against_the_store_and_prices_the_rest_without_running
     assert "nothing was started" in done.stdout and _tree(tmp_path / "store") == before
 
 
+def test_plan_prices_a_new_sweep_by_another_sweeps_rows_of_the_same_kind_and_protocol(write_spec, tmp_path):
+    """A new sweep under another name and split_seed (what an open group's answer asks for) is priced
+    before its first trial by the earlier sweep's rows of its kinds; a sweep under another protocol
+    (more epochs) prices nothing."""
+    from freezesweep.orchestrator.rows import result_row
+    from freezesweep.results.store import ResultStore
+    from freezesweep.trials.config import TrialResult
+
+    for name, epochs, wall_s in (("earlier", 2, 10.0), ("longer", 4, 1000.0)):
+        sweep = resolve_here(load_spec(write_spec(name, train_sizes=[24], training={"epochs": epochs})))
+        store = ResultStore(str(tmp_path / "store"), name)
+        store.write_spec(sweep.spec.to_yaml())
+        for cell in build_grid(sweep):
+            row = TrialResult(trial_id=cell.trial_id, config=cell, status="ok", wall_time_s=wall_s)
+            store.write_row(result_row(name, row))
+    path = write_spec("again", split_seed=7, seeds=[0, 1])  # n = 24 and 48, k = 0 and 2, 2 seeds
+    done = runner.invoke(app, ["plan", str(path)])
+    assert done.exit_code == 0, done.output
+    assert "8 cells" in done.stdout and "0 done" in done.stdout
+    # n = 24's 4 cells at earlier's 10 s each kind; n = 48's 4 at the median of every priced row, 10 s
+    assert (
+        "work: about 0.02 trial-hours (4 of 8 pending cells priced by rows of their own kind, from 2 measured "
+        "rows, some or all of them earlier's, run under the same protocol)" in done.stdout
+    )
+
+
 def test_a_large_grid_is_announced_with_its_count_before_it_starts(write_spec, tmp_path):
     """Over 100,000 cells: said before the launch goes on (here it stops at the lock another driver holds)."""
     import subprocess
