@@ -257,9 +257,10 @@ def _data_problems(datasets: list[str], sizes: list[int], data_dir: str | None, 
             problems += [f"datasets: {dataset}: {p.removeprefix(named[0]).removeprefix(named[1])}" for p in each]
             # the files were read: the train sizes are said beside their problems, not after their fix
             problems += _size_problems(dataset, sizes, (getattr(exc, "rows", None) or {}).get("train"))
+            problems += _class_problems(dataset, sizes, getattr(exc, "classes", None) or {})
             continue
         problems += _size_problems(dataset, sizes, shape.rows["train"])
-        problems += _class_problems(dataset, sizes, shape)
+        problems += _class_problems(dataset, sizes, shape.class_counts)
         metric = chosen.get(dataset) if isinstance(chosen, dict) else chosen
         if metric in METRICS and metric not in shape.metrics:  # an unknown name is pydantic's to report
             problems.append(f"training.select_metric: {metric} does not fit {dataset} ({shape_words(shape)})")
@@ -278,18 +279,20 @@ def _size_problems(dataset: str, sizes: list[int], train_rows: int | None) -> li
     return [f"train_sizes: {too_big} exceed the {train_rows} train rows of {dataset}"] if too_big else []
 
 
-def _class_problems(dataset: str, sizes: list[int], shape) -> list[str]:
-    """Train sizes too small to hold a row of every class (a stratified subset of at least as many rows
-    as classes always does, trials/subsets.py): named with the classes it would leave out, rarest first."""
-    too_small = sorted(s for s in sizes if not shape.regression and s < shape.num_labels)
+def _class_problems(dataset: str, sizes: list[int], class_counts: Mapping[str, int]) -> list[str]:
+    """Train sizes too small to hold a row of every class (``class_counts``: train rows per class, empty
+    for regression; a stratified subset of at least as many rows as classes always does, trials/subsets.py):
+    named with the classes it would leave out, rarest first. A size below 1 is pydantic's to report."""
+    classes = len(class_counts)
+    too_small = sorted(s for s in sizes if 0 < s < classes)
     if not too_small:
         return []
-    rarest = sorted(shape.class_counts.items(), key=lambda item: item[1])[: shape.num_labels - too_small[0]]
+    missing = classes - too_small[0]
+    rarest = sorted(class_counts.items(), key=lambda item: item[1])[:missing]
     left_out = ", ".join(f"{name!r} ({count} train rows)" for name, count in rarest)
-    missing = shape.num_labels - too_small[0]
     return [
-        f"train_sizes: {too_small} below the {shape.num_labels} classes of {dataset} (a stratified subset holds "
-        f"at least one row of each class; {too_small[0]} rows leave out {missing} class(es), the rarest: {left_out})"
+        f"train_sizes: {too_small} below the {classes} classes of {dataset} (a stratified subset holds "
+        f"at least one row of each class; n = {too_small[0]} leaves out {missing} class(es), the rarest: {left_out})"
     ]
 
 

@@ -353,7 +353,7 @@ class SweepSpec(_Strict):
         lowest, rule = _AXIS_MINIMA[info.field_name]
         bad = [v for v in values if isinstance(v, int) and v < lowest]
         if bad:
-            raise ValueError(f"{rule}, got {bad}")
+            raise ValueError(f"{rule}: {bad} {'is' if len(bad) == 1 else 'are'} not")
         return values
 
     @model_validator(mode="after")

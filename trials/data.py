@@ -63,12 +63,20 @@ GLUE_PAIR_TASKS = frozenset(name for name, task in GLUE_TASKS.items() if task.te
 
 class DatasetError(ValueError):
     """``problems``: each problem on its own, where there are several (spec validation lists them);
-    ``rows``: each split's rows where the files were read (so the train sizes are checked beside them)."""
+    ``rows``: each split's rows where the files were read, ``classes``: train rows per class where the
+    labels were (so the train sizes are checked beside the data's problems, not after their fix)."""
 
-    def __init__(self, message: str, problems: list[str] | None = None, rows: dict[str, int] | None = None):
+    def __init__(
+        self,
+        message: str,
+        problems: list[str] | None = None,
+        rows: dict[str, int] | None = None,
+        classes: dict[str, int] | None = None,
+    ):
         super().__init__(message)
         self.problems = problems or []
         self.rows = rows
+        self.classes = classes
 
 
 @dataclass(frozen=True)
@@ -241,7 +249,8 @@ def _load_task(
     )
     problems += shape_problems or _label_problems(labels, columns.label, where, regression)
     if problems:
-        raise DatasetError(f"dataset {dataset!r}: " + "; ".join(problems), problems, _row_counts(frames))
+        classes = None if regression or shape_problems else _class_counts(labels["train"])
+        raise DatasetError(f"dataset {dataset!r}: " + "; ".join(problems), problems, _row_counts(frames), classes)
     encoded, names = _encode_labels(labels, regression)
     splits = {
         name: Split(
@@ -263,6 +272,11 @@ def _load_task(
         dropped=dropped,
         label_names=names,
     )
+
+
+def _class_counts(train: pd.Series) -> dict[str, int]:
+    """Train rows per class among the labels present, by their spelling (``TaskData.class_counts``'s)."""
+    return {str(name): int(n) for name, n in train.dropna().value_counts().sort_index(key=lambda i: i.map(str)).items()}
 
 
 def _row_counts(frames: dict[str, pd.DataFrame]) -> dict[str, int]:
@@ -333,8 +347,9 @@ def _label_values(series: pd.Series) -> pd.Series:
 
 
 def _label_problems(labels: dict[str, pd.Series], column: str, where: dict[str, str], regression: bool) -> list[str]:
-    """Missing or non-finite labels; for classes, labels of validation that train never has, and
-    fewer than two classes in train."""
+    """Missing or non-finite labels; for classes, among the labels present (so one error names them
+    all), labels of validation that train never has, fewer than two classes in train, and spellings of
+    one label."""
     problems = []
     for split, values in labels.items():
         bad = values.isna().to_numpy()
@@ -346,10 +361,10 @@ def _label_problems(labels: dict[str, pd.Series], column: str, where: dict[str, 
                 f"{where[split]}: column {column!r} has {int(bad.sum())} {what}, "
                 f"{_rows_words(where[split], np.flatnonzero(bad))}"
             )
-    if regression or problems:
+    if regression:
         return problems
-    train = set(labels["train"])
-    unseen = ~labels["validation"].isin(train).to_numpy()
+    train = set(labels["train"].dropna())
+    unseen = (labels["validation"].notna() & ~labels["validation"].isin(train)).to_numpy()
     if unseen.any():
         names = sorted(set(labels["validation"][unseen]), key=str)
         problems.append(

@@ -495,8 +495,32 @@ def test_a_train_size_below_the_classes_names_the_rarest_with_their_counts(write
     problems = _problems(write_spec(datasets=[str(folder)], train_sizes=[1, 3]))
     assert problems == [
         f"train_sizes: [1] below the 3 classes of {folder} (a stratified subset holds at least one row "
-        "of each class; 1 rows leave out 2 class(es), the rarest: 'c' (2 train rows), 'b' (8 train rows))"
+        "of each class; n = 1 leaves out 2 class(es), the rarest: 'c' (2 train rows), 'b' (8 train rows))"
     ]
+
+
+def test_every_problem_of_a_dirty_file_and_the_sizes_it_refuses_are_named_at_once(write_spec, tmp_path):
+    """Before: a missing label hid the label checks (a validation-only label, spellings of one label), and
+    any data problem hid a train size below the classes: four rounds of fixes to see them all. A negative
+    size is said once, without a class count drawn from it (-5 rows "left out 7 classes" of two)."""
+    folder = tmp_path / "dirty"
+    folder.mkdir()
+    labels = ["pos", "neg"] * 20 + ["Pos", ""]
+    pd.DataFrame({"sentence": [f"row {i}" for i in range(41)] + [""], "label": labels}).to_csv(
+        folder / "train.csv", index=False
+    )
+    pd.DataFrame({"sentence": ["x", "y", "z"], "label": ["pos", "neg", "neutral"]}).to_csv(
+        folder / "validation.csv", index=False
+    )
+    problems = _problems(write_spec(datasets=[str(folder)], train_sizes=[-5, 1, 24]))
+    said = [p.split(": ", 1)[0] + ": " + p.split(": ")[-1][:40] for p in problems]
+    assert len(problems) == 6, said
+    assert sum("train sizes must be positive: [-5] is not" in p for p in problems) == 1
+    assert sum("empty or missing text" in p for p in problems) == 1
+    assert sum("missing or non-finite label" in p for p in problems) == 1
+    assert sum("['neutral'] that the train split never has" in p for p in problems) == 1
+    assert sum("'Pos' (1 rows), 'pos' (21 rows) differ only in case" in p for p in problems) == 1
+    assert sum(p.startswith("train_sizes: [1] below the 3 classes") for p in problems) == 1
 
 
 def test_a_settle_sweeps_question_and_budget_are_refused_once_it_has_rows(write_spec):
