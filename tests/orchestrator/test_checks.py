@@ -610,6 +610,22 @@ def test_a_depth_added_first_does_not_open_the_way_to_more_seeds(write_spec):
     assert problem.startswith("seeds: [1] added")
 
 
+def test_a_depth_inserted_into_a_settle_sweep_after_its_first_look_is_refused(write_spec):
+    """Before: accepted, each report's sequence then had another first false claim (a review's simulation:
+    7.7 % false "within" over four reports, against the 2.25 % a claim is paid). Before the first look
+    (full fine-tuning and a depth at the initial seeds) it is a new cell; a deeper depth extends the sequence."""
+    settle = {"tolerance": 0.01, "initial_seeds": 3, "max_seeds": 5}
+    first = [(24, k, seed) for k in (0, 1) for seed in range(2)]
+    _stored_fixed_grid(write_spec, "grown", first, seeds=[], settle=settle, frozen_layers=[0, 1])
+    load_spec(write_spec("grown", seeds=[], settle=settle, frozen_layers=[-1, 0, 1]))  # no look yet: a new cell
+    looked = first + [(24, 0, 2), (24, 1, 2)]
+    _stored_fixed_grid(write_spec, "looked", looked, seeds=[], settle=settle, frozen_layers=[0, 1])
+    (inserted,) = _problems(write_spec("looked", seeds=[], settle=settle, frozen_layers=[-1, 0, 1]))
+    assert inserted.startswith("frozen_layers: [-1] added below the deepest depth (1), but sweep 'looked'")
+    assert "has had a look" in inserted and "another split_seed" in inserted
+    load_spec(write_spec("looked", seeds=[], settle=settle, frozen_layers=[0, 1, 2]))  # deeper: accepted
+
+
 def test_seeds_added_before_any_group_is_complete_are_new_cells(write_spec):
     """No group had all its cells in: no decision could have been read, so no look was taken."""
     _stored_fixed_grid(write_spec, "early", [(24, 0, 0), (48, 0, 0)])
