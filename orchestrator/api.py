@@ -522,18 +522,21 @@ def _sweep_rows(name: str, store: str | None, tolerance: float | None) -> SweepR
     sweep, result_store = _stored_sweep(name, store)
     settle = sweep.spec.settle
     rule = settle.rule() if settle else None
-    if rule is not None and tolerance is not None and tolerance != rule.tolerance:
+    asked = sweep.spec.question_tolerance()
+    if tolerance is not None and tolerance != asked:
+        # each tolerance makes another depth its sequence's first false claim: the readings' errors add up
+        why = "its rounds stopped on that question" if rule else "its spec's `tolerance:`, fixed before its rows"
         raise SpecError(
             [
-                f"sweep {result_store.sweep!r} is a settle sweep asked at tolerance {rule.tolerance:g}: its rounds stopped "
-                "on that question, and a tolerance chosen after seeing the rows voids the confidence; report "
-                f"it without a tolerance, or ask {tolerance:g} as a new settle sweep (a new name)"
+                f"sweep {result_store.sweep!r} asked tolerance {asked:g} ({why}), and a tolerance chosen after "
+                f"seeing the rows voids the confidence; report it without a tolerance, or ask {tolerance:g} as a new "
+                "sweep (a new name and another split_seed); `freezesweep summary` and `query` read the rows freely"
             ],
             name,
         )
     family = (rule, rule.looks, sweep_arms(sweep)) if rule else None
     rows = SweepRows.from_store(
-        result_store, status_table(_counted_cells(sweep, result_store), result_store.statuses()), family
+        result_store, status_table(_counted_cells(sweep, result_store), result_store.statuses()), family, asked
     )
     _warn_unreadable(result_store)
     return rows
@@ -618,14 +621,15 @@ def decide(names: str | Sequence[str], *, store: str | None = None, tolerance: f
 
 
 def _tolerance(tolerance: float | None, sweeps: Sequence[SweepRows]) -> float:
-    """The tolerance asked; else the sweeps' own where every one is a settle sweep of one tolerance (what
-    its decisions use, so the figures and words say it too); else 0.01."""
-    from freezesweep.results.stats import TOLERANCE
-
+    """The sweeps' question (``_sweep_rows`` refused any other asked): one tolerance for every sweep of a
+    report, or a SpecError naming each (sweeps asked different questions are reported apart)."""
     if tolerance is not None:
         return tolerance
-    own = {s.rule[0].tolerance if s.rule else None for s in sweeps}  # (rule, looks, arms)
-    return own.pop() if len(own) == 1 and None not in own else TOLERANCE
+    own = {s.name: s.tolerance for s in sweeps}
+    if len(set(own.values())) > 1:
+        asked = ", ".join(f"{name} {value:g}" for name, value in own.items())
+        raise SpecError([f"the sweeps asked different tolerances ({asked}): report them apart"], ", ".join(own))
+    return next(iter(own.values()))
 
 
 def report(

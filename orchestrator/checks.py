@@ -31,6 +31,7 @@ from freezesweep.orchestrator.spec import (
     read_yaml,
     spec_aliases,
 )
+from freezesweep.results.stats import TOLERANCE
 from freezesweep.results.store import ResultStore, StoreError, check_store_root, open_filesystem
 from freezesweep.trials.data import GLUE_PAIR_TASKS, DatasetError, describe_task, official_metric, shape_words
 from freezesweep.trials.metrics import METRICS
@@ -388,7 +389,10 @@ def _store_problems(raw: dict[str, Any]) -> list[str]:
     return (
         []
         if stored is None
-        else _protocol_changes(stored, raw) + _settle_changes(stored, raw) + _seed_changes(stored, raw, target)
+        else _protocol_changes(stored, raw)
+        + _settle_changes(stored, raw)
+        + _tolerance_change(stored, raw, target)
+        + _seed_changes(stored, raw, target)
     )
 
 
@@ -485,6 +489,25 @@ def _seed_changes(stored: dict[str, Any], raw: dict[str, Any], store: ResultStor
         f"again with more claims in it (a depth deeper than {deepest} extends it and may be added; else {FRESH_SWEEP})"
     ] * bool(inserted)
     return problems
+
+
+def _tolerance_change(stored: dict[str, Any], raw: dict[str, Any], store: ResultStore) -> list[str]:
+    """A fixed grid's question (``tolerance``, 0.01 unless given) is fixed once it has rows, as a settle
+    sweep's is: each tolerance makes another depth the first false claim of its sequence, and the error
+    over the readings adds up (a review's simulation: 2.4 % false "within" at one tolerance, 4.3 % at two,
+    8.7 % at five, against 2.25 %)."""
+    if isinstance(stored.get("settle"), dict) or isinstance(raw.get("settle"), dict):
+        return []  # a settle sweep's question: _settle_changes
+    before, after = stored.get("tolerance"), raw.get("tolerance")
+    if not all(v is None or (isinstance(v, (int, float)) and not isinstance(v, bool)) for v in (before, after)):
+        return []  # pydantic reports the value
+    asked, now = (TOLERANCE if v is None else float(v) for v in (before, after))
+    if asked == now or not _has_rows(store):
+        return []
+    return [
+        f"tolerance: sweep {raw.get('name')!r} already has rows asked at tolerance {asked:g}; {now:g} chosen after "
+        f"seeing them voids the confidence ({FRESH_SWEEP})"
+    ]
 
 
 def _listed(values: list[int], shown: int = 10) -> str:

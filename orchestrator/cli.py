@@ -429,8 +429,8 @@ def report(
     tolerance: Annotated[
         Optional[float],
         typer.Option(
-            help="how much of the selected metric below full fine-tuning still counts as as good, above 0 (default: a "
-            "settle sweep's own, else 0.01); choose it before reading the rows: one chosen after voids the confidence"
+            help="the tolerance the sweeps asked (a fixed grid's `tolerance:`, 0.01 unless given; a settle sweep's "
+            "settle.tolerance), as a check: another is refused, since one chosen after reading the rows voids the confidence"
         ),
     ] = None,
 ) -> None:

@@ -22,6 +22,7 @@ import yaml
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from freezesweep.results.settle import SettleRule
+from freezesweep.results.stats import TOLERANCE
 from freezesweep.trials.config import LATER_FIELDS, MACHINE_FIELDS, TrialConfig
 from freezesweep.trials.metrics import METRICS
 
@@ -310,6 +311,12 @@ class SweepSpec(_Strict):
     lora_ranks: list[Int] = Field([], description="lora's axis")
     seeds: list[Int] = Field([], description="an axis; settle mode chooses them instead (settle:)")
     settle: SettleSpec | None = None
+    tolerance: Float | None = Field(
+        None,
+        gt=0,
+        description="a fixed grid's question, asked before its rows are seen: how much below full fine-tuning "
+        "still counts as as good (default 0.01); a settle sweep asks settle.tolerance",
+    )
     split_seed: Int = 0
     training: TrainingSpec = TrainingSpec()
     lora: LoraSpec = LoraSpec()
@@ -383,6 +390,8 @@ class SweepSpec(_Strict):
                 "seeds and settle both given: settle mode chooses the seeds (0, 1, … up to "
                 "settle.max_seeds); drop seeds"
             )
+        if self.settle is not None and self.tolerance is not None:
+            raise ValueError("tolerance and settle both given: a settle sweep asks settle.tolerance; drop tolerance")
         if self.settle is not None and not ("freeze" in self.methods and 0 in self.frozen_layers):
             raise ValueError("settle compares every arm with full fine-tuning: frozen_layers must hold 0")
         return self
@@ -391,6 +400,13 @@ class SweepSpec(_Strict):
         """A notebook prints a spec: an axis of thousands of values is shown by its length and ends."""
         for name, value in super().__repr_args__():
             yield name, _LongAxis(value) if isinstance(value, list) and len(value) > _SHOWN_AXIS_VALUES else value
+
+    def question_tolerance(self) -> float:
+        """The tolerance the sweep's decisions answer, fixed before its rows are seen: a tolerance chosen
+        after reading them makes each a different depth's test (the error over the readings adds up)."""
+        if self.settle is not None:
+            return self.settle.tolerance
+        return TOLERANCE if self.tolerance is None else self.tolerance
 
     def seed_values(self) -> list[int]:
         """The seeds axis: the spec's, or every seed settle mode may run."""

@@ -43,6 +43,7 @@ class SweepRows:
     status: pd.DataFrame | None = None
     # a settle sweep's rule, its looks and each model's arms (results.settle.decide; None: a fixed grid)
     rule: tuple[SettleRule, int, Mapping[str, tuple[str, ...]]] | None = None
+    tolerance: float = TOLERANCE  # the question it asked (its spec's, fixed before its rows)
 
     @classmethod
     def from_store(
@@ -50,10 +51,11 @@ class SweepRows:
         store: ResultStore,
         status: pd.DataFrame | None = None,
         rule: tuple[SettleRule, int, Mapping[str, tuple[str, ...]]] | None = None,
+        tolerance: float = TOLERANCE,
     ) -> "SweepRows":
         rows = read_rows(store)
         rows["sweep"] = store.sweep  # the folder names the sweep, whatever a row says
-        return cls(store.sweep, rows, status, rule)
+        return cls(store.sweep, rows, status, rule, tolerance)
 
 
 @dataclass

@@ -626,6 +626,21 @@ def test_a_depth_inserted_into_a_settle_sweep_after_its_first_look_is_refused(wr
     load_spec(write_spec("looked", seeds=[], settle=settle, frozen_layers=[0, 1, 2]))  # deeper: accepted
 
 
+def test_a_fixed_grids_tolerance_is_fixed_once_it_has_rows(write_spec):
+    """The question is asked before the rows are seen: a changed `tolerance:` on a fixed grid with rows is
+    refused (as settle.tolerance is), before any it is the spec's to set; settle sweeps ask settle.tolerance."""
+    _stored_fixed_grid(write_spec, "asked", [], tolerance=0.02)
+    assert load_spec(write_spec("asked", tolerance=0.05)).question_tolerance() == 0.05  # no rows: still open
+    _stored_fixed_grid(write_spec, "asked", [(24, 0, 0)], tolerance=0.02)
+    (changed,) = _problems(write_spec("asked", tolerance=0.05))
+    assert changed.startswith("tolerance: sweep 'asked' already has rows asked at tolerance 0.02; 0.05 chosen")
+    (dropped,) = _problems(write_spec("asked"))  # back to the default, 0.01: a change too
+    assert "asked at tolerance 0.02; 0.01 chosen after seeing them voids the confidence" in dropped
+    settle = {"tolerance": 0.01, "initial_seeds": 3, "max_seeds": 5}
+    (both,) = _problems(write_spec("both", seeds=[], settle=settle, tolerance=0.02))
+    assert "tolerance and settle both given: a settle sweep asks settle.tolerance" in both
+
+
 def test_seeds_added_before_any_group_is_complete_are_new_cells(write_spec):
     """No group had all its cells in: no decision could have been read, so no look was taken."""
     _stored_fixed_grid(write_spec, "early", [(24, 0, 0), (48, 0, 0)])

@@ -272,14 +272,14 @@ def test_a_sweep_with_nothing_finished_still_reports(tmp_path):
     assert "0 of 4 cells done, 1 failed, 3 missing" in (tmp_path / "out" / "index.html").read_text()
 
 
-def _stored_fixed_grid(tmp_path, seeds: int) -> tuple[list, ResultStore]:
-    """A fixed grid "s" (k 0 and 3, n = 100) stored as a launch stores it, no rows yet: its cells and store."""
+def _stored_fixed_grid(tmp_path, seeds: int, name: str = "s", **more) -> tuple[list, ResultStore]:
+    """A fixed grid (k 0 and 3, n = 100) stored as a launch stores it, no rows yet: its cells and store."""
     from freezesweep.orchestrator.plan import build_grid
     from freezesweep.orchestrator.spec import SweepSpec, TrainingSpec
     from freezesweep.orchestrator.sweeps import resolve_here
 
     spec = SweepSpec(
-        name="s",
+        name=name,
         model="m",
         datasets=["d"],
         train_sizes=[100],
@@ -287,8 +287,9 @@ def _stored_fixed_grid(tmp_path, seeds: int) -> tuple[list, ResultStore]:
         seeds=list(range(seeds)),
         training=TrainingSpec(precision="fp32", select_metric="accuracy"),  # resolved, as a launch stores it
         store=str(tmp_path),
+        **more,
     )
-    store = ResultStore(str(tmp_path), "s")
+    store = ResultStore(str(tmp_path), name)
     store.write_spec(spec.to_yaml())
     return build_grid(resolve_here(spec)), store
 
@@ -634,6 +635,30 @@ def test_a_fixed_grid_with_a_failed_cell_says_so_not_that_it_is_running(tmp_path
 
     with pytest.raises(SpecError, match="tolerance: -0.01 is not above 0"):  # "worse by more than -0.01"
         api.decide("s", store=str(tmp_path), tolerance=-0.01)
+
+
+def test_a_fixed_grid_answers_the_tolerance_its_spec_asked_and_no_other(tmp_path):
+    """Before: `report --tolerance` read a fixed grid at any tolerance after its rows were seen, each making
+    another depth the first false claim (a review's simulation: 2.4 % false "within" at one tolerance, 4.3 %
+    at two, 8.7 % at five, against 2.25 %). The spec's `tolerance:` is the question; sweeps that asked
+    different ones are reported apart."""
+    from freezesweep.orchestrator import api
+    from freezesweep.orchestrator.spec import SpecError
+
+    for name, asked in (("s", 0.05), ("t", None)):
+        cells, store = _stored_fixed_grid(tmp_path, 3, name, **({"tolerance": asked} if asked else {}))
+        for cfg in cells:
+            k, seed = cfg.frozen_layers, cfg.seed
+            store.write_row(row(name, k=k, seed=seed, acc=ACC_100[k][seed], trial_id=cfg.trial_id))
+    (sentence,) = api.decide("s", store=str(tmp_path)).frame["sentence"]
+    assert "0.05 tolerance" in sentence or "within 0.05" in sentence, sentence
+    assert api.decide("s", store=str(tmp_path), tolerance=0.05).frame["sentence"][0] == sentence
+    with pytest.raises(SpecError, match=r"asked tolerance 0.05 \(its spec's `tolerance:`.*voids the confidence"):
+        api.decide("s", store=str(tmp_path), tolerance=0.01)
+    (default,) = api.decide("t", store=str(tmp_path)).frame["sentence"]
+    assert "0.01" in default
+    with pytest.raises(SpecError, match=r"different tolerances \(s 0.05, t 0.01\): report them apart"):
+        api.decide(["s", "t"], store=str(tmp_path))
 
 
 @pytest.mark.parametrize("seeds", [1, 3])
