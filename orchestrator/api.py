@@ -646,7 +646,7 @@ def report(
 
 
 def budget_prices(decisions: pd.DataFrame, names: str | Sequence[str], store: str | None = None) -> list[str]:
-    """What deciding each open settle group would cost: a new sweep at the budget the decision names
+    """What deciding each open group would cost: a new settle sweep at the budget the decision names
     (``decided_at_seeds``), priced as ``plan`` prices pending cells (the store's measured trial times)."""
     from freezesweep.orchestrator.plan import build_grid, work_key
 
@@ -654,7 +654,7 @@ def budget_prices(decisions: pd.DataFrame, names: str | Sequence[str], store: st
     for name in [names] if isinstance(names, str) else names:
         resolved, result_store = _stored_sweep(name, store)
         asked = decisions[(decisions["sweep"] == result_store.sweep) & decisions["decided_at_seeds"].notna()]
-        if resolved.spec.settle is None or asked.empty:
+        if asked.empty:
             continue
         rows = result_store.read_table(columns=["trial_id", "status", "wall_time_s"]).to_pandas()
         ok = rows[rows["status"] == "ok"]
@@ -672,9 +672,13 @@ def budget_prices(decisions: pd.DataFrame, names: str | Sequence[str], store: st
 def _budget_price(resolved: ResolvedSweep, group: pd.Series, measured: dict[tuple, list[float]]) -> str:
     from freezesweep.orchestrator.plan import build_grid, estimate_work
 
+    from freezesweep.orchestrator.spec import SettleSpec
+
     budget = int(group["decided_at_seeds"])
-    settle = resolved.spec.settle.model_copy(update={"max_seeds": budget})
-    grown = dataclasses.replace(resolved, spec=resolved.spec.model_copy(update={"settle": settle}))
+    asked = resolved.spec.settle or SettleSpec(tolerance=resolved.spec.question_tolerance())  # a fixed grid's: new
+    settle = asked.model_copy(update={"max_seeds": budget})
+    grown_spec = resolved.spec.model_copy(update={"settle": settle, "seeds": [], "tolerance": None})
+    grown = dataclasses.replace(resolved, spec=grown_spec)
     cells = [c for c in build_grid(grown) if (c.dataset, c.train_size) == (group["dataset"], group["train_size"])]
     estimate = estimate_work(cells, measured)
     cost = "" if estimate is None else f", about {estimate.trial_s / 3600:,.2f} trial-hours at the measured times"

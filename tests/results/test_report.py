@@ -661,6 +661,26 @@ def test_a_fixed_grid_answers_the_tolerance_its_spec_asked_and_no_other(tmp_path
         api.decide(["s", "t"], store=str(tmp_path))
 
 
+def test_an_open_fixed_grid_group_is_priced_as_the_settle_sweep_it_asks_for(tmp_path):
+    """Before: only a settle sweep's open group was priced; a fixed grid's said "`freezesweep plan` prices it"
+    and the report printed no price (docs/report.md says the CLI prices it)."""
+    from freezesweep.orchestrator import api
+
+    cells, store = _stored_fixed_grid(tmp_path, 3, tolerance=0.001)
+    for cfg in cells:
+        k, seed = cfg.frozen_layers, cfg.seed
+        store.write_row(row(k=k, seed=seed, acc=ACC_100[k][seed], trial_id=cfg.trial_id, wall_time_s=COST_100[k][1]))
+    decisions = api.decide("s", store=str(tmp_path)).frame
+    budget = int(decisions["decided_at_seeds"][0])
+    (line,) = api.budget_prices(decisions, "s", str(tmp_path))
+    # k = 0 at 10 s, k = 3 at 6 s a trial: the budget's seeds of both arms, at most
+    hours = budget * (10.0 + 6.0) / 3600
+    assert line == (
+        f"d, n = 100: a new settle sweep with settle.max_seeds {budget} runs at most {2 * budget} trials for this "
+        f"size, about {hours:,.2f} trial-hours at the measured times (`freezesweep plan` on its spec prices the whole sweep)"
+    )
+
+
 @pytest.mark.parametrize("seeds", [1, 3])
 def test_full_fine_tuning_at_the_constant_predictor_on_every_seed_is_said_in_good_grammar(tmp_path, seeds):
     """Before: "all 1 seeds of full fine-tuning predicted one class … 1 seeds cannot show it"."""
