@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Annotated, Any, Optional
 
 import typer
+import yaml
 from rich.console import Console
 from rich.table import Table
 
@@ -204,7 +205,7 @@ def _fail(exc: Exception | str, code: int = 2) -> None:
     raise typer.Exit(code)
 
 
-def _run_launch(run: Callable[[], Any]) -> None:
+def _run_launch(run: Callable[[], Any], sweep: Callable[[], str]) -> None:
     """A launch or resume through the API; exit codes: 0 done, 1 some cells failed, 2 refused, 3 rows
     kept in the spool, 130 interrupted (Ctrl-C), 143 terminated (SIGTERM)."""
     from freezesweep.orchestrator.launch import StoreUnavailable
@@ -222,7 +223,9 @@ def _run_launch(run: Callable[[], Any]) -> None:
     except StoreUnavailable as exc:
         _fail(exc, code=3)
     except KeyboardInterrupt:  # before or after Tune ran (Tune itself stops gracefully and returns)
-        err_console.print("interrupted: nothing was lost; `freezesweep resume` continues the sweep", highlight=False)
+        err_console.print(
+            f"interrupted: nothing was lost; `freezesweep resume {sweep()}` continues the sweep", highlight=False
+        )
         raise typer.Exit(143 if terminated else 130) from None
     _print_summary(summary, stopped=143 if summary.terminated or terminated else 130)
 
@@ -261,6 +264,15 @@ AddressOpt = Annotated[
 ]
 
 
+def _spec_name(spec_path: Path) -> str:
+    """The sweep a spec file names, for a hint (the file itself where it names none it can read)."""
+    try:
+        name = yaml.safe_load(spec_path.read_text()).get("name")
+    except Exception:  # a hint must not fail: the file is the name resume also takes
+        name = None
+    return name if isinstance(name, str) else str(spec_path)
+
+
 @app.command()
 def launch(
     spec_path: Annotated[Path, typer.Argument(metavar="SPEC", help="sweep spec YAML")],
@@ -268,13 +280,13 @@ def launch(
     address: AddressOpt = None,
 ) -> None:
     """Validate a spec, then run every cell that has no ok row yet."""
-    _run_launch(lambda: api.launch(spec_path, store=store, address=address))
+    _run_launch(lambda: api.launch(spec_path, store=store, address=address), lambda: _spec_name(spec_path))
 
 
 @app.command()
 def resume(sweep: SweepArg, store: SweepStoreOpt = None, address: AddressOpt = None) -> None:
     """Run the cells of a stored sweep that have no ok row (failed ones are retried)."""
-    _run_launch(lambda: api.resume(sweep, store=store, address=address))
+    _run_launch(lambda: api.resume(sweep, store=store, address=address), lambda: sweep)
 
 
 @app.command()

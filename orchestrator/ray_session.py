@@ -83,14 +83,20 @@ class RaySession:
             k: v for k, v in os.environ.items() if k.startswith(_FORWARDED_ENV_PREFIXES) and k not in _DRIVER_PATH_ENV
         }
         on_term = signal.getsignal(signal.SIGTERM)
-        ray.init(
-            address=self.address,
-            include_dashboard=False,
-            log_to_driver=False,
-            logging_level="ERROR",
-            runtime_env={"env_vars": env} if env else None,
-            **self.local_resources,
-        )
+        try:
+            ray.init(
+                address=self.address,
+                include_dashboard=False,
+                log_to_driver=False,
+                logging_level="ERROR",
+                runtime_env={"env_vars": env} if env else None,
+                **self.local_resources,
+            )
+        except BaseException:
+            # Ctrl-C while the embedded Ray starts: the processes it started so far go with it (its
+            # dashboard and runtime-env agents were left orphaned for about a minute).
+            ray.shutdown()
+            raise
         if callable(on_term) and threading.current_thread() is threading.main_thread():
             signal.signal(signal.SIGTERM, on_term)  # ray.init replaces the process's own with sys.exit
         quiet_disk_full(logging.getLogger("ray"))

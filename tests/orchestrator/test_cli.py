@@ -346,3 +346,19 @@ def test_plan_says_where_all_and_a_listed_depth_are_one_cell(write_spec, tiny_be
     assert f"one cell per depth ({tiny_bert}: all is k = 2, also listed)" in done.stdout.replace("\n", "")
     plain = runner.invoke(app, ["plan", str(write_spec("plain", train_sizes=[24], frozen_layers=[0, "all"]))])
     assert "one cell per depth" not in plain.stdout
+
+
+def test_an_interrupt_before_the_trials_names_the_sweep_to_resume(write_spec, monkeypatch):
+    """Before: Ctrl-C while validating or starting Ray said "`freezesweep resume` continues the sweep",
+    without the name resume needs (an interrupt during the trials names it)."""
+    from freezesweep.orchestrator import api
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(api, "launch", interrupted)
+    monkeypatch.setattr(api, "resume", interrupted)
+    done = runner.invoke(app, ["launch", str(write_spec("stopped"))])
+    assert done.exit_code == 130 and "`freezesweep resume stopped` continues the sweep" in done.stderr
+    again = runner.invoke(app, ["resume", "stopped"])
+    assert again.exit_code == 130 and "`freezesweep resume stopped` continues" in again.stderr
