@@ -18,6 +18,7 @@ from typing import Annotated, Any, Optional
 import typer
 import yaml
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from freezesweep.orchestrator import api
@@ -31,8 +32,10 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
     help="How many layers to freeze for the data you have: sweeps of fine-tunes into a Parquet store.",
 )
-console = Console(width=None if sys.stdout.isatty() else 200)
-err_console = Console(stderr=True, soft_wrap=True)
+# No markup in what is printed: errors, notes and table cells quote the user's data and files ("[', ']",
+# "[1]"), which rich would read as its tags and drop. The one styled word is _fail's.
+console = Console(width=None if sys.stdout.isatty() else 200, markup=False)
+err_console = Console(stderr=True, soft_wrap=True, markup=False)
 
 
 # The command this process runs (one per process), named in its errors: set by the group's callback.
@@ -201,7 +204,7 @@ class OutputFormat(str, Enum):
 def _fail(exc: Exception | str, code: int = 2) -> None:
     """The error, naming the command that was run (``freezesweep report: …``), and its exit code."""
     command = f"freezesweep {_invoked['command']}: " if _invoked["command"] else ""
-    err_console.print(f"[red]{command}error:[/red] {exc}", highlight=False)
+    err_console.print(f"[red]{command}error:[/red] {escape(str(exc))}", markup=True, highlight=False)
     raise typer.Exit(code)
 
 

@@ -560,6 +560,20 @@ def load_yaml_text(text: str) -> tuple[Any, list[str]]:
         loader.dispose()
 
 
+def _yaml_words(exc: yaml.YAMLError) -> str:
+    """PyYAML's error on one line, by the file's lines: "line 3, column 9: did not find expected ',' or
+    ']' (while parsing a flow sequence from line 2, column 8)" (its own text names "<unicode string>")."""
+    if not isinstance(exc, yaml.MarkedYAMLError) or exc.problem_mark is None:
+        return " ".join(str(exc).split())
+    where = f"line {exc.problem_mark.line + 1}, column {exc.problem_mark.column + 1}"
+    context = ""
+    if exc.context:
+        start = exc.context_mark
+        since = f" from line {start.line + 1}, column {start.column + 1}" if start is not None else ""
+        context = f" ({exc.context}{since})"
+    return f"{where}: {exc.problem}{context}"
+
+
 def read_yaml(path: str | Path, overrides: Mapping[str, Any] | None = None) -> Any:
     """A spec file's mapping, with ``overrides`` (those not None) on top; SpecError naming the file
     (every key given twice, with both lines)."""
@@ -569,7 +583,7 @@ def read_yaml(path: str | Path, overrides: Mapping[str, Any] | None = None) -> A
     except FileNotFoundError:
         raise SpecError([f"no such file: {path}"], str(path)) from None
     except yaml.YAMLError as exc:
-        raise SpecError([f"malformed YAML: {exc}".replace("\n", " ")], str(path)) from None
+        raise SpecError([f"malformed YAML: {_yaml_words(exc)}"], str(path)) from None
     if duplicates:
         raise SpecError(duplicates, str(path))
     if isinstance(raw, dict) and overrides:

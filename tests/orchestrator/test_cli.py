@@ -68,6 +68,20 @@ def test_a_bad_spec_is_refused_naming_launch(tmp_path):
     assert done.exit_code == 2 and "freezesweep launch: error:" in done.stderr and "malformed YAML" in done.stderr
 
 
+def test_malformed_yaml_is_said_by_the_files_lines_with_its_brackets(tmp_path):
+    """Before: "while parsing a flow sequence   in "<unicode string>", line 2, column 8: … ', but got ':'":
+    line breaks flattened, and "expected ',' or ']'" read as rich markup and dropped."""
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("name: x\nmodel: [a, b\ndatasets: [glue/sst2]\n")
+    done = runner.invoke(app, ["plan", str(bad)])
+    assert done.exit_code == 2
+    assert (
+        "malformed YAML: line 3, column 9: expected ',' or ']', but got ':' (while parsing a flow sequence from "
+        "line 2, column 8)" in done.stderr
+    )
+    assert "<unicode string>" not in done.stderr
+
+
 def _tree(folder):
     return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
 
