@@ -274,17 +274,25 @@ def run(
         statuses = store.statuses()
         done = final_of(statuses)
         unfinished = set(statuses) - done  # cells whose stored row a final one replaces
-        total = grid_size(sweep)
+        total, settle = grid_size(sweep), sweep.spec.settle is not None
         pending = peeked(next_cells(sweep, store, done))
         if pending is None:
-            return LaunchSummary(total, len(done), 0, 0, 0, sweep=sweep.name, store=sweep.spec.store)
+            return LaunchSummary(total, len(done), 0, 0, 0, sweep=sweep.name, store=sweep.spec.store, settle=settle)
         session.connect()  # before Tune reads its state back: the session decides where Ray runs
         storage = ray_storage(store, cluster=sweep.on_cluster)
         recovered = recover_rows(storage, sink, sweep.name, done, unfinished)
         pending = peeked(c for c in pending if c.trial_id not in recovered)
         if pending is None:
             return LaunchSummary(
-                total, len(done), 0, 0, 0, recovered=len(recovered), sweep=sweep.name, store=sweep.spec.store
+                total,
+                len(done),
+                0,
+                0,
+                0,
+                recovered=len(recovered),
+                sweep=sweep.name,
+                store=sweep.spec.store,
+                settle=settle,
             )
         notice = checkpoint_storage_warning(
             bool(sweep.spec.training.checkpoint_every_epochs), sweep.spec.store, storage, on_cluster=sweep.on_cluster
@@ -314,7 +322,7 @@ def run(
         gpu_packing=sweep.gpu_packing,
         sweep=sweep.name,
         store=sweep.spec.store,
-        settle=sweep.spec.settle is not None,
+        settle=settle,
     )
 
 

@@ -69,6 +69,8 @@ def test_a_settle_sweep_killed_between_rounds_resumes_to_the_same_decisions(writ
     assert set(rows["trial_id"]) <= grid and summary.ran == len(rows) > 9  # more than the first round
     assert sorted(set(rows.loc[rows["frozen_layers"] == 0, "seed"]))[:3] == [0, 1, 2]  # the initial seeds
     expected = _decisions(store, whole)
+    settled = launch(whole, show_progress=False)  # nothing left: no Ray, and still said to be a settle sweep
+    assert settled.ran == 0 and settled.settle  # before: settle=False where nothing ran
 
     path = _settle_spec(write_spec, "killed", learned_first=False)
     killed_launch(path, "kill-after-round@1")
