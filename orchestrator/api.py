@@ -141,7 +141,9 @@ class Plan:
     pending: list[TrialConfig]  # the cells a launch runs now
     done: int  # cells with a final row (ok, diverged)
     rounds: int  # Tune runs the pending cells take (``resources.trials_per_round`` Ray trials each)
-    status: pd.DataFrame  # per axis value: done / failed / missing cells
+    status: (
+        pd.DataFrame
+    )  # per axis value: done / failed / missing cells (settle mode: of those it ran and its next round)
     work: WorkEstimate | None  # the pending cells' trial time, priced by the store's measured rows
     priced_from: tuple[str, ...]  # the store's other sweeps whose rows priced kinds this one has not run
     trials_at_once: int  # this machine's cores per trial, or ``max_concurrent_trials``
@@ -179,7 +181,7 @@ def plan(spec: SpecSource, *, store: str | None = None) -> Plan:
         pending,
         len(done & {c.trial_id for c in cells}),
         round_count(pending, sweep),
-        status_table(cells, statuses),
+        status_table(_counted_cells(sweep, result_store) if spec.settle else cells, statuses),  # as `status` counts
         *_work(cells, pending, rows, result_store),
         at_once,
         note,

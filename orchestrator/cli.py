@@ -297,7 +297,7 @@ def plan(
     spec_path: Annotated[Path, typer.Argument(metavar="SPEC", help="sweep spec YAML")], store: StoreOpt = None
 ) -> None:
     """A dry run: the grid's cells per axis, done and pending against the store, and the work left as
-    the store's own measured trial times price it. Nothing starts, nothing is written."""
+    measured trial times price it (its own, or the store's other sweeps' under the same protocol). Nothing starts."""
     from freezesweep.orchestrator.spec import SpecError
     from freezesweep.results.query import collapse_long_axes
 

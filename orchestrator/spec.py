@@ -435,10 +435,15 @@ class SweepSpec(_Strict):
         )
 
     def cell_count_words(self) -> str:
-        return (
-            f"{len(self.models())} models × {len(self.datasets)} datasets × {len(self.train_sizes)} train sizes × "
-            f"{self.variants()} variants × {len(self.seed_values())} seeds"
+        """E.g. "1 model × 2 datasets × 5 train sizes × 7 variants × 30,000 seeds"."""
+        counts = (
+            (len(self.models()), "model"),
+            (len(self.datasets), "dataset"),
+            (len(self.train_sizes), "train size"),
+            (self.variants(), "variant"),
+            (len(self.seed_values()), "seed"),
         )
+        return " × ".join(f"{n:,} {word}{'' if n == 1 else 's'}" for n, word in counts)
 
     def protocol(self, select_metrics: Mapping[str, str]) -> dict[str, Any]:
         """What makes rows comparable: changing any of it on an existing sweep is refused. How the work

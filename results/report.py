@@ -393,7 +393,7 @@ def _completeness_line(s: SweepRows) -> str:
         )
     return (
         f"{s.name}: INCOMPLETE — {done} of {done + diverged + failed + missing} cells done, {failed} failed, "
-        f"{missing} missing (not run yet, or running now){apart}; the statistics above use the {done} done cells."
+        f"{missing} missing (not run yet, or running now){apart}; the decisions and statistics use the {done} done cells."
     )
 
 

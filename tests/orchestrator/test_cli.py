@@ -105,7 +105,7 @@ def test_plan_counts_cells_against_the_store_and_prices_the_rest_without_running
     done = runner.invoke(app, ["plan", str(path)])
     assert done.exit_code == 0, done.output
     assert (
-        "sweep planned: 8 cells (1 models × 1 datasets × 2 train sizes × 2 variants × 2 seeds), 3 done, 5 to run "
+        "sweep planned: 8 cells (1 model × 1 dataset × 2 train sizes × 2 variants × 2 seeds), 3 done, 5 to run "
         "in 1 round(s)" in done.stdout
     )
     # pending: (24, k=2, s=1) priced at its own kind's 30 s; the 4 cells of n = 48 at the median of all, 20 s
@@ -171,7 +171,7 @@ with SweepLock(pafs.LocalFileSystem(), {str(tmp_path / "store" / "large")!r}):
         holder.communicate("")
     assert done.exit_code == 2, done.output
     assert (
-        "a large grid: 120,000 cells (1 models × 1 datasets × 2 train sizes × 2 variants × 30000 seeds)" in done.stderr
+        "a large grid: 120,000 cells (1 model × 1 dataset × 2 train sizes × 2 variants × 30,000 seeds)" in done.stderr
     )
     assert "already running" in done.stderr
 

@@ -61,3 +61,30 @@ def test_the_arms_read_from_the_spec_are_the_grids_arms(write_spec):
     [arms] = sweep_arms(sweep).values()
     assert set(arms) == {arm_of(c) for c in group} - {FULL}
     assert sorted(arms) == ["freeze k=1", "freeze k=2", "lora r=2", "lora r=8", "probe"]
+
+
+def test_plan_counts_a_settled_sweep_against_what_it_ran(write_spec):
+    """Before: `plan` of a settled sweep said "the next round runs 0: settled" over a table of the budget's
+    seeds never needed, "missing" (`status` counted them right)."""
+    from freezesweep.orchestrator import api
+    from freezesweep.orchestrator.rows import result_row
+    from freezesweep.results.store import ResultStore
+    from freezesweep.trials.config import TrialResult
+
+    settle = {"tolerance": 0.01, "initial_seeds": 3, "max_seeds": 5, "seeds_per_round": 1}
+    path = write_spec("settled", train_sizes=[24], seeds=[], settle=settle)
+    spec = load_spec(path, semantic=False)
+    cells = build_grid(resolve_here(spec))
+    store = ResultStore(spec.store, "settled")
+    store.write_spec(spec.to_yaml())
+    scores = {0: [0.90, 0.91, 0.92], 2: [0.60, 0.62, 0.61]}  # k=2 clearly worse: decided at the first look
+    for cell in cells:
+        if cell.seed < 3:
+            score = scores[cell.frozen_layers][cell.seed]
+            result = TrialResult(trial_id=cell.trial_id, config=cell, status="ok", wall_time_s=1.0)
+            row = result_row("settled", result) | {"best_val_score": score, "baseline_score": 0.5}
+            store.write_row(row)
+    planned = api.plan(path)
+    total = planned.status[planned.status["axis"] == "total"].iloc[0]
+    assert (len(planned.cells), len(planned.pending)) == (10, 0)  # the budget; nothing left to run
+    assert (int(total["done"]), int(total["missing"])) == (6, 0)

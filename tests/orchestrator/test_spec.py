@@ -112,7 +112,7 @@ def test_a_grid_over_the_limit_is_refused_with_its_count():
     )
     assert spec is None
     assert problems == [
-        "the grid has 1,600,000 cells (1 models × 2 datasets × 5 train sizes × 4 variants × 40000 "
+        "the grid has 1,600,000 cells (1 model × 2 datasets × 5 train sizes × 4 variants × 40,000 "
         "seeds), over the limit of 1,000,000: split it into several sweeps"
     ]
     spec, _ = parse(
