@@ -215,6 +215,13 @@ def _work(
     return estimate_work(pending, {**elsewhere, **measured}), sources
 
 
+def _listed_values(raw: Mapping[str, Any], *keys: str) -> list[str]:
+    """A stored spec's axis (a name or a list of them) under the first of ``keys`` it has."""
+    value = next((raw[k] for k in keys if k in raw), None)
+    values = value if isinstance(value, list) else [value]
+    return [v for v in values if isinstance(v, str)]
+
+
 def _ok_times(rows: pd.DataFrame) -> dict[str, float]:
     ok = rows[(rows["status"] == "ok") & rows["wall_time_s"].notna()]  # NaN: not measured
     return dict(zip(ok["trial_id"], ok["wall_time_s"].astype(float)))
@@ -228,6 +235,8 @@ def _measured_in_other_sweeps(
     from freezesweep.orchestrator.plan import measured_elsewhere
     from freezesweep.orchestrator.sweeps import load_sweep
 
+    from freezesweep.orchestrator.checks import stored_spec_mapping
+
     models, datasets = {c.model for c in pending}, {c.dataset for c in pending}
     found: dict[tuple, list[float]] = {}
     sources = []
@@ -235,11 +244,17 @@ def _measured_in_other_sweeps(
         if name == result_store.sweep:
             continue
         try:
-            other = load_sweep(name, result_store.uri)
-            if not (models & set(other.spec.models()) and datasets & set(other.spec.datasets)):
+            other_store = ResultStore(result_store.uri, name)
+            # its spec as stored, read before anything that loads a model: only sweeps of these models and
+            # datasets are resolved, their grids built and their rows read
+            raw = stored_spec_mapping(other_store) or {}
+            if not (
+                models & set(_listed_values(raw, "model", "models")) and datasets & set(_listed_values(raw, "datasets"))
+            ):
                 continue
-            rows = ResultStore(result_store.uri, name).read_table(columns=["trial_id", "status", "wall_time_s"])
-        except (SpecError, StoreError, ValueError):  # an old, damaged or foreign sweep
+            other = load_sweep(name, result_store.uri)
+            rows = other_store.read_table(columns=["trial_id", "status", "wall_time_s"])
+        except (SpecError, StoreError, ValueError, OSError):  # an old, damaged or foreign sweep prices nothing
             continue
         for key, times in measured_elsewhere(pending, other, _ok_times(rows.to_pandas())).items():
             found.setdefault(key, []).extend(times)
@@ -527,7 +542,13 @@ def _sweep_rows(name: str, store: str | None, tolerance: float | None) -> SweepR
     asked = sweep.spec.question_tolerance()
     if tolerance is not None and tolerance != asked:
         # each tolerance makes another depth its sequence's first false claim: the readings' errors add up
-        why = "its rounds stopped on that question" if rule else "its spec's `tolerance:`, fixed before its rows"
+        why = (
+            "its rounds stopped on that question"
+            if rule
+            else "its spec's `tolerance:`, fixed before its rows"
+            if sweep.spec.tolerance is not None
+            else "the default: its spec gives no `tolerance:`"
+        )
         raise SpecError(
             [
                 f"sweep {result_store.sweep!r} asked tolerance {asked:g} ({why}), and a tolerance chosen after "
@@ -613,8 +634,9 @@ def _decision(record: dict[str, Any]) -> Decision:
 
 def decide(names: str | Sequence[str], *, store: str | None = None, tolerance: float | None = None) -> Decisions:
     """The decision per sweep, dataset and train size: how many layers can be frozen with the selected
-    metric within ``tolerance`` of full fine-tuning (default: a settle sweep's own, else 0.01), with
-    intervals that hold over every look the sweep took. Several sweeps: side by side, as in the report."""
+    metric within the tolerance each sweep asked (a fixed grid's ``tolerance:``, 0.01 unless given; a settle
+    sweep's ``settle.tolerance``; ``tolerance``, if given, must be it), with intervals that hold over every
+    look the sweep took. Several sweeps: side by side, as in the report."""
     from freezesweep.results.report import decisions
 
     names = [names] if isinstance(names, str) else list(names)
@@ -623,15 +645,15 @@ def decide(names: str | Sequence[str], *, store: str | None = None, tolerance: f
 
 
 def _tolerance(tolerance: float | None, sweeps: Sequence[SweepRows]) -> float:
-    """The sweeps' question (``_sweep_rows`` refused any other asked): one tolerance for every sweep of a
-    report, or a SpecError naming each (sweeps asked different questions are reported apart)."""
+    """The report's tolerance, for its figures and the groups of no stored sweep: the one asked (each
+    sweep's own, ``_sweep_rows`` refused any other); else the sweeps' own where they share one; else 0.01.
+    Each sweep's decisions answer its own question whatever this is."""
+    from freezesweep.results.stats import TOLERANCE
+
     if tolerance is not None:
         return tolerance
-    own = {s.name: s.tolerance for s in sweeps}
-    if len(set(own.values())) > 1:
-        asked = ", ".join(f"{name} {value:g}" for name, value in own.items())
-        raise SpecError([f"the sweeps asked different tolerances ({asked}): report them apart"], ", ".join(own))
-    return next(iter(own.values()))
+    own = {s.tolerance for s in sweeps}
+    return own.pop() if len(own) == 1 and None not in own else TOLERANCE
 
 
 def report(

@@ -533,7 +533,7 @@ def decided_group(stored: dict[str, Any], store: ResultStore) -> tuple[str, int]
     """A (model, dataset, train size) of a stored fixed grid that may have been decided — full fine-tuning
     and some frozen depth final at every stored seed (a settle sweep's: at every seed of its first look) (a read decision needs no more; a group judged by
     the spec's depths alone could be made incomplete by adding a depth first) — named, with its deepest
-    depth in the rows; None if there is none."""
+    depth in the rows (of several, the one whose deepest is deepest); None if there is none."""
     columns = ["model", "dataset", "train_size", "method", "frozen_layers", "seed", "status"]
     rows = store.read_table(columns=columns).to_pandas()
     rows = rows[(rows["method"] == "freeze") & rows["status"].isin(("ok", "diverged"))]
@@ -544,12 +544,14 @@ def decided_group(stored: dict[str, Any], store: ResultStore) -> tuple[str, int]
         if isinstance(settle, dict)
         else set(stored.get("seeds") or [])
     )
+    decided = []
     for (model, dataset, size), group in rows.groupby(["model", "dataset", "train_size"]):
         by_depth = group.groupby(group["frozen_layers"].astype(int))["seed"].agg(lambda s: set(s.astype(int)))
         complete = [k for k, done in by_depth.items() if seeds <= done]
         if 0 in complete and len(complete) > 1:
-            return f"{model} · {dataset}, n = {int(size)}", max(by_depth.index, key=_sequence_order)
-    return None
+            decided.append((f"{model} · {dataset}, n = {int(size)}", max(by_depth.index, key=_sequence_order)))
+    # the deepest of every decided group's deepest: a depth below any one's is inserted into its sequence
+    return max(decided, key=lambda found: _sequence_order(found[1]), default=None)
 
 
 SETTLE_QUESTION = ("tolerance", "confidence", "initial_seeds", "seeds_per_round", "max_seeds")

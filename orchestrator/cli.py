@@ -24,7 +24,7 @@ from rich.table import Table
 from freezesweep.orchestrator import api
 from freezesweep.orchestrator.spec import DEFAULT_STORE, SpecError
 from freezesweep.results.mlflow_export import TrackingError
-from freezesweep.results.store import StoreError
+from freezesweep.results.store import ResultStore, StoreError
 
 app = typer.Typer(
     add_completion=False,
@@ -226,9 +226,7 @@ def _run_launch(run: Callable[[], Any], sweep: Callable[[], str]) -> None:
     except StoreUnavailable as exc:
         _fail(exc, code=3)
     except KeyboardInterrupt:  # before or after Tune ran (Tune itself stops gracefully and returns)
-        err_console.print(
-            f"interrupted: nothing was lost; `freezesweep resume {sweep()}` continues the sweep", highlight=False
-        )
+        err_console.print(f"interrupted: nothing was lost; {sweep()}", highlight=False)
         raise typer.Exit(143 if terminated else 130) from None
     _print_summary(summary, stopped=143 if summary.terminated or terminated else 130)
 
@@ -267,13 +265,21 @@ AddressOpt = Annotated[
 ]
 
 
-def _spec_name(spec_path: Path) -> str:
-    """The sweep a spec file names, for a hint (the file itself where it names none it can read)."""
+def _go_on(spec_path: Path, store: str | None) -> str:
+    """What continues a launch interrupted before its end: `resume` given the spec file (it names the sweep
+    and its store) once the sweep is stored, else the launch again (interrupted while validating)."""
     try:
-        name = yaml.safe_load(spec_path.read_text()).get("name")
-    except Exception:  # a hint must not fail: the file is the name resume also takes
-        name = None
-    return name if isinstance(name, str) else str(spec_path)
+        raw = yaml.safe_load(spec_path.read_text())
+        stored = ResultStore(store or raw.get("store") or DEFAULT_STORE, raw["name"]).exists()
+    except Exception:  # a hint must not fail: the launch again is always right
+        stored = False
+    if stored:
+        return f"`freezesweep resume {spec_path}{_store_flag(store)}` continues the sweep"
+    return f"nothing was stored yet: `freezesweep launch {spec_path}{_store_flag(store)}` starts it"
+
+
+def _store_flag(store: str | None) -> str:
+    return f" --store {store}" if store else ""
 
 
 @app.command()
@@ -283,13 +289,14 @@ def launch(
     address: AddressOpt = None,
 ) -> None:
     """Validate a spec, then run every cell that has no ok row yet."""
-    _run_launch(lambda: api.launch(spec_path, store=store, address=address), lambda: _spec_name(spec_path))
+    _run_launch(lambda: api.launch(spec_path, store=store, address=address), lambda: _go_on(spec_path, store))
 
 
 @app.command()
 def resume(sweep: SweepArg, store: SweepStoreOpt = None, address: AddressOpt = None) -> None:
     """Run the cells of a stored sweep that have no ok row (failed ones are retried)."""
-    _run_launch(lambda: api.resume(sweep, store=store, address=address), lambda: sweep)
+    again = f"`freezesweep resume {sweep}{_store_flag(store)}` continues the sweep"
+    _run_launch(lambda: api.resume(sweep, store=store, address=address), lambda: again)
 
 
 @app.command()
@@ -338,7 +345,7 @@ def _print_work(planned) -> None:
         )
         return
     others = ", ".join(planned.priced_from)
-    elsewhere = f", some or all of them {others}'s, run under the same protocol" if others else ""
+    elsewhere = f", with rows of sweep(s) {others} run under the same protocol" if others else ""
     console.print(
         f"work: about {estimate.trial_s / 3600:,.2f} trial-hours ({estimate.measured_cells:,} of "
         f"{pending:,} pending cells priced by rows of their own kind, from {estimate.measured_rows:,} "

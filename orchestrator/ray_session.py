@@ -10,6 +10,7 @@ earlier session (a test, or a resume in the same process) is reused when it is t
 from __future__ import annotations
 
 import errno
+import contextlib
 import logging
 import os
 import signal
@@ -95,7 +96,8 @@ class RaySession:
         except BaseException:
             # Ctrl-C while the embedded Ray starts: the processes it started so far go with it (its
             # dashboard and runtime-env agents were left orphaned for about a minute).
-            ray.shutdown()
+            with contextlib.suppress(Exception):  # the interrupt, not a failure to clean up, is what is said
+                ray.shutdown()
             raise
         if callable(on_term) and threading.current_thread() is threading.main_thread():
             signal.signal(signal.SIGTERM, on_term)  # ray.init replaces the process's own with sys.exit

@@ -74,12 +74,14 @@ def decide(
     planned_ks: dict[str, set[int]] | None = None,
     rules: Mapping[str, tuple[SettleRule, int, Mapping[str, Sequence[str]]]] | None = None,
     planned_seeds: dict[str, set[int]] | None = None,
+    tolerances: Mapping[str, float] | None = None,
 ) -> pd.DataFrame:
     """One row per (sweep, dataset, train size) that has ok rows. ``planned_ks``: the frozen layers of each
     sweep's grid, when known ("k = 0 is not in the grid" or "has not finished"); ``rules``: per sweep,
-    its settle rule, looks and each model's arms (default: ``tolerance``, 95 %, one look, the arms in the
-    rows: a fixed grid); ``planned_seeds``: a fixed grid's seeds, when known — it is looked at once, when
-    every planned cell of the group is in (a look at part of it would be one it was not paid for)."""
+    its settle rule, looks and each model's arms (default: its ``tolerances`` entry, else ``tolerance``,
+    95 %, one look, the arms in the rows: a fixed grid); ``planned_seeds``: a fixed grid's seeds, when
+    known — it is looked at once, when every planned cell of the group is in (a look at part of it would be
+    one it was not paid for)."""
     layers = freeze_rows(rows)
     retaining = largest_k_retaining(retained).set_index(GROUP)["k_retaining_90"]
     many_sweeps = rows["sweep"].nunique() > 1
@@ -87,7 +89,8 @@ def decide(
     for key, group in layers.groupby(GROUP):
         if not (group["status"] == "ok").any():
             continue  # nothing finished: the completeness section says what failed
-        rule, looks, arms = (rules or {}).get(key[0], (SettleRule(tolerance=tolerance), 1, None))
+        asked = (tolerances or {}).get(key[0], tolerance)  # a fixed grid's question
+        rule, looks, arms = (rules or {}).get(key[0], (SettleRule(tolerance=asked), 1, None))
         grid = _grid_arms(group, arms)
         decision = decide_group(_arms(group), rule, looks, grid)
         record = _record(key, group, decision, rule, looks, costs)

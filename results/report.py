@@ -43,7 +43,7 @@ class SweepRows:
     status: pd.DataFrame | None = None
     # a settle sweep's rule, its looks and each model's arms (results.settle.decide; None: a fixed grid)
     rule: tuple[SettleRule, int, Mapping[str, tuple[str, ...]]] | None = None
-    tolerance: float = TOLERANCE  # the question it asked (its spec's, fixed before its rows)
+    tolerance: float | None = None  # the question it asked (its spec's, fixed before its rows); None: the report's
 
     @classmethod
     def from_store(
@@ -51,7 +51,7 @@ class SweepRows:
         store: ResultStore,
         status: pd.DataFrame | None = None,
         rule: tuple[SettleRule, int, Mapping[str, tuple[str, ...]]] | None = None,
-        tolerance: float = TOLERANCE,
+        tolerance: float | None = None,
     ) -> "SweepRows":
         rows = read_rows(store)
         rows["sweep"] = store.sweep  # the folder names the sweep, whatever a row says
@@ -141,7 +141,9 @@ def _decide(
     # a fixed grid's planned seeds: a group still running is not decided as if complete (one look)
     seeds = {s.name: {int(v) for v in _axis(s.status, "seed")} for s in sweeps if s.status is not None and not s.rule}
     seeds.update({label: seeds[sweep] for label, sweep in zip(rows["sweep"], rows["sweep_name"]) if sweep in seeds})
-    return decide(layers, retained, cost, tolerance, planned, rules, seeds)
+    asked = {s.name: s.tolerance for s in sweeps if s.tolerance is not None}  # each fixed grid's own question
+    asked.update({label: asked[sweep] for label, sweep in zip(rows["sweep"], rows["sweep_name"]) if sweep in asked})
+    return decide(layers, retained, cost, tolerance, planned, rules, seeds, asked)
 
 
 def per_model(rows: pd.DataFrame) -> pd.DataFrame:

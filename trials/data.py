@@ -526,9 +526,10 @@ def _load_from_hub(dataset: str) -> dict[str, pd.DataFrame]:
         f"glue/{task}: no data dir named (set data_dir or {DATA_DIR_ENV} to a folder holding "
         f"{task}/train.parquet and {task}/validation.parquet)"
     )
-    problem = hub.hub_problem("glue", "dataset")  # `datasets` would retry for ~25 s before failing
-    if problem is not None:
-        raise DatasetError(f"{no_files} and {problem}; with HF_HUB_OFFLINE=1 a copy `datasets` cached is read")
+    # `datasets` retries for ~25 s before it fails, or reads a copy it cached: fail at once where it has none
+    problem = hub.hub_problem("nyu-mll/glue", "dataset")
+    if problem is not None and not _glue_cached():
+        raise DatasetError(f"{no_files}, and {problem} and `datasets` has no copy of GLUE cached")
     try:
         import datasets
 
@@ -536,6 +537,18 @@ def _load_from_hub(dataset: str) -> dict[str, pd.DataFrame]:
     except Exception as exc:  # hub down, not in the cache offline, ...: say where local files would be looked for
         raise DatasetError(f"{no_files} and the hub failed: {exc}") from exc
     return {"train": ds["train"].to_pandas(), "validation": ds[glue.validation_split].to_pandas()}
+
+
+def _glue_cached() -> bool:
+    """Whether `datasets` holds a copy of GLUE, which ``load_dataset`` reads where the hub cannot be
+    reached (its own fallback, datasets/load.py: ``CachedDatasetModuleFactory``, asked the same way)."""
+    try:
+        from datasets.load import CachedDatasetModuleFactory
+
+        CachedDatasetModuleFactory("glue").get_module()
+    except Exception:  # not cached, or a datasets without that factory: no cache to fall back to
+        return False
+    return True
 
 
 def describe_task(

@@ -9,7 +9,7 @@ wrong. One request without retries says it at once; where the hub answers, the l
 from __future__ import annotations
 
 import huggingface_hub
-from huggingface_hub.errors import HfHubHTTPError, RepositoryNotFoundError
+from huggingface_hub.errors import GatedRepoError, HfHubHTTPError, RepositoryNotFoundError
 
 # Long enough for a slow link's first answer, short enough that an unroutable host fails validation fast.
 PROBE_TIMEOUT_S = 10.0
@@ -30,6 +30,8 @@ def hub_problem(repo_id: str, repo_type: str = "model") -> str | None:
         # HF_ENDPOINT's mirror or the hub, read per call (the module-level repo_info kept its import-time one).
         api = huggingface_hub.HfApi(endpoint=huggingface_hub.constants.ENDPOINT)
         api.repo_info(repo_id, repo_type=repo_type, timeout=PROBE_TIMEOUT_S)
+    except GatedRepoError:  # a subclass of the next: it exists, and the load says what access it needs
+        return None
     except RepositoryNotFoundError:
         return f"the hub has no {repo_type} named {repo_id!r} (a private one needs `hf auth login` first)"
     except HfHubHTTPError:

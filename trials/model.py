@@ -48,6 +48,7 @@ def load_model_config(model: str):
     """The model's config (layer count for validation); cached, a sweep asks for it per cell. A folder,
     a package or the hub cache is read without a request; a hub id missing from the cache asks the hub
     once before loading (``hub_problem``), so that no network fails at once, with the remedy."""
+    path = model  # what a failure inside resolve_model_path leaves to compare
     try:
         path = resolve_model_path(model)
         return AutoConfig.from_pretrained(path, local_files_only=True)

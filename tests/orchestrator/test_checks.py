@@ -641,6 +641,16 @@ def test_a_fixed_grids_tolerance_is_fixed_once_it_has_rows(write_spec):
     assert "tolerance and settle both given: a settle sweep asks settle.tolerance" in both
 
 
+def test_a_depth_below_any_decided_groups_deepest_is_refused(write_spec):
+    """A review's case: n = 24 decided with depths 0 and -1 only (its k = 2 failed), n = 48 with 0, -1 and 2.
+    Before, the first decided group's deepest (-1) was the bar, and k = 1, below n = 48's deepest, passed."""
+    settle = {"tolerance": 0.01, "initial_seeds": 3, "max_seeds": 5}
+    cells = [(24, k, s) for k in (0, -1) for s in range(3)] + [(48, k, s) for k in (0, -1, 2) for s in range(3)]
+    _stored_fixed_grid(write_spec, "uneven", cells, seeds=[], settle=settle, frozen_layers=[-1, 0, 2])
+    (inserted,) = _problems(write_spec("uneven", seeds=[], settle=settle, frozen_layers=[-1, 0, 1, 2]))
+    assert inserted.startswith("frozen_layers: [1] added below the deepest depth (2)") and "n = 48" in inserted
+
+
 def test_seeds_added_before_any_group_is_complete_are_new_cells(write_spec):
     """No group had all its cells in: no decision could have been read, so no look was taken."""
     _stored_fixed_grid(write_spec, "early", [(24, 0, 0), (48, 0, 0)])

@@ -116,10 +116,18 @@ def test_plan_counts_cells_against_the_store_and_prices_the_rest_without_running
     assert "nothing was started" in done.stdout and _tree(tmp_path / "store") == before
 
 
-def test_plan_prices_a_new_sweep_by_another_sweeps_rows_of_the_same_kind_and_protocol(write_spec, tmp_path):
+def test_plan_prices_a_new_sweep_by_another_sweeps_rows_of_the_same_kind_and_protocol(
+    write_spec, tmp_path, monkeypatch
+):
     """A new sweep under another name and split_seed (what an open group's answer asks for) is priced
     before its first trial by the earlier sweep's rows of its kinds; a sweep under another protocol
-    (more epochs) prices nothing."""
+    (more epochs) prices nothing, and one of another model is passed over by its stored spec alone."""
+    import yaml
+
+    from freezesweep.trials import hub
+
+    monkeypatch.setattr(hub, "offline", lambda: False)  # online: a model not here would be asked for
+    monkeypatch.setattr(hub, "hub_problem", lambda *a, **k: pytest.fail(f"the hub was asked for {a}"))
     from freezesweep.orchestrator.rows import result_row
     from freezesweep.results.store import ResultStore
     from freezesweep.trials.config import TrialResult
@@ -131,6 +139,9 @@ def test_plan_prices_a_new_sweep_by_another_sweeps_rows_of_the_same_kind_and_pro
         for cell in build_grid(sweep):
             row = TrialResult(trial_id=cell.trial_id, config=cell, status="ok", wall_time_s=wall_s)
             store.write_row(result_row(name, row))
+    unrelated = yaml.safe_load(write_spec("unrelated", frozen_layers=[0, "all"]).read_text())
+    unrelated["model"] = "some-org/unrelated-model"  # resolving it would ask the hub: never done for pricing
+    ResultStore(str(tmp_path / "store"), "unrelated").write_spec(yaml.safe_dump(unrelated))
     path = write_spec("again", split_seed=7, seeds=[0, 1])  # n = 24 and 48, k = 0 and 2, 2 seeds
     done = runner.invoke(app, ["plan", str(path)])
     assert done.exit_code == 0, done.output
@@ -138,7 +149,7 @@ def test_plan_prices_a_new_sweep_by_another_sweeps_rows_of_the_same_kind_and_pro
     # n = 24's 4 cells at earlier's 10 s each kind; n = 48's 4 at the median of every priced row, 10 s
     assert (
         "work: about 0.02 trial-hours (4 of 8 pending cells priced by rows of their own kind, from 2 measured "
-        "rows, some or all of them earlier's, run under the same protocol)" in done.stdout
+        "rows, with rows of sweep(s) earlier run under the same protocol)" in done.stdout
     )
 
 
@@ -362,17 +373,29 @@ def test_plan_says_where_all_and_a_listed_depth_are_one_cell(write_spec, tiny_be
     assert "one cell per depth" not in plain.stdout
 
 
-def test_an_interrupt_before_the_trials_names_the_sweep_to_resume(write_spec, monkeypatch):
+def test_an_interrupt_before_the_trials_says_what_goes_on(write_spec, monkeypatch, tmp_path):
     """Before: Ctrl-C while validating or starting Ray said "`freezesweep resume` continues the sweep",
-    without the name resume needs (an interrupt during the trials names it)."""
+    without the name resume needs, and where the spec was not stored yet no resume could. Now: the launch
+    again where nothing was stored, else resume given the spec file (its name and store), --store kept."""
+    import yaml
+
     from freezesweep.orchestrator import api
+    from freezesweep.results.store import ResultStore
 
     def interrupted(*args, **kwargs):
         raise KeyboardInterrupt
 
     monkeypatch.setattr(api, "launch", interrupted)
     monkeypatch.setattr(api, "resume", interrupted)
-    done = runner.invoke(app, ["launch", str(write_spec("stopped"))])
-    assert done.exit_code == 130 and "`freezesweep resume stopped` continues the sweep" in done.stderr
-    again = runner.invoke(app, ["resume", "stopped"])
-    assert again.exit_code == 130 and "`freezesweep resume stopped` continues" in again.stderr
+    path = write_spec("stopped")
+    done = runner.invoke(app, ["launch", str(path)])
+    assert done.exit_code == 130
+    assert f"nothing was stored yet: `freezesweep launch {path}` starts it" in done.stderr
+    raw = yaml.safe_load(path.read_text())
+    ResultStore(raw["store"], "stopped").write_spec(path.read_text())  # as a launch stores it
+    stored = runner.invoke(app, ["launch", str(path)])
+    assert stored.exit_code == 130 and f"`freezesweep resume {path}` continues the sweep" in stored.stderr
+    elsewhere = runner.invoke(app, ["launch", str(path), "--store", str(tmp_path / "other")])
+    assert f"`freezesweep launch {path} --store {tmp_path / 'other'}` starts it" in elsewhere.stderr
+    again = runner.invoke(app, ["resume", "stopped", "--store", raw["store"]])
+    assert again.exit_code == 130 and f"`freezesweep resume stopped --store {raw['store']}` continues" in again.stderr

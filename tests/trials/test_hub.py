@@ -78,4 +78,23 @@ def test_an_unreachable_hub_fails_a_glue_task_without_files_before_datasets_retr
     with pytest.raises(DatasetError) as caught:
         load_task("glue/sst2")
     said = str(caught.value)
-    assert "FREEZESWEEP_DATA_DIR" in said and "hub cannot be reached" in said and "HF_HUB_OFFLINE=1" in said
+    assert "FREEZESWEEP_DATA_DIR" in said and "hub cannot be reached" in said and "no copy of GLUE cached" in said
+
+
+def test_an_unreachable_hub_leaves_a_cached_glue_to_datasets(closed_hub, monkeypatch):
+    """A machine without network whose `datasets` cache holds GLUE reads it (datasets' own fallback), as before."""
+    import datasets
+
+    from freezesweep.trials import data
+
+    asked = []
+
+    def cached_copy(*args, **kwargs):
+        asked.append(args)
+        raise RuntimeError("read from the cache")  # stands in for the rows: what matters is that it was asked
+
+    monkeypatch.setattr(data, "_glue_cached", lambda: True)
+    monkeypatch.setattr(datasets, "load_dataset", cached_copy)
+    with pytest.raises(DatasetError, match="read from the cache"):
+        load_task("glue/sst2")
+    assert asked == [("glue", "sst2")]
