@@ -164,7 +164,11 @@ def test_a_graphed_array_captures_again_when_a_member_leaves(still_bert, toy_dat
     assert made == [3, 2]  # captured for all three, then again for the two that went on
     for a, b in zip(results, clean):
         if a is not diverged:
-            assert a.status == "ok" and [p.loss for p in a.eval_curve] == [p.loss for p in b.eval_curve]
+            # the same numbers as the members' run beside k = 0; to float rounding, not bitwise: the array of
+            # two multiplies other shapes than the array of three, and the CPU's kernels may block them
+            # otherwise (one run in seven differed at 1e-7 after another test's imports)
+            assert a.status == "ok" and len(a.eval_curve) == len(b.eval_curve)
+            assert [p.loss for p in a.eval_curve] == pytest.approx([p.loss for p in b.eval_curve], rel=1e-6)
 
 
 def _failing_capture(fail_at: int, calls: list, device: str = "cpu"):
