@@ -141,9 +141,7 @@ class Plan:
     pending: list[TrialConfig]  # the cells a launch runs now
     done: int  # cells with a final row (ok, diverged)
     rounds: int  # Tune runs the pending cells take (``resources.trials_per_round`` Ray trials each)
-    status: (
-        pd.DataFrame
-    )  # per axis value: done / failed / missing cells (settle mode: of those it ran and its next round)
+    status: pd.DataFrame  # per axis value: done / failed / missing cells (settle: of those it ran, and next)
     work: WorkEstimate | None  # the pending cells' trial time, priced by the store's measured rows
     priced_from: tuple[str, ...]  # the store's other sweeps whose rows priced kinds this one has not run
     trials_at_once: int  # this machine's cores per trial, or ``max_concurrent_trials``
@@ -232,10 +230,9 @@ def _measured_in_other_sweeps(
 ) -> tuple[dict[tuple, list[float]], tuple[str, ...]]:
     """The measured times of ``pending``'s kinds in the store's other sweeps of their models and
     datasets (``plan.measured_elsewhere``), and those sweeps' names. One that cannot be read prices nothing."""
+    from freezesweep.orchestrator.checks import stored_spec_mapping
     from freezesweep.orchestrator.plan import measured_elsewhere
     from freezesweep.orchestrator.sweeps import load_sweep
-
-    from freezesweep.orchestrator.checks import stored_spec_mapping
 
     models, datasets = {c.model for c in pending}, {c.dataset for c in pending}
     found: dict[tuple, list[float]] = {}

@@ -457,8 +457,9 @@ def _seed_changes(stored: dict[str, Any], raw: dict[str, Any], store: ResultStor
     """A fixed grid is decided at one look, all its seeds at once: once a group may have been decided,
     seeds added would look at its rows a second time (results/settle.py), at a level paid once, and so
     would a depth added below its deepest (the sequence of depths tested again with one more claim in
-    it; a deeper one only extends it); a settle sweep's depth too, once its group has had a look. So would a fixed grid turned into a settle sweep (its rows a first
-    look) or the other way round. Before any group may have been decided, both are new cells as before."""
+    it; a deeper one only extends it); a settle sweep's depth too, once its group has had a look. So
+    would a fixed grid turned into a settle sweep (its rows a first look) or the other way round. Before
+    any group may have been decided, both are new cells as before."""
     old_settle, new_settle = isinstance(stored.get("settle"), dict), isinstance(raw.get("settle"), dict)
     new_seeds = raw.get("seeds") if isinstance(raw.get("seeds"), list) else []
     where = f"sweep {raw.get('name')!r} already has rows"
@@ -531,9 +532,10 @@ def _has_rows(store: ResultStore) -> bool:
 
 def decided_group(stored: dict[str, Any], store: ResultStore) -> tuple[str, int] | None:
     """A (model, dataset, train size) of a stored fixed grid that may have been decided — full fine-tuning
-    and some frozen depth final at every stored seed (a settle sweep's: at every seed of its first look) (a read decision needs no more; a group judged by
-    the spec's depths alone could be made incomplete by adding a depth first) — named, with its deepest
-    depth in the rows (of several, the one whose deepest is deepest); None if there is none."""
+    and some frozen depth final at every stored seed (a read decision needs no more; a group judged by the
+    spec's depths alone could be made incomplete by adding a depth first); of a settle sweep, that has had
+    its first look (the same at every initial seed) — named, with its deepest depth in the rows (of several,
+    the one whose deepest is deepest); None if there is none."""
     columns = ["model", "dataset", "train_size", "method", "frozen_layers", "seed", "status"]
     rows = store.read_table(columns=columns).to_pandas()
     rows = rows[(rows["method"] == "freeze") & rows["status"].isin(("ok", "diverged"))]
