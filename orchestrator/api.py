@@ -179,7 +179,7 @@ def plan(spec: SpecSource, *, store: str | None = None) -> Plan:
         pending,
         len(done & {c.trial_id for c in cells}),
         round_count(pending, sweep),
-        status_table(_counted_cells(sweep, result_store) if spec.settle else cells, statuses),  # as `status` counts
+        status_table(_counted_cells(sweep, result_store, cells), statuses),  # as `status` counts
         *_work(cells, pending, rows, result_store),
         at_once,
         note,
@@ -203,11 +203,7 @@ def _work(
     has none of, by the store's other sweeps' (orchestrator/plan.py); and the sweeps that priced it."""
     from freezesweep.orchestrator.plan import estimate_work, work_key
 
-    by_id = {c.trial_id: c for c in cells}
-    measured: dict[tuple, list[float]] = {}
-    for trial_id, wall_s in _ok_times(rows).items():
-        if trial_id in by_id:
-            measured.setdefault(work_key(by_id[trial_id]), []).append(wall_s)
+    measured = _measured(cells, rows)
     unpriced = [c for c in pending if work_key(c) not in measured]
     elsewhere, sources = _measured_in_other_sweeps(unpriced, result_store) if unpriced else ({}, ())
     return estimate_work(pending, {**elsewhere, **measured}), sources
@@ -218,6 +214,18 @@ def _listed_values(raw: Mapping[str, Any], *keys: str) -> list[str]:
     value = next((raw[k] for k in keys if k in raw), None)
     values = value if isinstance(value, list) else [value]
     return [v for v in values if isinstance(v, str)]
+
+
+def _measured(cells: list[TrialConfig], rows: pd.DataFrame) -> dict[tuple, list[float]]:
+    """The cells' ok rows' wall times by ``work_key``: what `plan` and the budget prices price with."""
+    from freezesweep.orchestrator.plan import work_key
+
+    wall = _ok_times(rows)
+    measured: dict[tuple, list[float]] = {}
+    for cell in cells:
+        if cell.trial_id in wall:
+            measured.setdefault(work_key(cell), []).append(wall[cell.trial_id])
+    return measured
 
 
 def _ok_times(rows: pd.DataFrame) -> dict[str, float]:
@@ -441,13 +449,15 @@ def _stored_sweep(name: str, store: str | None) -> tuple[ResolvedSweep, ResultSt
     return load_sweep(name, root), ResultStore(root, name)
 
 
-def _counted_cells(sweep: ResolvedSweep, result_store: ResultStore) -> list[TrialConfig]:
-    """The cells a sweep's rows are counted against: its grid; in settle mode, the cells it ran and its
-    next round (an arm decided early never runs the budget's other seeds)."""
+def _counted_cells(
+    sweep: ResolvedSweep, result_store: ResultStore, cells: list[TrialConfig] | None = None
+) -> list[TrialConfig]:
+    """The cells a sweep's rows are counted against: its grid (``cells``, where the caller built it); in
+    settle mode, the cells it ran and its next round (an arm decided early never runs the budget's other seeds)."""
     from freezesweep.orchestrator.plan import build_grid, settle_scope
     from freezesweep.orchestrator.sweeps import SETTLE_COLUMNS
 
-    cells = build_grid(sweep)
+    cells = build_grid(sweep) if cells is None else cells
     if sweep.spec.settle is None:
         return cells
     return settle_scope(sweep, cells, result_store.read_table(columns=SETTLE_COLUMNS).to_pandas())
@@ -669,7 +679,7 @@ def report(
 def budget_prices(decisions: pd.DataFrame, names: str | Sequence[str], store: str | None = None) -> list[str]:
     """What deciding each open group would cost: a new settle sweep at the budget the decision names
     (``decided_at_seeds``), priced as ``plan`` prices pending cells (the store's measured trial times)."""
-    from freezesweep.orchestrator.plan import build_grid, work_key
+    from freezesweep.orchestrator.plan import build_grid
 
     lines = []
     for name in [names] if isinstance(names, str) else names:
@@ -678,13 +688,7 @@ def budget_prices(decisions: pd.DataFrame, names: str | Sequence[str], store: st
         if asked.empty:
             continue
         rows = result_store.read_table(columns=["trial_id", "status", "wall_time_s"]).to_pandas()
-        ok = rows[rows["status"] == "ok"]
-        wall = dict(zip(ok["trial_id"], ok["wall_time_s"]))
-        measured: dict[tuple, list[float]] = {}
-        for cell in build_grid(resolved):
-            wall_s = wall.get(cell.trial_id)
-            if wall_s is not None and wall_s == wall_s:  # NaN: not measured
-                measured.setdefault(work_key(cell), []).append(float(wall_s))
+        measured = _measured(build_grid(resolved), rows)
         for _, group in asked.iterrows():
             lines.append(_budget_price(resolved, group, measured))
     return lines

@@ -45,6 +45,7 @@ from freezesweep.trials.worker import PrefixKey, TrainKey, WorkerState
 class _Entry:
     rows: dict[int, torch.Tensor] = field(default_factory=dict)  # train-split row index → [tokens, hidden]
     tuple_output: int = 0  # the length of the tuple the model's layers return (0: a tensor)
+    nbytes: int = 0  # the rows' bytes, kept as they are added: the worker's budget reads it at every put
 
 
 @dataclass(frozen=True)
@@ -101,6 +102,7 @@ def _run_prefix(
             alone = collate(tokens.select([position]), np.zeros(1, dtype=np.int64), pad_id=0).to(device)  # no padding
             states, entry.tuple_output = output_of(model, last_frozen, alone, plan)  # segment ids too, for pairs
             entry.rows[row] = states[0]
+            entry.nbytes += states[0].nbytes
 
 
 def usable_prefix(

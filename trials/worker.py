@@ -199,8 +199,8 @@ def _arrays_bytes(arrays, device_type: str, seen: set[int]) -> int:
 
 
 def rows_bytes(entry: Any) -> int:
-    """A training cache entry's bytes (trials/train_cache.py: a tensor per cached train row)."""
-    return sum(t.nbytes for t in entry.rows.values())
+    """A training cache entry's bytes (trials/train_cache.py: a tensor per cached train row, counted as added)."""
+    return entry.nbytes
 
 
 def states_bytes(prefix: Any) -> int:

@@ -88,6 +88,7 @@ def test_the_worker_keeps_its_training_states_within_the_budget(tiny_trial):
     roomy = WorkerState()
     run_trial(cfg, worker=roomy)
     (entry,) = roomy.train_states.values()
+    assert rows_bytes(entry) == sum(t.nbytes for t in entry.rows.values()) > 0  # counted as rows are added
     worker = _budgeted(rows_bytes(entry))
     for at in (cfg, dataclasses.replace(cfg, frozen_layers=2), dataclasses.replace(cfg, train_size=48)):
         kept, alone = run_trial(at, worker=worker), run_trial(at, worker=WorkerState())
