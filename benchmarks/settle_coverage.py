@@ -227,10 +227,10 @@ def _grid(module, world: World) -> dict:
 
 def judge(decision, truth: Truth, tolerance: float, arms: list[str], module=current) -> dict:
     """Each claim against the truth, in its own words: a rule with collapse counts (Comparison.
-    collapse_upper) claims quality when trained and collapse bounds; today's claims means. "Worse": this
-    checkout's over the seeds where full fine-tuning trains, rules before it over every seed."""
+    collapse_upper) claims quality when trained and collapse bounds; today's claims means. "Worse": over the
+    seeds where full fine-tuning trains from 2682cfd on, over every seed before it."""
     stable = hasattr(decision.learned, "collapse_upper")
-    worse_truth = truth.worse_diff if module is current else truth.mean_diff
+    worse_truth = truth.worse_diff if _worse_where_full_trains(module) else truth.mean_diff
     diffs = truth.trained_diff if stable else truth.mean_diff
     learned, wrong = decision.learned, False
     if learned.decision == current.LEARNED:
@@ -255,6 +255,12 @@ def judge(decision, truth: Truth, tolerance: float, arms: list[str], module=curr
         "within_mean_worse": mean_worse,
         "answered": _answered(decision, arms, tolerance),
     }
+
+
+def _worse_where_full_trains(module) -> bool:
+    """Rules from 2682cfd on claim "worse" over the seeds where full fine-tuning trained (their docstring
+    says so); the rules before, over every seed."""
+    return module is current or "where full fine-tuning trained" in " ".join((module.__doc__ or "").split())
 
 
 def _answered(decision, arms: list[str], tolerance: float) -> bool:

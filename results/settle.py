@@ -22,18 +22,21 @@ spent where the advice needs it (docs/settle.md argues each step, with its sourc
   earlier ones O'Brien–Fleming-like, rising with their seeds) it is a valid p-value whenever the sweep
   stops — Bonferroni over the looks, valid whatever their correlation (repeated confidence intervals,
   Jennison & Turnbull 1989) — so every procedure below runs on these look-adjusted p-values. At the
-  schedule's last look the sequence's claims spend what Bonferroni left unspent on nested looks
-  (``last_look_level``: simulated for the trained counts each look saw).
-- **Serial gatekeeping and a fixed sequence** (CHAIN_SHARE of α). "Learned" (full fine-tuning's gain
+  schedule's last look every claim of a t statistic spends what Bonferroni left unspent on nested looks
+  (``last_look_level``: simulated for the counts each look saw, at the level the claim is tested at).
+- **Serial gatekeeping and a fixed sequence** (WITHIN_SHARE of α). "Learned" (full fine-tuning's gain
   over the constant baseline, when it trains, is above the tolerance) is tested first; only once it
   holds are the frozen depths tested, "within the tolerance", one after the other from the least frozen
   to the most frozen, each at the full share, stopping at the first not shown within (Maurer, Hothorn &
   Lehmacher 1995; Westfall & Krishen 2001; Dmitrienko & Tamhane 2007). The advice — the last depth
-  shown within before the stop — needs no split across depths; the deeper ones are "not tested".
+  shown within before the stop — needs no split across depths; the deeper ones are "not tested". It
+  has the largest share: it is the answer.
 - **Holm** (HOLM_SHARE) for the claims that are not sequential: "worse" for every arm (over the seeds
-  looked at where full fine-tuning trained, the arm's collapses at their scores), "within" for LoRA ranks and the probe, and full fine-tuning's
-  "nothing learned" (its gain shown below the tolerance, or its collapse rate shown above 1/2)
-  (Holm 1979: step-down Bonferroni, valid under any dependence).
+  looked at where full fine-tuning trained, the arm's collapses at their scores), "within" for LoRA
+  ranks and the probe; and (NOTHING_SHARE) over full fine-tuning's pair of "nothing learned" claims (its
+  gain shown below the tolerance, or its collapse rate shown above 1/2). Holm 1979: step-down
+  Bonferroni, valid under any dependence; a claim is held at each step to its least bar at that step's
+  level or any larger (``holm``: a spent last look's bar is simulated, so not always monotone in it).
 - **Collapse bounds** (STABILITY_SHARE): one exact upper bound per arm, Bonferroni across arms — bounds
   compatible with Holm are no narrower where a bound is reported for every arm (Strassburger & Bretz 2008).
 
@@ -50,7 +53,7 @@ import dataclasses
 import functools
 import itertools
 import math
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -66,7 +69,7 @@ COLLAPSE_ATOL = 1e-9  # a score this near its constant baseline is the constant 
 # shares of α (the module docstring): the sequence of "within" (learned first), Holm over "worse" and the
 # other methods' "within", "nothing learned" (Holm over its two claims), the collapse bounds; where the grid
 # has LoRA ranks or the probe, OTHERS_SHARE moves from the sequence's share to Holm's, for their "within"
-WITHIN_SHARE, HOLM_SHARE, NOTHING_SHARE, STABILITY_SHARE = 0.45, 0.2, 0.3, 0.05
+WITHIN_SHARE, HOLM_SHARE, NOTHING_SHARE, STABILITY_SHARE = 0.55, 0.1, 0.3, 0.05
 OTHERS_SHARE = 0.1
 LAST_LOOK = 0.7  # the last look's weight; the earlier ones share the rest (SettleRule.look_weights)
 OBF_Z = 2.0  # the earlier looks' shape: O'Brien–Fleming's boundary z·sqrt(n_last / n) (docs/settle.md)
@@ -266,21 +269,36 @@ def _most_collapse_pvalue(collapsed: int, seeds: int) -> float:
     return 1.0 if collapsed == 0 else float(special.bdtrc(collapsed - 1, seeds, 0.5))
 
 
-def holm(pvalues: Mapping[str, float], alpha: float, family: int) -> tuple[set[str], dict[str, float]]:
+def holm(
+    pvalues: Mapping[str, float],
+    alpha: float,
+    family: int,
+    weight: Callable[[str, float], float] = lambda claim, level: 1.0,
+) -> tuple[set[str], dict[str, float]]:
     """Holm's step-down over a family of ``family`` claims (those not in ``pvalues`` have no data: p = 1):
-    the claims shown, and the level each was tested at (a claim not shown: the level of the step that
-    stopped; Holm 1979)."""
+    the claims shown, and the one-sided level each p-value was held to (a claim not shown: at the step
+    that stopped; Holm 1979). ``weight(claim, level)``: the share of a step's level a claim is held to
+    (its look's, or at a last look more: ``last_look_level``). A claim is held to the least of its bars
+    at this step's level and every larger one of the ladder, so that shown at one level it is shown at
+    every larger one: the step-down is valid for tests nested so, each of its size (closed testing with
+    Bonferroni intersections; Marcus, Peritz & Gabriel 1976)."""
+    ladder = [alpha / (family - step) for step in range(family)]
+    bars = {
+        claim: list(itertools.accumulate(reversed([a * weight(claim, a) for a in ladder]), min))[::-1]
+        for claim in pvalues
+    }
     shown: set[str] = set()
-    levels: dict[str, float] = {}
-    ordered = sorted(pvalues, key=pvalues.get)
-    for step, name in enumerate(ordered):
-        levels[name] = alpha / (family - step)
-        if pvalues[name] > levels[name]:
-            stop = levels[name]
-            levels.update({rest: stop for rest in ordered[step:]})
-            return shown, levels
+    held: dict[str, float] = {}
+    rest = list(pvalues)
+    for step in range(len(rest)):
+        name = min(rest, key=lambda c: pvalues[c] / bars[c][step] if bars[c][step] > 0 else math.inf)
+        if not (bars[name][step] > 0 and pvalues[name] <= bars[name][step]):
+            held.update({c: bars[c][step] for c in rest})
+            return shown, held
+        held[name] = bars[name][step]
         shown.add(name)
-    return shown, levels
+        rest.remove(name)
+    return shown, held
 
 
 def interval(diffs: np.ndarray, level: float) -> tuple[float, float, float]:
@@ -304,11 +322,7 @@ class _Look:
     reference: float
     counts: tuple[int, ...] = ()  # the trained differences at each look of the schedule so far (nested)
     last: bool = False  # this look is the schedule's last of several
-    sequence_weight: float = math.nan  # the sequence's claims' share at this look (NaN: ``weight``)
-
-    @property
-    def within_weight(self) -> float:
-        return self.weight if math.isnan(self.sequence_weight) else self.sequence_weight
+    all_counts: tuple[int, ...] = ()  # the same for ``all_diffs``
 
 
 def _counts(trained: list[int], schedule, look: int) -> tuple[bool, tuple[int, ...]]:
@@ -346,7 +360,8 @@ def _pair_look(arm: _Seeds, full: _Seeds | None, schedule, weights) -> _Look:
     # the differences left (its upper bound conservative); full fine-tuning's would skew them right (a
     # rare large positive difference: the bound liberal, a false "worse" in 34.5 % of simulated 10-seed
     # grids with 10 % of its seeds collapsing: benchmarks/settle_coverage.py, full-collapse).
-    every = np.array([arm.every[s] - full.trained[s] for s in seeds if not math.isnan(full.trained[s])])
+    where_full = [s for s in seeds if not math.isnan(full.trained[s])]
+    every = np.array([arm.every[s] - full.trained[s] for s in where_full])
     last, counts = _counts(both, schedule, look)
     return _Look(
         seeds,
@@ -358,40 +373,34 @@ def _pair_look(arm: _Seeds, full: _Seeds | None, schedule, weights) -> _Look:
         float(theirs.mean()) if both else math.nan,
         counts,
         last,
+        _counts(where_full, schedule, look)[1],
     )
-
-
-def _spent(look: _Look, level: float, weights: Sequence[float]) -> _Look:
-    """A claim of the sequence at the schedule's last look spends what its earlier looks left unspent
-    (``last_look_level``); elsewhere its look's weight."""
-    if not look.last:
-        return look
-    return dataclasses.replace(look, sequence_weight=last_look_level(look.counts, level, tuple(weights)) / level)
 
 
 SIMULATED_PATHS = 200_000
 _SIMULATION_SEED = 20261127  # fixed: a group's decision never changes between two reads
 
 
+@functools.lru_cache(maxsize=16)
 def _simulated_looks(
-    counts: tuple[int, ...], level: float, weights: tuple[float, ...], chunk: int = 20_000
+    counts: tuple[int, ...], weights: tuple[float, ...], chunk: int = 20_000
 ) -> tuple[np.ndarray, np.ndarray]:
-    """Per simulated path: whether an earlier look crossed its Bonferroni level, and the last look's t
-    statistic (nested standard normal samples at the boundary), drawn ``chunk`` paths at a time: memory
-    stays a few tens of MB whatever the budget."""
+    """Per simulated path (nested standard normal samples at the boundary, a fixed seed): the least level at
+    which an earlier look crosses its Bonferroni bar (its p-value over its weight), and the last look's t
+    statistic. Drawn ``chunk`` paths at a time (memory stays a few MB whatever the budget) and kept for the
+    few schedules a report meets: every level of Holm's ladder reads the same paths."""
     from scipy import special
 
     rng = np.random.default_rng(_SIMULATION_SEED)  # the same draws for a given numpy
-    critical = [special.stdtrit(n - 1, 1 - level * w) if n >= MIN_PAIRS else math.inf for n, w in zip(counts, weights)]
     early, last = [], []
     for start in range(0, SIMULATED_PATHS, chunk):
         draws = rng.standard_normal((min(chunk, SIMULATED_PATHS - start), counts[-1]))
         total, squares = np.cumsum(draws, axis=1), np.cumsum(draws**2, axis=1)
-        crossed = np.zeros(len(draws), dtype=bool)
-        for n, c in zip(counts[:-1], critical):
+        crossed_at = np.full(len(draws), np.inf)
+        for n, w in zip(counts[:-1], weights):
             if n >= MIN_PAIRS:
-                crossed |= _t_of_prefix(total, squares, n) >= c
-        early.append(crossed)
+                crossed_at = np.minimum(crossed_at, special.stdtr(n - 1, -_t_of_prefix(total, squares, n)) / w)
+        early.append(crossed_at)
         last.append(_t_of_prefix(total, squares, counts[-1]))
     return np.concatenate(early), np.concatenate(last)
 
@@ -407,44 +416,73 @@ def last_look_level(counts: tuple[int, ...], level: float, weights: tuple[float,
     """The one-sided level of a claim's last look that, beside its earlier looks at ``level`` × their
     weights, spends ``level`` (never less than ``level`` × the last weight: Bonferroni's). Bonferroni over
     nested looks leaves about a fifth of it unspent (at the boundary, 3/5/7/9/10 seeds: 0.0176 of 0.0225).
-    The looks' t statistics are of nested samples (``counts``: the trained differences at each look), so
+    The looks' t statistics are of nested samples (``counts``: the claim's differences at each look), so
     under the boundary with normal differences — the t bound's own assumption — their joint law depends on
     the counts alone: simulated (SIMULATED_PATHS paths, a fixed seed), the last look's critical value is
-    the one at which crossing at any look has probability ``level`` less three Monte Carlo standard errors
-    (a group-sequential boundary: Jennison & Turnbull 2000, ch. 7, by simulation)."""
+    the least at which crossing at any look has probability ``level`` with three Monte Carlo standard
+    errors to spare (a group-sequential boundary: Jennison & Turnbull 2000, ch. 7, by simulation)."""
     from scipy import special
 
     bonferroni = level * weights[len(counts) - 1]
     if len(counts) < 2 or counts[-1] < MIN_PAIRS:
         return bonferroni
-    early, last = _simulated_looks(counts, level, weights)
-    room = level - 3 * math.sqrt(level * (1 - level) / SIMULATED_PATHS) - early.mean()
-    alone = np.sort(last[~early])[::-1]  # the last look's statistics where no earlier one crossed
-    crossing = int(room * SIMULATED_PATHS)
-    if crossing <= 0 or crossing >= len(alone):
+    early, last = _simulated_looks(counts, weights)
+    crossed = np.sort(last[early <= level])  # the last look's statistics where an earlier look crossed
+    # P(any look crosses) = P(the last one's t ≥ c), exact, + P(an earlier one crossed and t < c), simulated:
+    # the simulated part is about a fifth of the level, its Monte Carlo error less than half the whole's
+    # (the exact marginal as a control variate). Between two crossed paths' statistics that part is
+    # constant (j paths below): the least c of each stretch whose sum, with three standard errors, fits.
+    below = np.arange(len(crossed) + 1) / SIMULATED_PATHS
+    room = level - below - 3 * np.sqrt(np.maximum(below, 1 / SIMULATED_PATHS) / SIMULATED_PATHS)
+    with np.errstate(invalid="ignore"):
+        needed = np.where(room > 0, special.stdtrit(counts[-1] - 1, 1 - np.clip(room, 0, 1)), np.inf)
+    lowest = np.maximum(needed, np.concatenate([[-np.inf], crossed]))
+    fits = lowest <= np.concatenate([crossed, [np.inf]])
+    if not fits.any():
         return bonferroni
-    critical = float(alone[crossing])  # exactly `crossing` paths lie above it
-    return max(bonferroni, float(special.stdtr(counts[-1] - 1, -critical)))
+    return max(bonferroni, float(special.stdtr(counts[-1] - 1, -lowest[fits].min())))
 
 
-def _pvalues(gain: _Look, looks: Mapping[str, _Look], tolerance: float) -> dict[str, float]:
-    """Every claim's look-adjusted p-value (its p-value over its look's weight, at most 1): "learned",
-    "nothing: gain", "nothing: collapse", "worse: ARM" and "within: ARM"."""
+@dataclass(frozen=True)
+class _Claims:
+    """A group's claims at their current looks: each one's p-value there, and the share of a level it is
+    held to (``weight``)."""
 
-    def adjusted(p: float, look: _Look, weight: float | None = None) -> float:
-        weight = look.weight if weight is None else weight
-        return min(1.0, p / weight) if weight > 0 else 1.0
+    p: dict[str, float]
+    looks: dict[str, tuple[_Look, tuple[int, ...]]]  # the claim's look, and its statistic's nested sample sizes
+    weights: tuple[float, ...]  # the schedule's look weights
 
+    def weight(self, name: str, level: float) -> float:
+        """Its look's weight; at the schedule's last look, for a t statistic, what the earlier looks left
+        unspent too (``last_look_level``: the collapse count's claim keeps Bonferroni's)."""
+        look, counts = self.looks[name]
+        if not (look.last and counts):
+            return look.weight
+        return last_look_level(counts, level, self.weights) / level
+
+    def holds(self, name: str, level: float) -> bool:
+        bar = level * self.weight(name, level)
+        return bar > 0 and self.p[name] <= bar
+
+
+def _claims(gain: _Look, looks: Mapping[str, _Look], tolerance: float, weights: Sequence[float]) -> _Claims:
+    """Every claim at its look: "learned", "nothing: gain", "nothing: collapse", "worse: ARM", "within: ARM"."""
     p = {
-        "learned": adjusted(_t_pvalue(gain.diffs, tolerance, above=True), gain, gain.within_weight),
-        "nothing: gain": adjusted(_t_pvalue(gain.diffs, tolerance, above=False), gain),
-        "nothing: collapse": adjusted(_most_collapse_pvalue(gain.collapsed, len(gain.seeds)), gain),
+        "learned": _t_pvalue(gain.diffs, tolerance, above=True),
+        "nothing: gain": _t_pvalue(gain.diffs, tolerance, above=False),
+        "nothing: collapse": _most_collapse_pvalue(gain.collapsed, len(gain.seeds)),
+    }
+    on: dict[str, tuple[_Look, tuple[int, ...]]] = {
+        "learned": (gain, gain.counts),
+        "nothing: gain": (gain, gain.counts),
+        "nothing: collapse": (gain, ()),
     }
     for arm, look in looks.items():
-        p[f"within: {arm}"] = adjusted(_t_pvalue(look.diffs, -tolerance, above=True), look, look.within_weight)
-        worse = _t_pvalue(look.all_diffs, -tolerance, above=False) if len(look.all_diffs) >= MIN_PAIRS else 1.0
-        p[f"worse: {arm}"] = adjusted(worse, look)
-    return p
+        p[f"within: {arm}"] = _t_pvalue(look.diffs, -tolerance, above=True)
+        enough = len(look.all_diffs) >= MIN_PAIRS
+        p[f"worse: {arm}"] = _t_pvalue(look.all_diffs, -tolerance, above=False) if enough else 1.0
+        on[f"within: {arm}"], on[f"worse: {arm}"] = (look, look.counts), (look, look.all_counts)
+    return _Claims(p, on, tuple(weights))
 
 
 def decide(
@@ -461,10 +499,9 @@ def decide(
     levels = rule.levels(grid)
     schedule = rule.schedule if (looks or rule.looks) > 1 else None  # a fixed grid is read once, whole
     weights = rule.look_weights if schedule else (1.0,)
-    gain = _spent(_gain_look(by_arm.get(FULL), schedule, weights), levels.within, weights)
+    gain = _gain_look(by_arm.get(FULL), schedule, weights)
     pairs = {arm: _pair_look(by_arm[arm], by_arm.get(FULL), schedule, weights) for arm in grid if arm in by_arm}
-    pairs = {arm: _spent(look, levels.within, weights) if _is_freeze(arm) else look for arm, look in pairs.items()}
-    p = _pvalues(gain, pairs, rule.tolerance)
+    p = _claims(gain, pairs, rule.tolerance, weights)
     shown, at = _holm_claims(p, levels)
     learned = _learned(gain, p, shown, at, levels)
     depths = [a for a in grid if _is_freeze(a)]
@@ -483,27 +520,29 @@ def decide(
     return GroupDecision(learned, compared, seeds, advice[-1] if advice else None, excluded, levels, stopped_at)
 
 
-def _sequence(order: Sequence[str], p: Mapping[str, float], level: float) -> tuple[set[str], str | None]:
+def _sequence(order: Sequence[str], p: _Claims, level: float) -> tuple[set[str], str | None]:
     """The fixed sequence (Maurer, Hothorn & Lehmacher 1995): "learned" first (the gatekeeper), then each
     depth's "within", each at the full ``level``, up to the first not shown — the depths shown, and the one
     it stopped at (None: it passed them all)."""
     shown: set[str] = set()
     for arm in order:
-        if p.get("learned" if arm == "learned" else f"within: {arm}", 1.0) > level:
+        claim = "learned" if arm == "learned" else f"within: {arm}"
+        if claim not in p.p or not p.holds(claim, level):
             return shown - {"learned"}, arm
         shown.add(arm)
     return shown - {"learned"}, None
 
 
-def _holm_claims(p: Mapping[str, float], levels: Levels) -> tuple[set[str], dict[str, float]]:
+def _holm_claims(p: _Claims, levels: Levels) -> tuple[set[str], dict[str, float]]:
     """Holm's step-down over the pair of "nothing learned" claims, and over "worse" of every arm with the
-    other methods' "within" (LoRA ranks, the probe): the claims shown, and each one's level."""
-    nothing = {k: v for k, v in p.items() if k.startswith("nothing")}
+    other methods' "within" (LoRA ranks, the probe): the claims shown, and the one-sided level each one's
+    p-value was held to."""
+    nothing = {k: v for k, v in p.p.items() if k.startswith("nothing")}
     rest = {
-        k: v for k, v in p.items() if k.startswith("worse") or (k.startswith("within") and not _is_freeze(_arm_of(k)))
+        k: v for k, v in p.p.items() if k.startswith("worse") or (k.startswith("within") and not _is_freeze(_arm_of(k)))
     }
-    shown_nothing, at_nothing = holm(nothing, levels.nothing, 2)
-    shown_rest, at_rest = holm(rest, levels.holm, max(levels.holm_family, 1))
+    shown_nothing, at_nothing = holm(nothing, levels.nothing, 2, p.weight)
+    shown_rest, at_rest = holm(rest, levels.holm, max(levels.holm_family, 1), p.weight)
     return shown_nothing | shown_rest, {**at_nothing, **at_rest}
 
 
@@ -525,17 +564,15 @@ def _state(
     return UNDECIDED, ""
 
 
-def _learned(
-    gain: _Look, p: Mapping[str, float], shown: set[str], at: Mapping[str, float], levels: Levels
-) -> Comparison:
-    w = gain.weight
-    mean, low, _ = _t_bounds(gain.diffs, levels.within * gain.within_weight)
-    _, _, high = _t_bounds(gain.diffs, at["nothing: gain"] * w)
-    lower, _ = collapse_bounds(gain.collapsed, len(gain.seeds), at["nothing: collapse"] * w)
-    _, upper = collapse_bounds(gain.collapsed, len(gain.seeds), levels.stability * w)
+def _learned(gain: _Look, p: _Claims, shown: set[str], at: Mapping[str, float], levels: Levels) -> Comparison:
+    level = levels.within * p.weight("learned", levels.within)
+    mean, low, _ = _t_bounds(gain.diffs, level)
+    _, _, high = _t_bounds(gain.diffs, at["nothing: gain"])
+    lower, _ = collapse_bounds(gain.collapsed, len(gain.seeds), at["nothing: collapse"])
+    _, upper = collapse_bounds(gain.collapsed, len(gain.seeds), levels.stability * gain.weight)
     if "nothing: collapse" in shown:  # shown: it collapses on most seeds (every seed at the baseline is such a fact)
         decision, why = NOTHING_LEARNED, "full fine-tuning collapses to the constant predictor on most seeds"
-    elif p["learned"] <= levels.within:
+    elif p.holds("learned", levels.within):
         decision, why = LEARNED, ""
     elif "nothing: gain" in shown:
         decision, why = NOTHING_LEARNED, "its gain when it trains is below the tolerance"
@@ -555,7 +592,7 @@ def _learned(
         collapse_lower=lower,
         score=gain.score,
         reference=gain.reference,
-        level=levels.within * gain.within_weight,
+        level=level,
         clears=decision == LEARNED,
     )
 
@@ -563,18 +600,17 @@ def _learned(
 def _arm(
     arm: str,
     look: _Look,
-    p: Mapping[str, float],
+    p: _Claims,
     shown: set[str],
     at: Mapping[str, float],
     levels: Levels,
     state: tuple[str, str],
 ) -> Comparison:
-    w, freeze = look.weight, _is_freeze(arm)
-    within_level = levels.within if freeze else at[f"within: {arm}"]
-    worse_level = at[f"worse: {arm}"]
-    mean, low, high = _t_bounds(look.diffs, within_level * look.within_weight)
-    mean_all, _, high_all = _t_bounds(look.all_diffs, worse_level * w)
-    _, upper = collapse_bounds(look.collapsed, len(look.seeds), levels.stability * w)
+    within, worse = f"within: {arm}", f"worse: {arm}"
+    within_level = levels.within * p.weight(within, levels.within) if _is_freeze(arm) else at[within]
+    mean, low, high = _t_bounds(look.diffs, within_level)
+    mean_all, _, high_all = _t_bounds(look.all_diffs, at[worse])
+    _, upper = collapse_bounds(look.collapsed, len(look.seeds), levels.stability * look.weight)
     decision, why = state
     if decision != WITHIN and f"worse: {arm}" in shown:  # where full fine-tuning trained, collapses included
         decision, why = WORSE, ""
@@ -595,9 +631,9 @@ def _arm(
         reference=look.reference,
         mean_all=mean_all,
         high_all=high_all,
-        level=within_level * look.within_weight,
-        clears=p[f"within: {arm}"] <= within_level,
-        clears_worse=p[f"worse: {arm}"] <= worse_level,
+        level=within_level,
+        clears=within_level > 0 and p.p[within] <= within_level,
+        clears_worse=at[worse] > 0 and p.p[worse] <= at[worse],
     )
 
 

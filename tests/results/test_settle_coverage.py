@@ -100,11 +100,13 @@ def test_a_sequence_stopped_by_a_worse_depth_is_right_where_quality_is_not_monot
     assert not coverage.judge(decision, world.truth, 0.02, world.arms[1:])["wrong"]
 
 
-def test_old_stores_are_decided_as_before_except_where_the_new_rule_says_more(coverage):
+def test_old_stores_keep_their_learned_and_within_claims_under_the_new_rule(coverage):
     """A fixed grid of 10 seeds (one look) on the reference cells' normal draws, decided by the rule before
-    (git 37044ef) and by this one: every learned, nothing learned and worse it claimed is claimed again;
-    where its within claims run from the least frozen depth without a gap (the sequence's order) they are
-    claimed again and the advice is at least as deep. The rule before split α by Bonferroni over every claim."""
+    (git 37044ef) and by this one: every learned and nothing learned it claimed is claimed again; where its
+    within claims run from the least frozen depth without a gap (the sequence's order) they are claimed
+    again and the advice is at least as deep. The rule before split α by Bonferroni over every claim, 0.2 α
+    to "worse" (0.0014 for each of 7 comparisons here); this one gives Holm's steps 0.1 α (0.0008 at the
+    first of 6), the rest to the sequence: a "worse" between the two is lost, a few."""
     try:
         before = coverage.rule_before("37044ef")
     except Exception as exc:  # a checkout without its history (an exported tarball)
@@ -112,7 +114,7 @@ def test_old_stores_are_decided_as_before_except_where_the_new_rule_says_more(co
     before.interval = coverage.current.interval  # the same numbers, without scipy.stats' slow calls
     args = argparse.Namespace(rho=0.5, tolerance=0.05, collapse_p=0.1, max_seeds=10)
     worlds = coverage.scenario_worlds("normal", pd.read_csv(coverage.REFERENCE), args)
-    rng, compared = np.random.default_rng(11), 0
+    rng, compared, worse_lost, worse_claimed = np.random.default_rng(11), 0, 0, 0
     old_rule, new_rule = before.SettleRule(tolerance=0.05), coverage.current.SettleRule(tolerance=0.05)
     for world in worlds:
         for _ in range(5):
@@ -122,7 +124,8 @@ def test_old_stores_are_decided_as_before_except_where_the_new_rule_says_more(co
             if old.learned.decision in ("learned", "nothing learned"):
                 assert new.learned.decision == old.learned.decision
             old_arms, new_arms = {c.arm: c.decision for c in old.arms}, {c.arm: c.decision for c in new.arms}
-            assert all(new_arms[a] in ("worse", "within") for a, d in old_arms.items() if d == "worse")
+            worse_lost += sum(d == "worse" and new_arms[a] not in ("worse", "within") for a, d in old_arms.items())
+            worse_claimed += sum(d == "worse" for d in old_arms.values())
             depths = sorted(world.arms[1:], key=lambda a: 0.5 if a.endswith("=-1") else int(a.split("=")[1]))
             within = [a for a in depths if old_arms[a] == "within"]
             if within and within == depths[: len(within)] and old.learned.decision == "learned":
@@ -130,3 +133,4 @@ def test_old_stores_are_decided_as_before_except_where_the_new_rule_says_more(co
                 assert depths.index(new.advice) >= depths.index(old.advice)
                 compared += 1
     assert compared >= 10  # the property was put to the test, not skipped by every draw
+    assert worse_lost <= 0.1 * worse_claimed  # 2 of 52: those between Holm's first step and the old share

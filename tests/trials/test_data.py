@@ -28,9 +28,14 @@ def test_data_dir_from_environment(glue_dir, monkeypatch):
 
 def test_hub_is_tried_and_explained_only_without_a_data_dir(monkeypatch, tmp_path):
     """No data dir named: the hub, and its failure explained. A named data dir without the task is
-    an error naming the folder: the hub is never asked (its rows would carry the same trial_id)."""
+    an error naming the folder: the hub is never asked (its rows would carry the same trial_id). The hub
+    here answers its probe (an unreachable one: tests/trials/test_hub.py): before, the test read this
+    machine's network, and failed where the probe is refused at once."""
     import datasets
 
+    from freezesweep.trials import hub
+
+    monkeypatch.setattr(hub, "hub_problem", lambda repo_id, repo_type: None)
     calls = []
 
     def offline(*args, **kwargs):
