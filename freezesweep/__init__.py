@@ -82,7 +82,7 @@ _EXPORTS = {
         ],
         "freezesweep.orchestrator.api",
     ),
-    **dict.fromkeys(["SweepSpec", "SpecError"], "freezesweep.orchestrator.spec"),
+    **dict.fromkeys(["SweepSpec", "SpecError", "SweepNotFound"], "freezesweep.orchestrator.spec"),
     **dict.fromkeys(["LaunchSummary", "StoreUnavailable"], "freezesweep.orchestrator.launch"),
     "SweepLocked": "freezesweep.results.lock",
     "StoreError": "freezesweep.results.store",
@@ -117,6 +117,7 @@ __all__ = [
     "UnfinishedCellsWarning",
     "SweepSpec",
     "SpecError",
+    "SweepNotFound",
     "LaunchSummary",
     "StoreUnavailable",
     "SweepLocked",
@@ -153,7 +154,7 @@ if _TYPE_CHECKING:  # what type checkers, IDEs and the API reference see
         summary,
     )
     from freezesweep.orchestrator.launch import LaunchSummary, StoreUnavailable
-    from freezesweep.orchestrator.spec import SpecError, SweepSpec
+    from freezesweep.orchestrator.spec import SpecError, SweepNotFound, SweepSpec
     from freezesweep.results.lock import SweepLocked
     from freezesweep.results.report import Report
     from freezesweep.results.mlflow_export import TrackingError

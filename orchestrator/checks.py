@@ -52,14 +52,16 @@ def validate(
     cluster: ClusterView | None = None,
     semantic: bool = True,
     devices: bool = True,
+    stored: bool = True,
 ) -> SweepSpec:
     """A parsed YAML mapping as a SweepSpec; one SpecError naming every problem of both layers.
     ``semantic=False``: shapes and values only (a stored spec, for inspection); ``devices=False``: not
     the GPUs and CPUs the trials need (a dry run, planned away from them; what the spec itself rules
-    out, such as fp16 on CPU trials, is still checked)."""
+    out, such as fp16 on CPU trials, is still checked); ``stored=False``: not the store and tracking it
+    would write to (``freezesweep trial``: one cell, written nowhere)."""
     spec, problems = parse(raw)
     if semantic and isinstance(raw, dict):
-        problems += semantic_problems(raw, cluster, devices)
+        problems += semantic_problems(raw, cluster, devices, stored)
     if problems:
         raise SpecError(problems, source)
     return spec
@@ -76,7 +78,9 @@ def load_spec(
     return validate(read_yaml(path, overrides), str(path), cluster, semantic, devices)
 
 
-def semantic_problems(raw: dict[str, Any], cluster: ClusterView | None = None, devices: bool = True) -> list[str]:
+def semantic_problems(
+    raw: dict[str, Any], cluster: ClusterView | None = None, devices: bool = True, stored: bool = True
+) -> list[str]:
     training = raw.get("training") if isinstance(raw.get("training"), dict) else {}
     resources = raw.get("resources") if isinstance(raw.get("resources"), dict) else {}
     data_dir = raw.get("data_dir") if isinstance(raw.get("data_dir"), str) else None
@@ -86,8 +90,8 @@ def semantic_problems(raw: dict[str, Any], cluster: ClusterView | None = None, d
     problems += _precision_problems(training.get("precision"), resources.get("gpus_per_trial"))
     if devices:
         problems += _device_problems(resources.get("gpus_per_trial"), resources.get("cpus_per_trial"), cluster)
-    problems += _store_problems(raw)
-    problems += _tracking_problems(raw)
+    if stored:
+        problems += _store_problems(raw) + _tracking_problems(raw)
     return problems
 
 

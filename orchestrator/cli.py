@@ -66,7 +66,10 @@ def trial(
     ],
     train_size: Annotated[int, typer.Option(help="rows of the stratified, nested train subset")],
     frozen_layers: Annotated[
-        Optional[int], typer.Option(help="freeze: -1 embeddings only, 0 nothing, k embeddings + first k layers")
+        Optional[str],
+        typer.Option(
+            metavar="K", help="freeze: -1 embeddings only, 0 nothing, k embeddings + first k layers, all: every layer"
+        ),
     ] = None,
     method: Annotated[str, typer.Option(help="freeze | lora | probe")] = "freeze",
     lora_rank: Annotated[Optional[int], typer.Option(help="lora: the adapters' rank")] = None,
@@ -78,6 +81,9 @@ def trial(
         Optional[int], typer.Option(help="a stratified validation sample of this many rows (default: every row)")
     ] = None,
     precision: Annotated[Optional[str], typer.Option(help="auto | fp16 | bf16 | fp32 (default: auto)")] = None,
+    max_seq_length: Annotated[
+        Optional[int], typer.Option(help="tokens kept of each example (default: 128, the reference protocol)")
+    ] = None,
     model_init: Annotated[Optional[str], typer.Option(help="pretrained | random (default: pretrained)")] = None,
     text_column: Annotated[
         Optional[str], typer.Option(help="the text column (default: the GLUE task's, else sentence)")
@@ -90,47 +96,43 @@ def trial(
     ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="print the full result as JSON")] = False,
 ) -> None:
-    """Run one trial locally, without Ray, and print its result."""
+    """Run one trial locally, without Ray, and print its result: the cell a one-cell sweep of these
+    options would run (its trial_id too), every problem of them named at once, before it starts."""
     api.quiet_libraries()
-    from freezesweep.orchestrator.spec import TrainingSpec, method_fields
-    from freezesweep.trials.config import TrialConfig
-    from freezesweep.trials.data import DatasetError, official_metric
-    from freezesweep.trials.precision import PrecisionError, resolve_config
-    from freezesweep.trials.run import check_method, failed_result, run_trial
+    from freezesweep.orchestrator.checks import validate
+    from freezesweep.orchestrator.plan import build_grid
+    from freezesweep.orchestrator.sweeps import resolve_here
+    from freezesweep.trials.run import failed_result, run_trial
 
-    given = {
+    training = {
         "epochs": epochs,
         "max_eval_examples": max_eval_examples,
         "precision": precision,
+        "max_seq_length": max_seq_length,
         "model_init": model_init,
         "text_column": text_column,
         "text_pair_column": text_pair_column,
         "label_column": label_column,
         "empty_texts": empty_texts,
+        "select_metric": select_metric,
     }
-    try:
-        # the protocol as a sweep's cell gets it: the spec's training section, its defaults TrialConfig's
-        protocol = TrainingSpec(**{k: v for k, v in given.items() if v is not None})
-        select_metric = select_metric or official_metric(
-            dataset, data_dir, text_column, label_column, text_pair_column, protocol.empty_texts
-        )
-        cfg = TrialConfig(
-            dataset=dataset,
-            model=model,
-            train_size=train_size,
-            frozen_layers=frozen_layers,
-            seed=seed,
-            method=method,
-            lora_rank=lora_rank,
-            **method_fields(method),
-            split_seed=split_seed,
-            data_dir=data_dir,
-            select_metric=select_metric,
-            **protocol.trial_fields(),
-        )
-        cfg = resolve_config(cfg)  # "auto" → what this machine runs natively; the row names it
-        check_method(cfg)
-    except (PrecisionError, DatasetError, ValueError) as exc:  # pydantic's ValidationError is a ValueError
+    one_cell = {
+        "name": "trial",
+        "model": model,
+        "datasets": [dataset],
+        "train_sizes": [train_size],
+        "methods": [method],
+        "frozen_layers": [] if frozen_layers is None else [frozen_layers],
+        "lora_ranks": [] if lora_rank is None else [lora_rank],
+        "seeds": [seed],
+        "split_seed": split_seed,
+        "data_dir": data_dir,
+        "training": {k: v for k, v in training.items() if v is not None},
+    }
+    try:  # a sweep's own checks, the store's aside (a trial writes nothing), and its own cell
+        spec = validate(one_cell, TRIAL_SOURCE, devices=False, stored=False)
+        [cfg] = build_grid(resolve_here(spec))
+    except (SpecError, ValueError) as exc:  # pydantic's ValidationError is a ValueError
         _fail(exc)
     try:
         result = run_trial(cfg)
@@ -141,6 +143,13 @@ def trial(
     else:
         _print_trial(result)
     raise typer.Exit(0 if result.status == "ok" else 1)
+
+
+# The options' names in a one-cell spec, said beside its problems.
+TRIAL_SOURCE = (
+    "the trial's options, as a one-cell sweep (train_sizes: --train-size, frozen_layers: --frozen-layers, "
+    "lora_ranks: --lora-rank, seeds: --seed, datasets: --dataset, training.<key>: --<key>)"
+)
 
 
 def _print_trial(result) -> None:
@@ -483,6 +492,11 @@ def compact(sweep: SweepArg, store: SweepStoreOpt = None) -> None:
 
 export_app = typer.Typer(no_args_is_help=True, help="A sweep's rows to another tool.")
 app.add_typer(export_app, name="export")
+
+
+@export_app.callback()
+def _export_group(ctx: typer.Context) -> None:
+    _invoked["command"] = f"export {ctx.invoked_subcommand}"  # errors say `freezesweep export mlflow:`
 
 
 @export_app.command("mlflow")

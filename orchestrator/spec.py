@@ -36,6 +36,16 @@ class SpecError(ValueError):
         super().__init__(f"{source}: {len(problems)} problem(s):\n" + "\n".join(f"  - {p}" for p in problems))
 
 
+class SweepNotFound(SpecError, LookupError):
+    """A sweep name the store does not hold (``source``: the store): said in one sentence, with where it
+    was looked for and what is there. A LookupError to code that asks for a name (``except LookupError``),
+    a SpecError to the CLI and to code written before it (the name is the spec's)."""
+
+    def __init__(self, message: str, store: str):
+        super().__init__([message], store)
+        self.args = (message,)  # no "1 problem(s)" list: not a spec file's problems
+
+
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -51,7 +61,20 @@ def _not_a_boolean(value: Any) -> Any:
 # Every number of a spec: a boolean is refused; 200.0 and numpy's integers read as pydantic reads them.
 Int = Annotated[int, BeforeValidator(_not_a_boolean)]
 Float = Annotated[float, BeforeValidator(_not_a_boolean)]
-Depth = Annotated[int | Literal["all"], BeforeValidator(_not_a_boolean)]  # one message, not one per member
+
+
+def _a_depth(value: Any) -> Any:
+    """A frozen depth: an integer or ``all``; any other text is one problem, not one per member of the union."""
+    value = _not_a_boolean(value)
+    if isinstance(value, str) and value != "all":
+        try:
+            return int(value)
+        except ValueError:
+            raise ValueError("a depth is an integer (-1 embeddings only, 0 nothing, k layers) or all") from None
+    return value
+
+
+Depth = Annotated[int | Literal["all"], BeforeValidator(_a_depth)]
 
 
 # The protocol's defaults: TrialConfig's own, so a sweep cell and `freezesweep trial` share them.

@@ -14,7 +14,7 @@ from collections.abc import Iterable
 
 from freezesweep.orchestrator.checks import model_depths, select_metrics, stored_spec_mapping, validate
 from freezesweep.orchestrator.plan import ResolvedSweep, build_grid, gpu_request, iter_grid, settle_round
-from freezesweep.orchestrator.spec import SpecError, SweepSpec
+from freezesweep.orchestrator.spec import SpecError, SweepNotFound, SweepSpec
 from freezesweep.results.store import ResultStore
 from freezesweep.trials.config import TrialConfig
 from freezesweep.trials.data import resolve_data_dir
@@ -92,7 +92,7 @@ def load_sweep_spec(name: str, store_uri: str, semantic: bool = False) -> SweepS
     return spec
 
 
-def no_such_sweep(store: ResultStore) -> SpecError:
+def no_such_sweep(store: ResultStore) -> SweepNotFound:
     """A name the store does not hold: where it was looked for, what is there, and how to point the
     command at the store a spec named (``store:``; the default is only ./sweeps)."""
     found = store.other_sweeps()
@@ -105,12 +105,10 @@ def no_such_sweep(store: ResultStore) -> SpecError:
         if not found
         else f"which holds {', '.join(found[:10])}" + (f" and {len(found) - 10} more" if len(found) > 10 else "")
     )
-    return SpecError(
-        [
-            f"no sweep named {store.sweep!r} in store {where}, {held}; a sweep whose spec names another store "
-            "(its `store:`) is read there: --store ROOT (store=ROOT in Python), or give its spec file in place "
-            "of the name, which names both"
-        ],
+    return SweepNotFound(
+        f"no sweep named {store.sweep!r} in store {where}, {held}; a sweep whose spec names another store "
+        "(its `store:`) is read there: --store ROOT (store=ROOT in Python), or give its spec file in place "
+        "of the name, which names both",
         store.uri,
     )
 

@@ -133,8 +133,13 @@ def test_the_old_spelling_fs_results_is_the_subpackage_and_still_reads_rows_with
 
 
 def test_no_such_sweep_is_an_error_not_empty_rows(tmp_path):
-    with pytest.raises(fs.SpecError, match="no sweep named 'typo'"):
-        fs.results_frame("typo", store=str(tmp_path))
+    """A name the store does not hold is a LookupError, said in one sentence. Before: a SpecError whose
+    message read as a spec file's ("<store>: 1 problem(s): - no sweep named …"); it is still one."""
+    for read in (fs.results_frame, fs.status, fs.decide):
+        with pytest.raises(fs.SweepNotFound) as caught:
+            read("typo", store=str(tmp_path))
+        assert isinstance(caught.value, LookupError) and isinstance(caught.value, fs.SpecError)
+        assert str(caught.value).startswith("no sweep named 'typo' in store") and "problem(s)" not in str(caught.value)
 
 
 def test_a_bad_spec_names_every_problem(tmp_path):

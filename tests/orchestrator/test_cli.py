@@ -52,6 +52,40 @@ def test_one_trial_is_the_sweeps_cell_with_the_same_axes(write_spec, tiny_bert, 
     assert protocol == {k: v for k, v in cell.to_dict().items() if k not in ("data_dir", "num_threads")}
 
 
+def test_one_trial_takes_all_layers_and_a_sequence_length(tiny_bert, toy_dataset):
+    """Before: `--frozen-layers all` was refused ("not a valid integer") and there was no --max-seq-length,
+    though a spec takes both."""
+    args = ["trial", "--model", tiny_bert, "--dataset", toy_dataset, "--train-size", "24", "--epochs", "1"]
+    done = runner.invoke(app, [*args, "--frozen-layers", "all", "--max-seq-length", "16", "--json"])
+    assert done.exit_code == 0, done.output
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    assert result["config"]["frozen_layers"] == 2 and result["config"]["max_seq_length"] == 16  # tiny_bert: 2 layers
+
+
+def test_one_trial_names_every_problem_of_its_options_at_once(tmp_path):
+    """Before: the first problem only (a bad train size hid the missing model, which hid the dataset's)."""
+    done = runner.invoke(
+        app,
+        [
+            "trial",
+            "--model",
+            str(tmp_path / "no-model"),
+            "--dataset",
+            "glue/nope",
+            "--train-size",
+            "0",
+            "--frozen-layers",
+            "two",
+            "--epochs",
+            "-1",
+        ],
+    )
+    assert done.exit_code == 2 and "5 problem(s)" in done.stderr
+    for said in ("train sizes must be positive", "a depth is an integer", "training.epochs", "no-model", "'nope'"):
+        assert said in done.stderr
+    assert "--train-size" in done.stderr  # the option each spec key stands for
+
+
 @pytest.mark.parametrize("command", ["status", "summary", "query", "report", "resume"])
 def test_a_missing_sweep_is_named_by_the_command_that_was_run(command, tmp_path):
     args = [command, "nope", "--store", str(tmp_path)] + (["--out", str(tmp_path / "r")] if command == "report" else [])
@@ -292,6 +326,8 @@ def test_export_of_an_unknown_sweep_is_the_commands_own_error_not_mlflows(tmp_pa
     done = runner.invoke(app, ["export", "mlflow", "nope", "--store", str(tmp_path / "store")])
     assert done.exit_code == 2
     assert "no sweep named 'nope'" in done.output and "MLflow export" not in done.output
+    assert "freezesweep export mlflow: error:" in done.stderr  # the command run, not its group
+    assert "A sweep's rows to another tool" in runner.invoke(app, ["export", "--help"]).stdout
 
 
 # A stored sweep's commands, each as (its words, options it needs beside SWEEP).
@@ -321,7 +357,7 @@ def test_a_store_that_is_a_file_is_one_line_for_every_command(command, under, wr
     done = runner.invoke(app, [*words, target, *options, "--store", store])
     assert done.exit_code == 2, done.output
     assert done.exception is None or isinstance(done.exception, SystemExit)  # no traceback
-    assert f"freezesweep {words[0]}: error:" in done.stderr
+    assert f"freezesweep {' '.join(words)}: error:" in done.stderr
     assert f"{str(afile)!r}" in done.stderr and "a file, not a folder" in done.stderr
 
 
