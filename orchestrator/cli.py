@@ -99,9 +99,6 @@ def trial(
     """Run one trial locally, without Ray, and print its result: the cell a one-cell sweep of these
     options would run (its trial_id too), every problem of them named at once, before it starts."""
     api.quiet_libraries()
-    from freezesweep.orchestrator.checks import validate
-    from freezesweep.orchestrator.plan import build_grid
-    from freezesweep.orchestrator.sweeps import resolve_here
     from freezesweep.trials.run import failed_result, run_trial
 
     training = {
@@ -129,9 +126,8 @@ def trial(
         "data_dir": data_dir,
         "training": {k: v for k, v in training.items() if v is not None},
     }
-    try:  # a sweep's own checks, the store's aside (a trial writes nothing), and its own cell
-        spec = validate(one_cell, TRIAL_SOURCE, devices=False, stored=False)
-        [cfg] = build_grid(resolve_here(spec))
+    try:
+        cfg = trial_cell(one_cell)
     except (SpecError, ValueError) as exc:  # pydantic's ValidationError is a ValueError
         _fail(exc)
     try:
@@ -148,8 +144,26 @@ def trial(
 # The options' names in a one-cell spec, said beside its problems.
 TRIAL_SOURCE = (
     "the trial's options, as a one-cell sweep (train_sizes: --train-size, frozen_layers: --frozen-layers, "
-    "lora_ranks: --lora-rank, seeds: --seed, datasets: --dataset, training.<key>: --<key>)"
+    "methods: --method, lora_ranks: --lora-rank, seeds: --seed, datasets: --dataset, training.<key>: --<key>)"
 )
+
+
+def trial_cell(one_cell: dict[str, Any]):
+    """The cell a one-cell sweep spec runs, checked by a sweep's own checks (the store's aside: a trial
+    writes nothing), on this machine's GPU where it has one: its precision is resolved for it (``auto``)
+    and fp16 is allowed there, as the trial runs with no device set (trials/precision.py)."""
+    import dataclasses
+
+    import torch
+
+    from freezesweep.orchestrator.checks import validate
+    from freezesweep.orchestrator.plan import build_grid
+    from freezesweep.orchestrator.sweeps import resolve_here
+
+    gpus = 1.0 if torch.cuda.is_available() else 0.0
+    spec = validate({**one_cell, "resources": {"gpus_per_trial": gpus}}, TRIAL_SOURCE, devices=False, stored=False)
+    [cell] = build_grid(resolve_here(spec))
+    return dataclasses.replace(cell, gpus_per_trial=gpus)
 
 
 def _print_trial(result) -> None:

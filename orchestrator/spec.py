@@ -45,6 +45,9 @@ class SweepNotFound(SpecError, LookupError):
         super().__init__([message], store)
         self.args = (message,)  # no "1 problem(s)" list: not a spec file's problems
 
+    def __reduce__(self):  # pickled (a Ray task, a process pool) as it was made: args alone lack the store
+        return type(self), (self.args[0], self.source)
+
 
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)

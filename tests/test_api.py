@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import pickle
 import subprocess
 import sys
 import textwrap
@@ -140,6 +141,8 @@ def test_no_such_sweep_is_an_error_not_empty_rows(tmp_path):
             read("typo", store=str(tmp_path))
         assert isinstance(caught.value, LookupError) and isinstance(caught.value, fs.SpecError)
         assert str(caught.value).startswith("no sweep named 'typo' in store") and "problem(s)" not in str(caught.value)
+    again = pickle.loads(pickle.dumps(caught.value))  # across a process or Ray: the same error
+    assert (type(again), str(again), again.source) == (fs.SweepNotFound, str(caught.value), caught.value.source)
 
 
 def test_a_bad_spec_names_every_problem(tmp_path):

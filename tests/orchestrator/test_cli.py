@@ -48,8 +48,9 @@ def test_one_trial_is_the_sweeps_cell_with_the_same_axes(write_spec, tiny_bert, 
     )
     [cell] = build_grid(resolve_here(spec))
     assert result["status"] == "ok" and result["trial_id"] == cell.trial_id
-    protocol = {k: v for k, v in result["config"].items() if k not in ("data_dir", "num_threads")}
-    assert protocol == {k: v for k, v in cell.to_dict().items() if k not in ("data_dir", "num_threads")}
+    machine = ("data_dir", "num_threads", "gpus_per_trial")  # how it runs here, not what it is
+    protocol = {k: v for k, v in result["config"].items() if k not in machine}
+    assert protocol == {k: v for k, v in cell.to_dict().items() if k not in machine}
 
 
 def test_one_trial_takes_all_layers_and_a_sequence_length(tiny_bert, toy_dataset):
@@ -60,6 +61,22 @@ def test_one_trial_takes_all_layers_and_a_sequence_length(tiny_bert, toy_dataset
     assert done.exit_code == 0, done.output
     result = json.loads(done.stdout.strip().splitlines()[-1])
     assert result["config"]["frozen_layers"] == 2 and result["config"]["max_seq_length"] == 16  # tiny_bert: 2 layers
+
+
+def test_one_trial_on_a_gpu_machine_is_resolved_for_its_gpu(tiny_bert, toy_dataset, monkeypatch):
+    """The trial runs on the GPU where there is one (no device set): its `auto` precision is the GPU's, and
+    fp16 is allowed. A diff review caught the one-cell spec resolving both for the CPU (no GPU asked)."""
+    import torch
+
+    from freezesweep.orchestrator.cli import trial_cell
+    from freezesweep.trials import precision
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(precision, "auto_precision", lambda device: {"cuda": "fp16", "cpu": "fp32"}[device])
+    one = {"name": "trial", "model": tiny_bert, "datasets": [toy_dataset], "train_sizes": [24], "frozen_layers": [0]}
+    cell = trial_cell({**one, "seeds": [0]})
+    assert cell.gpus_per_trial == 1 and cell.precision == "fp16"
+    assert trial_cell({**one, "seeds": [0], "training": {"precision": "fp16"}}).precision == "fp16"
 
 
 def test_one_trial_names_every_problem_of_its_options_at_once(tmp_path):

@@ -435,6 +435,10 @@ def test_holm_holds_a_claim_to_its_least_bar_at_this_level_or_any_larger():
     assert shown == set() and held["a"] == pytest.approx(0.0005)  # not 0.00125: the bar at 0.005 is lower
     shown, held = holm({"a": 0.0004, "b": 0.2}, 0.005, 2, lambda claim, level: dips[level])
     assert shown == {"a"} and held == pytest.approx({"a": 0.0005, "b": 0.0005})
+    nan_below = holm({"a": 0.001, "b": 0.9}, 0.05, 2, lambda claim, level: math.nan if level < 0.05 else 1.0)
+    assert nan_below[0] == set()  # a bar that is not a number shows nothing, not the larger level's bar
+    with pytest.raises(ValueError, match="a family of 1 claims cannot hold 2"):
+        holm({"a": 0.001, "b": 0.9}, 0.05, 1)
 
 
 def test_learned_at_the_last_look_is_tested_at_the_spent_level_too():
