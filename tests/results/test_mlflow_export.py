@@ -191,7 +191,9 @@ def test_export_to_a_tracker_that_does_not_answer_is_one_line_before_any_row(uri
     done = runner.invoke(app, ["export", "mlflow", "away", "--store", str(tmp_path / "store"), "--tracking-uri", uri])
     assert done.exit_code == 2, done.output
     assert done.exception is None or isinstance(done.exception, SystemExit)
-    assert f"freezesweep export mlflow: error: nothing exported: no MLflow tracking server answers at {uri}" in done.stderr
+    assert (
+        f"freezesweep export mlflow: error: nothing exported: no MLflow tracking server answers at {uri}" in done.stderr
+    )
     assert "View run" not in done.stdout
 
 
