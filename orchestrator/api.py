@@ -145,7 +145,9 @@ class Plan:
     work: WorkEstimate | None  # the pending cells' trial time, priced by the store's measured rows
     priced_from: tuple[str, ...]  # the store's other sweeps whose rows priced kinds this one has not run
     trials_at_once: int  # this machine's cores per trial, or ``max_concurrent_trials``
-    note: str | None = None  # how ``precision: auto`` was planned where the trials' GPUs are not
+    note: str | None = (
+        None  # how ``precision: auto`` was planned where the trials' GPUs are not; a grid too small to advise
+    )
     size_words: str = ""  # the grid's axes, e.g. "1 models × 1 datasets × …"
     gpus_here: str | None = None  # this machine's GPUs and whether CUDA MPS is on (None: no GPU here)
 
@@ -161,8 +163,11 @@ def plan(spec: SpecSource, *, store: str | None = None) -> Plan:
     from freezesweep.results.store import final_of
     from freezesweep.trials.placement import mps_here
 
+    from freezesweep.orchestrator.checks import few_seeds_note
+
     spec = load_spec(spec, store=store, check_devices=False)  # the trials' machines are not here
-    sweep, note = resolve_for_plan(spec)
+    sweep, precision_note = resolve_for_plan(spec)
+    note = "; ".join(n for n in (precision_note, few_seeds_note(spec)) if n) or None
     cells = build_grid(sweep)
     result_store = ResultStore(spec.store, spec.name)
     rows = result_store.read_table(columns=["trial_id", "status", "wall_time_s"]).to_pandas()
@@ -337,7 +342,7 @@ def resume(name: str, *, store: str | None = None, address: str | None = None, p
 
 
 def _launch(raw: Any, source: str, progress: bool) -> LaunchSummary:
-    from freezesweep.orchestrator.checks import data_notes, validate
+    from freezesweep.orchestrator.checks import data_notes, few_seeds_note, validate
     from freezesweep.orchestrator.launch import launch as run_launch
     from freezesweep.orchestrator.ray_session import RaySession
 
@@ -345,8 +350,9 @@ def _launch(raw: Any, source: str, progress: bool) -> LaunchSummary:
     session = RaySession(raw.get("address") if isinstance(raw, dict) else None)
     with sigterm_as_interrupt() as terminated:
         spec = validate(raw, source, cluster=session)
-        for note in data_notes(spec):
-            print(f"note: {note}", file=sys.stderr)
+        for note in [*data_notes(spec), few_seeds_note(spec)]:
+            if note:
+                print(f"note: {note}", file=sys.stderr)
         if spec.cell_count() > LARGE_GRID:
             print(
                 f"a large grid: {spec.cell_count():,} cells ({spec.cell_count_words()}), run in rounds of "

@@ -13,6 +13,7 @@ them, so that commands reading a stored sweep (status, summary, report) start in
 
 from __future__ import annotations
 
+import os
 import re
 from collections.abc import Mapping
 from pathlib import Path
@@ -31,6 +32,7 @@ from freezesweep.orchestrator.spec import (
     read_yaml,
     spec_aliases,
 )
+from freezesweep.results.settle import MIN_PAIRS
 from freezesweep.results.stats import TOLERANCE
 from freezesweep.results.store import ResultStore, StoreError, check_store_root, open_filesystem
 from freezesweep.trials.data import GLUE_PAIR_TASKS, DatasetError, describe_task, official_metric, shape_words
@@ -322,6 +324,19 @@ def data_notes(spec: SweepSpec) -> list[str]:
     return notes
 
 
+def few_seeds_note(spec: SweepSpec) -> str | None:
+    """A fixed grid too small to advise: below MIN_PAIRS paired seeds no claim can be shown (a new user's
+    walk-through learned it from the report, after the run)."""
+    seeds = len(spec.seeds)
+    if spec.settle is not None or not 0 < seeds < MIN_PAIRS:
+        return None
+    return (
+        f"a fixed grid of {seeds} seed{'s' * (seeds > 1)} gives no freezing advice: a decision needs {MIN_PAIRS} "
+        f"paired seeds (seeds may be added later, while no group has {MIN_PAIRS}; or let settle mode choose them: "
+        "settle:)"
+    )
+
+
 # ``gpus_per_trial: auto`` measures one trial on a whole GPU (trials/memory_probe.py): it needs one.
 _AUTO = "resources.gpus_per_trial: auto measures a trial's memory on a GPU"
 
@@ -329,6 +344,11 @@ _AUTO = "resources.gpus_per_trial: auto measures a trial's memory on a GPU"
 def _gpu_share(gpus_per_trial: Any) -> float:
     """The GPUs a trial asks for (``auto`` measures on a whole one; a malformed value is pydantic's to report)."""
     return 1 if gpus_per_trial == "auto" else gpus_per_trial if isinstance(gpus_per_trial, (int, float)) else 0
+
+
+def _local_cpus() -> int:
+    """The CPUs this process may run on (its affinity where the OS says it), as the embedded Ray counts them."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
 def _precision_problems(precision: Any, gpus_per_trial: Any) -> list[str]:
@@ -340,13 +360,20 @@ def _precision_problems(precision: Any, gpus_per_trial: Any) -> list[str]:
 
 def _device_problems(gpus_per_trial: Any, cpus_per_trial: Any, cluster: ClusterView | None) -> list[str]:
     """Resources are checked where the trials will run: the cluster's nodes when there is one, else
-    this machine's CUDA."""
+    this machine's CPUs and CUDA (a trial asking for more CPUs than the embedded Ray has never starts:
+    the launch waited, silently, until interrupted)."""
     auto = gpus_per_trial == "auto"
     gpus = _gpu_share(gpus_per_trial)
     cpus = cpus_per_trial if isinstance(cpus_per_trial, (int, float)) else 1
     problems: list[str] = []
     if cluster is not None and cluster.address:
         return problems + cluster_problems(cluster, cpus, gpus, auto)
+    here = _local_cpus()
+    if cpus > here:
+        problems.append(
+            f"resources.cpus_per_trial: {cpus:g} CPUs per trial, but this machine has {here}: no trial could "
+            f"start on its embedded Ray (set at most {here}, or pass --address of a cluster whose nodes have them)"
+        )
     if gpus > 0:
         import torch  # deferred: see the module docstring
 
@@ -550,6 +577,8 @@ def decided_group(stored: dict[str, Any], store: ResultStore) -> tuple[str, int]
         if isinstance(settle, dict)
         else set(stored.get("seeds") or [])
     )
+    if not isinstance(settle, dict) and len(seeds) < MIN_PAIRS:
+        return None  # a fixed grid's one look at fewer paired seeds shows no claim (results/settle.py)
     decided = []
     for (model, dataset, size), group in rows.groupby(["model", "dataset", "train_size"]):
         by_depth = group.groupby(group["frozen_layers"].astype(int))["seed"].agg(lambda s: set(s.astype(int)))

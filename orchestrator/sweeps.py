@@ -10,6 +10,7 @@ One verb per meaning: ``resolve_*`` decides what depends on the machine, the dat
 
 from __future__ import annotations
 
+import difflib
 from collections.abc import Iterable
 
 from freezesweep.orchestrator.checks import model_depths, select_metrics, stored_spec_mapping, validate
@@ -105,6 +106,8 @@ def no_such_sweep(store: ResultStore) -> SweepNotFound:
         if not found
         else f"which holds {', '.join(found[:10])}" + (f" and {len(found) - 10} more" if len(found) > 10 else "")
     )
+    close = difflib.get_close_matches(store.sweep, found or [], n=1)
+    held += f" (did you mean {close[0]!r}?)" if close else ""
     return SweepNotFound(
         f"no sweep named {store.sweep!r} in store {where}, {held}; a sweep whose spec names another store "
         "(its `store:`) is read there: --store ROOT (store=ROOT in Python), or give its spec file in place "

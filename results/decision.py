@@ -378,8 +378,8 @@ def _add_seeds(record: dict, settle: bool, tolerance: float, what: str = "it") -
         return (
             "more seeds than 100 per arm would be needed at this spread, or the mean sits on the boundary"
             if settle
-            else "too few seeds trained to say how many would (a settle sweep under a new name and another "
-            "split_seed runs as many as the question needs)"
+            else "these seeds cannot say how many would, too few trained or their differences identical (a settle "
+            "sweep under a new name and another split_seed runs as many as the question needs)"
         )
     where = (
         f"settle.max_seeds {int(budget)}"

@@ -651,7 +651,10 @@ def _open_why(look: _Look, seeds: str = "seeds where both sides trained") -> str
     if len(look.diffs) < MIN_PAIRS:
         return f"fewer than {MIN_PAIRS} {seeds}"
     if not look.diffs.std(ddof=1) > COLLAPSE_ATOL:
-        return "identical differences: their spread is unknown"
+        return (
+            "identical differences: every seed gave the same one, so its spread is unknown (more seeds, or more "
+            "evaluation rows, max_eval_examples, would show one)"
+        )
     return "the bounds straddle the boundary"
 
 

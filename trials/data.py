@@ -488,6 +488,11 @@ def split_files(dataset: str, data_dir: str | Path | None = None) -> dict[str, P
     folder = Path(dataset).expanduser()
     if folder.is_dir():
         return {s: _find_split_file(folder, s) for s in SPLITS}
+    if folder.is_file():  # a new user's first try: the train file alone
+        raise DatasetError(
+            f"dataset {dataset!r}: is a file; a dataset is a folder holding train and validation files, or the "
+            f"pair of them as one string 'TRAIN_FILE,VALIDATION_FILE' ({', '.join(_EXTENSIONS)})"
+        )
     raise DatasetError(
         f"dataset {dataset!r}: no such folder here ({folder.absolute()}); a dataset is glue/<task> "
         f"({', '.join(sorted(GLUE_TASKS))}) or a folder holding train and validation files ({', '.join(_EXTENSIONS)})"

@@ -250,6 +250,19 @@ class FakeCluster:
         return self._nodes
 
 
+def test_more_cpus_per_trial_than_this_machine_has_is_refused_before_the_embedded_ray(write_spec, monkeypatch):
+    """Before: validation passed, and the launch waited on a trial Ray could never place, silently, until
+    interrupted (a new user's walk-through: cpus_per_trial 4 on a 2-core machine). A cluster is asked instead."""
+    from freezesweep.orchestrator import checks
+
+    monkeypatch.setattr(checks, "_local_cpus", lambda: 2)
+    load_spec(write_spec("fits", resources={"gpus_per_trial": 0, "cpus_per_trial": 2}))
+    with pytest.raises(SpecError, match="4 CPUs per trial, but this machine has 2: no trial could start"):
+        load_spec(write_spec("too-many", resources={"gpus_per_trial": 0, "cpus_per_trial": 4}))
+    cluster = FakeCluster([{"CPU": 16.0}])
+    load_spec(write_spec("on-cluster", resources={"gpus_per_trial": 0, "cpus_per_trial": 4}), cluster=cluster)
+
+
 def test_with_a_cluster_resources_are_checked_against_its_nodes(write_spec):
     """A CPU head node with GPU workers: a GPU share is fine when some node has a GPU; a request no
     single node can hold is refused, listing the nodes; a cluster that does not answer is one problem."""
@@ -585,29 +598,44 @@ def _stored_fixed_grid(write_spec, name: str, cells: list[tuple[int, int, int]],
 def test_seeds_added_to_a_fixed_grid_once_a_group_is_complete_are_refused(write_spec):
     """Before: a fixed grid grown by a seed after its decision was read was decided again at the same
     level, a second look (a 5-seed look then a 10-seed one: 3.9 % false "within" against 2.25 %)."""
-    raw = _stored_fixed_grid(write_spec, "fixed", [(24, 0, 0), (24, 2, 0), (48, 0, 0)])
-    (problem,) = _problems(write_spec("fixed", seeds=[0, 1]))
-    assert problem.startswith("seeds: [1] added, but sweep 'fixed' already has rows and its group ")
+    cells = [(24, k, seed) for k in (0, 2) for seed in range(3)] + [(48, 0, 0)]
+    raw = _stored_fixed_grid(write_spec, "fixed", cells, seeds=[0, 1, 2])
+    (problem,) = _problems(write_spec("fixed", seeds=[0, 1, 2, 3]))
+    assert problem.startswith("seeds: [3] added, but sweep 'fixed' already has rows and its group ")
     assert f"{raw['datasets'][0]}, n = 24 may have been decided" in problem and "second look" in problem
     assert "another split_seed" in problem  # a new name alone would rerun the rows already seen
     (many,) = _problems(write_spec("fixed", seeds=list(range(50))))
-    assert many.startswith("seeds: 49 (1, …, 49) added")  # not 49 numbers
+    assert many.startswith("seeds: 47 (3, …, 49) added")  # not 47 numbers
     settle = {"tolerance": 0.01, "initial_seeds": 3, "max_seeds": 5}
     (switched,) = _problems(write_spec("fixed", seeds=[], settle=settle))
     assert switched.startswith("settle: sweep 'fixed' already has rows as a fixed grid; as a settle sweep")
-    load_spec(write_spec("fixed", seeds=[0], train_sizes=[24, 48, 96]))  # other axes still grow
+    load_spec(write_spec("fixed", seeds=[0, 1, 2], train_sizes=[24, 48, 96]))  # other axes still grow
+
+
+def test_a_fixed_grid_of_fewer_seeds_than_a_decision_needs_grows_and_says_so(write_spec):
+    """A new user's walk-through: a grid of 2 seeds gave no advice, said so only in its report, and adding a
+    seed was refused as a second look. Below 3 paired seeds no claim can be shown, so its one look cost
+    nothing: seeds may be added, and `plan` says beforehand that it cannot advise."""
+    from freezesweep.orchestrator import api
+
+    _stored_fixed_grid(write_spec, "two", [(24, k, seed) for k in (0, 2) for seed in range(2)], seeds=[0, 1])
+    load_spec(write_spec("two", seeds=[0, 1, 2]))
+    assert "a fixed grid of 2 seeds gives no freezing advice" in api.plan(write_spec("two", seeds=[0, 1])).note
+    assert api.plan(write_spec("two", seeds=[0, 1, 2])).note is None
 
 
 def test_a_depth_added_first_does_not_open_the_way_to_more_seeds(write_spec):
     """The review's bypass: add a depth (the group then looks incomplete), then seeds. A depth below the
     deepest is itself refused once a group may have been decided (its sequence tested again with more
     claims); a deeper one extends the sequence and is accepted, and seeds stay refused after it."""
-    _stored_fixed_grid(write_spec, "deep", [(24, 0, 0), (24, 1, 0)], frozen_layers=[0, 1])
-    (inserted,) = _problems(write_spec("deep", frozen_layers=[-1, 0, 1]))  # k = -1 sits between 0 and 1
+    three = [0, 1, 2]
+    cells = [(24, k, seed) for k in (0, 1) for seed in three]
+    _stored_fixed_grid(write_spec, "deep", cells, frozen_layers=[0, 1], seeds=three)
+    (inserted,) = _problems(write_spec("deep", frozen_layers=[-1, 0, 1], seeds=three))  # k = -1: between 0 and 1
     assert inserted.startswith("frozen_layers: [-1] added below the deepest depth (1), but sweep 'deep'")
-    load_spec(write_spec("deep", frozen_layers=[0, 1, 2]))  # deeper: accepted
-    (problem,) = _problems(write_spec("deep", frozen_layers=[0, 1, 2], seeds=[0, 1]))
-    assert problem.startswith("seeds: [1] added")
+    load_spec(write_spec("deep", frozen_layers=[0, 1, 2], seeds=three))  # deeper: accepted
+    (problem,) = _problems(write_spec("deep", frozen_layers=[0, 1, 2], seeds=[*three, 3]))
+    assert problem.startswith("seeds: [3] added")
 
 
 def test_a_depth_inserted_into_a_settle_sweep_after_its_first_look_is_refused(write_spec):

@@ -391,7 +391,7 @@ def test_status_of_a_sweep_in_its_specs_store_says_where_it_looked_and_reads_the
     assert f"in store {str(tmp_path / 'sweeps')!r}" in looked.stderr and "which does not exist" in looked.stderr
     assert "--store ROOT" in looked.stderr and "spec file" in looked.stderr  # how to point it
     wrong = runner.invoke(app, ["status", "elsewher", "--store", spec.store])
-    assert "which holds elsewhere, other" in wrong.stderr  # what is there: a typo shows itself
+    assert "which holds elsewhere, other (did you mean 'elsewhere'?)" in wrong.stderr  # a typo shows itself
     for args in (["status", str(spec_path)], ["status", "elsewhere", "--store", spec.store]):
         found = runner.invoke(app, args)
         assert found.exit_code == 0, found.output

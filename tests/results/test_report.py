@@ -130,8 +130,9 @@ def test_decision_sentences_and_table(store_rows):
     )
     assert decisions.loc[20, "sentence"] == (
         "d, n = 20: not yet shown that full fine-tuning beats the constant baseline by more than 0.01 here (1 trained "
-        "seed: fewer than 3 trained seeds); no freezing advice — too few seeds trained to say how "
-        "many would (a settle sweep under a new name and another split_seed runs as many as the question needs)."
+        "seed: fewer than 3 trained seeds); no freezing advice — these seeds cannot say how many would, too few "
+        "trained or their differences identical (a settle sweep under a new name and another split_seed runs as many "
+        "as the question needs)."
     )
     assert decisions.loc[50, "sentence"] == (
         "d, n = 50: no full fine-tuning (k = 0) runs to compare with (none in the store), so no decision."

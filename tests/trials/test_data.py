@@ -55,6 +55,13 @@ def test_hub_is_tried_and_explained_only_without_a_data_dir(monkeypatch, tmp_pat
     assert calls == [("glue", "sst2")]
 
 
+def test_a_single_file_as_the_dataset_is_said_to_be_a_file(tmp_path):
+    """Before: "no such folder here (…/train.csv)" of a file that exists (a new user's walk-through)."""
+    folder = make_toy_dataset(tmp_path / "toy", n_train=30, n_val=20, fmt="csv")
+    with pytest.raises(DatasetError, match="is a file; a dataset is a folder .* 'TRAIN_FILE,VALIDATION_FILE'"):
+        load_task(str(folder / "train.csv"))
+
+
 @pytest.mark.parametrize("fmt", ["csv", "jsonl", "parquet"])
 def test_local_file_pair_with_custom_columns(tmp_path, fmt):
     folder = make_toy_dataset(tmp_path / fmt, n_train=30, n_val=20, fmt=fmt, text_column="review", label_column="y")
