@@ -195,7 +195,7 @@ def _write(path: str, payload: bytes) -> None:
 # --- sections -------------------------------------------------------------------------------------
 def _sections(report: Report, sweeps: list[SweepRows], tolerance: float, many: bool) -> list[Section]:
     return [
-        _decision_section(report, many),
+        _decision_section(report, {tolerance if s.tolerance is None else s.tolerance for s in sweeps}, many),
         Section(
             "Selected metric against frozen layers",
             [
@@ -241,12 +241,17 @@ DECISION_SHOWN = [
 ]  # the answer's evidence; the rest (the other bound, looks, …) is in report.decisions
 
 
-def _decision_section(report: Report, many: bool) -> Section:
+def _decision_section(report: Report, asked: set[float], many: bool) -> Section:
     """The answer first (a sentence per dataset and train size), its table, then how it was reached."""
+    (one,) = asked if len(asked) == 1 else (None,)
+    question = (
+        f"−{one:g}, the question the sweep asked before its rows"
+        if one is not None
+        else "each sweep's own question, asked before its rows: each sentence says it"
+    )
     how = (
         "How to read it: per dataset and train size, one answer: the largest k shown to be within the tolerance "
-        "(the question each sweep asked before its rows: its spec's tolerance, or its settle.tolerance; each "
-        "sentence says it) of full fine-tuning (k = 0) in the "
+        f"({question}) of full fine-tuning (k = 0) in the "
         "selected metric when it trains, with how many of its seeds collapsed to the constant predictor "
         "(Collapsed seeds) and an exact bound on how often that happens (Collapse rate at most), and what "
         "freezing it saves against k = 0. How it is decided (results/settle.py, the settle-mode page): first, "

@@ -61,6 +61,8 @@ def test_one_trial_takes_all_layers_and_a_sequence_length(tiny_bert, toy_dataset
     assert done.exit_code == 0, done.output
     result = json.loads(done.stdout.strip().splitlines()[-1])
     assert result["config"]["frozen_layers"] == 2 and result["config"]["max_seq_length"] == 16  # tiny_bert: 2 layers
+    too_deep = runner.invoke(app, [*args, "--frozen-layers", "3"])  # a diff review: accepted as the text "3"
+    assert too_deep.exit_code == 2 and "frozen_layers: [3] exceed the 2 encoder layers" in too_deep.stderr
 
 
 def test_one_trial_on_a_gpu_machine_is_resolved_for_its_gpu(tiny_bert, toy_dataset, monkeypatch):
@@ -316,7 +318,11 @@ def test_a_settle_sweeps_report_draws_and_says_its_own_tolerance(write_spec, tmp
     done = runner.invoke(app, ["report", "asked", "--store", spec.store, "--out", str(tmp_path / "out")])
     assert done.exit_code == 0, done.output
     markdown = (tmp_path / "out" / "report.md").read_text()
-    assert "the shaded band is ±0.05" in markdown and "(−0.05 " in markdown and "±0.01" not in markdown
+    assert (
+        "the shaded band is ±0.05" in markdown
+        and "(−0.05, the question the sweep asked" in markdown
+        and "±0.01" not in markdown
+    )
 
 
 def test_report_of_an_open_settle_sweep_names_the_budget_that_would_decide_it_and_its_price(write_spec, tmp_path):
