@@ -145,9 +145,7 @@ class Plan:
     work: WorkEstimate | None  # the pending cells' trial time, priced by the store's measured rows
     priced_from: tuple[str, ...]  # the store's other sweeps whose rows priced kinds this one has not run
     trials_at_once: int  # this machine's cores per trial, or ``max_concurrent_trials``
-    note: str | None = (
-        None  # how ``precision: auto`` was planned where the trials' GPUs are not; a grid too small to advise
-    )
+    note: str | None = None  # how ``precision: auto`` was planned off its GPUs; a grid too small to advise
     size_words: str = ""  # the grid's axes, e.g. "1 models × 1 datasets × …"
     gpus_here: str | None = None  # this machine's GPUs and whether CUDA MPS is on (None: no GPU here)
 

@@ -13,6 +13,7 @@ them, so that commands reading a stored sweep (status, summary, report) start in
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 from collections.abc import Mapping
@@ -138,7 +139,17 @@ def model_depths(spec: SweepSpec) -> dict[str, int]:
 
 
 def _ints(value: Any) -> list[int]:
-    return [v for v in value if isinstance(v, int) and not isinstance(v, bool)] if isinstance(value, list) else []
+    """A list's integers as pydantic reads them (lax: the text "9" is 9, so it meets the same checks)."""
+    if not isinstance(value, list):
+        return []
+    out = []
+    for v in value:
+        if isinstance(v, str):
+            with contextlib.suppress(ValueError):
+                out.append(int(v))
+        elif isinstance(v, int) and not isinstance(v, bool):
+            out.append(v)
+    return out
 
 
 def _strs(value: Any) -> list[str]:

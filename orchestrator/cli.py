@@ -119,7 +119,7 @@ def trial(
         "datasets": [dataset],
         "train_sizes": [train_size],
         "methods": [method],
-        "frozen_layers": [] if frozen_layers is None else [_depth_option(frozen_layers)],
+        "frozen_layers": [] if frozen_layers is None else [frozen_layers],
         "lora_ranks": [] if lora_rank is None else [lora_rank],
         "seeds": [seed],
         "split_seed": split_seed,
@@ -139,15 +139,6 @@ def trial(
     else:
         _print_trial(result)
     raise typer.Exit(0 if result.status == "ok" else 1)
-
-
-def _depth_option(value: str) -> int | str:
-    """``--frozen-layers`` as a spec has it: a number as a number (the depth checks read numbers: 9 on a
-    6-layer model was accepted as the text "9"), else the text (``all``, or what the spec's checks refuse)."""
-    try:
-        return int(value)
-    except ValueError:
-        return value
 
 
 # The options' names in a one-cell spec, said beside its problems.
