@@ -376,7 +376,10 @@ def quiet_libraries() -> None:
 def located(name: str, store: str | None = None) -> tuple[str, str]:
     """A stored sweep's name and store root: as given (default ./sweeps), or read from its spec file where
     ``name`` is one (``configs/demo.yaml``: its ``name:`` and ``store:``; ``store`` given still wins)."""
-    if not (name.endswith((".yaml", ".yml")) and os.path.isfile(name)):
+    spec_file = name.endswith((".yaml", ".yml"))
+    if spec_file and "/" in name.replace(os.sep, "/") and not os.path.isfile(name):  # no sweep name has a /
+        raise SpecError([f"no such spec file (looked for from {os.getcwd()})"], name)
+    if not (spec_file and os.path.isfile(name)):
         return name, store or DEFAULT_STORE
     raw = read_yaml(name)
     if not isinstance(raw, dict) or not isinstance(raw.get("name"), str):
@@ -676,8 +679,30 @@ def report(
     from freezesweep.results.report import write_report
 
     names = [names] if isinstance(names, str) else list(names)
+    _all_stored(names, store)
     sweeps = [_sweep_rows(n, store, tolerance) for n in names]
     return write_report(sweeps, str(out), _tolerance(tolerance, sweeps))
+
+
+def _all_stored(names: Sequence[str], store: str | None) -> None:
+    """Every sweep asked of a report is there, or one SweepNotFound names each that is not (per store)."""
+    from freezesweep.orchestrator.sweeps import no_such_sweep
+
+    missing: dict[str, list[str]] = {}
+    unread: list[str] = []  # spec files that are not there, or name no sweep
+    for name in names:
+        try:
+            sweep, uri = located(name, store)
+        except SpecError as exc:
+            unread += [f"{exc.source}: {problem}" for problem in exc.problems]
+            continue
+        if not ResultStore(uri, sweep).exists():
+            missing.setdefault(uri, []).append(sweep)
+    errors = [no_such_sweep(ResultStore(uri, sweeps[0]), also=sweeps[1:]) for uri, sweeps in missing.items()]
+    if len(errors) == 1 and not unread:
+        raise errors[0]
+    if errors or unread:
+        raise SpecError([*unread, *(e.args[0] for e in errors)], ", ".join(names))
 
 
 def budget_prices(decisions: pd.DataFrame, names: str | Sequence[str], store: str | None = None) -> list[str]:

@@ -261,6 +261,20 @@ def lora_problems(model: str, targets: list[str] | None) -> list[str]:
     return []
 
 
+def _one_for_all(problem: str, training: dict, datasets: list[str], lacking: str) -> str:
+    """A missing column that one spec value named for every dataset (a walk-through: `text_column: text`
+    for a local file beside a GLUE task): how to name it for only some."""
+    for key in COLUMN_KEYS:
+        column = training.get(key)
+        others = [d for d in dict.fromkeys(datasets) if d != lacking]
+        if isinstance(column, str) and others and f"(training.{key} in a spec" in problem:
+            return (
+                f"; one training.{key} names every dataset's column: give {{dataset: column}} to name it for "
+                f"some only (e.g. {key}: {{{others[0]}: {column}}})"
+            )
+    return ""
+
+
 def _data_problems(datasets: list[str], sizes: list[int], data_dir: str | None, training: dict) -> list[str]:
     """Per dataset: it loads, its columns exist, its labels fit its shape, the train sizes fit its
     train split, and the metric chosen to select the best evaluation is one the task has."""
@@ -272,7 +286,11 @@ def _data_problems(datasets: list[str], sizes: list[int], data_dir: str | None, 
         except (DatasetError, OSError) as exc:
             each = getattr(exc, "problems", None) or [str(exc).splitlines()[0]]
             named = (f"{dataset}: ", f"dataset {dataset!r}: ")  # the dataset said once
-            problems += [f"datasets: {dataset}: {p.removeprefix(named[0]).removeprefix(named[1])}" for p in each]
+            each = [
+                p.removeprefix(named[0]).removeprefix(named[1]) + _one_for_all(p, training, datasets, dataset)
+                for p in each
+            ]
+            problems += [f"datasets: {dataset}: {p}" for p in each]
             # the files were read: the train sizes are said beside their problems, not after their fix
             problems += _size_problems(dataset, sizes, (getattr(exc, "rows", None) or {}).get("train"))
             problems += _class_problems(dataset, sizes, getattr(exc, "classes", None) or {})

@@ -2,9 +2,9 @@
 job's log, CI, a notebook) plain lines, which a log shows as they come.
 
 Without a terminal rich's live bar draws only when it stops: a launch whose output went to a file said
-nothing for as long as the sweep ran. Lines instead: one per finished trial (its cell, status, metric
-and time) and a summary (done/total, failed, rate, ETA) at least every ``summary_every_s`` seconds,
-from a timer of its own, so a log shows the sweep alive while long trials run.
+nothing for as long as the sweep ran. Lines instead: one when the trials start, one per finished trial
+(its cell, status, metric and time) and a summary (done/total, failed, rate, ETA) at least every
+``summary_every_s`` seconds, from a timer of its own, so a log shows the sweep alive while long trials run.
 
 On a terminal the bar puts what matters first (done/total, then ETA), the last cell at the end, cut
 where the terminal is narrow.
@@ -118,7 +118,11 @@ class SweepProgress:
             self.tick()
 
     def __enter__(self) -> "SweepProgress":
-        if self.mode == "lines":
+        if self.mode == "lines":  # a log says the trials started, before the first of them ends (a walk-through)
+            self._write(
+                f"started: {self.done}/{self.total} done, {self.total - self.done} to run; a line as each trial "
+                f"ends, a progress line at least every {_duration(self.summary_every_s)}"
+            )
             self._stop.clear()
             self._timer = threading.Thread(target=self._run_timer, name="freezesweep-progress", daemon=True)
             self._timer.start()

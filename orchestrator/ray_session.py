@@ -10,13 +10,14 @@ earlier session (a test, or a resume in the same process) is reused when it is t
 from __future__ import annotations
 
 import errno
+import json
 import contextlib
 import logging
 import os
 import signal
 import socket
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -43,6 +44,23 @@ _DRIVER_PATH_ENV = frozenset(
         "TRANSFORMERS_CACHE",
     }
 )
+# A driver started by `ray job submit` finds its job's config here; ray.init refuses to repeat any of
+# the job's env_vars (ray/_private/worker.py: "Failed to merge the Job's runtime env").
+_JOB_CONFIG_ENV = "RAY_JOB_CONFIG_JSON_ENV_VAR"
+
+
+def forwarded_env(environ: Mapping[str, str]) -> dict[str, str]:
+    """The driver's environment its trials need, less the driver's folders and what a Ray job that
+    started this driver already gives every worker (``ray job submit --runtime-env-json``)."""
+    job = json.loads(environ.get(_JOB_CONFIG_ENV) or "{}")
+    given = (job.get("runtime_env") or {}).get("env_vars") or {}
+    return {
+        k: v
+        for k, v in environ.items()
+        if k.startswith(_FORWARDED_ENV_PREFIXES) and k not in _DRIVER_PATH_ENV and k not in given
+    }
+
+
 CONNECT_TIMEOUT_S = 30  # an address where nothing answers is an error within this, naming it
 PREFLIGHT_TIMEOUT_S = 120  # a node's first task starts a worker process and imports freezesweep
 PROBE_TIMEOUT_S = 300  # a probe waits for a node with the trial's resources (an autoscaler may add one)
@@ -80,9 +98,7 @@ class RaySession:
             return
         if self.address:
             check_reachable(self.address)
-        env = {
-            k: v for k, v in os.environ.items() if k.startswith(_FORWARDED_ENV_PREFIXES) and k not in _DRIVER_PATH_ENV
-        }
+        env = forwarded_env(os.environ)
         on_term = signal.getsignal(signal.SIGTERM)
         try:
             ray.init(

@@ -11,7 +11,7 @@ One verb per meaning: ``resolve_*`` decides what depends on the machine, the dat
 from __future__ import annotations
 
 import difflib
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 
 from freezesweep.orchestrator.checks import model_depths, select_metrics, stored_spec_mapping, validate
 from freezesweep.orchestrator.plan import ResolvedSweep, build_grid, gpu_request, iter_grid, settle_round
@@ -93,9 +93,10 @@ def load_sweep_spec(name: str, store_uri: str, semantic: bool = False) -> SweepS
     return spec
 
 
-def no_such_sweep(store: ResultStore) -> SweepNotFound:
-    """A name the store does not hold: where it was looked for, what is there, and how to point the
-    command at the store a spec named (``store:``; the default is only ./sweeps)."""
+def no_such_sweep(store: ResultStore, also: Sequence[str] = ()) -> SweepNotFound:
+    """A name the store does not hold (and ``also``: more names asked of it together, that it lacks too):
+    where it was looked for, what is there, and how to point the command at the store a spec named
+    (``store:``; the default is only ./sweeps)."""
     found = store.other_sweeps()
     local = "://" not in store.uri and store.uri != store.root_path()
     where = f"{store.uri!r} ({store.root_path()})" if local else repr(store.uri)
@@ -106,12 +107,20 @@ def no_such_sweep(store: ResultStore) -> SweepNotFound:
         if not found
         else f"which holds {', '.join(found[:10])}" + (f" and {len(found) - 10} more" if len(found) > 10 else "")
     )
-    close = difflib.get_close_matches(store.sweep, found or [], n=1)
-    held += f" (did you mean {close[0]!r}?)" if close else ""
+    names = [store.sweep, *also]
+    close = [f"{c[0]!r}" for c in (difflib.get_close_matches(n, found or [], n=1) for n in names) if c]
+    held += f" (did you mean {' or '.join(dict.fromkeys(close))}?)" if close else ""
+    # A relative store is the current folder's, as it was the launch's (a spec file's `store:` too).
+    elsewhere = (
+        "a relative store is read from the current folder, as the launch that wrote it read it: run this where "
+        "the sweep was launched, or give --store ROOT (store=ROOT in Python); "
+        if local
+        else ""
+    )
     return SweepNotFound(
-        f"no sweep named {store.sweep!r} in store {where}, {held}; a sweep whose spec names another store "
-        "(its `store:`) is read there: --store ROOT (store=ROOT in Python), or give its spec file in place "
-        "of the name, which names both",
+        f"no sweep named {' or '.join(map(repr, names))} in store {where}, {held}; {elsewhere}a sweep whose "
+        f"spec names another store (its `store:`) is read there: --store ROOT{'' if local else ' (store=ROOT in Python)'}, "
+        "or give its spec file in place of the name, which names both",
         store.uri,
     )
 

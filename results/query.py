@@ -176,6 +176,9 @@ def summary(df: pd.DataFrame, keys: list[str] = SUMMARY_KEYS, metric: str | None
     if ok.empty:
         return pd.DataFrame(columns=_shown_keys(ok, keys) + ["metric"] + SUMMARY_STATS + ["baseline"])
     score, baseline = (SCORE, BASELINE) if metric is None else (f"best_val_{metric}", f"baseline_{metric}")
+    if metric is not None and not _recorded(ok, score):  # a regression metric of a classifier, say
+        recorded = [m for m in METRICS if _recorded(ok, f"best_val_{m}")]
+        raise ValueError(f"metric {metric!r} is not recorded in these rows (they record {', '.join(recorded)})")
     ok = ok.assign(metric=ok["select_metric"] if metric is None else metric)
     grouped = ok.groupby(keys, dropna=False)  # a method's missing axis is a key value too
     table = grouped[score].agg(["count", "mean", "median", "std", "min", "max"]).rename(columns={"count": "n"})
@@ -183,6 +186,10 @@ def summary(df: pd.DataFrame, keys: list[str] = SUMMARY_KEYS, metric: str | None
     table["baseline"] = grouped[baseline].first()
     table = table.reset_index().sort_values(keys, ignore_index=True, na_position="first")
     return table.drop(columns=[k for k in keys if k not in _shown_keys(ok, keys)])
+
+
+def _recorded(rows: pd.DataFrame, column: str) -> bool:
+    return column in rows and bool(rows[column].notna().any())
 
 
 _SHOWN_WHEN = {

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import pickle
 import subprocess
 import sys
@@ -143,6 +144,19 @@ def test_no_such_sweep_is_an_error_not_empty_rows(tmp_path):
         assert str(caught.value).startswith("no sweep named 'typo' in store") and "problem(s)" not in str(caught.value)
     again = pickle.loads(pickle.dumps(caught.value))  # across a process or Ray: the same error
     assert (type(again), str(again), again.source) == (fs.SweepNotFound, str(caught.value), caught.value.source)
+
+
+def test_a_report_names_every_sweep_it_cannot_find(tmp_path):
+    """Not only the first: one error, before any sweep's rows are read, each store's names together."""
+    other = tmp_path / "other"
+    other.mkdir()
+    with pytest.raises(fs.SweepNotFound) as caught:
+        fs.report(["nope1", "nope2"], tmp_path / "out", store=str(tmp_path))
+    assert str(caught.value).startswith("no sweep named 'nope1' or 'nope2' in store")
+    with pytest.raises(fs.SpecError) as caught:  # a path is not a sweep's name: a spec file that is not there
+        fs.report(["nope1", f"{other}/spec.yaml", "nope2"], tmp_path / "out", store=str(tmp_path))
+    assert caught.value.problems[0] == f"{other}/spec.yaml: no such spec file (looked for from {os.getcwd()})"
+    assert caught.value.problems[1].startswith("no sweep named 'nope1' or 'nope2' in store")
 
 
 def test_a_bad_spec_names_every_problem(tmp_path):

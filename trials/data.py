@@ -293,7 +293,8 @@ def _rows_words(where: str, positions: np.ndarray) -> str:
     lines = where.endswith((".csv", ".tsv"))
     shown = ", ".join(str(int(p) + 2 if lines else int(p)) for p in positions[:SHOWN_ROWS])
     more = f", … ({len(positions)} in all)" if len(positions) > SHOWN_ROWS else ""
-    return f"{'lines' if lines else 'rows (0-based)'} {shown}{more}"
+    unit = ("line" if lines else "row (0-based)") if len(positions) == 1 else ("lines" if lines else "rows (0-based)")
+    return f"{unit} {shown}{more}"
 
 
 def _blank(series: pd.Series) -> np.ndarray:
@@ -376,22 +377,38 @@ def _label_problems(labels: dict[str, pd.Series], column: str, where: dict[str, 
             f"{where['train']}: column {column!r} has {len(train)} class(es) ({sorted(train, key=str)}): "
             "a classifier needs at least two"
         )
-    return problems + _spelling_problems(labels, column)
+    return problems + _spelling_problems(labels, column, where)
 
 
-def _spelling_problems(labels: dict[str, pd.Series], column: str) -> list[str]:
+def _spelling_problems(labels: dict[str, pd.Series], column: str, where: dict[str, str]) -> list[str]:
     """String labels that differ only in case or whitespace (``pos``, ``pos `` and ``Pos``): each
-    would be a class of its own, silently."""
+    would be a class of its own, silently. Each spelling but the commonest says where it is."""
     counts = pd.concat(list(labels.values())).dropna().value_counts()
     spellings: dict[str, list[str]] = {}
     for value in sorted(v for v in counts.index if isinstance(v, str)):
         spellings.setdefault(" ".join(value.split()).casefold(), []).append(value)
-    clashes = [names for names in spellings.values() if len(names) > 1]
-    return [
-        f"label column {column!r}: {', '.join(f'{n!r} ({counts[n]} rows)' for n in names)} differ only in case "
-        "or whitespace, so each would be a class of its own; spell each label one way in the files"
-        for names in clashes
+    problems = []
+    for names in (names for names in spellings.values() if len(names) > 1):
+        commonest = max(names, key=lambda n: counts[n])
+        said = [f"{n!r} ({_rows_count(counts[n])}{'' if n == commonest else _found(labels, n, where)})" for n in names]
+        problems.append(
+            f"label column {column!r}: {', '.join(said)} differ only in case or whitespace, so each would be a "
+            "class of its own; spell each label one way in the files"
+        )
+    return problems
+
+
+def _rows_count(n: int) -> str:
+    return f"{n} row" if n == 1 else f"{n} rows"
+
+
+def _found(labels: dict[str, pd.Series], value: str, where: dict[str, str]) -> str:
+    """Where ``value`` is: each file holding it, with its first rows."""
+    places = [
+        (split, np.flatnonzero((series == value).to_numpy(dtype=bool, na_value=False)))
+        for split, series in labels.items()
     ]
+    return ": " + "; ".join(f"{where[split]} {_rows_words(where[split], at)}" for split, at in places if len(at))
 
 
 def _column_problems(split_columns: dict[str, list[str]], columns: Columns) -> list[str]:

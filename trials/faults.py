@@ -5,7 +5,10 @@
   kernel's OOM killer would), ``oom`` (raise ``torch.cuda.OutOfMemoryError``, also on CPU),
   ``oom<S`` (the same, only while the trial's GPU share is below S: a trial that fits once it has
   S of a GPU; the share is the cell's ``gpus_per_trial``, what its scheduler gave it), or ``hang``
-  (block until the process is killed: a long trial caught mid-run, whose node a test then stops);
+  (block until the process is killed: a long trial caught mid-run, whose node a test then stops),
+  or ``meetK`` (wait until K trials have reached this evaluation, at most MEET_TIMEOUT_S: trials
+  that must run at the same time, as a test of placement needs; it needs ``FREEZESWEEP_FAULT_DIR``,
+  a folder every trial sees);
 - N: fire after the N-th evaluation;
 - MATCH: ``key=value,...`` over TrialConfig fields, or a trial_id prefix; all trials when absent;
 - TIMES: fire at most this many times per trial (needs ``FREEZESWEEP_FAULT_DIR``, where the count
@@ -17,7 +20,9 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 import threading
+import time
 from pathlib import Path
 
 import torch
@@ -26,6 +31,8 @@ from freezesweep.trials.config import TrialConfig
 
 FAULT_ENV = "FREEZESWEEP_FAULT"
 FAULT_DIR_ENV = "FREEZESWEEP_FAULT_DIR"
+MEET_TIMEOUT_S = 300.0  # bounded: trials that can never all run at once go on (the test then says where they ran)
+_KINDS = re.compile(r"crash|exit|oom|hang|meet[1-9][0-9]*")
 
 
 def maybe_inject(cfg: TrialConfig, evals_done: int) -> None:
@@ -45,9 +52,10 @@ def _parse(rule: str) -> tuple[str, float, int, str, int | None]:
     kind, _, after = head.partition("@")
     kind, bounded, below = kind.partition("<")
     bad_bound = bounded and (kind != "oom" or not _is_share(below))
-    if kind not in ("crash", "exit", "oom", "hang") or not after.isdigit() or bad_bound:
+    if not _KINDS.fullmatch(kind) or not after.isdigit() or bad_bound:
         raise ValueError(
-            f"bad {FAULT_ENV} rule {rule!r}: expected KIND@N[:MATCH][*TIMES], KIND crash, exit, oom, oom<SHARE or hang"
+            f"bad {FAULT_ENV} rule {rule!r}: expected KIND@N[:MATCH][*TIMES], "
+            "KIND crash, exit, oom, oom<SHARE, hang or meetK"
         )
     return kind, float(below) if bounded else float("inf"), int(after), match, int(times) if times else None
 
@@ -89,4 +97,16 @@ def _fire(kind: str, cfg: TrialConfig) -> None:
         raise torch.cuda.OutOfMemoryError(f"CUDA out of memory ({message})")
     if kind == "hang":
         threading.Event().wait()  # nothing sets it: only the end of the process ends the trial
+    if kind.startswith("meet"):
+        return _meet(cfg, int(kind.removeprefix("meet")))
     os._exit(17)
+
+
+def _meet(cfg: TrialConfig, count: int) -> None:
+    """Each trial leaves a mark, then waits for ``count`` marks (its own included)."""
+    folder = Path(os.environ[FAULT_DIR_ENV]) / "meet"
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / cfg.trial_id).touch()
+    deadline = time.monotonic() + MEET_TIMEOUT_S
+    while len(list(folder.iterdir())) < count and time.monotonic() < deadline:
+        time.sleep(0.05)

@@ -239,15 +239,32 @@ def _rows(spec_path: Path) -> pd.DataFrame:
 
 
 @pytest.mark.cluster
-def test_sweep_submitted_as_a_ray_job_spreads_over_nodes(cluster, write_spec):
+def test_sweep_submitted_as_a_ray_job_spreads_over_nodes(cluster, write_spec, tmp_path):
     """`ray job submit` (token authentication, through the head's dashboard) runs the driver on the
-    head; half a fake GPU per trial packs two trials on each GPU node, and the rows name both."""
+    head; half a fake GPU per trial packs two trials on each GPU node, and the rows name both.
+
+    Three trials meet at their first evaluation (a fault rule, forwarded by the driver): three at
+    once need both nodes. (Without it, 4 quick cells once all ran on one node, two after two.)"""
     # single trials: on GPU nodes the 4 cells would otherwise pool into one trial array, one Ray trial
     path = write_spec(
         "jobbed", resources={"gpus_per_trial": 0.5, "cpus_per_trial": 0.5}, training={"trial_array": False}
     )
+    meet = {"env_vars": {"FREEZESWEEP_FAULT": "meet3@1", "FREEZESWEEP_FAULT_DIR": str(tmp_path / "faults")}}
+    address = f"http://127.0.0.1:{cluster.dashboard}"
     done = subprocess.run(
-        ["ray", "job", "submit", "--address", f"http://127.0.0.1:{cluster.dashboard}", "--", *CLI, "launch", str(path)],
+        [
+            "ray",
+            "job",
+            "submit",
+            "--address",
+            address,
+            "--runtime-env-json",
+            json.dumps(meet),
+            "--",
+            *CLI,
+            "launch",
+            str(path),
+        ],
         env=cluster.env,
         capture_output=True,
         text=True,

@@ -532,7 +532,10 @@ def test_every_problem_of_a_dirty_file_and_the_sizes_it_refuses_are_named_at_onc
     assert sum("empty or missing text" in p for p in problems) == 1
     assert sum("missing or non-finite label" in p for p in problems) == 1
     assert sum("['neutral'] that the train split never has" in p for p in problems) == 1
-    assert sum("'Pos' (1 rows), 'pos' (21 rows) differ only in case" in p for p in problems) == 1
+    assert (
+        sum(f"'Pos' (1 row: {folder}/train.csv line 42), 'pos' (21 rows) differ only in case" in p for p in problems)
+        == 1
+    )
     assert sum(p.startswith("train_sizes: [1] below the 3 classes") for p in problems) == 1
 
 
@@ -703,6 +706,15 @@ def test_columns_can_be_named_per_dataset(write_spec, toy_dataset, tmp_path):
     )
     (first, *_) = build_grid(resolve_here(one))
     assert (first.text_column, first.label_column) == ("review", "sentiment")  # one name for every dataset, as before
+    columns_label = {"label_column": {str(renamed): "sentiment"}}
+    lone = _problems(
+        write_spec("lone", datasets=[toy_dataset, str(renamed)], training={"text_column": "review", **columns_label})
+    )
+    assert len(lone) == 1 and lone[0].startswith(f"datasets: {toy_dataset}: no column 'review'")
+    assert lone[0].endswith(
+        "; one training.text_column names every dataset's column: give {dataset: column} to name it for some only "
+        f"(e.g. text_column: {{{renamed}: review}})"
+    )  # a walk-through: one name for a file of their own beside another said only "no column"
     strays = _problems(write_spec("stray", datasets=[toy_dataset], training={"text_column": {"elsewhere": "x"}}))
     assert strays == ["training.text_column: elsewhere not among the datasets"]
     # a stored sweep reading one name for its dataset grows by a dataset named in a mapping: no cell of it

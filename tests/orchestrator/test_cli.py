@@ -458,3 +458,16 @@ def test_an_interrupt_before_the_trials_says_what_goes_on(write_spec, monkeypatc
     assert f"`freezesweep launch {path} --store {tmp_path / 'other'}` starts it" in elsewhere.stderr
     again = runner.invoke(app, ["resume", "stopped", "--store", raw["store"]])
     assert again.exit_code == 130 and f"`freezesweep resume stopped --store {raw['store']}` continues" in again.stderr
+
+
+def test_a_relative_store_read_from_another_folder_says_it_is_the_current_folders(write_spec, tmp_path, monkeypatch):
+    """A walk-through: `status path/to/spec.yaml` from another folder looked in that folder's ./sweeps and
+    said only to give the spec file, which it had been given."""
+    spec_path = write_spec("moved", store="./sweeps")
+    (tmp_path / "elsewhere").mkdir()
+    monkeypatch.chdir(tmp_path / "elsewhere")
+    looked = runner.invoke(app, ["status", str(spec_path)])
+    assert looked.exit_code == 2
+    assert f"in store './sweeps' ({tmp_path / 'elsewhere' / 'sweeps'})" in looked.stderr
+    assert "a relative store is read from the current folder" in looked.stderr
+    assert "run this where the sweep was launched" in looked.stderr

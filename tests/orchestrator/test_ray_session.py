@@ -6,7 +6,13 @@ import sys
 
 import pytest
 
-from freezesweep.orchestrator.ray_session import RaySession, RayUnreachable, check_reachable, cluster_address
+from freezesweep.orchestrator.ray_session import (
+    RaySession,
+    RayUnreachable,
+    check_reachable,
+    cluster_address,
+    forwarded_env,
+)
 from tests.conftest import free_port
 
 
@@ -89,3 +95,22 @@ def test_an_interrupt_while_ray_starts_takes_what_it_started_down(monkeypatch):
     with pytest.raises(KeyboardInterrupt):
         RaySession().connect()
     assert shut == [True]
+
+
+def test_a_ray_jobs_own_env_vars_are_not_forwarded_again():
+    """Under `ray job submit --runtime-env-json`, ray.init refuses a key the job's runtime env already
+    sets (the launch failed as "cannot reach the Ray cluster"); those reach every worker anyway."""
+    import json
+
+    job = {"runtime_env": {"env_vars": {"FREEZESWEEP_FAULT": "crash@1"}}}
+    environ = {
+        "FREEZESWEEP_FAULT": "crash@1",
+        "FREEZESWEEP_FAULT_DIR": "faults",
+        "HF_HUB_OFFLINE": "1",
+        "FREEZESWEEP_CACHE_DIR": "cache",  # the driver's own folder
+        "PATH": "/bin",
+        "RAY_JOB_CONFIG_JSON_ENV_VAR": json.dumps(job),
+    }
+    assert forwarded_env(environ) == {"FREEZESWEEP_FAULT_DIR": "faults", "HF_HUB_OFFLINE": "1"}
+    del environ["RAY_JOB_CONFIG_JSON_ENV_VAR"]
+    assert forwarded_env(environ)["FREEZESWEEP_FAULT"] == "crash@1"

@@ -82,8 +82,33 @@ def test_hang_is_a_fault_kind(tiny_trial, monkeypatch):
     monkeypatch.setenv(faults.FAULT_ENV, "hang@2:seed=0*1")
     faults.maybe_inject(tiny_trial, evals_done=1)
     monkeypatch.setenv(faults.FAULT_ENV, "stall@2")
-    with pytest.raises(ValueError, match="oom<SHARE or hang"):
+    with pytest.raises(ValueError, match="oom<SHARE, hang or meetK"):
         faults.maybe_inject(tiny_trial, evals_done=1)
+
+
+def test_meet_fault_holds_each_trial_until_enough_have_come(tiny_trial, monkeypatch, tmp_path):
+    """`meetK` is a barrier across processes (marks in a shared folder), bounded in time."""
+    import dataclasses
+    import threading
+
+    from freezesweep.trials import faults
+
+    monkeypatch.setenv(faults.FAULT_ENV, "meet2@1")
+    monkeypatch.setenv(faults.FAULT_DIR_ENV, str(tmp_path))
+    first = threading.Thread(target=faults.maybe_inject, args=(tiny_trial, 1))
+    first.start()
+    first.join(timeout=1.0)
+    assert first.is_alive()  # alone at the meeting point, it waits
+    faults.maybe_inject(dataclasses.replace(tiny_trial, seed=tiny_trial.seed + 1), evals_done=1)
+    first.join(timeout=30)
+    assert not first.is_alive()
+    monkeypatch.setattr(faults, "MEET_TIMEOUT_S", 0.1)
+    monkeypatch.setenv(faults.FAULT_ENV, "meet9@1")
+    faults.maybe_inject(tiny_trial, evals_done=1)  # nine never come: it goes on at the bound
+    for bad in ("meet@1", "meet0@1", "meetx@1"):
+        monkeypatch.setenv(faults.FAULT_ENV, bad)
+        with pytest.raises(ValueError, match="meetK"):
+            faults.maybe_inject(tiny_trial, evals_done=1)
 
 
 def test_cluster_run_ends_normally_when_the_remote_store_is_gone_by_its_end(monkeypatch, write_spec):

@@ -255,6 +255,9 @@ def test_rows_record_every_metric_and_the_selected_one(tmp_path):
     assert accuracy.loc["glue/cola", "mean"] == 0.7 and accuracy.loc["glue/cola", "baseline"] == 0.69
     with pytest.raises(ValueError, match="unknown metric 'mse'"):
         summary(store.read(), metric="mse")
+    cola_only = store.read().query("dataset == 'glue/cola'")  # a classifier's rows: no correlation recorded
+    with pytest.raises(ValueError, match=r"'pearson' is not recorded in these rows \(they record accuracy, matthews\)"):
+        summary(cola_only, metric="pearson")
 
 
 def test_rows_stored_before_select_metric_read_as_accuracy(tmp_path):

@@ -204,7 +204,7 @@ def test_an_empty_label_is_named_by_file_column_and_line(tmp_path):
     with pytest.raises(DatasetError) as info:
         load_task(folder)
     [problem] = info.value.problems
-    assert problem == f"{folder}/train.csv: column 'label' has 1 missing or non-finite label(s), lines 10"
+    assert problem == f"{folder}/train.csv: column 'label' has 1 missing or non-finite label(s), line 10"
 
 
 def test_a_validation_label_train_never_has_is_refused(tmp_path):
@@ -253,14 +253,16 @@ def test_labels_that_differ_only_in_case_or_whitespace_are_named(tmp_path):
     train = "sentence,label\n" + "".join(
         f"row {i},{label}\n" for i, label in enumerate(["pos", "pos ", "neg", "neg ", "pos", "Neg"])
     )
-    folder = _csv_pair(tmp_path / "d", train, "sentence,label\nx,pos\ny,neg\n")
+    folder = _csv_pair(tmp_path / "d", train, "sentence,label\nx,pos\ny,neg\nz,pos \n")
     with pytest.raises(DatasetError) as info:
         load_task(folder)
-    assert info.value.problems == [
-        "label column 'label': 'Neg' (1 rows), 'neg' (2 rows), 'neg ' (1 rows) differ only in case or whitespace, so "
-        "each would be a class of its own; spell each label one way in the files",
-        "label column 'label': 'pos' (3 rows), 'pos ' (1 rows) differ only in case or whitespace, so each would be a "
-        "class of its own; spell each label one way in the files",
+    train_csv, validation_csv = f"{folder}/train.csv", f"{folder}/validation.csv"
+    assert info.value.problems == [  # each spelling but the commonest says where it is
+        f"label column 'label': 'Neg' (1 row: {train_csv} line 7), 'neg' (2 rows), 'neg ' (1 row: {train_csv} "
+        "line 5) differ only in case or whitespace, so each would be a class of its own; spell each label one way "
+        "in the files",
+        f"label column 'label': 'pos' (3 rows), 'pos ' (2 rows: {train_csv} line 3; {validation_csv} line 4) "
+        "differ only in case or whitespace, so each would be a class of its own; spell each label one way in the files",
     ]
     clean = _csv_pair(tmp_path / "ok", "sentence,label\na,pos\nb,neg\nc,Positive\n", "sentence,label\nx,pos\ny,neg\n")
     assert load_task(clean).num_labels == 3  # distinct words stay distinct classes
