@@ -45,9 +45,13 @@ if TYPE_CHECKING:  # the annotations only: importing them at run time would impo
 
 #: A spec as the API takes it: a YAML file's path, a mapping of its keys, or a :class:`SweepSpec`.
 SpecSource = Union[str, Path, Mapping[str, Any], SweepSpec]
+#: A stored sweep as the API takes it: its name, the spec file it was launched from, or that spec (a
+#: :class:`SweepSpec`, as :func:`load_spec` gives it), which names its store too.
+SweepRef = Union[str, Path, SweepSpec]
 
 __all__ = [
     "SpecSource",
+    "SweepRef",
     "UnreadableRowsWarning",
     "UnfinishedCellsWarning",
     "Plan",
@@ -328,7 +332,9 @@ def launch(
     return _launch(raw, name, progress)
 
 
-def resume(name: str, *, store: str | None = None, address: str | None = None, progress: bool = True) -> LaunchSummary:
+def resume(
+    name: SweepRef, *, store: str | None = None, address: str | None = None, progress: bool = True
+) -> LaunchSummary:
     """Run the cells of a stored sweep that have no ok row (failed ones are run again), with the spec
     it was launched with; otherwise as :func:`launch`."""
     from freezesweep.orchestrator.sweeps import load_sweep_spec
@@ -373,12 +379,22 @@ def quiet_libraries() -> None:
 
 
 # --- a stored sweep's rows -------------------------------------------------------------------------
-def located(name: str, store: str | None = None) -> tuple[str, str]:
+def located(name: SweepRef, store: str | None = None) -> tuple[str, str]:
     """A stored sweep's name and store root: as given (default ./sweeps), or read from its spec file where
-    ``name`` is one (``configs/demo.yaml``: its ``name:`` and ``store:``; ``store`` given still wins)."""
+    ``name`` is one (``configs/demo.yaml``: its ``name:`` and ``store:``) or from its spec (a SweepSpec),
+    or the sweep's own folder where ``name`` is a path to one (``sweeps/demo``); ``store`` given still wins."""
+    if isinstance(name, SweepSpec):  # the README's flow: load_spec, launch, then decide(spec)
+        return name.name, store or name.store
+    if isinstance(name, Path):
+        name = str(name)
+    if not isinstance(name, str):
+        raise TypeError(f"a sweep is its name, its spec file or its SweepSpec, not a {type(name).__name__}")
     spec_file = name.endswith((".yaml", ".yml"))
     if spec_file and "/" in name.replace(os.sep, "/") and not os.path.isfile(name):  # no sweep name has a /
         raise SpecError([f"no such spec file (looked for from {os.getcwd()})"], name)
+    folder = os.path.normpath(name)
+    if store is None and os.sep in folder and os.path.isfile(os.path.join(folder, "spec.yaml")):
+        return os.path.basename(folder), os.path.dirname(folder)  # a sweep's own folder (sweeps/demo)
     if not (spec_file and os.path.isfile(name)):
         return name, store or DEFAULT_STORE
     raw = read_yaml(name)
@@ -388,7 +404,24 @@ def located(name: str, store: str | None = None) -> tuple[str, str]:
     return raw["name"], store or spec_store
 
 
-def _store(name: str, store: str | None) -> ResultStore:
+def _each_once(names: SweepRef | Sequence[SweepRef], store: str | None = None) -> list[SweepRef]:
+    """One sweep or several, each once (``report demo demo`` read it twice, and said so twice)."""
+    refs = [names] if isinstance(names, (str, Path, SweepSpec)) else list(names)
+    unique: dict[Any, SweepRef] = {}
+    for ref in refs:
+        try:
+            key: Any = located(ref, store)
+        except SpecError:  # a spec file that is not there: the reader says so, with the others
+            key = ref
+        unique.setdefault(key, ref)
+    return list(unique.values())
+
+
+def _ref_words(ref: SweepRef) -> str:
+    return ref.name if isinstance(ref, SweepSpec) else str(ref)
+
+
+def _store(name: SweepRef, store: str | None) -> ResultStore:
     """The sweep's store; SpecError when it holds no such sweep (a typo must not read as no rows)."""
     sweep, uri = located(name, store)
     result_store = ResultStore(uri, sweep)
@@ -410,7 +443,7 @@ def _warn_unreadable(result_store: ResultStore) -> None:
         )
 
 
-def results_frame(name: str, *, store: str | None = None, columns: Sequence[str] | None = None) -> pd.DataFrame:
+def results_frame(name: SweepRef, *, store: str | None = None, columns: Sequence[str] | None = None) -> pd.DataFrame:
     """A sweep's rows, one per cell that has run, as a pandas DataFrame (``columns``: only these; default
     every column, the evaluation curves included). Rows of freezesweep before 0.2 read as picked by
     accuracy (``select_metric``); a row file that cannot be read is left out with an
@@ -423,7 +456,7 @@ def results_frame(name: str, *, store: str | None = None, columns: Sequence[str]
     return rows
 
 
-def results_arrow(name: str, *, store: str | None = None, columns: Sequence[str] | None = None) -> pa.Table:
+def results_arrow(name: SweepRef, *, store: str | None = None, columns: Sequence[str] | None = None) -> pa.Table:
     """A sweep's rows as they are stored, as a pyarrow Table (``columns``: only these)."""
     result_store = _store(name, store)
     table = result_store.read_table(columns=list(columns) if columns else None)
@@ -431,7 +464,7 @@ def results_arrow(name: str, *, store: str | None = None, columns: Sequence[str]
     return table
 
 
-def results_duckdb(name: str, *, store: str | None = None) -> duckdb.DuckDBPyConnection:
+def results_duckdb(name: SweepRef, *, store: str | None = None) -> duckdb.DuckDBPyConnection:
     """A DuckDB connection whose view ``results`` is the sweep's rows (as :func:`query` reads them):
     ``fs.results_duckdb("demo").sql("SELECT frozen_layers, avg(best_val_score) FROM results GROUP BY 1")``."""
     from freezesweep.results.query import connect
@@ -442,13 +475,13 @@ def results_duckdb(name: str, *, store: str | None = None) -> duckdb.DuckDBPyCon
     return con
 
 
-def query(name: str, sql: str, *, store: str | None = None) -> pd.DataFrame:
+def query(name: SweepRef, sql: str, *, store: str | None = None) -> pd.DataFrame:
     """SQL (DuckDB) over the sweep's rows, the table ``results``; the answer as a DataFrame."""
     return results_duckdb(name, store=store).execute(sql).df()
 
 
 # --- inspection: status, summary ---------------------------------------------------------------------
-def _stored_sweep(name: str, store: str | None) -> tuple[ResolvedSweep, ResultStore]:
+def _stored_sweep(name: SweepRef, store: str | None) -> tuple[ResolvedSweep, ResultStore]:
     """A stored sweep, as it was launched, and its store."""
     from freezesweep.orchestrator.sweeps import load_sweep
 
@@ -484,7 +517,7 @@ class SweepStatus:
     __repr__ = short_repr
 
 
-def status(name: str, *, store: str | None = None) -> SweepStatus:
+def status(name: SweepRef, *, store: str | None = None) -> SweepStatus:
     """Done / failed / missing cells per axis value, and the nodes (Ray node ids) the rows ran on."""
     from freezesweep.results.lock import store_notes
     from freezesweep.results.query import NODE_COLUMNS, failure_reasons, placement, status_table
@@ -524,7 +557,7 @@ def _compact_advice(result_store: ResultStore, statuses: dict[str, str]) -> list
     ]
 
 
-def summary(name: str, *, store: str | None = None, metric: str | None = None) -> pd.DataFrame:
+def summary(name: SweepRef, *, store: str | None = None, metric: str | None = None) -> pd.DataFrame:
     """The selected metric (or ``metric``: accuracy, f1, matthews, pearson, spearman) at the best
     evaluation per dataset × train size × frozen layers, over seeds (mean, median, std, min, max);
     with several models or methods, per model and method too."""
@@ -538,7 +571,7 @@ def summary(name: str, *, store: str | None = None, metric: str | None = None) -
 
 
 # --- decisions and the report ----------------------------------------------------------------------
-def _sweep_rows(name: str, store: str | None, tolerance: float | None) -> SweepRows:
+def _sweep_rows(name: SweepRef, store: str | None, tolerance: float | None) -> SweepRows:
     """A stored sweep's rows for the report: its status against its grid, and a settle sweep's rule with
     every look it may take and the comparisons its confidence is shared by (the report's intervals are
     the ones the rounds were decided by)."""
@@ -548,7 +581,8 @@ def _sweep_rows(name: str, store: str | None, tolerance: float | None) -> SweepR
 
     if tolerance is not None and not tolerance > 0:  # "worse by more than -0.01" claims nothing sane
         raise SpecError(
-            [f"tolerance: {tolerance:g} is not above 0 (how much below full fine-tuning still counts)"], name
+            [f"tolerance: {tolerance:g} is not above 0 (how much below full fine-tuning still counts)"],
+            _ref_words(name),
         )
     sweep, result_store = _stored_sweep(name, store)
     settle = sweep.spec.settle
@@ -569,7 +603,7 @@ def _sweep_rows(name: str, store: str | None, tolerance: float | None) -> SweepR
                 f"seeing the rows voids the confidence; report it without a tolerance, or ask {tolerance:g} as a new "
                 "sweep (a new name and another split_seed); `freezesweep summary` and `query` read the rows freely"
             ],
-            name,
+            _ref_words(name),
         )
     family = (rule, rule.looks, sweep_arms(sweep)) if rule else None
     rows = SweepRows.from_store(
@@ -646,14 +680,16 @@ def _decision(record: dict[str, Any]) -> Decision:
     )
 
 
-def decide(names: str | Sequence[str], *, store: str | None = None, tolerance: float | None = None) -> Decisions:
+def decide(
+    names: SweepRef | Sequence[SweepRef], *, store: str | None = None, tolerance: float | None = None
+) -> Decisions:
     """The decision per sweep, dataset and train size: how many layers can be frozen with the selected
     metric within the tolerance each sweep asked (a fixed grid's ``tolerance:``, 0.01 unless given; a settle
     sweep's ``settle.tolerance``; ``tolerance``, if given, must be it), with intervals that hold over every
     look the sweep took. Several sweeps: side by side, as in the report."""
     from freezesweep.results.report import decisions
 
-    names = [names] if isinstance(names, str) else list(names)
+    names = _each_once(names, store)
     sweeps = [_sweep_rows(n, store, tolerance) for n in names]
     return Decisions.of(decisions(sweeps, _tolerance(tolerance, sweeps)))
 
@@ -671,20 +707,30 @@ def _tolerance(tolerance: float | None, sweeps: Sequence[SweepRows]) -> float:
 
 
 def report(
-    names: str | Sequence[str], out: str | Path, *, store: str | None = None, tolerance: float | None = None
+    names: SweepRef | Sequence[SweepRef], out: str | Path, *, store: str | None = None, tolerance: float | None = None
 ) -> Report:
     """Write the report of one or more sweeps (side by side) to ``out``: ``index.html`` (self-contained),
     ``report.md`` and ``figures/``. Returns what it holds: ``decisions``, ``completeness``, the tables
     and figures. Rebuilt at any time, also while a sweep runs: what is missing is said."""
     from freezesweep.results.report import write_report
 
-    names = [names] if isinstance(names, str) else list(names)
+    names = _each_once(names, store)
+    _out_problem(Path(out))
     _all_stored(names, store)
     sweeps = [_sweep_rows(n, store, tolerance) for n in names]
     return write_report(sweeps, str(out), _tolerance(tolerance, sweeps))
 
 
-def _all_stored(names: Sequence[str], store: str | None) -> None:
+def _out_problem(out: Path) -> None:
+    """The report's folder can be one: neither it nor the nearest existing folder above it is a file (a
+    walk-through: `--out README.md` was a NotADirectoryError traceback after reading every row)."""
+    existing = next(p for p in (out, *out.absolute().parents) if p.exists())
+    if not existing.is_dir():
+        what = "is a file" if existing == out else f"lies under the file {existing}"
+        raise SpecError([f"{what}: the report is a folder (index.html, report.md, figures/)"], f"--out {out}")
+
+
+def _all_stored(names: Sequence[SweepRef], store: str | None) -> None:
     """Every sweep asked of a report is there, or one SweepNotFound names each that is not (per store)."""
     from freezesweep.orchestrator.sweeps import no_such_sweep
 
@@ -702,16 +748,16 @@ def _all_stored(names: Sequence[str], store: str | None) -> None:
     if len(errors) == 1 and not unread:
         raise errors[0]
     if errors or unread:
-        raise SpecError([*unread, *(e.args[0] for e in errors)], ", ".join(names))
+        raise SpecError([*unread, *(e.args[0] for e in errors)], ", ".join(map(_ref_words, names)))
 
 
-def budget_prices(decisions: pd.DataFrame, names: str | Sequence[str], store: str | None = None) -> list[str]:
+def budget_prices(decisions: pd.DataFrame, names: SweepRef | Sequence[SweepRef], store: str | None = None) -> list[str]:
     """What deciding each open group would cost: a new settle sweep at the budget the decision names
     (``decided_at_seeds``), priced as ``plan`` prices pending cells (the store's measured trial times)."""
     from freezesweep.orchestrator.plan import build_grid
 
     lines = []
-    for name in [names] if isinstance(names, str) else names:
+    for name in _each_once(names, store):
         resolved, result_store = _stored_sweep(name, store)
         asked = decisions[(decisions["sweep"] == result_store.sweep) & decisions["decided_at_seeds"].notna()]
         if asked.empty:
@@ -742,7 +788,7 @@ def _budget_price(resolved: ResolvedSweep, group: pd.Series, measured: dict[tupl
     )
 
 
-def compact(name: str, *, store: str | None = None, on_note: Callable[[str], None] | None = None) -> int:
+def compact(name: SweepRef, *, store: str | None = None, on_note: Callable[[str], None] | None = None) -> int:
     """Compact a sweep's final rows into one Parquet part (a launch also does it between rounds), under
     the sweep's lock; crash-safe. As a launch does first, it finishes an interrupted compaction and sets
     unreadable row files aside in ``_quarantine/``, each named to ``on_note`` (default: a warning).
@@ -758,7 +804,7 @@ def compact(name: str, *, store: str | None = None, on_note: Callable[[str], Non
 
 
 def export_mlflow(
-    name: str, *, store: str | None = None, tracking_uri: str | None = None, experiment: str | None = None
+    name: SweepRef, *, store: str | None = None, tracking_uri: str | None = None, experiment: str | None = None
 ) -> "Exported":
     """Every row of a sweep as an MLflow run (axes and protocol as params, best and final metrics, the
     evaluation curve as stepped metrics, status/node/precision as tags), in ``experiment`` (default: the

@@ -233,12 +233,37 @@ def _sequence_problems(model: str, raw: dict[str, Any]) -> list[str]:
         d.startswith("glue/") and d.split("/", 1)[1] in GLUE_PAIR_TASKS for d in _strs(raw.get("datasets"))
     )
     special = tokenizer.num_special_tokens_to_add(pair=pair)
-    if length > special:
-        return []
-    return [
-        f"training.max_seq_length: {length} leaves no room for text: {model}'s tokenizer adds {special} special "
-        f"tokens{' to a sentence pair' if pair else ''} (at least {special + 1}; the reference uses 128)"
-    ]
+    if length <= special:
+        return [
+            f"training.max_seq_length: {length} leaves no room for text: {model}'s tokenizer adds {special} special "
+            f"tokens{' to a sentence pair' if pair else ''} (at least {special + 1}; the reference uses 128)"
+        ]
+    limit, whose = position_limit(model, tokenizer)
+    if limit is not None and length > limit:  # a longer text failed every trial late ("expanded size … 512")
+        return [f"training.max_seq_length: {length} is more than {model} takes ({limit} tokens: {whose})"]
+    return []
+
+
+# Models whose position ids start after the padding index (transformers' create_position_ids_from_input_ids):
+# max_position_embeddings - (pad_token_id + 1) positions are left for tokens (roberta-base: 514 → 512).
+_OFFSET_POSITIONS = frozenset({"roberta", "xlm-roberta", "xlm-roberta-xl", "camembert", "data2vec-text", "longformer"})
+_NO_LIMIT = 1_000_000  # transformers' tokenizers say 1e30 (VERY_LARGE_INTEGER) where no limit was saved
+
+
+def position_limit(model: str, tokenizer: Any) -> tuple[int | None, str]:
+    """The most tokens ``model`` takes, and whose limit it is: its tokenizer's model_max_length or its
+    position embeddings, the lesser (a tiny test model may have fewer positions than its tokenizer says)."""
+    from freezesweep.trials.model import load_model_config
+
+    config = load_model_config(model)
+    limits = []
+    if 0 < (tokenizer.model_max_length or 0) < _NO_LIMIT:
+        limits.append((int(tokenizer.model_max_length), "its tokenizer's model_max_length"))
+    positions = getattr(config, "max_position_embeddings", None)
+    if isinstance(positions, int) and positions > 0:
+        offset = (getattr(config, "pad_token_id", None) or 0) + 1 if config.model_type in _OFFSET_POSITIONS else 0
+        limits.append((positions - offset, "its position embeddings"))
+    return min(limits) if limits else (None, "")
 
 
 def lora_problems(model: str, targets: list[str] | None) -> list[str]:
@@ -354,10 +379,19 @@ def data_notes(spec: SweepSpec) -> list[str]:
 
 
 def few_seeds_note(spec: SweepSpec) -> str | None:
-    """A fixed grid too small to advise: below MIN_PAIRS paired seeds no claim can be shown (a new user's
-    walk-through learned it from the report, after the run)."""
+    """A fixed grid that cannot advise: below MIN_PAIRS paired seeds no claim can be shown (a new user's
+    walk-through learned it from the report, after the run), and without full fine-tuning (frozen layers 0)
+    no depth has what it is compared with (settle mode refuses such a spec; a fixed grid may be read
+    otherwise, with ``summary`` and ``query``)."""
+    if spec.settle is not None:
+        return None
+    if not ("freeze" in spec.methods and 0 in spec.frozen_layers):
+        return (
+            "a fixed grid without full fine-tuning (frozen_layers 0) gives no freezing advice: every depth, LoRA "
+            "and the probe are compared with it (summary and query still read the rows)"
+        )
     seeds = len(spec.seeds)
-    if spec.settle is not None or not 0 < seeds < MIN_PAIRS:
+    if not 0 < seeds < MIN_PAIRS:
         return None
     return (
         f"a fixed grid of {seeds} seed{'s' * (seeds > 1)} gives no freezing advice: a decision needs {MIN_PAIRS} "

@@ -425,7 +425,7 @@ def query(
             frame = api.query(sweep, sql, store=store)
         except Exception as exc:  # a SQL error is the user's to fix: say it plainly
             _fail(exc)
-    _print_frame(frame, fmt, f"{api.located(sweep)[0]}: {len(frame)} rows")
+    _print_frame(frame, fmt, f"{api.located(sweep)[0]}: {len(frame)} row{'s' * (len(frame) != 1)}")
 
 
 @app.command()

@@ -213,7 +213,8 @@ class SettleSpec(_Strict):
     on paired seeds, seeds added only where a comparison is undecided, until all are decided or the
     budget is spent. The seeds are settle mode's to choose (0, 1, …): the spec gives no ``seeds``."""
 
-    tolerance: Float = Field(0.01, gt=0, description="how much below full fine-tuning still counts as as good")
+    # below 1: at 1 or more every depth of a score in [0, 1] would count as as good (a walk-through asked 2)
+    tolerance: Float = Field(0.01, gt=0, lt=1, description="how much below full fine-tuning still counts as as good")
     confidence: Float = Field(0.95, gt=0, lt=1, description="that every decision of a group holds at once")
     initial_seeds: Int = Field(3, ge=3, description="paired seeds every arm gets before the first look")
     max_seeds: Int = Field(10, ge=3, description="the budget: no arm gets more seeds")
@@ -340,6 +341,7 @@ class SweepSpec(_Strict):
     tolerance: Float | None = Field(
         None,
         gt=0,
+        lt=1,
         description="a fixed grid's question, asked before its rows are seen: how much below full fine-tuning "
         "still counts as as good (default 0.01); a settle sweep asks settle.tolerance",
     )
@@ -613,6 +615,14 @@ def read_yaml(path: str | Path, overrides: Mapping[str, Any] | None = None) -> A
         raw, duplicates = load_yaml_text(path.read_text())
     except FileNotFoundError:
         raise SpecError([f"no such file: {path}"], str(path)) from None
+    except IsADirectoryError:
+        raise SpecError(["a folder, not a spec file (a sweep spec is one YAML file)"], str(path)) from None
+    except UnicodeDecodeError as exc:  # a binary file, or text in another encoding
+        raise SpecError(
+            [f"not a text file in UTF-8 (byte {exc.start}): a spec is a YAML text file"], str(path)
+        ) from None
+    except OSError as exc:  # unreadable: permissions, a broken mount
+        raise SpecError([f"cannot read it: {exc.strerror or exc}"], str(path)) from None
     except yaml.YAMLError as exc:
         raise SpecError([f"malformed YAML: {_yaml_words(exc)}"], str(path)) from None
     if duplicates:

@@ -107,6 +107,9 @@ def no_such_sweep(store: ResultStore, also: Sequence[str] = ()) -> SweepNotFound
         if not found
         else f"which holds {', '.join(found[:10])}" + (f" and {len(found) - 10} more" if len(found) > 10 else "")
     )
+    if store.root_is_a_sweep():  # --store sweeps/demo
+        parent, own = store.root_path().rsplit("/", 1)
+        held += f" (it is the folder of sweep {own!r}: its store is the folder above, {parent!r})"
     names = [store.sweep, *also]
     close = [f"{c[0]!r}" for c in (difflib.get_close_matches(n, found or [], n=1) for n in names) if c]
     held += f" (did you mean {' or '.join(dict.fromkeys(close))}?)" if close else ""

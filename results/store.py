@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import tempfile
 import uuid
 from collections.abc import Callable, Collection, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -204,14 +205,19 @@ def store_identity(uri: str, root: str) -> str:
 
 def check_store_root(fs: pafs.FileSystem, root: str, uri: str) -> None:
     """Write and delete a probe file at the store's root, never inside an existing sweep; a local
-    root that does not exist yet is not created here, only its nearest existing parent checked. The
+    root that does not exist yet is not created here, only a probe folder made and removed in its
+    nearest existing parent. The
     probe is deleted even when writing it failed half-way (a full disk leaves an empty file)."""
     if isinstance(fs, pafs.LocalFileSystem) and not os.path.isdir(root):
         parent = root
         while not os.path.exists(parent):
             parent = os.path.dirname(parent)
-        if not (os.path.isdir(parent) and os.access(parent, os.W_OK | os.X_OK)):
-            raise StoreError(f"cannot create {root!r}: {parent!r} is not a writable folder")
+        if not os.path.isdir(parent):
+            raise StoreError(f"cannot create {root!r}: {parent!r} is not a writable folder (it is a file)")
+        try:  # a real folder made and taken away: os.access says yes to root everywhere, /proc included
+            os.rmdir(tempfile.mkdtemp(prefix=".freezesweep-probe-", dir=parent))
+        except OSError as exc:
+            raise StoreError(f"cannot create {root!r}: {parent!r} is not a writable folder ({exc.strerror})") from exc
         return
     probe = f"{root}/.freezesweep-probe-{uuid.uuid4().hex}"
     try:
@@ -283,6 +289,10 @@ class ResultStore:
         folders = [i.path for i in infos if i.type == pafs.FileType.Directory]
         specs = self.fs.get_file_info([f"{folder}/{SPEC_FILE}" for folder in folders])
         return sorted(_name(f) for f, spec in zip(folders, specs) if spec.type == pafs.FileType.File)
+
+    def root_is_a_sweep(self) -> bool:
+        """The root given is itself a sweep's folder (its spec.yaml there): a store one level too deep."""
+        return self.fs.get_file_info(f"{self.root_path()}/{SPEC_FILE}").type == pafs.FileType.File
 
     def check_writable(self) -> None:
         """The store's root takes files (``check_store_root``)."""

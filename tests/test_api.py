@@ -28,12 +28,12 @@ NOTEBOOK = textwrap.dedent("""
     before = fs.plan(spec)
     summary = fs.launch(spec)
     after = fs.plan(spec)
-    rows = fs.results_frame(spec.name, store=spec.store)
+    rows = fs.results_frame(spec)  # the spec names its sweep and store (a walk-through: AttributeError)
     arrow = fs.results_arrow(spec.name, store=spec.store, columns=["trial_id", "status"])
     counted = fs.results_duckdb(spec.name, store=spec.store).sql(
         "SELECT frozen_layers, count(*) AS n FROM results WHERE status = 'ok' GROUP BY 1 ORDER BY 1").fetchall()
-    decisions = fs.decide(spec.name, store=spec.store)
-    report = fs.report(spec.name, out, store=spec.store)
+    decisions = fs.decide(spec)
+    report = fs.report([spec, spec.name], out, store=spec.store)  # one sweep, asked twice: read once
     print("RESULT " + json.dumps({
         "pending_before": len(before.pending), "pending_after": len(after.pending), "done_after": after.done,
         "summary": [summary.total, summary.ran, summary.ok, summary.failed, summary.unfinished],
@@ -87,7 +87,7 @@ def test_a_notebook_runs_a_sweep_reads_decides_and_reports(write_spec, tmp_path)
     assert result["counted"] == [[0, 3], [2, 3]]
     [decision] = result["decisions"]  # one dataset at one train size
     assert decision[1] == 48 and decision[2] in ("learned", "nothing learned", "undecided")
-    assert result["frame"] == [[48, decision[3]]] and result["report_sentences"] == [decision[3]]
+    assert result["frame"] == [[48, decision[3]]] and result["report_sentences"] == [decision[3]]  # once
     assert decision[3] in (out / "report.md").read_text()
     assert (out / "index.html").is_file()
 
@@ -146,6 +146,17 @@ def test_no_such_sweep_is_an_error_not_empty_rows(tmp_path):
     assert (type(again), str(again), again.source) == (fs.SweepNotFound, str(caught.value), caught.value.source)
 
 
+def test_a_sweep_is_its_name_its_spec_file_or_its_spec(write_spec, tmp_path):
+    from freezesweep.orchestrator.api import located
+
+    spec_path = write_spec("named")
+    spec = fs.load_spec(spec_path)
+    assert located(spec) == located(str(spec_path)) == located(spec_path) == ("named", spec.store)
+    assert located(spec, store="elsewhere") == ("named", "elsewhere")  # a store given still wins
+    with pytest.raises(TypeError, match="a sweep is its name, its spec file or its SweepSpec, not a dict"):
+        fs.status({"name": "named"})
+
+
 def test_a_report_names_every_sweep_it_cannot_find(tmp_path):
     """Not only the first: one error, before any sweep's rows are read, each store's names together."""
     other = tmp_path / "other"
@@ -153,6 +164,10 @@ def test_a_report_names_every_sweep_it_cannot_find(tmp_path):
     with pytest.raises(fs.SweepNotFound) as caught:
         fs.report(["nope1", "nope2"], tmp_path / "out", store=str(tmp_path))
     assert str(caught.value).startswith("no sweep named 'nope1' or 'nope2' in store")
+    (tmp_path / "README.md").write_text("a file")
+    for out in ("README.md", "README.md/report"):  # a walk-through: a traceback after every row was read
+        with pytest.raises(fs.SpecError, match="the report is a folder"):
+            fs.report(["nope1"], tmp_path / out, store=str(tmp_path))
     with pytest.raises(fs.SpecError) as caught:  # a path is not a sweep's name: a spec file that is not there
         fs.report(["nope1", f"{other}/spec.yaml", "nope2"], tmp_path / "out", store=str(tmp_path))
     assert caught.value.problems[0] == f"{other}/spec.yaml: no such spec file (looked for from {os.getcwd()})"

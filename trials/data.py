@@ -412,8 +412,17 @@ def _found(labels: dict[str, pd.Series], value: str, where: dict[str, str]) -> s
 
 
 def _column_problems(split_columns: dict[str, list[str]], columns: Columns) -> list[str]:
-    """One problem per missing column, naming the splits that lack it and the spec key that names it."""
-    problems = []
+    """One problem per missing column, naming the splits that lack it and the spec key that names it; and
+    one column read in two roles (a walk-through: `text_pair_column: sentence` on SST-2 trained each
+    sentence paired with itself, without a word)."""
+    roles = list(columns.named().items())
+    problems = [
+        f"column {column!r} is both the {role} and the {other} (training.{role} and training.{other} in a spec): "
+        "each role needs a column of its own"
+        for i, (role, column) in enumerate(roles)
+        for other, same in roles[i + 1 :]
+        if column == same
+    ]
     for role, column in columns.named().items():
         lacking = [split for split, names in split_columns.items() if column not in names]
         if lacking:

@@ -1,6 +1,8 @@
 """orchestrator/checks.py: invalid specs are rejected as a whole, before Ray starts, with every problem
 named (both layers: shapes and values, and what needs the model, data, machine, store or cluster)."""
 
+import os
+
 import pandas as pd
 import pytest
 import yaml
@@ -25,6 +27,11 @@ BAD = {
     "unknown training key": ({"training": {"lr": 1}}, "training.lr: unknown key"),
     "k above the model's layers": ({"frozen_layers": [0, 3]}, "[3] exceed the 2 encoder layers"),
     "k below -1": ({"frozen_layers": [-2]}, "frozen layers must be >= -1"),
+    "a tolerance every depth is within": ({"tolerance": 2}, "tolerance: Input should be less than 1"),
+    "a settle tolerance every depth is within": (
+        {"seeds": [], "settle": {"tolerance": 1}},
+        "settle.tolerance: Input should be less than 1",
+    ),
     "train size above the split": ({"train_sizes": [24, 5000]}, "[5000] exceed the 240 train rows"),
     "train size zero": ({"train_sizes": [0]}, "train sizes must be positive"),
     "duplicate seeds": ({"seeds": [0, 0]}, "duplicate values [0]"),
@@ -98,6 +105,11 @@ def test_malformed_yaml_and_missing_file(tmp_path):
     scalar = tmp_path / "scalar.yaml"
     scalar.write_text("just a string")
     assert "must be a mapping" in _problems(scalar)[0]
+    # a walk-through: a folder or a binary file as the spec were tracebacks (IsADirectoryError, UnicodeDecodeError)
+    assert _problems(tmp_path) == ["a folder, not a spec file (a sweep spec is one YAML file)"]
+    binary = tmp_path / "bin.yaml"
+    binary.write_bytes(b"name: x\n\xff\xfe")
+    assert _problems(binary) == ["not a text file in UTF-8 (byte 8): a spec is a YAML text file"]
 
 
 def test_unwritable_store(write_spec, tmp_path):
@@ -455,6 +467,21 @@ def test_sizes_below_the_classes_and_no_room_for_text_are_refused(write_spec):
     ), problems
 
 
+def test_more_tokens_than_the_model_takes_are_refused(write_spec, tiny_bert, tiny_roberta):
+    """A walk-through: max_seq_length 100000 passed, then every trial with a long text failed ("The
+    expanded size of the tensor (2052) must match the existing size (512)")."""
+    (problem,) = _problems(write_spec(training={"max_seq_length": 129}))
+    assert (
+        problem == f"training.max_seq_length: 129 is more than {tiny_bert} takes (128 tokens: its position embeddings)"
+    )
+    load_spec(write_spec(training={"max_seq_length": 128}))  # as many as it takes
+    # 140 positions, ids start after the padding index (0 here: roberta-base's is 1, so 514 → 512)
+    roberta = _problems(write_spec(model=tiny_roberta, training={"max_seq_length": 140}))
+    assert roberta == [
+        f"training.max_seq_length: 140 is more than {tiny_roberta} takes (139 tokens: its position embeddings)"
+    ]
+
+
 def test_dropped_empty_texts_are_counted_when_the_spec_says_drop(write_spec, tmp_path):
     from freezesweep.orchestrator.checks import data_notes
 
@@ -490,6 +517,16 @@ def test_an_unwritable_store_is_named_beside_an_invalid_sweep_name(write_spec, t
     assert any(p.startswith("name: String should match pattern") for p in problems), problems
     assert any(p.startswith("store: cannot create") and "is not a writable folder" in p for p in problems), problems
     assert not list(tmp_path.glob("**/.freezesweep-probe-*"))
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self"), reason="no /proc here")
+def test_a_store_no_one_can_create_is_refused_also_for_root(write_spec):
+    """A walk-through in a container as root: os.access says yes to root for /proc, so `store: /proc/sweeps`
+    passed the checks and the launch died in a traceback. A folder is made and removed there now."""
+    problems = _problems(write_spec(store="/proc/freezesweep-sweeps"))
+    assert problems == [
+        "store: cannot create '/proc/freezesweep-sweeps': '/proc' is not a writable folder (No such file or directory)"
+    ]
 
 
 def _renamed(path, name: str):
@@ -625,6 +662,9 @@ def test_a_fixed_grid_of_fewer_seeds_than_a_decision_needs_grows_and_says_so(wri
     load_spec(write_spec("two", seeds=[0, 1, 2]))
     assert "a fixed grid of 2 seeds gives no freezing advice" in api.plan(write_spec("two", seeds=[0, 1])).note
     assert api.plan(write_spec("two", seeds=[0, 1, 2])).note is None
+    # a walk-through: no full fine-tuning, no advice, and no word of it (settle mode refuses such a spec)
+    unpaired = api.plan(write_spec("no-full", frozen_layers=[2], seeds=[0, 1, 2])).note
+    assert unpaired.startswith("a fixed grid without full fine-tuning (frozen_layers 0) gives no freezing advice")
 
 
 def test_a_depth_added_first_does_not_open_the_way_to_more_seeds(write_spec):

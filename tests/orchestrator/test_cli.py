@@ -471,3 +471,18 @@ def test_a_relative_store_read_from_another_folder_says_it_is_the_current_folder
     assert f"in store './sweeps' ({tmp_path / 'elsewhere' / 'sweeps'})" in looked.stderr
     assert "a relative store is read from the current folder" in looked.stderr
     assert "run this where the sweep was launched" in looked.stderr
+
+
+def test_a_sweeps_own_folder_reads_as_the_sweep_and_as_a_store_says_so(write_spec, tmp_path):
+    """A walk-through: `status sweeps/demo` looked for a sweep named 'sweeps/demo' in ./sweeps, and
+    `--store sweeps/demo` said only that it holds no sweep."""
+    from freezesweep.results.store import ResultStore
+
+    spec = load_spec(write_spec("mine"))
+    ResultStore(spec.store, "mine").write_spec(resolve_here(spec).spec.to_yaml())
+    folder = f"{spec.store}/mine"
+    read = runner.invoke(app, ["status", folder + "/"])
+    assert read.exit_code == 0 and "sweep mine" in read.stdout
+    deep = runner.invoke(app, ["status", "mine", "--store", folder])
+    assert deep.exit_code == 2
+    assert f"(it is the folder of sweep 'mine': its store is the folder above, {spec.store!r})" in deep.stderr

@@ -288,3 +288,17 @@ def test_a_text_of_only_invisible_characters_is_empty(tmp_path):
     ]
     task = load_task(str(folder), empty_texts="drop")
     assert task.train.texts == ("fine", "good", "caf\u00e9\u200b", "ok")  # a visible text keeps its bytes
+
+
+def test_one_column_in_two_roles_is_refused(tmp_path):
+    """A walk-through: `text_pair_column: sentence` on a single-text task trained each sentence paired with
+    itself, two ok rows and no word."""
+    folder = _csv_pair(tmp_path / "d", "sentence,label\na,pos\nb,neg\n", "sentence,label\nx,pos\ny,neg\n")
+    with pytest.raises(DatasetError) as info:
+        load_task(folder, text_pair_column="sentence")
+    assert info.value.problems == [
+        "column 'sentence' is both the text_column and the text_pair_column (training.text_column and "
+        "training.text_pair_column in a spec): each role needs a column of its own"
+    ]
+    with pytest.raises(DatasetError, match="'label' is both the text_column and the label_column"):
+        load_task(folder, text_column="label")
