@@ -14,6 +14,7 @@ them, so that commands reading a stored sweep (status, summary, report) start in
 from __future__ import annotations
 
 import contextlib
+import difflib
 import os
 import re
 from collections.abc import Mapping
@@ -286,6 +287,14 @@ def lora_problems(model: str, targets: list[str] | None) -> list[str]:
     return []
 
 
+def _with_near(stray: str, datasets: list[str]) -> str:
+    """A mapping's key that names no dataset, with the one it likely means (a walk-through: the datasets
+    said `data/reviews/`, the mapping `data/reviews`)."""
+    same = [d for d in datasets if os.path.normpath(d) == os.path.normpath(stray)]
+    near = same or difflib.get_close_matches(stray, datasets, n=1)
+    return f"{stray} (did you mean {near[0]!r}, as datasets spells it?)" if near else stray
+
+
 def _one_for_all(problem: str, training: dict, datasets: list[str], lacking: str) -> str:
     """A missing column that one spec value named for every dataset (a walk-through: `text_column: text`
     for a local file beside a GLUE task): how to name it for only some."""
@@ -330,7 +339,9 @@ def _data_problems(datasets: list[str], sizes: list[int], data_dir: str | None, 
             [d for d in training.get(key) or {} if d not in datasets] if isinstance(training.get(key), dict) else []
         )
         if strays:
-            problems.append(f"training.{key}: {', '.join(strays)} not among the datasets")
+            problems.append(
+                f"training.{key}: {', '.join(map(_with_near, strays, [datasets] * len(strays)))} not among the datasets"
+            )
     return problems
 
 

@@ -68,7 +68,8 @@ def trial(
     frozen_layers: Annotated[
         Optional[str],
         typer.Option(
-            metavar="K", help="freeze: -1 embeddings only, 0 nothing, k embeddings + first k layers, all: every layer"
+            metavar="K",
+            help="freeze (needed with it): -1 embeddings only, 0 nothing, k embeddings + first k layers, all: every layer",
         ),
     ] = None,
     method: Annotated[str, typer.Option(help="freeze | lora | probe")] = "freeze",
@@ -451,7 +452,7 @@ def summary(
 
 def _print_frame(frame, fmt: OutputFormat, title: str) -> None:
     if fmt is OutputFormat.csv:
-        print(frame.to_csv(index=False), end="")
+        print(nested_as_json(frame).to_csv(index=False), end="")
     elif fmt is OutputFormat.json:
         print(frame.to_json(orient="records", default_handler=str))
     else:
@@ -461,6 +462,25 @@ def _print_frame(frame, fmt: OutputFormat, title: str) -> None:
         for row in frame.itertuples(index=False):
             table.add_row(*(f"{v:.4f}" if isinstance(v, float) else str(v) for v in row))
         console.print(table)
+
+
+def nested_as_json(frame):
+    """A CSV cell holding a list or a mapping (a row's eval_curve) as JSON: Python's repr put single quotes,
+    None and newlines in the field (a walk-through)."""
+    import numpy as np
+
+    def plain(value):
+        if isinstance(value, np.ndarray):
+            return [plain(v) for v in value.tolist()]
+        if isinstance(value, (list, tuple)):
+            return [plain(v) for v in value]
+        if isinstance(value, dict):
+            return {k: plain(v) for k, v in value.items()}
+        return value
+
+    nested = [c for c in frame.columns if frame[c].map(lambda v: isinstance(v, (np.ndarray, list, tuple, dict))).any()]
+    cells = {c: frame[c].map(lambda v: json.dumps(plain(v), default=str) if v is not None else None) for c in nested}
+    return frame.assign(**cells) if cells else frame
 
 
 @app.command()

@@ -554,7 +554,33 @@ def parse(raw: Any) -> tuple[SweepSpec | None, list[str]]:
     try:
         return SweepSpec.model_validate(raw), []
     except ValidationError as exc:
-        return None, [_format_pydantic(err) for err in exc.errors()]
+        errors = exc.errors()
+        return None, [_format_pydantic(err) for err in errors] + _ranges_unchecked(raw, errors)
+
+
+def _ranges_unchecked(raw: dict[str, Any], errors: list[Any]) -> list[str]:
+    """The range rule of each axis a member of the wrong type kept pydantic from checking (its field
+    validator runs after its members): `frozen_layers: [0, al, -2]` named `al` alone, then `-2` after the fix."""
+    problems = []
+    for axis, (lowest, rule) in _AXIS_MINIMA.items():
+        values = raw.get(axis)
+        if not isinstance(values, list) or not any(len(e["loc"]) > 1 and e["loc"][0] == axis for e in errors):
+            continue
+        bad = [n for n in map(_as_int, values) if n is not None and n < lowest]
+        if bad:
+            problems.append(f"{axis}: {rule}: {bad} {'is' if len(bad) == 1 else 'are'} not")
+    return problems
+
+
+def _as_int(value: Any) -> int | None:
+    """An axis member as pydantic would read it as an integer (a text of one too), else None."""
+    if isinstance(value, (bool, np.bool_)):
+        return None
+    try:
+        number = int(value) if isinstance(value, str) else value
+    except ValueError:
+        return None
+    return int(number) if isinstance(number, (int, np.integer)) else None
 
 
 class _UniqueKeyLoader(yaml.SafeLoader):

@@ -757,6 +757,9 @@ def test_columns_can_be_named_per_dataset(write_spec, toy_dataset, tmp_path):
     )  # a walk-through: one name for a file of their own beside another said only "no column"
     strays = _problems(write_spec("stray", datasets=[toy_dataset], training={"text_column": {"elsewhere": "x"}}))
     assert strays == ["training.text_column: elsewhere not among the datasets"]
+    slash = _problems(write_spec("slash", datasets=[f"{renamed}/"], training=columns))  # a walk-through
+    hint = f"training.text_column: {renamed} (did you mean '{renamed}/', as datasets spells it?) not among the datasets"
+    assert hint in slash, slash
     # a stored sweep reading one name for its dataset grows by a dataset named in a mapping: no cell of it
     # changes, so it is no change of protocol (the review found both refused)
     raw = yaml.safe_load(write_spec("grows", datasets=[toy_dataset], training={"text_column": "sentence"}).read_text())

@@ -486,3 +486,21 @@ def test_a_sweeps_own_folder_reads_as_the_sweep_and_as_a_store_says_so(write_spe
     deep = runner.invoke(app, ["status", "mine", "--store", folder])
     assert deep.exit_code == 2
     assert f"(it is the folder of sweep 'mine': its store is the folder above, {spec.store!r})" in deep.stderr
+
+
+def test_csv_cells_holding_lists_are_json():
+    """A walk-through: `query --format csv` wrote a row's eval_curve as Python's repr (None, single quotes)."""
+    import csv
+    import io
+    import json
+
+    import numpy as np
+    import pandas as pd
+
+    from freezesweep.orchestrator.cli import nested_as_json
+
+    curve = np.array([{"step": 7, "accuracy": 0.5, "pearson": None}], dtype=object)
+    frame = pd.DataFrame({"trial_id": ["a", "b"], "eval_curve": [curve, None], "seed": [0, 1]})
+    (first, second) = csv.DictReader(io.StringIO(nested_as_json(frame).to_csv(index=False)))
+    assert json.loads(first["eval_curve"]) == [{"step": 7, "accuracy": 0.5, "pearson": None}]
+    assert (second["eval_curve"], second["seed"]) == ("", "1")

@@ -40,6 +40,17 @@ def test_parse_lists_every_shape_problem():
     assert parse(["not", "a", "mapping"]) == (None, ["the spec must be a mapping of keys, got list"])
 
 
+def test_a_member_of_the_wrong_type_hides_no_range_problem_of_its_axis():
+    """A walk-through: `frozen_layers: [0, al, -2]` named `al` alone (pydantic range-checks an axis only
+    once every member has its type); `-2` came after the fix."""
+    _, problems = parse({**MINIMAL, "frozen_layers": [0, "al", -2], "seeds": ["b", "-1", True], "train_sizes": [5]})
+    assert problems[-2:] == [
+        "frozen_layers: frozen layers must be >= -1 (-1 = embeddings only) or 'all': [-2] is not",
+        "seeds: seeds must be >= 0: [-1] is not",  # a text of a number reads as the number
+    ]
+    assert sum("train_sizes" in p for p in problems) == 0  # an axis whose members all have their type
+
+
 def test_training_defaults_are_trial_configs_field_by_field():
     """One source for the protocol's defaults: a sweep cell and `freezesweep trial` start from the same."""
     trial_defaults = {f.name: f.default for f in dataclasses.fields(TrialConfig)}
