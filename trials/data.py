@@ -234,20 +234,15 @@ def _load_task(
 ) -> TaskData:
     paths = dict(zip(SPLITS, map(Path, files))) if files else split_files(dataset, data_dir)
     frames = _load_from_hub(dataset) if paths is None else {s: _read_file(f) for s, f in paths.items()}
+    where = {s: str(paths[s]) if paths else f"{dataset} {s} split (the hub)" for s in frames}
     problems = _column_problems({s: list(map(str, df.columns)) for s, df in frames.items()}, columns)
     if problems:
-        if all(columns.label in df for df in frames.values()):  # the labels' shape, told in the same error
-            problems += _label_shape(
-                dataset, columns.label, {s: pd.api.types.is_float_dtype(df[columns.label]) for s, df in frames.items()}
-            )[1]
+        if all(columns.label in df for df in frames.values()):  # the labels' problems, told in the same error
+            problems += _labels_checked(dataset, frames, columns.label, where)[1]
         raise DatasetError(f"dataset {dataset!r}: " + "; ".join(problems), problems, _row_counts(frames))
-    where = {s: str(paths[s]) if paths else f"{dataset} {s} split (the hub)" for s in frames}
     frames, dropped, problems = _texts(frames, columns, where, empty_texts)
-    labels = {s: _label_values(df[columns.label]) for s, df in frames.items()}
-    regression, shape_problems = _label_shape(
-        dataset, columns.label, {s: pd.api.types.is_float_dtype(v) for s, v in labels.items()}
-    )
-    problems += shape_problems or _label_problems(labels, columns.label, where, regression)
+    (labels, regression, shape_problems), label_problems = _labels_checked(dataset, frames, columns.label, where)
+    problems += label_problems
     if problems:
         classes = None if regression or shape_problems else _class_counts(labels["train"])
         raise DatasetError(f"dataset {dataset!r}: " + "; ".join(problems), problems, _row_counts(frames), classes)
@@ -345,6 +340,17 @@ def _label_values(series: pd.Series) -> pd.Series:
         # whole numbers with a gap are classes, not scores: the gap alone made them floats
         return values.astype("Int64") if (numbers == numbers.round()).all() else values
     return series.where(~blank).map(lambda v: v if v is None or v != v else str(v))
+
+
+def _labels_checked(
+    dataset: str, frames: dict[str, pd.DataFrame], column: str, where: dict[str, str]
+) -> tuple[tuple[dict[str, pd.Series], bool, list[str]], list[str]]:
+    """((each split's labels, regression?, the shape's problems), every problem of the labels)."""
+    labels = {s: _label_values(df[column]) for s, df in frames.items()}
+    regression, shape_problems = _label_shape(
+        dataset, column, {s: pd.api.types.is_float_dtype(v) for s, v in labels.items()}
+    )
+    return (labels, regression, shape_problems), shape_problems or _label_problems(labels, column, where, regression)
 
 
 def _label_problems(labels: dict[str, pd.Series], column: str, where: dict[str, str], regression: bool) -> list[str]:

@@ -302,3 +302,15 @@ def test_one_column_in_two_roles_is_refused(tmp_path):
     ]
     with pytest.raises(DatasetError, match="'label' is both the text_column and the label_column"):
         load_task(folder, text_column="label")
+
+
+def test_a_missing_column_hides_no_label_problem(tmp_path):
+    """A walk-through: a text column missing from the validation file hid the labels' problems, which came
+    only on the second try."""
+    folder = _csv_pair(tmp_path / "d", "sentence,label\na,pos\nb,neg\nc,Pos\n", "text,label\nx,pos\ny,maybe\n")
+    with pytest.raises(DatasetError) as info:
+        load_task(folder)
+    said = "\n".join(info.value.problems)
+    assert "no column 'sentence'" in said and "validation split" in said
+    assert "holds label(s) ['maybe'] that the train split never has" in said
+    assert "'Pos' (1 row: " in said and "differ only in case" in said
