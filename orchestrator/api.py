@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any, Union
 
 import pandas as pd
 
-from freezesweep.orchestrator.spec import DEFAULT_STORE, LARGE_GRID, SpecError, SweepSpec, read_yaml
+from freezesweep.orchestrator.spec import DEFAULT_STORE, LARGE_GRID, SpecError, SweepNotFound, SweepSpec, read_yaml
 from freezesweep.results.reprs import short_repr
 from freezesweep.results.store import ResultStore, StoreError
 
@@ -410,11 +410,17 @@ def _each_once(names: SweepRef | Sequence[SweepRef], store: str | None = None) -
     unique: dict[Any, SweepRef] = {}
     for ref in refs:
         try:
-            key: Any = located(ref, store)
+            name, uri = located(ref, store)
+            key: Any = (name, _root_identity(uri))
         except SpecError:  # a spec file that is not there: the reader says so, with the others
             key = ref
         unique.setdefault(key, ref)
     return list(unique.values())
+
+
+def _root_identity(uri: str) -> str:
+    """One store however it is spelled: ``./sweeps``, ``sweeps`` and its absolute path are one folder."""
+    return uri.rstrip("/") if "://" in uri else os.path.abspath(os.path.expanduser(uri))
 
 
 def _ref_words(ref: SweepRef) -> str:
@@ -742,11 +748,13 @@ def _all_stored(names: Sequence[SweepRef], store: str | None) -> None:
         except SpecError as exc:
             unread += [f"{exc.source}: {problem}" for problem in exc.problems]
             continue
-        if not ResultStore(uri, sweep).exists():
+        if not ResultStore(uri, sweep).exists() and sweep not in missing.get(uri, []):
             missing.setdefault(uri, []).append(sweep)
     errors = [no_such_sweep(ResultStore(uri, sweeps[0]), also=sweeps[1:]) for uri, sweeps in missing.items()]
-    if len(errors) == 1 and not unread:
-        raise errors[0]
+    if errors and not unread:  # a LookupError however many stores lack them
+        raise (
+            errors[0] if len(errors) == 1 else SweepNotFound("; and ".join(e.args[0] for e in errors), errors[0].source)
+        )
     if errors or unread:
         raise SpecError([*unread, *(e.args[0] for e in errors)], ", ".join(map(_ref_words, names)))
 

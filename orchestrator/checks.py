@@ -247,13 +247,30 @@ def _sequence_problems(model: str, raw: dict[str, Any]) -> list[str]:
 
 # Models whose position ids start after the padding index (transformers' create_position_ids_from_input_ids):
 # max_position_embeddings - (pad_token_id + 1) positions are left for tokens (roberta-base: 514 → 512).
-_OFFSET_POSITIONS = frozenset({"roberta", "xlm-roberta", "xlm-roberta-xl", "camembert", "data2vec-text", "longformer"})
+_OFFSET_POSITIONS = frozenset(
+    {
+        "roberta",
+        "roberta-prelayernorm",
+        "xlm-roberta",
+        "xlm-roberta-xl",
+        "camembert",
+        "data2vec-text",
+        "longformer",
+        "xmod",
+        "ibert",
+        "luke",
+        "esm",
+    }
+)
+_MPNET_OFFSET = 2  # MPNet's padding index is fixed at 1 whatever pad_token_id says (modeling_mpnet.py)
 _NO_LIMIT = 1_000_000  # transformers' tokenizers say 1e30 (VERY_LARGE_INTEGER) where no limit was saved
 
 
 def position_limit(model: str, tokenizer: Any) -> tuple[int | None, str]:
     """The most tokens ``model`` takes, and whose limit it is: its tokenizer's model_max_length or its
-    position embeddings, the lesser (a tiny test model may have fewer positions than its tokenizer says)."""
+    absolute position embeddings, the lesser (a tiny test model may have fewer positions than its
+    tokenizer says). DeBERTa without absolute positions (``position_biased_input: false``, v3's) has
+    relative buckets only: no table to run past."""
     from freezesweep.trials.model import load_model_config
 
     config = load_model_config(model)
@@ -261,10 +278,16 @@ def position_limit(model: str, tokenizer: Any) -> tuple[int | None, str]:
     if 0 < (tokenizer.model_max_length or 0) < _NO_LIMIT:
         limits.append((int(tokenizer.model_max_length), "its tokenizer's model_max_length"))
     positions = getattr(config, "max_position_embeddings", None)
-    if isinstance(positions, int) and positions > 0:
-        offset = (getattr(config, "pad_token_id", None) or 0) + 1 if config.model_type in _OFFSET_POSITIONS else 0
-        limits.append((positions - offset, "its position embeddings"))
+    relative_only = config.model_type.startswith("deberta") and not getattr(config, "position_biased_input", True)
+    if isinstance(positions, int) and positions > 0 and not relative_only:
+        limits.append((positions - _position_offset(config), "its position embeddings"))
     return min(limits) if limits else (None, "")
+
+
+def _position_offset(config: Any) -> int:
+    if config.model_type == "mpnet":
+        return _MPNET_OFFSET
+    return (getattr(config, "pad_token_id", None) or 0) + 1 if config.model_type in _OFFSET_POSITIONS else 0
 
 
 def lora_problems(model: str, targets: list[str] | None) -> list[str]:
@@ -295,24 +318,29 @@ def _with_near(stray: str, datasets: list[str]) -> str:
     return f"{stray} (did you mean {near[0]!r}, as datasets spells it?)" if near else stray
 
 
-def _one_for_all(problem: str, training: dict, datasets: list[str], lacking: str) -> str:
+def _one_for_all(problems: list[str], marks: list[tuple[int, str]], training: dict, loaded: list[str]) -> None:
     """A missing column that one spec value named for every dataset (a walk-through: `text_column: text`
-    for a local file beside a GLUE task): how to name it for only some."""
-    for key in COLUMN_KEYS:
-        column = training.get(key)
-        others = [d for d in dict.fromkeys(datasets) if d != lacking]
-        if isinstance(column, str) and others and f"(training.{key} in a spec" in problem:
-            return (
-                f"; one training.{key} names every dataset's column: give {{dataset: column}} to name it for "
-                f"some only (e.g. {key}: {{{others[0]}: {column}}})"
-            )
-    return ""
+    for a local file beside a GLUE task): how to name it for only some, with a dataset read with it
+    (``marks``: each such problem's index and key; nothing said where no dataset was read)."""
+    for index, key in marks if loaded else []:
+        problems[index] += (
+            f"; one training.{key} names every dataset's column: give {{dataset: column}} to name it for "
+            f"some only (e.g. {key}: {{{loaded[0]}: {training[key]}}})"
+        )
+
+
+def _missing_column_key(problem: str, training: dict) -> str | None:
+    """The column key whose single value (one name for every dataset) this missing column is."""
+    named = [k for k in COLUMN_KEYS if isinstance(training.get(k), str) and f"(training.{k} in a spec" in problem]
+    return named[0] if named else None
 
 
 def _data_problems(datasets: list[str], sizes: list[int], data_dir: str | None, training: dict) -> list[str]:
     """Per dataset: it loads, its columns exist, its labels fit its shape, the train sizes fit its
     train split, and the metric chosen to select the best evaluation is one the task has."""
-    problems = []
+    problems: list[str] = []
+    marks: list[tuple[int, str]] = []  # a column one value named for every dataset, missing here
+    loaded: list[str] = []  # datasets read without a problem
     chosen = training.get("select_metric")
     for dataset in dict.fromkeys(datasets):  # duplicates are pydantic's to report
         try:
@@ -320,20 +348,21 @@ def _data_problems(datasets: list[str], sizes: list[int], data_dir: str | None, 
         except (DatasetError, OSError) as exc:
             each = getattr(exc, "problems", None) or [str(exc).splitlines()[0]]
             named = (f"{dataset}: ", f"dataset {dataset!r}: ")  # the dataset said once
-            each = [
-                p.removeprefix(named[0]).removeprefix(named[1]) + _one_for_all(p, training, datasets, dataset)
-                for p in each
-            ]
-            problems += [f"datasets: {dataset}: {p}" for p in each]
+            for problem in each:
+                key = _missing_column_key(problem, training)
+                marks += [(len(problems), key)] if key else []
+                problems.append(f"datasets: {dataset}: {problem.removeprefix(named[0]).removeprefix(named[1])}")
             # the files were read: the train sizes are said beside their problems, not after their fix
             problems += _size_problems(dataset, sizes, (getattr(exc, "rows", None) or {}).get("train"))
             problems += _class_problems(dataset, sizes, getattr(exc, "classes", None) or {})
             continue
         problems += _size_problems(dataset, sizes, shape.rows["train"])
         problems += _class_problems(dataset, sizes, shape.class_counts)
+        loaded.append(dataset)
         metric = chosen.get(dataset) if isinstance(chosen, dict) else chosen
         if metric in METRICS and metric not in shape.metrics:  # an unknown name is pydantic's to report
             problems.append(f"training.select_metric: {metric} does not fit {dataset} ({shape_words(shape)})")
+    _one_for_all(problems, marks, training, loaded)
     for key in ("select_metric", *COLUMN_KEYS):
         strays = (
             [d for d in training.get(key) or {} if d not in datasets] if isinstance(training.get(key), dict) else []
@@ -398,8 +427,8 @@ def few_seeds_note(spec: SweepSpec) -> str | None:
         return None
     if not ("freeze" in spec.methods and 0 in spec.frozen_layers):
         return (
-            "a fixed grid without full fine-tuning (frozen_layers 0) gives no freezing advice: every depth, LoRA "
-            "and the probe are compared with it (summary and query still read the rows)"
+            "a fixed grid without full fine-tuning (methods: freeze with frozen_layers 0) gives no freezing advice: "
+            "every depth, LoRA and the probe are compared with it (summary and query still read the rows)"
         )
     seeds = len(spec.seeds)
     if not 0 < seeds < MIN_PAIRS:

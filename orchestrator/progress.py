@@ -69,6 +69,7 @@ class SweepProgress:
         self.started = self.last_summary = clock()
         self._lock = threading.Lock()  # the timer's summary and a trial's line never interleave
         self._stop = threading.Event()
+        self._announced = False  # settle mode enters once per round
         self._timer: threading.Thread | None = None
         self._bar = _bar(console, disable=self.mode != "bar")
         self._task = self._bar.add_task("trials", total=total, completed=done, failed=0, last="-")
@@ -118,7 +119,8 @@ class SweepProgress:
             self.tick()
 
     def __enter__(self) -> "SweepProgress":
-        if self.mode == "lines":  # a log says the trials started, before the first of them ends (a walk-through)
+        if self.mode == "lines" and not self._announced:  # a log says the trials started (a walk-through), once
+            self._announced = True
             self._write(
                 f"started: {self.done}/{self.total} done, {self.total - self.done} to run; a line as each trial "
                 f"ends, a progress line at least every {_duration(self.summary_every_s)}"

@@ -213,7 +213,8 @@ class SettleSpec(_Strict):
     on paired seeds, seeds added only where a comparison is undecided, until all are decided or the
     budget is spent. The seeds are settle mode's to choose (0, 1, …): the spec gives no ``seeds``."""
 
-    # below 1: at 1 or more every depth of a score in [0, 1] would count as as good (a walk-through asked 2)
+    # below 1: at 1 or more nearly every depth would count as as good (accuracy and f1 differ by at most 1,
+    # and a depth 1 below full fine-tuning on matthews or a correlation has learned nothing; a walk-through asked 2)
     tolerance: Float = Field(0.01, gt=0, lt=1, description="how much below full fine-tuning still counts as as good")
     confidence: Float = Field(0.95, gt=0, lt=1, description="that every decision of a group holds at once")
     initial_seeds: Int = Field(3, ge=3, description="paired seeds every arm gets before the first look")

@@ -11,6 +11,7 @@ One verb per meaning: ``resolve_*`` decides what depends on the machine, the dat
 from __future__ import annotations
 
 import difflib
+import os
 from collections.abc import Iterable, Sequence
 
 from freezesweep.orchestrator.checks import model_depths, select_metrics, stored_spec_mapping, validate
@@ -98,8 +99,8 @@ def no_such_sweep(store: ResultStore, also: Sequence[str] = ()) -> SweepNotFound
     where it was looked for, what is there, and how to point the command at the store a spec named
     (``store:``; the default is only ./sweeps)."""
     found = store.other_sweeps()
-    local = "://" not in store.uri and store.uri != store.root_path()
-    where = f"{store.uri!r} ({store.root_path()})" if local else repr(store.uri)
+    remote = "://" in store.uri
+    where = f"{store.uri!r} ({store.root_path()})" if not remote and store.uri != store.root_path() else repr(store.uri)
     held = (
         "which does not exist"
         if found is None
@@ -107,22 +108,28 @@ def no_such_sweep(store: ResultStore, also: Sequence[str] = ()) -> SweepNotFound
         if not found
         else f"which holds {', '.join(found[:10])}" + (f" and {len(found) - 10} more" if len(found) > 10 else "")
     )
-    if store.root_is_a_sweep():  # --store sweeps/demo
-        parent, own = store.root_path().rsplit("/", 1)
+    base = store.uri.rstrip("/")
+    if "/" in base and store.root_is_a_sweep():  # --store sweeps/demo (its parent as given: s3://b/sweeps too)
+        parent, own = base.rsplit("/", 1)
         held += f" (it is the folder of sweep {own!r}: its store is the folder above, {parent!r})"
     names = [store.sweep, *also]
-    close = [f"{c[0]!r}" for c in (difflib.get_close_matches(n, found or [], n=1) for n in names) if c]
-    held += f" (did you mean {' or '.join(dict.fromkeys(close))}?)" if close else ""
-    # A relative store is the current folder's, as it was the launch's (a spec file's `store:` too).
+    close = {n: c[0] for n in names if (c := difflib.get_close_matches(n, found or [], n=1))}
+    if close:
+        meant = ", ".join(f"{c!r}" if len(names) == 1 else f"{c!r} for {n!r}" for n, c in close.items())
+        held += f" (did you mean {meant}?)"
+    # A relative store is the current folder's, as it was the launch's (a spec file's `store:` too): said
+    # where the store is missing or nothing in it is near the name (a typo in the right folder is a typo).
+    relative = not remote and not os.path.isabs(os.path.expanduser(store.uri))
     elsewhere = (
         "a relative store is read from the current folder, as the launch that wrote it read it: run this where "
         "the sweep was launched, or give --store ROOT (store=ROOT in Python); "
-        if local
+        if relative and (found is None or not close)
         else ""
     )
+    python = "" if elsewhere else " (store=ROOT in Python)"
     return SweepNotFound(
         f"no sweep named {' or '.join(map(repr, names))} in store {where}, {held}; {elsewhere}a sweep whose "
-        f"spec names another store (its `store:`) is read there: --store ROOT{'' if local else ' (store=ROOT in Python)'}, "
+        f"spec names another store (its `store:`) is read there: --store ROOT{python}, "
         "or give its spec file in place of the name, which names both",
         store.uri,
     )

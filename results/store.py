@@ -217,7 +217,9 @@ def check_store_root(fs: pafs.FileSystem, root: str, uri: str) -> None:
         try:  # a real folder made and taken away: os.access says yes to root everywhere, /proc included
             os.rmdir(tempfile.mkdtemp(prefix=".freezesweep-probe-", dir=parent))
         except OSError as exc:
-            raise StoreError(f"cannot create {root!r}: {parent!r} is not a writable folder ({exc.strerror})") from exc
+            raise StoreError(
+                f"cannot create {root!r}: {parent!r} is not a writable folder (making a folder there: {exc.strerror})"
+            ) from exc
         return
     probe = f"{root}/.freezesweep-probe-{uuid.uuid4().hex}"
     try:

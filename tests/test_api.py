@@ -162,8 +162,15 @@ def test_a_report_names_every_sweep_it_cannot_find(tmp_path):
     other = tmp_path / "other"
     other.mkdir()
     with pytest.raises(fs.SweepNotFound) as caught:
-        fs.report(["nope1", "nope2"], tmp_path / "out", store=str(tmp_path))
-    assert str(caught.value).startswith("no sweep named 'nope1' or 'nope2' in store")
+        fs.report(["nope1", "nope2", "nope1"], tmp_path / "out", store=str(tmp_path))
+    assert str(caught.value).startswith("no sweep named 'nope1' or 'nope2' in store")  # each once
+    elsewhere = tmp_path / "elsewhere"
+    spec_path = elsewhere / "spec.yaml"
+    elsewhere.mkdir()
+    spec_path.write_text(f"name: theirs\nstore: {elsewhere}/store\n")
+    with pytest.raises(fs.SweepNotFound) as caught:  # two stores: still a LookupError, each named
+        fs.report(["nope1", str(spec_path)], tmp_path / "out", store=None)
+    assert "no sweep named 'nope1' in store" in str(caught.value) and "'theirs'" in str(caught.value)
     (tmp_path / "README.md").write_text("a file")
     for out in ("README.md", "README.md/report"):  # a walk-through: a traceback after every row was read
         with pytest.raises(fs.SpecError, match="the report is a folder"):

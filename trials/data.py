@@ -283,8 +283,8 @@ SHOWN_ROWS = 5
 
 
 def _rows_words(where: str, positions: np.ndarray) -> str:
-    """The first rows at ``positions`` (0-based data rows) as the file numbers them: a CSV or TSV file's
-    lines (its header is line 1), else 0-based rows; then how many there are."""
+    """The first rows at ``positions`` (0-based data rows of the file, also after rows were dropped) as the
+    file numbers them: a CSV or TSV file's lines (its header is line 1), else 0-based rows; then how many."""
     lines = where.endswith((".csv", ".tsv"))
     shown = ", ".join(str(int(p) + 2 if lines else int(p)) for p in positions[:SHOWN_ROWS])
     more = f", … ({len(positions)} in all)" if len(positions) > SHOWN_ROWS else ""
@@ -315,7 +315,8 @@ def _texts(
         blank = {c: _blank(df[c]) for c in text_columns}
         if empty_texts == "drop":
             keep = ~np.logical_or.reduce(list(blank.values()))
-            df, dropped[split] = df[keep].reset_index(drop=True), int((~keep).sum())
+            # the index stays each row's place in its file: a later problem names the file's own line
+            df, dropped[split] = df[keep], int((~keep).sum())
         else:
             problems += [
                 f"{where[split]}: column {column!r} has {int(mask.sum())} empty or missing text(s), "
@@ -366,7 +367,7 @@ def _label_problems(labels: dict[str, pd.Series], column: str, where: dict[str, 
             what = "missing or non-finite score(s)" if regression else "missing or non-finite label(s)"
             problems.append(
                 f"{where[split]}: column {column!r} has {int(bad.sum())} {what}, "
-                f"{_rows_words(where[split], np.flatnonzero(bad))}"
+                f"{_rows_words(where[split], values.index.to_numpy()[bad])}"
             )
     if regression:
         return problems
@@ -376,7 +377,7 @@ def _label_problems(labels: dict[str, pd.Series], column: str, where: dict[str, 
         names = sorted(set(labels["validation"][unseen]), key=str)
         problems.append(
             f"{where['validation']}: column {column!r} holds label(s) {names} that the train split never "
-            f"has, {_rows_words(where['validation'], np.flatnonzero(unseen))}"
+            f"has, {_rows_words(where['validation'], labels['validation'].index.to_numpy()[unseen])}"
         )
     if len(train) < 2:
         problems.append(
@@ -411,7 +412,7 @@ def _rows_count(n: int) -> str:
 def _found(labels: dict[str, pd.Series], value: str, where: dict[str, str]) -> str:
     """Where ``value`` is: each file holding it, with its first rows."""
     places = [
-        (split, np.flatnonzero((series == value).to_numpy(dtype=bool, na_value=False)))
+        (split, series.index.to_numpy()[(series == value).to_numpy(dtype=bool, na_value=False)])
         for split, series in labels.items()
     ]
     return ": " + "; ".join(f"{where[split]} {_rows_words(where[split], at)}" for split, at in places if len(at))

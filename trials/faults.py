@@ -8,7 +8,8 @@
   (block until the process is killed: a long trial caught mid-run, whose node a test then stops),
   or ``meetK`` (wait until K trials have reached this evaluation, at most MEET_TIMEOUT_S: trials
   that must run at the same time, as a test of placement needs; it needs ``FREEZESWEEP_FAULT_DIR``,
-  a folder every trial sees);
+  a folder every trial sees, fresh for each launch: marks are never taken back, and members of one
+  trial array evaluate one after another, so give single trials);
 - N: fire after the N-th evaluation;
 - MATCH: ``key=value,...`` over TrialConfig fields, or a trial_id prefix; all trials when absent;
 - TIMES: fire at most this many times per trial (needs ``FREEZESWEEP_FAULT_DIR``, where the count

@@ -482,6 +482,27 @@ def test_more_tokens_than_the_model_takes_are_refused(write_spec, tiny_bert, tin
     ]
 
 
+def test_the_position_limit_knows_offsets_and_relative_positions(monkeypatch):
+    """The review: DeBERTa v3 has relative positions only (no table to run past), MPNet's ids start at 2
+    whatever its pad_token_id; a tokenizer without a saved limit says 1e30."""
+    from transformers import DebertaV2Config, MPNetConfig, RobertaConfig
+
+    import freezesweep.trials.model as model_module
+    from freezesweep.orchestrator.checks import position_limit
+
+    class Unlimited:
+        model_max_length = int(1e30)
+
+    for config, limit in [
+        (DebertaV2Config(max_position_embeddings=512, position_biased_input=False), None),
+        (DebertaV2Config(max_position_embeddings=512), 512),
+        (MPNetConfig(max_position_embeddings=514, pad_token_id=0), 512),
+        (RobertaConfig(max_position_embeddings=514, pad_token_id=1), 512),  # roberta-base
+    ]:
+        monkeypatch.setattr(model_module, "load_model_config", lambda _, config=config: config)
+        assert position_limit("m", Unlimited())[0] == limit, config.model_type
+
+
 def test_dropped_empty_texts_are_counted_when_the_spec_says_drop(write_spec, tmp_path):
     from freezesweep.orchestrator.checks import data_notes
 
@@ -525,7 +546,8 @@ def test_a_store_no_one_can_create_is_refused_also_for_root(write_spec):
     passed the checks and the launch died in a traceback. A folder is made and removed there now."""
     problems = _problems(write_spec(store="/proc/freezesweep-sweeps"))
     assert problems == [
-        "store: cannot create '/proc/freezesweep-sweeps': '/proc' is not a writable folder (No such file or directory)"
+        "store: cannot create '/proc/freezesweep-sweeps': '/proc' is not a writable folder (making a folder there: "
+        "No such file or directory)"
     ]
 
 
@@ -664,7 +686,9 @@ def test_a_fixed_grid_of_fewer_seeds_than_a_decision_needs_grows_and_says_so(wri
     assert api.plan(write_spec("two", seeds=[0, 1, 2])).note is None
     # a walk-through: no full fine-tuning, no advice, and no word of it (settle mode refuses such a spec)
     unpaired = api.plan(write_spec("no-full", frozen_layers=[2], seeds=[0, 1, 2])).note
-    assert unpaired.startswith("a fixed grid without full fine-tuning (frozen_layers 0) gives no freezing advice")
+    assert unpaired.startswith(
+        "a fixed grid without full fine-tuning (methods: freeze with frozen_layers 0) gives no freezing advice"
+    )
 
 
 def test_a_depth_added_first_does_not_open_the_way_to_more_seeds(write_spec):
@@ -755,6 +779,8 @@ def test_columns_can_be_named_per_dataset(write_spec, toy_dataset, tmp_path):
         "; one training.text_column names every dataset's column: give {dataset: column} to name it for some only "
         f"(e.g. text_column: {{{renamed}: review}})"
     )  # a walk-through: one name for a file of their own beside another said only "no column"
+    neither = _problems(write_spec("neither", datasets=[toy_dataset, str(renamed)], training={"text_column": "text"}))
+    assert not any("give {dataset: column}" in p for p in neither)  # no dataset to name as the example
     strays = _problems(write_spec("stray", datasets=[toy_dataset], training={"text_column": {"elsewhere": "x"}}))
     assert strays == ["training.text_column: elsewhere not among the datasets"]
     slash = _problems(write_spec("slash", datasets=[f"{renamed}/"], training=columns))  # a walk-through

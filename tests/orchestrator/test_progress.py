@@ -91,6 +91,15 @@ def test_a_retry_replacing_an_oom_row_is_one_line_of_the_same_cell_count():
     assert (progress.done, progress.failed) == (1, 0)
 
 
+def test_the_started_line_comes_once_though_each_settle_round_enters_again():
+    out = io.StringIO()
+    progress = SweepProgress(total=2, done=0, out=out, terminal=False, summary_every_s=3600)
+    for _ in range(2):  # two rounds
+        with progress:
+            pass
+    assert sum(line.startswith("started:") for line in out.getvalue().splitlines()) == 1
+
+
 def test_disabled_writes_nothing():
     out = io.StringIO()
     with SweepProgress(total=2, done=0, enabled=False, out=out, terminal=False) as progress:

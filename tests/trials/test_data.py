@@ -314,3 +314,15 @@ def test_a_missing_column_hides_no_label_problem(tmp_path):
     assert "no column 'sentence'" in said and "validation split" in said
     assert "holds label(s) ['maybe'] that the train split never has" in said
     assert "'Pos' (1 row: " in said and "differ only in case" in said
+
+
+def test_rows_are_named_by_their_file_lines_after_empty_texts_are_dropped(tmp_path):
+    """The review: with empty_texts: drop the kept rows were renumbered, so a label problem named the
+    line after its own ("line 4" for line 5)."""
+    train = "sentence,label\n,pos\na,pos\nb,neg\nc,Pos\nd,\n"
+    folder = _csv_pair(tmp_path / "d", train, "sentence,label\nx,pos\ny,neg\n")
+    with pytest.raises(DatasetError) as info:
+        load_task(folder, empty_texts="drop")
+    said = "\n".join(info.value.problems)
+    assert f"'Pos' (1 row: {folder}/train.csv line 5)" in said
+    assert f"{folder}/train.csv: column 'label' has 1 missing or non-finite label(s), line 6" in said
