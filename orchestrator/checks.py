@@ -718,8 +718,9 @@ def _settle_changes(stored: dict[str, Any], raw: dict[str, Any]) -> list[str]:
         )
         problems.append(
             f"settle.{key}: changed from {before!r} to {after!r}, but sweep {raw['name']!r} already has "
-            f"rows: {why} (a new question: start a new sweep name, whose seeds and looks are its own; "
-            "`freezesweep plan` prices it)"
+            f"rows: {why} (a new question: start a new sweep name and another split_seed, whose subsets, seeds and "
+            "looks are its own; under the same split_seed it would rerun the rows already seen; `freezesweep plan` "
+            "prices it)"
         )
     return problems
 

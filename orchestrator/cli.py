@@ -6,14 +6,16 @@ pay the seconds that torch, transformers and Ray Tune take to import.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import json
+import signal
 import sys
 import warnings
 from collections.abc import Callable, Iterator
 from enum import Enum
 from pathlib import Path
-from typing import Annotated, Any, Optional
+from typing import Annotated, Any, NoReturn, Optional
 
 import typer
 import yaml
@@ -145,7 +147,8 @@ def trial(
 # The options' names in a one-cell spec, said beside its problems.
 TRIAL_SOURCE = (
     "the trial's options, as a one-cell sweep (train_sizes: --train-size, frozen_layers: --frozen-layers, "
-    "methods: --method, lora_ranks: --lora-rank, seeds: --seed, datasets: --dataset, training.<key>: --<key>)"
+    "methods: --method, lora_ranks: --lora-rank, seeds: --seed, datasets: --dataset, data_dir: --data-dir, "
+    "training.<key>: --<key>)"
 )
 
 
@@ -251,8 +254,17 @@ def _run_launch(run: Callable[[], Any], sweep: Callable[[], str]) -> None:
         _fail(exc, code=3)
     except KeyboardInterrupt:  # before or after Tune ran (Tune itself stops gracefully and returns)
         err_console.print(f"interrupted: nothing was lost; {sweep()}", highlight=False)
-        raise typer.Exit(143 if terminated else 130) from None
+        exit_interrupted(143 if terminated else 130)
     _print_summary(summary, stopped=143 if summary.terminated or terminated else 130)
+
+
+def exit_interrupted(code: int) -> NoReturn:
+    """Exit 130 (Ctrl-C) or 143 (SIGTERM), whatever comes next: a second Ctrl-C while Ray shuts down at
+    exit raised in its atexit callback, and the process ended 1, read as failed cells (a walk-through).
+    Ignored from the interpreter's exit on: atexit runs this before Ray's own shutdown, registered at
+    ray.init (last in, first out); not now, since a process started until then would inherit it."""
+    atexit.register(signal.signal, signal.SIGINT, signal.SIG_IGN)
+    raise typer.Exit(code) from None
 
 
 def _print_summary(summary, stopped: int) -> None:
@@ -271,15 +283,15 @@ def _print_summary(summary, stopped: int) -> None:
     )
     if summary.not_needed:
         console.print(
-            f"settle mode: {summary.not_needed} of the grid's cells not needed, the answer was decided without them "
-            f"(`freezesweep report {summary.sweep}{api.store_flag(summary.store)}` says how)"
+            f"settle mode: {summary.not_needed} of the grid's cells not run: each group's rounds stopped once it was "
+            f"decided or at its budget (`freezesweep report {summary.sweep}{api.store_flag(summary.store)}` says which)"
         )
     console.print(f"store: {summary.store}/{summary.sweep}/results/")
     if summary.unfinished:
         console.print(
             f"{summary.unfinished} cells not finished (interrupted): `freezesweep resume {summary.sweep}` runs them"
         )
-        raise typer.Exit(stopped)
+        exit_interrupted(stopped)
     if summary.failed:
         raise typer.Exit(1)
 
@@ -370,13 +382,25 @@ def _print_work(planned) -> None:
         return
     others = ", ".join(planned.priced_from)
     elsewhere = f", with rows of sweep(s) {others} run under the same protocol" if others else ""
+    rest = pending - estimate.measured_cells
+    # the rest: plan.estimate_work's fallbacks (a walk-through asked how "the other 3" were priced)
+    rest_words = f"; the other {rest:,} by their model, dataset and train size, else every measured row" if rest else ""
     console.print(
-        f"work: about {estimate.trial_s / 3600:,.2f} trial-hours ({estimate.measured_cells:,} of "
-        f"{pending:,} pending cells priced by rows of their own kind, from {estimate.measured_rows:,} "
-        f"measured rows{elsewhere}); about {estimate.trial_s / planned.trials_at_once / 3600:,.2f} h at "
+        f"work: about {_hours(estimate.trial_s)} of trials (from {estimate.measured_rows:,} measured rows{elsewhere}: "
+        f"{estimate.measured_cells:,} of {pending:,} pending cells priced by rows of their own kind{rest_words}); "
+        f"about {_hours(estimate.trial_s / planned.trials_at_once)} at "
         f"{planned.trials_at_once} trials at once (this machine's cores, or max_concurrent_trials)",
         highlight=False,
     )
+
+
+def _hours(seconds: float) -> str:
+    """A duration as people read it: ``40 s``, ``12 min``, ``3.4 h`` (a small sweep was "0.00 h")."""
+    if seconds < 90:
+        return f"{seconds:.0f} s"
+    if seconds < 90 * 60:
+        return f"{seconds / 60:.0f} min"
+    return f"{seconds / 3600:,.1f} h"
 
 
 @contextlib.contextmanager

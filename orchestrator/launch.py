@@ -84,8 +84,9 @@ class LaunchSummary:
 
     @property
     def not_needed(self) -> int:
-        """Settle mode, ended with nothing failed: cells of the grid no round ran, the answer decided
-        without them (a failed cell stops the rounds undecided: resume runs it, then the rest)."""
+        """Settle mode, ended with nothing failed: cells of the grid no round ran, each group's rounds
+        stopped once it was decided or at its budget (a walk-through read "the answer was decided without
+        them" where the budget ran out); a failed cell stops the rounds undecided: resume runs it, then the rest."""
         left = self.total - self.already_ok - self.recovered - self.ran
         return max(0, left) if self.settle and not (self.unfinished or self.failed) else 0
 
@@ -303,7 +304,13 @@ def run(
             sweep.name,
             sink,
             done | recovered,
-            SweepProgress(total=total, done=len(done | recovered), enabled=show_progress),
+            SweepProgress(
+                total=total,
+                done=len(done | recovered),
+                enabled=show_progress,
+                models=len(sweep.spec.models()),
+                at_most=settle,
+            ),
             on_row=row_tracker(sweep),
             unfinished=unfinished - recovered,
         )

@@ -29,10 +29,12 @@ from freezesweep.results.query import first_line
 SUMMARY_EVERY_S = 60.0  # the longest a log goes without a line while a sweep runs
 
 
-def cell_words(result: TrialResult) -> str:
-    """A trial's cell, status and selected metric: ``glue/sst2 n=200 k=0 s=1 ok accuracy=0.785``."""
+def cell_words(result: TrialResult, model: bool = False) -> str:
+    """A trial's cell, status and selected metric: ``glue/sst2 n=200 k=0 s=1 ok accuracy=0.785``; with
+    ``model`` (a sweep of several), its model's last path part first (two models' lines looked alike)."""
     cfg = result.config
-    words = f"{cfg.dataset} n={cfg.train_size} {cfg.variant()} s={cfg.seed} {result.status}"
+    named = f"{cfg.model.rstrip('/').rsplit('/', 1)[-1]} " if model else ""
+    words = f"{named}{cfg.dataset} n={cfg.train_size} {cfg.variant()} s={cfg.seed} {result.status}"
     if result.best_val_score is not None:
         words += f" {result.select_metric}={result.best_val_score:.3f}"
     return words
@@ -46,7 +48,9 @@ class SweepProgress:
     """Counts a launch's outcomes and shows them: a bar on a terminal, lines elsewhere, nothing when
     not ``enabled``.
 
-    ``out``: where lines go (default stdout); ``terminal``: whether it is one (default: ``out.isatty()``);
+    ``models``: how many the sweep has; ``at_most``: the total is a budget (settle mode), said as one
+    (a walk-through read "12 to run" and an ETA for 12 where 4 ran); ``out``: where lines go (default stdout); ``terminal``: whether
+    it is one (default: ``out.isatty()``);
     ``clock``: seconds, monotonic (tests pass their own); ``console``: the bar's (tests render it)."""
 
     def __init__(
@@ -55,6 +59,8 @@ class SweepProgress:
         done: int,
         enabled: bool = True,
         *,
+        models: int = 1,
+        at_most: bool = False,
         out: TextIO | None = None,
         terminal: bool | None = None,
         clock: Callable[[], float] = time.monotonic,
@@ -62,6 +68,8 @@ class SweepProgress:
         console: Console | None = None,
     ):
         self.total, self.done, self.failed, self.finished = total, done, 0, 0  # finished: this launch's trials
+        self.models = models  # more than one: each line names its model
+        self.at_most = at_most  # settle mode: ``total`` is the budget, its rounds run what the rows call for
         self.out = out or sys.stdout
         terminal = self.out.isatty() if terminal is None else terminal
         self.mode = "off" if not enabled else "bar" if terminal else "lines"
@@ -80,7 +88,7 @@ class SweepProgress:
         self.failed += (result.status != "ok") - (replaces not in (None, "ok"))
         if not replaces:
             self.done, self.finished = self.done + 1, self.finished + 1
-        last = cell_words(result)
+        last = cell_words(result, self.models > 1)
         self._bar.update(self._task, advance=0 if replaces else 1, failed=self.failed, last=last)
         why = f": {first_line(result.error)}" if result.status != "ok" and result.error else ""
         if self.mode == "lines":
@@ -99,6 +107,7 @@ class SweepProgress:
         rate_per_s = self.finished / elapsed_s if elapsed_s > 0 else 0.0
         left = self.total - self.done
         eta = _duration(left / rate_per_s) if rate_per_s > 0 else ("0:00:00" if left == 0 else "unknown")
+        eta = f"at most {eta}" if self.at_most and eta != "unknown" else eta
         return (
             f"progress: {self.done}/{self.total} done, {self.failed} failed, {rate_per_s * 60:.2f} trials/min, "
             f"elapsed {_duration(elapsed_s)}, ETA {eta}"
@@ -121,9 +130,14 @@ class SweepProgress:
     def __enter__(self) -> "SweepProgress":
         if self.mode == "lines" and not self._announced:  # a log says the trials started (a walk-through), once
             self._announced = True
+            to_run = (
+                f"at most {self.total - self.done} to run (settle mode: its rounds run what the rows call for)"
+                if self.at_most
+                else f"{self.total - self.done} to run"
+            )
             self._write(
-                f"started: {self.done}/{self.total} done, {self.total - self.done} to run; a line as each trial "
-                f"ends, a progress line at least every {_duration(self.summary_every_s)}"
+                f"started: {self.done}/{self.total} done, {to_run}; a line as each trial ends, a progress line at "
+                f"least every {_duration(self.summary_every_s)}"
             )
             self._stop.clear()
             self._timer = threading.Thread(target=self._run_timer, name="freezesweep-progress", daemon=True)

@@ -610,6 +610,8 @@ def test_a_settle_sweeps_question_and_budget_are_refused_once_it_has_rows(write_
         "voids the confidence" in problems[0]
         and "4 looks where the stored rows' confidence was shared by 2" in problems[1]
     )
+    # a walk-through renamed the sweep alone, and its new question read the same subsets and seeds again
+    assert "start a new sweep name and another split_seed" in problems[0]
     load_spec(write_spec("asked", seeds=[], settle={**settle, "learned_first": False}))  # the order: accepted
 
 

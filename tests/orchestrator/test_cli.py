@@ -103,6 +103,7 @@ def test_one_trial_names_every_problem_of_its_options_at_once(tmp_path):
     for said in ("train sizes must be positive", "a depth is an integer", "training.epochs", "no-model", "'nope'"):
         assert said in done.stderr
     assert "--train-size" in done.stderr  # the option each spec key stands for
+    assert "data_dir: --data-dir" in done.stderr.replace("\n", "")  # the data layer says data_dir (a walk-through)
 
 
 @pytest.mark.parametrize("command", ["status", "summary", "query", "report", "resume"])
@@ -163,8 +164,9 @@ def test_plan_counts_cells_against_the_store_and_prices_the_rest_without_running
     )
     # pending: (24, k=2, s=1) priced at its own kind's 30 s; the 4 cells of n = 48 at the median of all, 20 s
     assert (
-        "work: about 0.03 trial-hours (1 of 5 pending cells priced by rows of their own kind, from 3 measured rows)"
-        in done.stdout
+        "work: about 2 min of trials (from 3 measured rows: 1 of 5 pending cells priced by rows of their own kind; "
+        "the other 4 by their model, dataset and train size, else every measured row); about 55 s at 2 trials at once"
+        in done.stdout.replace("\n", "")
     )
     assert "nothing was started" in done.stdout and _tree(tmp_path / "store") == before
 
@@ -201,8 +203,9 @@ def test_plan_prices_a_new_sweep_by_another_sweeps_rows_of_the_same_kind_and_pro
     assert "8 cells" in done.stdout and "0 done" in done.stdout
     # n = 24's 4 cells at earlier's 10 s each kind; n = 48's 4 at the median of every priced row, 10 s
     assert (
-        "work: about 0.02 trial-hours (4 of 8 pending cells priced by rows of their own kind, from 2 measured "
-        "rows, with rows of sweep(s) earlier run under the same protocol)" in done.stdout
+        "work: about 80 s of trials (from 2 measured rows, with rows of sweep(s) earlier run under the same "
+        "protocol: 4 of 8 pending cells priced by rows of their own kind; the other 4 by their model, dataset and "
+        "train size, else every measured row)" in done.stdout.replace("\n", "")
     )
 
 
@@ -504,3 +507,20 @@ def test_csv_cells_holding_lists_are_json():
     (first, second) = csv.DictReader(io.StringIO(nested_as_json(frame).to_csv(index=False)))
     assert json.loads(first["eval_curve"]) == [{"step": 7, "accuracy": 0.5, "pearson": None}]
     assert (second["eval_curve"], second["seed"]) == ("", "1")
+
+
+def test_an_interrupted_launch_exits_130_whatever_comes_after(monkeypatch):
+    """A walk-through: a second Ctrl-C while Ray shut down at exit ended the process 1 (failed cells).
+    From the interpreter's exit on, Ctrl-C is ignored (before Ray's own atexit shutdown runs)."""
+    import atexit
+    import signal
+
+    import typer
+
+    from freezesweep.orchestrator.cli import exit_interrupted
+
+    at_exit = []
+    monkeypatch.setattr(atexit, "register", lambda *call: at_exit.append(call))
+    with pytest.raises(typer.Exit) as exited:
+        exit_interrupted(130)
+    assert exited.value.exit_code == 130 and at_exit == [(signal.signal, signal.SIGINT, signal.SIG_IGN)]

@@ -100,6 +100,34 @@ def test_the_started_line_comes_once_though_each_settle_round_enters_again():
     assert sum(line.startswith("started:") for line in out.getvalue().splitlines()) == 1
 
 
+def test_a_sweep_of_several_models_names_each_lines_model():
+    """A walk-through: two models' lines read alike (`trial 1/8: glue/sst2 n=50 k=-1 s=0` and `trial 5/8: …`)."""
+    import dataclasses
+
+    out = io.StringIO()
+    progress = SweepProgress(total=2, done=0, out=out, terminal=False, models=2)
+    result = _result(0)
+    hub = dataclasses.replace(result.config, model="sentence-transformers/all-MiniLM-L6-v2")
+    progress.advance(dataclasses.replace(result, config=hub))
+    assert out.getvalue().startswith("trial 1/2: all-MiniLM-L6-v2 glue/sst2 n=200 k=0 s=0 ok")
+    one = io.StringIO()
+    SweepProgress(total=1, done=0, out=one, terminal=False).advance(result)
+    assert one.getvalue().startswith("trial 1/1: glue/sst2 n=200")  # one model: as before
+
+
+def test_a_settle_sweeps_total_is_said_as_its_budget():
+    """A walk-through: "started: 0/12 done, 12 to run" and an ETA for 12 cells, where its rounds ran 4."""
+    out, clock = io.StringIO(), FakeClock()
+    progress = SweepProgress(total=12, done=0, out=out, terminal=False, clock=clock, at_most=True, summary_every_s=60)
+    with progress:
+        clock.now_s += 60
+        progress.advance(_result(0))
+        progress.tick()
+    started, _, summary, *_ = out.getvalue().splitlines()
+    assert started.startswith("started: 0/12 done, at most 12 to run (settle mode: its rounds run what the rows")
+    assert summary.endswith("ETA at most 0:11:00")
+
+
 def test_disabled_writes_nothing():
     out = io.StringIO()
     with SweepProgress(total=2, done=0, enabled=False, out=out, terminal=False) as progress:
