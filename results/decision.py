@@ -22,6 +22,7 @@ import pandas as pd
 from freezesweep.results.query import BASELINE, SCORE, freeze_rows
 from freezesweep.results.settle import (
     FINAL,
+    FULL,
     LEARNED,
     NOT_TESTED,
     NOTHING_LEARNED,
@@ -93,7 +94,7 @@ def decide(
         rule, looks, arms = (rules or {}).get(key[0], (SettleRule(tolerance=asked), 1, None))
         grid = _grid_arms(group, arms)
         decision = decide_group(_arms(group), rule, looks, grid)
-        record = _record(key, group, decision, rule, looks, costs)
+        record = _record(key, group, decision, rule, looks, costs, grid)
         # what budget of a new settle sweep (its looks paid anew) would decide what is open: a settle
         # sweep's past its own; a fixed grid's from one seed more than a settle sweep's first look
         new = rule if key[0] in (rules or {}) else dataclasses.replace(rule, max_seeds=rule.initial_seeds)
@@ -166,9 +167,19 @@ def _arms(group: pd.DataFrame) -> pd.DataFrame:
 
 
 def _record(
-    key: tuple, group: pd.DataFrame, decision: GroupDecision, rule: SettleRule, looks: int, costs: pd.DataFrame
+    key: tuple,
+    group: pd.DataFrame,
+    decision: GroupDecision,
+    rule: SettleRule,
+    looks: int,
+    costs: pd.DataFrame,
+    grid: Sequence[str] = (),
 ) -> dict:
+    """The group's row of the decision table. ``grid``: the depths its sequence walks; one no round ran
+    (settle mode, before full fine-tuning is shown to learn) is not tested, as the sentence says."""
     ok = group[group["status"] == "ok"]
+    compared = {c.arm for c in decision.arms}
+    unrun = [_k(a) for a in grid if a not in compared and a != FULL]
     record = dict(
         zip(GROUP, key),
         metric=ok["select_metric"].iloc[0] if len(ok) else None,
@@ -186,6 +197,7 @@ def _record(
             )
         },
     )
+    record["not_tested"] = ", ".join(filter(None, [record["not_tested"], *unrun]))
     chosen = next((c for c in decision.arms if c.arm == decision.advice), None)
     if chosen is None:
         return record

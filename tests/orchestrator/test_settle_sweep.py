@@ -94,6 +94,12 @@ def test_a_grown_budget_is_refused_and_learned_first_runs_full_fine_tuning_alone
     store = ResultStore(small.store, "grown")
     first = _runs(store).set_index("trial_id")["finished_at"]
     assert len(first) == 3 and set(_runs(store)["frozen_layers"]) == {0}
+    from freezesweep.orchestrator import api
+
+    # the depths no round ran while it was open whether full fine-tuning learns: not tested, in the table
+    # too (a walk-through: the sentence said so, the table's column was empty)
+    (group,) = api.decide("grown", store=small.store).frame.to_dict("records")
+    assert group["learned"] != "learned" and group["not_tested"] == "k=1, k=2"
     with pytest.raises(SpecError) as info:
         load_spec(_settle_spec(write_spec, "grown", max_seeds=5))
     assert any(
