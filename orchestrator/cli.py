@@ -238,10 +238,14 @@ def _fail(exc: Exception | str, code: int = 2) -> None:
 def _run_launch(run: Callable[[], Any], sweep: Callable[[], str]) -> None:
     """A launch or resume through the API; exit codes: 0 done, 1 some cells failed, 2 refused, 3 rows
     kept in the spool, 130 interrupted (Ctrl-C), 143 terminated (SIGTERM)."""
-    from freezesweep.orchestrator.launch import StoreUnavailable
-    from freezesweep.orchestrator.ray_session import RayUnreachable
-    from freezesweep.orchestrator.spec import SpecError
-    from freezesweep.results.lock import SweepLocked
+    try:  # seconds of Ray's and torch's imports: a Ctrl-C there exited 130 without a word (a walk-through)
+        from freezesweep.orchestrator.launch import StoreUnavailable
+        from freezesweep.orchestrator.ray_session import RayUnreachable
+        from freezesweep.orchestrator.spec import SpecError
+        from freezesweep.results.lock import SweepLocked
+    except KeyboardInterrupt:
+        err_console.print("interrupted before anything started: nothing was written", highlight=False)
+        exit_interrupted(130)
 
     terminated = []
     try:

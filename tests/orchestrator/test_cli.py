@@ -524,3 +524,20 @@ def test_an_interrupted_launch_exits_130_whatever_comes_after(monkeypatch):
     with pytest.raises(typer.Exit) as exited:
         exit_interrupted(130)
     assert exited.value.exit_code == 130 and at_exit == [(signal.signal, signal.SIGINT, signal.SIG_IGN)]
+
+
+def test_an_interrupt_while_the_launch_imports_says_nothing_was_written(write_spec, monkeypatch):
+    """A walk-through: Ctrl-C in a launch's first seconds (Ray's and torch's imports) exited 130 silently."""
+    import atexit
+    import sys
+    import types
+
+    class Interrupted(types.ModuleType):
+        def __getattr__(self, name):
+            raise KeyboardInterrupt
+
+    monkeypatch.setitem(sys.modules, "freezesweep.orchestrator.launch", Interrupted("launch"))
+    monkeypatch.setattr(atexit, "register", lambda *call: None)
+    done = runner.invoke(app, ["launch", str(write_spec("early"))])
+    assert done.exit_code == 130
+    assert "interrupted before anything started: nothing was written" in done.stderr
