@@ -49,8 +49,8 @@ class SweepProgress:
     not ``enabled``.
 
     ``models``: how many the sweep has; ``at_most``: the total is a budget (settle mode), said as one
-    (a walk-through read "12 to run" and an ETA for 12 where 4 ran); ``out``: where lines go (default stdout); ``terminal``: whether
-    it is one (default: ``out.isatty()``);
+    (a walk-through read "12 to run" and an ETA for 12 where 4 ran); ``out``: where lines go (default
+    stdout); ``terminal``: whether it is one (default: ``out.isatty()``);
     ``clock``: seconds, monotonic (tests pass their own); ``console``: the bar's (tests render it)."""
 
     def __init__(

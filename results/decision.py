@@ -197,7 +197,8 @@ def _record(
             )
         },
     )
-    record["not_tested"] = ", ".join(filter(None, [record["not_tested"], *unrun]))
+    untested = [k for k in record["not_tested"].split(", ") if k] + unrun
+    record["not_tested"] = ", ".join(sorted(untested, key=lambda k: int(k.split("=")[1])))
     chosen = next((c for c in decision.arms if c.arm == decision.advice), None)
     if chosen is None:
         return record
