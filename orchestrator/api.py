@@ -393,8 +393,13 @@ def located(name: SweepRef, store: str | None = None) -> tuple[str, str]:
     if spec_file and "/" in name.replace(os.sep, "/") and not os.path.isfile(name):  # no sweep name has a /
         raise SpecError([f"no such spec file (looked for from {os.getcwd()})"], name)
     folder = os.path.normpath(name)
-    if store is None and os.sep in folder and os.path.isfile(os.path.join(folder, "spec.yaml")):
+    if store is None and os.sep in folder and _stored_sweep_folder(folder):
         return os.path.basename(folder), os.path.dirname(folder)  # a sweep's own folder (sweeps/demo)
+    if "/" in name.replace(os.sep, "/") and not spec_file:  # neither a name nor a sweep's folder: said so
+        raise SpecError(
+            ["not a sweep's name (a name has no /), nor a store's folder of one sweep (its spec.yaml naming it)"],
+            name,
+        )
     if not (spec_file and os.path.isfile(name)):
         return name, store or DEFAULT_STORE
     raw = read_yaml(name)
@@ -402,6 +407,19 @@ def located(name: SweepRef, store: str | None = None) -> tuple[str, str]:
         raise SpecError(["names no sweep (its `name:`), so it cannot say which stored sweep to read"], name)
     spec_store = raw.get("store") if isinstance(raw.get("store"), str) else DEFAULT_STORE
     return raw["name"], store or spec_store
+
+
+def _stored_sweep_folder(folder: str) -> bool:
+    """A store's folder of one sweep: its spec.yaml names it (a user's own spec.yaml in a folder of
+    theirs names whatever sweep it launches, seldom the folder's name)."""
+    spec_file = os.path.join(folder, "spec.yaml")
+    if not os.path.isfile(spec_file):
+        return False
+    try:
+        raw = read_yaml(spec_file)
+    except SpecError:
+        return False
+    return isinstance(raw, dict) and raw.get("name") == os.path.basename(folder)
 
 
 def _each_once(names: SweepRef | Sequence[SweepRef], store: str | None = None) -> list[SweepRef]:

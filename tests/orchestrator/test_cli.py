@@ -489,6 +489,10 @@ def test_a_sweeps_own_folder_reads_as_the_sweep_and_as_a_store_says_so(write_spe
     deep = runner.invoke(app, ["status", "mine", "--store", folder])
     assert deep.exit_code == 2
     assert f"(it is the folder of sweep 'mine': its store is the folder above, {spec.store!r})" in deep.stderr
+    (tmp_path / "mine-too").mkdir()
+    (tmp_path / "mine-too" / "spec.yaml").write_text("name: another\n")  # a user's own spec, not a stored sweep
+    neither = runner.invoke(app, ["status", str(tmp_path / "mine-too")])
+    assert neither.exit_code == 2 and "not a sweep's name (a name has no /)" in neither.stderr
 
 
 def test_csv_cells_holding_lists_are_json():
