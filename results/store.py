@@ -206,8 +206,8 @@ def store_identity(uri: str, root: str) -> str:
 def check_store_root(fs: pafs.FileSystem, root: str, uri: str) -> None:
     """Write and delete a probe file at the store's root, never inside an existing sweep; a local
     root that does not exist yet is not created here, only a probe folder made and removed in its
-    nearest existing parent. The
-    probe is deleted even when writing it failed half-way (a full disk leaves an empty file)."""
+    nearest existing parent. The probe is deleted even when writing it failed half-way (a full disk
+    leaves an empty file)."""
     if isinstance(fs, pafs.LocalFileSystem) and not os.path.isdir(root):
         parent = root
         while not os.path.exists(parent):
