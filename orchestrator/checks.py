@@ -13,7 +13,6 @@ them, so that commands reading a stored sweep (status, summary, report) start in
 
 from __future__ import annotations
 
-import contextlib
 import difflib
 import os
 import re
@@ -28,6 +27,7 @@ from freezesweep.orchestrator.spec import (
     SettleSpec,
     SpecError,
     SweepSpec,
+    as_int,
     column_for,
     parse,
     read_stored_spec,
@@ -141,16 +141,7 @@ def model_depths(spec: SweepSpec) -> dict[str, int]:
 
 def _ints(value: Any) -> list[int]:
     """A list's integers as pydantic reads them (lax: the text "9" is 9, so it meets the same checks)."""
-    if not isinstance(value, list):
-        return []
-    out = []
-    for v in value:
-        if isinstance(v, str):
-            with contextlib.suppress(ValueError):
-                out.append(int(v))
-        elif isinstance(v, int) and not isinstance(v, bool):
-            out.append(v)
-    return out
+    return [n for n in map(as_int, value) if n is not None] if isinstance(value, list) else []
 
 
 def _strs(value: Any) -> list[str]:

@@ -497,17 +497,17 @@ def nested_as_json(frame):
     None and newlines in the field (a walk-through)."""
     import numpy as np
 
-    def plain(value):
-        if isinstance(value, np.ndarray):
-            return [plain(v) for v in value.tolist()]
-        if isinstance(value, (list, tuple)):
-            return [plain(v) for v in value]
-        if isinstance(value, dict):
-            return {k: plain(v) for k, v in value.items()}
-        return value
+    def plain(value):  # what json cannot write, at any depth: numpy's arrays and scalars
+        return (
+            value.tolist()
+            if isinstance(value, np.ndarray)
+            else value.item()
+            if isinstance(value, np.generic)
+            else str(value)
+        )
 
     nested = [c for c in frame.columns if frame[c].map(lambda v: isinstance(v, (np.ndarray, list, tuple, dict))).any()]
-    cells = {c: frame[c].map(lambda v: json.dumps(plain(v), default=str) if v is not None else None) for c in nested}
+    cells = {c: frame[c].map(lambda v: json.dumps(v, default=plain) if v is not None else None) for c in nested}
     return frame.assign(**cells) if cells else frame
 
 

@@ -567,14 +567,15 @@ def _ranges_unchecked(raw: dict[str, Any], errors: list[Any]) -> list[str]:
         values = raw.get(axis)
         if not isinstance(values, list) or not any(len(e["loc"]) > 1 and e["loc"][0] == axis for e in errors):
             continue
-        bad = [n for n in map(_as_int, values) if n is not None and n < lowest]
+        bad = [n for n in map(as_int, values) if n is not None and n < lowest]
         if bad:
             problems.append(f"{axis}: {rule}: {bad} {'is' if len(bad) == 1 else 'are'} not")
     return problems
 
 
-def _as_int(value: Any) -> int | None:
-    """An axis member as pydantic would read it as an integer (a text of one too), else None."""
+def as_int(value: Any) -> int | None:
+    """A number of a spec as pydantic reads an integer (a text of one too: "9" meets the checks 9 meets),
+    else None (a boolean is never one)."""
     if isinstance(value, (bool, np.bool_)):
         return None
     try:
