@@ -337,12 +337,29 @@ def resume(
 ) -> LaunchSummary:
     """Run the cells of a stored sweep that have no ok row (failed ones are run again), with the spec
     it was launched with; otherwise as :func:`launch`."""
-    from freezesweep.orchestrator.sweeps import load_sweep_spec
+    from freezesweep.orchestrator.sweeps import launch_folder_for, load_sweep_spec
 
     name, root = located(name, store)
     stored = load_sweep_spec(name, root)  # validated in full by the launch, with the cluster
     raw = {**stored.model_dump(mode="json"), "store": root, "address": address or stored.address}
-    return _launch(raw, f"{root}/{name}/spec.yaml", progress)
+    folder = launch_folder_for(stored, ResultStore(root, name))
+    if folder is None:
+        return _launch(raw, f"{root}/{name}/spec.yaml", progress)
+    print(f"note: the spec's relative paths are read from the folder it was launched in, {folder}", file=sys.stderr)
+    raw["store"] = root = _root_identity(root)  # the same store from there
+    with _working_folder(folder):
+        return _launch(raw, f"{root}/{name}/spec.yaml", progress)
+
+
+@contextlib.contextmanager
+def _working_folder(folder: str) -> Iterator[None]:
+    """The process works in ``folder`` for a while (what ``cd folder`` before the command would do)."""
+    before = os.getcwd()
+    os.chdir(folder)
+    try:
+        yield
+    finally:
+        os.chdir(before)
 
 
 def _launch(raw: Any, source: str, progress: bool) -> LaunchSummary:

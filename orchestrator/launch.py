@@ -28,6 +28,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import itertools
+import os
 import sys
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
@@ -370,12 +371,14 @@ def run_rounds(launch: Launch, pending: Iterable[TrialConfig]) -> int:
 def open_for_writing(store: ResultStore, sweep: ResolvedSweep) -> SpoolingWriter:
     """The store made ready under the lock: a crash's staged leftovers removed and its compaction
     finished or undone, unreadable row files set aside (their cells run again), rows kept from a run
-    whose store went away written first (they count as done), the resolved spec stored."""
+    whose store went away written first (they count as done), the resolved spec stored (and the folder
+    its relative paths are read from)."""
     for note in store.make_ready().notes():
         print(note, file=sys.stderr)
     sink = SpoolingWriter(store, spool_dir(store))
     flush_or_fail(sink, announce=True)
     store.write_spec(sweep.spec.to_yaml())
+    store.write_launch_folder(os.getcwd())  # the spec's relative paths are this folder's: resume reads them there
     return sink
 
 

@@ -135,6 +135,26 @@ def no_such_sweep(store: ResultStore, also: Sequence[str] = ()) -> SweepNotFound
     )
 
 
+def launch_folder_for(spec: SweepSpec, store: ResultStore, here: str | None = None) -> str | None:
+    """Where a resume of a stored sweep reads its spec's relative paths (its data dir, local datasets and
+    model folders; cell ids name them as written): the folder its launch ran in, where more of them are
+    found than from ``here`` (the current folder) and each one found here is found too; None: here."""
+    relative = [p for p in _local_paths(spec) if not os.path.isabs(os.path.expanduser(p))]
+    folder = store.read_launch_folder()
+    here = os.path.abspath(here or os.getcwd())
+    if not relative or folder is None or not os.path.isdir(folder) or os.path.abspath(folder) == here:
+        return None
+    found_here = {p for p in relative if os.path.exists(os.path.join(here, os.path.expanduser(p)))}
+    found_there = {p for p in relative if os.path.exists(os.path.join(folder, os.path.expanduser(p)))}
+    return folder if found_there > found_here else None
+
+
+def _local_paths(spec: SweepSpec) -> list[str]:
+    """Every path the spec may name (a model: a hub id or a folder, either way)."""
+    datasets = [p.strip() for d in spec.datasets if not d.startswith("glue/") for p in d.split(",")]
+    return [*([spec.data_dir] if spec.data_dir else []), *datasets, *spec.models()]
+
+
 def load_sweep(name: str, store_uri: str) -> ResolvedSweep:
     """A stored sweep, resolved as it was launched (its cells are what ``status`` and the report count)."""
     spec = load_sweep_spec(name, store_uri)

@@ -39,6 +39,9 @@ import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
 RESULTS_DIR, STAGING_DIR, SPEC_FILE = "results", "_staging", "spec.yaml"
+# Where the last launch ran (its working folder): a spec's relative paths were read from there, and a
+# ``resume`` from another folder reads them there too (orchestrator.sweeps.launch_folder_for).
+LAUNCH_FILE = "launched-from.txt"
 COMPACTING_DIR, QUARANTINE_DIR, PART_PREFIX = "_compacting", "_quarantine", "part-"
 # results/rows-<id>.parquet: final rows written together (write_rows); compaction absorbs them as it does
 # single-row files
@@ -275,6 +278,17 @@ class ResultStore:
 
     def write_spec(self, text: str) -> None:
         self._write_atomic(f"{self.sweep_dir}/{SPEC_FILE}", text.encode())
+
+    def write_launch_folder(self, folder: str) -> None:
+        self._write_atomic(f"{self.sweep_dir}/{LAUNCH_FILE}", folder.encode())
+
+    def read_launch_folder(self) -> str | None:
+        """The folder the sweep's last launch ran in; None for a sweep launched before it was kept."""
+        try:
+            with self.fs.open_input_stream(f"{self.sweep_dir}/{LAUNCH_FILE}") as f:
+                return f.read().decode(errors="replace").strip() or None
+        except (FileNotFoundError, OSError):  # a hint only: its absence changes nothing but a message
+            return None
 
     def exists(self) -> bool:
         return self.fs.get_file_info(f"{self.sweep_dir}/{SPEC_FILE}").type != pafs.FileType.NotFound

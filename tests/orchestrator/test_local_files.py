@@ -246,3 +246,33 @@ def test_relative_paths_are_read_from_the_drivers_working_directory(
         ("data/toy", "models/tiny", "data/glue", None, None),
         ("glue/sst2", "models/tiny", "data/glue", None, None),
     }
+
+
+def test_a_resume_reads_relative_paths_where_the_launch_found_them(tmp_path):
+    """``launch_folder_for``: the launch's folder where more of the spec's relative paths (a data dir, a
+    dataset's files, a model folder) are found there than here and none found here is lost; else here."""
+    from types import SimpleNamespace
+
+    from freezesweep.orchestrator.spec import SweepSpec
+    from freezesweep.orchestrator.sweeps import launch_folder_for
+
+    launched, here = tmp_path / "launched", tmp_path / "here"
+    for folder in (launched / "data" / "glue", launched / "models" / "tiny", here):
+        folder.mkdir(parents=True)
+    (launched / "train.csv").write_text("x")
+    spec = SweepSpec(
+        name="s", model="models/tiny", datasets=["glue/sst2", "train.csv,val.csv"], data_dir="data/glue",
+        train_sizes=[8], frozen_layers=[0], seeds=[0],
+    )  # fmt: skip
+    store = SimpleNamespace(read_launch_folder=lambda: str(launched))
+    assert launch_folder_for(spec, store, here=str(here)) == str(launched)
+    assert launch_folder_for(spec, store, here=str(launched)) is None  # already there
+    assert launch_folder_for(spec, SimpleNamespace(read_launch_folder=lambda: None), here=str(here)) is None
+    (here / "models" / "tiny").mkdir(parents=True)  # found here and there: the launch's folder finds more
+    assert launch_folder_for(spec, store, here=str(here)) == str(launched)
+    shutil.rmtree(launched / "models")  # found here, not there: here
+    assert launch_folder_for(spec, store, here=str(here)) is None
+    absolute = spec.model_copy(
+        update={"model": str(here / "models" / "tiny"), "datasets": ["glue/sst2"], "data_dir": None}
+    )
+    assert launch_folder_for(absolute, store, here=str(here)) is None  # nothing relative

@@ -241,3 +241,42 @@ def test_sigterm_stops_like_ctrl_c(write_spec, tmp_path):
     assert not (tmp_path / "store" / "terminated" / "_lock.json").exists()
     _, alive = psutil.wait_procs(started, timeout=60)
     assert not alive, [p.info if hasattr(p, "info") else p for p in alive]
+
+
+def test_resume_from_another_folder_reads_relative_paths_from_the_launch_folder(
+    tiny_bert, toy_dataset, tmp_path, monkeypatch, capsys
+):
+    """Before: a spec naming its dataset and model by relative paths, resumed from another folder,
+    refused with "no such folder here" (a new user's walk-through); the cell ids name them as written."""
+    import shutil
+
+    import freezesweep as fs
+
+    project, elsewhere = tmp_path / "project", tmp_path / "elsewhere"
+    shutil.copytree(toy_dataset, project / "data" / "toy")
+    shutil.copytree(tiny_bert, project / "models" / "tiny")
+    elsewhere.mkdir()
+    spec = {
+        "name": "relative",
+        "model": "models/tiny",
+        "datasets": ["data/toy"],
+        "train_sizes": [24],
+        "frozen_layers": [0],
+        "seeds": [0],
+        "training": {"epochs": 1, "learning_rate": 0.003, "eval_batch_size": 32, "precision": "fp32"},
+        "resources": {"cpus_per_trial": 1},
+        "store": "sweeps",
+    }
+    monkeypatch.chdir(project)
+    first = fs.launch(fs.build_spec(**spec), progress=False)
+    assert (first.ran, first.ok) == (1, 1)
+    sweep = project / "sweeps" / "relative"
+    for kept in ("results", "_ray"):  # every row and Ray's record of them gone: its cell pending again
+        shutil.rmtree(sweep / kept)
+    monkeypatch.chdir(elsewhere)
+    capsys.readouterr()
+    again = fs.resume("relative", store=str(project / "sweeps"), progress=False)
+    assert (again.ran, again.ok) == (1, 1)
+    assert f"read from the folder it was launched in, {project}" in capsys.readouterr().err
+    assert Path.cwd() == elsewhere  # the folder the caller works in is given back
+    assert set(pd.read_parquet(sweep / "results")["dataset"]) == {"data/toy"}  # the ids name the paths as written
