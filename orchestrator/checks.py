@@ -168,6 +168,7 @@ def _model_problems(raw: dict[str, Any]) -> list[str]:
         except ModelError as exc:
             problems.append(f"model: {str(exc).splitlines()[0]}")
             continue
+        problems += _checkpoint_problems(model, raw)
         problems += _sequence_problems(model, raw)
         too_deep = [k for k in _ints(raw.get("frozen_layers")) if layers is not None and k > layers]
         if too_deep and "freeze" in methods:
@@ -208,6 +209,36 @@ def structure_problems(raw: dict[str, Any]) -> list[str]:
             continue
         found = model_structure_problems(skeleton, values, needs_layers=bool({"lora", "probe"} & set(methods)))
         problems += [f"model: {model}: {p}" for p in found]
+    return problems
+
+
+# What a pretrained checkpoint's weights are saved as (transformers' save_pretrained; sharded: an index).
+_WEIGHT_FILES = ("*.safetensors", "pytorch_model*.bin", "*.index.json")
+
+
+def _checkpoint_problems(model: str, raw: dict[str, Any]) -> list[str]:
+    """A model folder holds the weights a pretrained init reads (else every trial failed late), and the
+    tokenizer knows the model's vocabulary: for a folder without tokenizer files transformers 5 builds
+    a tokenizer of a few special tokens, every word [UNK], and trials ended "ok" having learned nothing."""
+    from freezesweep.trials.model import load_model_config, load_tokenizer, resolve_model_path
+
+    problems = []
+    training = raw.get("training") if isinstance(raw.get("training"), dict) else {}
+    folder = Path(resolve_model_path(model))
+    weights = any(next(folder.glob(pattern), None) for pattern in _WEIGHT_FILES)
+    if folder.is_dir() and training.get("model_init", "pretrained") == "pretrained" and not weights:
+        problems.append(
+            f"model: {model}: the folder holds no weights (model.safetensors or pytorch_model.bin, or shards "
+            "with their index); save them with model.save_pretrained(folder), or set training.model_init: random"
+        )
+    vocabulary = getattr(load_model_config(model), "vocab_size", None)
+    known = len(load_tokenizer(model))
+    if isinstance(vocabulary, int) and known < vocabulary / 2:
+        where = " (the folder has no tokenizer files?)" if folder.is_dir() else ""
+        problems.append(
+            f"model: {model}: its tokenizer knows {known} tokens, its embeddings {vocabulary}{where}; save the "
+            "tokenizer beside the weights: tokenizer.save_pretrained(folder)"
+        )
     return problems
 
 

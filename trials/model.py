@@ -55,7 +55,9 @@ def load_model_config(model: str):
     except ModelError as exc:
         raise ModelError(f"cannot load model {model!r}: {exc}") from exc
     except Exception as exc:
-        if path != model or Path(path).is_dir() or hub.offline():  # a folder's or the cache's own error
+        if Path(path).is_dir():  # a folder's own error: the hub has nothing to do with it
+            raise ModelError(f"cannot load model {model!r}: {_not_a_model_folder(path, exc)}") from exc
+        if path != model or hub.offline():  # a package's or the cache's own error
             raise ModelError(f"cannot load model {model!r}: {_not_local(exc)}") from exc
     problem = hub.hub_problem(model)
     if problem is not None:
@@ -68,6 +70,14 @@ def load_model_config(model: str):
         return AutoConfig.from_pretrained(path)
     except Exception as exc:
         raise ModelError(f"cannot load model {model!r}: {exc}") from exc
+
+
+def _not_a_model_folder(path: str, exc: Exception) -> str:
+    """transformers' first line, and what a model folder holds where it lacks its config."""
+    first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+    if (Path(path) / "config.json").is_file():
+        return first
+    return f"the folder has no config.json: a model folder holds what save_pretrained writes ({first})"
 
 
 def _not_local(exc: Exception) -> str:
@@ -100,13 +110,16 @@ def build_model(model: str, num_labels: int, model_init: str) -> PreTrainedModel
 def built_model(model: str, num_labels: int, model_init: str) -> tuple[PreTrainedModel, frozenset[str]]:
     """``build_model``'s classifier and the names of its parameters drawn from the seeded RNG rather
     than read: every one of a random init; of a pretrained model, those its checkpoint lacks (the new
-    head, and any other: transformers initialises them and reports them as missing keys)."""
+    head, and any other: transformers initialises them and reports them as missing keys) or holds in
+    another shape (a classifier saved with its head, for another number of labels: a new head, as
+    the Trainer's ``ignore_mismatched_sizes`` makes one; before, every trial failed)."""
     path = resolve_model_path(model)
     if model_init == "pretrained":
         net, loading = AutoModelForSequenceClassification.from_pretrained(
-            path, num_labels=num_labels, output_loading_info=True
+            path, num_labels=num_labels, output_loading_info=True, ignore_mismatched_sizes=True
         )
-        missing = set(loading["missing_keys"])  # (named from the model, or from its base model)
+        # (named from the model, or from its base model; a mismatched key: its name, then both shapes)
+        missing = set(loading["missing_keys"]) | {key[0] for key in loading.get("mismatched_keys", ())}
         return net, frozenset(n for n, _ in net.named_parameters() if n in missing or _base_name(net, n) in missing)
     if model_init == "random":
         config = AutoConfig.from_pretrained(path, num_labels=num_labels)

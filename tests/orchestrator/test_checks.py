@@ -797,3 +797,34 @@ def test_columns_can_be_named_per_dataset(write_spec, toy_dataset, tmp_path):
         "label_column": {str(renamed): "sentiment"},
     }
     load_spec(write_spec("grows", datasets=[toy_dataset, str(renamed)], training=mapping))
+
+
+def test_a_model_folder_without_weights_tokenizer_or_config_is_refused(write_spec, tiny_bert, tmp_path):
+    """Before: a folder with no weights passed and failed every trial; one with no tokenizer files trained
+    "ok" on [UNK] alone (transformers 5 builds a 5-token tokenizer); one with no config.json was told to
+    download it from the hub (a new user's walk-through)."""
+    import shutil
+
+    from freezesweep.trials.model import load_model_config
+
+    folders = {name: tmp_path / name for name in ("no-weights", "no-tokenizer", "no-config")}
+    for folder in folders.values():
+        folder.mkdir()
+    for name in os.listdir(tiny_bert):
+        source = os.path.join(tiny_bert, name)
+        if not name.endswith(".safetensors"):
+            shutil.copy(source, folders["no-weights"])
+        if name in ("config.json", "model.safetensors"):
+            shutil.copy(source, folders["no-tokenizer"])
+    shutil.copy(os.path.join(tiny_bert, "model.safetensors"), folders["no-config"])
+    for name, expected in (
+        ("no-weights", "the folder holds no weights"),
+        ("no-tokenizer", "its tokenizer knows 5 tokens, its embeddings"),
+        ("no-config", "the folder has no config.json: a model folder holds what save_pretrained writes"),
+    ):
+        load_model_config.cache_clear()
+        problems = _problems(write_spec(model=str(folders[name])))
+        assert any(expected in p for p in problems), (name, problems)
+        assert not any("HF_HUB_OFFLINE" in p for p in problems), problems
+    random_init = write_spec(model=str(folders["no-weights"]), training={"model_init": "random"})
+    assert load_spec(random_init).model == str(folders["no-weights"])  # a random init reads no weights

@@ -298,3 +298,19 @@ def test_a_trials_peak_memory_excludes_its_workers_caches(tiny_trial):
     assert warm.held_mib(torch.device("cpu")) >= 228
     assert result.worker_peak_mem_mb - result.peak_mem_mb >= 228  # the worker's caches, left out
     assert abs(result.peak_mem_mb - cold.peak_mem_mb) < 150  # what the cell itself costs, as on a cold worker
+
+
+def test_a_checkpoint_saved_with_a_head_for_other_labels_gets_a_new_head(tiny_bert, toy_dataset, tmp_path):
+    """A fine-tuned classifier (its head saved for 3 labels) on a 2-class task: the head is drawn anew from
+    the trial's seed, as the Trainer's ignore_mismatched_sizes does (before: every trial failed)."""
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+    from freezesweep.trials.model import built_model
+
+    folder = tmp_path / "three-labels"
+    AutoModelForSequenceClassification.from_pretrained(tiny_bert, num_labels=3).save_pretrained(folder)
+    AutoTokenizer.from_pretrained(tiny_bert).save_pretrained(folder)
+    net, drawn = built_model(str(folder), num_labels=2, model_init="pretrained")
+    assert net.classifier.out_features == 2 and {"classifier.weight", "classifier.bias"} <= drawn
+    cfg = TrialConfig(dataset=toy_dataset, model=str(folder), train_size=48, frozen_layers=0, seed=0, epochs=1)
+    assert run_trial(dataclasses.replace(cfg, precision="fp32")).status == "ok"
