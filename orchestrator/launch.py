@@ -383,11 +383,13 @@ def open_for_writing(store: ResultStore, sweep: ResolvedSweep) -> SpoolingWriter
 
 
 def run_cells(launch: Launch, pending: Iterable[TrialConfig]) -> int:
-    """The pending cells through Tune in rounds (plan.rounds: Tune's state stays bounded), then those
-    that ran out of memory once more with twice the GPU share; returns how many were retried. A round
+    """The pending cells through Tune in rounds (plan.rounds: Tune's state stays bounded), then the
+    members of failed trial arrays alone (``retry_alone``), then the cells that ran out of memory once
+    more with twice the GPU share; returns how many of those were retried. A round
     that ends with a cell without an outcome was interrupted: nothing more starts (``resume`` goes on)."""
     sweep, writer = launch.sweep, launch.writer
     out_of_memory: list[TrialConfig] = []
+    in_failed_arrays: list[TrialConfig] = []
     with writer.progress:
         try:
             for round_units in rounds(launch_units(pending, sweep), sweep.spec.resources.trials_per_round):
@@ -406,8 +408,12 @@ def run_cells(launch: Launch, pending: Iterable[TrialConfig]) -> int:
                 if not writer.has_outcomes(cells):
                     return 0
                 out_of_memory += [c for c in cells if writer.outcomes[c.trial_id] == "oom"]
+                in_failed_arrays += [
+                    c for unit in round_units if len(unit) > 1 for c in unit if writer.outcomes[c.trial_id] == "failed"
+                ]
                 compact(writer.sink.store)
                 launch.faults.on_round_end()
+            retry_alone(launch, in_failed_arrays)
             retried = retry_out_of_memory(launch, out_of_memory)
             compact(writer.sink.store)
             return retried
@@ -423,6 +429,25 @@ def compact(store: ResultStore) -> None:
         store.compact()
     except OSError as exc:
         print(f"warning: the store's rows were not compacted this time ({exc})", file=sys.stderr)
+
+
+def retry_alone(launch: Launch, cells: list[TrialConfig]) -> None:
+    """Run once more, each as a trial of its own, the members of trial arrays that failed (Ray's retries
+    spent): one member's error failed every member of its array, so each gets its own outcome, and the
+    row of a member that fails alone names its own error. Its row replaces the array's failed one; a
+    launch interrupted before leaves those rows, which ``resume`` runs again."""
+    if not cells:
+        return
+    run_tune(
+        launch.sweep,
+        cells,
+        launch.storage,
+        launch.writer.write_all,
+        experiment=f"{launch.sweep.name}-alone",  # its own experiment: resume recovers from the main one
+        stop_if=launch.stop_if,
+        trainable=launch.trainable,
+        units=[[c] for c in cells],
+    )
 
 
 def retry_out_of_memory(launch: Launch, out_of_memory: list[TrialConfig]) -> int:

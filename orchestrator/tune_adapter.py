@@ -304,6 +304,8 @@ class OutcomeCallback(tune.Callback):
         error, trace = _trial_error(trial)
         placement = last_placement(trial.last_result or {})
         cfgs = trial_configs_from_ray(trial.config, self._cells)  # an array's final rows stay (RowWriter)
+        if len(cfgs) > 1:  # what one member raised ended them all: said as the array's (each runs again alone)
+            error = RuntimeError(f"its trial array of {len(cfgs)} cells failed: {type(error).__name__}: {error}")
         self._sink([failed_result(cfg, error, trace=trace, placement=placement) for cfg in cfgs], trial.num_failures)
         self._over(trial)  # Ray's retries are spent: a later launch starts the cell afresh
 

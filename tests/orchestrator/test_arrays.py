@@ -125,6 +125,26 @@ def test_a_crashing_member_retries_its_array_and_every_cell_gets_one_row(write_s
     ray.shutdown()
 
 
+def test_a_member_that_always_crashes_fails_alone_and_its_array_mates_end_ok(write_spec, tmp_path, monkeypatch):
+    """Before: one member's crash failed every member of its array, each row naming the crashing
+    member's error (a new user's walk-through on a local cluster). Ray's retries of the array spent,
+    its members run once more alone: each row says its own outcome."""
+    import ray
+
+    monkeypatch.setenv("FREEZESWEEP_FAULT", "crash@1:train_size=48,frozen_layers=2")
+    ray.shutdown()  # workers must start with the fault switch in their environment
+    path = write_spec("always", training=ON, resources={"max_failures": 0, "array_width": 2})
+    summary = launch(load_spec(path), show_progress=False)
+    assert (summary.total, summary.ok, summary.failed) == (4, 3, 1)
+    rows = _rows(path).reset_index().set_index(["train_size", "frozen_layers"])
+    assert rows.loc[(48, 0), "status"] == "ok"  # its array mate crashed; alone, it ends ok
+    crashed = rows.loc[(48, 2)]
+    assert crashed["status"] == "failed" and crashed["error"].startswith("RuntimeError: injected crash")
+    assert crashed["trial_id"][:16] in crashed["error"].splitlines()[0]  # its own error, not its array's
+    monkeypatch.delenv("FREEZESWEEP_FAULT")
+    ray.shutdown()
+
+
 def test_resume_runs_only_the_missing_members_of_a_half_finished_array(write_spec, tmp_path, tune_trials):
     """One array of slots (n = 24 and 48, k = 0 and 2): the n = 24 members end first and their rows land
     as one file; the driver dies writing the n = 48 members' file. Resume runs those two, as one
