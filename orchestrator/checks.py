@@ -516,7 +516,12 @@ def cluster_problems(cluster: ClusterView, cpus: float, gpus: float, auto: bool 
     try:
         nodes = cluster.nodes()
     except Exception as exc:  # unreachable cluster: one problem, named, instead of a traceback
-        return [f"address: cannot reach the Ray cluster at {cluster.address!r}: {type(exc).__name__}: {exc}"]
+        from freezesweep.orchestrator.ray_session import ADDRESS_SOURCES, RayUnreachable, unreached_why
+
+        first = (str(exc).splitlines() or [""])[0]
+        # nothing listens there: its message says where to look; something does: most likely a token
+        why = "" if isinstance(exc, RayUnreachable) else f"{unreached_why(exc)} ({ADDRESS_SOURCES})"
+        return [f"address: cannot reach the Ray cluster at {cluster.address!r}: {type(exc).__name__}: {first}{why}"]
     if any(n.get("CPU", 0) >= cpus and n.get("GPU", 0) >= gpus for n in nodes):
         return []
     has = "; ".join(f"{n.get('CPU', 0):g} CPU, {n.get('GPU', 0):g} GPU" for n in nodes) or "no alive node"

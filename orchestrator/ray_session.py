@@ -222,9 +222,27 @@ def check_reachable(address: str, timeout_s: float = CONNECT_TIMEOUT_S) -> None:
         socket.create_connection((host, port), timeout=timeout_s).close()
     except OSError as exc:
         raise RayUnreachable(
-            f"no Ray cluster answers at {address!r} ({type(exc).__name__}: {exc}); check the "
-            "address (--address, the spec's address or RAY_ADDRESS) and that the head node is up"
+            f"no Ray cluster answers at {address!r} ({type(exc).__name__}: {exc}); check the address and that "
+            f"the head node is up ({ADDRESS_SOURCES})"
         ) from None
+
+
+# Where an address comes from, and the way back to a Ray of one's own (said wherever a cluster is not reached).
+ADDRESS_SOURCES = (
+    "the address is --address, else the spec's `address:` (a resumed sweep's: the one its launch was given), "
+    "else RAY_ADDRESS; --address local runs the trials on a Ray of its own on this machine"
+)
+
+
+def unreached_why(exc: BaseException) -> str:
+    """What a failed connection to a cluster that listens most likely lacks: Ray 2.60's token, where
+    this process has no RAY_AUTH_MODE (its GCS then answers "Unauthenticated", said only in its log)."""
+    if os.environ.get("RAY_AUTH_MODE", "").lower() != "token":
+        return (
+            "; if the cluster's nodes run with RAY_AUTH_MODE=token, set it here too, with the cluster's token "
+            "(RAY_AUTH_TOKEN, or the token file `ray get-auth-token` wrote)"
+        )
+    return ""
 
 
 def first_line(exc: BaseException) -> str:

@@ -275,9 +275,10 @@ def test_more_cpus_per_trial_than_this_machine_has_is_refused_before_the_embedde
     load_spec(write_spec("on-cluster", resources={"gpus_per_trial": 0, "cpus_per_trial": 4}), cluster=cluster)
 
 
-def test_with_a_cluster_resources_are_checked_against_its_nodes(write_spec):
+def test_with_a_cluster_resources_are_checked_against_its_nodes(write_spec, monkeypatch):
     """A CPU head node with GPU workers: a GPU share is fine when some node has a GPU; a request no
     single node can hold is refused, listing the nodes; a cluster that does not answer is one problem."""
+    monkeypatch.delenv("RAY_AUTH_MODE", raising=False)
     gpu_workers = FakeCluster([{"CPU": 4.0}, {"CPU": 16.0, "GPU": 1.0}])
     load_spec(write_spec("on-cluster", resources={"gpus_per_trial": 0.25, "cpus_per_trial": 4}), cluster=gpu_workers)
     with pytest.raises(SpecError) as refused:
@@ -285,8 +286,11 @@ def test_with_a_cluster_resources_are_checked_against_its_nodes(write_spec):
     message = str(refused.value)
     assert "32 CPU and 1 GPU on one node" in message and "ray://head:10001" in message
     assert "4 CPU, 0 GPU; 16 CPU, 1 GPU" in message
-    with pytest.raises(SpecError, match="cannot reach the Ray cluster at 'ray://head:10001'"):
+    with pytest.raises(SpecError, match="cannot reach the Ray cluster at 'ray://head:10001'") as gone:
         load_spec(write_spec("gone"), cluster=FakeCluster(ConnectionError("connection refused")))
+    # a cluster that listens but refuses: most likely its token (Ray says "Unauthenticated" only in its
+    # log), and the way back to a Ray of one's own (a walk-through's resume went to its launch's address)
+    assert "RAY_AUTH_MODE=token" in str(gone.value) and "--address local" in str(gone.value)
 
 
 def test_parsing_a_spec_never_connects_to_its_cluster(write_spec, monkeypatch):
