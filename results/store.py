@@ -185,9 +185,17 @@ def check_local_root(uri: str, root: str) -> None:
         )
 
 
+# pyarrow's GCS client retries a failing request for 15 minutes by default: `status` of a gs:// store
+# without credentials or DNS hung with no word. Bounded unless the URI sets its own (a launch's rows wait
+# in the local spool while a store is unreachable, and are written by the next round or launch).
+GCS_RETRY_LIMIT_S = 30
+
+
 def open_filesystem(uri: str) -> tuple[pafs.FileSystem, str]:
     if "://" not in uri:
         return pafs.LocalFileSystem(), os.path.abspath(os.path.expanduser(uri))
+    if urlsplit(uri).scheme in ("gs", "gcs") and "retry_limit_seconds=" not in urlsplit(uri).query:
+        uri += f"{'&' if urlsplit(uri).query else '?'}retry_limit_seconds={GCS_RETRY_LIMIT_S}"
     try:
         return pafs.FileSystem.from_uri(uri)
     except (pa.ArrowInvalid, pa.ArrowNotImplementedError):

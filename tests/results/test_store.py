@@ -457,3 +457,20 @@ def test_an_arrays_rows_reach_the_store_as_one_file_and_replace_failed_rows(tmp_
     assert [row["seed"] for row in tracked] == [1, 0, 1, 2, 3]
     writer.write_all([_result(seed, acc=0.99) for seed in range(3)], 2)  # final rows are never written again
     assert len(list((tmp_path / "s" / "results").iterdir())) == 2 and len(tracked) == 5
+
+
+def test_a_gcs_store_bounds_its_retries_unless_its_uri_sets_them():
+    """Before: `status` of a gs:// store this machine cannot reach hung (pyarrow's GCS client retries a
+    request for 15 minutes); the URI's own retry_limit_seconds is kept."""
+    import datetime
+
+    from freezesweep.results.store import GCS_RETRY_LIMIT_S, open_filesystem
+
+    def limit(uri: str) -> datetime.timedelta:
+        fs, root = open_filesystem(uri)
+        assert root == "bucket/sweeps"
+        return fs.__reduce__()[1][0]["retry_time_limit"]  # pyarrow's own record of the option
+
+    assert limit("gs://bucket/sweeps") == datetime.timedelta(seconds=GCS_RETRY_LIMIT_S)
+    assert limit("gs://bucket/sweeps?retry_limit_seconds=120") == datetime.timedelta(seconds=120)
+    assert limit("gs://bucket/sweeps?scheme=https") == datetime.timedelta(seconds=GCS_RETRY_LIMIT_S)
