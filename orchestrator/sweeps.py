@@ -98,6 +98,12 @@ def no_such_sweep(store: ResultStore, also: Sequence[str] = ()) -> SweepNotFound
     """A name the store does not hold (and ``also``: more names asked of it together, that it lacks too):
     where it was looked for, what is there, and how to point the command at the store a spec named
     (``store:``; the default is only ./sweeps)."""
+    if store.lost_its_spec():  # its rows are there: not a missing sweep, a missing file
+        return SweepNotFound(
+            f"sweep {store.sweep!r} in store {store.uri!r} has rows but no spec.yaml (deleted?): launch its spec "
+            f"file again with --store {store.uri} (store=… in Python): its ok rows count as done, nothing is lost",
+            store.uri,
+        )
     found = store.other_sweeps()
     remote = "://" in store.uri
     where = f"{store.uri!r} ({store.root_path()})" if not remote and store.uri != store.root_path() else repr(store.uri)

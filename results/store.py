@@ -314,6 +314,10 @@ class ResultStore:
         specs = self.fs.get_file_info([f"{folder}/{SPEC_FILE}" for folder in folders])
         return sorted(_name(f) for f, spec in zip(folders, specs) if spec.type == pafs.FileType.File)
 
+    def lost_its_spec(self) -> bool:
+        """The sweep's folder holds rows but no spec.yaml (deleted, or the folder copied without it)."""
+        return not self.exists() and self.fs.get_file_info(self.results_dir).type == pafs.FileType.Directory
+
     def root_is_a_sweep(self) -> bool:
         """The root given is itself a sweep's folder (its spec.yaml there): a store one level too deep."""
         return self.fs.get_file_info(f"{self.root_path()}/{SPEC_FILE}").type == pafs.FileType.File

@@ -495,6 +495,19 @@ def test_a_sweeps_own_folder_reads_as_the_sweep_and_as_a_store_says_so(write_spe
     assert neither.exit_code == 2 and "not a sweep's name (a name has no /)" in neither.stderr
 
 
+def test_a_sweep_whose_spec_file_was_deleted_is_not_a_missing_sweep(write_spec):
+    """A walk-through: with spec.yaml deleted, `status` said the store "holds no sweep" beside its rows."""
+    from freezesweep.results.store import ResultStore
+
+    spec = load_spec(write_spec("lost"))
+    store = ResultStore(spec.store, "lost")
+    store.write_rows([{"trial_id": "a" * 16, "status": "failed"}])
+    looked = runner.invoke(app, ["status", "lost", "--store", spec.store])
+    assert looked.exit_code == 2
+    assert "has rows but no spec.yaml (deleted?): launch its spec file again" in looked.stderr
+    assert "holds no sweep" not in looked.stderr
+
+
 def test_csv_cells_holding_lists_are_json():
     """A walk-through: `query --format csv` wrote a row's eval_curve as Python's repr (None, single quotes)."""
     import csv
