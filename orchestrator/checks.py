@@ -164,7 +164,8 @@ def _model_problems(raw: dict[str, Any]) -> list[str]:
     problems = []
     for model in dict.fromkeys(m for m in models if m):  # missing / wrong type: reported by pydantic
         try:
-            layers = getattr(load_model_config(model), "num_hidden_layers", None)
+            config = load_model_config(model)
+            layers = getattr(config, "num_hidden_layers", None)
         except ModelError as exc:
             problems.append(f"model: {str(exc).splitlines()[0]}")
             continue
@@ -178,6 +179,12 @@ def _model_problems(raw: dict[str, Any]) -> list[str]:
             )
         if "lora" in methods:
             problems += [f"lora.targets: {model}: {p}" for p in lora_problems(model, _strs(targets) or None)]
+            hidden = getattr(config, "hidden_size", None)
+            wide = [r for r in _ints(raw.get("lora_ranks")) if isinstance(hidden, int) and r > hidden]
+            if wide:  # an update of a hidden × hidden projection has at most that rank: parameters, no more
+                problems.append(
+                    f"lora_ranks: {wide} exceed the hidden size {hidden} of {model}, the most a rank can use"
+                )
     return problems
 
 

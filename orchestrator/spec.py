@@ -406,6 +406,11 @@ class SweepSpec(_Strict):
             for method, axis in METHOD_AXES.items()
             if method not in self.methods and getattr(self, axis)
         ]
+        problems += [  # (a stored spec names every setting: as the defaults, they are no one's choice)
+            f"{method} is set, but methods has no {method}: its settings would change nothing"
+            for method in ("lora", "probe")
+            if method not in self.methods and getattr(self, method) != type(getattr(self, method))()
+        ]
         if problems:
             raise ValueError("; ".join(problems))
         return self

@@ -27,6 +27,7 @@ whatever the dataset is called), lbfgs and the ridge solver are exact.
 from __future__ import annotations
 
 import json
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -102,6 +103,7 @@ def select_and_fit(
     features: np.ndarray, labels: np.ndarray, regression: bool, metric: str, folds: int, cs: int, seed: int
 ) -> ProbeFit:
     """Choose C by cross-validation on these (train) rows alone and refit on all of them."""
+    from scipy.linalg import LinAlgWarning
     from sklearn.metrics import make_scorer
     from sklearn.model_selection import GridSearchCV
 
@@ -114,7 +116,11 @@ def select_and_fit(
         scoring=make_scorer(lambda y, p: metric_value(metric, y, p)),
         refit=True,
     )
-    search.fit(features, labels)
+    with warnings.catch_warnings():
+        # the weakest penalties of the grid on collinear features (a small model's states): scipy says
+        # "ill-conditioned matrix" for each (five lines a regression probe printed); cross-validation judges them
+        warnings.filterwarnings("ignore", category=LinAlgWarning)
+        search.fit(features, labels)
     c = float(grid[search.best_index_])  # GridSearchCV keeps the first best: the smallest C of a tie
     model = search.best_estimator_[-1]
     params = int(model.coef_.size + np.size(model.intercept_))

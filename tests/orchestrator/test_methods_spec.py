@@ -90,6 +90,12 @@ def test_every_method_problem_in_one_error(write_spec):
     ), problems
     problems = _problems(write_spec(lora_ranks=[8]))  # methods: [freeze] (the default)
     assert "lora_ranks is set, but methods has no lora" in problems, problems
+    # a walk-through: settings of a method not swept passed without a word, a rank above the hidden size ran
+    problems = _problems(write_spec(lora={"alpha": 32}, probe={"folds": 3}))
+    for method in ("lora", "probe"):
+        assert any(f"{method} is set, but methods has no {method}: its settings" in p for p in problems), problems
+    problems = _problems(write_spec(methods=["freeze", "lora"], lora_ranks=[8, 10000]))
+    assert any(p.startswith("lora_ranks: [10000] exceed the hidden size 32 of") for p in problems), problems
 
 
 def test_a_model_axis_checks_frozen_layers_per_model(write_spec, tiny_bert, tiny_roberta):

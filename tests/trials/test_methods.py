@@ -162,6 +162,19 @@ def test_probe_selection_uses_only_the_rows_it_is_given():
         select_and_fit(features[:21], labels[:21], regression=False, metric="accuracy", folds=5, cs=5, seed=0)
 
 
+def test_a_regression_probe_on_collinear_features_is_quiet():
+    """A walk-through: a regression probe printed scipy's "ill-conditioned matrix" for each weak penalty
+    (features of a small model's states: collinear, of a lower rank than their width)."""
+    import warnings
+
+    rng = np.random.default_rng(0)
+    features = (rng.standard_normal((60, 4)) @ rng.standard_normal((4, 40))).astype(np.float32)
+    labels = features[:, 0] * 2.0
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # any warning fails the fit
+        select_and_fit(features, labels, regression=True, metric="pearson", folds=3, cs=10, seed=0)
+
+
 def test_probe_pooling_follows_the_models_own(tmp_path):
     assert resolve_pooling("auto", str(tmp_path)) == "mean"  # no sentence-transformers config: mean
     (tmp_path / "1_Pooling").mkdir()
