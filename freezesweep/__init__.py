@@ -12,8 +12,6 @@ Importing ``freezesweep`` itself is cheap: Ray workers import ``freezesweep.tria
 the API's names are loaded on first use (a module ``__getattr__``), not here.
 """
 
-from __future__ import annotations
-
 import importlib as _importlib
 import importlib.abc as _abc
 import importlib.util as _util

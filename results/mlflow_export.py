@@ -106,11 +106,12 @@ def folder_store_problem(uri: str) -> str | None:
     if os.environ.get("MLFLOW_ALLOW_FILE_STORE", "").lower() in ("true", "1"):
         return None
     folder = uri.removeprefix("file://")
+    # (a folder that holds no runs yet has none to move: a walk-through was told to migrate an empty path)
+    migrate = f"; `mlflow migrate-filestore` moves {folder}'s runs into one" if os.path.isdir(folder) else ""
     return (
         f"{uri} is a folder, and MLflow 3 no longer tracks into one: use a SQLite file "
-        f"(sqlite:///mlflow.db, MLflow's default when no URI is given; `mlflow migrate-filestore` moves "
-        f"{folder}'s runs into one) or a tracking server (http://host:5000); MLFLOW_ALLOW_FILE_STORE=true keeps "
-        "the folder store, in maintenance mode"
+        f"(sqlite:///mlflow.db, MLflow's default when no URI is given{migrate}) or a tracking server "
+        "(http://host:5000); MLFLOW_ALLOW_FILE_STORE=true keeps the folder store, in maintenance mode"
     )
 
 

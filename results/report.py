@@ -110,14 +110,19 @@ def build_report(sweeps: list[SweepRows], tolerance: float = TOLERANCE) -> Repor
     )
     # several sweeps, or one of several models: every table and sentence names its "sweep · model"
     report.sections = _sections(report, sweeps, tolerance, many=rows["sweep"].nunique() > 1)
+    # what the report printed keeps those labels; its tables as the caller reads them name both apart
+    for table in ("decisions", "contrasts", "retained", "costs", "appendix", "methods"):
+        if getattr(report, table) is not None:  # methods: None where the rows are freeze rows only
+            setattr(report, table, named(getattr(report, table), rows))
     return report
 
 
 def decisions(sweeps: list[SweepRows], tolerance: float = TOLERANCE) -> pd.DataFrame:
-    """The report's decision table alone (results/decision.py), without its figures and other tables."""
+    """The report's decision table alone (results/decision.py), without its figures and other tables: each
+    group's sweep by its name and its model (``named``)."""
     rows = _all_rows(sweeps)
     layers = freeze_rows(rows)
-    return _decide(sweeps, rows, layers, retained_quality(layers), costs(layers), tolerance)
+    return named(_decide(sweeps, rows, layers, retained_quality(layers), costs(layers), tolerance), rows)
 
 
 def _all_rows(sweeps: list[SweepRows]) -> pd.DataFrame:
@@ -144,6 +149,19 @@ def _decide(
     asked = {s.name: s.tolerance for s in sweeps if s.tolerance is not None}  # each fixed grid's own question
     asked.update({label: asked[sweep] for label, sweep in zip(rows["sweep"], rows["sweep_name"]) if sweep in asked})
     return decide(layers, retained, cost, tolerance, planned, rules, seeds, asked)
+
+
+def named(table: pd.DataFrame, rows: pd.DataFrame) -> pd.DataFrame:
+    """A table of the analysis, its ``sweep`` the sweep's name and a ``model`` column beside it: the analysis
+    groups by the label ``per_model`` gives ("sweep · model" where a sweep has several models), which a caller
+    cannot compare with a sweep's name (a walk-through: ``decision.sweep == "fam"`` was False)."""
+    if "sweep" not in table:
+        return table
+    labels = rows.groupby("sweep")[["sweep_name", "model"]].first()  # one model per label (first: its non-null)
+    out = table.assign(sweep=table["sweep"].map(labels["sweep_name"]).fillna(table["sweep"]))
+    if "model" not in out:
+        out.insert(list(out.columns).index("sweep") + 1, "model", table["sweep"].map(labels["model"]))
+    return out
 
 
 def per_model(rows: pd.DataFrame) -> pd.DataFrame:

@@ -28,6 +28,8 @@ def summary(value: Any) -> str:
     """A value in a few dozen characters."""
     if isinstance(value, pd.DataFrame):
         return f"<DataFrame {len(value):,} rows × {value.shape[1]} columns>"
+    if isinstance(value, pd.Series):  # its own repr is several lines, its dtype among them
+        return f"<Series {len(value):,} value{'s' if len(value) != 1 else ''}>"
     if isinstance(value, (bytes, bytearray)):
         return f"<{len(value):,} bytes>"
     if isinstance(value, str):

@@ -5,6 +5,7 @@ writes the report; the file shows a line per trial while the sweep runs."""
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import json
 import os
 import pickle
@@ -281,3 +282,95 @@ def test_an_interrupted_launch_says_so_where_the_caller_looks(write_spec, monkey
     assert resume in str(warning.message)
     assert repr(summary).startswith("LaunchSummary(outcome=") and "interrupted: 5 of 8" in repr(summary)[:60]
     assert summary.unfinished == 5
+
+
+def _tiny_store(root: Path, name: str = "api1") -> str:
+    """A stored sweep as readers see it, without Ray or a model: a spec and two rows."""
+    from freezesweep.results.store import SCHEMA, ResultStore
+
+    store = ResultStore(str(root), name)
+    store.write_spec(f"name: {name}\n")
+    for seed in (0, 1):
+        row = dict(sweep=name, trial_id=f"{name}-{seed}", seed=seed, frozen_layers=0, status="ok")
+        store.write_row({column: None for column in SCHEMA.names} | row)
+    return str(root)
+
+
+def test_a_spec_that_differs_from_its_stored_sweep_still_reads_it(write_spec):
+    """A walk-through: fs.results_frame(fs.build_spec(name='api1', …)) with the defaults' 10 epochs against a
+    sweep stored at 2 was the launch's "changed from 2.0 to 10.0 … start a new sweep name": a spec made to read
+    a sweep reads it as stored; plan (and launch) still refuse the changed protocol."""
+    spec = _stored_spec_and_rows(write_spec)
+    other = fs.build_spec({**spec.model_dump(), "training": {"epochs": 10}})  # refused before
+    assert len(fs.results_frame(other)) == 12 and len(fs.decide(other)) == 2  # 2 sizes × 2 depths × 3 seeds
+    with pytest.raises(fs.SpecError, match=r"training.epochs: changed from 2.0 to 10.0.*start a new sweep name"):
+        fs.plan(other)
+    with pytest.raises(fs.SpecError, match="is a file, not a folder"):  # the store's own problems still count
+        fs.build_spec({**spec.model_dump(), "store": str(write_spec("tiny"))})
+
+
+def test_a_stored_sweeps_name_or_yaml_text_given_as_a_spec_says_what_to_do(tmp_path, monkeypatch):
+    """A walk-through: fs.launch("api1") said "no such file: api1"; YAML text was echoed whole as a missing
+    file; bytes were a bare TypeError."""
+    monkeypatch.chdir(tmp_path)
+    store = _tiny_store(tmp_path / "store")
+    for call in (fs.plan, fs.launch, fs.load_spec):
+        with pytest.raises(fs.SpecError) as caught:
+            call("api1", store=store)
+        (problem,) = caught.value.problems
+        assert f"sweep 'api1' is in store {store!r}" in problem
+        assert (
+            f"fs.resume('api1', store={store!r})" in problem and f"freezesweep resume api1 --store {store}" in problem
+        )
+    with pytest.raises(fs.SpecError, match="no such file: nope"):  # neither: as before
+        fs.plan("nope", store=store)
+    text = "name: x\nmodel: m\ndatasets: [glue/sst2]\n"
+    with pytest.raises(fs.SpecError, match=r"looks like YAML text, not a file's path") as caught:
+        fs.load_spec(text)
+    assert "datasets" not in str(caught.value) and "yaml.safe_load(text)" in str(caught.value)
+    with pytest.raises(TypeError, match="a spec is a YAML file's path .*, not bytes"):
+        fs.load_spec(text.encode())
+
+
+def test_columns_are_a_name_or_names_the_rows_have(tmp_path):
+    """A walk-through: columns="frozen_layers" read as its letters ("Column f does not exist"); an unknown
+    column was pyarrow's KeyError without the columns there are."""
+    store = _tiny_store(tmp_path)
+    assert fs.results_arrow("api1", store=store, columns="frozen_layers").column_names == ["frozen_layers"]
+    frame = fs.results_frame("api1", store=store, columns="seed")  # with the columns it derives
+    assert "seed" in frame and "frozen_layers" not in frame and len(frame) == 2
+    for read in (fs.results_arrow, fs.results_frame):
+        with pytest.raises(ValueError, match=r"no column 'nope', 'neither' in a sweep's rows; their columns: sweep, "):
+            read("api1", store=store, columns=["seed", "nope", "neither"])
+    with pytest.raises(TypeError, match="columns is a column's name or a list of names"):
+        fs.results_arrow("api1", store=store, columns=[1])
+
+
+def test_a_spec_launched_into_another_store_is_read_with_that_store(write_spec, tmp_path):
+    """docs/api.md promised fs.decide(spec) after fs.launch(spec); after fs.launch(spec, store=ROOT) the spec
+    still names its own store, and SweepNotFound said nothing of store=."""
+    spec = fs.load_spec(write_spec("moved"))
+    for read in (fs.decide, fs.results_frame, lambda s: fs.report(s, tmp_path / "out")):
+        with pytest.raises(fs.SweepNotFound, match=r"this SweepSpec names store .*the same store=ROOT"):
+            read(spec)
+    with pytest.raises(fs.SweepNotFound) as caught:  # a name: no word of a SweepSpec
+        fs.decide("moved", store=spec.store)
+    assert "SweepSpec" not in str(caught.value)
+
+
+def test_the_api_surface_says_what_the_cli_and_the_docs_say(tmp_path):
+    """A walk-through's nits: `annotations` in dir(freezesweep); the reference list lacking names; fs.query
+    without the CLI's default SQL; Report's repr printing a Series whole."""
+    from freezesweep.orchestrator import cli
+    from freezesweep.results.report import Report
+    from tests.conftest import FOLDERS, REPO
+
+    assert {n for n in dir(fs) if not n.startswith("_")} - set(fs.__all__) <= set(FOLDERS)
+    reference = (REPO / "docs" / "api.md").read_text().split("## Reference", 1)[1]
+    assert [n for n in fs.__all__ if n != "__version__" and f"`fs.{n}`" not in reference] == []
+    store = _tiny_store(tmp_path)
+    assert inspect.signature(cli.query).parameters["sql"].default == fs.query.__defaults__[0]
+    assert fs.query("api1", store=store)["seed"].tolist() == [0, 1]
+    empty = pd.DataFrame()
+    report = Report(empty, empty, empty, empty, empty, [], [], {}, whole_split=pd.Series({"s": 2}))
+    assert "whole_split=<Series 1 value>" in repr(report) and "dtype" not in repr(report)

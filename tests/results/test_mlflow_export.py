@@ -283,3 +283,15 @@ def test_a_new_sqlite_stores_set_up_stays_out_of_the_sweeps_lines(tmp_path, capf
     printed = capfd.readouterr()
     assert "Creating initial MLflow database tables" not in printed.err + printed.out
     assert (tmp_path / "mlflow.db").exists()
+
+
+def test_a_folder_uri_is_told_to_migrate_only_runs_it_holds(tmp_path, monkeypatch):
+    """A walk-through: a folder that does not exist was told `mlflow migrate-filestore` would move its runs."""
+    from freezesweep.results.mlflow_export import folder_store_problem
+
+    monkeypatch.delenv("MLFLOW_ALLOW_FILE_STORE", raising=False)
+    assert "migrate-filestore" not in folder_store_problem(str(tmp_path / "none"))
+    (tmp_path / "mlruns").mkdir()
+    assert f"`mlflow migrate-filestore` moves {tmp_path / 'mlruns'}'s runs" in folder_store_problem(
+        str(tmp_path / "mlruns")
+    )

@@ -280,15 +280,17 @@ def _stored_fixed_grid(tmp_path, seeds: int, name: str = "s", **more) -> tuple[l
     from freezesweep.orchestrator.sweeps import resolve_here
 
     spec = SweepSpec(
-        name=name,
-        model="m",
-        datasets=["d"],
-        train_sizes=[100],
-        frozen_layers=[0, 3],
-        seeds=list(range(seeds)),
-        training=TrainingSpec(precision="fp32", select_metric="accuracy"),  # resolved, as a launch stores it
-        store=str(tmp_path),
-        **more,
+        **{
+            "name": name,
+            "model": "m",
+            "datasets": ["d"],
+            "train_sizes": [100],
+            "frozen_layers": [0, 3],
+            "seeds": list(range(seeds)),
+            "training": TrainingSpec(precision="fp32", select_metric="accuracy"),  # resolved, as a launch stores it
+            "store": str(tmp_path),
+            **more,
+        }
     )
     store = ResultStore(str(tmp_path), name)
     store.write_spec(spec.to_yaml())
@@ -709,3 +711,47 @@ def test_a_grid_without_a_frozen_depth_says_so(tmp_path):
     assert decision["sentence"].startswith(
         "d, n = 100: fine-tune every layer: the grid has no frozen depth to compare with full fine-tuning"
     )
+
+
+def test_a_sweep_of_several_models_is_decided_per_model_and_named_apart(tmp_path):
+    """A walk-through: fs.decide on a sweep with a `models:` axis gave Decision(sweep='s · m1', …), no
+    `model` anywhere, and `d.sweep == 's'` was False. The API's tables name the sweep and the model apart;
+    what the report prints still names each model ("s · m1 · d, n = 100: …"); each model is priced apart."""
+    from freezesweep.orchestrator import api
+
+    cells, store = _stored_fixed_grid(tmp_path, 3, model=None, models=["m1", "m2"], tolerance=0.001)
+    for cfg in cells:
+        k, seed = cfg.frozen_layers, cfg.seed
+        acc = ACC_100[k][seed] - (0.01 if cfg.model == "m2" else 0.0)
+        store.write_row(
+            row(k=k, seed=seed, acc=acc, model=cfg.model, trial_id=cfg.trial_id, wall_time_s=COST_100[k][1])
+        )
+    decided = api.decide("s", store=str(tmp_path))
+    assert [(d.sweep, d.model, d.record["model"]) for d in decided] == [("s", "m1", "m1"), ("s", "m2", "m2")]
+    assert list(decided.frame.columns[:3]) == ["sweep", "model", "dataset"]
+    assert [d.sentence.split(": ")[0] for d in decided] == ["s · m1 · d, n = 100", "s · m2 · d, n = 100"]
+    report = api.report("s", tmp_path / "out", store=str(tmp_path))
+    assert report.decisions[["sweep", "model"]].values.tolist() == [["s", "m1"], ["s", "m2"]]
+    for table in (report.contrasts, report.retained, report.costs, report.appendix):
+        assert set(table["sweep"]) == {"s"} and set(table["model"]) == {"m1", "m2"}, table.columns
+    markdown = (tmp_path / "out" / "report.md").read_text()
+    assert "s · m1 · d, n = 100: " in markdown and "s · m2 · d, n = 100: " in markdown  # printed as before
+    lines = api.budget_prices(decided.frame, "s", str(tmp_path))  # before: none (no sweep was named 's')
+    assert [line.split(": ")[0] for line in lines] == ["m1 · d, n = 100", "m2 · d, n = 100"]
+    assert all("for this size and model" in line for line in lines)
+
+
+def test_a_single_model_sweep_names_its_model_too(tmp_path, store_rows):
+    """One model: the same columns, the sentences unchanged (no sweep or model prefix); rows that name no
+    model (stored before the column) decide for model None."""
+    from freezesweep.orchestrator.api import Decisions
+    from freezesweep.results.report import decisions
+
+    named = ResultStore(str(tmp_path / "named"), "s")
+    for r in known_rows():
+        named.write_row({**r, "model": "m"})
+    for store, model in ((named, "m"), (store_rows, None)):
+        frame = decisions([SweepRows.from_store(store)])
+        assert set(frame["sweep"]) == {"s"} and list(frame.columns[:2]) == ["sweep", "model"]
+        assert all(s.startswith("d, n = ") for s in frame["sentence"])
+        assert {d.model for d in Decisions.of(frame)} == {model}
