@@ -16,6 +16,11 @@ file):
   grows with the grid, the quadratic launch it replaces paid it from the first trial.
 
     python benchmarks/scale.py [--cells 1000 10000 100000] [--full-max 10000] [--sample 2500] [--arrays both]
+    python benchmarks/scale.py --cells 105000 --plan-others 0 7 21   # `plan` beside other sweeps, no Ray
+
+``--plan-others K …``: instead, ``fs.plan`` (the dry run: the work left priced by the store's other sweeps'
+rows of the same kinds) of each grid into a store holding K tiny sweeps of the same model and data, each
+with its 4 ok rows, for each K: the plan's time must grow with cells + sweeps, not with cells × sweeps.
     SCALE_EVALUATIONS=0 python benchmarks/scale.py …   # rows only, as measured before 2026-11-26
 """
 
@@ -165,6 +170,41 @@ def measure_planning(path: Path) -> dict:
     return {"cells": len(cells), "validate_s": validated - started, "plan_s": done - started, "pending": len(pending)}
 
 
+def measure_plan_with_others(folder: Path, cells: int, model: str, data: str, others: list[int]) -> None:
+    """``fs.plan`` of the grid into a store holding each count of tiny other sweeps (same model and data,
+    another split_seed: the same kinds under the same protocol, so each prices the plan's cells)."""
+    import freezesweep as fs
+    from freezesweep.orchestrator.checks import load_spec
+    from freezesweep.orchestrator.plan import build_grid
+    from freezesweep.orchestrator.rows import result_row
+    from freezesweep.orchestrator.sweeps import resolve_here
+    from freezesweep.results.store import ResultStore
+    from freezesweep.trials.config import TrialResult
+
+    folder.mkdir(exist_ok=True)
+    path, store = write_spec(folder, cells, model, data), str(folder / "store")
+    fs.plan(path)  # imports and the data's first read, paid once, out of the timings
+    made = 0
+    for count in sorted(others):
+        for i in range(made, count):
+            spec = yaml.safe_load(write_spec(folder, 20, model, data).read_text())
+            spec.update(name=f"tiny-{i}", train_sizes=[24], frozen_layers=[0, 1], seeds=[0, 1], split_seed=100 + i)
+            (folder / f"tiny-{i}.yaml").write_text(yaml.safe_dump(spec))
+            sweep = resolve_here(load_spec(folder / f"tiny-{i}.yaml"))
+            ResultStore(store, sweep.name).write_spec(sweep.spec.to_yaml())
+            for cell in build_grid(sweep):
+                row = TrialResult(trial_id=cell.trial_id, config=cell, status="ok", wall_time_s=10.0)
+                ResultStore(store, sweep.name).write_row(result_row(sweep.name, row))
+        made = max(made, count)
+        started = time.perf_counter()
+        planned = fs.plan(path)
+        print(
+            f"plan of {len(planned.cells):,} cells beside {count} other sweep(s): {time.perf_counter() - started:.1f} s "
+            f"(priced by {len(planned.priced_from)} of them)",
+            flush=True,
+        )
+
+
 def drive(path: Path, out: Path, stop_after: int | None) -> None:
     """The child: one launch with the instant trial, measured from its own start."""
     started_wall = time.perf_counter()
@@ -213,6 +253,10 @@ def main() -> None:
         return
     folder = Path(tempfile.mkdtemp(prefix="freezesweep-scale-"))
     model, data = make_inputs(folder)
+    if args.plan_others:
+        for cells in args.cells:
+            measure_plan_with_others(folder / f"plan-{cells}", cells, model, data, args.plan_others)
+        return
     print(
         f"{'cells':>8} {'arrays':>6} {'validate s':>10} {'plan s':>7} {'cells run':>9} {'first row s':>11} "
         f"{'driver CPU ms/cell':>18} {'wall ms/cell':>12} {'driver RSS MB':>13}"
@@ -261,6 +305,9 @@ def parse_args() -> argparse.Namespace:
     )
     parser.add_argument(
         "--arrays", choices=["both", "off", "on"], default="both", help="each grid without and with trial arrays"
+    )
+    parser.add_argument(
+        "--plan-others", type=int, nargs="+", help="instead: `plan` beside this many tiny other sweeps (no Ray)"
     )
     parser.add_argument("--driver", help=argparse.SUPPRESS)
     parser.add_argument("--out", help=argparse.SUPPRESS)

@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import os
+import re
 import signal
 import sys
 import threading
@@ -29,7 +30,15 @@ from typing import TYPE_CHECKING, Any, Union
 
 import pandas as pd
 
-from freezesweep.orchestrator.spec import DEFAULT_STORE, LARGE_GRID, SpecError, SweepNotFound, SweepSpec, read_yaml
+from freezesweep.orchestrator.spec import (
+    DEFAULT_STORE,
+    LARGE_GRID,
+    NAME_PATTERN,
+    SpecError,
+    SweepNotFound,
+    SweepSpec,
+    read_yaml,
+)
 from freezesweep.results.reprs import short_repr
 from freezesweep.results.store import ResultStore, StoreError
 
@@ -96,8 +105,60 @@ def _raw_spec(source: SpecSource, store: str | None, address: str | None) -> tup
     elif isinstance(source, Mapping):
         raw, name = dict(source), "sweep spec"
     else:
-        return read_yaml(source, overrides), str(source)
+        return read_yaml(_spec_path(source, store), overrides), str(source)
     return {**raw, **{k: v for k, v in overrides.items() if v is not None}}, name
+
+
+# The start of YAML text given where a file's path belongs: a key and its value ("name: demo"), a flow mapping.
+_YAML_TEXT = re.compile(r"\s*(\{|[A-Za-z_][\w-]*:(\s|$))")
+
+
+def _spec_path(source: object, store: str | None) -> str | Path:
+    """A spec file's path, as given; what else was given where one belongs is said plainly (a walk-through:
+    YAML text echoed whole as "no such file", bytes a bare TypeError, a stored sweep's name "no such file")."""
+    if not isinstance(source, (str, Path)):
+        raise TypeError(
+            f"a spec is a YAML file's path (str or Path), a mapping of its keys or a SweepSpec, not {type(source).__name__}"
+        )
+    text = str(source)
+    if os.path.exists(text):
+        return source
+    if isinstance(source, str) and ("\n" in text or _YAML_TEXT.match(text)):
+        raise SpecError(
+            [
+                "looks like YAML text, not a file's path: a spec is read from its file, or given as a mapping of its "
+                "keys (fs.load_spec(yaml.safe_load(text)), or fs.build_spec(**yaml.safe_load(text)))"
+            ],
+            f"spec text {_text_start(text)}",
+        )
+    root = store or DEFAULT_STORE
+    if _is_stored_sweep(text, root):
+        where = "" if root == DEFAULT_STORE else f", store={root!r}"
+        raise SpecError(
+            [
+                f"no such file, but sweep {text!r} is in store {root!r}: resume continues it with the spec it was "
+                f"launched with ({root.rstrip('/')}/{text}/spec.yaml): fs.resume({text!r}{where}), or "
+                f"`freezesweep resume {text}{store_flag(root)}`"
+            ],
+            text,
+        )
+    return source
+
+
+def _text_start(text: str) -> str:
+    """A text's start, quoted, for an error that must not echo all of it."""
+    first = text.strip().splitlines()[0] if text.strip() else ""
+    return repr(first[:40] + "…" if len(first) > 40 or len(text.strip().splitlines()) > 1 else first)
+
+
+def _is_stored_sweep(name: str, root: str) -> bool:
+    """``name`` is a sweep ``root`` holds (a store that cannot be read holds none, for this question)."""
+    if not re.match(NAME_PATTERN, name) or name.endswith((".yaml", ".yml")):
+        return False
+    try:
+        return ResultStore(root, name).exists()
+    except (StoreError, OSError, ValueError):
+        return False
 
 
 def load_spec(
@@ -110,8 +171,12 @@ def load_spec(
 ) -> SweepSpec:
     """A sweep spec, validated: every problem named in one :class:`SpecError`.
 
+    A stored sweep of the same name is not compared with it here: :func:`plan` and :func:`launch` refuse a
+    changed protocol, and a reader given the spec (``fs.results_frame(spec)``) reads that sweep as stored.
+
     Args:
-        source: a YAML file's path, a mapping of the spec's keys, or a spec to check again.
+        source: a YAML file's path (not its text: give that as a mapping, ``yaml.safe_load(text)``), a
+            mapping of the spec's keys, or a spec to check again.
         store: the store root, over the spec's own (default ``./sweeps``); a local folder or a URI
             such as ``s3://bucket/sweeps``.
         address: the Ray cluster the trials run on, over the spec's own.
@@ -119,10 +184,17 @@ def load_spec(
         check_devices: check that the GPUs and CPUs the trials ask for are here (False: planned
             away from them).
     """
+    raw, name = _raw_spec(source, store, address)
+    return _validated(raw, name, check_data, check_devices, against_stored=False)
+
+
+def _validated(raw: Any, name: str, check_data: bool, check_devices: bool, against_stored: bool) -> SweepSpec:
+    """The spec checked as :func:`load_spec` says; ``against_stored``: also against a stored sweep of its name
+    (its protocol, question and seeds may not change), as a launch checks it. A spec made to read a stored sweep
+    by (``fs.results_frame(spec)``) is not refused for differing from it: its name and store say what to read."""
     from freezesweep.orchestrator.checks import validate
 
-    raw, name = _raw_spec(source, store, address)
-    return validate(raw, name, semantic=check_data, devices=check_devices)
+    return validate(raw, name, semantic=check_data, devices=check_devices, against_stored=against_stored)
 
 
 def build_spec(fields: Mapping[str, Any] | None = None, /, **more: Any) -> SweepSpec:
@@ -149,11 +221,17 @@ class Plan:
     work: WorkEstimate | None  # the pending cells' trial time, priced by the store's measured rows
     priced_from: tuple[str, ...]  # the store's other sweeps whose rows priced kinds this one has not run
     trials_at_once: int  # this machine's cores per trial, or ``max_concurrent_trials``
-    note: str | None = None  # how ``precision: auto`` was planned off its GPUs; a grid too small to advise
+    notes: tuple[str, ...] = ()  # what a launch would say first: rows left out of the data, how ``precision:
+    # auto`` was planned off its GPUs, a grid too small to advise
     size_words: str = ""  # the grid's axes, e.g. "1 models × 1 datasets × …"
     gpus_here: str | None = None  # this machine's GPUs and whether CUDA MPS is on (None: no GPU here)
 
     __repr__ = short_repr  # a notebook prints it: the grid's size, not a million cells
+
+    @property
+    def note(self) -> str | None:
+        """The notes as one text (None: none)."""
+        return "; ".join(self.notes) or None
 
 
 def plan(spec: SpecSource, *, store: str | None = None) -> Plan:
@@ -165,11 +243,14 @@ def plan(spec: SpecSource, *, store: str | None = None) -> Plan:
     from freezesweep.results.store import final_of
     from freezesweep.trials.placement import mps_here
 
-    from freezesweep.orchestrator.checks import few_seeds_note
+    from freezesweep.orchestrator.checks import data_notes, few_seeds_note
 
-    spec = load_spec(spec, store=store, check_devices=False)  # the trials' machines are not here
+    raw, name = _raw_spec(spec, store, None)
+    # the trials' machines are not here; a stored sweep of its name is compared with it, as a launch does
+    spec = _validated(raw, name, check_data=True, check_devices=False, against_stored=True)
     sweep, precision_note = resolve_for_plan(spec)
-    note = "; ".join(n for n in (precision_note, few_seeds_note(spec)) if n) or None
+    # what a launch will say of the data (rows empty_texts: drop leaves out; float labels read as scores)
+    notes = tuple(n for n in (*data_notes(spec), precision_note, few_seeds_note(spec)) if n)
     cells = build_grid(sweep)
     result_store = ResultStore(spec.store, spec.name)
     rows = result_store.read_table(columns=["trial_id", "status", "wall_time_s"]).to_pandas()
@@ -189,7 +270,7 @@ def plan(spec: SpecSource, *, store: str | None = None) -> Plan:
         status_table(_counted_cells(sweep, result_store, cells), statuses),  # as `status` counts
         *_work(cells, pending, rows, result_store),
         at_once,
-        note,
+        notes,
         spec.cell_count_words() + _one_depth(spec, sweep.model_layers),
         mps_here(),
     )
@@ -246,10 +327,11 @@ def _measured_in_other_sweeps(
     """The measured times of ``pending``'s kinds in the store's other sweeps of their models and
     datasets (``plan.measured_elsewhere``), and those sweeps' names. One that cannot be read prices nothing."""
     from freezesweep.orchestrator.checks import stored_spec_mapping
-    from freezesweep.orchestrator.plan import measured_elsewhere
+    from freezesweep.orchestrator.plan import PendingKinds, measured_elsewhere
     from freezesweep.orchestrator.sweeps import load_sweep
 
     models, datasets = {c.model for c in pending}, {c.dataset for c in pending}
+    kinds = PendingKinds(pending)  # grouped by kind once, whatever the number of other sweeps
     found: dict[tuple, list[float]] = {}
     sources = []
     for name in result_store.other_sweeps() or []:
@@ -268,7 +350,7 @@ def _measured_in_other_sweeps(
             rows = other_store.read_table(columns=["trial_id", "status", "wall_time_s"])
         except (SpecError, StoreError, ValueError, OSError):  # an old, damaged or foreign sweep prices nothing
             continue
-        for key, times in measured_elsewhere(pending, other, _ok_times(rows.to_pandas())).items():
+        for key, times in measured_elsewhere(kinds, other, _ok_times(rows.to_pandas())).items():
             found.setdefault(key, []).extend(times)
             sources.append(name)
     return found, tuple(dict.fromkeys(sources))
@@ -320,8 +402,10 @@ def launch(
         store: the store root, over the spec's own.
         address: a Ray cluster's address (default: the spec's, else ``RAY_ADDRESS``, else a Ray of
             its own on this machine).
-        progress: show progress: a live bar on a terminal; elsewhere (a file, a cluster job's log, a
-            notebook) one line per finished trial and a summary line at least every minute.
+        progress: show progress on stdout: a live bar on a terminal; elsewhere (a file, a cluster job's log,
+            a notebook) one line per finished trial and a summary line at least every minute. False turns that
+            off; the ``note:`` and ``warning:`` lines about the spec and the store (a grid that gives no freezing
+            advice, rows written from the spool) still go to stderr (``contextlib.redirect_stderr`` hides them).
 
     Raises:
         SpecError: the spec's problems, all of them, before any trial starts.
@@ -469,8 +553,25 @@ def _store(name: SweepRef, store: str | None) -> ResultStore:
     if not result_store.exists():
         from freezesweep.orchestrator.sweeps import no_such_sweep
 
-        raise no_such_sweep(result_store)
+        with _launched_elsewhere(name, store):
+            raise no_such_sweep(result_store)
     return result_store
+
+
+@contextlib.contextmanager
+def _launched_elsewhere(name: SweepRef, store: str | None) -> Iterator[None]:
+    """A SweepSpec's sweep not in the store the spec names: ``fs.launch(spec, store=...)`` wrote it elsewhere,
+    and the spec still names its own store; said with what to pass."""
+    try:
+        yield
+    except SweepNotFound as exc:
+        if not isinstance(name, SweepSpec) or store is not None:
+            raise
+        raise SweepNotFound(
+            f"{exc.args[0]}; this SweepSpec names store {name.store!r}: a sweep launched with store=ROOT is read with "
+            "the same store=ROOT (a LaunchSummary's .store says where its sweep is)",
+            exc.source,
+        ) from None
 
 
 def _warn_unreadable(result_store: ResultStore) -> None:
@@ -484,25 +585,48 @@ def _warn_unreadable(result_store: ResultStore) -> None:
         )
 
 
-def results_frame(name: SweepRef, *, store: str | None = None, columns: Sequence[str] | None = None) -> pd.DataFrame:
-    """A sweep's rows, one per cell that has run, as a pandas DataFrame (``columns``: only these; default
-    every column, the evaluation curves included). Rows of freezesweep before 0.2 read as picked by
-    accuracy (``select_metric``); a row file that cannot be read is left out with an
-    :class:`UnreadableRowsWarning`."""
+def results_frame(
+    name: SweepRef, *, store: str | None = None, columns: str | Sequence[str] | None = None
+) -> pd.DataFrame:
+    """A sweep's rows, one per cell that has run, as a pandas DataFrame (``columns``: only these, a name or a
+    list of names; default every column, the evaluation curves included). Rows of freezesweep before 0.2
+    read as picked by accuracy (``select_metric``); a row file that cannot be read is left out with an
+    :class:`UnreadableRowsWarning`. A column the rows do not have is a ValueError that lists theirs."""
     from freezesweep.results.query import read_rows
 
+    wanted = _columns(columns)
     result_store = _store(name, store)
-    rows = read_rows(result_store, columns=list(columns) if columns else None)
+    rows = read_rows(result_store, columns=wanted)
     _warn_unreadable(result_store)
     return rows
 
 
-def results_arrow(name: SweepRef, *, store: str | None = None, columns: Sequence[str] | None = None) -> pa.Table:
-    """A sweep's rows as they are stored, as a pyarrow Table (``columns``: only these)."""
+def results_arrow(name: SweepRef, *, store: str | None = None, columns: str | Sequence[str] | None = None) -> pa.Table:
+    """A sweep's rows as they are stored, as a pyarrow Table (``columns``: only these, a name or a list of
+    names). A column the rows do not have is a ValueError that lists theirs."""
+    wanted = _columns(columns)
     result_store = _store(name, store)
-    table = result_store.read_table(columns=list(columns) if columns else None)
+    table = result_store.read_table(columns=wanted)
     _warn_unreadable(result_store)
     return table
+
+
+def _columns(columns: str | Sequence[str] | None) -> list[str] | None:
+    """The columns asked for, as a list (None: all). One name is one column: iterated, a string was its
+    letters ("Column f does not exist"); a name the rows lack is said with the names they have."""
+    from freezesweep.results.store import SCHEMA
+
+    if columns is None:
+        return None
+    listed = [columns] if isinstance(columns, str) else list(columns)
+    if not all(isinstance(c, str) for c in listed):
+        raise TypeError(f"columns is a column's name or a list of names, not {columns!r}")
+    unknown = [c for c in listed if c not in SCHEMA.names]
+    if unknown:
+        raise ValueError(
+            f"no column {', '.join(map(repr, unknown))} in a sweep's rows; their columns: {', '.join(SCHEMA.names)}"
+        )
+    return listed or None
 
 
 def results_duckdb(name: SweepRef, *, store: str | None = None) -> duckdb.DuckDBPyConnection:
@@ -516,8 +640,16 @@ def results_duckdb(name: SweepRef, *, store: str | None = None) -> duckdb.DuckDB
     return con
 
 
-def query(name: SweepRef, sql: str, *, store: str | None = None) -> pd.DataFrame:
-    """SQL (DuckDB) over the sweep's rows, the table ``results``; the answer as a DataFrame."""
+#: What ``query`` asks when given no SQL (the CLI's ``query`` without ``--sql`` too): each row's cell and score.
+QUERY_SQL = (
+    "SELECT dataset, model, method, train_size, frozen_layers, lora_rank, seed, status, select_metric, "
+    "best_val_score FROM results ORDER BY dataset, model, method, train_size, frozen_layers, lora_rank, seed"
+)
+
+
+def query(name: SweepRef, sql: str = QUERY_SQL, *, store: str | None = None) -> pd.DataFrame:
+    """SQL (DuckDB) over the sweep's rows, the table ``results``; the answer as a DataFrame. Without ``sql``:
+    each row's cell, status and selected metric, as the CLI's ``query`` shows them."""
     return results_duckdb(name, store=store).execute(sql).df()
 
 
@@ -526,8 +658,9 @@ def _stored_sweep(name: SweepRef, store: str | None) -> tuple[ResolvedSweep, Res
     """A stored sweep, as it was launched, and its store."""
     from freezesweep.orchestrator.sweeps import load_sweep
 
-    name, root = located(name, store)
-    return load_sweep(name, root), ResultStore(root, name)
+    sweep, root = located(name, store)
+    with _launched_elsewhere(name, store):
+        return load_sweep(sweep, root), ResultStore(root, sweep)
 
 
 def _counted_cells(
@@ -656,9 +789,11 @@ def _sweep_rows(name: SweepRef, store: str | None, tolerance: float | None) -> S
 
 @dataclass(frozen=True)
 class Decision:
-    """How many layers to freeze for one (sweep, dataset, train size) — per model with several."""
+    """How many layers to freeze for one (sweep, model, dataset, train size): a sweep of several models has a
+    decision per model."""
 
-    sweep: str
+    sweep: str  # the sweep's name
+    model: str | None  # the model the decision is for (None: rows that do not name it)
     dataset: str
     train_size: int
     learned: str  # "learned", "nothing learned" or "undecided": does full fine-tuning beat the baseline
@@ -707,8 +842,10 @@ def _decision(record: dict[str, Any]) -> Decision:
         return None if value is None or value != value else float(value)  # NaN: no advice
 
     k = number("frozen_layers")
+    model = record.get("model")
     return Decision(
         record["sweep"],
+        model if isinstance(model, str) else None,  # NaN: rows that do not name it
         record["dataset"],
         int(record["train_size"]),
         record["learned"],
@@ -777,6 +914,7 @@ def _all_stored(names: Sequence[SweepRef], store: str | None) -> None:
 
     missing: dict[str, list[str]] = {}
     unread: list[str] = []  # spec files that are not there, or name no sweep
+    spec_missing: SweepRef = ""  # a SweepSpec whose sweep is not where it says: launched with another store=?
     for name in names:
         try:
             sweep, uri = located(name, store)
@@ -785,11 +923,15 @@ def _all_stored(names: Sequence[SweepRef], store: str | None) -> None:
             continue
         if not ResultStore(uri, sweep).exists() and sweep not in missing.get(uri, []):
             missing.setdefault(uri, []).append(sweep)
+            spec_missing = name if isinstance(name, SweepSpec) else spec_missing
     errors = [no_such_sweep(ResultStore(uri, sweeps[0]), also=sweeps[1:]) for uri, sweeps in missing.items()]
     if errors and not unread:  # a LookupError however many stores lack them
-        raise (
-            errors[0] if len(errors) == 1 else SweepNotFound("; and ".join(e.args[0] for e in errors), errors[0].source)
-        )
+        with _launched_elsewhere(spec_missing, store):
+            raise (
+                errors[0]
+                if len(errors) == 1
+                else SweepNotFound("; and ".join(e.args[0] for e in errors), errors[0].source)
+            )
     if errors or unread:
         raise SpecError([*unread, *(e.args[0] for e in errors)], ", ".join(map(_ref_words, names)))
 
@@ -812,6 +954,17 @@ def budget_prices(decisions: pd.DataFrame, names: SweepRef | Sequence[SweepRef],
     return lines
 
 
+def _group_cells(cells: list[TrialConfig], group: pd.Series) -> list[TrialConfig]:
+    """The cells of one decision's group: its dataset and train size, and its model where it names one."""
+    model = group.get("model")
+    return [
+        c
+        for c in cells
+        if (c.dataset, c.train_size) == (group["dataset"], group["train_size"])
+        and (not isinstance(model, str) or c.model == model)
+    ]
+
+
 def _budget_price(resolved: ResolvedSweep, group: pd.Series, measured: dict[tuple, list[float]]) -> str:
     from freezesweep.orchestrator.plan import build_grid, estimate_work
 
@@ -822,12 +975,15 @@ def _budget_price(resolved: ResolvedSweep, group: pd.Series, measured: dict[tupl
     settle = asked.model_copy(update={"max_seeds": budget})
     grown_spec = resolved.spec.model_copy(update={"settle": settle, "seeds": [], "tolerance": None})
     grown = dataclasses.replace(resolved, spec=grown_spec)
-    cells = [c for c in build_grid(grown) if (c.dataset, c.train_size) == (group["dataset"], group["train_size"])]
+    cells = _group_cells(build_grid(grown), group)
     estimate = estimate_work(cells, measured)
     cost = "" if estimate is None else f", about {estimate.trial_s / 3600:,.2f} trial-hours at the measured times"
+    several = len(resolved.spec.models()) > 1  # a decision per model: each priced on its own
+    model, size = (f"{group['model']} · ", "size and model") if several else ("", "size")
     return (
-        f"{group['dataset']}, n = {group['train_size']}: a new settle sweep with settle.max_seeds {budget} runs "
-        f"at most {len(cells):,} trials for this size{cost} (`freezesweep plan` on its spec prices the whole sweep)"
+        f"{model}{group['dataset']}, n = {group['train_size']}: a new settle sweep with settle.max_seeds {budget} "
+        f"runs at most {len(cells):,} trials for this {size}{cost} (`freezesweep plan` on its spec prices the whole "
+        "sweep)"
     )
 
 

@@ -57,15 +57,18 @@ def validate(
     semantic: bool = True,
     devices: bool = True,
     stored: bool = True,
+    against_stored: bool = True,
 ) -> SweepSpec:
     """A parsed YAML mapping as a SweepSpec; one SpecError naming every problem of both layers.
     ``semantic=False``: shapes and values only (a stored spec, for inspection); ``devices=False``: not
     the GPUs and CPUs the trials need (a dry run, planned away from them; what the spec itself rules
     out, such as fp16 on CPU trials, is still checked); ``stored=False``: not the store and tracking it
-    would write to (``freezesweep trial``: one cell, written nowhere)."""
+    would write to (``freezesweep trial``: one cell, written nowhere); ``against_stored=False``: the
+    store, but not the sweep of its name stored there (whose protocol, question and seeds a launch may
+    not change: a spec that only names what to read is not refused for differing from it)."""
     spec, problems = parse(raw)
     if semantic and isinstance(raw, dict):
-        problems += semantic_problems(raw, cluster, devices, stored)
+        problems += semantic_problems(raw, cluster, devices, stored, against_stored)
     if problems:
         raise SpecError(problems, source)
     return spec
@@ -83,7 +86,11 @@ def load_spec(
 
 
 def semantic_problems(
-    raw: dict[str, Any], cluster: ClusterView | None = None, devices: bool = True, stored: bool = True
+    raw: dict[str, Any],
+    cluster: ClusterView | None = None,
+    devices: bool = True,
+    stored: bool = True,
+    against_stored: bool = True,
 ) -> list[str]:
     training = raw.get("training") if isinstance(raw.get("training"), dict) else {}
     resources = raw.get("resources") if isinstance(raw.get("resources"), dict) else {}
@@ -95,7 +102,7 @@ def semantic_problems(
     if devices:
         problems += _device_problems(resources.get("gpus_per_trial"), resources.get("cpus_per_trial"), cluster)
     if stored:
-        problems += _store_problems(raw) + _tracking_problems(raw)
+        problems += _store_problems(raw, against_stored) + _tracking_problems(raw)
     return problems
 
 
@@ -434,11 +441,14 @@ def _data_options(training: dict, dataset: str) -> dict[str, str]:
 
 
 def data_notes(spec: SweepSpec) -> list[str]:
-    """What validation did to the data that the user should hear of: rows dropped for empty texts."""
+    """What validation did to the data that the user should hear of: rows dropped for empty texts, and
+    what the reader noted of a dataset (whole-number float labels, read as a regression task)."""
     notes = []
     for dataset in spec.datasets:
         options = _data_options(spec.training.model_dump(), dataset)
-        dropped = {split: n for split, n in describe_task(dataset, spec.data_dir, **options).dropped.items() if n}
+        shape = describe_task(dataset, spec.data_dir, **options)
+        dropped = {split: n for split, n in shape.dropped.items() if n}
+        notes += [f"{dataset}: {note}" for note in shape.notes]
         if dropped:
             counts = " and ".join(f"{n} {split}" for split, n in dropped.items())
             notes.append(
@@ -540,7 +550,7 @@ def cluster_problems(cluster: ClusterView, cpus: float, gpus: float, auto: bool 
     return [f"{needs}, but no node of the cluster at {cluster.address!r} has them (its nodes: {has})"]
 
 
-def _store_problems(raw: dict[str, Any]) -> list[str]:
+def _store_problems(raw: dict[str, Any], against_stored: bool = True) -> list[str]:
     name, store = raw.get("name"), raw.get("store", DEFAULT_STORE)
     if not isinstance(store, str):
         return []  # pydantic reports it
@@ -549,7 +559,7 @@ def _store_problems(raw: dict[str, Any]) -> list[str]:
     try:
         target = ResultStore(store, name)
         target.check_writable()
-        stored = stored_spec_mapping(target)
+        stored = stored_spec_mapping(target) if against_stored else None
     except StoreError as exc:
         return [f"store: {exc}"]
     except SpecError as exc:  # a damaged spec.yaml: named with what to do, beside the other problems

@@ -366,8 +366,8 @@ def plan(
             f"{pending:,} to run in {planned.rounds} round(s)",
             highlight=False,
         )
-    if planned.note:
-        console.print(f"note: {planned.note}", highlight=False)
+    for note in planned.notes:
+        console.print(f"note: {note}", highlight=False)
     if planned.gpus_here:
         console.print(planned.gpus_here, highlight=False)
     _print_frame(collapse_long_axes(planned.status), OutputFormat.table, f"sweep {planned.name}: cells per axis")

@@ -128,6 +128,7 @@ class TaskData:
     official_metrics: tuple[str, ...] = ("accuracy",)
     dropped: dict[str, int] = dataclasses.field(default_factory=dict)  # rows dropped per split (empty texts)
     label_names: tuple[str, ...] = ()  # class id -> the label as the files spell it (empty for regression)
+    notes: tuple[str, ...] = ()  # what the user should hear of how the files were read (``_label_note``)
 
     @property
     def metrics(self) -> tuple[str, ...]:
@@ -166,6 +167,7 @@ class TaskShape:
     official_metrics: tuple[str, ...]
     dropped: dict[str, int] = dataclasses.field(default_factory=dict)  # rows dropped per split (empty texts)
     class_counts: dict[str, int] = dataclasses.field(default_factory=dict)  # train rows per class (classification)
+    notes: tuple[str, ...] = ()  # what the user should hear of how the files were read (``TaskData.notes``)
 
     @property
     def metrics(self) -> tuple[str, ...]:
@@ -266,6 +268,27 @@ def _load_task(
         official_metrics=_official_metrics(dataset, regression),
         dropped=dropped,
         label_names=names,
+        notes=(note,) if (note := _label_note(dataset, labels["train"], regression)) else (),
+    )
+
+
+# A regression task whose train labels are this few whole numbers is more likely classes written as floats
+FEW_SCORES = 10
+
+
+def _label_note(dataset: str, train: pd.Series, regression: bool) -> str | None:
+    """A local regression task whose train labels are all whole numbers, and few of them (0.0 and 1.0):
+    classes written as floats (pandas writes an int column with a gap as floats), which would train one
+    output by MSE, silently. A GLUE task's shape is its own."""
+    if not regression or glue_task(dataset) is not None:
+        return None
+    values = np.unique(train.dropna().to_numpy(dtype=float))
+    if len(values) > FEW_SCORES or not np.array_equal(values, np.round(values)):
+        return None
+    shown = ", ".join(f"{v:.1f}" for v in values[:SHOWN_ROWS]) + (", …" if len(values) > SHOWN_ROWS else "")
+    return (
+        f"labels are floats that are all whole numbers ({shown}): read as a regression task; if they are "
+        "classes, write them as integers or strings"
     )
 
 
@@ -520,7 +543,7 @@ def split_files(dataset: str, data_dir: str | Path | None = None) -> dict[str, P
         return dict(zip(SPLITS, files))
     folder = Path(dataset).expanduser()
     if folder.is_dir():
-        return {s: _find_split_file(folder, s) for s in SPLITS}
+        return _find_split_files(folder, {s: s for s in SPLITS})
     if folder.is_file():  # a new user's first try: the train file alone
         raise DatasetError(
             f"dataset {dataset!r}: is a file; a dataset is a folder holding train and validation files, or the "
@@ -536,17 +559,44 @@ def _glue_files(folder: Path, glue: GlueTask) -> dict[str, Path]:
     """A local GLUE copy: ``validation.*``, or the hub's split name (MNLI's ``validation_matched.*``)."""
     names = dict.fromkeys((glue.validation_split, "validation"))
     for name in names:
-        if any((folder / f"{name}.{ext}").is_file() for ext in _EXTENSIONS):
-            return {"train": _find_split_file(folder, "train"), "validation": _find_split_file(folder, name)}
-    return {s: _find_split_file(folder, s) for s in SPLITS}  # raises, naming what is missing
+        if _split_file(folder, name):
+            return _find_split_files(folder, {"train": "train", "validation": name}, pairs=False)
+    return _find_split_files(folder, {s: s for s in SPLITS}, pairs=False)  # raises, naming what is missing
 
 
-def _find_split_file(folder: Path, split: str) -> Path:
-    for ext in _EXTENSIONS:
-        path = folder / f"{split}.{ext}"
-        if path.is_file():
-            return path
-    raise DatasetError(f"no {split}.{{{','.join(_EXTENSIONS)}}} in {folder}")
+# Other names a split's file goes by (GLUE's own downloads say dev): said in the error, never read, since
+# a test file may be unlabelled or the rows a user holds back
+OTHER_SPLIT_NAMES = {"train": ("training",), "validation": ("dev", "val", "valid", "eval", "test")}
+
+
+def _split_file(folder: Path, name: str) -> Path | None:
+    return next((p for ext in _EXTENSIONS if (p := folder / f"{name}.{ext}").is_file()), None)
+
+
+def _find_split_files(folder: Path, names: dict[str, str], pairs: bool = True) -> dict[str, Path]:
+    """Each split's file (``names``: split -> the file's name without its extension); one error naming
+    every missing one, and the file under another name it may be (``dev.csv``), with what to do (``pairs``:
+    a pair of files is an answer; not for a GLUE task's folder, whose name says its columns and metrics)."""
+    found = {split: _split_file(folder, name) for split, name in names.items()}
+    missing = [split for split, path in found.items() if path is None]
+    if not missing:
+        return {split: path for split, path in found.items() if path}
+    problems = []
+    for split in missing:
+        problem = f"no {names[split]}.{{{','.join(_EXTENSIONS)}}} in {folder}"
+        others = [p for name in OTHER_SPLIT_NAMES.get(split, ()) if (p := _split_file(folder, name))]
+        if others:
+            which = (
+                f"it to {names[split]}{others[0].suffix}"
+                if len(others) == 1
+                else f"the one of {split} rows to {names[split]}.<ext>"
+            )
+            problem += f"; found {' and '.join(p.name for p in others)}: rename {which}"
+            pair = {s: found[s] or others[0] for s in names}
+            if pairs and len(missing) == 1:
+                problem += f", or give the pair as TRAIN_FILE,VALIDATION_FILE ('{pair['train']},{pair['validation']}')"
+        problems.append(problem)
+    raise DatasetError("; ".join(problems), problems)
 
 
 def _read_file(path: Path) -> pd.DataFrame:
@@ -555,7 +605,9 @@ def _read_file(path: Path) -> pd.DataFrame:
         return pd.read_parquet(path)
     if suffix in ("csv", "tsv"):
         return pd.read_csv(path, sep="\t" if suffix == "tsv" else ",", keep_default_na=False)
-    return pd.read_json(path, lines=suffix == "jsonl")
+    # dtype=False: each value as the file writes it; pandas' default turns whole floats (1.0) into ints, so the
+    # same labels made a classification task from JSON and a regression task from Parquet or CSV
+    return pd.read_json(path, lines=suffix == "jsonl", dtype=False)
 
 
 def _load_from_hub(dataset: str) -> dict[str, pd.DataFrame]:
@@ -608,6 +660,7 @@ def describe_task(
         task.official_metrics,
         task.dropped,
         task.class_counts(),
+        task.notes,
     )
 
 

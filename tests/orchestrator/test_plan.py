@@ -100,3 +100,29 @@ def test_the_hungriest_depth_and_the_doubled_share():
     assert larger.spec == sweep.spec  # what the user asked for is kept (a resume measures or uses it again)
     assert with_doubled_gpu_share(dataclasses.replace(sweep, gpu_share=1.0)) is None
     assert with_doubled_gpu_share(_sweep(resources={"gpus_per_trial": 0})) is None
+
+
+def test_other_sweeps_price_the_pending_cells_without_redoing_their_protocols(monkeypatch):
+    """Before: each pending cell's protocol was computed again for every other sweep of the store (a
+    105,000-cell plan into a store of 7 tiny sweeps: 735,014 calls, 25 s where an empty store took 15).
+    Now once per kind of cell it is asked for, whatever the number of sweeps, and the prices are the same."""
+    from freezesweep.orchestrator import plan
+
+    pending = build_grid(_sweep(seeds=list(range(10))))
+    others = [_sweep(name=f"o{i}", split_seed=i + 1, seeds=[0]) for i in range(3)]
+    walls = [{c.trial_id: 10.0 * (i + 1) for c in build_grid(o)} for i, o in enumerate(others)]
+    slower = _sweep(name="slower", seeds=[0], training={**RESOLVED["training"], "epochs": 20})  # another protocol
+    calls, cost_protocol = [], plan.cost_protocol
+    monkeypatch.setattr(plan, "cost_protocol", lambda cell: calls.append(cell) or cost_protocol(cell))
+    sweeps = [*zip(others, walls), (slower, {c.trial_id: 99.0 for c in build_grid(slower)})]
+    found = [plan.measured_elsewhere(pending, o, w) for o, w in sweeps]  # as the plan calls it: a list
+    kinds_of_cells = {plan.work_key(c) for c in pending}
+    assert [sorted({t for ts in f.values() for t in ts}) for f in found] == [[10.0], [20.0], [30.0], []]
+    assert all(set(f) == kinds_of_cells for f in found[:3])
+    # per sweep, each pending kind's protocol once (not each cell's), and each of its measured cells' own
+    other_cells = sum(len(build_grid(o)) for o, _ in sweeps)
+    assert len(calls) == len(sweeps) * len(kinds_of_cells) + other_cells < len(pending)
+    calls.clear()
+    kinds = plan.PendingKinds(pending)  # made once for every sweep: each kind's protocol once in all
+    assert [plan.measured_elsewhere(kinds, o, w) for o, w in sweeps] == found
+    assert len(calls) == len(kinds_of_cells) + other_cells

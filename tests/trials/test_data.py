@@ -326,3 +326,56 @@ def test_rows_are_named_by_their_file_lines_after_empty_texts_are_dropped(tmp_pa
     said = "\n".join(info.value.problems)
     assert f"'Pos' (1 row: {folder}/train.csv line 5)" in said
     assert f"{folder}/train.csv: column 'label' has 1 missing or non-finite label(s), line 6" in said
+
+
+_WRITERS = {
+    "parquet": lambda df, path: df.to_parquet(path),
+    "csv": lambda df, path: df.to_csv(path, index=False),
+    "jsonl": lambda df, path: df.to_json(path, orient="records", lines=True),
+    "json": lambda df, path: df.to_json(path, orient="records"),
+}
+
+
+@pytest.mark.parametrize("fmt", sorted(_WRITERS))
+def test_float_labels_are_one_task_in_every_format_and_whole_ones_are_noted(tmp_path, fmt):
+    """Before: labels 0.0/1.0 were a regression task from Parquet and CSV but classification from JSON(L)
+    (pandas' JSON reader made whole floats ints), and neither said a word of it."""
+    frame = pd.DataFrame({"sentence": [f"row {i}" for i in range(8)], "label": [0.0, 1.0] * 4})
+    for split in ("train", "validation"):
+        _WRITERS[fmt](frame, tmp_path / f"{split}.{fmt}")
+    assert b"1.0" in (tmp_path / f"train.{fmt}").read_bytes() or fmt == "parquet"
+    shape = describe_task(str(tmp_path))
+    assert (shape.regression, shape.official_metrics[0]) == (True, "pearson")
+    assert shape.notes == (
+        "labels are floats that are all whole numbers (0.0, 1.0): read as a regression task; if they are "
+        "classes, write them as integers or strings",
+    )
+
+
+def test_scores_that_are_not_all_whole_or_are_many_are_not_noted(tmp_path):
+    for name, labels in (("halves", [0.0, 0.5, 1.0, 1.5] * 2), ("many", [float(i) for i in range(12)])):
+        frame = pd.DataFrame({"sentence": [f"row {i}" for i in range(len(labels))], "label": labels})
+        for split in ("train", "validation"):
+            (tmp_path / name).mkdir(exist_ok=True)
+            frame.to_json(tmp_path / name / f"{split}.jsonl", orient="records", lines=True)
+        shape = describe_task(str(tmp_path / name))
+        assert shape.regression and shape.notes == (), name
+
+
+def test_a_validation_file_under_another_name_is_named_with_what_to_do(tmp_path):
+    """Before: "no validation.{parquet,csv,tsv,jsonl,json} in …" of a folder holding dev.csv."""
+    folder = make_toy_dataset(tmp_path / "d", n_train=10, n_val=10, fmt="csv")
+    (folder / "validation.csv").rename(folder / "dev.csv")
+    with pytest.raises(DatasetError) as info:
+        load_task(str(folder))
+    assert info.value.problems == [
+        f"no validation.{{parquet,csv,tsv,jsonl,json}} in {folder}; found dev.csv: rename it to validation.csv, "
+        f"or give the pair as TRAIN_FILE,VALIDATION_FILE ('{folder}/train.csv,{folder}/dev.csv')"
+    ]
+    (folder / "train.csv").rename(folder / "training.csv")  # both missing: both named, in one error
+    with pytest.raises(DatasetError) as info:
+        load_task(str(folder))
+    assert [p.split("; found ")[1] for p in info.value.problems] == [
+        "training.csv: rename it to train.csv",
+        "dev.csv: rename it to validation.csv",
+    ]
