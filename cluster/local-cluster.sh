@@ -147,6 +147,8 @@ case "${1:-}" in
       --dashboard-port "${RAY_DASHBOARD_PORT:-8265}" "${node_args[@]}"
     for i in $(seq 1 "${3:-1}"); do add_worker "w$i" "${2:-1}"; done
     echo "cluster up: RAY_AUTH_MODE=token freezesweep launch SPEC --address 127.0.0.1:$PORT"
+    # Ray's own lines above say `ray stop` once per node: it would end every Ray on this machine
+    echo "stop it with: $0 stop (its nodes only; not \`ray stop\` as Ray says above, which ends every Ray here)"
     ;;
   add-worker)
     [ -n "${2:-}" ] || { echo "usage: $0 add-worker NAME [FAKE_GPUS]" >&2; exit 2; }

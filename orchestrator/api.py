@@ -21,6 +21,7 @@ import os
 import re
 import signal
 import sys
+import tempfile
 import threading
 import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -151,9 +152,10 @@ def _text_start(text: str) -> str:
     return repr(first[:40] + "…" if len(first) > 40 or len(text.strip().splitlines()) > 1 else first)
 
 
-def _is_stored_sweep(name: str, root: str) -> bool:
-    """``name`` is a sweep ``root`` holds (a store that cannot be read holds none, for this question)."""
-    if not re.match(NAME_PATTERN, name) or name.endswith((".yaml", ".yml")):
+def _is_stored_sweep(name: str, root: str, dotted: bool = False) -> bool:
+    """``name`` is a sweep ``root`` holds (a store that cannot be read holds none, for this question);
+    ``dotted``: a name like a spec file's (x.yaml) too."""
+    if not re.match(NAME_PATTERN, name) or (name.endswith((".yaml", ".yml")) and not dotted):
         return False
     try:
         return ResultStore(root, name).exists()
@@ -493,6 +495,14 @@ def located(name: SweepRef, store: str | None = None) -> tuple[str, str]:
     spec_file = name.endswith((".yaml", ".yml"))
     if spec_file and "/" in name.replace(os.sep, "/") and not os.path.isfile(name):  # no sweep name has a /
         raise SpecError([f"no such spec file (looked for from {os.getcwd()})"], name)
+    if spec_file and not os.path.isfile(name) and not _is_stored_sweep(name, store or DEFAULT_STORE, dotted=True):
+        # a sweep may be named x.yaml, but a missing file is the likelier reading (a walk-through's `status nosuch.yaml`)
+        raise SpecError(
+            [
+                f"no such spec file (looked for from {os.getcwd()}), nor a sweep of that name in store {store or DEFAULT_STORE!r}"
+            ],
+            name,
+        )
     folder = os.path.normpath(name)
     if store is None and os.sep in folder and _stored_sweep_folder(folder):
         return os.path.basename(folder), os.path.dirname(folder)  # a sweep's own folder (sweeps/demo)
@@ -578,7 +588,7 @@ def _warn_unreadable(result_store: ResultStore) -> None:
     if result_store.unreadable:
         warnings.warn(
             f"skipped {len(result_store.unreadable)} unreadable row file(s) (`freezesweep resume "
-            f"{result_store.sweep}` moves them aside and runs their cells again): "
+            f"{result_store.sweep}{store_flag(result_store.uri)}` moves them aside and runs their cells again): "
             + ", ".join(result_store.unreadable),
             UnreadableRowsWarning,
             stacklevel=3,
@@ -906,6 +916,12 @@ def _out_problem(out: Path) -> None:
     if not existing.is_dir():
         what = "is a file" if existing == out else f"lies under the file {existing}"
         raise SpecError([f"{what}: the report is a folder (index.html, report.md, figures/)"], f"--out {out}")
+    try:  # a probe folder made and removed: os.access says yes to root where nothing can be made (/proc)
+        os.rmdir(tempfile.mkdtemp(prefix=".freezesweep-probe-", dir=existing))
+    except OSError as exc:
+        raise SpecError(
+            [f"cannot make the report's folder in {existing} ({exc.strerror or exc})"], f"--out {out}"
+        ) from None
 
 
 def _all_stored(names: Sequence[SweepRef], store: str | None) -> None:

@@ -291,12 +291,17 @@ def _print_summary(summary, stopped: int) -> None:
             f"decided or at its budget (`freezesweep report {summary.sweep}{api.store_flag(summary.store)}` says which)"
         )
     console.print(f"store: {summary.store}/{summary.sweep}/results/")
+    # the store as the launch named it: a spec's own `store:` is not where `resume NAME` looks by default
+    resume = f"`freezesweep resume {summary.sweep}{api.store_flag(summary.store)}`"
     if summary.unfinished:
-        console.print(
-            f"{summary.unfinished} cells not finished (interrupted): `freezesweep resume {summary.sweep}` runs them"
-        )
+        why = "stopped by SIGTERM" if stopped == 143 else "interrupted"
+        console.print(f"{summary.unfinished} cells not finished ({why}): {resume} runs them")
         exit_interrupted(stopped)
     if summary.failed:
+        console.print(
+            f"{resume} runs the failed cells again; `freezesweep status {summary.sweep}"
+            f"{api.store_flag(summary.store)}` lists why each failed"
+        )
         raise typer.Exit(1)
 
 
@@ -442,10 +447,7 @@ def status(sweep: SweepArg, store: SweepStoreOpt = None) -> None:
 def query(
     sweep: SweepArg,
     store: SweepStoreOpt = None,
-    sql: Annotated[
-        str, typer.Option("--sql", help="SQL over the table `results`")
-    ] = "SELECT dataset, model, method, train_size, frozen_layers, lora_rank, seed, status, select_metric, "
-    "best_val_score FROM results ORDER BY dataset, model, method, train_size, frozen_layers, lora_rank, seed",
+    sql: Annotated[str, typer.Option("--sql", help="SQL over the table `results`")] = api.QUERY_SQL,
     fmt: Annotated[OutputFormat, typer.Option("--format")] = OutputFormat.table,
 ) -> None:
     """SQL (DuckDB) over the sweep's rows."""
@@ -478,6 +480,9 @@ def summary(
     _print_frame(table, fmt, f"sweep {api.located(sweep)[0]}: {what} at the best evaluation, over seeds")
 
 
+WIDE_TABLE_COLUMNS = 12  # more than a terminal's table shows legibly
+
+
 def _print_frame(frame, fmt: OutputFormat, title: str) -> None:
     if fmt is OutputFormat.csv:
         print(nested_as_json(frame).to_csv(index=False), end="")
@@ -490,6 +495,10 @@ def _print_frame(frame, fmt: OutputFormat, title: str) -> None:
         for row in frame.itertuples(index=False):
             table.add_row(*(f"{v:.4f}" if isinstance(v, float) else str(v) for v in row))
         console.print(table)
+        if (
+            len(frame.columns) > WIDE_TABLE_COLUMNS
+        ):  # `SELECT *` printed 74 columns squeezed to nothing (a walk-through)
+            console.print(f"({len(frame.columns)} columns: --format csv or json writes them whole)", highlight=False)
 
 
 def nested_as_json(frame):

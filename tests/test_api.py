@@ -176,6 +176,9 @@ def test_a_report_names_every_sweep_it_cannot_find(tmp_path):
     for out in ("README.md", "README.md/report"):  # a walk-through: a traceback after every row was read
         with pytest.raises(fs.SpecError, match="the report is a folder"):
             fs.report(["nope1"], tmp_path / out, store=str(tmp_path))
+    if os.path.isdir("/proc"):  # nothing can be made there, root or not (a walk-through: a traceback)
+        with pytest.raises(fs.SpecError, match="cannot make the report's folder in /proc"):
+            fs.report(["nope1"], "/proc/forbidden", store=str(tmp_path))
     with pytest.raises(fs.SpecError) as caught:  # a path is not a sweep's name: a spec file that is not there
         fs.report(["nope1", f"{other}/spec.yaml", "nope2"], tmp_path / "out", store=str(tmp_path))
     assert caught.value.problems[0] == f"{other}/spec.yaml: no such spec file (looked for from {os.getcwd()})"

@@ -493,6 +493,9 @@ def test_a_sweeps_own_folder_reads_as_the_sweep_and_as_a_store_says_so(write_spe
     (tmp_path / "mine-too" / "spec.yaml").write_text("name: another\n")  # a user's own spec, not a stored sweep
     neither = runner.invoke(app, ["status", str(tmp_path / "mine-too")])
     assert neither.exit_code == 2 and "not a sweep's name (a name has no /)" in neither.stderr
+    missing = runner.invoke(app, ["status", "nosuch.yaml", "--store", spec.store])  # read as a sweep's name
+    assert missing.exit_code == 2 and "no such spec file (looked for from" in missing.stderr
+    assert f"nor a sweep of that name in store {spec.store!r}" in missing.stderr.replace("\n", "")
 
 
 def test_a_sweep_whose_spec_file_was_deleted_is_not_a_missing_sweep(write_spec):
@@ -558,3 +561,32 @@ def test_an_interrupt_while_the_launch_imports_says_nothing_was_written(write_sp
     done = runner.invoke(app, ["launch", str(write_spec("early"))])
     assert done.exit_code == 130
     assert "interrupted before anything started: nothing was written" in done.stderr
+
+
+def test_a_launch_with_failed_cells_says_how_to_run_them_again_in_its_store(capsys):
+    """A walk-through: a launch that ended with failed cells named no next step, and the resume hint of
+    an interrupted one left out the store the spec named (`resume NAME` then found no sweep)."""
+    import typer
+
+    from freezesweep.orchestrator import cli
+    from freezesweep.orchestrator.launch import LaunchSummary
+
+    failed = LaunchSummary(2, 0, 2, 0, 2, sweep="clfail", store="/data/sweeps")
+    with pytest.raises(typer.Exit) as ended:
+        cli._print_summary(failed, stopped=130)
+    said = capsys.readouterr().out.replace("\n", " ")
+    assert ended.value.exit_code == 1
+    assert "`freezesweep resume clfail --store /data/sweeps` runs the failed cells again" in said
+    assert "`freezesweep status clfail --store /data/sweeps` lists why each failed" in said
+
+
+def test_a_table_too_wide_to_read_says_how_to_get_it_whole(capsys):
+    """A walk-through: `query --sql "SELECT * FROM results"` printed 74 columns squeezed to nothing."""
+    import pandas as pd
+
+    from freezesweep.orchestrator import cli
+
+    cli._print_frame(pd.DataFrame([range(20)], columns=[f"c{i}" for i in range(20)]), cli.OutputFormat.table, "t")
+    assert "(20 columns: --format csv or json writes them whole)" in capsys.readouterr().out
+    cli._print_frame(pd.DataFrame([range(3)], columns=["a", "b", "c"]), cli.OutputFormat.table, "t")
+    assert "columns:" not in capsys.readouterr().out

@@ -217,7 +217,11 @@ def test_ctrl_c_stops_cleanly_and_says_what_is_left(write_spec, tmp_path):
     out, _ = driver.communicate(timeout=120)
     done = count_rows(results)
     assert driver.returncode == 130 and done < 9
-    assert f"{9 - done} cells not finished (interrupted)" in out
+    # the spec names its own store: the hint names it (a walk-through ran `resume NAME` and found nothing)
+    assert (
+        f"{9 - done} cells not finished (interrupted): `freezesweep resume interrupted --store {tmp_path / 'store'}`"
+        in out
+    )
     assert not (tmp_path / "store" / "interrupted" / "_lock.json").exists()  # released on the way out
     resumed = launch(load_spec(path), show_progress=False)
     assert resumed.ran == 9 - done and resumed.unfinished == 0
@@ -236,7 +240,9 @@ def test_sigterm_stops_like_ctrl_c(write_spec, tmp_path):
     driver.send_signal(signal.SIGTERM)
     out, err = driver.communicate(timeout=120)
     assert driver.returncode == 143, err[-3000:]
-    assert "cells not finished (interrupted): `freezesweep resume terminated` runs them" in out
+    assert (
+        f"cells not finished (stopped by SIGTERM): `freezesweep resume terminated --store {tmp_path / 'store'}`" in out
+    )
     assert "core dumped" not in err and "*** SIGTERM received" not in err
     assert not (tmp_path / "store" / "terminated" / "_lock.json").exists()
     _, alive = psutil.wait_procs(started, timeout=60)
