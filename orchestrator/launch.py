@@ -51,7 +51,7 @@ from freezesweep.orchestrator.plan import (
     with_resources,
 )
 from freezesweep.orchestrator.progress import SweepProgress
-from freezesweep.orchestrator.ray_session import RaySession, TaskFailed, auto_precision_task, memory_probe_task
+from freezesweep.orchestrator.ray_session import RaySession, TaskFailed, memory_probe_task, trial_device_task
 from freezesweep.orchestrator.ray_storage import RayStorage, checkpoint_storage_warning, ray_storage, store_cache_dir
 from freezesweep.orchestrator.rows import result_row
 from freezesweep.orchestrator.spec import DEFAULT_STORE, SpecError, SweepSpec
@@ -121,16 +121,19 @@ def launch(spec: SweepSpec, show_progress: bool = True, session: RaySession | No
 def resolve_for_launch(spec: SweepSpec, session: RaySession) -> ResolvedSweep:
     if session.on_cluster:
         preflight(spec, session)  # every node has what its trials open, before anything is written
-    precision = resolve_precision(spec, session)
+    device, auto = trials_device(spec, session)
+    precision = auto if spec.training.precision == "auto" else spec.training.precision
     check_stored_precision(spec, precision)
     shipment = session.ship(spec) if local_files.mode(spec, session.on_cluster) == "ship" else local_files.anchor(spec)
     decided, depths = resolve_spec(spec, precision), model_depths(spec)
     share, measured, width = (
         (None, None, None)
         if spec.resources.gpus_per_trial != "auto"
+        else (1.0, "gpus_per_trial auto: not measured, the trials' GPUs are no CUDA devices", 1)
+        if device == "cpu"
         else measure_gpu_share(decided, depths, shipment, session)
     )
-    return ResolvedSweep(decided, depths, session.address, shipment, share, measured, width)
+    return ResolvedSweep(decided, depths, session.address, shipment, share, measured, width, device)
 
 
 def preflight(spec: SweepSpec, session: RaySession) -> None:
@@ -149,22 +152,40 @@ def preflight(spec: SweepSpec, session: RaySession) -> None:
         raise SpecError(problems, f"preflight on the cluster's nodes{why}")
 
 
-def resolve_precision(spec: SweepSpec, session: RaySession) -> str:
-    """``auto`` decided once for the whole sweep, on the kind of device its trials get: this
+def trials_device(spec: SweepSpec, session: RaySession) -> tuple[str | None, str]:
+    """Decided once for the whole sweep, on the kind of device its trials get: ``cpu`` where the GPUs a
+    cluster gives them are no CUDA devices (fake GPUs: the trials run on the CPU, so no trial arrays,
+    and said), else None (each trial's own ``auto``); and what precision ``auto`` means there: this
     machine's CPU or GPU in the embedded Ray, a probe task with the trials' resources on a cluster."""
-    if spec.training.precision != "auto" or not session.on_cluster:
-        return precision_here(spec)
     gpus = 1.0 if spec.resources.gpus_per_trial == "auto" else spec.resources.gpus_per_trial
+    if not session.on_cluster or (gpus == 0 and spec.training.precision != "auto"):
+        return None, precision_here(spec) if spec.training.precision == "auto" else spec.training.precision
     try:
-        [precision] = session.run_task(
-            auto_precision_task,
+        [(device, precision)] = session.run_task(
+            trial_device_task,
             [{"device_type": "cuda" if gpus > 0 else "cpu"}],
             cpus=spec.resources.cpus_per_trial,
             gpus=gpus,
         )
     except TaskFailed as exc:
-        raise SpecError([f"resources: precision auto could not be resolved on the cluster: {exc}"], "launch") from None
-    return precision
+        raise SpecError(
+            [f"resources: the trials' device could not be probed on the cluster: {exc}"], "launch"
+        ) from None
+    if gpus > 0 and device == "cpu":
+        if spec.training.precision == "fp16":  # a CUDA precision (trials/precision.py): every trial would fail
+            raise SpecError(
+                ["training.precision: fp16 needs a CUDA device, but the GPUs the cluster gives the trials are none "
+                 "(fake GPUs: use bf16, fp32 or auto)"],
+                "launch",
+            )  # fmt: skip
+        print(
+            f"note: the GPUs the cluster gives these trials are no CUDA devices (ray start --num-gpus on a machine "
+            f"without one, or torch without CUDA): they run on the CPU, in {precision} where precision is auto, "
+            "without trial arrays",
+            file=sys.stderr,
+        )
+        return "cpu", precision
+    return None, precision
 
 
 def check_stored_precision(spec: SweepSpec, precision: str) -> None:

@@ -35,6 +35,7 @@ class ResolvedSweep:
     gpu_share: float | None = None  # each trial's GPU share: the spec's, or what gpus_per_trial auto measured
     gpu_packing: str | None = None  # what gpus_per_trial auto measured and chose, in words
     array_width: int | None = None  # the most cells per trial array: the spec's, or what fits the GPU share
+    device: str | None = None  # "cpu" where the GPUs a cluster gives the trials are no CUDA devices; None: auto
 
     def __post_init__(self):
         problems = []
@@ -120,7 +121,10 @@ def with_resources(cell: TrialConfig, sweep: ResolvedSweep) -> TrialConfig:
     CPU cell to the CPU: trials/precision.py resolve_device). Its checkpoints go where the Tune
     adapter puts them (Ray's storage)."""
     return dataclasses.replace(
-        cell, num_threads=max(1, math.floor(sweep.spec.resources.cpus_per_trial)), gpus_per_trial=sweep.gpu_share
+        cell,
+        num_threads=max(1, math.floor(sweep.spec.resources.cpus_per_trial)),
+        gpus_per_trial=sweep.gpu_share,
+        device=sweep.device or cell.device,
     )
 
 

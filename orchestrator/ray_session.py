@@ -257,9 +257,15 @@ def _node_name(node: dict) -> str:
 
 
 # --- what the probe tasks run on a node (module-level: Ray sends them by reference) ---------------
-def auto_precision_task(device_type: str) -> str:
-    """What precision ``auto`` means on the node that runs this (its CPU or the GPU Ray gave it)."""
-    return auto_precision(device_type)
+def trial_device_task(device_type: str) -> tuple[str, str]:
+    """The kind of device a trial with these resources gets on the node that runs this, and what
+    precision ``auto`` means there: a GPU Ray gave that is no CUDA device (``ray start --num-gpus`` on a
+    machine without one, or torch without CUDA: cluster/local-cluster.sh's fake GPUs) is the CPU."""
+    import torch
+
+    if device_type == "cuda" and not torch.cuda.is_available():
+        device_type = "cpu"
+    return device_type, auto_precision(device_type)
 
 
 def memory_probe_task(model: str, shipment: Shipment | Anchored | None = None, **shape: Any) -> MemoryProbe:

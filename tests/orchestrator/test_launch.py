@@ -130,3 +130,33 @@ def test_the_gpu_probe_is_asked_for_the_workers_evaluation_cache(monkeypatch, fr
     monkeypatch.setattr(launching, "eval_cache_tokens", lambda cfg, worker: padded[cfg.dataset])
     launching.measure_gpu_share(sweep.spec, sweep.model_layers, None, Session())
     assert {c["model"]: c["eval_tokens"] for c in asked} == tokens
+
+
+def test_fake_gpus_of_a_cluster_run_cpu_trials_without_arrays(write_spec, capsys):
+    """A walk-through on cluster/local-cluster.sh (GPUs that are a scheduling label): precision auto failed
+    ("Torch not compiled with CUDA enabled") and the trials, on the CPU, were grouped as trial arrays."""
+    from freezesweep.orchestrator import launch as launching
+    from freezesweep.orchestrator.plan import ResolvedSweep, launch_units
+    from freezesweep.orchestrator.ray_session import trial_device_task
+    from freezesweep.orchestrator.spec import SpecError
+    from freezesweep.orchestrator.sweeps import resolve_spec
+    from freezesweep.trials.precision import auto_precision
+
+    class Session:  # a cluster whose probe task runs here, on this CPU machine
+        on_cluster = True
+
+        def run_task(self, fn, calls, **resources):
+            assert resources["gpus"] == 0.5
+            return [fn(**call) for call in calls]
+
+    spec = load_spec(write_spec("fake", resources={"gpus_per_trial": 0.5}, training={"precision": "auto"}), devices=False)
+    assert trial_device_task("cuda") == ("cpu", auto_precision("cpu"))  # this machine has no CUDA
+    device, precision = launching.trials_device(spec, Session())
+    assert (device, precision) == ("cpu", auto_precision("cpu"))
+    assert "no CUDA devices" in capsys.readouterr().err
+    sweep = ResolvedSweep(resolve_spec(spec, precision), {spec.model: 2}, "fake:1", gpu_share=0.5, device=device)
+    units = launch_units(build_grid(sweep), sweep)
+    assert all(len(unit) == 1 for unit in units) and all(c.device == "cpu" for unit in units for c in unit)
+    fp16 = load_spec(write_spec("fake16", resources={"gpus_per_trial": 0.5}, training={"precision": "fp16"}), devices=False)
+    with pytest.raises(SpecError, match="fp16 needs a CUDA device, but the GPUs the cluster gives"):
+        launching.trials_device(fp16, Session())
