@@ -423,10 +423,17 @@ def resume(
 ) -> LaunchSummary:
     """Run the cells of a stored sweep that have no ok row (failed ones are run again), with the spec
     it was launched with; otherwise as :func:`launch`."""
-    from freezesweep.orchestrator.sweeps import launch_folder_for, load_sweep_spec
+    from freezesweep.orchestrator.sweeps import launch_folder_for, load_sweep_spec, spec_differences
 
-    name, root = located(name, store)
+    given, (name, root) = name, located(name, store)
     stored = load_sweep_spec(name, root)  # validated in full by the launch, with the cluster
+    differing = spec_differences(stored, _given_spec(given))
+    if differing:  # a walk-through edited its spec file, then ran `resume FILE`: the edit went unseen
+        print(
+            f"note: resume runs sweep {name!r} as stored; its spec file differs ({'; '.join(differing)}): "
+            "`freezesweep launch FILE` runs the file's (new cells; a changed protocol is refused)",
+            file=sys.stderr,
+        )
     raw = {**stored.model_dump(mode="json"), "store": root, "address": address or stored.address}
     folder = launch_folder_for(stored, ResultStore(root, name))
     if folder is None:
@@ -435,6 +442,20 @@ def resume(
     raw["store"] = root = _root_identity(root)  # the same store from there
     with _working_folder(folder):
         return _launch(raw, f"{root}/{name}/spec.yaml", progress)
+
+
+def _given_spec(given: SweepRef) -> SweepSpec | None:
+    """The spec a sweep was named by, where it was a spec file or a SweepSpec (parsed only: what it says)."""
+    from freezesweep.orchestrator.checks import validate
+
+    if isinstance(given, SweepSpec):
+        return given
+    if not (str(given).endswith((".yaml", ".yml")) and os.path.isfile(given)):
+        return None
+    try:
+        return validate(read_yaml(given), str(given), semantic=False)
+    except SpecError:
+        return None  # a file that does not parse differs in ways its own launch would name
 
 
 @contextlib.contextmanager

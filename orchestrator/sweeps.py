@@ -161,6 +161,38 @@ def _local_paths(spec: SweepSpec) -> list[str]:
     return [*([spec.data_dir] if spec.data_dir else []), *datasets, *spec.models()]
 
 
+# What a launch decides and stores, that a spec file leaves open or names for this machine alone.
+_RESOLVED_KEYS = {"training.precision": "auto", "training.select_metric": None, "data_dir": None}
+_WHERE_KEYS = ("store", "address")
+
+
+def spec_differences(stored: SweepSpec, given: SweepSpec | None) -> list[str]:
+    """What ``given`` (a spec file's) says otherwise than the stored sweep, key by key ("training.epochs:
+    stored 1.0, the file 2.0"), beside what a launch resolves where the file left it open (precision
+    auto, the select metric, the data dir) and where things are (store, address)."""
+    if given is None:
+        return []
+    ours, theirs = _leaves(stored.model_dump(mode="json")), _leaves(given.model_dump(mode="json"))
+    return [
+        f"{key}: stored {ours.get(key)!r}, the file {value!r}"
+        for key, value in theirs.items()
+        if key not in _WHERE_KEYS
+        and ours.get(key) != value
+        and not (key in _RESOLVED_KEYS and value == _RESOLVED_KEYS[key])
+    ]
+
+
+def _leaves(mapping: dict, prefix: str = "") -> dict[str, object]:
+    """A nested mapping's values by dotted key (lists whole)."""
+    out: dict[str, object] = {}
+    for key, value in mapping.items():
+        if isinstance(value, dict) and value:
+            out.update(_leaves(value, f"{prefix}{key}."))
+        else:
+            out[f"{prefix}{key}"] = value
+    return out
+
+
 def load_sweep(name: str, store_uri: str) -> ResolvedSweep:
     """A stored sweep, resolved as it was launched (its cells are what ``status`` and the report count)."""
     spec = load_sweep_spec(name, store_uri)

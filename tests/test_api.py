@@ -377,3 +377,23 @@ def test_the_api_surface_says_what_the_cli_and_the_docs_say(tmp_path):
     empty = pd.DataFrame()
     report = Report(empty, empty, empty, empty, empty, [], [], {}, whole_split=pd.Series({"s": 2}))
     assert "whole_split=<Series 1 value>" in repr(report) and "dtype" not in repr(report)
+
+
+def test_resume_given_an_edited_spec_file_says_it_runs_the_stored_one(write_spec, monkeypatch, capsys):
+    """A walk-through: `resume FILE` after editing FILE (epochs 1 -> 2, a seed more) ran the stored sweep
+    and said nothing of the edit."""
+    from freezesweep.orchestrator import api
+    from freezesweep.orchestrator.sweeps import resolve_here
+
+    from freezesweep.results.store import ResultStore
+
+    spec = fs.load_spec(write_spec("edited"))
+    ResultStore(spec.store, "edited").write_spec(resolve_here(spec).spec.to_yaml())
+    monkeypatch.setattr(api, "_launch", lambda raw, source, progress: raw)  # what would run, not run
+    ran = fs.resume(write_spec("edited"))
+    assert ran["training"]["epochs"] == 2 and "note:" not in capsys.readouterr().err  # the same: no word
+    ran = fs.resume(write_spec("edited", seeds=[0, 1], training={"epochs": 3}))
+    said = capsys.readouterr().err
+    assert ran["training"]["epochs"] == 2 and ran["seeds"] == [0]  # the stored sweep runs
+    assert "note: resume runs sweep 'edited' as stored; its spec file differs (" in said
+    assert "training.epochs: stored 2.0, the file 3.0" in said and "seeds: stored [0], the file [0, 1]" in said

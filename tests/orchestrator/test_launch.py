@@ -149,7 +149,9 @@ def test_fake_gpus_of_a_cluster_run_cpu_trials_without_arrays(write_spec, capsys
             assert resources["gpus"] == 0.5
             return [fn(**call) for call in calls]
 
-    spec = load_spec(write_spec("fake", resources={"gpus_per_trial": 0.5}, training={"precision": "auto"}), devices=False)
+    spec = load_spec(
+        write_spec("fake", resources={"gpus_per_trial": 0.5}, training={"precision": "auto"}), devices=False
+    )
     assert trial_device_task("cuda") == ("cpu", auto_precision("cpu"))  # this machine has no CUDA
     device, precision = launching.trials_device(spec, Session())
     assert (device, precision) == ("cpu", auto_precision("cpu"))
@@ -157,6 +159,8 @@ def test_fake_gpus_of_a_cluster_run_cpu_trials_without_arrays(write_spec, capsys
     sweep = ResolvedSweep(resolve_spec(spec, precision), {spec.model: 2}, "fake:1", gpu_share=0.5, device=device)
     units = launch_units(build_grid(sweep), sweep)
     assert all(len(unit) == 1 for unit in units) and all(c.device == "cpu" for unit in units for c in unit)
-    fp16 = load_spec(write_spec("fake16", resources={"gpus_per_trial": 0.5}, training={"precision": "fp16"}), devices=False)
+    fp16 = load_spec(
+        write_spec("fake16", resources={"gpus_per_trial": 0.5}, training={"precision": "fp16"}), devices=False
+    )
     with pytest.raises(SpecError, match="fp16 needs a CUDA device, but the GPUs the cluster gives"):
         launching.trials_device(fp16, Session())
