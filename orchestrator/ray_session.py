@@ -117,7 +117,7 @@ class RaySession:
             raise
         if callable(on_term) and threading.current_thread() is threading.main_thread():
             signal.signal(signal.SIGTERM, on_term)  # ray.init replaces the process's own with sys.exit
-        quiet_disk_full(logging.getLogger("ray"))
+        quiet_what_the_launch_says(logging.getLogger("ray"))
 
     def nodes(self) -> list[dict[str, float]]:
         """The total resources of each alive node."""
@@ -180,13 +180,14 @@ class RaySession:
         return problems
 
 
-class DiskFullAtDebug(logging.Filter):
-    """Ray's own ERROR tracebacks about a full disk (Tune saving its experiment state to the store's
-    ``_ray`` folder) lowered to DEBUG: the launch says it once, plainly (the rows kept in the spool and
-    why, ``StoreUnavailable``); with Ray's logger at DEBUG they still show, as debug records."""
+class SaidByTheLaunchAtDebug(logging.Filter):
+    """Ray's own ERROR records of what the launch says once, plainly, lowered to DEBUG: a full disk (Tune
+    saving its experiment state to the store's ``_ray`` folder; the launch says the rows kept in the spool
+    and why, ``StoreUnavailable``) and Tune's "Trials did not complete: [tune_trainable_8b07e25d]" after
+    failed trials (each failed cell's line and row say why). With Ray's logger at DEBUG they still show."""
 
     def filter(self, record: logging.LogRecord) -> bool:
-        if record.levelno <= logging.DEBUG or not disk_full(record):
+        if record.levelno <= logging.DEBUG or not (disk_full(record) or trials_incomplete(record)):
             return True
         record.levelno, record.levelname = logging.DEBUG, "DEBUG"
         return logging.getLogger(record.name).isEnabledFor(logging.DEBUG)
@@ -202,11 +203,16 @@ def disk_full(record: logging.LogRecord) -> bool:
     return "No space left on device" in record.getMessage()
 
 
-def quiet_disk_full(logger: logging.Logger) -> None:
+def trials_incomplete(record: logging.LogRecord) -> bool:
+    """Tune's list of the trials that failed (ray/tune/tune.py, ``run``), by their Tune names."""
+    return record.getMessage().startswith("Trials did not complete")
+
+
+def quiet_what_the_launch_says(logger: logging.Logger) -> None:
     """Every handler of ``logger`` (Ray's: its records never reach the root logger) gets the filter once."""
     for handler in logger.handlers:
-        if not any(isinstance(f, DiskFullAtDebug) for f in handler.filters):
-            handler.addFilter(DiskFullAtDebug())
+        if not any(isinstance(f, SaidByTheLaunchAtDebug) for f in handler.filters):
+            handler.addFilter(SaidByTheLaunchAtDebug())
 
 
 def check_reachable(address: str, timeout_s: float = CONNECT_TIMEOUT_S) -> None:

@@ -51,20 +51,20 @@ def test_launch_against_a_cluster_that_does_not_answer_fails_naming_it(write_spe
     )
 
 
-def test_rays_own_disk_full_traceback_is_at_debug_level():
+def test_rays_own_disk_full_traceback_and_failed_trials_list_are_at_debug_level():
     """Before: a launch on a full disk printed Ray's ERROR traceback (Tune saving its experiment state)
     beside the launch's own clear message. Other errors of Ray's still show."""
     import errno
     import io
     import logging
 
-    from freezesweep.orchestrator.ray_session import quiet_disk_full
+    from freezesweep.orchestrator.ray_session import quiet_what_the_launch_says
 
     logger = logging.getLogger("ray-like-for-this-test")
     logger.propagate, shown = False, io.StringIO()
     logger.addHandler(logging.StreamHandler(shown))
-    quiet_disk_full(logger)
-    quiet_disk_full(logger)  # once per handler, however often a session connects
+    quiet_what_the_launch_says(logger)
+    quiet_what_the_launch_says(logger)  # once per handler, however often a session connects
     assert len(logger.handlers[0].filters) == 1
     try:
         raise RuntimeError("sync failed") from OSError(errno.ENOSPC, "No space left on device")
@@ -76,6 +76,9 @@ def test_rays_own_disk_full_traceback_is_at_debug_level():
     logger.setLevel(logging.DEBUG)  # asked for: there, at debug level
     logger.error("Error writing bytes to file. Detail: [errno 28] No space left on device")
     assert shown.getvalue().endswith("No space left on device\n")
+    logger.setLevel(logging.INFO)
+    logger.error("Trials did not complete: %s", ["tune_trainable_8b07e25d"])  # a walk-through's log: each
+    assert shown.getvalue().endswith("No space left on device\n")  # failed cell's line says it already
 
 
 def test_an_interrupt_while_ray_starts_takes_what_it_started_down(monkeypatch):
