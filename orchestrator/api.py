@@ -460,13 +460,22 @@ def _given_spec(given: SweepRef) -> SweepSpec | None:
 
 @contextlib.contextmanager
 def _working_folder(folder: str) -> Iterator[None]:
-    """The process works in ``folder`` for a while (what ``cd folder`` before the command would do)."""
-    before = os.getcwd()
+    """The process works in ``folder`` for a while (what ``cd folder`` before the command would do), the
+    folders its environment names relative to where it was (the data dir, the cache and its spool) kept."""
+    from freezesweep.trials.data import CACHE_DIR_ENV, DATA_DIR_ENV
+
+    before, env = os.getcwd(), {name: os.environ.get(name) for name in (DATA_DIR_ENV, CACHE_DIR_ENV)}
+    for name, value in env.items():
+        if value:
+            os.environ[name] = os.path.abspath(os.path.expanduser(value))
     os.chdir(folder)
     try:
         yield
     finally:
         os.chdir(before)
+        for name, value in env.items():
+            if value:
+                os.environ[name] = value
 
 
 def _launch(raw: Any, source: str, progress: bool) -> LaunchSummary:

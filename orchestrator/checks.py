@@ -188,9 +188,10 @@ def _model_problems(raw: dict[str, Any]) -> list[str]:
             problems += [f"lora.targets: {model}: {p}" for p in lora_problems(model, _strs(targets) or None)]
             hidden = getattr(config, "hidden_size", None)
             wide = [r for r in _ints(raw.get("lora_ranks")) if isinstance(hidden, int) and r > hidden]
-            if wide:  # an update of a hidden × hidden projection has at most that rank: parameters, no more
+            if wide:  # (narrower projections, a grouped-query attention's keys and values, gain from less)
                 problems.append(
-                    f"lora_ranks: {wide} exceed the hidden size {hidden} of {model}, the most a rank can use"
+                    f"lora_ranks: {wide} exceed the hidden size {hidden} of {model}: the update of a projection "
+                    f"{hidden} wide has at most that rank"
                 )
     return problems
 
@@ -246,7 +247,12 @@ def _checkpoint_problems(model: str, raw: dict[str, Any]) -> list[str]:
             "with their index); save them with model.save_pretrained(folder), or set training.model_init: random"
         )
     vocabulary = getattr(load_model_config(model), "vocab_size", None)
-    known = len(load_tokenizer(model))
+    try:
+        known = len(load_tokenizer(model))
+    except Exception as exc:  # transformers 4 raises for a folder without tokenizer files (5 builds a stub)
+        first = (str(exc).splitlines() or [type(exc).__name__])[0]
+        return [*problems, f"model: {model}: its tokenizer cannot be loaded ({first}); save it beside the weights: "
+                "tokenizer.save_pretrained(folder)"]  # fmt: skip
     if isinstance(vocabulary, int) and known < vocabulary / 2:
         where = " (the folder has no tokenizer files?)" if folder.is_dir() else ""
         problems.append(
@@ -616,7 +622,7 @@ def _protocol_changes(stored: dict[str, Any], raw: dict[str, Any]) -> list[str]:
         old_protocol, new_protocol = (s.protocol(select_metrics(s) if common else {}) for s in (old, new))
     except Exception:
         return []  # the new protocol's own problems are reported by pydantic
-    old_flat, new_flat = _flatten(old_protocol), _flatten(new_protocol)
+    old_flat, new_flat = flatten(old_protocol), flatten(new_protocol)
     changed = sorted(k for k in old_flat.keys() | new_flat.keys() if old_flat.get(k) != new_flat.get(k))
     return [
         f"{k}: changed from {old_flat.get(k)!r} to {new_flat.get(k)!r}, but sweep {raw['name']!r} already has rows "
@@ -769,8 +775,9 @@ def _settle_changes(stored: dict[str, Any], raw: dict[str, Any]) -> list[str]:
     return problems
 
 
-def _flatten(d: dict, prefix: str = "") -> dict[str, Any]:
+def flatten(d: dict, prefix: str = "") -> dict[str, Any]:
+    """A nested mapping's values by dotted key (``training.epochs``; lists whole, an empty mapping none)."""
     out = {}
     for k, v in d.items():
-        out.update(_flatten(v, f"{prefix}{k}.") if isinstance(v, dict) else {f"{prefix}{k}": v})
+        out.update(flatten(v, f"{prefix}{k}.") if isinstance(v, dict) else {f"{prefix}{k}": v})
     return out

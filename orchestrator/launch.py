@@ -51,7 +51,13 @@ from freezesweep.orchestrator.plan import (
     with_resources,
 )
 from freezesweep.orchestrator.progress import SweepProgress
-from freezesweep.orchestrator.ray_session import RaySession, TaskFailed, memory_probe_task, trial_device_task
+from freezesweep.orchestrator.ray_session import (
+    PROBE_TIMEOUT_S,
+    RaySession,
+    TaskFailed,
+    memory_probe_task,
+    trial_device_task,
+)
 from freezesweep.orchestrator.ray_storage import RayStorage, checkpoint_storage_warning, ray_storage, store_cache_dir
 from freezesweep.orchestrator.rows import result_row
 from freezesweep.orchestrator.spec import DEFAULT_STORE, SpecError, SweepSpec
@@ -152,22 +158,32 @@ def preflight(spec: SweepSpec, session: RaySession) -> None:
         raise SpecError(problems, f"preflight on the cluster's nodes{why}")
 
 
+# A precision given, the probe only tells CUDA devices from fake GPUs (no trial arrays there): not worth
+# waiting long for a GPU that a busy cluster's other sweeps hold (auto's precision is worth the wait).
+GIVEN_PRECISION_PROBE_S = 20.0
+
+
 def trials_device(spec: SweepSpec, session: RaySession) -> tuple[str | None, str]:
     """Decided once for the whole sweep, on the kind of device its trials get: ``cpu`` where the GPUs a
     cluster gives them are no CUDA devices (fake GPUs: the trials run on the CPU, so no trial arrays,
     and said), else None (each trial's own ``auto``); and what precision ``auto`` means there: this
     machine's CPU or GPU in the embedded Ray, a probe task with the trials' resources on a cluster."""
+    auto = spec.training.precision == "auto"
     gpus = 1.0 if spec.resources.gpus_per_trial == "auto" else spec.resources.gpus_per_trial
-    if not session.on_cluster or (gpus == 0 and spec.training.precision != "auto"):
-        return None, precision_here(spec) if spec.training.precision == "auto" else spec.training.precision
+    if not session.on_cluster or (gpus == 0 and not auto):
+        return None, precision_here(spec) if auto else spec.training.precision
     try:
         [(device, precision)] = session.run_task(
             trial_device_task,
             [{"device_type": "cuda" if gpus > 0 else "cpu"}],
             cpus=spec.resources.cpus_per_trial,
             gpus=gpus,
+            timeout_s=PROBE_TIMEOUT_S if auto else GIVEN_PRECISION_PROBE_S,
         )
     except TaskFailed as exc:
+        if not auto:  # each trial then finds its own device, as before the probe asked
+            print(f"note: the trials' device was not probed ({exc}): each trial finds its own", file=sys.stderr)
+            return None, spec.training.precision
         raise SpecError(
             [f"resources: the trials' device could not be probed on the cluster: {exc}"], "launch"
         ) from None
@@ -434,7 +450,9 @@ def run_cells(launch: Launch, pending: Iterable[TrialConfig]) -> int:
                 ]
                 compact(writer.sink.store)
                 launch.faults.on_round_end()
-            retry_alone(launch, in_failed_arrays)
+            if not retry_alone(launch, in_failed_arrays):
+                return 0  # interrupted: what is left waits for resume
+            out_of_memory += [c for c in in_failed_arrays if writer.outcomes[c.trial_id] == "oom"]
             retried = retry_out_of_memory(launch, out_of_memory)
             compact(writer.sink.store)
             return retried
@@ -452,23 +470,34 @@ def compact(store: ResultStore) -> None:
         print(f"warning: the store's rows were not compacted this time ({exc})", file=sys.stderr)
 
 
-def retry_alone(launch: Launch, cells: list[TrialConfig]) -> None:
+def retry_alone(launch: Launch, cells: list[TrialConfig]) -> bool:
     """Run once more, each as a trial of its own, the members of trial arrays that failed (Ray's retries
     spent): one member's error failed every member of its array, so each gets its own outcome, and the
     row of a member that fails alone names its own error. Its row replaces the array's failed one; a
-    launch interrupted before leaves those rows, which ``resume`` runs again."""
+    launch interrupted before leaves those rows, which ``resume`` runs again. Returns whether each got
+    its own outcome (False: interrupted; those without count as unfinished, not as failed)."""
+    again: set[str] = set()
+
+    def sink(results: list[TrialResult], attempts: int) -> None:
+        launch.writer.write_all(results, attempts)
+        again.update(result.trial_id for result in results)
+
     if not cells:
-        return
+        return True
     run_tune(
         launch.sweep,
         cells,
         launch.storage,
-        launch.writer.write_all,
+        sink,
         experiment=f"{launch.sweep.name}-alone",  # its own experiment: resume recovers from the main one
         stop_if=launch.stop_if,
         trainable=launch.trainable,
         units=[[c] for c in cells],
     )
+    interrupted = [c.trial_id for c in cells if c.trial_id not in again]
+    for trial_id in interrupted:  # its array's failed row stays in the store: resume runs it
+        launch.writer.outcomes.pop(trial_id, None)
+    return not interrupted
 
 
 def retry_out_of_memory(launch: Launch, out_of_memory: list[TrialConfig]) -> int:

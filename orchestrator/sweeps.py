@@ -13,8 +13,9 @@ from __future__ import annotations
 import difflib
 import os
 from collections.abc import Iterable, Sequence
+from typing import Any
 
-from freezesweep.orchestrator.checks import model_depths, select_metrics, stored_spec_mapping, validate
+from freezesweep.orchestrator.checks import flatten, model_depths, select_metrics, stored_spec_mapping, validate
 from freezesweep.orchestrator.plan import ResolvedSweep, build_grid, gpu_request, iter_grid, settle_round
 from freezesweep.orchestrator.spec import SpecError, SweepNotFound, SweepSpec
 from freezesweep.results.store import ResultStore
@@ -98,7 +99,7 @@ def no_such_sweep(store: ResultStore, also: Sequence[str] = ()) -> SweepNotFound
     """A name the store does not hold (and ``also``: more names asked of it together, that it lacks too):
     where it was looked for, what is there, and how to point the command at the store a spec named
     (``store:``; the default is only ./sweeps)."""
-    if store.lost_its_spec():  # its rows are there: not a missing sweep, a missing file
+    if store.lost_its_spec() and not also:  # its rows are there: not a missing sweep, a missing file
         return SweepNotFound(
             f"sweep {store.sweep!r} in store {store.uri!r} has rows but no spec.yaml (deleted?): launch its spec "
             f"file again with --store {store.uri} (store=… in Python): its ok rows count as done, nothing is lost",
@@ -172,7 +173,7 @@ def spec_differences(stored: SweepSpec, given: SweepSpec | None) -> list[str]:
     auto, the select metric, the data dir) and where things are (store, address)."""
     if given is None:
         return []
-    ours, theirs = _leaves(stored.model_dump(mode="json")), _leaves(given.model_dump(mode="json"))
+    ours, theirs = _as_launched(stored), _as_launched(given)
     return [
         f"{key}: stored {ours.get(key)!r}, the file {value!r}"
         for key, value in theirs.items()
@@ -182,15 +183,15 @@ def spec_differences(stored: SweepSpec, given: SweepSpec | None) -> list[str]:
     ]
 
 
-def _leaves(mapping: dict, prefix: str = "") -> dict[str, object]:
-    """A nested mapping's values by dotted key (lists whole)."""
-    out: dict[str, object] = {}
-    for key, value in mapping.items():
-        if isinstance(value, dict) and value:
-            out.update(_leaves(value, f"{prefix}{key}."))
-        else:
-            out[f"{prefix}{key}"] = value
-    return out
+def _as_launched(spec: SweepSpec) -> dict[str, Any]:
+    """A spec's values by dotted key (lists whole), its models as one list (`model: x` is `models: [x]`)
+    and one select metric for every dataset as a launch stores it (``{dataset: metric}``)."""
+    values = spec.model_dump(mode="json")
+    values["model"] = spec.models()
+    metric = spec.training.select_metric
+    if isinstance(metric, str):
+        values["training"]["select_metric"] = dict.fromkeys(spec.datasets, metric)
+    return flatten(values)
 
 
 def load_sweep(name: str, store_uri: str) -> ResolvedSweep:

@@ -305,7 +305,8 @@ class OutcomeCallback(tune.Callback):
         placement = last_placement(trial.last_result or {})
         cfgs = trial_configs_from_ray(trial.config, self._cells)  # an array's final rows stay (RowWriter)
         if len(cfgs) > 1:  # what one member raised ended them all: said as the array's (each runs again alone)
-            error = RuntimeError(f"its trial array of {len(cfgs)} cells failed: {type(error).__name__}: {error}")
+            wrapped = RuntimeError(f"its trial array of {len(cfgs)} cells failed: {type(error).__name__}: {error}")
+            wrapped.__cause__, error = error, wrapped  # an out-of-memory error stays one (failed_result's is_oom)
         self._sink([failed_result(cfg, error, trace=trace, placement=placement) for cfg in cfgs], trial.num_failures)
         self._over(trial)  # Ray's retries are spent: a later launch starts the cell afresh
 

@@ -316,7 +316,10 @@ class ResultStore:
 
     def lost_its_spec(self) -> bool:
         """The sweep's folder holds rows but no spec.yaml (deleted, or the folder copied without it)."""
-        return not self.exists() and self.fs.get_file_info(self.results_dir).type == pafs.FileType.Directory
+        if self.exists():
+            return False
+        found = self.fs.get_file_info(pafs.FileSelector(self.results_dir, allow_not_found=True))
+        return any(info.path.endswith(".parquet") for info in found)
 
     def root_is_a_sweep(self) -> bool:
         """The root given is itself a sweep's folder (its spec.yaml there): a store one level too deep."""

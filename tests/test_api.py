@@ -392,8 +392,24 @@ def test_resume_given_an_edited_spec_file_says_it_runs_the_stored_one(write_spec
     monkeypatch.setattr(api, "_launch", lambda raw, source, progress: raw)  # what would run, not run
     ran = fs.resume(write_spec("edited"))
     assert ran["training"]["epochs"] == 2 and "note:" not in capsys.readouterr().err  # the same: no word
+    # as a launch resolves it (a review: one select metric for all, a model as a list, read as differing)
+    fs.resume(write_spec("edited", model=[spec.model], training={"select_metric": "accuracy"}))
+    assert "note:" not in capsys.readouterr().err
     ran = fs.resume(write_spec("edited", seeds=[0, 1], training={"epochs": 3}))
     said = capsys.readouterr().err
     assert ran["training"]["epochs"] == 2 and ran["seeds"] == [0]  # the stored sweep runs
     assert "note: resume runs sweep 'edited' as stored; its spec file differs (" in said
     assert "training.epochs: stored 2.0, the file 3.0" in said and "seeds: stored [0], the file [0, 1]" in said
+
+
+def test_a_resume_run_from_the_launch_folder_keeps_the_callers_relative_environment(tmp_path, monkeypatch):
+    """A review: inside the launch's folder a relative FREEZESWEEP_CACHE_DIR (its spool) named another folder."""
+    from freezesweep.orchestrator import api
+
+    (tmp_path / "launched").mkdir()
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("FREEZESWEEP_CACHE_DIR", ".cache")
+    with api._working_folder(str(tmp_path / "launched")):
+        assert os.getcwd() == str(tmp_path / "launched")
+        assert os.environ["FREEZESWEEP_CACHE_DIR"] == str(tmp_path / ".cache")
+    assert os.getcwd() == str(tmp_path) and os.environ["FREEZESWEEP_CACHE_DIR"] == ".cache"

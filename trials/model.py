@@ -119,13 +119,27 @@ def built_model(model: str, num_labels: int, model_init: str) -> tuple[PreTraine
             path, num_labels=num_labels, output_loading_info=True, ignore_mismatched_sizes=True
         )
         # (named from the model, or from its base model; a mismatched key: its name, then both shapes)
-        missing = set(loading["missing_keys"]) | {key[0] for key in loading.get("mismatched_keys", ())}
+        mismatched = loading.get("mismatched_keys", ())
+        _only_the_head(model, mismatched, num_labels)
+        missing = set(loading["missing_keys"]) | {key[0] for key in mismatched}
         return net, frozenset(n for n, _ in net.named_parameters() if n in missing or _base_name(net, n) in missing)
     if model_init == "random":
         config = AutoConfig.from_pretrained(path, num_labels=num_labels)
         net = AutoModelForSequenceClassification.from_config(config)
         return net, frozenset(n for n, _ in net.named_parameters())
     raise ModelError(f"model_init must be 'pretrained' or 'random', got {model_init!r}")
+
+
+def _only_the_head(model: str, mismatched, num_labels: int) -> None:
+    """A checkpoint's weights of another shape than the model's are new only where they are the output
+    layer's, one row per label ([labels, hidden] and [labels]); elsewhere (position embeddings of another
+    length) the checkpoint does not fit its own config, and a new draw would train without saying so."""
+    other = [name for name, saved, wanted in mismatched if wanted[0] != num_labels or saved[1:] != wanted[1:]]
+    if other:
+        raise ModelError(
+            f"model {model}: its checkpoint's {', '.join(other)} have other shapes than its config gives them "
+            "(the folder's config.json and its weights do not match)"
+        )
 
 
 def _base_name(net: PreTrainedModel, name: str) -> str:

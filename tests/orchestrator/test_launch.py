@@ -164,3 +164,31 @@ def test_fake_gpus_of_a_cluster_run_cpu_trials_without_arrays(write_spec, capsys
     )
     with pytest.raises(SpecError, match="fp16 needs a CUDA device, but the GPUs the cluster gives"):
         launching.trials_device(fp16, Session())
+
+
+def test_an_alone_retry_interrupted_leaves_its_cells_unfinished(monkeypatch):
+    """A review: Ctrl-C while a failed array's members ran alone went unseen (their array's failed rows
+    were outcomes already): the launch went on to the next step and said "failed", exit 1, not 130."""
+    from types import SimpleNamespace
+
+    from freezesweep.orchestrator import launch as launching
+    from freezesweep.trials.config import TrialConfig
+
+    cells = [
+        TrialConfig(dataset="d", model="m", train_size=8, frozen_layers=k, seed=0, precision="fp32") for k in (0, 2)
+    ]
+    written = []
+    writer = SimpleNamespace(
+        outcomes={c.trial_id: "failed" for c in cells}, write_all=lambda rows, n: written.extend(rows)
+    )
+    launch_ = SimpleNamespace(
+        sweep=SimpleNamespace(name="s"), storage=None, writer=writer, stop_if=None, trainable=None
+    )
+
+    def tune_stopped_after_one(sweep, cells, storage, sink, **kwargs):
+        sink([SimpleNamespace(trial_id=cells[0].trial_id)], 1)  # the second cell's trial never ended
+
+    monkeypatch.setattr(launching, "run_tune", tune_stopped_after_one)
+    assert launching.retry_alone(launch_, cells) is False
+    assert writer.outcomes == {cells[0].trial_id: "failed"}  # the other: no outcome, so unfinished
+    assert launching.retry_alone(launch_, []) is True

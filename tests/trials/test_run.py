@@ -314,3 +314,19 @@ def test_a_checkpoint_saved_with_a_head_for_other_labels_gets_a_new_head(tiny_be
     assert net.classifier.out_features == 2 and {"classifier.weight", "classifier.bias"} <= drawn
     cfg = TrialConfig(dataset=toy_dataset, model=str(folder), train_size=48, frozen_layers=0, seed=0, epochs=1)
     assert run_trial(dataclasses.replace(cfg, precision="fp32")).status == "ok"
+
+
+def test_a_checkpoint_that_does_not_fit_its_own_config_is_refused(tiny_bert, tmp_path):
+    """Only the output layer is drawn anew where shapes differ: a checkpoint whose position embeddings are
+    longer than its config says would otherwise train from random ones, without a word (a review)."""
+    import json
+    import shutil
+
+    from freezesweep.trials.model import ModelError, built_model
+
+    folder = tmp_path / "edited"
+    shutil.copytree(tiny_bert, folder)
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**config, "max_position_embeddings": 64}))
+    with pytest.raises(ModelError, match="position_embeddings.weight have other shapes than its config"):
+        built_model(str(folder), num_labels=2, model_init="pretrained")
