@@ -186,17 +186,11 @@ def load_spec(
         check_devices: check that the GPUs and CPUs the trials ask for are here (False: planned
             away from them).
     """
-    raw, name = _raw_spec(source, store, address)
-    return _validated(raw, name, check_data, check_devices, against_stored=False)
-
-
-def _validated(raw: Any, name: str, check_data: bool, check_devices: bool, against_stored: bool) -> SweepSpec:
-    """The spec checked as :func:`load_spec` says; ``against_stored``: also against a stored sweep of its name
-    (its protocol, question and seeds may not change), as a launch checks it. A spec made to read a stored sweep
-    by (``fs.results_frame(spec)``) is not refused for differing from it: its name and store say what to read."""
     from freezesweep.orchestrator.checks import validate
 
-    return validate(raw, name, semantic=check_data, devices=check_devices, against_stored=against_stored)
+    raw, name = _raw_spec(source, store, address)
+    # not against a stored sweep of its name: a spec that names what to read is read, however it differs
+    return validate(raw, name, semantic=check_data, devices=check_devices, against_stored=False)
 
 
 def build_spec(fields: Mapping[str, Any] | None = None, /, **more: Any) -> SweepSpec:
@@ -245,11 +239,11 @@ def plan(spec: SpecSource, *, store: str | None = None) -> Plan:
     from freezesweep.results.store import final_of
     from freezesweep.trials.placement import mps_here
 
-    from freezesweep.orchestrator.checks import data_notes, few_seeds_note
+    from freezesweep.orchestrator.checks import data_notes, few_seeds_note, validate
 
     raw, name = _raw_spec(spec, store, None)
     # the trials' machines are not here; a stored sweep of its name is compared with it, as a launch does
-    spec = _validated(raw, name, check_data=True, check_devices=False, against_stored=True)
+    spec = validate(raw, name, devices=False)
     sweep, precision_note = resolve_for_plan(spec)
     # what a launch will say of the data (rows empty_texts: drop leaves out; float labels read as scores)
     notes = tuple(n for n in (*data_notes(spec), precision_note, few_seeds_note(spec)) if n)

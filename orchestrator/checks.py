@@ -176,7 +176,7 @@ def _model_problems(raw: dict[str, Any]) -> list[str]:
         except ModelError as exc:
             problems.append(f"model: {str(exc).splitlines()[0]}")
             continue
-        problems += _checkpoint_problems(model, raw)
+        problems += _checkpoint_problems(model, config, raw)
         problems += _sequence_problems(model, raw)
         too_deep = [k for k in _ints(raw.get("frozen_layers")) if layers is not None and k > layers]
         if too_deep and "freeze" in methods:
@@ -231,11 +231,12 @@ def structure_problems(raw: dict[str, Any]) -> list[str]:
 _WEIGHT_FILES = ("*.safetensors", "pytorch_model*.bin", "*.index.json")
 
 
-def _checkpoint_problems(model: str, raw: dict[str, Any]) -> list[str]:
+def _checkpoint_problems(model: str, config: Any, raw: dict[str, Any]) -> list[str]:
     """A model folder holds the weights a pretrained init reads (else every trial failed late), and the
     tokenizer knows the model's vocabulary: for a folder without tokenizer files transformers 5 builds
     a tokenizer of a few special tokens, every word [UNK], and trials ended "ok" having learned nothing."""
-    from freezesweep.trials.model import load_model_config, load_tokenizer, resolve_model_path
+    from freezesweep.orchestrator.ray_session import first_line
+    from freezesweep.trials.model import load_tokenizer, resolve_model_path
 
     problems = []
     training = raw.get("training") if isinstance(raw.get("training"), dict) else {}
@@ -246,13 +247,12 @@ def _checkpoint_problems(model: str, raw: dict[str, Any]) -> list[str]:
             f"model: {model}: the folder holds no weights (model.safetensors or pytorch_model.bin, or shards "
             "with their index); save them with model.save_pretrained(folder), or set training.model_init: random"
         )
-    vocabulary = getattr(load_model_config(model), "vocab_size", None)
+    vocabulary = getattr(config, "vocab_size", None)
     try:
         known = len(load_tokenizer(model))
     except Exception as exc:  # transformers 4 raises for a folder without tokenizer files (5 builds a stub)
-        first = (str(exc).splitlines() or [type(exc).__name__])[0]
-        return [*problems, f"model: {model}: its tokenizer cannot be loaded ({first}); save it beside the weights: "
-                "tokenizer.save_pretrained(folder)"]  # fmt: skip
+        return [*problems, f"model: {model}: its tokenizer cannot be loaded ({first_line(exc)}); save it beside "
+                "the weights: tokenizer.save_pretrained(folder)"]  # fmt: skip
     if isinstance(vocabulary, int) and known < vocabulary / 2:
         where = " (the folder has no tokenizer files?)" if folder.is_dir() else ""
         problems.append(
@@ -539,12 +539,11 @@ def cluster_problems(cluster: ClusterView, cpus: float, gpus: float, auto: bool 
     try:
         nodes = cluster.nodes()
     except Exception as exc:  # unreachable cluster: one problem, named, instead of a traceback
-        from freezesweep.orchestrator.ray_session import ADDRESS_SOURCES, RayUnreachable, unreached_why
+        from freezesweep.orchestrator.ray_session import ADDRESS_SOURCES, RayUnreachable, first_line, unreached_why
 
-        first = (str(exc).splitlines() or [""])[0]
         # nothing listens there: its message says where to look; something does: most likely a token
-        why = "" if isinstance(exc, RayUnreachable) else f"{unreached_why(exc)} ({ADDRESS_SOURCES})"
-        return [f"address: cannot reach the Ray cluster at {cluster.address!r}: {type(exc).__name__}: {first}{why}"]
+        why = "" if isinstance(exc, RayUnreachable) else f"{unreached_why()} ({ADDRESS_SOURCES})"
+        return [f"address: cannot reach the Ray cluster at {cluster.address!r}: {first_line(exc)}{why}"]
     if any(n.get("CPU", 0) >= cpus and n.get("GPU", 0) >= gpus for n in nodes):
         return []
     has = "; ".join(f"{n.get('CPU', 0):g} CPU, {n.get('GPU', 0):g} GPU" for n in nodes) or "no alive node"

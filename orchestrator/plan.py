@@ -261,13 +261,12 @@ class PendingKinds:
 
 
 def measured_elsewhere(
-    pending: Iterable[TrialConfig] | PendingKinds, other: ResolvedSweep, wall_s: Mapping[str, float]
+    kinds: PendingKinds, other: ResolvedSweep, wall_s: Mapping[str, float]
 ) -> dict[tuple, list[float]]:
     """Another sweep's measured times (``wall_s``: its ok rows' wall time by trial id) of the pending
     cells' kinds (``work_key``) under their protocol: a new sweep with another split_seed, or one grown
-    from an earlier sweep's kinds, is priced before its first trial. Linear in the other sweep's cells;
-    ``pending`` as ``PendingKinds``, made once for every other sweep, adds nothing per pending cell."""
-    kinds = pending if isinstance(pending, PendingKinds) else PendingKinds(pending)
+    from an earlier sweep's kinds, is priced before its first trial. Linear in the other sweep's cells:
+    ``kinds``, made once for every other sweep, adds nothing per pending cell."""
     found: dict[tuple, list[float]] = {}
     for cell in build_grid(other) if wall_s else ():
         if cell.trial_id not in wall_s:

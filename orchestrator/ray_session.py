@@ -240,7 +240,7 @@ ADDRESS_SOURCES = (
 )
 
 
-def unreached_why(exc: BaseException) -> str:
+def unreached_why() -> str:
     """What a failed connection to a cluster that listens most likely lacks: Ray 2.60's token, where
     this process has no RAY_AUTH_MODE (its GCS then answers "Unauthenticated", said only in its log)."""
     if os.environ.get("RAY_AUTH_MODE", "").lower() != "token":

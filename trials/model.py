@@ -74,17 +74,20 @@ def load_model_config(model: str):
 
 def _not_a_model_folder(path: str, exc: Exception) -> str:
     """transformers' first line, and what a model folder holds where it lacks its config."""
-    first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+    first = _first_line(exc)
     if (Path(path) / "config.json").is_file():
         return first
     return f"the folder has no config.json: a model folder holds what save_pretrained writes ({first})"
 
 
+def _first_line(exc: Exception) -> str:
+    return str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+
+
 def _not_local(exc: Exception) -> str:
     """transformers' words, plus the remedy where HF_HUB_OFFLINE kept it from the hub."""
     if hub.offline():
-        first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-        return f"{first} (HF_HUB_OFFLINE is set: download it where the hub is reachable, or name a local folder)"
+        return f"{_first_line(exc)} (HF_HUB_OFFLINE is set: download it where the hub is reachable, or name a local folder)"
     return str(exc)
 
 

@@ -115,7 +115,7 @@ def test_other_sweeps_price_the_pending_cells_without_redoing_their_protocols(mo
     calls, cost_protocol = [], plan.cost_protocol
     monkeypatch.setattr(plan, "cost_protocol", lambda cell: calls.append(cell) or cost_protocol(cell))
     sweeps = [*zip(others, walls), (slower, {c.trial_id: 99.0 for c in build_grid(slower)})]
-    found = [plan.measured_elsewhere(pending, o, w) for o, w in sweeps]  # as the plan calls it: a list
+    found = [plan.measured_elsewhere(plan.PendingKinds(pending), o, w) for o, w in sweeps]  # kinds made per sweep
     kinds_of_cells = {plan.work_key(c) for c in pending}
     assert [sorted({t for ts in f.values() for t in ts}) for f in found] == [[10.0], [20.0], [30.0], []]
     assert all(set(f) == kinds_of_cells for f in found[:3])
