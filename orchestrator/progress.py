@@ -3,7 +3,7 @@ job's log, CI, a notebook) plain lines, which a log shows as they come.
 
 Without a terminal rich's live bar draws only when it stops: a launch whose output went to a file said
 nothing for as long as the sweep ran. Lines instead: one when the trials start, one per finished trial
-(its cell, status, metric and time) and a summary (done/total, failed, rate, ETA) at least every
+(its cell, status, metric and time) and a summary (ended/total, failed, rate, ETA) at least every
 ``summary_every_s`` seconds, from a timer of its own, so a log shows the sweep alive while long trials run.
 
 On a terminal the bar puts what matters first (done/total, then ETA), the last cell at the end, cut
@@ -25,6 +25,7 @@ from rich.table import Column
 
 from freezesweep.trials.config import TrialResult
 from freezesweep.results.query import first_line
+from freezesweep.results.store import FINAL_STATUSES
 
 SUMMARY_EVERY_S = 60.0  # the longest a log goes without a line while a sweep runs
 
@@ -85,7 +86,8 @@ class SweepProgress:
     def advance(self, result: TrialResult, replaces: str | None = None) -> None:
         """A cell's outcome; ``replaces``: the status of this cell's earlier row in this launch (its
         retry's row replaces it: the cell is counted once)."""
-        self.failed += (result.status != "ok") - (replaces not in (None, "ok"))
+        # failed: a cell a resume runs again (not diverged: its row is final), as the launch's summary counts
+        self.failed += (result.status not in FINAL_STATUSES) - (replaces not in (None, *FINAL_STATUSES))
         if not replaces:
             self.done, self.finished = self.done + 1, self.finished + 1
         last = cell_words(result, self.models > 1)
@@ -102,14 +104,15 @@ class SweepProgress:
         self.last_summary = self.clock()
 
     def summary_line(self) -> str:
-        """done/total, failed, this launch's rate and the ETA at that rate."""
+        """ended/total (failed ones among them: a walk-through read "4/10 done, 1 failed" as 5 of 10, where
+        the report's "done" is the ok cells), this launch's rate and the ETA at that rate."""
         elapsed_s = self.clock() - self.started
         rate_per_s = self.finished / elapsed_s if elapsed_s > 0 else 0.0
         left = self.total - self.done
         eta = _duration(left / rate_per_s) if rate_per_s > 0 else ("0:00:00" if left == 0 else "unknown")
         eta = f"at most {eta}" if self.at_most and eta != "unknown" else eta
         return (
-            f"progress: {self.done}/{self.total} done, {self.failed} failed, {rate_per_s * 60:.2f} trials/min, "
+            f"progress: {self.done}/{self.total} ended ({self.failed} failed), {rate_per_s * 60:.2f} trials/min, "
             f"elapsed {_duration(elapsed_s)}, ETA {eta}"
         )
 

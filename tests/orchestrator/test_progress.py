@@ -51,13 +51,13 @@ def test_without_a_terminal_one_line_per_trial_and_a_summary_every_minute():
     progress.tick()
     # 2 trials in 60 s: 2 per minute, the 6 left take 3 minutes
     assert out.getvalue().splitlines()[-1] == (
-        "progress: 4/10 done, 1 failed, 2.00 trials/min, elapsed 0:01:00, ETA 0:03:00"
+        "progress: 4/10 ended (1 failed), 2.00 trials/min, elapsed 0:01:00, ETA 0:03:00"
     )
     progress.tick()  # the next one a minute after the last, not at every tick
     assert len(out.getvalue().splitlines()) == 3
     clock.now_s += 60
     progress.tick()
-    assert out.getvalue().splitlines()[-1].startswith("progress: 4/10 done, 1 failed, 1.00 trials/min")
+    assert out.getvalue().splitlines()[-1].startswith("progress: 4/10 ended (1 failed), 1.00 trials/min")
 
 
 def test_the_summary_comes_from_a_timer_while_no_trial_finishes():
@@ -78,7 +78,7 @@ def test_the_summary_comes_from_a_timer_while_no_trial_finishes():
         assert (
             started == "started: 0/3 done, 3 to run; a line as each trial ends, a progress line at least every 0:00:00"
         )
-        assert summary.startswith("progress: 0/3 done, 0 failed, 0.00 trials/min")
+        assert summary.startswith("progress: 0/3 ended (0 failed), 0.00 trials/min")
         assert "ETA unknown" in out.getvalue()
 
 
@@ -89,6 +89,16 @@ def test_a_retry_replacing_an_oom_row_is_one_line_of_the_same_cell_count():
     progress.advance(_result(0), replaces="oom")
     assert [line.split(":")[0] for line in out.getvalue().splitlines()] == ["trial 1/2", "trial 1/2"]
     assert (progress.done, progress.failed) == (1, 0)
+
+
+def test_a_diverged_cell_is_not_counted_failed():
+    """Its row is final (resume does not run it again), as the launch's own summary counts it."""
+    out = io.StringIO()
+    progress = SweepProgress(total=2, done=0, out=out, terminal=False)
+    progress.advance(_result(0, status="diverged"))
+    progress.advance(_result(1, status="failed"))
+    assert (progress.done, progress.failed) == (2, 1)
+    assert progress.summary_line().startswith("progress: 2/2 ended (1 failed)")
 
 
 def test_the_started_line_comes_once_though_each_settle_round_enters_again():
