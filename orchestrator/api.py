@@ -221,6 +221,11 @@ class Plan:
     # auto`` was planned off its GPUs, a grid too small to advise
     size_words: str = ""  # the grid's axes, e.g. "1 models × 1 datasets × …"
     gpus_here: str | None = None  # this machine's GPUs and whether CUDA MPS is on (None: no GPU here)
+    # settle mode: the most its rounds may still run (plan.settle_budget_left: every cell not done of the groups
+    # still open), priced as ``work`` is, an upper bound; None in a fixed grid (``work`` prices all it runs)
+    budget: list[TrialConfig] | None = None
+    budget_work: WorkEstimate | None = None
+    budget_priced_from: tuple[str, ...] = ()  # as ``priced_from``, for the budget's kinds
 
     __repr__ = short_repr  # a notebook prints it: the grid's size, not a million cells
 
@@ -233,7 +238,7 @@ class Plan:
 def plan(spec: SpecSource, *, store: str | None = None) -> Plan:
     """The dry run: the grid's cells, which are done and which a launch would run now, and the work
     left as the store's measured trial times price it. Nothing starts, nothing is written."""
-    from freezesweep.orchestrator.plan import build_grid, round_count
+    from freezesweep.orchestrator.plan import build_grid, round_count, settle_budget_left
     from freezesweep.orchestrator.sweeps import next_cells, resolve_for_plan
     from freezesweep.results.query import status_table
     from freezesweep.results.store import final_of
@@ -253,6 +258,9 @@ def plan(spec: SpecSource, *, store: str | None = None) -> Plan:
     statuses = dict(zip(rows["trial_id"], rows["status"]))
     done = final_of(statuses)
     pending = list(next_cells(sweep, result_store, done))
+    # settle mode prices its next round and the whole budget left, at most (what a report's open group quotes)
+    budget = settle_budget_left(cells, pending, done) if spec.settle is not None else None
+    (work, priced_from), (budget_work, budget_from) = _work(cells, pending, rows, result_store, budget)
     at_once = spec.resources.max_concurrent_trials or max(
         1, int((os.cpu_count() or 1) // spec.resources.cpus_per_trial)
     )
@@ -264,11 +272,15 @@ def plan(spec: SpecSource, *, store: str | None = None) -> Plan:
         len(done & {c.trial_id for c in cells}),
         round_count(pending, sweep),
         status_table(_counted_cells(sweep, result_store, cells), statuses),  # as `status` counts
-        *_work(cells, pending, rows, result_store),
+        work,
+        priced_from,
         at_once,
         notes,
         spec.cell_count_words() + _one_depth(spec, sweep.model_layers),
         mps_here(),
+        budget,
+        budget_work,
+        budget_from,
     )
 
 
@@ -281,16 +293,43 @@ def _one_depth(spec: SweepSpec, model_layers: Mapping[str, int]) -> str:
 
 
 def _work(
-    cells: list[TrialConfig], pending: list[TrialConfig], rows: pd.DataFrame, result_store: ResultStore
-) -> tuple[WorkEstimate | None, tuple[str, ...]]:
+    cells: list[TrialConfig],
+    pending: list[TrialConfig],
+    rows: pd.DataFrame,
+    result_store: ResultStore,
+    budget: list[TrialConfig] | None = None,
+) -> tuple[tuple[WorkEstimate | None, tuple[str, ...]], tuple[WorkEstimate | None, tuple[str, ...]]]:
     """The pending cells' trial time, priced by the sweep's own measured ok rows, and for the kinds it
-    has none of, by the store's other sweeps' (orchestrator/plan.py); and the sweeps that priced it."""
+    has none of, by the store's other sweeps' (orchestrator/plan.py); and the sweeps that priced it. The
+    same of ``budget`` (settle mode's budget left, which holds the pending cells; None: not priced), from
+    the same rows: the other sweeps are read once for both, and the pending cells' price is what it is
+    without a budget."""
     from freezesweep.orchestrator.plan import estimate_work, work_key
 
     measured = _measured(cells, rows)
-    unpriced = [c for c in pending if work_key(c) not in measured]
-    elsewhere, sources = _measured_in_other_sweeps(unpriced, result_store) if unpriced else ({}, ())
-    return estimate_work(pending, {**elsewhere, **measured}), sources
+    unpriced = [c for c in (pending if budget is None else budget) if work_key(c) not in measured]
+    per_sweep = _measured_in_other_sweeps(unpriced, result_store) if unpriced else {}
+    elsewhere, sources = _priced_by(per_sweep, None if budget is None else {work_key(c) for c in pending})
+    work = estimate_work(pending, {**elsewhere, **measured}), sources
+    if budget is None:
+        return work, (None, ())
+    elsewhere, sources = _priced_by(per_sweep, None)
+    return work, (estimate_work(budget, {**elsewhere, **measured}), sources)
+
+
+def _priced_by(
+    per_sweep: Mapping[str, Mapping[tuple, list[float]]], kinds: set[tuple] | None
+) -> tuple[dict[tuple, list[float]], tuple[str, ...]]:
+    """The other sweeps' measured times (``_measured_in_other_sweeps``) of ``kinds`` (None: all), and the
+    sweeps that had some."""
+    found: dict[tuple, list[float]] = {}
+    sources = []
+    for name, times_of in per_sweep.items():
+        for key, times in times_of.items():
+            if kinds is None or key in kinds:
+                found.setdefault(key, []).extend(times)
+                sources.append(name)
+    return found, tuple(dict.fromkeys(sources))
 
 
 def _listed_values(raw: Mapping[str, Any], *keys: str) -> list[str]:
@@ -319,17 +358,16 @@ def _ok_times(rows: pd.DataFrame) -> dict[str, float]:
 
 def _measured_in_other_sweeps(
     pending: list[TrialConfig], result_store: ResultStore
-) -> tuple[dict[tuple, list[float]], tuple[str, ...]]:
+) -> dict[str, dict[tuple, list[float]]]:
     """The measured times of ``pending``'s kinds in the store's other sweeps of their models and
-    datasets (``plan.measured_elsewhere``), and those sweeps' names. One that cannot be read prices nothing."""
+    datasets (``plan.measured_elsewhere``), by sweep (those with some). One that cannot be read prices nothing."""
     from freezesweep.orchestrator.checks import stored_spec_mapping
     from freezesweep.orchestrator.plan import PendingKinds, measured_elsewhere
     from freezesweep.orchestrator.sweeps import load_sweep
 
     models, datasets = {c.model for c in pending}, {c.dataset for c in pending}
     kinds = PendingKinds(pending)  # grouped by kind once, whatever the number of other sweeps
-    found: dict[tuple, list[float]] = {}
-    sources = []
+    found: dict[str, dict[tuple, list[float]]] = {}
     for name in result_store.other_sweeps() or []:
         if name == result_store.sweep:
             continue
@@ -346,10 +384,10 @@ def _measured_in_other_sweeps(
             rows = other_store.read_table(columns=["trial_id", "status", "wall_time_s"])
         except (SpecError, StoreError, ValueError, OSError):  # an old, damaged or foreign sweep prices nothing
             continue
-        for key, times in measured_elsewhere(kinds, other, _ok_times(rows.to_pandas())).items():
-            found.setdefault(key, []).extend(times)
-            sources.append(name)
-    return found, tuple(dict.fromkeys(sources))
+        times_of = measured_elsewhere(kinds, other, _ok_times(rows.to_pandas()))
+        if times_of:
+            found[name] = times_of
+    return found
 
 
 # --- launch and resume -----------------------------------------------------------------------------

@@ -349,7 +349,8 @@ def plan(
     spec_path: Annotated[Path, typer.Argument(metavar="SPEC", help="sweep spec YAML")], store: StoreOpt = None
 ) -> None:
     """A dry run: the grid's cells per axis, done and pending against the store, and the work left as
-    measured trial times price it (its own, or the store's other sweeps' under the same protocol). Nothing starts."""
+    measured trial times price it (its own, or the store's other sweeps' under the same protocol); a settle
+    sweep's next round, and its whole budget left at most. Nothing starts."""
     from freezesweep.orchestrator.spec import SpecError
     from freezesweep.results.query import collapse_long_axes
 
@@ -381,23 +382,52 @@ def plan(
 
 
 def _print_work(planned) -> None:
-    estimate, pending = planned.work, len(planned.pending)
-    if estimate is None:
+    """The pending cells' price; in settle mode, that of its next round and of the whole budget left at
+    most (what a report's open group quotes for a new settle sweep), at the same measured times."""
+    settle = planned.budget is not None
+    if settle and not planned.pending:
+        console.print("work: none, the sweep is settled or at its budget", highlight=False)
+        return
+    if planned.work is None and (not settle or planned.budget_work is None):
         console.print(
             "work: no measured trial of these kinds in the store yet (this sweep's, or another's under the same "
             "protocol) to estimate it from",
             highlight=False,
         )
         return
-    others = ", ".join(planned.priced_from)
+    if not settle:
+        _print_price(planned, "work", planned.work, len(planned.pending), planned.priced_from)
+        return
+    _print_price(planned, "work of the next round", planned.work, len(planned.pending), planned.priced_from)
+    _print_price(
+        planned,
+        "work of the whole budget left",
+        planned.budget_work,
+        len(planned.budget),
+        planned.budget_priced_from,
+        upper_bound=True,
+    )
+
+
+def _print_price(
+    planned, what: str, estimate, cells: int, priced_from: tuple[str, ...], upper_bound: bool = False
+) -> None:
+    """One price (``plan.estimate_work``); a settle sweep's whole budget is an upper bound: each of its
+    groups stops once it is decided."""
+    if estimate is None:
+        console.print(f"{what}: no measured trial of its {cells:,} cells' kinds to estimate it from", highlight=False)
+        return
+    others = ", ".join(priced_from)
     elsewhere = f", with rows of sweep(s) {others} run under the same protocol" if others else ""
-    rest = pending - estimate.measured_cells
+    rest = cells - estimate.measured_cells
     # the rest: plan.estimate_work's fallbacks (a walk-through asked how "the other 3" were priced)
     rest_words = f"; the other {rest:,} by their model, dataset and train size, else every measured row" if rest else ""
+    about, kind = ("at most about", "cells not done of the open groups") if upper_bound else ("about", "pending cells")
+    until = ", were every open group to run to settle.max_seeds (each stops once decided)" if upper_bound else ""
     console.print(
-        f"work: about {_hours(estimate.trial_s)} of trials (from {estimate.measured_rows:,} measured rows{elsewhere}: "
-        f"{estimate.measured_cells:,} of {pending:,} pending cells priced by rows of their own kind{rest_words}); "
-        f"about {_hours(estimate.trial_s / planned.trials_at_once)} at "
+        f"{what}: {about} {_hours(estimate.trial_s)} of trials{until} (from {estimate.measured_rows:,} measured rows"
+        f"{elsewhere}: {estimate.measured_cells:,} of {cells:,} {kind} priced by rows of their own kind{rest_words}); "
+        f"{about} {_hours(estimate.trial_s / planned.trials_at_once)} at "
         f"{planned.trials_at_once} trials at once (this machine's cores, or max_concurrent_trials)",
         highlight=False,
     )

@@ -222,11 +222,13 @@ def estimate_work(pending: list[TrialConfig], wall_s: Mapping[tuple, list[float]
     for key, times in wall_s.items():
         by_size.setdefault(key[:3], []).extend(times)
     total, own = 0.0, 0
+    medians: dict[tuple, float] = {}  # a kind's median once: a settle plan prices its whole budget too
     for cell in pending:
         key = work_key(cell)
-        times = wall_s.get(key) or by_size.get(key[:3]) or every
+        if key not in medians:
+            medians[key] = statistics.median(wall_s.get(key) or by_size.get(key[:3]) or every)
         own += key in wall_s
-        total += statistics.median(times)
+        total += medians[key]
     return WorkEstimate(total, own, len(every))
 
 
@@ -306,6 +308,15 @@ def settle_scope(sweep: ResolvedSweep, cells: list[TrialConfig], rows: pd.DataFr
     next round. The budget's other seeds of an arm decided early are never run, so never missing."""
     wanted = {c.trial_id for c in settle_round(sweep, cells, rows)} | set(rows["trial_id"])
     return [c for c in cells if c.trial_id in wanted]
+
+
+def settle_budget_left(cells: list[TrialConfig], pending: list[TrialConfig], done: set[str]) -> list[TrialConfig]:
+    """The most a settle sweep may still run: every cell without a final row (``done``) of the groups
+    (model, dataset, train size) its next round (``pending``) runs in. A group with no cell in it is
+    settled or at its budget and runs no more; an open one stops once it is decided, so its rounds run
+    this at most, most often far less. Linear in the grid."""
+    open_groups = {(c.model, c.dataset, c.train_size) for c in pending}
+    return [c for c in cells if c.trial_id not in done and (c.model, c.dataset, c.train_size) in open_groups]
 
 
 def sweep_arms(sweep: ResolvedSweep) -> dict[str, tuple[str, ...]]:

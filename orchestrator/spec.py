@@ -393,9 +393,18 @@ class SweepSpec(_Strict):
         return values
 
     @model_validator(mode="after")
-    def _method_axes(self) -> "SweepSpec":
+    def _across_keys(self) -> "SweepSpec":
+        """Every problem across keys in one message (pydantic stops at the first after-validator that
+        raises: seeds + settle was said, then tolerance + settle on the next run): the methods' axes, seeds
+        or settle, and the grid's size."""
+        problems = self._method_axes() + self._seeds_or_settle() + self._grid_size()
+        if problems:
+            raise ValueError("; ".join(problems))
+        return self
+
+    def _method_axes(self) -> list[str]:
         """A method's axis is given exactly when the method is swept (no axis crossed with a method it
-        does not apply to); all problems in one message."""
+        does not apply to)."""
         problems = [
             f"{axis} is empty, but methods has {method}"
             for method, axis in METHOD_AXES.items()
@@ -411,24 +420,22 @@ class SweepSpec(_Strict):
             for method in ("lora", "probe")
             if method not in self.methods and getattr(self, method) != type(getattr(self, method))()
         ]
-        if problems:
-            raise ValueError("; ".join(problems))
-        return self
+        return problems
 
-    @model_validator(mode="after")
-    def _seeds_or_settle(self) -> "SweepSpec":
+    def _seeds_or_settle(self) -> list[str]:
+        problems = []
         if self.settle is None and not self.seeds:
-            raise ValueError("seeds: give at least one seed, or a settle section (settle mode chooses them)")
+            problems.append("seeds: give at least one seed, or a settle section (settle mode chooses them)")
         if self.settle is not None and self.seeds:
-            raise ValueError(
+            problems.append(
                 "seeds and settle both given: settle mode chooses the seeds (0, 1, … up to "
                 "settle.max_seeds); drop seeds"
             )
         if self.settle is not None and self.tolerance is not None:
-            raise ValueError("tolerance and settle both given: a settle sweep asks settle.tolerance; drop tolerance")
+            problems.append("tolerance and settle both given: a settle sweep asks settle.tolerance; drop tolerance")
         if self.settle is not None and not ("freeze" in self.methods and 0 in self.frozen_layers):
-            raise ValueError("settle compares every arm with full fine-tuning: frozen_layers must hold 0")
-        return self
+            problems.append("settle compares every arm with full fine-tuning: frozen_layers must hold 0")
+        return problems
 
     def __repr_args__(self):
         """A notebook prints a spec: an axis of thousands of values is shown by its length and ends."""
@@ -446,14 +453,13 @@ class SweepSpec(_Strict):
         """The seeds axis: the spec's, or every seed settle mode may run."""
         return list(range(self.settle.max_seeds)) if self.settle else list(self.seeds)
 
-    @model_validator(mode="after")
-    def _grid_size(self) -> "SweepSpec":
+    def _grid_size(self) -> list[str]:
         if self.cell_count() > MAX_CELLS:
-            raise ValueError(
+            return [
                 f"the grid has {self.cell_count():,} cells ({self.cell_count_words()}), over the limit "
                 f"of {MAX_CELLS:,}: split it into several sweeps"
-            )
-        return self
+            ]
+        return []
 
     def models(self) -> list[str]:
         return [self.model] if isinstance(self.model, str) else list(self.model)

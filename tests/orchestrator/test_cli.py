@@ -345,6 +345,40 @@ def test_report_of_an_open_settle_sweep_names_the_budget_that_would_decide_it_an
     assert refused.exit_code == 2 and "a tolerance chosen after seeing the rows voids the confidence" in refused.output
 
 
+def test_plan_of_a_settle_sweep_prices_its_next_round_and_its_whole_budget(write_spec, tmp_path):
+    """Before: a report's open group said "a new settle sweep with settle.max_seeds 4 runs at most 8 trials
+    for this size, about 0.13 trial-hours … (`freezesweep plan` on its spec prices the whole sweep)", but
+    plan of that spec priced its next round alone (3 trials, 3 min). Now both, at the report's numbers."""
+    from freezesweep.orchestrator import api
+
+    spec = _settled_rows(write_spec, "open", {"initial_seeds": 3, "max_seeds": 3})  # 6 rows of 60 s
+    said = runner.invoke(app, ["report", "open", "--store", spec.store, "--out", str(tmp_path / "out")]).stdout
+    assert "settle.max_seeds 4 runs at most 8 trials for this size, about 0.13 trial-hours" in said
+    grown = write_spec("grown", seeds=[], train_sizes=[24], frozen_layers=[0, 2], split_seed=1, settle={"max_seeds": 4})
+    done = runner.invoke(app, ["plan", str(grown)])
+    assert done.exit_code == 0, done.output
+    out = " ".join(done.stdout.split())  # rich wraps the lines where a space was
+    assert "settle mode, at most 8 cells" in out and "the next round runs 3" in out  # full fine-tuning's 3 seeds
+    assert (
+        "work of the next round: about 3 min of trials (from 3 measured rows, with rows of sweep(s) open run under "
+        "the same protocol: 3 of 3 pending cells priced by rows of their own kind); about "
+    ) in out
+    assert (
+        "work of the whole budget left: at most about 8 min of trials, were every open group to run to "
+        "settle.max_seeds (each stops once decided) (from 6 measured rows, with rows of sweep(s) open run under the "
+        "same protocol: 8 of 8 cells not done of the open groups priced by rows of their own kind); at most about "
+    ) in out
+    planned = api.plan(grown)
+    assert (planned.work.trial_s, len(planned.budget), planned.budget_work.trial_s) == (180.0, 8, 480.0)
+    assert f"{planned.budget_work.trial_s / 3600:.2f}" == "0.13" and planned.budget_priced_from == ("open",)
+    # the stored sweep itself is at its budget (max_seeds 3): nothing left to run or price
+    spent = runner.invoke(app, ["plan", str(tmp_path / "open.yaml")])
+    assert "work: none, the sweep is settled or at its budget" in spent.stdout and "budget left" not in spent.stdout
+    assert api.plan(tmp_path / "open.yaml").budget == []
+    fixed = api.plan(write_spec("fixed", seeds=[0, 1], train_sizes=[24], frozen_layers=[0, 2], split_seed=1))
+    assert fixed.budget is None and fixed.budget_work is None and fixed.work.trial_s == 240.0
+
+
 def test_export_of_an_unknown_sweep_is_the_commands_own_error_not_mlflows(tmp_path):
     """Before: the store lookup ran inside the export's catch-all and read as an MLflow failure."""
     pytest.importorskip("mlflow")

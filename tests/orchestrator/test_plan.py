@@ -126,3 +126,20 @@ def test_other_sweeps_price_the_pending_cells_without_redoing_their_protocols(mo
     kinds = plan.PendingKinds(pending)  # made once for every sweep: each kind's protocol once in all
     assert [plan.measured_elsewhere(kinds, o, w) for o, w in sweeps] == found
     assert len(calls) == len(kinds_of_cells) + other_cells
+
+
+def test_a_settle_sweeps_budget_left_is_its_open_groups_cells_not_done():
+    """What `plan` prices as the most a settle sweep may still run: a group with no cell in the next round
+    is settled (or at its budget) and runs no more; an open group's cells with a final row are done."""
+    from freezesweep.orchestrator.plan import settle_budget_left
+
+    cells = build_grid(_sweep(seeds=[], settle={"max_seeds": 4}))
+    group = lambda c: (c.model, c.dataset, c.train_size)  # noqa: E731
+    groups = list(dict.fromkeys(map(group, cells)))
+    open_one, settled = groups[0], groups[1]
+    done = {c.trial_id for c in cells if group(c) in (open_one, settled) and c.seed < 3}
+    pending = [c for c in cells if group(c) == open_one and c.seed == 3][:2]  # its next round: two arms' 4th seed
+    left = settle_budget_left(cells, pending, done)
+    assert left == [c for c in cells if group(c) == open_one and c.seed == 3]
+    assert set(map(group, settle_budget_left(cells, cells, set()))) == set(groups)  # a new sweep: all of it
+    assert settle_budget_left(cells, [], done) == []  # settled

@@ -211,3 +211,33 @@ def test_an_unknown_key_names_the_key_it_may_mean_and_a_missing_one_shows_no_spe
         "training.epoch: unknown key (did you mean epochs?)",
     ]
     assert parse({**MINIMAL, "colour": "red"})[1] == ["colour: unknown key"]  # nothing near: no guess
+
+
+def test_every_problem_across_keys_is_named_in_one_error():
+    """Before: seeds + settle was the only problem named; without seeds, the next run named tolerance +
+    settle (pydantic stops at the first check across keys that fails), and a method's axis after that."""
+    spec, problems = parse(
+        {**MINIMAL, "settle": {"max_seeds": 4}, "tolerance": 0.02, "lora_ranks": [4], "seeds": [0, 1]}
+    )
+    assert spec is None and len(problems) == 1
+    (said,) = problems
+    for words in (
+        "lora_ranks is set, but methods has no lora",
+        "seeds and settle both given: settle mode chooses the seeds (0, 1, … up to settle.max_seeds); drop seeds",
+        "tolerance and settle both given: a settle sweep asks settle.tolerance; drop tolerance",
+    ):
+        assert words in said, said
+    # the grid's size with them: one error still
+    _, problems = parse({**MINIMAL, "lora_ranks": [4], "seeds": list(range(1_000_001))})
+    assert len(problems) == 1 and "lora_ranks is set" in problems[0] and "over the limit" in problems[0]
+    # settle's own rule (full fine-tuning) beside them; a spec without seeds or settle says so beside the axes'
+    _, problems = parse({**MINIMAL, "frozen_layers": [2], "settle": {}, "tolerance": 0.02, "seeds": []})
+    assert problems == [
+        "tolerance and settle both given: a settle sweep asks settle.tolerance; drop tolerance; settle compares "
+        "every arm with full fine-tuning: frozen_layers must hold 0"
+    ]
+    _, problems = parse({**MINIMAL, "methods": ["lora"], "seeds": []})
+    assert problems == [
+        "lora_ranks is empty, but methods has lora; frozen_layers is set, but methods has no freeze; seeds: give at "
+        "least one seed, or a settle section (settle mode chooses them)"
+    ]
