@@ -19,7 +19,7 @@ from collections.abc import Mapping, Sequence
 
 import pandas as pd
 
-from freezesweep.results.query import BASELINE, SCORE, freeze_rows
+from freezesweep.results.query import BASELINE, SCORE, with_methods
 from freezesweep.results.settle import (
     FINAL,
     FULL,
@@ -33,8 +33,12 @@ from freezesweep.results.settle import (
     GroupDecision,
     SettleRule,
     decide as decide_group,
+    is_freeze,
+    next_round,
     open_arms,
+    order,
     seeds_to_decide,
+    variant_label,
 )
 from freezesweep.results.stats import GROUP, TOLERANCE, largest_k_retaining
 
@@ -76,14 +80,17 @@ def decide(
     rules: Mapping[str, tuple[SettleRule, int, Mapping[str, Sequence[str]]]] | None = None,
     planned_seeds: dict[str, set[int]] | None = None,
     tolerances: Mapping[str, float] | None = None,
+    planned_others: dict[str, set[str]] | None = None,
 ) -> pd.DataFrame:
-    """One row per (sweep, dataset, train size) that has ok rows. ``planned_ks``: the frozen layers of each
-    sweep's grid, when known ("k = 0 is not in the grid" or "has not finished"); ``rules``: per sweep,
+    """One row per (sweep, dataset, train size) that has ok rows, every method's rows in it (LoRA ranks and
+    the probe are claims of the group too, as its rounds decided them). ``planned_ks``: the frozen layers
+    of each sweep's grid, when known ("k = 0 is not in the grid" or "has not finished"); ``planned_others``:
+    its other methods' arms ("lora r=8", "probe"), a fixed grid's waited for as its depths are; ``rules``: per sweep,
     its settle rule, looks and each model's arms (default: its ``tolerances`` entry, else ``tolerance``,
     95 %, one look, the arms in the rows: a fixed grid); ``planned_seeds``: a fixed grid's seeds, when
     known — it is looked at once, when every planned cell of the group is in (a look at part of it would be
     one it was not paid for)."""
-    layers = freeze_rows(rows)
+    layers = with_methods(rows)
     retaining = largest_k_retaining(retained).set_index(GROUP)["k_retaining_90"]
     many_sweeps = rows["sweep"].nunique() > 1
     records = []
@@ -99,7 +106,8 @@ def decide(
         # sweep's past its own; a fixed grid's from one seed more than a settle sweep's first look
         new = rule if key[0] in (rules or {}) else dataclasses.replace(rule, max_seeds=rule.initial_seeds)
         record["decided_at_seeds"] = _budget_to_decide(decision, new, grid)
-        running = _running(group, (planned_ks or {}).get(key[0]), (planned_seeds or {}).get(key[0]))
+        planned = _planned_arms((planned_ks or {}).get(key[0]), (planned_others or {}).get(key[0]))
+        running = _running(group, planned, (planned_seeds or {}).get(key[0]))
         if key[0] not in (rules or {}) and running:
             records.append(
                 {
@@ -110,35 +118,60 @@ def decide(
             continue
         record["k_retaining_90"] = retaining.get(key) if decision.learned.decision == LEARNED else None
         settled = not open_arms(decision, grid, rule.tolerance)
+        settle = key[0] in (rules or {})
         record["sentence"] = _prefix(key, many_sweeps) + sentence(
-            record, decision, rule, (planned_ks or {}).get(key[0]), settle=key[0] in (rules or {}), settled=settled
+            record,
+            decision,
+            rule,
+            (planned_ks or {}).get(key[0]),
+            settle=settle,
+            settled=settled,
+            rounds_left=settle and _rounds_left(group, decision, rule, grid),
         )
         records.append(record)
     return pd.DataFrame(records, columns=DECISION_COLUMNS)
 
 
 def _grid_arms(group: pd.DataFrame, arms: Mapping[str, Sequence[str]] | None) -> list[str]:
-    """The group's frozen depths the sequence walks: a settle sweep's grid for the group's model (a depth
-    with no row yet stops the sequence there), else the depths in the rows (a fixed grid is decided once
-    complete, when every depth of its model has rows)."""
-    own = [f"freeze k={int(k)}" for k in sorted(set(group["frozen_layers"]))]
+    """The group's arms: a settle sweep's grid for the group's model (a depth with no row yet stops the
+    sequence there; every arm counts in Holm's family, as in its rounds), else the arms in the rows (a
+    fixed grid is decided once complete, when every arm of its model has rows)."""
+    own = set(_labels(group))
     models = set(group["model"]) if "model" in group else set()
-    if not arms or len(models) != 1:
-        return own
-    return sorted({a for a in arms.get(next(iter(models)), ()) if a.startswith("freeze")} | set(own))
+    if arms and len(models) == 1:
+        own |= set(arms.get(next(iter(models)), ()))
+    return sorted(own, key=order)
 
 
-def _running(group: pd.DataFrame, ks: set[int] | None, seeds: set[int] | None) -> str:
+def _rounds_left(group: pd.DataFrame, decision: GroupDecision, rule: SettleRule, grid: Sequence[str]) -> bool:
+    """A settle group its own rounds would run more seeds for (read mid-run, or after a launch that
+    stopped): the next round a resume would run (``next_round``, as orchestrator/plan.py asks it)."""
+    seeds_done = _arms(group).groupby("arm")["seed"].agg(set).to_dict()
+    return bool(next_round(decision, rule, [a for a in grid if a != FULL], seeds_done))
+
+
+def _labels(group: pd.DataFrame) -> list[str]:
+    """Each row's arm: "freeze k=2", "lora r=8", "probe" (rows from before methods: freeze)."""
+    return [
+        variant_label(m, k, r)
+        for m, k, r in zip(group["method"], group["frozen_layers"], group.get("lora_rank", [None] * len(group)))
+    ]
+
+
+def _planned_arms(ks: set[int] | None, others: set[str] | None) -> set[str]:
+    return {f"freeze k={int(k)}" for k in ks or ()} | set(others or ())
+
+
+def _running(group: pd.DataFrame, arms: set[str], seeds: set[int] | None) -> str:
     """Why a fixed grid's group is not looked at yet ("": every planned cell has its outcome)."""
-    if not ks or not seeds:
+    if not arms or not seeds:
         return ""
-    final = set(
-        zip(group.loc[group["status"].isin(FINAL), "frozen_layers"], group.loc[group["status"].isin(FINAL), "seed"])
-    )
-    planned = {(k, s) for k in ks for s in seeds}
+    cells = list(zip(_labels(group), group["seed"]))
+    final = {cell for cell, status in zip(cells, group["status"]) if status in FINAL}
+    planned = {(a, s) for a in arms for s in seeds}
     if planned <= final:
         return ""
-    failed = set(zip(group["frozen_layers"], group["seed"])) & planned - final  # rows, not final: failed, oom
+    failed = set(cells) & planned - final  # rows, not final: failed, oom
     counts = f"({len(planned & final)} of {len(planned)} cells in)"
     state = (
         f"the grid is not complete here: {len(failed)} cell{'s' if len(failed) > 1 else ''} failed, which "
@@ -153,10 +186,10 @@ def _running(group: pd.DataFrame, ks: set[int] | None, seeds: set[int] | None) -
 
 
 def _arms(group: pd.DataFrame) -> pd.DataFrame:
-    """A group's freeze rows as settle mode reads them: arm, seed, score, baseline_score, status."""
+    """A group's rows as settle mode reads them: arm, seed, score, baseline_score, status."""
     return pd.DataFrame(
         {
-            "arm": [f"freeze k={int(k)}" for k in group["frozen_layers"]],
+            "arm": _labels(group),
             "seed": group["seed"],
             "score": group[SCORE],
             "baseline_score": group[BASELINE],
@@ -179,11 +212,11 @@ def _record(
     (settle mode, before full fine-tuning is shown to learn) is not tested, as the sentence says."""
     ok = group[group["status"] == "ok"]
     compared = {c.arm for c in decision.arms}
-    unrun = [_k(a) for a in grid if a not in compared and a != FULL]
+    unrun = [_k(a) for a in grid if a not in compared and a != FULL and is_freeze(a)]
     record = dict(
         zip(GROUP, key),
         metric=ok["select_metric"].iloc[0] if len(ok) else None,
-        baseline_seeds=int((ok["frozen_layers"] == 0).sum()),
+        baseline_seeds=sum(a == FULL for a in _labels(ok)),
         learned=decision.learned.decision,
         confidence=rule.confidence,
         looks=looks,
@@ -198,7 +231,7 @@ def _record(
         },
     )
     untested = [k for k in record["not_tested"].split(", ") if k] + unrun
-    record["not_tested"] = ", ".join(sorted(untested, key=lambda k: int(k.split("=")[1])))
+    record["not_tested"] = ", ".join(sorted(untested, key=lambda k: order(f"freeze {k}")))
     chosen = next((c for c in decision.arms if c.arm == decision.advice), None)
     if chosen is None:
         return record
@@ -252,9 +285,12 @@ def sentence(
     planned_ks: set[int] | None = None,
     settle: bool = False,
     settled: bool = False,
+    rounds_left: bool = False,
 ) -> str:
     """The decision in words (without the "dataset, n = …:" prefix). ``settled``: no seed could change the
-    advice any more (``results.settle.open_arms``)."""
+    advice any more (``results.settle.open_arms``); ``rounds_left``: a settle sweep's own rounds would run
+    more of this group's seeds (its next step is to go on, not a new sweep)."""
+    budget_left = rule.max_seeds if rounds_left else None
     left_out = _left_out(decision.excluded)
     if record["baseline_seeds"] == 0:
         why = (
@@ -267,16 +303,47 @@ def sentence(
         return f"no full fine-tuning (k = 0) runs to compare with ({why}), so no decision{left_out}."
     gain = decision.learned
     if gain.decision != LEARNED:
-        return _not_learned(record, decision, rule, settle) + f"{left_out}."
-    rest = _others(record, decision)
+        return _not_learned(record, decision, rule, settle, budget_left) + f"{left_out}."
+    rest, methods = _others(record, decision, budget_left), _methods_within(record, decision, rule)
     if record.get("frozen_layers") is None and settled:
-        return _every_layer(decision, rule) + f"{rest}{left_out}."
+        return _or_methods(_every_layer(decision, rule), decision) + f"{rest}{methods}{left_out}."
     if record.get("frozen_layers") is None:
-        return (
+        return _or_methods(
             f"fine-tune every layer: no k is shown within {rule.tolerance:g} of full fine-tuning at "
-            f"{_pairs(decision)} trained pairs{rest}; {_add_seeds(record, settle, rule.tolerance)}{left_out}."
+            f"{_pairs(decision)} trained pairs{rest}; {_add_seeds(record, settle, rule.tolerance, budget_left=budget_left)}"
+            f"{methods}{left_out}.",
+            decision,
         )
-    return _advice(record, decision, rule) + f"{rest}{left_out}."
+    return _advice(record, decision, rule) + f"{rest}{methods}{left_out}."
+
+
+def _within_methods(decision: GroupDecision) -> list[Comparison]:
+    """LoRA ranks and the probe shown within the tolerance (Holm's claims, beside the depths' sequence)."""
+    return [c for c in decision.arms if not is_freeze(c.arm) and c.decision == WITHIN]
+
+
+def _method_name(arm: str) -> str:
+    return "the probe" if arm == "probe" else arm.replace("lora r=", "LoRA r=")
+
+
+def _or_methods(words: str, decision: GroupDecision) -> str:
+    """No depth to freeze, but another method as good: the answer's first words say so (a walk-through read
+    "fine-tune every layer" where the probe was shown within, at a fifth of the time)."""
+    shown = _within_methods(decision)
+    if not shown:
+        return words
+    names = _join([_method_name(c.arm) for c in shown])
+    return words.replace("fine-tune every layer", f"fine-tune every layer, or use {names} (below)", 1)
+
+
+def _methods_within(record: dict, decision: GroupDecision, rule: SettleRule) -> str:
+    """Each other method shown within, with its evidence, as a depth's advice gives it."""
+    return "".join(
+        f"; {_method_name(c.arm)} is shown within the {rule.tolerance:g} tolerance of full fine-tuning when it "
+        f"trains ({_family(rule)}): {record['metric']} {c.score:.3f} vs {c.reference:.3f} on the same {c.pairs} "
+        f"seeds, paired difference {c.mean:+.3f} (its own one-sided bound {c.low:+.3f}){_collapses(c, _family(rule))}"
+        for c in _within_methods(decision)
+    )
 
 
 def _every_layer(decision: GroupDecision, rule: SettleRule) -> str:
@@ -302,7 +369,9 @@ def _family(rule: SettleRule) -> str:
     return f"{100 * rule.confidence:g} % family-wise"
 
 
-def _not_learned(record: dict, decision: GroupDecision, rule: SettleRule, settle: bool) -> str:
+def _not_learned(
+    record: dict, decision: GroupDecision, rule: SettleRule, settle: bool, budget_left: int | None = None
+) -> str:
     """Nothing learned, shown; or not yet shown that full fine-tuning learns: why, and what would show it."""
     gain, pct = decision.learned, _family(rule)
     if gain.decision == NOTHING_LEARNED and (gain.pairs == 0 or "collapses" in gain.why):
@@ -319,18 +388,24 @@ def _not_learned(record: dict, decision: GroupDecision, rule: SettleRule, settle
         )
     if gain.seeds and gain.collapsed == gain.seeds:
         needed = all_collapsed_to_show(decision, rule, settle)
-        how = f"a new settle sweep with settle.max_seeds {needed}" if settle else f"a new grid of {needed} seeds"
+        how = (
+            f"{needed} seeds, every one at the constant predictor, would; {_rounds_go_on(budget_left)}"
+            if budget_left
+            else f"a new settle sweep with settle.max_seeds {needed}, every seed at the constant predictor, would"
+            if settle
+            else f"a new grid of {needed} seeds, every seed at the constant predictor, would"
+        )
         every, count = ("all", f"{gain.seeds} seeds") if gain.seeds > 1 else ("the", "one seed")
         return (
             f"{every} {count} of full fine-tuning predicted one class (the constant predictor): nothing learned as "
-            f"far as {'they show' if gain.seeds > 1 else 'it shows'}, but {count} cannot show it at {pct} ({how}, "
-            "every seed at the constant predictor, would); no freezing advice"
+            f"far as {'they show' if gain.seeds > 1 else 'it shows'}, but {count} cannot show it at {pct} ({how}"
+            f"{'' if budget_left else _NEW_SWEEP}); no freezing advice"
         )
     trained = f"{gain.pairs} trained seed{'s' if gain.pairs != 1 else ''}"
     return (
         f"not yet shown that full fine-tuning beats the constant baseline by more than {rule.tolerance:g} here "
         f"({trained}: {gain.why}){_collapses(gain, pct) if gain.collapsed else ''}; no freezing advice — "
-        f"{_add_seeds(record, settle, rule.tolerance, 'whether full fine-tuning learns (the depths, asked next, may need more)')}"
+        f"{_add_seeds(record, settle, rule.tolerance, _LEARNS, budget_left)}"
     )
 
 
@@ -381,11 +456,25 @@ def _collapses(c: Comparison, pct: str) -> str:
     )
 
 
-def _add_seeds(record: dict, settle: bool, tolerance: float, what: str = "it") -> str:
-    """What would decide it: a budget of a new settle sweep (plan prices it), or why there is none. A new
-    sweep, under a new name and another split_seed: its seeds 0, 1, … under the same split_seed would be
-    the rows already seen (a cell's run seed is drawn from its seed, split_seed, dataset and model), and a
-    fixed grid's seeds grown in place would look at its rows twice."""
+_LEARNS = "whether full fine-tuning learns (the depths, asked next, may need more)"
+_NEW_SWEEP = ", under a new name and another split_seed, so that its seeds are not the rows already seen"
+
+
+def _rounds_go_on(max_seeds: int) -> str:
+    return (
+        f"this sweep's own rounds go on, up to settle.max_seeds {max_seeds} seeds per arm (`freezesweep resume` "
+        "runs them where its launch stopped)"
+    )
+
+
+def _add_seeds(record: dict, settle: bool, tolerance: float, what: str = "it", budget_left: int | None = None) -> str:
+    """What would decide it: the sweep's own rounds where they go on (``budget_left``: its max_seeds), else a
+    budget of a new settle sweep (plan prices it), or why there is none. A new sweep, under a new name and
+    another split_seed: its seeds 0, 1, … under the same split_seed would be the rows already seen (a
+    cell's run seed is drawn from its seed, split_seed, dataset and model), and a fixed grid's seeds grown
+    in place would look at its rows twice."""
+    if budget_left:
+        return f"not decided yet: {_rounds_go_on(budget_left)}"
     budget = record.get("decided_at_seeds")
     if budget is None or pd.isna(budget):
         return (
@@ -397,12 +486,11 @@ def _add_seeds(record: dict, settle: bool, tolerance: float, what: str = "it") -
     where = (
         f"settle.max_seeds {int(budget)}"
         if settle
-        else f"settle: {{tolerance: {tolerance:g}, max_seeds: {int(budget)}}}"
+        else f"settle: {{tolerance: {tolerance:g}, max_seeds: {int(budget)}}} in place of `seeds:` and `tolerance:`"
     )
     return (
         f"{int(budget)} seeds per arm would decide {what} if the spread stays as it is (a new settle sweep with "
-        f"{where}, under a new name and another split_seed, so that its seeds are not the rows already seen: "
-        "`freezesweep plan` prices it)"
+        f"{where}{_NEW_SWEEP}: `freezesweep plan` prices it)"
     )
 
 
@@ -412,12 +500,13 @@ def _pairs(decision: GroupDecision) -> str:
     return f"{counts[0]}" if len(counts) == 1 else f"{counts[0]}–{counts[-1]}"
 
 
-def _others(record: dict, decision: GroupDecision) -> str:
-    """The other depths in words: worse, undecided and not tested, the last two with their estimates."""
+def _others(record: dict, decision: GroupDecision, budget_left: int | None = None) -> str:
+    """The other arms in words: worse, undecided and not tested, the last two with their estimates (a depth
+    whose seeds stopped, with why: ``results.settle``'s ``_stuck_why``)."""
 
     def listed(state: str) -> str:
         return ", ".join(
-            f"{_k(c.arm)} ({c.mean:+.3f} when trained)" if c.pairs else _k(c.arm)
+            f"{_k(c.arm)} ({c.mean:+.3f} when trained{_stopped(c)})" if c.pairs else _k(c.arm)
             for c in decision.arms
             if c.decision == state
         )
@@ -429,9 +518,16 @@ def _others(record: dict, decision: GroupDecision) -> str:
     ]
     parts = [p for p in parts if p]
     budget = record.get("decided_at_seeds")
-    if budget is not None and not pd.isna(budget) and record.get("frozen_layers") is not None:
+    if budget_left and record.get("frozen_layers") is not None and record["undecided"]:
+        parts.append(f"this sweep's own rounds go on for what is open, up to {budget_left} seeds per arm")
+    elif budget is not None and not pd.isna(budget) and record.get("frozen_layers") is not None:
         parts.append(f"{int(budget)} seeds per arm would decide what is open")
     return f" ({'; '.join(parts)})" if parts else ""
+
+
+def _stopped(c: Comparison) -> str:
+    """Why an undecided depth runs no more seeds (its own bound, or hopeless), where that is why."""
+    return f": {c.why}" if c.decision == UNDECIDED and c.why.endswith("it runs no more seeds") else ""
 
 
 def _left_out(excluded: dict[str, int]) -> str:

@@ -90,12 +90,12 @@ class Report:
 
 
 def build_report(sweeps: list[SweepRows], tolerance: float = TOLERANCE) -> Report:
-    """The layer analysis reads the freeze rows; the methods comparison reads every row. A sweep of
+    """The layer analysis reads the freeze rows; the decisions and the methods comparison read every row. A sweep of
     several models is analysed per model (its rows are labelled "sweep · model")."""
     rows = _all_rows(sweeps)
     layers = freeze_rows(rows)
     contrasts, retained, cost = paired_contrasts(layers), retained_quality(layers), costs(layers)
-    decisions = _decide(sweeps, rows, layers, retained, cost, tolerance)
+    decisions = _decide(sweeps, rows, retained, cost, tolerance)
     # no retained quality where nothing is (shown to be) learned: a ratio of two gains near zero
     learned = decisions.loc[decisions["learned"] == LEARNED, GROUP]
     retained = retained.merge(learned, on=GROUP)
@@ -122,7 +122,7 @@ def decisions(sweeps: list[SweepRows], tolerance: float = TOLERANCE) -> pd.DataF
     group's sweep by its name and its model (``named``)."""
     rows = _all_rows(sweeps)
     layers = freeze_rows(rows)
-    return named(_decide(sweeps, rows, layers, retained_quality(layers), costs(layers), tolerance), rows)
+    return named(_decide(sweeps, rows, retained_quality(layers), costs(layers), tolerance), rows)
 
 
 def _all_rows(sweeps: list[SweepRows]) -> pd.DataFrame:
@@ -132,7 +132,6 @@ def _all_rows(sweeps: list[SweepRows]) -> pd.DataFrame:
 def _decide(
     sweeps: list[SweepRows],
     rows: pd.DataFrame,
-    layers: pd.DataFrame,
     retained: pd.DataFrame,
     cost: pd.DataFrame,
     tolerance: float,
@@ -148,7 +147,17 @@ def _decide(
     seeds.update({label: seeds[sweep] for label, sweep in zip(rows["sweep"], rows["sweep_name"]) if sweep in seeds})
     asked = {s.name: s.tolerance for s in sweeps if s.tolerance is not None}  # each fixed grid's own question
     asked.update({label: asked[sweep] for label, sweep in zip(rows["sweep"], rows["sweep_name"]) if sweep in asked})
-    return decide(layers, retained, cost, tolerance, planned, rules, seeds, asked)
+    others = {s.name: _other_arms(s.status) for s in sweeps if s.status is not None}  # LoRA ranks, the probe
+    others.update({label: others[sweep] for label, sweep in zip(rows["sweep"], rows["sweep_name"]) if sweep in others})
+    # every method's rows: LoRA ranks and the probe are the group's claims too, as its rounds decided them
+    return decide(rows, retained, cost, tolerance, planned, rules, seeds, asked, others)
+
+
+def _other_arms(status: pd.DataFrame) -> set[str]:
+    """A grid's arms of the other methods, from its status table: "lora r=8", "probe"."""
+    methods = set(_axis(status, "method"))
+    lora = {f"lora r={int(r)}" for r in _axis(status, "lora_rank")} if "lora" in methods else set()
+    return lora | ({"probe"} if "probe" in methods else set())
 
 
 def named(table: pd.DataFrame, rows: pd.DataFrame) -> pd.DataFrame:

@@ -107,7 +107,7 @@ class SettleRule:
         """The one-sided levels of a group whose grid has these arms (full fine-tuning aside)."""
         arms = set(arms) - {FULL}
         alpha = 1 - self.confidence
-        others = sum(1 for a in arms if not _is_freeze(a))
+        others = sum(1 for a in arms if not is_freeze(a))
         to_others = OTHERS_SHARE * alpha if others else 0.0
         return Levels(
             within=WITHIN_SHARE * alpha - to_others,
@@ -507,7 +507,7 @@ def decide(
     group = group.reindex(columns=COLUMNS)  # also no rows yet
     excluded = group[group["status"] != "ok"]["status"].value_counts().to_dict()
     by_arm = _by_arm(group)
-    grid = sorted((set(arms) | set(by_arm)) - {FULL}, key=_order)
+    grid = sorted((set(arms) | set(by_arm)) - {FULL}, key=order)
     levels = rule.levels(grid)
     schedule = rule.schedule if (looks or rule.looks) > 1 else None  # a fixed grid is read once, whole
     weights = rule.look_weights if schedule else (1.0,)
@@ -516,7 +516,7 @@ def decide(
     p = _claims(gain, pairs, rule.tolerance, weights)
     shown, at = _holm_claims(p, levels)
     learned = _learned(gain, p, shown, at, levels)
-    depths = [a for a in grid if _is_freeze(a)]
+    depths = [a for a in grid if is_freeze(a)]
     within, stopped_at = _sequence(["learned", *depths], p, levels.within)
     if learned.decision != LEARNED:
         within, stopped_at = set(), None  # the gatekeeper: no depth is tested before "learned" holds
@@ -527,17 +527,17 @@ def decide(
         if arm in pairs
     )
     compared = tuple(_stuck_why(c, levels, rule.tolerance) for c in compared)
-    advice = [c.arm for c in compared if c.decision == WITHIN and _is_freeze(c.arm)]
+    advice = [c.arm for c in compared if c.decision == WITHIN and is_freeze(c.arm)]
     seeds = len(by_arm[FULL].trained) if FULL in by_arm else 0
     return GroupDecision(learned, compared, seeds, advice[-1] if advice else None, excluded, levels, stopped_at)
 
 
-def _sequence(order: Sequence[str], p: _Claims, level: float) -> tuple[set[str], str | None]:
+def _sequence(in_order: Sequence[str], p: _Claims, level: float) -> tuple[set[str], str | None]:
     """The fixed sequence (Maurer, Hothorn & Lehmacher 1995): "learned" first (the gatekeeper), then each
     depth's "within", each at the full ``level``, up to the first not shown — the depths shown, and the one
     it stopped at (None: it passed them all)."""
     shown: set[str] = set()
-    for arm in order:
+    for arm in in_order:
         claim = "learned" if arm == "learned" else f"within: {arm}"
         if claim not in p.p or not p.holds(claim, level):
             return shown - {"learned"}, arm
@@ -551,7 +551,7 @@ def _holm_claims(p: _Claims, levels: Levels) -> tuple[set[str], dict[str, float]
     p-value was held to."""
     nothing = {k: v for k, v in p.p.items() if k.startswith("nothing")}
     rest = {
-        k: v for k, v in p.p.items() if k.startswith("worse") or (k.startswith("within") and not _is_freeze(_arm_of(k)))
+        k: v for k, v in p.p.items() if k.startswith("worse") or (k.startswith("within") and not is_freeze(_arm_of(k)))
     }
     shown_nothing, at_nothing = holm(nothing, levels.nothing, 2, p.weight)
     shown_rest, at_rest = holm(rest, levels.holm, max(levels.holm_family, 1), p.weight)
@@ -571,7 +571,7 @@ def _state(
         return WITHIN, ""
     if learned.decision != LEARNED:
         return NOT_TESTED, "full fine-tuning is not shown to learn"
-    if _is_freeze(arm) and stopped_at is not None and depths.index(arm) > depths.index(stopped_at):
+    if is_freeze(arm) and stopped_at is not None and depths.index(arm) > depths.index(stopped_at):
         return NOT_TESTED, f"the sequence stopped at {stopped_at}"
     return UNDECIDED, ""
 
@@ -619,7 +619,7 @@ def _arm(
     state: tuple[str, str],
 ) -> Comparison:
     within, worse = f"within: {arm}", f"worse: {arm}"
-    within_level = levels.within * p.weight(within, levels.within) if _is_freeze(arm) else at[within]
+    within_level = levels.within * p.weight(within, levels.within) if is_freeze(arm) else at[within]
     mean, low, high = _t_bounds(look.diffs, within_level)
     mean_all, _, high_all = _t_bounds(look.all_diffs, at[worse])
     _, upper = collapse_bounds(look.collapsed, len(look.seeds), levels.stability * look.weight)
@@ -662,7 +662,7 @@ def _open_why(look: _Look, seeds: str = "seeds where both sides trained") -> str
     return "the bounds straddle the boundary"
 
 
-def _is_freeze(arm: str) -> bool:
+def is_freeze(arm: str) -> bool:
     return arm.startswith("freeze")
 
 
@@ -672,9 +672,9 @@ def _depth(arm: str) -> float:
     return 0.5 if k == -1 else float(k)
 
 
-def _order(arm: str) -> tuple:
+def order(arm: str) -> tuple:
     """The sequence's order: frozen depths from the least frozen, then the other methods by name."""
-    return (0, _depth(arm), arm) if _is_freeze(arm) else (1, 0.0, arm)
+    return (0, _depth(arm), arm) if is_freeze(arm) else (1, 0.0, arm)
 
 
 def variant_label(method: str, frozen_layers, lora_rank) -> str:
@@ -697,20 +697,20 @@ def open_arms(decision: GroupDecision, arms: Collection[str], tolerance: float) 
     if decision.learned.decision == NOTHING_LEARNED:
         return []
     compared = {c.arm: c for c in decision.arms}
-    out = [a for a in arms if not _is_freeze(a) and compared.get(a, _NONE).decision not in (WITHIN, WORSE)]
-    for arm in sorted((a for a in set(arms) - {FULL} if _is_freeze(a)), key=_order):
+    out = [a for a in arms if not is_freeze(a) and compared.get(a, _NONE).decision not in (WITHIN, WORSE)]
+    for arm in sorted((a for a in set(arms) - {FULL} if is_freeze(a)), key=order):
         c = compared.get(arm, _NONE)
         if c.clears:
             continue
         if c.clears_worse or _hopeless(c, decision.levels, tolerance):
             break  # stuck here: no more seeds for it or the depths behind it
         out.append(arm)
-    return sorted(out, key=_order)
+    return sorted(out, key=order)
 
 
 def _stuck_why(c: Comparison, levels: Levels, tolerance: float) -> Comparison:
     """An undecided depth that runs no more seeds (``open_arms``) says so, with why."""
-    if c.decision != UNDECIDED or not _is_freeze(c.arm):
+    if c.decision != UNDECIDED or not is_freeze(c.arm):
         return c
     if c.clears_worse:
         return dataclasses.replace(c, why="worse by its own bound, not yet by Holm's: it runs no more seeds")
@@ -791,7 +791,7 @@ def seeds_to_decide(c: Comparison, rule: SettleRule, levels: Levels, most: int =
     gap = abs(c.mean - boundary)
     if c.arm == "learned":
         base = levels.within if c.mean > boundary else levels.nothing / 2  # learned / nothing learned (Holm's first)
-    elif _is_freeze(c.arm) and c.mean > boundary:
+    elif is_freeze(c.arm) and c.mean > boundary:
         base = levels.within  # within: the sequence's level
     else:
         base = levels.holm / max(levels.holm_family, 1)  # worse, or another method's within: Holm's first step

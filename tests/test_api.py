@@ -78,7 +78,7 @@ def test_a_notebook_runs_a_sweep_reads_decides_and_reports(write_spec, tmp_path)
     trial_lines = [line for line in text.splitlines() if line.startswith("trial ")]
     assert [line.split(":")[0] for line in trial_lines] == [f"trial {i}/6" for i in range(1, 7)]
     assert all(" ok " in line and "accuracy=" in line and line.endswith("s") for line in trial_lines), trial_lines
-    assert any(line.startswith("progress: 6/6 done, 0 failed") for line in text.splitlines())
+    assert any(line.startswith("progress: 6/6 ended (0 failed)") for line in text.splitlines())
 
     result = json.loads(text.split("RESULT ", 1)[1])
     assert (result["pending_before"], result["pending_after"], result["done_after"]) == (6, 0, 6)

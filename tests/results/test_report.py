@@ -14,7 +14,7 @@ import pandas as pd
 import pytest
 from scipy.stats import t
 
-from freezesweep.results.report import SweepRows, build_report, write_report
+from freezesweep.results.report import SweepRows, build_report, decisions, write_report
 from freezesweep.results.store import SCHEMA, ResultStore
 from tests.conftest import REPO
 
@@ -146,7 +146,7 @@ def test_a_tighter_tolerance_admits_no_k_and_says_what_is_undecided(store_rows):
         "(undecided: k=-1 (+0.000 when trained); not tested, deeper than where the sequence stopped: k=3 (-0.002 "
         "when trained), k=6 "
         "(-0.050 when trained)); 15 seeds per arm would decide it if the spread stays as it is (a new settle sweep "
-        "with settle: {tolerance: 0.001, max_seeds: 15}, under a new name and another split_seed, so that its seeds "
+        "with settle: {tolerance: 0.001, max_seeds: 15} in place of `seeds:` and `tolerance:`, under a new name and another split_seed, so that its seeds "
         "are not the rows already seen: `freezesweep plan` prices it) "
         "(left out: 1 failed)."
     )
@@ -517,8 +517,13 @@ def test_methods_side_by_side_and_the_layer_analysis_unchanged(tmp_path, store_r
         store.write_row(r | {"method": r.get("method") or "freeze"})
     report = build_report([SweepRows.from_store(store)])
     freeze_only = build_report([SweepRows.from_store(store_rows)])
-    pd.testing.assert_frame_equal(report.decisions, freeze_only.decisions)  # LoRA/probe rows are not "k" rows
-    pd.testing.assert_frame_equal(report.contrasts, freeze_only.contrasts)
+    pd.testing.assert_frame_equal(report.contrasts, freeze_only.contrasts)  # LoRA/probe rows are not "k" rows
+    # the decision has every method's claims, as settle's rounds decide them (Holm's family holds them)
+    at_100, before = (r.decisions.set_index("train_size").loc[100] for r in (report, freeze_only))
+    assert at_100["frozen_layers"] == before["frozen_layers"] == 3
+    assert at_100["undecided"] == "k=6, lora r=8, probe" and before["undecided"] == "k=6"
+    assert "lora r=8 (-0.010 when trained), probe (-0.067 when trained)" in at_100["sentence"]
+    assert at_100["ci_low"] < before["ci_low"]  # the sequence's share gives the other methods' claims theirs
     table = report.methods[report.methods["train_size"] == 100].set_index("variant")
     # freeze by how much it freezes (0, then the embeddings only, then layers), LoRA by rank, then the probe
     assert list(table.index) == ["freeze k=0", "freeze k=-1", "freeze k=3", "freeze k=6", "lora r=8", "probe"]
@@ -532,6 +537,25 @@ def test_methods_side_by_side_and_the_layer_analysis_unchanged(tmp_path, store_r
     line = next(p for p in section.paragraphs if p.startswith("d, n = 100:"))
     assert re.fullmatch(r"d, n = 100: freeze k=(0|-1) 0\.850; lora r=8 0\.840 in 9 s; probe 0\.783 in 1 s", line), line
     assert "methods" in report.figures and report.figures["methods"].startswith(b"\x89PNG")
+
+
+def test_a_method_shown_within_where_no_depth_is_leads_the_answer(tmp_path):
+    """A walk-through: "fine-tune every layer" where the probe was shown within the tolerance, at a fifth
+    of the train time; the report said nothing of it."""
+    store = ResultStore(str(tmp_path / "probe"), "s")
+    full, probe = [0.80, 0.85, 0.90, 0.82, 0.88], [0.81, 0.862, 0.905, 0.828, 0.893]
+    for seed, (a, b) in enumerate(zip(full, probe)):
+        store.write_row(row(k=0, seed=seed, acc=a, cost=COST_100[0], method="freeze"))
+        store.write_row(row(k=6, seed=seed, acc=a - 0.1 - 0.01 * seed, cost=COST_100[6], method="freeze"))
+        store.write_row(
+            row(k=None, seed=seed, acc=b, cost=(33, 0.1, 200.0), method="probe", trial_id=f"p{seed}", wall_time_s=1.0)
+        )
+    [sentence] = build_report([SweepRows.from_store(store)]).decisions["sentence"]
+    assert sentence.startswith("d, n = 100: fine-tune every layer, or use the probe (below): "), sentence
+    assert "; the probe is shown within the 0.01 tolerance of full fine-tuning when it trains (95 % family-wise)" in (
+        sentence
+    )
+    assert "paired difference +0.010" in sentence
 
 
 def test_summary_shows_methods_and_their_own_axes():
@@ -698,6 +722,47 @@ def test_full_fine_tuning_at_the_constant_predictor_on_every_seed_is_said_in_goo
     assert decision["sentence"].startswith(
         f"d, n = 100: {said} of full fine-tuning predicted one class (the constant predictor): nothing learned as "
         f"far as {shows} cannot show it at 95 % family-wise (a new grid of "
+    )
+    # a walk-through: the fixed grid's hint, alone of them, did not say its seeds must be new ones
+    assert "seeds, every seed at the constant predictor, would, under a new name and another split_seed" in (
+        decision["sentence"]
+    )
+
+
+def test_an_open_settle_group_with_rounds_left_says_to_go_on_not_to_start_anew(tmp_path):
+    """A walk-through: a settle sweep read mid-run (or stopped) was told "a new settle sweep with
+    settle.max_seeds 8", below its own budget of 10, which its rounds were still running."""
+    from freezesweep.results.settle import SettleRule
+
+    store = ResultStore(str(tmp_path), "s")
+    for k, accs in {0: [0.80, 0.85, 0.90], 2: [0.795, 0.835, 0.905]}.items():
+        for seed, acc in enumerate(accs):
+            store.write_row(row(k=k, seed=seed, acc=acc, cost=(1000, 1.0, 10.0)))
+    settle = (SettleRule(max_seeds=10), 4, {})
+    (decision,) = decisions([SweepRows.from_store(store, rule=settle)]).to_dict("records")
+    assert decision["learned"] == "undecided"  # at its first look: whether full fine-tuning learns is open
+    assert "this sweep's own rounds go on, up to settle.max_seeds 10 seeds per arm (`freezesweep resume`" in (
+        decision["sentence"]
+    )
+    assert "a new settle sweep" not in decision["sentence"]
+    at_budget = (SettleRule(max_seeds=3), 1, {})  # its budget spent: a new sweep is the next step
+    (spent,) = decisions([SweepRows.from_store(store, rule=at_budget)]).to_dict("records")
+    assert "own rounds go on" not in spent["sentence"] and "a new settle sweep" in spent["sentence"]
+
+
+def test_a_depth_whose_seeds_stopped_says_why_beside_the_advice(tmp_path):
+    """A walk-through: "(undecided: k=6 (-0.236 when trained))", where the decision had why it runs no more
+    seeds (docs/settle.md promises the sentence says it)."""
+    store = ResultStore(str(tmp_path), "s")
+    x = 0.01117  # as in the test above: hopeless by its own bound, not worse by Holm's
+    scores = {0: [0.80, 0.85, 0.90], 2: [0.801, 0.851, 0.899], 6: [0.75 - x, 0.80, 0.85 + x]}
+    for k, accs in scores.items():
+        for seed, acc in enumerate(accs):
+            store.write_row(row(k=k, seed=seed, acc=acc, cost=(1000, 1.0, 10.0)))
+    (decision,) = decisions([SweepRows.from_store(store)]).to_dict("records")
+    assert decision["frozen_layers"] == 2 and decision["undecided"] == "k=6"
+    assert "(undecided: k=6 (-0.050 when trained: its seeds so far put it well below −0.01 when it trains: it runs " in (
+        decision["sentence"]
     )
 
 
