@@ -139,4 +139,10 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    from freezesweep.trials.data import DatasetError
+    from freezesweep.trials.model import ModelError
+
+    try:
+        main()
+    except (DatasetError, ModelError) as exc:  # what the user can fix: one line, not a traceback
+        raise SystemExit(f"error: {exc}") from None

@@ -4,10 +4,12 @@ study's published appendix row, flagging cells whose mean lies outside the study
 
     python benchmarks/fidelity.py [--model roberta-base] [--datasets glue/sst2 glue/cola]
         [--train-sizes 50 200] [--frozen-layers -1 0 2 4] [--seeds 0 1 2] [--store ./sweeps] [--name N]
+        [--epochs E] [--max-eval-examples M]   # shorter than the reference protocol: a quick look only
 
-The published rows (roberta-base, 5 seeds) ship beside this file (`reference/`). For any other model
-(e.g. the offline MiniLM-L6, 6 layers) the cells are not comparable number for number, so the
-qualitative findings of the study are checked instead: more data helps; everything frozen stays near
+The published rows (roberta-base, 5 seeds) ship beside this file (`reference/`); a cell the study did
+not run (e.g. the default k = L/2 = 6) says "no reference cell". For any other model (e.g. the offline
+MiniLM-L6, 6 layers) the cells are not comparable number for number: the study's rows are not shown
+beside them, and its qualitative findings are checked instead: more data helps; everything frozen stays near
 the majority baseline at small n; freezing half of the layers costs little. The sweep is resumable:
 run the same command again after an interruption and only the missing cells run.
 """
@@ -37,6 +39,10 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--cpus-per-trial", type=float, default=1.0)
     parser.add_argument("--store", default="./sweeps")
     parser.add_argument("--name", default=None, help="sweep name (default: fidelity-<model>)")
+    parser.add_argument("--epochs", type=float, default=None, help="default: the reference protocol's")
+    parser.add_argument(
+        "--max-eval-examples", type=int, default=None, help="validation rows per evaluation (default: all)"
+    )
     return parser.parse_args()
 
 
@@ -58,7 +64,12 @@ def run_sweep(args: argparse.Namespace, layers: int) -> pd.DataFrame:
             "frozen_layers": args.frozen_layers or [-1, 0, layers // 2, layers],
             "seeds": args.seeds,
             # accuracy, as the study reported it (not CoLA's official Matthews); the rest: the reference defaults
-            "training": {"precision": args.precision, "select_metric": "accuracy"},
+            "training": {
+                "precision": args.precision,
+                "select_metric": "accuracy",
+                **({"epochs": args.epochs} if args.epochs is not None else {}),
+                **({"max_eval_examples": args.max_eval_examples} if args.max_eval_examples is not None else {}),
+            },
             "resources": {"gpus_per_trial": args.gpus_per_trial, "cpus_per_trial": args.cpus_per_trial},
             "store": args.store,
         },
@@ -73,10 +84,13 @@ def run_sweep(args: argparse.Namespace, layers: int) -> pd.DataFrame:
 
 def beside_reference(ours: pd.DataFrame) -> pd.DataFrame:
     """Our per-cell statistics joined with the published ones; ``outside`` flags a mean outside the
-    study's min–max."""
+    study's min–max, ``has_reference`` a cell the study ran."""
     reference = pd.read_csv(REFERENCE).rename(columns=lambda c: c if c in KEYS else f"ref_{c}")
     table = ours.merge(reference, on=KEYS, how="left")
-    table["outside"] = (table["mean"] < table["ref_min"]) | (table["mean"] > table["ref_max"])
+    table["has_reference"] = table["ref_mean"].notna()
+    table["outside"] = table["has_reference"] & (
+        (table["mean"] < table["ref_min"]) | (table["mean"] > table["ref_max"])
+    )
     return table
 
 
@@ -122,33 +136,44 @@ def main() -> None:
     args = parse_args()
     import transformers
 
+    from freezesweep.orchestrator.spec import SpecError
     from freezesweep.results.query import summary
-    from freezesweep.trials.model import load_model_config
+    from freezesweep.trials.data import DatasetError
+    from freezesweep.trials.model import ModelError, load_model_config
 
     transformers.logging.set_verbosity_error()
-    from freezesweep.orchestrator.spec import SpecError
-
-    layers = load_model_config(args.model).num_hidden_layers
     try:
+        layers = load_model_config(args.model).num_hidden_layers
         rows = run_sweep(args, layers)
-    except SpecError as exc:
+    except (SpecError, ModelError, DatasetError) as exc:
         raise SystemExit(f"error: {exc}") from None
     table = beside_reference(summary(rows))
     pd.set_option("display.width", 200)
     pd.set_option("display.max_rows", 200)
     precision = ", ".join(sorted(rows["precision"].unique()))
-    print(
-        f"\n{args.model} ({layers} layers), {precision}; best validation accuracy over seeds, "
-        "beside the reference study (roberta-base, 5 seeds):"
-    )
-    columns = KEYS + ["n", "mean", "median", "std", "min", "max", "baseline", "ref_mean", "ref_min", "ref_max"]
+    ours = KEYS + ["n", "mean", "median", "std", "min", "max", "baseline"]
     if args.model.rsplit("/", 1)[-1] == "roberta-base":
-        print(table[columns + ["outside"]].round(3).to_string(index=False))
-        outside = table[table["outside"]]
-        print(f"\n{len(outside)} of {len(table)} cells have a mean outside the reference's min–max")
+        print(
+            f"\n{args.model} ({layers} layers), {precision}; best validation accuracy over seeds, "
+            "beside the reference study (roberta-base, 5 seeds):"
+        )
+        shown = table[ours + ["ref_mean", "ref_min", "ref_max", "outside"]].round(3).astype(object)
+        shown.loc[~table["has_reference"], ["ref_mean", "ref_min", "ref_max", "outside"]] = "-"
+        shown.loc[~table["has_reference"], "ref_mean"] = "no reference cell"
+        print(shown.to_string(index=False))
+        compared = int(table["has_reference"].sum())
+        print(
+            f"\n{int(table['outside'].sum())} of {compared} cells with a reference cell have a mean outside the "
+            f"reference's min–max" + (f"; {len(table) - compared} cell(s) without one" if compared < len(table) else "")
+        )
         return
-    print(table[columns].round(3).to_string(index=False))
-    print("\nNot the reference's model: its findings, checked qualitatively")
+    print(
+        f"\n{args.model} ({layers} layers), {precision}; best validation accuracy over seeds. Not the reference "
+        "study's model (roberta-base): its published cells are not comparable number for number and are not "
+        f"shown beside these ({REFERENCE.relative_to(REFERENCE.parents[2])} holds them)."
+    )
+    print(table[ours].round(3).to_string(index=False))
+    print("\nIts findings, checked qualitatively")
     for finding, holds, evidence in qualitative_checks(table, layers):
         print(f"  [{'PASS' if holds else 'FAIL'}] {finding}: {evidence}")
 

@@ -5,6 +5,8 @@
 #
 #   bash benchmarks/gpu_check.sh prepare      # here, once, from a bare checkout (any Python with transformers;
 #                                             # PYTHON=… picks one): fills .devcarry/ (git-ignored, ~8 MB)
+#   Python: $PYTHON, else .venv/bin/python where there is one, else python3 (the GPU machine: no .venv),
+#   for `prepare` and the parts alike.
 #   device run, carry [".devcarry"]:
 #     bash benchmarks/gpu_check.sh all        # everything below in one run: at most 6 minutes, each part
 #                                             # under its own `timeout`, at most 8 files in $OUT
@@ -26,8 +28,13 @@
 #     bash benchmarks/gpu_check.sh probe      # gpus_per_trial auto's measurement alone
 #   GPU_CHECK_GRID_ARGS="--eval-batch-size 256" bash benchmarks/gpu_check.sh grid   # a grid part with more options
 #   GPU_CHECK_WORKERS=16 bash benchmarks/gpu_check.sh grid    # more trial processes (GPU_CHECK_ARRAY_WORKERS: arrays')
-#   GPU_CHECK_SMOKE=1 bash benchmarks/gpu_check.sh all   # the same parts shrunk for a CPU: a tiny model,
-#                                             # a few cells, seconds (tests/test_gpu_check.py runs it)
+#   GPU_CHECK_SMOKE=1 bash benchmarks/gpu_check.sh prepare   # then, with the same GPU_CHECK_SMOKE=1, `all`
+#                                             # or a part: the same parts shrunk for a CPU: a tiny model, a few
+#                                             # cells, minutes (tests/test_gpu_check.py runs it). A carry is
+#                                             # made for one mode: the other refuses it (run prepare again)
+#   Without GPU_CHECK_SMOKE a part needs a GPU (nvidia-smi): where there is none it says so and exits 2.
+#   Exit status: a part's own (124: cut at its limit); `all` runs every part, prints each one's status,
+#   and exits 1 where any part did not exit 0.
 #
 # The GPU grid: a base-size encoder (BERT-base shape, random initialisation: fine for speed), real SST-2
 # and CoLA, the reference protocol, one seed: n in {50, 100, 200, 500, 1000} x k in {-1, 0, 2, 4, 8, 10,
@@ -37,14 +44,15 @@ set -euo pipefail
 SELF=$(realpath "$0")
 cd "$(dirname "$SELF")/.."
 SMOKE=${GPU_CHECK_SMOKE:-}
+MODE=$([ -n "$SMOKE" ] && echo smoke || echo gpu)  # what `prepare` makes a carry for, and what the parts need
 CARRY=$(realpath -m "${GPU_CHECK_CARRY:-.devcarry}")
 LOGS=${OUT:-/tmp}
+PY=${PYTHON:-$( [ -x .venv/bin/python ] && echo .venv/bin/python || echo python3 )}  # prepare's and the parts'
 
 prepare() {
   DATA=${FREEZESWEEP_DATA_DIR:-../shared/data/glue}
-  PYTHON=${PYTHON:-$( [ -x .venv/bin/python ] && echo .venv/bin/python || echo python3 )}
   rm -rf "$CARRY" && mkdir -p "$CARRY/glue"
-  "$PYTHON" - "$CARRY" "$DATA" "${SMOKE:+smoke}" <<'EOF'
+  "$PY" - "$CARRY" "$DATA" "${SMOKE:+smoke}" <<'EOF'
 import importlib.resources, shutil, sys
 from pathlib import Path
 from transformers import BertConfig
@@ -77,6 +85,7 @@ BertConfig(**({"hidden_size": 32, "intermediate_size": 64, "num_attention_heads"
 for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.txt"):
     shutil.copy(source / name, base / name)
 EOF
+  echo "$MODE" > "$CARRY/mode"  # the mode it was made for (environment checks it)
   du -sh "$CARRY"
 }
 
@@ -107,9 +116,22 @@ limit() { local kv; for kv in "${LIMITS[@]}"; do if [ "${kv%%=*}" = "$1" ]; then
 
 environment() {
   [ -d "$CARRY/glue" ] || { echo "run 'bash benchmarks/gpu_check.sh prepare' here first and carry $CARRY" >&2; exit 2; }
+  # The carry's mode: its marker, else (a carry made before the marker) its model's width (a smoke model's is 32)
+  local made=gpu
+  if [ -f "$CARRY/mode" ]; then made=$(cat "$CARRY/mode")
+  elif grep -q '"hidden_size": 32,' "$CARRY/bert-base-random/config.json" 2>/dev/null; then made=smoke; fi
+  if [ "$made" != "$MODE" ]; then
+    echo "$CARRY was prepared for the $made mode, this run is the $MODE mode: run" \
+      "'${SMOKE:+GPU_CHECK_SMOKE=1 }bash benchmarks/gpu_check.sh prepare' first (or GPU_CHECK_CARRY=… another carry)" >&2
+    exit 2
+  fi
+  if [ -z "$SMOKE" ] && ! nvidia-smi -L >/dev/null 2>&1; then
+    echo "no GPU here (nvidia-smi finds none): run this on the GPU machine, or GPU_CHECK_SMOKE=1 for the CPU" \
+      "smoke mode (after 'GPU_CHECK_SMOKE=1 bash benchmarks/gpu_check.sh prepare')" >&2
+    exit 2
+  fi
   export PYTHONPATH="$CARRY/site${PYTHONPATH:+:$PYTHONPATH}" FREEZESWEEP_DATA_DIR="$CARRY/glue"
   export HF_HUB_OFFLINE=1 PYTHONUNBUFFERED=1
-  PY=${PYTHON:-python3}
   GRID=(--model "$CARRY/bert-base-random" --model-init random --datasets "${DATASETS[@]}" --device "$DEVICE"
         --engine local --eval-batch-size 512 --train-sizes "${SIZES[@]}" --frozen-layers "${DEPTHS[@]}"
         --seeds 0 --epochs "$EPOCHS" --skip-baseline "${EVAL[@]}")
@@ -128,6 +150,7 @@ part() {  # NAME: the part under its time limit (timeout ends its whole process 
   timeout --kill-after=10 "$seconds" bash "$SELF" run-part "$name" > "$LOGS/$name.log" 2>&1 || code=$?
   grep -v -e "^glue/" -e "Loading weights" -e "LOAD REPORT" "$LOGS/$name.log" | tail -n "${TAIL:-30}" || true
   echo "== $name: exit $code ($([ $code = 124 ] && echo "cut at its limit, " || true)$((SECONDS - started)) s)"
+  return "$code"
 }
 
 tests() {
@@ -229,14 +252,19 @@ all)
     "$PY" -c "import torch, transformers; print('torch', torch.__version__, 'transformers', transformers.__version__)"
     mps_start
     trap mps_stop EXIT  # a daemon this check started ends with it, however it ends
-    for name in "${PARTS[@]}"; do part "$name"; done
+    statuses=() failed=0
+    for name in "${PARTS[@]}"; do  # every part, whatever the one before it did
+      code=0; part "$name" || code=$?
+      statuses+=("$name=$code"); [ "$code" = 0 ] || failed=1
+    done
     mps_stop
-    echo "== all parts: $((SECONDS - started)) s"
+    echo "== all parts: $((SECONDS - started)) s; exit status ${statuses[*]}"
+    exit "$failed"  # (this block is a subshell: with pipefail its status is the script's)
   } 2>&1 | tee "$LOGS/check.log"
   ;;
 tests|profile|grid|arrays|graphs)
   environment
-  TAIL=200 part "$1"
+  TAIL=200 part "$1"  # its status the script's (set -e)
   ;;
 run-part)  # one part, as `part` runs it
   environment

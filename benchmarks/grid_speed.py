@@ -315,10 +315,22 @@ def report(cells, sides: dict[str, tuple[float, dict]], reference: str) -> None:
             )
 
 
+def no_cuda_here(device: str) -> None:
+    """``--device cuda`` where torch has no CUDA device: one line and a non-zero exit, not torch's assertion."""
+    import torch
+
+    if device == "cuda" and not torch.cuda.is_available():
+        raise SystemExit(
+            f"error: --device cuda, but torch {torch.__version__} finds no CUDA device here: "
+            "run it on a GPU machine, or with --device cpu"
+        )
+
+
 def main(argv=None) -> None:
     import torch
 
     args = parse_args(argv)
+    no_cuda_here(args.device)
     cells = grid(args)
     precision = cells[0].precision
     baseline_precision = (
@@ -357,4 +369,10 @@ def main(argv=None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    from freezesweep.trials.data import DatasetError
+    from freezesweep.trials.model import ModelError
+
+    try:
+        main()
+    except (DatasetError, ModelError) as exc:  # what the user can fix: one line, not a traceback
+        raise SystemExit(f"error: {exc}") from None

@@ -15,6 +15,16 @@ Needs ``accelerate`` (the Trainer's dependency): ``pip install accelerate``.
 
 from __future__ import annotations
 
+import sys
+
+if __name__ == "__main__":  # before the heavy imports: nothing to run here
+    print(
+        "benchmarks/hf_baseline.py is a module (the HF Trainer baseline) used by benchmarks/grid_speed.py: "
+        "run `python benchmarks/grid_speed.py --help` for the comparison",
+        file=sys.stderr,
+    )
+    sys.exit(2)
+
 import shutil
 import tempfile
 import time

@@ -11,7 +11,7 @@ file):
 - planning: the spec validated, resolved and expanded, and the cells still to run picked (in process);
 - a launch in a child process (the driver): time from its start to the first stored row, driver CPU
   per cell (the driver process's CPU time, all its threads, between the first and the last row it
-  stored, per row) and its peak RSS. Grids above --full-max run only their first --sample cells
+  stored, per row) and its peak RSS (VmHWM, peak_rss_mb). Grids above --full-max run only their first --sample cells
   (the driver stops as Ctrl-C stops it): per-cell cost does not need the whole grid to show whether it
   grows with the grid, the quadratic launch it replaces paid it from the first trial.
 
@@ -205,6 +205,17 @@ def measure_plan_with_others(folder: Path, cells: int, model: str, data: str, ot
         )
 
 
+def peak_rss_mb() -> float:
+    """This process's peak RSS: VmHWM in /proc/self/status, which starts afresh at exec. (getrusage's
+    ru_maxrss does not: a child carries over the peak of the parent that forked it, here one that loaded
+    torch; it is the fallback where there is no /proc.)"""
+    try:
+        with open("/proc/self/status") as status:
+            return next(int(line.split()[1]) for line in status if line.startswith("VmHWM:")) / 1024
+    except (OSError, StopIteration):
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # kB on Linux
+
+
 def drive(path: Path, out: Path, stop_after: int | None) -> None:
     """The child: one launch with the instant trial, measured from its own start."""
     started_wall = time.perf_counter()
@@ -240,7 +251,7 @@ def drive(path: Path, out: Path, stop_after: int | None) -> None:
                 "first_row_s": first_wall - started_wall,
                 "driver_cpu_ms_per_trial": 1000 * (last_cpu - first_cpu) / max(1, rows - 1),
                 "wall_ms_per_trial": 1000 * (last_wall - first_wall) / max(1, rows - 1),
-                "driver_peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+                "driver_peak_rss_mb": peak_rss_mb(),
             }
         )
     )

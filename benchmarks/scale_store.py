@@ -1,5 +1,7 @@
 """The store at scale: `status`, `summary`, `query` and `report` on stores of 1k, 10k and 100k rows, each
-command timed in a fresh process with its peak RSS (GNU time), as a user runs them.
+command timed in a fresh process with its peak RSS, as a user runs them (the command's own high-water mark,
+``VmHWM`` in its /proc/self/status as it exits: what GNU time reports, without the parent's peak that a
+forked child's ``ru_maxrss`` starts from).
 
 A store of N rows is what a launch leaves: the sweep's resolved spec and N rows of realistic size (a
 20-point learning curve, the train indices) for the grid's cells, in compacted parts of 5,000 rows (as
@@ -137,19 +139,43 @@ def uncompacted(cli: list[str], rows: int, root: Path) -> None:
     print(f"{rows:>8} " + " ".join(f"{wall:>10.2f} {rss:>10.0f}" for wall, rss in figures), flush=True)
 
 
+# Runs `python -m MODULE ARGS…` in this process and, as it exits (sys.exit included), writes its own peak
+# RSS in kB to the file named first: VmHWM, the high-water mark of this process's memory, which starts
+# afresh at exec. (A child's ru_maxrss does not: Linux carries the forking parent's peak over into it.)
+PEAK_WRAPPER = """
+import atexit, runpy, sys
+peak_file, module = sys.argv[1], sys.argv[2]
+def write_peak():
+    with open("/proc/self/status") as status:
+        kb = next(line.split()[1] for line in status if line.startswith("VmHWM:"))
+    with open(peak_file, "w") as out:
+        out.write(kb)
+atexit.register(write_peak)
+sys.argv = sys.argv[2:]
+runpy.run_module(module, run_name="__main__", alter_sys=True)
+"""
+
+
 def timed(command: list[str]) -> tuple[float, float]:
-    """Wall seconds and peak RSS (MB) of one command in a fresh process (``os.wait4``: that child's own
-    resource usage, as GNU time reports it, without needing its binary)."""
-    with tempfile.TemporaryFile() as errors:
+    """Wall seconds and peak RSS (MB) of ``python -m command[0] command[1:]`` in a fresh process: the
+    child's own VmHWM as it exits (PEAK_WRAPPER). Where there is no /proc, ``os.wait4``'s ru_maxrss, which
+    is at least this process's own peak (so only an upper bound)."""
+    with tempfile.TemporaryFile() as errors, tempfile.TemporaryDirectory() as folder:
+        peak_file = Path(folder) / "peak_kb"
+        proc = Path("/proc/self/status").is_file()
+        argv = (
+            [sys.executable, "-c", PEAK_WRAPPER, str(peak_file), *command] if proc else [sys.executable, "-m", *command]
+        )
         started = time.perf_counter()
-        child = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=errors)
+        child = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=errors)
         _, status, usage = os.wait4(child.pid, 0)
         wall = time.perf_counter() - started
         child.returncode = os.waitstatus_to_exitcode(status)  # reaped here: Popen must not wait again
         if child.returncode != 0:
             errors.seek(0)
             raise RuntimeError(f"{command}: {errors.read().decode(errors='replace')[-2000:]}")
-    return wall, usage.ru_maxrss / 1024  # kilobytes on Linux
+        kb = int(peak_file.read_text()) if proc else usage.ru_maxrss  # both in kB on Linux
+    return wall, kb / 1024
 
 
 def main() -> None:
@@ -170,7 +196,7 @@ def main() -> None:
     )
     args = parser.parse_args()
     root = Path(tempfile.mkdtemp(prefix="freezesweep-store-scale-"))
-    cli = [sys.executable, "-m", "freezesweep.orchestrator.cli"]
+    cli = ["freezesweep.orchestrator.cli"]  # a module, run by timed() in a fresh Python
     if args.rows:
         print(
             f"{'rows':>8} {'files':>6} {'MB':>6} {'compact s':>9} "

@@ -241,11 +241,23 @@ COUNTS = ("busy_ms", "kernels", "launches", "syncs")
 
 
 # --- the report ----------------------------------------------------------------------------------------
+def no_cuda_here(device: str) -> None:
+    """``--device cuda`` where torch has no CUDA device: one line and a non-zero exit, not torch's assertion."""
+    import torch
+
+    if device == "cuda" and not torch.cuda.is_available():
+        raise SystemExit(
+            f"error: --device cuda, but torch {torch.__version__} finds no CUDA device here: "
+            "run it on a GPU machine, or with --device cpu"
+        )
+
+
 def main(argv=None) -> dict:
     import torch
     import transformers
 
     args = parse_args(argv)
+    no_cuda_here(args.device)
     if args.threads is None and args.device == "cpu":
         args.threads = 1  # a CPU trial's own (cpus_per_trial 1); more threads on a shared machine only spin
     if args.threads:
@@ -339,4 +351,10 @@ def footnotes(rows: dict, args) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    from freezesweep.trials.data import DatasetError
+    from freezesweep.trials.model import ModelError
+
+    try:
+        main()
+    except (DatasetError, ModelError) as exc:  # what the user can fix: one line, not a traceback
+        raise SystemExit(f"error: {exc}") from None

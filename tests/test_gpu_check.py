@@ -3,6 +3,7 @@ device run, and its smoke mode (a tiny model, a few cells, on the CPU) runs ever
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 
@@ -67,3 +68,30 @@ def test_the_smoke_mode_runs_every_part(tmp_path):
     assert len(grid["freezesweep"]["cells"]) == 2  # glue/sst2, n = 50, k in {0, 2}
     _, planned = _plan(GPU_CHECK_SMOKE="1")
     assert {p.name for p in out.iterdir()} <= set(planned)
+
+
+def _refused(carry_mode: str | None, smoke: str, tmp_path, part: str = "all") -> subprocess.CompletedProcess:
+    carry = tmp_path / "carry"
+    (carry / "glue").mkdir(parents=True)
+    if carry_mode:
+        (carry / "mode").write_text(carry_mode + "\n")
+    env = {**os.environ, "GPU_CHECK_SMOKE": smoke, "GPU_CHECK_CARRY": str(carry), "OUT": str(tmp_path)}
+    return subprocess.run(["bash", str(SCRIPT), part], env=env, capture_output=True, text=True, cwd=REPO)
+
+
+@pytest.mark.parametrize(("made", "smoke"), [("gpu", "1"), ("smoke", "")])
+def test_a_carry_of_the_other_mode_is_refused(tmp_path, made, smoke):
+    """A smoke run on a GPU carry (BERT-base: minutes, not seconds) or the reverse: one line saying
+    to prepare in this mode, before anything runs."""
+    done = _refused(made, smoke, tmp_path)
+    assert done.returncode == 2
+    assert f"prepared for the {made} mode" in done.stderr and "gpu_check.sh prepare" in done.stderr
+    assert not (tmp_path / "check.log").exists()
+
+
+@pytest.mark.skipif(shutil.which("nvidia-smi") is not None, reason="a machine with nvidia-smi may have a GPU")
+@pytest.mark.parametrize("part", ["all", "tests", "grid"])
+def test_no_gpu_says_so_and_fails(tmp_path, part):
+    done = _refused("gpu", "", tmp_path, part)
+    assert done.returncode == 2
+    assert "no GPU here" in done.stderr and "GPU_CHECK_SMOKE=1" in done.stderr

@@ -664,6 +664,25 @@ def test_a_fixed_grid_with_a_failed_cell_says_so_not_that_it_is_running(tmp_path
         api.decide("s", store=str(tmp_path), tolerance=-0.01)
 
 
+def test_a_fixed_grid_waits_for_its_other_methods_cells_too(tmp_path):
+    """The probe's claims are the group's (Holm's family holds them): decided before its cells are in, the
+    group would be looked at twice."""
+    from freezesweep.orchestrator import api
+
+    cells, store = _stored_fixed_grid(tmp_path, 3, methods=["freeze", "probe"])
+    for cfg in cells:
+        k, seed = cfg.frozen_layers, cfg.seed
+        if cfg.method == "freeze":
+            store.write_row(row(k=k, seed=seed, acc=ACC_100[k][seed], trial_id=cfg.trial_id))
+    (sentence,) = api.decide("s", store=str(tmp_path)).frame["sentence"]
+    assert sentence.startswith("d, n = 100: the grid is still running here (6 of 9 cells in)"), sentence
+    for cfg in (c for c in cells if c.method == "probe"):
+        store.write_row(row(k=None, seed=cfg.seed, acc=0.7, trial_id=cfg.trial_id, method="probe"))
+    (sentence,) = api.decide("s", store=str(tmp_path)).frame["sentence"]
+    assert sentence.startswith("d, n = 100: freeze the embeddings and the first 3 layers (k = 3)"), sentence
+    assert "worse than full fine-tuning: probe" in sentence or "undecided: probe" in sentence
+
+
 def test_a_fixed_grid_answers_the_tolerance_its_spec_asked_and_no_other(tmp_path):
     """Before: `report --tolerance` read a fixed grid at any tolerance after its rows were seen, each making
     another depth the first false claim (a review's simulation: 2.4 % false "within" at one tolerance, 4.3 %
