@@ -105,7 +105,10 @@ def decide(
         # what budget of a new settle sweep (its looks paid anew) would decide what is open: a settle
         # sweep's past its own; a fixed grid's from one seed more than a settle sweep's first look
         new = rule if key[0] in (rules or {}) else dataclasses.replace(rule, max_seeds=rule.initial_seeds)
-        record["decided_at_seeds"] = _budget_to_decide(decision, new, grid)
+        settle = key[0] in (rules or {})
+        rounds_left = settle and _rounds_left(group, decision, rule, grid)
+        # a settle group its own rounds go on with is priced by no new sweep (report's budget_prices)
+        record["decided_at_seeds"] = None if rounds_left else _budget_to_decide(decision, new, grid)
         planned = _planned_arms((planned_ks or {}).get(key[0]), (planned_others or {}).get(key[0]))
         running = _running(group, planned, (planned_seeds or {}).get(key[0]))
         if key[0] not in (rules or {}) and running:
@@ -118,7 +121,6 @@ def decide(
             continue
         record["k_retaining_90"] = retaining.get(key) if decision.learned.decision == LEARNED else None
         settled = not open_arms(decision, grid, rule.tolerance)
-        settle = key[0] in (rules or {})
         record["sentence"] = _prefix(key, many_sweeps) + sentence(
             record,
             decision,
@@ -126,7 +128,7 @@ def decide(
             (planned_ks or {}).get(key[0]),
             settle=settle,
             settled=settled,
-            rounds_left=settle and _rounds_left(group, decision, rule, grid),
+            rounds_left=rounds_left,
         )
         records.append(record)
     return pd.DataFrame(records, columns=DECISION_COLUMNS)
@@ -145,7 +147,10 @@ def _grid_arms(group: pd.DataFrame, arms: Mapping[str, Sequence[str]] | None) ->
 
 def _rounds_left(group: pd.DataFrame, decision: GroupDecision, rule: SettleRule, grid: Sequence[str]) -> bool:
     """A settle group its own rounds would run more seeds for (read mid-run, or after a launch that
-    stopped): the next round a resume would run (``next_round``, as orchestrator/plan.py asks it)."""
+    stopped): a row to run again (failed, oom), or the next round a resume would run (``next_round``, as
+    orchestrator/plan.py's ``_group_round`` asks them)."""
+    if not group["status"].isin(FINAL).all():
+        return True
     seeds_done = _arms(group).groupby("arm")["seed"].agg(set).to_dict()
     return bool(next_round(decision, rule, [a for a in grid if a != FULL], seeds_done))
 
@@ -212,7 +217,7 @@ def _record(
     (settle mode, before full fine-tuning is shown to learn) is not tested, as the sentence says."""
     ok = group[group["status"] == "ok"]
     compared = {c.arm for c in decision.arms}
-    unrun = [_k(a) for a in grid if a not in compared and a != FULL and is_freeze(a)]
+    unrun = [a for a in grid if a not in compared and a != FULL and is_freeze(a)]
     record = dict(
         zip(GROUP, key),
         metric=ok["select_metric"].iloc[0] if len(ok) else None,
@@ -230,8 +235,8 @@ def _record(
             )
         },
     )
-    untested = [k for k in record["not_tested"].split(", ") if k] + unrun
-    record["not_tested"] = ", ".join(sorted(untested, key=lambda k: order(f"freeze {k}")))
+    untested = [c.arm for c in decision.arms if c.decision == NOT_TESTED] + unrun  # LoRA, probe too: not learned yet
+    record["not_tested"] = ", ".join(_k(a) for a in sorted(untested, key=order))
     chosen = next((c for c in decision.arms if c.arm == decision.advice), None)
     if chosen is None:
         return record
@@ -256,15 +261,16 @@ def _record(
 
 
 def _budget_to_decide(decision: GroupDecision, rule: SettleRule, arms: Sequence[str]) -> int | None:
-    """The seeds per arm that would decide what is open, if the means and spreads stay as they are
-    (None: no such budget up to 100 seeds, or nothing open)."""
+    """The seeds per arm that would decide what is open of the answer — "learned", then the depths' sequence
+    — if the means and spreads stay as they are (None: no such budget up to 100 seeds, or nothing open).
+    LoRA ranks and the probe are not asked: one near its boundary would leave the depths without a budget."""
     if decision.learned.decision == NOTHING_LEARNED:
         return None
     compared = {c.arm: c for c in decision.arms}
     if decision.learned.decision != LEARNED:
         open_ones = [decision.learned]
     else:
-        open_ones = [compared[a] for a in open_arms(decision, arms, rule.tolerance) if a in compared]
+        open_ones = [compared[a] for a in open_arms(decision, arms, rule.tolerance) if a in compared and is_freeze(a)]
     needed = [seeds_to_decide(c, rule, decision.levels) for c in open_ones]
     return None if not needed or None in needed else max(needed)
 
@@ -388,6 +394,7 @@ def _not_learned(
         )
     if gain.seeds and gain.collapsed == gain.seeds:
         needed = all_collapsed_to_show(decision, rule, settle)
+        budget_left = budget_left if budget_left and needed <= budget_left else None  # else its rounds cannot
         how = (
             f"{needed} seeds, every one at the constant predictor, would; {_rounds_go_on(budget_left)}"
             if budget_left

@@ -743,8 +743,9 @@ def test_full_fine_tuning_at_the_constant_predictor_on_every_seed_is_said_in_goo
         f"far as {shows} cannot show it at 95 % family-wise (a new grid of "
     )
     # a walk-through: the fixed grid's hint, alone of them, did not say its seeds must be new ones
-    assert "seeds, every seed at the constant predictor, would, under a new name and another split_seed" in (
-        decision["sentence"]
+    assert (
+        "seeds, every seed at the constant predictor, would, under a new name and another split_seed"
+        in (decision["sentence"])
     )
 
 
@@ -760,13 +761,69 @@ def test_an_open_settle_group_with_rounds_left_says_to_go_on_not_to_start_anew(t
     settle = (SettleRule(max_seeds=10), 4, {})
     (decision,) = decisions([SweepRows.from_store(store, rule=settle)]).to_dict("records")
     assert decision["learned"] == "undecided"  # at its first look: whether full fine-tuning learns is open
-    assert "this sweep's own rounds go on, up to settle.max_seeds 10 seeds per arm (`freezesweep resume`" in (
-        decision["sentence"]
+    assert (
+        "this sweep's own rounds go on, up to settle.max_seeds 10 seeds per arm (`freezesweep resume`"
+        in (decision["sentence"])
     )
-    assert "a new settle sweep" not in decision["sentence"]
+    assert "a new settle sweep" not in decision["sentence"] and pd.isna(decision["decided_at_seeds"])
     at_budget = (SettleRule(max_seeds=3), 1, {})  # its budget spent: a new sweep is the next step
     (spent,) = decisions([SweepRows.from_store(store, rule=at_budget)]).to_dict("records")
     assert "own rounds go on" not in spent["sentence"] and "a new settle sweep" in spent["sentence"]
+
+
+def test_the_other_methods_in_every_state_of_the_answer(tmp_path):
+    """A diff review: a probe "not tested" (whether full fine-tuning learns still open) crashed the report
+    (sorted as a depth); a probe near its boundary left the depths without a budget ("these seeds cannot
+    say how many would")."""
+    store = ResultStore(str(tmp_path / "open"), "s")
+    for seed, a in enumerate([0.49, 0.535, 0.52]):
+        store.write_row(row(k=0, seed=seed, acc=a, method="freeze"))
+        store.write_row(row(k=2, seed=seed, acc=a, method="freeze"))
+        store.write_row(row(k=None, seed=seed, acc=a, method="probe", trial_id=f"p{seed}"))
+    (record,) = decisions([SweepRows.from_store(store)]).to_dict("records")
+    assert record["learned"] == "undecided" and record["not_tested"] == "k=2, probe"
+    store = ResultStore(str(tmp_path / "near"), "s")
+    full, k2, probe = [0.80, 0.85, 0.90, 0.82, 0.88], [-0.004, -0.012, 0.004, -0.010, 0.002], [0, -0.02, -0.005, -0.018]
+    for seed, a in enumerate(full):
+        store.write_row(row(k=0, seed=seed, acc=a, method="freeze"))
+        store.write_row(row(k=2, seed=seed, acc=a + k2[seed], method="freeze"))
+        acc = a + (probe + [-0.008])[seed]
+        store.write_row(row(k=None, seed=seed, acc=acc, method="probe", trial_id=f"p{seed}"))
+    (record,) = decisions([SweepRows.from_store(store)]).to_dict("records")
+    budget = record["decided_at_seeds"]  # 9 without the probe; its claims' share of α makes it 10
+    assert record["undecided"] == "k=2, probe" and budget == 10
+    assert f"{budget} seeds per arm would decide it" in record["sentence"]
+
+
+def test_a_settle_group_with_a_failed_seed_or_rounds_left_is_priced_by_no_new_sweep(tmp_path):
+    """A diff review: its resume runs the failed seed again (and looks at 5), yet the sentence asked for a
+    new settle sweep of 20 seeds; a group with rounds left still had a new sweep's budget to price."""
+    from freezesweep.results.settle import SettleRule
+
+    store = ResultStore(str(tmp_path), "s")
+    for seed, (a, b) in enumerate(zip([0.80, 0.85, 0.90, 0.82, 0.88], [0.80, 0.83, 0.915, 0.815, None])):
+        store.write_row(row(k=0, seed=seed, acc=a))
+        store.write_row(row(k=2, seed=seed, acc=b, status="ok" if b else "failed"))
+    rule = SettleRule(max_seeds=5)
+    (record,) = decisions([SweepRows.from_store(store, rule=(rule, rule.looks, {}))]).to_dict("records")
+    assert "this sweep's own rounds go on, up to settle.max_seeds 5" in record["sentence"]
+    assert record["decided_at_seeds"] is None or pd.isna(record["decided_at_seeds"])
+
+
+def test_collapses_its_own_rounds_cannot_show_ask_for_a_new_sweep(tmp_path):
+    """A diff review: "8 seeds … would; this sweep's own rounds go on, up to settle.max_seeds 6"."""
+    from freezesweep.results.settle import SettleRule
+
+    store = ResultStore(str(tmp_path), "s")
+    for seed in range(3):
+        store.write_row(row(k=0, seed=seed, acc=MAJORITY))
+    said = {}
+    for most in (6, 10):
+        rule = SettleRule(max_seeds=most)
+        (record,) = decisions([SweepRows.from_store(store, rule=(rule, rule.looks, {}))]).to_dict("records")
+        said[most] = record["sentence"]
+    assert "a new settle sweep with settle.max_seeds 8" in said[6] and "own rounds go on" not in said[6]
+    assert "own rounds go on, up to settle.max_seeds 10" in said[10]
 
 
 def test_a_depth_whose_seeds_stopped_says_why_beside_the_advice(tmp_path):
@@ -780,8 +837,9 @@ def test_a_depth_whose_seeds_stopped_says_why_beside_the_advice(tmp_path):
             store.write_row(row(k=k, seed=seed, acc=acc, cost=(1000, 1.0, 10.0)))
     (decision,) = decisions([SweepRows.from_store(store)]).to_dict("records")
     assert decision["frozen_layers"] == 2 and decision["undecided"] == "k=6"
-    assert "(undecided: k=6 (-0.050 when trained: its seeds so far put it well below −0.01 when it trains: it runs " in (
-        decision["sentence"]
+    assert (
+        "(undecided: k=6 (-0.050 when trained: its seeds so far put it well below −0.01 when it trains: it runs "
+        in (decision["sentence"])
     )
 
 

@@ -14,7 +14,6 @@ import pytest
 from scipy import stats
 
 from freezesweep.results.settle import (
-    ESTIMATE_PATHS,
     FULL,
     LAST_LOOK,
     LEARNED,
@@ -27,7 +26,6 @@ from freezesweep.results.settle import (
     decide,
     holm,
     interval,
-    last_look_level,
     look_weights,
     next_round,
     open_arms,
@@ -333,26 +331,17 @@ def test_the_last_looks_bound_is_narrower_than_the_rule_befores():
 
 
 def test_the_budget_that_would_decide_uses_the_new_last_looks_level():
-    """seeds_to_decide prices a new budget at its own last look as it would be tested: 0.55 α × 0.7 for
-    "within" (Bonferroni's), and what the earlier looks leave unspent too (last_look_level)."""
-    diffs = [-0.004, -0.014, -0.001, -0.012, -0.005]  # near the boundary: a budget well past this one's
+    """seeds_to_decide prices a new budget at its own last look (0.55 α × 0.7 for "within")."""
+    diffs = [0.002, -0.008, 0.005, -0.006, 0.001]
     result = decide(_rows({FULL: FULL_SCORES, "freeze k=2": _shifted(diffs)}, 0.4), RULE)
     [k2] = result.arms
     assert k2.decision == UNDECIDED
     budget = seeds_to_decide(k2, RULE, result.levels)
     spread, gap = np.std(diffs, ddof=1), np.mean(diffs) + 0.01
-
-    def tested_at(max_seeds: int) -> float:  # at the estimate's paths (fewer: a wider margin)
-        schedule = dataclasses.replace(RULE, max_seeds=max_seeds).schedule
-        return last_look_level(schedule, WITHIN_LEVEL, look_weights(schedule), ESTIMATE_PATHS)
-
-    def clears(n: int) -> bool:
-        return stats.t.ppf(1 - tested_at(n), n - 1) * spread / math.sqrt(n) < gap
-
-    assert clears(budget)  # decides at the budget
-    assert budget > RULE.max_seeds + 1 and not clears(budget - 1)  # and at no smaller one
-    bonferroni = WITHIN_LEVEL * dataclasses.replace(RULE, max_seeds=budget - 1).look_weights[-1]
-    assert stats.t.ppf(1 - bonferroni, budget - 2) * spread / math.sqrt(budget - 1) >= gap  # Bonferroni needed more
+    level = WITHIN_LEVEL * dataclasses.replace(RULE, max_seeds=budget).look_weights[-1]
+    assert stats.t.ppf(1 - level, budget - 1) * spread / math.sqrt(budget) < gap  # decides at the budget
+    smaller = WITHIN_LEVEL * dataclasses.replace(RULE, max_seeds=budget - 1).look_weights[-1]
+    assert budget - 1 <= RULE.max_seeds or stats.t.ppf(1 - smaller, budget - 2) * spread / math.sqrt(budget - 1) >= gap
 
 
 def test_a_gap_in_the_seeds_holds_the_look_at_the_count_before_it():
