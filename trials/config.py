@@ -301,7 +301,9 @@ class TrialResult:
     eval_time_s: float | None = None
     wall_time_s: float | None = None
     train_examples_per_s: float | None = None
-    peak_mem_mb: float | None = None  # the trial's own: the process's peak less what its worker keeps (caches)
+    # the trial's own: CUDA, the allocator's peak less what its worker keeps (caches); CPU, the peak RSS above
+    # the RSS at the trial's start (freed memory given back first), less caches and files it mapped (run.py)
+    peak_mem_mb: float | None = None
     worker_peak_mem_mb: float | None = None  # the process's peak, the worker's caches included
     device: str | None = None
     precision: str | None = None  # the resolved one (never "auto")

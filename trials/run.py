@@ -6,6 +6,7 @@ The best evaluation is the one with the highest ``select_metric``; the row recor
 from __future__ import annotations
 
 import copy
+import ctypes
 import dataclasses
 import gc
 import platform
@@ -276,6 +277,7 @@ def eval_cache_tokens(cfg: TrialConfig, worker: WorkerState | None = None) -> in
 def trial_data(cfg: TrialConfig, device: torch.device, worker: WorkerState) -> TrialData:
     """What a cell reads: its task, its train subset tokenized, its validation batches on the device
     (once, for every evaluation). Cells that share dataset, train size and split seed read the same."""
+    note_held(worker, device)  # before it fills the worker's caches
     task = cell_task(cfg, worker)
     check_select_metric(cfg, task)
     train_rows = subset_indices(task.train.labels, cfg.train_size, cfg.split_seed)
@@ -543,7 +545,7 @@ def trial_result(
         wall_time_s=wall_time_s,
         cache_fill_time_s=cache_fill_time_s,
         train_examples_per_s=state.step * cfg.batch_size / max(state.train_time_s, 1e-9),
-        peak_mem_mb=max(0.0, worker_peak_mb - data.worker.held_mib(device)),  # the trial's own
+        peak_mem_mb=own_peak_mb(device, worker_peak_mb, data.worker.held_mib(device)),  # the trial's own
         worker_peak_mem_mb=worker_peak_mb,
         device=device_name(device),
         precision=plan.name,
@@ -619,6 +621,21 @@ def _empty_cuda_cache() -> None:
         torch.cuda.empty_cache()
 
 
+@dataclass
+class _HostStart:
+    """Where the running trial's host memory started: the process's RSS at the reset (the imports,
+    the worker's caches, what the allocator kept) and its file-backed part, and what the worker's
+    caches held then, noted when the trial first reads its data (``note_held``: the reset does not
+    know the worker)."""
+
+    rss_mib: float = 0.0
+    file_mib: float = 0.0
+    held_mib: float | None = None
+
+
+_HOST_START = _HostStart()  # one per process, as VmHWM: a worker process runs one trial (or array) at a time
+
+
 def reset_peak_memory(device: torch.device) -> None:
     """Start this trial's peak from now: a reused worker's earlier trials must not count."""
     if device.type == "cuda":
@@ -627,21 +644,62 @@ def reset_peak_memory(device: torch.device) -> None:
         torch.cuda.init()
         torch.cuda.reset_peak_memory_stats(device)
         return
-    try:  # Linux >= 4.0: writing 5 to clear_refs resets the process's peak RSS (VmHWM), see proc(5)
+    gc.collect()  # an earlier trial's reference cycles freed now, not into this trial's memory
+    _trim_heap()
+    try:  # Linux >= 4.0: writing 5 to clear_refs resets the process's peak RSS (VmHWM) to its RSS, see proc(5)
         with open("/proc/self/clear_refs", "w") as f:
             f.write("5")
     except OSError:
         pass  # elsewhere the peak is the process's since it started
+    _HOST_START.rss_mib, _HOST_START.file_mib = _status_mib("VmRSS") or 0.0, _status_mib("RssFile") or 0.0
+    _HOST_START.held_mib = None
+
+
+def _trim_heap() -> None:
+    """Give the memory glibc's malloc keeps after frees back to the OS (malloc_trim(3): since glibc
+    2.8 every arena's free pages, not only the heap's top): else RSS at the reset carries an earlier
+    trial's freed memory, which this trial then reuses unseen by VmHWM. Elsewhere (no glibc) skipped."""
+    try:
+        ctypes.CDLL(None).malloc_trim(0)
+    except (OSError, AttributeError, TypeError):  # TypeError: Windows' CDLL wants a name
+        pass
+
+
+def note_held(worker: WorkerState, device: torch.device) -> None:
+    """The worker's caches as the trial found them (host memory only: CUDA counts from its allocator)."""
+    if device.type != "cuda" and _HOST_START.held_mib is None:
+        _HOST_START.held_mib = worker.held_mib(device)
 
 
 def peak_memory_mb(device: torch.device) -> float:
+    """The process's peak since the reset: CUDA's allocator's; on the host VmHWM, the peak RSS (proc(5))."""
     if device.type == "cuda":
         return torch.cuda.max_memory_allocated(device) / 2**20
+    peak = _status_mib("VmHWM")
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024 if peak is None else peak  # Linux: KiB
+
+
+def own_peak_mb(device: torch.device, worker_peak_mb: float, held_mib: float) -> float:
+    """The trial's own peak (``peak_memory_mb``'s, ``held_mib``: the worker's caches now). CUDA's:
+    the allocator's peak since the reset less the worker's tensors. The host's: VmHWM above the RSS
+    at the reset, less what the worker's caches grew by since (filled for later trials) and the
+    file-backed pages the process mapped since and keeps (proc(5): RssFile, part of the RSS: a
+    model's weights file, libraries imported; the first trial of a worker would count them)."""
+    if device.type == "cuda":
+        return max(0.0, worker_peak_mb - held_mib)
+    start = _HOST_START
+    grown = held_mib - (held_mib if start.held_mib is None else start.held_mib)
+    mapped = max(0.0, (_status_mib("RssFile") or 0.0) - start.file_mib)
+    return max(0.0, worker_peak_mb - start.rss_mib - grown - mapped)
+
+
+def _status_mib(field: str) -> float | None:
+    """A memory line of /proc/self/status in MiB (proc(5): ``VmRSS``, ``VmHWM``, ``RssFile``), None where none."""
     try:
         with open("/proc/self/status") as f:
-            return int(re.search(r"VmHWM:\s+(\d+) kB", f.read()).group(1)) / 1024  # peak RSS since the reset
+            return int(re.search(rf"{field}:\s+(\d+) kB", f.read()).group(1)) / 1024
     except (OSError, AttributeError):
-        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux: KiB → MiB (process peak)
+        return None
 
 
 def device_name(device: torch.device) -> str:
