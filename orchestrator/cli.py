@@ -388,25 +388,27 @@ def _print_work(planned) -> None:
     if settle and not planned.pending:
         console.print("work: none, the sweep is settled or at its budget", highlight=False)
         return
-    if planned.work is None and (not settle or planned.budget_work is None):
+    prices = [("work", planned.work, len(planned.pending), planned.priced_from, False)]
+    if settle:
+        prices = [
+            ("work of the next round", *prices[0][1:]),
+            (
+                "work of the whole budget left",
+                planned.budget_work,
+                len(planned.budget),
+                planned.budget_priced_from,
+                True,
+            ),
+        ]
+    if all(estimate is None for _, estimate, *_ in prices):
         console.print(
             "work: no measured trial of these kinds in the store yet (this sweep's, or another's under the same "
             "protocol) to estimate it from",
             highlight=False,
         )
         return
-    if not settle:
-        _print_price(planned, "work", planned.work, len(planned.pending), planned.priced_from)
-        return
-    _print_price(planned, "work of the next round", planned.work, len(planned.pending), planned.priced_from)
-    _print_price(
-        planned,
-        "work of the whole budget left",
-        planned.budget_work,
-        len(planned.budget),
-        planned.budget_priced_from,
-        upper_bound=True,
-    )
+    for what, estimate, cells, priced_from, upper_bound in prices:
+        _print_price(planned, what, estimate, cells, priced_from, upper_bound)
 
 
 def _print_price(

@@ -91,6 +91,7 @@ def decide(
     known — it is looked at once, when every planned cell of the group is in (a look at part of it would be
     one it was not paid for)."""
     layers = with_methods(rows)
+    layers = layers.assign(arm=_labels(layers))  # once: every helper below reads a group's arms
     retaining = largest_k_retaining(retained).set_index(GROUP)["k_retaining_90"]
     many_sweeps = rows["sweep"].nunique() > 1
     records = []
@@ -138,7 +139,7 @@ def _grid_arms(group: pd.DataFrame, arms: Mapping[str, Sequence[str]] | None) ->
     """The group's arms: a settle sweep's grid for the group's model (a depth with no row yet stops the
     sequence there; every arm counts in Holm's family, as in its rounds), else the arms in the rows (a
     fixed grid is decided once complete, when every arm of its model has rows)."""
-    own = set(_labels(group))
+    own = set(group["arm"])
     models = set(group["model"]) if "model" in group else set()
     if arms and len(models) == 1:
         own |= set(arms.get(next(iter(models)), ()))
@@ -171,7 +172,7 @@ def _running(group: pd.DataFrame, arms: set[str], seeds: set[int] | None) -> str
     """Why a fixed grid's group is not looked at yet ("": every planned cell has its outcome)."""
     if not arms or not seeds:
         return ""
-    cells = list(zip(_labels(group), group["seed"]))
+    cells = list(zip(group["arm"], group["seed"]))
     final = {cell for cell, status in zip(cells, group["status"]) if status in FINAL}
     planned = {(a, s) for a in arms for s in seeds}
     if planned <= final:
@@ -194,7 +195,7 @@ def _arms(group: pd.DataFrame) -> pd.DataFrame:
     """A group's rows as settle mode reads them: arm, seed, score, baseline_score, status."""
     return pd.DataFrame(
         {
-            "arm": _labels(group),
+            "arm": group["arm"],
             "seed": group["seed"],
             "score": group[SCORE],
             "baseline_score": group[BASELINE],
@@ -221,7 +222,7 @@ def _record(
     record = dict(
         zip(GROUP, key),
         metric=ok["select_metric"].iloc[0] if len(ok) else None,
-        baseline_seeds=sum(a == FULL for a in _labels(ok)),
+        baseline_seeds=int((ok["arm"] == FULL).sum()),
         learned=decision.learned.decision,
         confidence=rule.confidence,
         looks=looks,

@@ -18,7 +18,7 @@ import pandas as pd
 
 from freezesweep.results import figures
 from freezesweep.results.decision import decide
-from freezesweep.results.settle import LEARNED, SettleRule
+from freezesweep.results.settle import LEARNED, SettleRule, variant_label
 from freezesweep.results.query import CELL_KEYS, freeze_rows, read_rows, summary, whole_split_rows, with_methods
 from freezesweep.results.reprs import short_repr
 from freezesweep.results.stats import (
@@ -156,8 +156,8 @@ def _decide(
 def _other_arms(status: pd.DataFrame) -> set[str]:
     """A grid's arms of the other methods, from its status table: "lora r=8", "probe"."""
     methods = set(_axis(status, "method"))
-    lora = {f"lora r={int(r)}" for r in _axis(status, "lora_rank")} if "lora" in methods else set()
-    return lora | ({"probe"} if "probe" in methods else set())
+    lora = {variant_label("lora", None, r) for r in _axis(status, "lora_rank")} if "lora" in methods else set()
+    return lora | ({variant_label("probe", None, None)} if "probe" in methods else set())
 
 
 def named(table: pd.DataFrame, rows: pd.DataFrame) -> pd.DataFrame:
