@@ -40,7 +40,7 @@ def crossings(counts: tuple[int, ...], paths: int, rng: np.random.Generator) -> 
     for start in range(0, paths, CHUNK):
         draws = rng.standard_normal((min(CHUNK, paths - start), counts[-1]))
         total, squares = np.cumsum(draws, axis=1), np.cumsum(draws**2, axis=1)
-        p = [special.stdtr(n - 1, -settle._t_of_prefix(total, squares, n)) if n >= 3 else 1.0 for n in counts]
+        p = [special.stdtr(n - 1, -settle.t_of_prefix(total, squares, n)) if n >= 3 else 1.0 for n in counts]
         early = np.min([np.broadcast_to(q / w, len(draws)) for q, w in zip(p[:-1], weights)], axis=0)
         for a in LEVELS:
             hits[a][0] += int(((early <= a) | (p[-1] <= spent[a])).sum())

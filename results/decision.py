@@ -105,34 +105,27 @@ def decide(
         record = _record(key, group, decision, rule, looks, costs, grid)
         # what budget of a new settle sweep (its looks paid anew) would decide what is open: a settle
         # sweep's past its own; a fixed grid's from one seed more than a settle sweep's first look
-        new = rule if key[0] in (rules or {}) else dataclasses.replace(rule, max_seeds=rule.initial_seeds)
         settle = key[0] in (rules or {})
+        new = rule if settle else dataclasses.replace(rule, max_seeds=rule.initial_seeds)
         rounds_left = settle and _rounds_left(group, decision, rule, grid)
         # a settle group its own rounds go on with is priced by no new sweep (report's budget_prices)
         record["decided_at_seeds"] = None if rounds_left else _budget_to_decide(decision, new, grid)
         planned = _planned_arms((planned_ks or {}).get(key[0]), (planned_others or {}).get(key[0]))
         running = _running(group, planned, (planned_seeds or {}).get(key[0]))
-        if key[0] not in (rules or {}) and running:
-            records.append(
-                {
-                    **{c: record[c] for c in (*GROUP, "metric", "baseline_seeds", "confidence", "looks")},
-                    "sentence": _prefix(key, many_sweeps) + running,
-                }
-            )
+        if not settle and running:
+            records.append(_waiting(record, _prefix(key, many_sweeps) + running))
             continue
         record["k_retaining_90"] = retaining.get(key) if decision.learned.decision == LEARNED else None
         settled = not open_arms(decision, grid, rule.tolerance)
-        record["sentence"] = _prefix(key, many_sweeps) + sentence(
-            record,
-            decision,
-            rule,
-            (planned_ks or {}).get(key[0]),
-            settle=settle,
-            settled=settled,
-            rounds_left=rounds_left,
-        )
+        said = sentence(record, decision, rule, (planned_ks or {}).get(key[0]), settle, settled, rounds_left)
+        record["sentence"] = _prefix(key, many_sweeps) + said
         records.append(record)
     return pd.DataFrame(records, columns=DECISION_COLUMNS)
+
+
+def _waiting(record: dict, sentence: str) -> dict:
+    """A fixed grid's group before its one look: what it is, and why it waits (no claim yet)."""
+    return {**{c: record[c] for c in (*GROUP, "metric", "baseline_seeds", "confidence", "looks")}, "sentence": sentence}
 
 
 def _grid_arms(group: pd.DataFrame, arms: Mapping[str, Sequence[str]] | None) -> list[str]:

@@ -151,7 +151,7 @@ def contrast_plot(contrasts: pd.DataFrame, tolerance: float) -> bytes:
 COST_PANELS = [
     ("trainable_params", "trainable parameters"),
     ("train_time_s", "train time (s)"),
-    ("peak_mem_mb", "peak memory (MB)"),
+    ("peak_mem_mb", "peak memory (MiB)"),
 ]
 
 

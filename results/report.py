@@ -539,7 +539,7 @@ def shown_table(table: pd.DataFrame, headers: dict[str, str] = HEADERS) -> Shown
 
 
 def format_table(table: pd.DataFrame) -> pd.DataFrame:
-    """Cells as strings, with the precision each unit deserves and the unit itself (%, s, MB);
+    """Cells as strings, with the precision each unit deserves and the unit itself (%, s, MiB);
     missing values as '–'."""
     shown = table.copy()
     for column in shown.columns:
@@ -566,7 +566,7 @@ def _format_for(column: str, values: pd.Series):
     if column.endswith("_s"):
         return lambda v: f"{v:,.1f} s"
     if column.endswith("_mb"):
-        return lambda v: f"{v:,.0f} MB"
+        return lambda v: f"{v:,.0f} MiB"  # the store's _mb columns count 2**20 bytes (trials/run.py)
     if column.endswith("params"):
         return lambda v: f"{v:,.0f}"
     if column in _COUNTS:

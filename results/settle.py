@@ -407,13 +407,13 @@ def _simulated_looks(
         crossed_at = np.full(len(draws), np.inf)
         for n, w in zip(counts[:-1], weights):
             if n >= MIN_PAIRS:
-                crossed_at = np.minimum(crossed_at, special.stdtr(n - 1, -_t_of_prefix(total, squares, n)) / w)
+                crossed_at = np.minimum(crossed_at, special.stdtr(n - 1, -t_of_prefix(total, squares, n)) / w)
         early.append(crossed_at.astype(np.float32))
-        last.append(_t_of_prefix(total, squares, counts[-1]).astype(np.float32))
+        last.append(t_of_prefix(total, squares, counts[-1]).astype(np.float32))
     return np.concatenate(early), np.concatenate(last)
 
 
-def _t_of_prefix(total: np.ndarray, squares: np.ndarray, n: int) -> np.ndarray:
+def t_of_prefix(total: np.ndarray, squares: np.ndarray, n: int) -> np.ndarray:
     """Each path's one-sided t statistic (against 0) of its first n draws, from their running sums."""
     mean = total[:, n - 1] / n
     return mean / np.sqrt(np.maximum(squares[:, n - 1] - n * mean**2, 1e-300) / (n - 1) / n)

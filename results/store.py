@@ -134,7 +134,7 @@ SCHEMA = pa.schema(
         ("eval_time_s", pa.float64()),
         ("wall_time_s", pa.float64()),
         ("train_examples_per_s", pa.float64()),
-        ("peak_mem_mb", pa.float64()),
+        ("peak_mem_mb", pa.float64()),  # MiB (2**20 bytes), as nvidia-smi and torch count: every `_mb` column
         ("worker_peak_mem_mb", pa.float64()),  # the process's peak with the worker's caches (peak_mem_mb: without)
         ("precision", pa.string()),
         ("device", pa.string()),

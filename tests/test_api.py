@@ -199,7 +199,7 @@ def _stored_spec_and_rows(write_spec, name: str = "stored"):
     from freezesweep.orchestrator.rows import result_row
     from freezesweep.orchestrator.sweeps import resolve_here
     from freezesweep.results.store import ResultStore
-    from tests.results.test_store import _result
+    from tests.factories import trial_result
 
     spec = fs.load_spec(write_spec(name, seeds=[0, 1, 2]))
     resolved = resolve_here(spec)
@@ -207,7 +207,9 @@ def _stored_spec_and_rows(write_spec, name: str = "stored"):
     store.write_spec(resolved.spec.to_yaml())
     for cell in build_grid(resolved):
         acc = 0.8 - 0.001 * cell.frozen_layers + 0.01 * cell.seed
-        store.write_row(result_row(name, dataclasses.replace(_result(acc=acc), config=cell, trial_id=cell.trial_id)))
+        store.write_row(
+            result_row(name, dataclasses.replace(trial_result(acc=acc), config=cell, trial_id=cell.trial_id))
+        )
     return spec
 
 

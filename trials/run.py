@@ -673,7 +673,8 @@ def note_held(worker: WorkerState, device: torch.device) -> None:
 
 
 def peak_memory_mb(device: torch.device) -> float:
-    """The process's peak since the reset: CUDA's allocator's; on the host VmHWM, the peak RSS (proc(5))."""
+    """The process's peak since the reset, in MiB (the store's ``_mb`` columns count 2**20 bytes, as
+    nvidia-smi and torch do): CUDA's allocator's; on the host VmHWM, the peak RSS (proc(5))."""
     if device.type == "cuda":
         return torch.cuda.max_memory_allocated(device) / 2**20
     peak = _status_mib("VmHWM")

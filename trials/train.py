@@ -205,9 +205,10 @@ def training_step(
 def graphed(eager, model, optimizer, scheduler, params, ctx: FitContext, sizes: list[int], pad_id: int) -> StepGraphs:
     """The step as CUDA graphs over the buckets of this fit's batch sizes (trials/graphs.py): the
     captured part is the update without the schedule, its warm-up the same without AdamW."""
+    scaler = ctx.plan.grad_scaler()  # a pass-through: no fp16 trial runs as graphs (graphs.cuda_graphs_apply)
 
     def backward(batch) -> torch.Tensor:  # autocast's weight cache off: graphs (trials/graphs.py)
-        return backward_step(model, batch, optimizer, None, params, ctx.plan, ctx.feed, ctx.cfg.max_grad_norm, False)
+        return backward_step(model, batch, optimizer, scaler, params, ctx.plan, ctx.feed, ctx.cfg.max_grad_norm, False)
 
     def update(batch) -> torch.Tensor:
         loss = backward(batch)
@@ -313,15 +314,12 @@ def backward_step(
 ) -> torch.Tensor:
     """A step but its update: forward, the loss, backward (through fp16's scaler, then unscaled) and
     clipping by the global norm; the loss as a device tensor (no ``.item()``: a per-step host sync
-    would stall the GPU). ``scaler`` None: no loss scaling."""
+    would stall the GPU). ``scaler``: the plan's, a pass-through without fp16 (decided once, no branch here)."""
     with plan.autocast(cache=autocast_cache):
         logits = feed.logits(model, batch)  # type: ignore[arg-type]  # gathered by this feed: its own kind
     loss = task_loss(logits, batch.labels)
-    if scaler is None:
-        loss.backward()
-    else:
-        scaler.scale(loss).backward()
-        scaler.unscale_(optimizer)
+    scaler.scale(loss).backward()
+    scaler.unscale_(optimizer)
     torch.nn.utils.clip_grad_norm_(params, max_grad_norm, foreach=True)
     return loss.detach().double()
 
@@ -331,11 +329,12 @@ def optimizer_step(optimizer: torch.optim.Optimizer, scaler: torch.amp.GradScale
     gradient: the scale then shrinks). The HF Trainer leaves the learning-rate schedule alone then:
     accelerate's optimizer wrapper compares the scale before and after (accelerate/optimizer.py,
     ``step_was_skipped``) and transformers' Trainer steps the scheduler only when it is False. Without
-    loss scaling (bf16, fp32) no step is skipped, and no host sync is paid to ask."""
-    scale = scaler.get_scale() if scaler.is_enabled() else None
+    loss scaling (bf16, fp32) no step is skipped, and no host sync is paid to ask: a disabled scaler's
+    ``get_scale`` is the constant 1.0 (torch.amp.GradScaler), its ``step`` the optimizer's."""
+    scale = scaler.get_scale()
     scaler.step(optimizer)
     scaler.update()
-    return scale is None or scaler.get_scale() >= scale
+    return scaler.get_scale() >= scale
 
 
 def _evaluate_into(model: nn.Module, state: FitState, ctx: FitContext) -> None:

@@ -164,12 +164,12 @@ def test_cli_bad_spec_on_existing_sweep_touches_nothing(write_spec, tmp_path):
 
     from freezesweep.orchestrator.rows import result_row
     from freezesweep.results.store import ResultStore
-    from tests.results.test_store import _result
+    from tests.factories import trial_result
 
     good = load_spec(write_spec("existing"))
     store = ResultStore(good.store, good.name)
     store.write_spec(good.to_yaml())
-    store.write_row(result_row("existing", _result()))
+    store.write_row(result_row("existing", trial_result()))
     before = _tree(tmp_path / "store")
 
     bad = write_spec(
@@ -202,7 +202,7 @@ def test_auto_resolving_elsewhere_is_refused_naming_both(write_spec, tmp_path, m
     from freezesweep.orchestrator import launch as launch_module
     from freezesweep.orchestrator.rows import result_row
     from freezesweep.results.store import ResultStore
-    from tests.results.test_store import _result
+    from tests.factories import trial_result
 
     from freezesweep.orchestrator.ray_session import RaySession
 
@@ -212,7 +212,7 @@ def test_auto_resolving_elsewhere_is_refused_naming_both(write_spec, tmp_path, m
     assert first.spec.training.precision == "fp32" and all(c.precision == "fp32" for c in build_grid(first))
     store = ResultStore(first.spec.store, first.name)
     store.write_spec(first.spec.to_yaml())
-    store.write_row(result_row("moved", _result()))
+    store.write_row(result_row("moved", trial_result()))
     before = _tree(tmp_path / "store")
 
     monkeypatch.setattr(launch_module, "precision_here", lambda spec: "bf16")

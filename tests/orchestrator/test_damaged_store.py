@@ -99,13 +99,13 @@ def _stored_sweep(write_spec, tmp_path, name: str = "s", ok: int = 6):
     from freezesweep.orchestrator.rows import result_row
     from freezesweep.orchestrator.sweeps import resolve_here
     from freezesweep.results.store import ResultStore
-    from tests.results.test_store import _result
+    from tests.factories import trial_result
 
     spec = resolve_here(load_spec(write_spec(name))).spec
     store = ResultStore(spec.store, name)
     store.write_spec(spec.to_yaml())
     for seed in range(ok):
-        store.write_row(result_row(name, _result(seed)))
+        store.write_row(result_row(name, trial_result(seed)))
     return store
 
 
@@ -158,12 +158,12 @@ def test_resume_says_how_many_spooled_rows_it_wrote(tmp_path, capsys):
     from freezesweep.orchestrator.launch import flush_or_fail, spool_dir
     from freezesweep.orchestrator.rows import result_row
     from freezesweep.results.store import ResultStore, SpoolingWriter
-    from tests.results.test_store import _result
+    from tests.factories import trial_result
 
     store = ResultStore(str(tmp_path / "store"), "s")
     sink = SpoolingWriter(store, spool_dir(store))
     for seed in range(3):
-        sink._spool(result_row("s", _result(seed)))
+        sink._spool(result_row("s", trial_result(seed)))
     flush_or_fail(sink, announce=True)
     assert f"note: wrote 3 row(s) kept in the spool ({sink.spool_dir})" in capsys.readouterr().err
     assert len(store.statuses()) == 3

@@ -17,15 +17,15 @@ from freezesweep.results import store as store_module
 from freezesweep.orchestrator.rows import result_row
 from freezesweep.results.query import read_rows, sql
 from freezesweep.results.store import ResultStore, SpoolingWriter
-from tests.results.test_store import _result
+from tests.factories import trial_result
 
 
 def _filled(tmp_path, ok: int = 6, failed: int = 2) -> ResultStore:
     store = ResultStore(str(tmp_path), "s")
     for seed in range(ok):
-        store.write_row(result_row("s", _result(seed, acc=0.5 + seed / 100)))
+        store.write_row(result_row("s", trial_result(seed, acc=0.5 + seed / 100)))
     for seed in range(ok, ok + failed):
-        store.write_row(result_row("s", _result(seed, status="failed")))
+        store.write_row(result_row("s", trial_result(seed, status="failed")))
     return store
 
 
@@ -51,8 +51,8 @@ def test_final_rows_become_one_part_that_every_reader_reads_once(tmp_path):
     assert store.compact() == 0  # nothing new
     assert sql(store, "SELECT count(*) AS n FROM results")["n"][0] == 8
     # a failed cell's retry still replaces its row; the compacted ok rows stay as they were
-    store.write_row(result_row("s", _result(6)))
-    assert store.statuses()[_result(6).trial_id] == "ok" and len(store.read()) == 8
+    store.write_row(result_row("s", trial_result(6)))
+    assert store.statuses()[trial_result(6).trial_id] == "ok" and len(store.read()) == 8
 
 
 @pytest.mark.parametrize("step", ["staged", "half absorbed", "absorbed", "committed"])
@@ -86,7 +86,7 @@ def test_a_store_from_before_compaction_is_read_and_compacted(tmp_path):
     assert len(read_rows(store)) == 40
     assert store.compact() == 40
     assert [p.name[:5] for p in (tmp_path / "s" / "results").iterdir()] == ["part-"]
-    assert len(read_rows(store)) == 40 and ok_ids(store) == {_result(s).trial_id for s in range(40)}
+    assert len(read_rows(store)) == 40 and ok_ids(store) == {trial_result(s).trial_id for s in range(40)}
 
 
 def test_many_single_row_files_are_read_and_compacted_a_batch_at_a_time(tmp_path, monkeypatch):
@@ -107,7 +107,7 @@ def test_many_single_row_files_are_read_and_compacted_a_batch_at_a_time(tmp_path
     assert pq.ParquetFile(part).metadata.num_row_groups == 3  # every batch holds final rows
     pd.testing.assert_frame_equal(store.read().sort_values("trial_id", ignore_index=True), before)
     for seed in range(12, 17):  # more rows than a batch beside the part: the part's dataset and these rows
-        store.write_row(result_row("s", _result(seed, acc=0.6)))
+        store.write_row(result_row("s", trial_result(seed, acc=0.6)))
     assert sql(store, query).to_dict("records") == [{"n": 17, "total": pytest.approx(total + 3)}]
 
 
@@ -115,10 +115,10 @@ def test_a_damaged_row_file_costs_only_its_row(tmp_path):
     """A file cut in half: readers skip it and name it, the other rows stay readable and unchanged;
     quarantine moves it aside (kept) so its cell runs again."""
     store = _filled(tmp_path, ok=4, failed=0)
-    damaged = tmp_path / "s" / "results" / f"{_result(2).trial_id}.parquet"
+    damaged = tmp_path / "s" / "results" / f"{trial_result(2).trial_id}.parquet"
     damaged.write_bytes(damaged.read_bytes()[: damaged.stat().st_size // 2])
     good = {p.name: p.read_bytes() for p in (tmp_path / "s" / "results").iterdir() if p != damaged}
-    assert set(store.statuses()) == {_result(s).trial_id for s in (0, 1, 3)}
+    assert set(store.statuses()) == {trial_result(s).trial_id for s in (0, 1, 3)}
     assert store.unreadable == [str(damaged)]
     assert sql(store, "SELECT count(*) AS n FROM results")["n"][0] == 3 and store.unreadable == [str(damaged)]
     assert store.quarantine_unreadable() == [str(damaged)]
@@ -135,18 +135,18 @@ def test_the_spool_is_the_stores_however_it_is_spelled_and_never_overwrites_a_ne
     monkeypatch.chdir(tmp_path)
     absolute, relative = ResultStore(str(tmp_path / "full"), "s"), ResultStore("full/", "s")
     assert spool_dir(absolute) == spool_dir(relative)
-    old = result_row("s", _result(0, status="failed"))
+    old = result_row("s", trial_result(0, status="failed"))
     SpoolingWriter(absolute, spool_dir(absolute))._spool(old)  # the store was full when this row came
-    newer = result_row("s", _result(0, status="failed"))  # a later attempt of the same cell, stored
+    newer = result_row("s", trial_result(0, status="failed"))  # a later attempt of the same cell, stored
     relative.write_row(newer)
-    stored = (tmp_path / "full" / "s" / "results" / f"{_result(0).trial_id}.parquet").read_bytes()
+    stored = (tmp_path / "full" / "s" / "results" / f"{trial_result(0).trial_id}.parquet").read_bytes()
     sink = SpoolingWriter(relative, spool_dir(relative))
     assert sink.flush() == 0  # flushed: the spool is empty
-    assert (tmp_path / "full" / "s" / "results" / f"{_result(0).trial_id}.parquet").read_bytes() == stored
-    final = result_row("s", _result(1))
+    assert (tmp_path / "full" / "s" / "results" / f"{trial_result(0).trial_id}.parquet").read_bytes() == stored
+    final = result_row("s", trial_result(1))
     relative.write_row(final)
-    SpoolingWriter(absolute, spool_dir(absolute))._spool(result_row("s", _result(1, status="failed")))
-    assert sink.flush() == 0 and relative.statuses()[_result(1).trial_id] == "ok"  # ok rows stay final
+    SpoolingWriter(absolute, spool_dir(absolute))._spool(result_row("s", trial_result(1, status="failed")))
+    assert sink.flush() == 0 and relative.statuses()[trial_result(1).trial_id] == "ok"  # ok rows stay final
 
 
 # --- issue 29: damaged files and interrupted compactions meet compact as they meet resume ---------------
@@ -157,7 +157,7 @@ def _rows(store: ResultStore) -> pd.DataFrame:
 def test_compact_sets_an_unreadable_row_file_aside_and_compacts_the_rest(tmp_path):
     """Before: ArrowInvalid (magic bytes not found), a traceback, and nothing compacted."""
     store = _filled(tmp_path, ok=4, failed=0)
-    damaged = tmp_path / "s" / "results" / f"{_result(2).trial_id}.parquet"
+    damaged = tmp_path / "s" / "results" / f"{trial_result(2).trial_id}.parquet"
     damaged.write_bytes(damaged.read_bytes()[: damaged.stat().st_size // 2])
     good = _rows(store)
     assert store.compact() == 3  # the damaged file stays where it is, named by every reader
@@ -250,21 +250,24 @@ def test_rows_written_together_are_one_file_every_reader_reads_once(tmp_path):
     """An array's members over at one step: their final rows as one file (one footer, one staged write,
     one rename: the driver's cost per row divided), any other row alone; compact absorbs the file."""
     store = ResultStore(str(tmp_path), "s")
-    rows = [result_row("s", _result(seed, acc=0.6 + seed / 100)) for seed in range(3)]
-    rows += [result_row("s", _result(3, status="failed"))]
+    rows = [result_row("s", trial_result(seed, acc=0.6 + seed / 100)) for seed in range(3)]
+    rows += [result_row("s", trial_result(3, status="failed"))]
     written = store.write_rows(rows)
     folder = tmp_path / "s" / "results"
     together = [p for p in folder.iterdir() if p.name.startswith(store_module.ROWS_PREFIX)]
     assert len(written) == 2 and len(together) == 1 and pq.ParquetFile(together[0]).metadata.num_rows == 3
     assert _each_reader(folder) == dict.fromkeys(["pandas", "duckdb", "polars", "pyarrow"], 4)
-    assert store.statuses() == {**{_result(s).trial_id: "ok" for s in range(3)}, _result(3).trial_id: "failed"}
-    assert store.stored(_result(1).trial_id)[0] == "ok"  # the spool's check finds a row written together
+    assert store.statuses() == {
+        **{trial_result(s).trial_id: "ok" for s in range(3)},
+        trial_result(3).trial_id: "failed",
+    }
+    assert store.stored(trial_result(1).trial_id)[0] == "ok"  # the spool's check finds a row written together
     assert store.compactable(store.statuses()) == 1
     before = _rows(store)
     assert sql(store, "SELECT count(*) AS n FROM results")["n"][0] == 4
     assert store.compact() == 1  # the file of three rows, absorbed whole
-    assert store.stored(_result(1).trial_id)[0] == "ok"  # and in a part (this raised TypeError before)
-    assert sorted(p.name[:5] for p in folder.iterdir()) == sorted(["part-", f"{_result(3).trial_id}"[:5]])
+    assert store.stored(trial_result(1).trial_id)[0] == "ok"  # and in a part (this raised TypeError before)
+    assert sorted(p.name[:5] for p in folder.iterdir()) == sorted(["part-", f"{trial_result(3).trial_id}"[:5]])
     pd.testing.assert_frame_equal(_rows(store), before)
 
 
@@ -273,21 +276,21 @@ def test_a_final_row_written_together_replaces_the_cells_failed_row(tmp_path):
     failed file goes as the array's file comes, so no reader sees the cell twice; a write killed before
     its rename leaves the failed row where it was (nothing lost)."""
     store = ResultStore(str(tmp_path), "s")
-    store.write_row(result_row("s", _result(0, status="failed")))
-    rows = [result_row("s", _result(seed)) for seed in (0, 1)]
+    store.write_row(result_row("s", trial_result(0, status="failed")))
+    rows = [result_row("s", trial_result(seed)) for seed in (0, 1)]
 
     def killed(fs, staged):
         raise SystemExit("killed before the rename")
 
     store.on_staged = killed
     with pytest.raises(SystemExit):
-        store.write_rows(rows, replacing={_result(0).trial_id})
+        store.write_rows(rows, replacing={trial_result(0).trial_id})
     store.on_staged = None
-    assert store.statuses() == {_result(0).trial_id: "failed"}
+    assert store.statuses() == {trial_result(0).trial_id: "failed"}
     store.clean_staging()
-    store.write_rows(rows, replacing={_result(0).trial_id})
+    store.write_rows(rows, replacing={trial_result(0).trial_id})
     assert _each_reader(tmp_path / "s" / "results") == dict.fromkeys(["pandas", "duckdb", "polars", "pyarrow"], 2)
-    assert store.statuses() == {_result(0).trial_id: "ok", _result(1).trial_id: "ok"}
+    assert store.statuses() == {trial_result(0).trial_id: "ok", trial_result(1).trial_id: "ok"}
 
 
 def test_rows_written_together_while_the_store_is_away_wait_in_the_spool(tmp_path, monkeypatch):
@@ -295,7 +298,7 @@ def test_rows_written_together_while_the_store_is_away_wait_in_the_spool(tmp_pat
     took before it went away is not written twice."""
     store = ResultStore(str(tmp_path / "store"), "s")
     sink = SpoolingWriter(store, str(tmp_path / "spool"))
-    rows = [result_row("s", _result(seed)) for seed in range(3)]
+    rows = [result_row("s", trial_result(seed)) for seed in range(3)]
 
     def away(*args, **kwargs):
         raise OSError("store unreachable")
@@ -305,7 +308,7 @@ def test_rows_written_together_while_the_store_is_away_wait_in_the_spool(tmp_pat
     assert len(sink.pending()) == 3
     monkeypatch.undo()
     store.write_row(rows[0])  # the first reached the store before it went away
-    assert sink.flush() == 0 and sorted(store.statuses()) == sorted(_result(s).trial_id for s in range(3))
+    assert sink.flush() == 0 and sorted(store.statuses()) == sorted(trial_result(s).trial_id for s in range(3))
     assert _each_reader(tmp_path / "store" / "s" / "results")["duckdb"] == 3
 
 
@@ -317,10 +320,10 @@ def test_a_spooled_row_reaches_a_store_that_has_a_part(tmp_path):
     store = _filled(tmp_path, ok=3, failed=0)
     assert store.compact() == 3
     sink = SpoolingWriter(store, spool_dir(store))
-    sink._spool(result_row("s", _result(7)))  # the store was away when this row came
-    sink._spool(result_row("s", _result(1, status="failed")))  # an older attempt of a compacted cell
+    sink._spool(result_row("s", trial_result(7)))  # the store was away when this row came
+    sink._spool(result_row("s", trial_result(1, status="failed")))  # an older attempt of a compacted cell
     assert sink.flush() == 0
-    assert store.statuses() == {_result(s).trial_id: "ok" for s in (0, 1, 2, 7)}
+    assert store.statuses() == {trial_result(s).trial_id: "ok" for s in (0, 1, 2, 7)}
 
 
 class _Undeletable:
@@ -341,15 +344,17 @@ def test_a_failed_row_that_cannot_be_deleted_stops_the_write_and_the_rows_wait(t
     """The rows' file would hold a cell whose failed single-row file stays: a plain reader would see the
     cell twice for good. The write stops instead; its rows wait in the spool and replace the file later."""
     store = ResultStore(str(tmp_path / "store"), "s")
-    store.write_row(result_row("s", _result(0, status="failed")))
+    store.write_row(result_row("s", trial_result(0, status="failed")))
     sink = SpoolingWriter(store, str(tmp_path / "spool"))
     real, store.fs = store.fs, _Undeletable(store.fs)
-    assert not sink.write_rows([result_row("s", _result(seed)) for seed in (0, 1)], replacing={_result(0).trial_id})
+    assert not sink.write_rows(
+        [result_row("s", trial_result(seed)) for seed in (0, 1)], replacing={trial_result(0).trial_id}
+    )
     store.fs = real
-    assert store.statuses() == {_result(0).trial_id: "failed"} and len(sink.pending()) == 2
+    assert store.statuses() == {trial_result(0).trial_id: "failed"} and len(sink.pending()) == 2
     assert sink.flush() == 0
     assert _each_reader(tmp_path / "store" / "s" / "results")["duckdb"] == 2
-    assert store.statuses() == {_result(0).trial_id: "ok", _result(1).trial_id: "ok"}
+    assert store.statuses() == {trial_result(0).trial_id: "ok", trial_result(1).trial_id: "ok"}
 
 
 def test_a_driver_that_lost_the_sweep_while_staging_deletes_and_moves_nothing(tmp_path):
@@ -357,7 +362,7 @@ def test_a_driver_that_lost_the_sweep_while_staging_deletes_and_moves_nothing(tm
     from freezesweep.results.lock import LockLost
 
     store = ResultStore(str(tmp_path), "s")
-    store.write_row(result_row("s", _result(0, status="failed")))
+    store.write_row(result_row("s", trial_result(0, status="failed")))
     checks = []
 
     def guard():
@@ -367,6 +372,6 @@ def test_a_driver_that_lost_the_sweep_while_staging_deletes_and_moves_nothing(tm
 
     store.guard = guard
     with pytest.raises(LockLost):
-        store.write_rows([result_row("s", _result(seed)) for seed in (0, 1)], replacing={_result(0).trial_id})
-    assert len(checks) == 2 and store.statuses() == {_result(0).trial_id: "failed"}
+        store.write_rows([result_row("s", trial_result(seed)) for seed in (0, 1)], replacing={trial_result(0).trial_id})
+    assert len(checks) == 2 and store.statuses() == {trial_result(0).trial_id: "failed"}
     assert not list((tmp_path / "s" / "_staging").iterdir())

@@ -11,7 +11,7 @@ from tests.conftest import ok_ids
 from freezesweep.orchestrator.rows import result_row
 from freezesweep.results.lock import LockLost, SweepLock, SweepLocked
 from freezesweep.results.store import ResultStore
-from tests.results.test_store import _result
+from tests.factories import trial_result
 
 
 def _lock(tmp_path, **kw) -> SweepLock:
@@ -96,11 +96,11 @@ def test_lost_lock_stops_store_writes(tmp_path):
     store = ResultStore(str(tmp_path), "sweep")
     lock = SweepLock(store.fs, store.sweep_dir, stale_after_s=60).acquire()
     store.guard = lock.check
-    store.write_row(result_row("sweep", _result(0)))
+    store.write_row(result_row("sweep", trial_result(0)))
     _plant(tmp_path)  # another driver took the sweep over
     with pytest.raises(LockLost, match="now held by pid 1 on host elsewhere"):
-        store.write_row(result_row("sweep", _result(1)))
-    assert ok_ids(store) == {_result(0).trial_id}
+        store.write_row(result_row("sweep", trial_result(1)))
+    assert ok_ids(store) == {trial_result(0).trial_id}
     lock.release()
     assert json.loads((tmp_path / "sweep" / "_lock.json").read_text())["token"] == "t"
 

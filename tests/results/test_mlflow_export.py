@@ -3,6 +3,7 @@ MLflow's own client: ``freezesweep export mlflow`` (idempotent; new and replaced
 launch's live tracking through the row writer, whose failures never fail the sweep."""
 
 import pytest
+from urllib.parse import urlsplit
 from dataclasses import replace
 
 from typer.testing import CliRunner
@@ -14,7 +15,7 @@ from freezesweep.orchestrator.progress import SweepProgress
 from freezesweep.orchestrator.rows import result_row
 from freezesweep.orchestrator.sweeps import resolve_here
 from freezesweep.results.store import ResultStore, SpoolingWriter
-from tests.results.test_store import _result as _plain_result
+from tests.factories import trial_result
 
 mlflow = pytest.importorskip("mlflow")
 from mlflow.tracking import MlflowClient  # noqa: E402
@@ -26,7 +27,7 @@ with_server = pytest.mark.slow
 
 def _result(seed=0, status="ok", acc=0.8):
     """A row as a trial on a host returns it: the precision it ran in, the node it ran on."""
-    return replace(_plain_result(seed, status, acc), precision="fp32", placement={"hostname": "node-a"})
+    return replace(trial_result(seed, status, acc), precision="fp32", placement={"hostname": "node-a"})
 
 
 def _runs(uri: str, experiment: str) -> dict[str, object]:
@@ -182,9 +183,32 @@ def _closed_port_uri() -> str:
     return f"http://127.0.0.1:{free_port()}"
 
 
-@pytest.mark.timeout(120)  # before: MLflow's 7 retries with backoff, 251 s for an unknown host
+@pytest.fixture
+def attempts(monkeypatch) -> list[tuple[str, int]]:
+    """Every connection urllib3 opens (requests', so MLflow's HTTP client's too), as (host, port): a tracker that
+    does not answer is asked once, not retried with MLflow's backoff (before: 7 retries, 251 s for an unknown
+    host; a 57 s sweep took 321 s) — counted, not timed."""
+    import urllib3.util.connection as connection
+
+    opened: list[tuple[str, int]] = []
+    real = connection.create_connection
+
+    def counted(address, *args, **kwargs):
+        opened.append(address)
+        return real(address, *args, **kwargs)
+
+    monkeypatch.setattr(connection, "create_connection", counted)
+    return opened
+
+
+def _asked(attempts: list[tuple[str, int]], uri: str) -> int:
+    return sum(host == urlsplit(uri).hostname for host, _ in attempts)
+
+
 @pytest.mark.parametrize("uri", ["closed-port", "http://no-such-host.invalid:5000"])
-def test_export_to_a_tracker_that_does_not_answer_is_one_line_before_any_row(uri, write_spec, tmp_path, monkeypatch):
+def test_export_to_a_tracker_that_does_not_answer_is_one_line_before_any_row(
+    uri, write_spec, tmp_path, monkeypatch, attempts
+):
     monkeypatch.delenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", raising=False)  # MLflow's own retries, as a user has them
     uri = _closed_port_uri() if uri == "closed-port" else uri
     _stored_sweep(write_spec, tmp_path, "away")
@@ -195,6 +219,7 @@ def test_export_to_a_tracker_that_does_not_answer_is_one_line_before_any_row(uri
         f"freezesweep export mlflow: error: nothing exported: no MLflow tracking server answers at {uri}" in done.stderr
     )
     assert "View run" not in done.stdout
+    assert _asked(attempts, uri) == 1  # one probe, no retries
 
 
 @pytest.mark.parametrize("how", ["--tracking-uri", "file URI", "MLFLOW_TRACKING_URI"])
@@ -224,8 +249,9 @@ def test_a_spec_tracking_into_a_folder_is_refused_with_what_to_use(write_spec, m
         load_spec(write_spec("tracked", tracking={"mlflow": "./mlruns"}))
 
 
-@pytest.mark.timeout(120)
-def test_live_tracking_with_nothing_listening_says_so_once_before_the_first_row(tmp_path, capsys, monkeypatch):
+def test_live_tracking_with_nothing_listening_says_so_once_before_the_first_row(
+    tmp_path, capsys, monkeypatch, attempts
+):
     """Before: a 57 s sweep took 321 s, stuck at "0/4 done" while MLflow retried each row's first call."""
     from freezesweep.orchestrator.launch import row_tracker
 
@@ -245,6 +271,7 @@ def test_live_tracking_with_nothing_listening_says_so_once_before_the_first_row(
         writer.write(_result(seed), 1)
     assert writer.ok == 4 and len(ResultStore(str(tmp_path / "store"), "dead").statuses()) == 4
     assert "MLflow" not in capsys.readouterr().err  # said once, before the rows; not again
+    assert _asked(attempts, uri) == 1  # one probe; no row asked the tracker again
 
 
 @with_server

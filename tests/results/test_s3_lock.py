@@ -11,7 +11,7 @@ from tests.conftest import ok_ids
 from freezesweep.orchestrator.rows import result_row
 from freezesweep.results.lock import LOCK_FILE, LockLost, SweepLock, SweepLocked
 from freezesweep.results.store import ResultStore, SpoolingWriter
-from tests.results.test_store import _result
+from tests.factories import trial_result
 
 
 def plant_holder(store: ResultStore, **holder) -> None:
@@ -74,11 +74,11 @@ def test_lost_lock_stops_store_writes(s3, tmp_path):
     lock.acquire()
     store.guard = lock.check
     sink = SpoolingWriter(store, str(tmp_path / "spool"))
-    assert sink.write_row(result_row("lost", _result(0)))
+    assert sink.write_row(result_row("lost", trial_result(0)))
     plant_holder(store)  # taken over: this driver was presumed dead
     with pytest.raises(LockLost, match="now held by pid 4242 on host elsewhere.*stopped writing"):
-        sink.write_row(result_row("lost", _result(1)))
-    assert ok_ids(store) == {_result(0).trial_id}  # nothing written after the takeover
+        sink.write_row(result_row("lost", trial_result(1)))
+    assert ok_ids(store) == {trial_result(0).trial_id}  # nothing written after the takeover
     assert len(sink.pending()) == 1  # the finished result kept locally, not dropped
     lock.release()
     assert read_holder(store)["token"] == "theirs"  # the loser leaves the new holder's lock alone

@@ -10,25 +10,25 @@ from freezesweep.orchestrator.rows import result_row
 from freezesweep.results.lock import LockLost
 from freezesweep.results.store import ResultStore, SpoolingWriter
 from tests.results.test_s3_lock import plant_holder, read_holder
-from tests.results.test_store import _result
+from tests.factories import trial_result
 
 
 def test_rows_round_trip_on_s3(s3):
     store = ResultStore(s3.uri, "remote")
     store.check_writable()
     for seed in range(3):
-        store.write_row(result_row("remote", _result(seed)))
-    assert len(store.read()) == 3 and ok_ids(store) == {_result(s).trial_id for s in range(3)}
-    assert _result(0).trial_id in ok_ids(store)
+        store.write_row(result_row("remote", trial_result(seed)))
+    assert len(store.read()) == 3 and ok_ids(store) == {trial_result(s).trial_id for s in range(3)}
+    assert trial_result(0).trial_id in ok_ids(store)
 
 
 def test_unreachable_store_spools_and_flushes(s3, tmp_path):
     store = ResultStore(s3.uri, "flaky")
     sink = SpoolingWriter(store, str(tmp_path / "spool"))
-    assert sink.write_row(result_row("flaky", _result(0)))
+    assert sink.write_row(result_row("flaky", trial_result(0)))
     s3.stop()
-    assert not sink.write_row(result_row("flaky", _result(1)))  # kept locally, not raised, not dropped
-    assert not sink.write_row(result_row("flaky", _result(2)))
+    assert not sink.write_row(result_row("flaky", trial_result(1)))  # kept locally, not raised, not dropped
+    assert not sink.write_row(result_row("flaky", trial_result(2)))
     assert len(sink.pending()) == 2 and isinstance(sink.last_error, OSError)
     s3.start()  # moto keeps its state in-process: the same bucket is back
     assert sink.flush() == 0

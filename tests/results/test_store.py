@@ -7,6 +7,7 @@ import pyarrow.dataset as ds
 import pytest
 
 from tests.conftest import ok_ids
+from tests.factories import trial_result
 
 from freezesweep.orchestrator.launch import RowWriter
 from freezesweep.orchestrator.progress import SweepProgress
@@ -16,36 +17,11 @@ from freezesweep.results.store import PLACEMENT_COLUMNS, SCHEMA, ResultStore, Sp
 from freezesweep.trials.config import EvalPoint, TrialConfig, TrialResult
 
 
-def _result(seed=0, status="ok", acc=0.8, train_size=50):
-    cfg = TrialConfig(
-        dataset="glue/sst2", model="m", train_size=train_size, frozen_layers=2, seed=seed, precision="fp32"
-    )
-    if status != "ok":
-        return TrialResult(trial_id=cfg.trial_id, config=cfg, status=status, error="boom")
-    curve = (EvalPoint(2, 0.5, acc - 0.1, 0.6), EvalPoint(4, 1.0, acc, 0.5))
-    return TrialResult(
-        trial_id=cfg.trial_id,
-        config=cfg,
-        status="ok",
-        best_val_accuracy=acc,
-        best_step=4,
-        best_epoch=1.0,
-        final_val_accuracy=acc,
-        majority_baseline=0.509,
-        eval_curve=curve,
-        train_loss_curve=((2, 0.7), (4, 0.6)),
-        trainable_params=10,
-        total_params=20,
-        train_indices=(1, 5, 9),
-        versions={"torch": "x"},
-    )
-
-
 def test_rows_are_readable_without_freezesweep(tmp_path):
     store = ResultStore(str(tmp_path), "s")
     for seed in range(3):
-        store.write_row(result_row("s", _result(seed, acc=0.7 + seed / 10)))
-    store.write_row(result_row("s", _result(9, status="failed")))
+        store.write_row(result_row("s", trial_result(seed, acc=0.7 + seed / 10)))
+    store.write_row(result_row("s", trial_result(9, status="failed")))
     folder = f"{tmp_path}/s/results"
     assert len(pd.read_parquet(folder)) == 4
     assert duckdb.sql(f"SELECT count(*) FROM read_parquet('{folder}/*.parquet') WHERE status='ok'").fetchall() == [(3,)]
@@ -64,10 +40,10 @@ def test_one_file_per_cell_and_ok_rows_are_final(tmp_path):
         ok_ids(store),
         SweepProgress(total=1, done=0, enabled=False),
     )
-    writer.write(_result(status="failed"), 2)
-    assert store.statuses() == {_result().trial_id: "failed"}
-    writer.write(_result(acc=0.81), 1)  # the retry's ok replaces the failed row
-    writer.write(_result(acc=0.99), 1)  # a second ok for the same cell is ignored
+    writer.write(trial_result(status="failed"), 2)
+    assert store.statuses() == {trial_result().trial_id: "failed"}
+    writer.write(trial_result(acc=0.81), 1)  # the retry's ok replaces the failed row
+    writer.write(trial_result(acc=0.99), 1)  # a second ok for the same cell is ignored
     df = store.read()
     assert len(df) == 1 and df.loc[0, "status"] == "ok" and df.loc[0, "best_val_accuracy"] == 0.81
     assert (writer.ok, writer.failed) == (1, 0)  # outcomes are per cell: its last row's
@@ -80,12 +56,12 @@ def test_an_oom_row_is_replaced_by_its_retry_and_the_cell_counted_once(tmp_path)
     progress = SweepProgress(total=2, done=0, enabled=False)
     writer = RowWriter("s", SpoolingWriter(store, str(tmp_path / "spool")), set(), progress)
     packed = {"node_id": "n1", "hostname": "h", "gpus_per_trial": 0.25, "trials_per_gpu": 4}
-    writer.write(replace(_result(status="oom"), placement=packed), 1)
-    writer.write(_result(seed=1, status="failed"), 3)
-    assert store.statuses() == {_result().trial_id: "oom", _result(seed=1).trial_id: "failed"}
+    writer.write(replace(trial_result(status="oom"), placement=packed), 1)
+    writer.write(trial_result(seed=1, status="failed"), 3)
+    assert store.statuses() == {trial_result().trial_id: "oom", trial_result(seed=1).trial_id: "failed"}
     assert (writer.ok, writer.failed, progress.failed) == (0, 2, 2)
     roomier = {**packed, "gpus_per_trial": 0.5, "trials_per_gpu": 2}
-    writer.write(replace(_result(acc=0.8), placement=roomier), 1, oom_retry=True)
+    writer.write(replace(trial_result(acc=0.8), placement=roomier), 1, oom_retry=True)
     rows = store.read().set_index("seed")
     assert len(rows) == 2 and len(list((tmp_path / "s" / "results").glob("*.parquet"))) == 2
     retried = rows.loc[0]
@@ -108,7 +84,7 @@ def test_old_stores_read_and_append_with_the_placement_columns(tmp_path):
     from freezesweep.results.query import NODE_COLUMNS, placement
 
     store = ResultStore(str(tmp_path), "s")
-    old = {**result_row("s", _result(seed=0)), "node": "old-host"}
+    old = {**result_row("s", trial_result(seed=0)), "node": "old-host"}
     old_names = [n for n in SCHEMA.names if n not in PLACEMENT_COLUMNS and n != "oom_retry"]
     (tmp_path / "s" / "results").mkdir(parents=True)
     old_schema = pa.schema([SCHEMA.field(n) for n in old_names])
@@ -127,7 +103,7 @@ def test_old_stores_read_and_append_with_the_placement_columns(tmp_path):
             "gpus_per_trial": 0.5,
             "trials_per_gpu": 2,
         }
-        store.write_row(result_row("s", replace(_result(seed=seed), placement=where), attempts=1))
+        store.write_row(result_row("s", replace(trial_result(seed=seed), placement=where), attempts=1))
     rows = store.read().set_index("seed")
     assert rows.loc[0, "node"] == "old-host" and pd.isna(rows.loc[0, "node_id"]) and pd.isna(rows.loc[0, "gpu_index"])
     assert (rows.loc[1, "node_id"], rows.loc[1, "node"], rows.loc[1, "gpu_index"]) == ("n1", "gpu-host", 1)
@@ -139,7 +115,7 @@ def test_old_stores_read_and_append_with_the_placement_columns(tmp_path):
 
 def test_leftover_partial_writes_are_invisible_and_cleaned(tmp_path):
     store = ResultStore(str(tmp_path), "s")
-    store.write_row(result_row("s", _result()))
+    store.write_row(result_row("s", trial_result()))
     staging = tmp_path / "s" / "_staging"
     staging.mkdir(exist_ok=True)
     (staging / "crashed.tmp").write_bytes(b"PAR1 half a file")
@@ -148,8 +124,8 @@ def test_leftover_partial_writes_are_invisible_and_cleaned(tmp_path):
 
 
 def test_summary_over_seeds():
-    rows = [result_row("s", _result(seed, acc=acc)) for seed, acc in enumerate([0.7, 0.8, 0.9])]
-    rows.append(result_row("s", _result(7, status="failed")))
+    rows = [result_row("s", trial_result(seed, acc=acc)) for seed, acc in enumerate([0.7, 0.8, 0.9])]
+    rows.append(result_row("s", trial_result(7, status="failed")))
     table = summary(pd.DataFrame(rows))
     assert len(table) == 1
     got = table.iloc[0]
@@ -162,9 +138,9 @@ def test_any_fsspec_filesystem_works(tmp_path):
     """A URI pyarrow does not know (here fsspec's in-memory filesystem) goes through fsspec."""
     store = ResultStore("memory://fsspec-store", "s")
     store.check_writable()
-    store.write_row(result_row("s", _result(0)))
-    store.write_row(result_row("s", _result(1)))
-    assert len(store.read()) == 2 and _result(1).trial_id in ok_ids(store)
+    store.write_row(result_row("s", trial_result(0)))
+    store.write_row(result_row("s", trial_result(1)))
+    assert len(store.read()) == 2 and trial_result(1).trial_id in ok_ids(store)
     store.write_spec("name: s\n")
     assert store.read_spec() == "name: s\n"
     assert store.clean_staging() == 0
@@ -269,7 +245,7 @@ def test_rows_stored_before_select_metric_read_as_accuracy(tmp_path):
     from freezesweep.results.query import read_rows, sql
 
     store = ResultStore(str(tmp_path), "old")
-    row = result_row("old", _result(acc=0.75))
+    row = result_row("old", trial_result(acc=0.75))
     old_names = [
         n
         for n in SCHEMA.names
@@ -299,7 +275,7 @@ def test_rows_stored_before_select_metric_read_as_accuracy(tmp_path):
 def _sampled(seed: int, max_eval_examples: int | None, n_eval: int, baseline_rows: str | None) -> TrialResult:
     """The demo's k = 6 seed 2 as stored before baselines were measured on the evaluated rows: 130 of 256
     sampled rows (the sample's majority share) against the whole split's 0.5092, collapsed false."""
-    result = _result(seed=seed, acc=130 / 256)
+    result = trial_result(seed=seed, acc=130 / 256)
     cfg = replace(result.config, max_eval_examples=max_eval_examples)
     return replace(
         result,
@@ -335,7 +311,7 @@ def test_rows_stored_before_baseline_rows_name_a_whole_split_baseline(tmp_path):
             pa.Table.from_pylist([row], schema=old_schema), tmp_path / "old" / "results" / f"{row['trial_id']}.parquet"
         )
     store.write_row(result_row("old", _sampled(3, 256, 256, "evaluated")))  # written since: its own word
-    store.write_row(result_row("old", _result(seed=4, status="failed")))  # no baseline, nothing to say
+    store.write_row(result_row("old", trial_result(seed=4, status="failed")))  # no baseline, nothing to say
     expected = {0: "whole split", 1: "evaluated", 2: "evaluated", 3: "evaluated", 4: "null"}
     got = sql(store, "SELECT seed, coalesce(baseline_rows, 'null') FROM results ORDER BY seed").values.tolist()
     assert got == [[seed, rows] for seed, rows in expected.items()]
@@ -351,8 +327,8 @@ def test_diverged_cells_are_counted_apart_and_left_out(tmp_path):
 
     store = ResultStore(str(tmp_path), "s")
     for seed in range(3):
-        store.write_row(result_row("s", _result(seed, acc=0.7)))
-    cfg = _result(3).config
+        store.write_row(result_row("s", trial_result(seed, acc=0.7)))
+    cfg = trial_result(3).config
     store.write_row(
         result_row(
             "s",
@@ -361,7 +337,7 @@ def test_diverged_cells_are_counted_apart_and_left_out(tmp_path):
             ),
         )
     )
-    cells = [_result(s).config for s in range(4)]
+    cells = [trial_result(s).config for s in range(4)]
     status = status_table(cells, store.statuses()).set_index(["axis", "value"])
     assert status.loc[("total", ""), ["done", "diverged", "failed", "missing"]].tolist() == [3, 1, 0, 0]
     assert summary(store.read())["n"].tolist() == [3]  # the diverged row is no result
@@ -419,12 +395,12 @@ def test_a_full_disk_leaves_no_temporary_file(tmp_path):
     from freezesweep.results.store import StoreError, check_store_root
 
     store = ResultStore(str(tmp_path), "s")
-    store.write_row(result_row("s", _result(0)))
+    store.write_row(result_row("s", trial_result(0)))
     store.fs = _full_disk()
     with pytest.raises(StoreError, match="No space left on device"):
         check_store_root(store.fs, str(tmp_path), str(tmp_path))
     with pytest.raises(OSError, match="No space left"):
-        store.write_row(result_row("s", _result(1)))
+        store.write_row(result_row("s", trial_result(1)))
     lock = SweepLock(ResultStore(str(tmp_path), "s").fs, store.sweep_dir).acquire()
     try:
         lock.fs = store.fs
@@ -434,7 +410,7 @@ def test_a_full_disk_leaves_no_temporary_file(tmp_path):
         lock.fs = ResultStore(str(tmp_path), "s").fs
         lock.release()
     assert _leftovers(tmp_path) == []
-    assert set(ResultStore(str(tmp_path), "s").statuses()) == {_result(0).trial_id}  # the good row as it was
+    assert set(ResultStore(str(tmp_path), "s").statuses()) == {trial_result(0).trial_id}  # the good row as it was
 
 
 def test_an_arrays_rows_reach_the_store_as_one_file_and_replace_failed_rows(tmp_path):
@@ -442,20 +418,23 @@ def test_an_arrays_rows_reach_the_store_as_one_file_and_replace_failed_rows(tmp_
     final rows as one file, each counted and tracked; a cell whose stored row failed (read at the
     launch's start, or written by this launch) has that row replaced, never shown twice."""
     store = ResultStore(str(tmp_path), "s")
-    store.write_row(result_row("s", _result(0, status="failed")))  # an earlier launch's
+    store.write_row(result_row("s", trial_result(0, status="failed")))  # an earlier launch's
     tracked: list[dict] = []
     progress = SweepProgress(total=4, done=0, enabled=False)
     sink = SpoolingWriter(store, str(tmp_path / "spool"))
-    writer = RowWriter("s", sink, set(), progress, on_row=tracked.append, unfinished={_result(0).trial_id})
-    writer.write(_result(1, status="oom"), 1)  # this launch's
-    writer.write_all([_result(seed) for seed in range(3)] + [_result(3, status="failed")], 1)
+    writer = RowWriter("s", sink, set(), progress, on_row=tracked.append, unfinished={trial_result(0).trial_id})
+    writer.write(trial_result(1, status="oom"), 1)  # this launch's
+    writer.write_all([trial_result(seed) for seed in range(3)] + [trial_result(3, status="failed")], 1)
     files = sorted(p.name for p in (tmp_path / "s" / "results").iterdir())
     assert len(files) == 2 and files[1].startswith("rows-")  # seed 3's failed row alone, the three ok together
     assert duckdb.sql(f"SELECT count(*) FROM read_parquet('{tmp_path}/s/results/*.parquet')").fetchall() == [(4,)]
-    assert store.statuses() == {**{_result(s).trial_id: "ok" for s in range(3)}, _result(3).trial_id: "failed"}
+    assert store.statuses() == {
+        **{trial_result(s).trial_id: "ok" for s in range(3)},
+        trial_result(3).trial_id: "failed",
+    }
     assert (writer.ok, writer.failed, progress.failed) == (3, 1, 1)
     assert [row["seed"] for row in tracked] == [1, 0, 1, 2, 3]
-    writer.write_all([_result(seed, acc=0.99) for seed in range(3)], 2)  # final rows are never written again
+    writer.write_all([trial_result(seed, acc=0.99) for seed in range(3)], 2)  # final rows are never written again
     assert len(list((tmp_path / "s" / "results").iterdir())) == 2 and len(tracked) == 5
 
 
