@@ -1,5 +1,6 @@
 """The product's import graph, read with ``ast`` (module- and function-level imports alike): no
-cycle between its modules, no private name imported from another module, and Ray imported by at
+cycle between its modules, no private name imported from another module or reached
+through another package's module (tests: of the package they mirror only), and Ray imported by at
 most three modules (the Ray session, the Tune adapter and one more at the most)."""
 
 from __future__ import annotations
@@ -101,6 +102,57 @@ def test_no_private_name_is_imported_across_modules():
         if imported.startswith("_")
     ]
     assert private == []
+
+
+def _private_attributes(path: Path) -> list[tuple[str, str]]:
+    """(module, ``alias._x``) where the alias names a product module this file imported (``from
+    freezesweep.results import settle`` then ``settle._t``): a private name reached through its module."""
+    tree = ast.parse(path.read_text(), str(path))
+    modules: dict[str, str] = {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            modules |= {a.asname or a.name: f"{node.module}.{a.name}" for a in node.names}
+        elif isinstance(node, ast.Import):
+            modules |= {a.asname: a.name for a in node.names if a.asname}
+    modules |= {alias: "freezesweep" for alias, name in modules.items() if name == "freezesweep"}
+    return [
+        (modules[node.value.id], f"{node.value.id}.{node.attr}")
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name)
+        if modules.get(node.value.id) in MODULES and node.attr.startswith("_") and not node.attr.startswith("__")
+    ]
+
+
+@pytest.mark.parametrize("folder", ["product", "tests", "benchmarks"])
+def test_no_private_name_is_reached_through_another_package(folder):
+    """The product, its tests and benchmarks use another package's public names only (a benchmark read
+    ``settle._t_of_prefix``): only the tests of a package (tests/<package>/, mirroring it; tests/test_api.py
+    the top-level API) reach into its modules, and product modules into their own package's."""
+    paths = MODULES.items() if folder == "product" else ((str(p), p) for p in (REPO / folder).rglob("*.py"))
+    private = [
+        f"{name}: {use}"
+        for name, path in paths
+        for module, use in _private_attributes(path)
+        if _package(module) not in _home(name, path, folder)
+    ]
+    assert private == []
+
+
+def _home(name: str, path: Path, folder: str) -> set[str]:
+    """The packages a file may reach into: a product module's own; a test's mirrored package (tests/trials/…:
+    trials; tests/test_api.py: the top-level freezesweep and its API, orchestrator/api.py); none for a benchmark."""
+    if folder == "product":
+        return {_package(name)}
+    parts = path.relative_to(REPO / folder).parts
+    if folder == "tests" and len(parts) > 1:
+        return {parts[0]}
+    return {"freezesweep", "orchestrator"} if parts == ("test_api.py",) else set()
+
+
+def test_the_private_reach_finder_finds_one(tmp_path):
+    source = tmp_path / "m.py"
+    source.write_text("from freezesweep.results import settle\nsettle._x(1)\nsettle.public(2)\n")
+    assert _private_attributes(source) == [("freezesweep.results.settle", "settle._x")]
 
 
 def test_ray_is_imported_by_at_most_three_modules():
