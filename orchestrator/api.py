@@ -139,7 +139,8 @@ def _spec_path(source: object, store: str | None) -> str | Path:
             [
                 f"no such file, but sweep {text!r} is in store {root!r}: resume continues it with the spec it was "
                 f"launched with ({root.rstrip('/')}/{text}/spec.yaml): fs.resume({text!r}{where}), or "
-                f"`freezesweep resume {text}{store_flag(root)}`"
+                f"`freezesweep resume {text}{store_flag(root)}`; that spec file is a spec like any other (plan it by "
+                "its path)"
             ],
             text,
         )
@@ -239,7 +240,7 @@ def plan(spec: SpecSource, *, store: str | None = None) -> Plan:
     """The dry run: the grid's cells, which are done and which a launch would run now, and the work
     left as the store's measured trial times price it. Nothing starts, nothing is written."""
     from freezesweep.orchestrator.plan import build_grid, round_count, settle_budget_left
-    from freezesweep.orchestrator.sweeps import next_cells, resolve_for_plan
+    from freezesweep.orchestrator.sweeps import next_cells, resolve_for_plan, same_cells_note
     from freezesweep.results.query import status_table
     from freezesweep.results.store import final_of
     from freezesweep.trials.placement import mps_here
@@ -251,7 +252,7 @@ def plan(spec: SpecSource, *, store: str | None = None) -> Plan:
     spec = validate(raw, name, devices=False)
     sweep, precision_note = resolve_for_plan(spec)
     # what a launch will say of the data (rows empty_texts: drop leaves out; float labels read as scores)
-    notes = tuple(n for n in (*data_notes(spec), precision_note, few_seeds_note(spec)) if n)
+    notes = tuple(n for n in (*data_notes(spec), precision_note, few_seeds_note(spec), same_cells_note(spec)) if n)
     cells = build_grid(sweep)
     result_store = ResultStore(spec.store, spec.name)
     rows = result_store.read_table(columns=["trial_id", "status", "wall_time_s"]).to_pandas()
@@ -455,7 +456,7 @@ def resume(
 ) -> LaunchSummary:
     """Run the cells of a stored sweep that have no ok row (failed ones are run again), with the spec
     it was launched with; otherwise as :func:`launch`."""
-    from freezesweep.orchestrator.sweeps import launch_folder_for, load_sweep_spec, spec_differences
+    from freezesweep.orchestrator.sweeps import launch_folder_for, load_sweep_spec, lost_folder_note, spec_differences
 
     given, (name, root) = name, located(name, store)
     stored = load_sweep_spec(name, root)  # validated in full by the launch, with the cluster
@@ -469,6 +470,9 @@ def resume(
     raw = {**stored.model_dump(mode="json"), "store": root, "address": address or stored.address}
     folder = launch_folder_for(stored, ResultStore(root, name))
     if folder is None:
+        lost = lost_folder_note(stored, ResultStore(root, name))
+        if lost:
+            print(f"note: {lost}", file=sys.stderr)
         return _launch(raw, f"{root}/{name}/spec.yaml", progress)
     print(f"note: the spec's relative paths are read from the folder it was launched in, {folder}", file=sys.stderr)
     raw["store"] = root = _root_identity(root)  # the same store from there
@@ -514,12 +518,13 @@ def _launch(raw: Any, source: str, progress: bool) -> LaunchSummary:
     from freezesweep.orchestrator.checks import data_notes, few_seeds_note, validate
     from freezesweep.orchestrator.launch import launch as run_launch
     from freezesweep.orchestrator.ray_session import RaySession
+    from freezesweep.orchestrator.sweeps import same_cells_note
 
     quiet_libraries()
     session = RaySession(raw.get("address") if isinstance(raw, dict) else None)
     with sigterm_as_interrupt() as terminated:
         spec = validate(raw, source, cluster=session)
-        for note in [*data_notes(spec), few_seeds_note(spec)]:
+        for note in [*data_notes(spec), few_seeds_note(spec), same_cells_note(spec)]:
             if note:
                 print(f"note: {note}", file=sys.stderr)
         if spec.cell_count() > LARGE_GRID:
@@ -821,7 +826,7 @@ def _sweep_rows(name: SweepRef, store: str | None, tolerance: float | None) -> S
     """A stored sweep's rows for the report: its status against its grid, and a settle sweep's rule with
     every look it may take and the comparisons its confidence is shared by (the report's intervals are
     the ones the rounds were decided by)."""
-    from freezesweep.orchestrator.plan import sweep_arms
+    from freezesweep.orchestrator.plan import in_grid, sweep_arms
     from freezesweep.results.query import status_table
     from freezesweep.results.report import SweepRows
 
@@ -856,7 +861,8 @@ def _sweep_rows(name: SweepRef, store: str | None, tolerance: float | None) -> S
         result_store, status_table(_counted_cells(sweep, result_store), result_store.statuses()), family, asked
     )
     _warn_unreadable(result_store)
-    return rows
+    kept = in_grid(sweep, rows.rows)  # a row of a value removed from an axis is no part of the answer now
+    return dataclasses.replace(rows, rows=rows.rows[kept], left_out=int((~kept).sum()))
 
 
 @dataclass(frozen=True)

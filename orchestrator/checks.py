@@ -37,7 +37,16 @@ from freezesweep.orchestrator.spec import (
 from freezesweep.results.settle import MIN_PAIRS
 from freezesweep.results.stats import TOLERANCE
 from freezesweep.results.store import ResultStore, StoreError, check_store_root, open_filesystem
-from freezesweep.trials.data import GLUE_PAIR_TASKS, DatasetError, describe_task, official_metric, shape_words
+from freezesweep.trials.data import (
+    GLUE_PAIR_TASKS,
+    SHOWN_VALUES,
+    DatasetError,
+    cut_value,
+    describe_task,
+    label_column_hint,
+    official_metric,
+    shape_words,
+)
 from freezesweep.trials.metrics import METRICS
 
 
@@ -97,7 +106,9 @@ def semantic_problems(
     data_dir = raw.get("data_dir") if isinstance(raw.get("data_dir"), str) else None
     problems = _model_problems(raw)
     problems += structure_problems(raw)
-    problems += _data_problems(_strs(raw.get("datasets")), _ints(raw.get("train_sizes")), data_dir, training)
+    problems += _data_problems(
+        _strs(raw.get("datasets")), _ints(raw.get("train_sizes")), data_dir, training, _probe_seed(raw)
+    )
     problems += _precision_problems(training.get("precision"), resources.get("gpus_per_trial"))
     if devices:
         problems += _device_problems(resources.get("gpus_per_trial"), resources.get("cpus_per_trial"), cluster)
@@ -377,9 +388,20 @@ def _missing_column_key(problem: str, training: dict) -> str | None:
     return named[0] if named else None
 
 
-def _data_problems(datasets: list[str], sizes: list[int], data_dir: str | None, training: dict) -> list[str]:
+def _probe_seed(raw: dict[str, Any]) -> int | None:
+    """The split seed the probe's train subsets are drawn with, where methods has probe (else None: no
+    probe cell, nothing of its subsets to check); an invalid one is pydantic's to report (0 here)."""
+    if "probe" not in _strs(raw.get("methods")):
+        return None
+    return as_int(raw.get("split_seed", 0)) or 0
+
+
+def _data_problems(
+    datasets: list[str], sizes: list[int], data_dir: str | None, training: dict, probe_seed: int | None = None
+) -> list[str]:
     """Per dataset: it loads, its columns exist, its labels fit its shape, the train sizes fit its
-    train split, and the metric chosen to select the best evaluation is one the task has."""
+    train split (and, with ``probe_seed``, the probe's train subsets drawn with it), and the metric chosen
+    to select the best evaluation is one the task has."""
     problems: list[str] = []
     marks: list[tuple[int, str]] = []  # a column one value named for every dataset, missing here
     loaded: list[str] = []  # datasets read without a problem
@@ -397,9 +419,12 @@ def _data_problems(datasets: list[str], sizes: list[int], data_dir: str | None, 
             # the files were read: the train sizes are said beside their problems, not after their fix
             problems += _size_problems(dataset, sizes, (getattr(exc, "rows", None) or {}).get("train"))
             problems += _class_problems(dataset, sizes, getattr(exc, "classes", None) or {})
+            problems += _probe_problems(dataset, sizes, getattr(exc, "classes", None) or {}, None, probe_seed)
             continue
         problems += _size_problems(dataset, sizes, shape.rows["train"])
         problems += _class_problems(dataset, sizes, shape.class_counts)
+        regression_rows = shape.rows["train"] if shape.regression else None
+        problems += _probe_problems(dataset, sizes, shape.class_counts, regression_rows, probe_seed)
         loaded.append(dataset)
         metric = chosen.get(dataset) if isinstance(chosen, dict) else chosen
         if metric in METRICS and metric not in shape.metrics:  # an unknown name is pydantic's to report
@@ -432,11 +457,70 @@ def _class_problems(dataset: str, sizes: list[int], class_counts: Mapping[str, i
         return []
     missing = classes - too_small[0]
     rarest = sorted(class_counts.items(), key=lambda item: item[1])[:missing]
-    left_out = ", ".join(f"{name!r} ({count} train rows)" for name, count in rarest)
+    # a text column read as the labels has hundreds: the rarest few say what is left out
+    left_out = ", ".join(f"{cut_value(name)!r} ({count} train rows)" for name, count in rarest[:SHOWN_VALUES])
+    more = f", … and {missing - SHOWN_VALUES} more" if missing > SHOWN_VALUES else ""
     return [
         f"train_sizes: {too_small} below the {classes} classes of {dataset} (a stratified subset holds "
-        f"at least one row of each class; n = {too_small[0]} leaves out {missing} class(es), the rarest: {left_out})"
+        f"at least one row of each class; n = {too_small[0]} leaves out {missing} class(es), the rarest: "
+        f"{left_out}{more})" + label_column_hint(dict(class_counts))
     ]
+
+
+def _probe_problems(
+    dataset: str, sizes: list[int], class_counts: Mapping[str, int], regression_rows: int | None, seed: int | None
+) -> list[str]:
+    """Train sizes whose subset gives the probe too few rows to cross-validate (``seed``: the split seed, None
+    without probe cells; ``regression_rows``: the train rows of a regression task, else None): it failed
+    inside each probe trial, was retried, and failed again on every resume. The subset is drawn as the trial
+    draws it (trials/subsets.py), and a class named as the files spell it."""
+    if seed is None:
+        return []
+    from freezesweep.trials.probe import MIN_FOLD_ROWS  # torch, with it: only for a sweep with probe cells
+
+    what = "a larger train size, or methods without probe for this dataset"
+    if regression_rows is not None:
+        small = sorted(s for s in sizes if 0 < s < MIN_FOLD_ROWS)
+        needs = f"the probe needs at least {MIN_FOLD_ROWS} train rows of {dataset} to cross-validate ({what})"
+        return [f"train_sizes: {small}: {needs}"] if small else []
+    short = _probe_short_classes(sizes, class_counts, seed, MIN_FOLD_ROWS)
+    if not short:
+        return []
+    scarce = [repr(cut_value(name)) for name, count in class_counts.items() if count < MIN_FOLD_ROWS]
+    if scarce:  # no train size helps such a class
+        what = (
+            f"{', '.join(scarce[:SHOWN_VALUES])} {'has' if len(scarce) == 1 else 'have'} fewer than {MIN_FOLD_ROWS} "
+            "train rows in all: more rows of it, or methods without probe for this dataset"
+        )
+    said = "; ".join(
+        f"n = {size}: " + ", ".join(f"{cut_value(name)!r} ({count} row{'s' * (count != 1)})" for name, count in held)
+        for size, held in short.items()
+    )
+    return [
+        f"train_sizes: {list(short)} give the probe fewer than {MIN_FOLD_ROWS} rows of a class in the stratified "
+        f"train subset of {dataset} ({said}), where its cross-validation needs {MIN_FOLD_ROWS} of each ({what})"
+    ]
+
+
+def _probe_short_classes(
+    sizes: list[int], class_counts: Mapping[str, int], seed: int, fewest: int
+) -> dict[int, list[tuple[str, int]]]:
+    """Per train size, the classes its stratified subset holds fewer than ``fewest`` rows of (the first few),
+    and how many. A subset's classes depend on the class counts alone (the split seed only orders rows within
+    a class), so labels rebuilt from the counts, in class-id order, draw the trial's subset's classes."""
+    import numpy as np
+
+    from freezesweep.trials.subsets import subset_indices
+
+    names = list(class_counts)
+    labels = np.repeat(np.arange(len(names)), list(class_counts.values()))
+    short = {}
+    for size in sorted(s for s in sizes if len(names) <= s <= len(labels)):  # others are refused already
+        held = np.bincount(labels[subset_indices(labels, size, seed)], minlength=len(names))
+        few = [(names[c], int(held[c])) for c in np.flatnonzero(held < fewest)]
+        if few:
+            short[size] = few[:SHOWN_VALUES]
+    return short
 
 
 def _data_options(training: dict, dataset: str) -> dict[str, str]:
@@ -641,7 +725,8 @@ def _seed_changes(stored: dict[str, Any], raw: dict[str, Any], store: ResultStor
     seeds added would look at its rows a second time (results/settle.py), at a level paid once, and so
     would a depth added below its deepest (the sequence of depths tested again with one more claim in
     it; a deeper one only extends it); a settle sweep's depth too, once its group has had a look. So
-    would a fixed grid turned into a settle sweep (its rows a first look) or the other way round. Before
+    would a fixed grid turned into a settle sweep (its rows a first look) or the other way round, and seeds
+    or depths removed (a decision on fewer seeds, a sequence without a depth). Before
     any group may have been decided, both are new cells as before."""
     old_settle, new_settle = isinstance(stored.get("settle"), dict), isinstance(raw.get("settle"), dict)
     new_seeds = raw.get("seeds") if isinstance(raw.get("seeds"), list) else []
@@ -653,7 +738,12 @@ def _seed_changes(stored: dict[str, Any], raw: dict[str, Any], store: ResultStor
     # second test as a fixed grid's (each report's first false claim another depth: 7.7 % false "within"
     # over four reports against 2.25 %, a review's simulation, 1,500 groups).
     added = [] if old_settle else sorted({s for s in new_seeds if isinstance(s, int)} - set(stored.get("seeds") or []))
-    if not (added or _new_depths(stored, raw)):
+    # values removed are the same second look: a decision on fewer seeds, or a sequence without a depth
+    # (a walk-through removed k = 2 and the report's sequence went on past it)
+    fixed = not old_settle and isinstance(raw.get("seeds"), list)
+    dropped = sorted(set(stored.get("seeds") or []) - set(new_seeds)) if fixed else []
+    removed = _new_depths(raw, stored) if isinstance(raw.get("frozen_layers"), list) else []
+    if not (added or dropped or removed or _new_depths(stored, raw)):
         return []
     decided = decided_group(stored, store)
     if decided is None:
@@ -672,6 +762,15 @@ def _seed_changes(stored: dict[str, Any], raw: dict[str, Any], store: ResultStor
         f"{looked} (full fine-tuning and a frozen depth in {at_every}): its sequence of depths would be tested "
         f"again with more claims in it (a depth deeper than {deepest} extends it and may be added; else {FRESH_SWEEP})"
     ] * bool(inserted)
+    problems += [
+        f"seeds: {_listed(dropped)} removed, but {where} and its group {group} may have been decided: a decision on "
+        f"fewer seeds would be a second look its confidence was not shared by (keep them; else {FRESH_SWEEP})"
+    ] * bool(dropped)
+    problems += [
+        f"frozen_layers: {removed} removed, but {where} and its group {group} {looked}: its sequence of depths would "
+        f"be tested again without {'them' if len(removed) > 1 else 'it'}, a second test its confidence was not shared "
+        f"by (keep {'them' if len(removed) > 1 else 'it'}; else {FRESH_SWEEP})"
+    ] * bool(removed)
     return problems
 
 
@@ -683,8 +782,10 @@ def _tolerance_change(stored: dict[str, Any], raw: dict[str, Any], store: Result
     if isinstance(stored.get("settle"), dict) or isinstance(raw.get("settle"), dict):
         return []  # a settle sweep's question: _settle_changes
     before, after = stored.get("tolerance"), raw.get("tolerance")
-    if not all(v is None or (isinstance(v, (int, float)) and not isinstance(v, bool)) for v in (before, after)):
-        return []  # pydantic reports the value
+    if not all(
+        v is None or (isinstance(v, (int, float)) and not isinstance(v, bool) and 0 < v < 1) for v in (before, after)
+    ):
+        return []  # pydantic reports the value (SweepSpec.tolerance: gt=0, lt=1), once
     asked, now = (TOLERANCE if v is None else float(v) for v in (before, after))
     if asked == now or not _has_rows(store):
         return []

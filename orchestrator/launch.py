@@ -61,7 +61,7 @@ from freezesweep.orchestrator.ray_session import (
 from freezesweep.orchestrator.ray_storage import RayStorage, checkpoint_storage_warning, ray_storage, store_cache_dir
 from freezesweep.orchestrator.rows import result_row
 from freezesweep.orchestrator.spec import DEFAULT_STORE, SpecError, SweepSpec
-from freezesweep.orchestrator.sweeps import OLD_SWEEP, next_cells, precision_here, resolve_spec
+from freezesweep.orchestrator.sweeps import OLD_SWEEP, grid_statuses, next_cells, precision_here, resolve_spec
 from freezesweep.orchestrator.tune_adapter import recover_from_ray, run_tune
 from freezesweep.results.lock import SweepLock
 from freezesweep.results.store import FINAL_STATUSES, ResultStore, SpoolingWriter, final_of
@@ -310,7 +310,7 @@ def run(
     with SweepLock(store.fs, store.sweep_dir, uri=store.uri) as lock:
         store.guard = lock.check  # a driver that lost the sweep to another stops writing, saying why
         sink = open_for_writing(store, sweep)
-        statuses = store.statuses()
+        statuses = grid_statuses(sweep, store)  # rows of axis values since removed are no cells of it
         done = final_of(statuses)
         unfinished = set(statuses) - done  # cells whose stored row a final one replaces
         total, settle = grid_size(sweep), sweep.spec.settle is not None

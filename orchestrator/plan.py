@@ -97,6 +97,35 @@ def grid_size(sweep: ResolvedSweep) -> int:
     return per_model * len(spec.datasets) * len(spec.train_sizes) * len(spec.seed_values())
 
 
+# a cell's axes as its row stores them: the protocol is the sweep's one (orchestrator/checks.py refuses a change)
+GRID_AXES = ["model", "dataset", "train_size", "method", "frozen_layers", "lora_rank", "seed"]
+
+
+def in_grid(sweep: ResolvedSweep, rows: pd.DataFrame) -> pd.Series:
+    """Which of the sweep's stored rows (``GRID_AXES`` columns) are cells of its grid now: a row of an axis
+    value since removed, or spelled otherwise (``./m`` for ``m``), is not (a launch never counts it as done,
+    a report leaves it out). Linear in the rows, without building the grid."""
+    spec = sweep.spec
+    arms = {
+        (model, variant_label(v["method"], v["frozen_layers"], v.get("lora_rank")))
+        for model in spec.models()
+        for v in method_variants(spec, model, sweep.model_layers)
+    }
+    method = rows["method"].fillna("freeze") if "method" in rows else pd.Series("freeze", index=rows.index)
+    depth, rank = (rows[c] if c in rows else pd.Series(None, index=rows.index) for c in ("frozen_layers", "lora_rank"))
+    labels = [variant_label(m, k, r) for m, k, r in zip(method, depth, rank)]
+    any_model = {label for _, label in arms}  # a row without its model (a test's, an old writer's): any model's
+    arm_in = [
+        (m, label) in arms if isinstance(m, str) else label in any_model for m, label in zip(rows["model"], labels)
+    ]
+    return (
+        rows["dataset"].isin(spec.datasets)
+        & rows["train_size"].isin(spec.train_sizes)
+        & rows["seed"].isin(spec.seed_values())
+        & pd.Series(arm_in, index=rows.index, dtype=bool)
+    )
+
+
 def method_variants(spec: SweepSpec, model: str, model_layers: Mapping[str, int]) -> list[dict[str, Any]]:
     """Each method's cells of one (model, dataset, train size), as TrialConfig fields."""
     variants = []

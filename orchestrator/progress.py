@@ -108,7 +108,7 @@ class SweepProgress:
         the report's "done" is the ok cells), this launch's rate and the ETA at that rate."""
         elapsed_s = self.clock() - self.started
         rate_per_s = self.finished / elapsed_s if elapsed_s > 0 else 0.0
-        left = self.total - self.done
+        left = max(0, self.total - self.done)  # never "-1 day": done counts cells of the grid (sweeps.grid_statuses)
         eta = _duration(left / rate_per_s) if rate_per_s > 0 else ("0:00:00" if left == 0 else "unknown")
         eta = f"at most {eta}" if self.at_most and eta != "unknown" else eta
         return (

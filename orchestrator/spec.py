@@ -27,6 +27,11 @@ from freezesweep.trials.config import LATER_FIELDS, MACHINE_FIELDS, TrialConfig
 from freezesweep.trials.metrics import METRICS
 
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]*$"  # a sweep name is a folder name in the store
+# Each pattern a field must match, in words: pydantic's message quotes the regex (a walk-through's
+# "String should match pattern '^[A-Za-z0-9][A-Za-z0-9_.-]*$'")
+_PATTERN_WORDS = {
+    NAME_PATTERN: "a folder name in the store: letters, digits, '_', '.' and '-' only, starting with a letter or digit",
+}
 DEFAULT_STORE = "./sweeps"  # the store root when neither the spec nor the command names one
 
 
@@ -203,7 +208,10 @@ class ProbeSpec(_Strict):
         "model), else mean",
     )
     folds: Int = Field(
-        5, ge=2, description="cross-validation folds on the train subset (fewer when a class has fewer rows)"
+        5,
+        ge=2,
+        description="cross-validation folds on the train subset (fewer when a class has fewer rows; "
+        "at least 2 rows of each class, checked before any trial)",
     )
     cs: Int = Field(10, ge=1, description="regularisation strengths tried, log-spaced over 1e-4 … 1e4")
 
@@ -706,6 +714,8 @@ def _format_pydantic(err: Mapping[str, Any]) -> str:
         near = difflib.get_close_matches(str(err["loc"][-1]), _known_keys(err["loc"][:-1]), n=1, cutoff=0.75)
         return f"{where}: unknown key" + (f" (did you mean {near[0]}?)" if near else "")
     message = err["msg"].removeprefix("Value error, ")
+    if err["type"] == "string_pattern_mismatch":
+        message = _PATTERN_WORDS.get(err.get("ctx", {}).get("pattern"), message)
     if not err["loc"]:  # a check across keys: its message names them (the input is the whole spec)
         return message
     if err["type"] == "missing":  # its input is the mapping the key is missing from: nothing to show

@@ -11,14 +11,23 @@ One verb per meaning: ``resolve_*`` decides what depends on the machine, the dat
 from __future__ import annotations
 
 import difflib
+import math
 import os
 from collections.abc import Iterable, Sequence
 from typing import Any
 
 from freezesweep.orchestrator.checks import flatten, model_depths, select_metrics, stored_spec_mapping, validate
-from freezesweep.orchestrator.plan import ResolvedSweep, build_grid, gpu_request, iter_grid, settle_round
+from freezesweep.orchestrator.plan import (
+    GRID_AXES,
+    ResolvedSweep,
+    build_grid,
+    gpu_request,
+    in_grid,
+    iter_grid,
+    settle_round,
+)
 from freezesweep.orchestrator.spec import SpecError, SweepNotFound, SweepSpec
-from freezesweep.results.store import ResultStore
+from freezesweep.results.store import ResultStore, StoreError
 from freezesweep.trials.config import TrialConfig
 from freezesweep.trials.data import resolve_data_dir
 
@@ -156,6 +165,25 @@ def launch_folder_for(spec: SweepSpec, store: ResultStore, here: str | None = No
     return folder if found_there > found_here else None
 
 
+def lost_folder_note(spec: SweepSpec, store: ResultStore, here: str | None = None) -> str | None:
+    """Where the folder a sweep was launched in is gone and some of its spec's relative paths are not found
+    here either: said before a resume reads them (a walk-through moved its project folder, and the model
+    folder not found was read as a hub id: "We couldn't connect to 'https://huggingface.co'")."""
+    folder = store.read_launch_folder()
+    if folder is None or os.path.isdir(folder):
+        return None
+    here = os.path.abspath(here or os.getcwd())
+    relative = [p for p in _local_paths(spec) if not os.path.isabs(os.path.expanduser(p))]
+    missing = [p for p in relative if not os.path.exists(os.path.join(here, os.path.expanduser(p)))]
+    if not missing:
+        return None
+    return (
+        f"sweep {spec.name!r} was launched in {folder}, which is gone; its spec's relative paths are read from here "
+        f"({here}), where {', '.join(missing)} {'are' if len(missing) > 1 else 'is'} not found (a model not found "
+        "is read as a hub id): run the resume from the folder that holds them"
+    )
+
+
 def _local_paths(spec: SweepSpec) -> list[str]:
     """Every path the spec may name (a model: a hub id or a folder, either way)."""
     datasets = [p.strip() for d in spec.datasets if not d.startswith("glue/") for p in d.split(",")]
@@ -205,6 +233,14 @@ def load_sweep(name: str, store_uri: str) -> ResolvedSweep:
 SETTLE_COLUMNS = ["trial_id", "status", "best_val_score", "baseline_score", "collapsed"]
 
 
+def grid_statuses(sweep: ResolvedSweep, store: ResultStore) -> dict[str, str]:
+    """trial_id → status of the stored rows that are cells of the grid now (``plan.in_grid``): a row of a
+    value removed from an axis is no cell done (a walk-through's launch said "22/18 ended")."""
+    rows = store.read_table(columns=["trial_id", "status", *GRID_AXES]).to_pandas()
+    kept = rows[in_grid(sweep, rows)]
+    return dict(zip(kept["trial_id"], kept["status"]))
+
+
 def next_cells(sweep: ResolvedSweep, store: ResultStore, done: set[str]) -> Iterable[TrialConfig]:
     """The cells a launch runs now (and the dry run shows): a fixed grid's every cell without a final
     row (in ``done``), as the grid yields them (a launch's first round starts before the last cell is
@@ -213,3 +249,52 @@ def next_cells(sweep: ResolvedSweep, store: ResultStore, done: set[str]) -> Iter
         return (c for c in iter_grid(sweep) if c.trial_id not in done)
     rows = store.read_table(columns=SETTLE_COLUMNS).to_pandas()
     return [c for c in settle_round(sweep, build_grid(sweep), rows) if c.trial_id not in done]
+
+
+def same_cells_note(spec: SweepSpec) -> str | None:
+    """Another sweep of the store that holds this grid's cells: the same protocol, split_seed included, and
+    a model, dataset, train size, arm and seed in common, so the same subsets, batch orders and run seeds
+    (a cell's id is its content). They run again to the same numbers, and a question asked of them anew
+    looks at rows already seen (a walk-through followed a report's "a new settle sweep" under the default
+    split_seed, and its first round reran the other sweep's cells bit for bit). From the stored specs
+    alone: no grid is built, no row read."""
+    store = ResultStore(spec.store, spec.name)
+    shared = {}
+    for name in store.other_sweeps() or []:
+        try:
+            other = SweepSpec.model_validate(stored_spec_mapping(ResultStore(spec.store, name)) or {})
+        except (ValueError, StoreError, OSError):  # an old, damaged or foreign sweep: nothing to compare
+            continue
+        cells = _cells_in_common(spec, other) if name != spec.name else 0
+        if cells:
+            shared[name] = cells
+    if not shared:
+        return None
+    named = ", ".join(f"{cells:,} with sweep {name!r}" for name, cells in shared.items())
+    return (
+        f"this grid shares cells with other sweeps of the store ({named}): the same protocol and split_seed, "
+        "so the same subsets, batch orders and run seeds; they run again to the same numbers, and a question "
+        "asked of them anew looks at rows already seen (another split_seed gives fresh ones)"
+    )
+
+
+def _cells_in_common(spec: SweepSpec, other: SweepSpec) -> int:
+    """How many cells both grids hold: the product of their axes' common values where their protocols
+    are one (``auto`` precision taken as the other's, as a launch resolves it; select metrics aside)."""
+    if spec.training.precision == "auto":
+        spec = spec.model_copy(
+            update={"training": spec.training.model_copy(update={"precision": other.training.precision})}
+        )
+    if flatten(spec.protocol({})) != flatten(other.protocol({})):
+        return 0
+    arms = len(_arms_of(spec) & _arms_of(other))
+    axes = [(s.models(), s.datasets, s.train_sizes, s.seed_values()) for s in (spec, other)]
+    common = [len(set(mine) & set(theirs)) for mine, theirs in zip(*axes)]
+    return arms * math.prod(common)
+
+
+def _arms_of(spec: SweepSpec) -> set[str]:
+    """The spec's arms as written ("freeze 2", "freeze all", "lora 8", "probe")."""
+    depths = {f"freeze {k}" for k in spec.frozen_layers} if "freeze" in spec.methods else set()
+    ranks = {f"lora {r}" for r in spec.lora_ranks} if "lora" in spec.methods else set()
+    return depths | ranks | ({"probe"} if "probe" in spec.methods else set())

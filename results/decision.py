@@ -8,7 +8,7 @@ fixed grid: one, once complete; a settle sweep: its budget's); how often each co
 shown within the tolerance of full fine-tuning when it trains, with its collapse count. There is none
 from fewer than 3 trained pairs, from a bound of zero width, or where full fine-tuning is not shown to
 beat the constant baseline by more than the tolerance; what stays undecided is said, with the seeds it
-had and, where the spread so far allows, the budget that would decide it.
+had and, where the spread of at least 3 trained pairs allows, the budget that would decide it.
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ from freezesweep.results.settle import (
     FINAL,
     FULL,
     LEARNED,
+    MIN_PAIRS,
     NOT_TESTED,
     NOTHING_LEARNED,
     UNDECIDED,
@@ -69,6 +70,9 @@ DECISION_COLUMNS = [
     "k_retaining_90",
     "sentence",
 ]
+# trials.metrics.REGRESSION_METRICS (results/ imports no trial code; a test checks the two agree): a
+# group selected by one is a regression task, whose constant predictor answers one value, not one class
+REGRESSION_METRICS = ("pearson", "spearman")
 
 
 def decide(
@@ -108,8 +112,11 @@ def decide(
         settle = key[0] in (rules or {})
         new = rule if settle else dataclasses.replace(rule, max_seeds=rule.initial_seeds)
         rounds_left = settle and _rounds_left(group, decision, rule, grid)
+        open_ones = _open_comparisons(decision, new, grid)
         # a settle group its own rounds go on with is priced by no new sweep (report's budget_prices)
-        record["decided_at_seeds"] = None if rounds_left else _budget_to_decide(decision, new, grid)
+        record["decided_at_seeds"] = None if rounds_left else _budget_to_decide(open_ones, new, decision)
+        # not a column: the sentence's, to say why no budget is given (DataFrame drops it below)
+        record["fewest_pairs"] = min((c.pairs for c in open_ones), default=None)
         planned = _planned_arms((planned_ks or {}).get(key[0]), (planned_others or {}).get(key[0]))
         running = _running(group, planned, (planned_seeds or {}).get(key[0]))
         if not settle and running:
@@ -171,12 +178,15 @@ def _running(group: pd.DataFrame, arms: set[str], seeds: set[int] | None) -> str
     if planned <= final:
         return ""
     failed = set(cells) & planned - final  # rows, not final: failed, oom
-    counts = f"({len(planned & final)} of {len(planned)} cells in)"
+    counts = f"{len(planned & final)} of {len(planned)} cells in"
+    # rows cannot tell a launch still running from one that stopped (a walk-through's interrupted launch
+    # was called "still running"): both are said
     state = (
         f"the grid is not complete here: {len(failed)} cell{'s' if len(failed) > 1 else ''} failed, which "
-        f"`freezesweep resume` runs again {counts}"
+        f"`freezesweep resume` runs again ({counts})"
         if failed
-        else f"the grid is still running here {counts}"
+        else f"the grid is not all in here yet ({counts}: running now, or interrupted — `freezesweep resume` "
+        "runs the rest)"
     )
     return (
         f"{state}: a fixed grid is decided once, when all its cells are in (a look at part of it would be one "
@@ -254,17 +264,24 @@ def _record(
     return record
 
 
-def _budget_to_decide(decision: GroupDecision, rule: SettleRule, arms: Sequence[str]) -> int | None:
-    """The seeds per arm that would decide what is open of the answer — "learned", then the depths' sequence
-    — if the means and spreads stay as they are (None: no such budget up to 100 seeds, or nothing open).
-    LoRA ranks and the probe are not asked: one near its boundary would leave the depths without a budget."""
+def _open_comparisons(decision: GroupDecision, rule: SettleRule, arms: Sequence[str]) -> list[Comparison]:
+    """What is open of the answer: "learned", else the depths of the sequence still open. LoRA ranks and
+    the probe are not asked: one near its boundary would leave the depths without a budget."""
     if decision.learned.decision == NOTHING_LEARNED:
-        return None
-    compared = {c.arm: c for c in decision.arms}
+        return []
     if decision.learned.decision != LEARNED:
-        open_ones = [decision.learned]
-    else:
-        open_ones = [compared[a] for a in open_arms(decision, arms, rule.tolerance) if a in compared and is_freeze(a)]
+        return [decision.learned]
+    compared = {c.arm: c for c in decision.arms}
+    return [compared[a] for a in open_arms(decision, arms, rule.tolerance) if a in compared and is_freeze(a)]
+
+
+def _budget_to_decide(open_ones: Sequence[Comparison], rule: SettleRule, decision: GroupDecision) -> int | None:
+    """The seeds per arm that would decide ``open_ones`` if the means and spreads stay as they are (None:
+    no such budget up to 100 seeds, nothing open, or fewer than MIN_PAIRS trained pairs to estimate from)."""
+    if any(c.pairs < MIN_PAIRS for c in open_ones):
+        # no advice from too few seeds: a walk-through's 2 seeds said 11, and the settle sweep run at 11
+        # needed more than 100 (a spread from two seeds is one difference's)
+        return None
     needed = [seeds_to_decide(c, rule, decision.levels) for c in open_ones]
     return None if not needed or None in needed else max(needed)
 
@@ -310,7 +327,7 @@ def sentence(
     if record.get("frozen_layers") is None:
         return _or_methods(
             f"fine-tune every layer: no k is shown within {rule.tolerance:g} of full fine-tuning at "
-            f"{_pairs(decision)} trained pairs{rest}; {_add_seeds(record, settle, rule.tolerance, budget_left=budget_left)}"
+            f"{_pairs(decision)} trained pairs{rest}; {_add_seeds(record, settle, rule.tolerance, budget_left=budget_left, over=rule.max_seeds)}"
             f"{methods}{left_out}.",
             decision,
         )
@@ -376,7 +393,7 @@ def _not_learned(
     gain, pct = decision.learned, _family(rule)
     if gain.decision == NOTHING_LEARNED and (gain.pairs == 0 or "collapses" in gain.why):
         return (
-            f"nothing learned at this size: full fine-tuning predicted one class (the constant predictor) on "
+            f"nothing learned at this size: full fine-tuning {_one_answer(record['metric'])} on "
             f"{gain.collapsed} of {gain.seeds} seeds (it does on at least {100 * gain.collapse_lower:.0f} % of "
             f"seeds, {pct}); no freezing advice"
         )
@@ -398,7 +415,7 @@ def _not_learned(
         )
         every, count = ("all", f"{gain.seeds} seeds") if gain.seeds > 1 else ("the", "one seed")
         return (
-            f"{every} {count} of full fine-tuning predicted one class (the constant predictor): nothing learned as "
+            f"{every} {count} of full fine-tuning {_one_answer(record['metric'])}: nothing learned as "
             f"far as {'they show' if gain.seeds > 1 else 'it shows'}, but {count} cannot show it at {pct} ({how}"
             f"{'' if budget_left else _NEW_SWEEP}); no freezing advice"
         )
@@ -406,8 +423,16 @@ def _not_learned(
     return (
         f"not yet shown that full fine-tuning beats the constant baseline by more than {rule.tolerance:g} here "
         f"({trained}: {gain.why}){_collapses(gain, pct) if gain.collapsed else ''}; no freezing advice — "
-        f"{_add_seeds(record, settle, rule.tolerance, _LEARNS, budget_left)}"
+        f"{_add_seeds(record, settle, rule.tolerance, _LEARNS, budget_left, rule.max_seeds)}"
     )
+
+
+def _one_answer(metric: str | None) -> str:
+    """What a seed at the constant predictor gave, in the task's words: a classifier one class, a regression
+    one value for every row (its correlation then the train mean's, 0: trials/metrics.py)."""
+    if metric in REGRESSION_METRICS:
+        return "predicted one value for every row (the constant predictor, no better than the train mean)"
+    return "predicted one class (the constant predictor)"
 
 
 def all_collapsed_to_show(decision: GroupDecision, rule: SettleRule, settle: bool) -> int:
@@ -468,30 +493,54 @@ def _rounds_go_on(max_seeds: int) -> str:
     )
 
 
-def _add_seeds(record: dict, settle: bool, tolerance: float, what: str = "it", budget_left: int | None = None) -> str:
+def _add_seeds(
+    record: dict,
+    settle: bool,
+    tolerance: float,
+    what: str = "it",
+    budget_left: int | None = None,
+    over: int | None = None,
+) -> str:
     """What would decide it: the sweep's own rounds where they go on (``budget_left``: its max_seeds), else a
     budget of a new settle sweep (plan prices it), or why there is none. A new sweep, under a new name and
     another split_seed: its seeds 0, 1, … under the same split_seed would be the rows already seen (a
     cell's run seed is drawn from its seed, split_seed, dataset and model), and a fixed grid's seeds grown
-    in place would look at its rows twice."""
+    in place would look at its rows twice. ``over``: a settle sweep's max_seeds, said where its rounds are over
+    (a walk-through's report never said its budget had run out)."""
     if budget_left:
         return f"not decided yet: {_rounds_go_on(budget_left)}"
+    ended = (
+        f"this sweep's own rounds are over (at most settle.max_seeds {over} seeds per arm); " if settle and over else ""
+    )
     budget = record.get("decided_at_seeds")
     if budget is None or pd.isna(budget):
-        return (
-            "more seeds than 100 per arm would be needed at this spread, or the mean sits on the boundary"
-            if settle
-            else "these seeds cannot say how many would, too few trained or their differences identical (a settle "
-            "sweep under a new name and another split_seed runs as many as the question needs)"
-        )
+        return ended + _no_budget(record, settle, what)
     where = (
         f"settle.max_seeds {int(budget)}"
         if settle
         else f"settle: {{tolerance: {tolerance:g}, max_seeds: {int(budget)}}} in place of `seeds:` and `tolerance:`"
     )
-    return (
+    return ended + (
         f"{int(budget)} seeds per arm would decide {what} if the spread stays as it is (a new settle sweep with "
         f"{where}{_NEW_SWEEP}: `freezesweep plan` prices it)"
+    )
+
+
+def _no_budget(record: dict, settle: bool, what: str) -> str:
+    """Why no budget is given: too few trained pairs to estimate one from (a fixed grid's words say it of
+    every reason a budget is missing), else one above 100 seeds or a mean on the boundary."""
+    fewest = record.get("fewest_pairs")
+    if settle and fewest is not None and fewest < MIN_PAIRS:
+        return (
+            f"these seeds cannot say how many would decide {what}: an estimate from fewer than {MIN_PAIRS} trained "
+            f"pairs ({fewest} here) would be a guess (a new settle sweep under a new name and another split_seed "
+            "runs as many as the question needs)"
+        )
+    if settle:
+        return "more seeds than 100 per arm would be needed at this spread, or the mean sits on the boundary"
+    return (
+        "these seeds cannot say how many would, too few trained or their differences identical (a settle "
+        "sweep under a new name and another split_seed runs as many as the question needs)"
     )
 
 

@@ -225,7 +225,8 @@ def paired_by_seed(df: pd.DataFrame, baseline_k: int = 0) -> pd.DataFrame:
 
 
 # Where rows ran. A node is a Ray node id: two nodes on one host are two nodes. Rows stored before
-# node ids existed name only their host (``node``): they count as one node per host.
+# node ids existed name only their host (``node``): they count as one node per host. A row without a node
+# id on a host that rows with node ids name is none of its own (``_placed``).
 NODE_COLUMNS = ["node_id", "node_ip", "hostname", "node", "gpu_uuid", "gpu_mps", "status"]
 
 
@@ -253,12 +254,7 @@ def placement(df: pd.DataFrame) -> pd.DataFrame:
     columns = ["node", "node_ip", "hostname", "rows", "ok", "gpus", "mps"]
     if df.empty:
         return pd.DataFrame(columns=columns)
-    legacy = df["node"].map(lambda host: None if pd.isna(host) else f"host {host}")
-    df = df.assign(
-        node=df["node_id"].fillna(legacy).fillna("unknown"),
-        hostname=df["hostname"].fillna(df["node"]),
-        ok=df["status"] == "ok",
-    )
+    df = _placed(df.assign(hostname=df["hostname"].fillna(df["node"]), ok=df["status"] == "ok"))
     grouped = df.groupby("node", sort=True)
     table = pd.DataFrame(
         {
@@ -271,6 +267,21 @@ def placement(df: pd.DataFrame) -> pd.DataFrame:
         }
     )
     return table.reset_index()[columns]
+
+
+def _placed(df: pd.DataFrame) -> pd.DataFrame:
+    """The rows that name a node, each with it (``node``): its Ray node id, else for a row from before node
+    ids existed its host's ("host X"). A row without a node id on a host other rows name a node of (a
+    trial that failed before its worker said where it ran) is no node of its own: which of the host's
+    nodes ran it is not recorded, so it is left out, as is a row naming neither where any node is known (a
+    walk-through's one machine was said to be 2 nodes)."""
+    identified = df["node_id"].notna()
+    legacy = df["hostname"].notna() & ~df["hostname"].isin(df.loc[identified, "hostname"])
+    node = df["node_id"].where(identified, "host " + df["hostname"].fillna("").astype(str))
+    placed = identified | legacy
+    if not placed.any():
+        return df.assign(node="unknown")  # rows ran somewhere: one node at least, which no row names
+    return df[placed].assign(node=node[placed])
 
 
 def _mps(values: pd.Series) -> str:

@@ -44,6 +44,7 @@ class SweepRows:
     # a settle sweep's rule, its looks and each model's arms (results.settle.decide; None: a fixed grid)
     rule: tuple[SettleRule, int, Mapping[str, tuple[str, ...]]] | None = None
     tolerance: float | None = None  # the question it asked (its spec's, fixed before its rows); None: the report's
+    left_out: int = 0  # stored rows no cell of its grid now (an axis value removed or respelled): not read
 
     @classmethod
     def from_store(
@@ -411,6 +412,19 @@ def _completeness_section(sweeps: list[SweepRows], lines: list[str]) -> Section:
 
 
 def _completeness_line(s: SweepRows) -> str:
+    return _grid_line(s) + _left_out(s.left_out)
+
+
+def _left_out(rows: int) -> str:
+    if not rows:
+        return ""
+    return (
+        f" {rows} stored row{'s are' if rows > 1 else ' is'} no cell of its grid now (an axis value removed from "
+        "the spec, or spelled otherwise) and left out of this report; `freezesweep query` reads every row."
+    )
+
+
+def _grid_line(s: SweepRows) -> str:
     ok = int((s.rows["status"] == "ok").sum())
     if s.status is None:
         return (

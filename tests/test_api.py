@@ -327,6 +327,7 @@ def test_a_stored_sweeps_name_or_yaml_text_given_as_a_spec_says_what_to_do(tmp_p
         assert (
             f"fs.resume('api1', store={store!r})" in problem and f"freezesweep resume api1 --store {store}" in problem
         )
+        assert problem.endswith("that spec file is a spec like any other (plan it by its path)")  # a walk-through
     with pytest.raises(fs.SpecError, match="no such file: nope"):  # neither: as before
         fs.plan("nope", store=store)
     text = "name: x\nmodel: m\ndatasets: [glue/sst2]\n"

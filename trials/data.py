@@ -17,10 +17,14 @@ Names:
 from __future__ import annotations
 
 import dataclasses
+import csv
 import functools
+import glob
 import hashlib
 import os
 import unicodedata
+import warnings
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -235,14 +239,18 @@ def _load_task(
     dataset: str, data_dir: Path | None, columns: Columns, files: tuple[str, ...] | None, empty_texts: str
 ) -> TaskData:
     paths = dict(zip(SPLITS, map(Path, files))) if files else split_files(dataset, data_dir)
-    frames = _load_from_hub(dataset) if paths is None else {s: _read_file(f) for s, f in paths.items()}
+    frames = _load_from_hub(dataset) if paths is None else _read_files(paths)
     where = {s: str(paths[s]) if paths else f"{dataset} {s} split (the hub)" for s in frames}
     problems = _column_problems({s: list(map(str, df.columns)) for s, df in frames.items()}, columns)
     if problems:
-        if all(columns.label in df for df in frames.values()):  # the labels' problems, told in the same error
+        problems += _row_problems(frames, where, {})
+        if all(columns.label in df and len(df) for df in frames.values()):  # the labels', told in the same error
             problems += _labels_checked(dataset, frames, columns.label, where)[1]
         raise DatasetError(f"dataset {dataset!r}: " + "; ".join(problems), problems, _row_counts(frames))
     frames, dropped, problems = _texts(frames, columns, where, empty_texts)
+    problems += _row_problems(frames, where, dropped)
+    if not all(len(df) for df in frames.values()):  # the labels of no rows would only echo it (0 classes, …)
+        raise DatasetError(f"dataset {dataset!r}: " + "; ".join(problems), problems, _row_counts(frames))
     (labels, regression, shape_problems), label_problems = _labels_checked(dataset, frames, columns.label, where)
     problems += label_problems
     if problems:
@@ -293,12 +301,63 @@ def _label_note(dataset: str, train: pd.Series, regression: bool) -> str | None:
 
 
 def _class_counts(train: pd.Series) -> dict[str, int]:
-    """Train rows per class among the labels present, by their spelling (``TaskData.class_counts``'s)."""
-    return {str(name): int(n) for name, n in train.dropna().value_counts().sort_index(key=lambda i: i.map(str)).items()}
+    """Train rows per class among the labels present, by their spelling, in the order of their class ids
+    (``TaskData.class_counts``'s: sorted values, so 2 before 10), which a stratified subset depends on."""
+    return {str(name): int(n) for name, n in train.dropna().value_counts().sort_index().items()}
+
+
+SHOWN_VALUES, VALUE_WIDTH = 5, 40
+
+
+def shown_values(values: list) -> str:
+    """At most SHOWN_VALUES values, each cut to VALUE_WIDTH characters, as a list: a text column read as
+    the labels listed 260 review texts as "rarest classes" in one 17,932-character line."""
+    said = [repr(cut_value(v)) for v in values[:SHOWN_VALUES]]
+    more = [f"… and {len(values) - SHOWN_VALUES} more"] if len(values) > SHOWN_VALUES else []
+    return "[" + ", ".join(said + more) + "]"
+
+
+def cut_value(value):
+    return value[: VALUE_WIDTH - 1] + "…" if isinstance(value, str) and len(value) > VALUE_WIDTH else value
+
+
+# Classes past this many, at least half as many as the rows, are more likely texts than labels
+MANY_CLASSES = 10
+
+
+def label_column_hint(class_counts: dict[str, int]) -> str:
+    """Where the classes are nearly as many as the train rows, the question a walk-through needed (its text
+    and label columns swapped): "; 300 classes in 300 train rows: is label_column a text column?"."""
+    classes, rows = len(class_counts), sum(class_counts.values())
+    if classes <= MANY_CLASSES or classes * 2 < rows:
+        return ""
+    return f"; {classes} classes in {rows} train rows: is label_column (training.label_column) a text column?"
 
 
 def _row_counts(frames: dict[str, pd.DataFrame]) -> dict[str, int]:
-    return {split: len(frame) for split, frame in frames.items()}
+    """Each split's rows, where it has any: a train split of none is said as such, and no train size is
+    then said to exceed its 0 rows."""
+    return {split: len(frame) for split, frame in frames.items() if len(frame)}
+
+
+# On fewer validation rows every score is all or nothing (accuracy 1.000, each seed "collapsed")
+MIN_VALIDATION_ROWS = 2
+
+
+def _row_problems(frames: dict[str, pd.DataFrame], where: dict[str, str], dropped: dict[str, int]) -> list[str]:
+    """A split of no rows (a header-only file, or every row dropped for an empty text), and a validation
+    split too small to score on: said once, not as the label problems they would make."""
+    problems = []
+    for split, frame in frames.items():
+        after = f" left after dropping {dropped[split]} with an empty text" if dropped.get(split) else ""
+        if not len(frame):
+            problems.append(f"{where[split]} has no rows{after}")
+        elif split == "validation" and len(frame) < MIN_VALIDATION_ROWS:
+            problems.append(
+                f"{where[split]} has {_rows_count(len(frame))}{after}: a validation set needs at least "
+                f"{MIN_VALIDATION_ROWS} (on one row every score is all or nothing)"
+            )
+    return problems
 
 
 # --- the rows checked before any trial: each problem names the file, the column, the rows, the count ----
@@ -308,18 +367,49 @@ SHOWN_ROWS = 5
 def _rows_words(where: str, positions: np.ndarray) -> str:
     """The first rows at ``positions`` (0-based data rows of the file, also after rows were dropped) as the
     file numbers them: a CSV or TSV file's lines (its header is line 1), else 0-based rows; then how many."""
-    lines = where.endswith((".csv", ".tsv"))
-    shown = ", ".join(str(int(p) + 2 if lines else int(p)) for p in positions[:SHOWN_ROWS])
+    shown = [int(p) for p in positions[:SHOWN_ROWS]]
+    starts = _record_lines(where) if where.endswith((".csv", ".tsv")) else ()
+    lines = all(p < len(starts) for p in shown)  # else (a file changed since) rows, which are always right
+    said = ", ".join(str(starts[p] if lines else p) for p in shown)
     more = f", … ({len(positions)} in all)" if len(positions) > SHOWN_ROWS else ""
     unit = ("line" if lines else "row (0-based)") if len(positions) == 1 else ("lines" if lines else "rows (0-based)")
-    return f"{unit} {shown}{more}"
+    return f"{unit} {said}{more}"
+
+
+def _record_lines(where: str) -> tuple[int, ...]:
+    """The line each data row of a CSV or TSV file starts on: a quoted text may span several lines, and
+    pandas skips blank lines, so a row's line is not its place + 2. Read only on the error path (the csv
+    module counts lines, pandas does not); () where the file cannot be read so."""
+    path = Path(where)
+    try:
+        return _record_lines_of(path, path.stat().st_mtime_ns)
+    except (OSError, UnicodeError, csv.Error):
+        return ()
+
+
+@functools.lru_cache(maxsize=4)  # one file's problems each name rows: it is read once for all of them
+def _record_lines_of(path: Path, _mtime_ns: int) -> tuple[int, ...]:
+    # a blank line is no row (read_csv's skip_blank_lines)
+    return tuple(line for line, record in _records(path, _SEPARATORS[path.suffix.lstrip(".")]) if record)
+
+
+def _records(path: Path, sep: str) -> Iterator[tuple[int, list[str]]]:
+    """Each record after a CSV or TSV file's header, with the line it starts on (the header is line 1)."""
+    with open(path, encoding="utf-8-sig", newline="") as f:
+        reader = csv.reader(f, delimiter=sep)
+        next(reader, None)
+        start = reader.line_num + 1
+        for record in reader:
+            yield start, record
+            start = reader.line_num + 1
 
 
 def _blank(series: pd.Series) -> np.ndarray:
     """Missing (null, NaN) or empty cells: nothing left once whitespace and invisible format characters
     (zero-width space and joiners, the byte-order mark, soft hyphens: Unicode's Cf) are taken out."""
     text = series.astype("string")
-    return (series.isna() | text.map(_invisible, na_action="ignore").fillna(True)).to_numpy(dtype=bool)
+    # astype(bool): an empty column's map is of strings, which pandas will not `|` with booleans
+    return (series.isna() | text.map(_invisible, na_action="ignore").fillna(True).astype(bool)).to_numpy(dtype=bool)
 
 
 def _invisible(text: str) -> bool:
@@ -393,21 +483,49 @@ def _label_problems(labels: dict[str, pd.Series], column: str, where: dict[str, 
                 f"{_rows_words(where[split], values.index.to_numpy()[bad])}"
             )
     if regression:
-        return problems
+        return problems + _score_problems(labels, column, where)
     train = set(labels["train"].dropna())
     unseen = (labels["validation"].notna() & ~labels["validation"].isin(train)).to_numpy()
     if unseen.any():
         names = sorted(set(labels["validation"][unseen]), key=str)
         problems.append(
-            f"{where['validation']}: column {column!r} holds label(s) {names} that the train split never "
-            f"has, {_rows_words(where['validation'], labels['validation'].index.to_numpy()[unseen])}"
+            f"{where['validation']}: column {column!r} holds label(s) {shown_values(names)} that the train split "
+            f"never has, {_rows_words(where['validation'], labels['validation'].index.to_numpy()[unseen])}"
+            + label_column_hint(_class_counts(labels["train"]))
         )
     if len(train) < 2:
         problems.append(
-            f"{where['train']}: column {column!r} has {len(train)} class(es) ({sorted(train, key=str)}): "
+            f"{where['train']}: column {column!r} has {len(train)} class(es) ({shown_values(sorted(train, key=str))}): "
             "a classifier needs at least two"
         )
     return problems + _spelling_problems(labels, column, where)
+
+
+# The model's scores are float32 (``Split.labels``): a larger one is inf there, and the loss diverges
+FLOAT32_MAX = float(np.finfo(np.float32).max)
+
+
+def _score_problems(labels: dict[str, pd.Series], column: str, where: dict[str, str]) -> list[str]:
+    """Finite scores beyond float32 (1e39: a trial "diverged", or its baseline was NaN), and a split whose
+    scores are all one value: nothing to learn from in train (as one class is refused), and Pearson and
+    Spearman undefined in validation (recorded as 0.000)."""
+    problems = []
+    why = {"train": "nothing to learn", "validation": "Pearson and Spearman are undefined on it"}
+    for split, values in labels.items():
+        scores = values.to_numpy(dtype=float, na_value=np.nan)
+        huge = np.isfinite(scores) & (np.abs(scores) > FLOAT32_MAX)
+        if huge.any():
+            problems.append(
+                f"{where[split]}: column {column!r} has {int(huge.sum())} score(s) beyond float32's range "
+                f"(±{FLOAT32_MAX:.3g}), {_rows_words(where[split], values.index.to_numpy()[huge])}; rescale them"
+            )
+        finite = np.unique(scores[np.isfinite(scores)])
+        if len(finite) == 1 and len(values) > 1:  # one row is said as such (``_row_problems``)
+            problems.append(
+                f"{where[split]}: column {column!r} has one score ({finite[0]:g}) on every row: {why[split]}; a "
+                "regression task needs scores that vary"
+            )
+    return problems
 
 
 def _spelling_problems(labels: dict[str, pd.Series], column: str, where: dict[str, str]) -> list[str]:
@@ -418,12 +536,20 @@ def _spelling_problems(labels: dict[str, pd.Series], column: str, where: dict[st
     for value in sorted(v for v in counts.index if isinstance(v, str)):
         spellings.setdefault(" ".join(value.split()).casefold(), []).append(value)
     problems = []
-    for names in (names for names in spellings.values() if len(names) > 1):
+    groups = [names for names in spellings.values() if len(names) > 1]
+    for names in groups[:SHOWN_VALUES]:  # a text column read as labels has many: the first few show what to do
         commonest = max(names, key=lambda n: counts[n])
-        said = [f"{n!r} ({_rows_count(counts[n])}{'' if n == commonest else _found(labels, n, where)})" for n in names]
+        said = [
+            f"{cut_value(n)!r} ({_rows_count(counts[n])}{'' if n == commonest else _found(labels, n, where)})"
+            for n in names[:SHOWN_VALUES]
+        ] + ([f"… and {len(names) - SHOWN_VALUES} more"] if len(names) > SHOWN_VALUES else [])
         problems.append(
             f"label column {column!r}: {', '.join(said)} differ only in case or whitespace, so each would be a "
             "class of its own; spell each label one way in the files"
+        )
+    if len(groups) > SHOWN_VALUES:
+        problems.append(
+            f"label column {column!r}: {len(groups) - SHOWN_VALUES} more labels are spelled in several ways"
         )
     return problems
 
@@ -584,6 +710,9 @@ def _find_split_files(folder: Path, names: dict[str, str], pairs: bool = True) -
     problems = []
     for split in missing:
         problem = f"no {names[split]}.{{{','.join(_EXTENSIONS)}}} in {folder}"
+        unread = sorted(p.name for p in folder.glob(f"{glob.escape(names[split])}.*") if p.is_file())
+        if unread:  # train.xlsx: the file is there, in a format the reader does not take
+            problem += f"; found {' and '.join(unread)}, a format not read ({', '.join(_EXTENSIONS)})"
         others = [p for name in OTHER_SPLIT_NAMES.get(split, ()) if (p := _split_file(folder, name))]
         if others:
             which = (
@@ -599,15 +728,84 @@ def _find_split_files(folder: Path, names: dict[str, str], pairs: bool = True) -
     raise DatasetError("; ".join(problems), problems)
 
 
+# What each format is read as, said where a file is not (a new user's `;`-separated or latin-1 CSV)
+_FORMATS = {
+    "csv": ("CSV", "a comma-separated file, UTF-8, its header line first; a text holding a comma in double quotes"),
+    "tsv": ("TSV", "a tab-separated file, UTF-8, its header line first; a text holding a tab in double quotes"),
+    "jsonl": ("JSON Lines", "one JSON object per line, UTF-8"),
+    "json": ("JSON", 'a JSON array of objects ({"sentence": ..., "label": ...}), UTF-8'),
+    "parquet": ("Parquet", "a Parquet file, as pandas' to_parquet writes one"),
+}
+_SEPARATORS = {"csv": ",", "tsv": "\t"}
+
+
+def _read_files(paths: dict[str, Path]) -> dict[str, pd.DataFrame]:
+    """Each split's file; one DatasetError naming every file that cannot be read (both of a pair)."""
+    frames, problems = {}, []
+    for split, path in paths.items():
+        try:
+            frames[split] = _read_file(path)
+        except DatasetError as exc:
+            problems.append(str(exc))
+    if problems:
+        raise DatasetError("; ".join(problems), problems)
+    return frames
+
+
 def _read_file(path: Path) -> pd.DataFrame:
+    """The file's rows, indexed 0..n-1 (rows are named by their place in the file, never by a stored
+    index); a DatasetError naming the file, the reader's reason and what the format should be."""
     suffix = path.suffix.lstrip(".")
-    if suffix == "parquet":
-        return pd.read_parquet(path)
-    if suffix in ("csv", "tsv"):
-        return pd.read_csv(path, sep="\t" if suffix == "tsv" else ",", keep_default_na=False)
-    # dtype=False: each value as the file writes it; pandas' default turns whole floats (1.0) into ints, so the
-    # same labels made a classification task from JSON and a regression task from Parquet or CSV
-    return pd.read_json(path, lines=suffix == "jsonl", dtype=False)
+    try:
+        if suffix in _SEPARATORS:
+            frame = _read_csv(path, _SEPARATORS[suffix])
+        elif suffix == "parquet":
+            frame = pd.read_parquet(path)
+        else:
+            # dtype=False: each value as the file writes it; pandas' default turns whole floats (1.0) into ints,
+            # so the same labels made a classification task from JSON and a regression task from Parquet or CSV.
+            # utf-8-sig: a byte-order mark (Windows' editors write one) is read past, as the CSV reader does
+            frame = pd.read_json(path, lines=suffix == "jsonl", dtype=False, encoding="utf-8-sig")
+    except (ValueError, OSError) as exc:
+        # pandas' ParserError and EmptyDataError, UnicodeDecodeError and pyarrow's ArrowInvalid are all
+        # ValueErrors: each is said as its file's problem, beside every other problem, not as a traceback
+        name, expected = _FORMATS[suffix]
+        raise DatasetError(f"{path} cannot be read as {name} ({_reason(exc)}): {expected}") from exc
+    return frame.reset_index(drop=all(name is None for name in frame.index.names))
+
+
+def _reason(exc: Exception) -> str:
+    """The reader's reason on one short line (pyarrow's and pandas' run to several)."""
+    lines = str(exc).strip().splitlines()
+    reason = lines[0].strip() if lines else type(exc).__name__
+    return reason if len(reason) <= 200 else reason[:199] + "…"
+
+
+def _read_csv(path: Path, sep: str) -> pd.DataFrame:
+    """index_col=False: with one field more than the header on each row (a trailing separator), pandas
+    would otherwise take the first column as the index and shift every column (pandas' read_csv docs). It
+    then drops that field, with a warning: harmless where it is empty, refused where it holds data."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", pd.errors.ParserWarning)
+        frame = pd.read_csv(path, sep=sep, keep_default_na=False, index_col=False, encoding="utf-8-sig")
+    others = [other for other in ("\t", ";", ",", "|") if other != sep and other in str(frame.columns[0])]
+    if len(frame.columns) == 1 and others:  # one column is never a dataset: the fields are separated otherwise
+        raise ValueError(f"its header {frame.columns[0]!r} is one column; are its fields separated by {others[0]!r}?")
+    if any(issubclass(w.category, pd.errors.ParserWarning) for w in caught):
+        try:
+            lines = _lines_with_extra_fields(path, sep, len(frame.columns))
+        except csv.Error as exc:  # the csv module's own limits (a field past 128 KiB): the lines unknown
+            raise ValueError(f"more fields than its header's {len(frame.columns)} on some line ({exc})") from exc
+        if lines:
+            more = f", … ({len(lines)} in all)" if len(lines) > SHOWN_ROWS else ""
+            shown = ", ".join(map(str, lines[:SHOWN_ROWS])) + more
+            raise ValueError(f"more fields than its header's {len(frame.columns)} on line(s) {shown}")
+    return frame
+
+
+def _lines_with_extra_fields(path: Path, sep: str, fields: int) -> list[int]:
+    """The lines of the records with a non-empty field past the header's ``fields``."""
+    return [line for line, record in _records(path, sep) if any(field.strip() for field in record[fields:])]
 
 
 def _load_from_hub(dataset: str) -> dict[str, pd.DataFrame]:

@@ -44,6 +44,12 @@ class ProbeError(ValueError):
     pass
 
 
+# The fewest train rows of each class (of a regression task: in all) the probe's cross-validation takes:
+# k-fold needs k >= 2 folds, and a stratified fold a row of each class in each. The spec checks refuse a
+# train subset with fewer before any trial (orchestrator/checks.py), which would fail here on every resume.
+MIN_FOLD_ROWS = 2
+
+
 def resolve_pooling(requested: str, model_path: str, decoder_only: bool = False) -> str:
     """``auto``: the model's own pooling (the last token on a decoder-only model, the first token where
     its sentence-transformers config pools the CLS token alone), else mean."""
@@ -100,9 +106,17 @@ class ProbeFit:
 
 
 def select_and_fit(
-    features: np.ndarray, labels: np.ndarray, regression: bool, metric: str, folds: int, cs: int, seed: int
+    features: np.ndarray,
+    labels: np.ndarray,
+    regression: bool,
+    metric: str,
+    folds: int,
+    cs: int,
+    seed: int,
+    label_names: tuple[str, ...] = (),
 ) -> ProbeFit:
-    """Choose C by cross-validation on these (train) rows alone and refit on all of them."""
+    """Choose C by cross-validation on these (train) rows alone and refit on all of them (``label_names``:
+    class id -> the label as the files write it, for the error of too few rows of a class)."""
     from scipy.linalg import LinAlgWarning
     from sklearn.metrics import make_scorer
     from sklearn.model_selection import GridSearchCV
@@ -112,7 +126,7 @@ def select_and_fit(
     search = GridSearchCV(
         estimator,
         {parameter: values},
-        cv=_folds(labels, regression, folds, seed),
+        cv=_folds(labels, regression, folds, seed, label_names),
         scoring=make_scorer(lambda y, p: metric_value(metric, y, p)),
         refit=True,
     )
@@ -137,19 +151,22 @@ def _estimator(regression: bool, grid: np.ndarray):
     return make_pipeline(StandardScaler(), LogisticRegression(max_iter=5000)), "logisticregression__C", grid
 
 
-def _folds(labels: np.ndarray, regression: bool, folds: int, seed: int):
+def _folds(labels: np.ndarray, regression: bool, folds: int, seed: int, label_names: tuple[str, ...] = ()):
     from sklearn.model_selection import KFold, StratifiedKFold
 
     if regression:
-        if len(labels) < 2:
-            raise ProbeError(f"the probe needs at least 2 train rows to cross-validate, got {len(labels)}")
+        if len(labels) < MIN_FOLD_ROWS:
+            raise ProbeError(
+                f"the probe needs at least {MIN_FOLD_ROWS} train rows to cross-validate, got {len(labels)}"
+            )
         return KFold(min(folds, len(labels)), shuffle=True, random_state=seed)
     classes, counts = np.unique(labels, return_counts=True)
-    if len(classes) < 2 or counts.min() < 2:
-        found = ", ".join(f"class {c}: {n}" for c, n in zip(classes, counts))
+    if len(classes) < 2 or counts.min() < MIN_FOLD_ROWS:
+        named = [repr(label_names[c]) if c < len(label_names) else f"class {c}" for c in classes]
+        found = ", ".join(f"{name}: {n}" for name, n in zip(named, counts))
         raise ProbeError(
-            f"the probe cross-validates on the train subset and needs at least 2 rows of each of "
-            f"at least 2 classes there ({found})"
+            f"the probe cross-validates on the train subset and needs at least {MIN_FOLD_ROWS} rows of each of "
+            f"at least 2 classes there ({found}): a larger train size, or methods without probe for this data"
         )
     return StratifiedKFold(min(folds, int(counts.min())), shuffle=True, random_state=seed)
 

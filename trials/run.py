@@ -184,6 +184,7 @@ def _probe_trial(
         cfg.probe_folds,
         cfg.probe_cs,
         cfg.seed,
+        task.label_names,  # its error names a class as the files write it ("meh", not "class 0")
     )
     eval_started = time.perf_counter()
     point = _probe_point(fitted, val_states, data, pooling)

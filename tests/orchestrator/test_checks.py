@@ -59,7 +59,7 @@ BAD = {
     "fp16 on CPU": ({"training": {"precision": "fp16"}}, "fp16 needs GPU trials"),
     "unknown dataset": ({"datasets": ["glue/mnli-nope"]}, "unknown GLUE task 'mnli-nope'"),
     "missing model path": ({"model": "/nonexistent/model-dir"}, "model: cannot load model"),
-    "bad sweep name": ({"name": "no spaces please"}, "name: String should match pattern"),
+    "bad sweep name": ({"name": "no spaces please"}, "name: a folder name in the store: letters, digits"),
     "missing required key": ({"model": None}, "model: should be a model name (hub id or folder) or a list of them"),
     "wrong type": ({"train_sizes": "fifty"}, "train_sizes: Input should be a valid list"),
     "unknown metric": ({"training": {"select_metric": "acc"}}, "training.select_metric: unknown metric 'acc' (known: "),
@@ -539,7 +539,7 @@ def test_an_unwritable_store_is_named_beside_an_invalid_sweep_name(write_spec, t
     blocker = tmp_path / "a-file"
     blocker.write_text("not a folder")
     problems = _problems(_renamed(write_spec(store=str(blocker / "store")), "no spaces please"))
-    assert any(p.startswith("name: String should match pattern") for p in problems), problems
+    assert any(p.startswith("name: a folder name in the store: letters, digits") for p in problems), problems
     assert any(p.startswith("store: cannot create") and "is not a writable folder" in p for p in problems), problems
     assert not list(tmp_path.glob("**/.freezesweep-probe-*"))
 
@@ -727,6 +727,24 @@ def test_a_depth_inserted_into_a_settle_sweep_after_its_first_look_is_refused(wr
     load_spec(write_spec("looked", seeds=[], settle=settle, frozen_layers=[0, 1, 2]))  # deeper: accepted
 
 
+def test_seeds_or_depths_removed_once_a_group_may_be_decided_are_refused_a_train_size_is_not(write_spec):
+    """A walk-through removed k = 2 from a decided fixed grid: accepted, and the report's sequence went on
+    past it (a second test of the sequence, as a depth inserted is). Seeds removed: a decision on fewer seeds,
+    a second look. A train size removed leaves the other groups' claims alone: accepted (its rows are left out
+    of the report). Before any group may have been decided, nothing was looked at: accepted."""
+    three = [0, 1, 2]
+    cells = [(24, k, seed) for k in (0, 2) for seed in three]
+    _stored_fixed_grid(write_spec, "shrunk", cells, seeds=three, train_sizes=[24, 48])
+    (depth,) = _problems(write_spec("shrunk", frozen_layers=[0], seeds=three))
+    assert depth.startswith("frozen_layers: [2] removed, but sweep 'shrunk' already has rows and its group ")
+    assert "tested again without it" in depth and "another split_seed" in depth
+    (seed,) = _problems(write_spec("shrunk", seeds=[0, 1]))
+    assert seed.startswith("seeds: [2] removed") and "second look" in seed
+    load_spec(write_spec("shrunk", seeds=three, train_sizes=[24]))  # another group's axis: accepted
+    _stored_fixed_grid(write_spec, "young", [(24, 0, 0)], seeds=three)
+    assert load_spec(write_spec("young", frozen_layers=[0], seeds=[0])).frozen_layers == [0]  # no look yet
+
+
 def test_a_fixed_grids_tolerance_is_fixed_once_it_has_rows(write_spec):
     """The question is asked before the rows are seen: a changed `tolerance:` on a fixed grid with rows is
     refused (as settle.tolerance is), before any it is the spec's to set; settle sweeps ask settle.tolerance."""
@@ -736,6 +754,8 @@ def test_a_fixed_grids_tolerance_is_fixed_once_it_has_rows(write_spec):
     (changed,) = _problems(write_spec("asked", tolerance=0.05))
     assert changed.startswith("tolerance: sweep 'asked' already has rows asked at tolerance 0.02; 0.05 chosen")
     (dropped,) = _problems(write_spec("asked"))  # back to the default, 0.01: a change too
+    (out_of_range,) = _problems(write_spec("asked", tolerance=1.5))  # a walk-through: said twice, the second wrong
+    assert out_of_range.startswith("tolerance: Input should be less than 1") and "voids" not in out_of_range
     assert "asked at tolerance 0.02; 0.01 chosen after seeing them voids the confidence" in dropped
     settle = {"tolerance": 0.01, "initial_seeds": 3, "max_seeds": 5}
     (both,) = _problems(write_spec("both", seeds=[], settle=settle, tolerance=0.02))
@@ -832,3 +852,53 @@ def test_a_model_folder_without_weights_tokenizer_or_config_is_refused(write_spe
         assert not any("HF_HUB_OFFLINE" in p for p in problems), problems
     random_init = write_spec(model=str(folders["no-weights"]), training={"model_init": "random"})
     assert load_spec(random_init).model == str(folders["no-weights"])  # a random init reads no weights
+
+
+def test_rows_outside_the_grid_now_are_no_cells_done_and_left_out_of_the_report(write_spec):
+    """A walk-through shrank a grid (a depth, a train size) and respelled a model's folder: the launch counted
+    the old rows as done ("trial 19/18", "22/18 ended", an ETA of minus one day) and the report decided with
+    them. Now a row is a cell done only where the grid has its axis values; the report leaves the others out
+    and says how many (`query` still reads them)."""
+    from freezesweep.orchestrator.api import _sweep_rows
+    from freezesweep.orchestrator.plan import in_grid
+    from freezesweep.orchestrator.sweeps import grid_statuses
+    from freezesweep.results.report import build_report
+
+    cells = [(n, k, seed) for n in (24, 48) for k in (0, 2) for seed in range(2)]
+    raw = _stored_fixed_grid(write_spec, "narrowed", cells, seeds=[0, 1])
+    store = ResultStore(raw["store"], "narrowed")
+    narrowed = write_spec("narrowed", seeds=[0, 1], train_sizes=[24])
+    sweep = resolve_here(load_spec(narrowed))
+    store.write_spec(narrowed.read_text())  # as a launch of the narrowed spec stores it
+    kept = grid_statuses(sweep, store)
+    assert sorted(kept) == sorted(f"narrowed-24-{k}-{s}" for k in (0, 2) for s in range(2))
+    assert len(store.statuses()) == 8  # every row stays in the store
+    rows = _sweep_rows("narrowed", raw["store"], None)
+    assert rows.left_out == 4 and set(rows.rows["train_size"]) == {24}
+    (line,) = build_report([rows]).completeness
+    assert "cells done" in line and line.endswith(  # (this test's ids are no real cells': none counts as done)
+        " 4 stored rows are no cell of its grid now (an axis value removed from the spec, or spelled otherwise) and "
+        "left out of this report; `freezesweep query` reads every row."
+    )
+    respelled = pd.DataFrame(
+        dict(model=[raw["model"], f"./{raw['model']}/"], dataset=raw["datasets"][0], train_size=24, seed=0)
+        | dict(method=[None, "freeze"], frozen_layers=[2, 2], lora_rank=[None, None])
+    )
+    assert in_grid(sweep, respelled).tolist() == [True, False]  # a row from before methods: a freeze row
+
+
+def test_a_new_sweep_that_holds_another_sweeps_cells_is_told_before_it_runs_them(write_spec):
+    """A walk-through followed a report's "a new settle sweep …" under the default split_seed: its first round
+    reran the other sweep's cells bit for bit (the same ids, the same scores), and nothing said so. `plan` and
+    a launch say it now; another split_seed (fresh subsets and run seeds) says nothing."""
+    from freezesweep.orchestrator import api
+
+    _stored_fixed_grid(write_spec, "first", [(24, 0, 0)], seeds=[0, 1, 2])
+    settle = {"tolerance": 0.01, "initial_seeds": 3, "max_seeds": 5}
+    note = api.plan(write_spec("again", seeds=[], settle=settle, train_sizes=[24])).note
+    # 1 size x 2 depths x 3 seeds in common (the settle sweep's budget holds seeds 0-4)
+    assert "this grid shares cells with other sweeps of the store (6 with sweep 'first'): the same protocol" in note
+    assert "another split_seed gives fresh ones" in note
+    assert api.plan(write_spec("fresh", seeds=[], settle=settle, train_sizes=[24], split_seed=7)).note is None
+    longer = write_spec("longer", seeds=[0, 1, 2], training={"epochs": 3})  # another protocol: other cells
+    assert "shares cells" not in (api.plan(longer).note or "")

@@ -335,6 +335,8 @@ def test_report_of_an_open_settle_sweep_names_the_budget_that_would_decide_it_an
     done = runner.invoke(app, ["report", "open", "--store", spec.store, "--out", str(tmp_path / "out")])
     assert done.exit_code == 0, done.output
     assert "4 seeds per arm would decide it if the spread stays as it is" in done.stdout
+    out = " ".join(done.stdout.split())  # a walk-through: the report never said its own budget had run out
+    assert "this sweep's own rounds are over (at most settle.max_seeds 3 seeds per arm); 4 seeds per arm" in out
     assert (
         "n = 24: a new settle sweep with settle.max_seeds 4 runs at most 8 trials for this size, about 0.13 "
         "trial-hours at the measured times" in done.stdout

@@ -276,3 +276,23 @@ def test_a_resume_reads_relative_paths_where_the_launch_found_them(tmp_path):
         update={"model": str(here / "models" / "tiny"), "datasets": ["glue/sst2"], "data_dir": None}
     )
     assert launch_folder_for(absolute, store, here=str(here)) is None  # nothing relative
+
+
+def test_a_resume_whose_launch_folder_is_gone_says_where_the_paths_were_looked_for(tmp_path):
+    """A walk-through moved its project folder and resumed from above it: the model folder not found was read
+    as a hub id ("We couldn't connect to 'https://huggingface.co'"), and nothing said why."""
+    from types import SimpleNamespace
+
+    from freezesweep.orchestrator.spec import SweepSpec
+    from freezesweep.orchestrator.sweeps import lost_folder_note
+
+    here = tmp_path / "here"
+    (here / "data").mkdir(parents=True)
+    spec = SweepSpec(name="s", model="models/q", datasets=["data"], train_sizes=[8], frozen_layers=[0], seeds=[0])
+    gone = SimpleNamespace(read_launch_folder=lambda: str(tmp_path / "moved-away"))
+    note = lost_folder_note(spec, gone, here=str(here))
+    assert note.startswith(f"sweep 's' was launched in {tmp_path / 'moved-away'}, which is gone")
+    assert f"({here}), where models/q is not found (a model not found is read as a hub id)" in note
+    assert lost_folder_note(spec, SimpleNamespace(read_launch_folder=lambda: str(here)), here=str(here)) is None
+    (here / "models" / "q").mkdir(parents=True)
+    assert lost_folder_note(spec, gone, here=str(here)) is None  # every path found here: nothing to say

@@ -325,7 +325,7 @@ def test_cli_report_names_what_is_missing(tmp_path):
     assert done.returncode == 0, done.stderr[-2000:]
     # a running fixed grid is not looked at: its intervals are shared by one look, when it is complete.
     # Before: "freeze the embeddings and the first 3 layers", from 3 of its 4 seeds
-    assert "d, n = 100: the grid is still running here (6 of 8 cells in)" in done.stdout
+    assert "d, n = 100: the grid is not all in here yet (6 of 8 cells in: running now, or interrupted" in done.stdout
     assert "s: INCOMPLETE — 6 of 8 cells done, 0 failed, 2 missing" in done.stdout
     for cfg in cells:
         if cfg.seed == 3:
@@ -675,7 +675,9 @@ def test_a_fixed_grid_waits_for_its_other_methods_cells_too(tmp_path):
         if cfg.method == "freeze":
             store.write_row(row(k=k, seed=seed, acc=ACC_100[k][seed], trial_id=cfg.trial_id))
     (sentence,) = api.decide("s", store=str(tmp_path)).frame["sentence"]
-    assert sentence.startswith("d, n = 100: the grid is still running here (6 of 9 cells in)"), sentence
+    assert sentence.startswith(
+        "d, n = 100: the grid is not all in here yet (6 of 9 cells in: running now, or interrupted"
+    ), sentence
     for cfg in (c for c in cells if c.method == "probe"):
         store.write_row(row(k=None, seed=cfg.seed, acc=0.7, trial_id=cfg.trial_id, method="probe"))
     (sentence,) = api.decide("s", store=str(tmp_path)).frame["sentence"]

@@ -379,3 +379,200 @@ def test_a_validation_file_under_another_name_is_named_with_what_to_do(tmp_path)
         "training.csv: rename it to train.csv",
         "dev.csv: rename it to validation.csv",
     ]
+
+
+# --- files the reader cannot read, or reads into nothing to train or score on: one problem each ---------
+def _pair(folder, name: str, content: bytes, fmt: str):
+    """A folder whose ``name`` split is ``content`` (bytes, as a user's editor wrote them) and whose other
+    split is a clean file of the same format."""
+    folder.mkdir(parents=True, exist_ok=True)
+    clean = pd.DataFrame({"sentence": ["fine", "dull", "good", "bad"], "label": [1, 0, 1, 0]})
+    _WRITERS[fmt](clean, folder / f"{'validation' if name == 'train' else 'train'}.{fmt}")
+    (folder / f"{name}.{fmt}").write_bytes(content)
+    return folder / f"{name}.{fmt}"
+
+
+UNREADABLE = {  # a walk-through's files: each was a raw traceback (exit 1) that hid every other problem
+    "semicolons, texts with commas": (
+        "csv",
+        b"sentence;label\ngreat, really great;1\nawful, just awful;0\n",
+        "CSV (its header 'sentence;label' is one column; are its fields separated by ';'?)",
+    ),
+    "stray fields": ("csv", b"sentence,label\ngreat,1\nawful,0,x,y\n", "CSV (Error tokenizing data. C error: Expected"),
+    "tabs in a .csv": (
+        "csv",
+        b"sentence\tlabel\ngreat, really\t1\nawful\t0\n",
+        "CSV (its header 'sentence\\tlabel' is one column; are its fields separated by '\\t'?)",
+    ),
+    "latin-1": ("csv", "sentence,label\ncafé crème,1\nbad,0\n".encode("latin-1"), "CSV ('utf-8' codec can't decode"),
+    "0 bytes": ("csv", b"", "CSV (No columns to parse from file)"),
+    "a broken JSON line": ("jsonl", b'{"sentence": "a", "label": 1}\n{"sentence": "b",\n', "JSON Lines (Expected"),
+    "a corrupted Parquet": ("parquet", b"PAR1 not really parquet", "Parquet ("),
+}
+
+
+@pytest.mark.parametrize("case", sorted(UNREADABLE))
+def test_a_file_the_reader_cannot_parse_is_named_with_its_reason(tmp_path, case):
+    """Before: pandas' or pyarrow's traceback (ParserError, UnicodeDecodeError, EmptyDataError, ArrowInvalid),
+    nothing else named."""
+    fmt, content, reason = UNREADABLE[case]
+    path = _pair(tmp_path / "d", "train", content, fmt)
+    with pytest.raises(DatasetError) as info:
+        load_task(str(tmp_path / "d"))
+    [problem] = info.value.problems
+    assert problem.startswith(f"{path} cannot be read as {reason}"), problem
+    assert "\n" not in problem and len(problem) < 400
+
+
+def test_both_unreadable_files_of_a_pair_are_named_at_once(tmp_path):
+    folder = tmp_path / "d"
+    folder.mkdir()
+    (folder / "train.csv").write_bytes(b"")
+    (folder / "validation.csv").write_bytes("sentence,label\nnaïve,1\n".encode("latin-1"))
+    with pytest.raises(DatasetError) as info:
+        load_task(str(folder))
+    assert [p.split(" cannot be read")[0] for p in info.value.problems] == [
+        f"{folder}/train.csv",
+        f"{folder}/validation.csv",
+    ]
+
+
+def test_a_jsonl_file_with_a_byte_order_mark_is_read(tmp_path):
+    """Before: ValueError "Expected object or value" (the BOM Windows' editors write)."""
+    rows = '{"sentence": "fine", "label": 1}\n{"sentence": "dull", "label": 0}\n'
+    path = _pair(tmp_path / "d", "train", b"\xef\xbb\xbf" + rows.encode(), "jsonl")
+    task = load_task(str(path.parent))
+    assert task.train.texts == ("fine", "dull") and task.num_labels == 2
+
+
+def test_a_separator_at_the_end_of_every_row_shifts_no_column(tmp_path):
+    """Before: pandas took the texts as the index, the labels as the texts, and a missing label crashed the
+    row naming (ValueError: invalid literal for int())."""
+    train = "sentence,label\nfine,pos,\ndull,neg,\ngood,pos,\nmeh,,\n"
+    folder = _csv_pair(tmp_path / "d", train, "sentence,label\nx,pos,\ny,neg,\n")
+    with pytest.raises(DatasetError) as info:
+        load_task(folder)
+    assert info.value.problems == [f"{folder}/train.csv: column 'label' has 1 missing or non-finite label(s), line 5"]
+    (tmp_path / "d" / "train.csv").write_text(train.replace("meh,,", "meh,neg,"))
+    task = load_task(folder)
+    assert task.train.texts == ("fine", "dull", "good", "meh") and task.label_names == ("neg", "pos")
+
+
+def test_fields_past_the_header_are_refused_by_their_lines(tmp_path):
+    """Before: a field past the header's on every row shifted every column silently (the texts read as the
+    index); on one row only (an unquoted comma in a text), a traceback."""
+    every = "sentence,label\nfine,1,2020\ndull,0,2021\ngreat, really,1\n"
+    folder = _csv_pair(tmp_path / "d", every, "sentence,label\nx,1\ny,0\n")
+    with pytest.raises(DatasetError) as info:
+        load_task(folder)
+    assert [p.split(": a comma")[0] for p in info.value.problems] == [
+        f"{folder}/train.csv cannot be read as CSV (more fields than its header's 2 on line(s) 2, 3, 4)"
+    ]
+    (tmp_path / "d" / "train.csv").write_text("sentence,label\nfine,1\ngreat, really,1\ndull,0\n")
+    with pytest.raises(DatasetError) as info:
+        load_task(folder)
+    assert [p.split(": a comma")[0] for p in info.value.problems] == [
+        f"{folder}/train.csv cannot be read as CSV (Error tokenizing data. C error: Expected 2 fields in line 3, saw 3)"
+    ]
+
+
+def test_a_header_only_file_is_said_to_have_no_rows_once(tmp_path):
+    """Before: three derived errors (unseen validation labels, 0 classes, and a size exceeding 0 rows)."""
+    folder = _csv_pair(tmp_path / "d", "sentence,label\n", "sentence,label\nx,1\ny,0\n")
+    with pytest.raises(DatasetError) as info:
+        load_task(folder)
+    assert info.value.problems == [f"{folder}/train.csv has no rows"]
+    assert info.value.rows == {"validation": 2} and info.value.classes is None
+    with pytest.raises(DatasetError) as info:  # every row dropped: said so
+        load_task(_csv_pair(tmp_path / "e", "sentence,label\n ,1\n", "sentence,label\nx,1\ny,0\n"), empty_texts="drop")
+    assert info.value.problems == [f"{tmp_path}/e/train.csv has no rows left after dropping 1 with an empty text"]
+
+
+def test_a_train_file_in_a_format_not_read_is_named(tmp_path):
+    """Before: `no train.{parquet,csv,tsv,jsonl,json} in …` of a folder holding train.xlsx."""
+    folder = make_toy_dataset(tmp_path / "d", n_train=10, n_val=10, fmt="csv")
+    (folder / "train.csv").rename(folder / "train.xlsx")
+    with pytest.raises(DatasetError) as info:
+        load_task(str(folder))
+    assert info.value.problems == [
+        f"no train.{{parquet,csv,tsv,jsonl,json}} in {folder}; found train.xlsx, a format not read "
+        "(parquet, csv, tsv, jsonl, json)"
+    ]
+
+
+def test_scores_beyond_float32_are_refused_by_file_column_and_line(tmp_path):
+    """Before: 1e39 passed (a numpy overflow warning only), then the trial diverged or its baseline was NaN."""
+    train = "sentence,label\n" + "".join(f"row {i},{i / 4}\n" for i in range(6)) + "huge,1e39\n"
+    folder = _csv_pair(tmp_path / "d", train, "sentence,label\nx,0.5\ny,-2e40\n")
+    with pytest.raises(DatasetError) as info:
+        load_task(folder)
+    assert info.value.problems == [
+        f"{folder}/train.csv: column 'label' has 1 score(s) beyond float32's range (±3.4e+38), line 8; rescale them",
+        f"{folder}/validation.csv: column 'label' has 1 score(s) beyond float32's range (±3.4e+38), line 3; "
+        "rescale them",
+    ]
+
+
+def test_a_one_row_validation_set_and_scores_that_never_vary_are_refused(tmp_path):
+    """Before: accepted without a word: accuracy 1.000 on one row (every seed "collapsed"), Pearson of
+    constant validation scores recorded as 0.000, and constant train scores trained on (where one class is
+    refused)."""
+    folder = _csv_pair(tmp_path / "one", "sentence,label\na,1\nb,0\nc,1\n", "sentence,label\nx,1\n")
+    with pytest.raises(DatasetError) as info:
+        load_task(folder)
+    assert info.value.problems == [
+        f"{folder}/validation.csv has 1 row: a validation set needs at least 2 (on one row every score is all "
+        "or nothing)"
+    ]
+    folder = _csv_pair(tmp_path / "flat", "sentence,label\na,2.5\nb,2.5\n", "sentence,label\nx,3.0\ny,3.0\nz,\n")
+    with pytest.raises(DatasetError) as info:
+        load_task(folder)
+    assert info.value.problems[1:] == [
+        f"{folder}/train.csv: column 'label' has one score (2.5) on every row: nothing to learn; a regression "
+        "task needs scores that vary",
+        f"{folder}/validation.csv: column 'label' has one score (3) on every row: Pearson and Spearman are "
+        "undefined on it; a regression task needs scores that vary",
+    ]
+
+
+def test_a_text_column_read_as_the_labels_is_said_briefly_with_a_hint(tmp_path):
+    """Before: `label_column: review` listed 60 unseen "labels" as full review texts, one bullet of
+    17,932 characters."""
+    review = "a long review of a film that goes on and on about the plot, number {}"
+    folder = tmp_path / "d"
+    folder.mkdir()
+    for split, n in (("train", 300), ("validation", 60)):
+        texts = [review.format(f"{split}-{i}") for i in range(n)]
+        pd.DataFrame({"review": texts, "sentiment": ["pos", "neg"] * (n // 2)}).to_csv(
+            folder / f"{split}.csv", index=False
+        )
+    with pytest.raises(DatasetError) as info:
+        load_task(str(folder), text_column="sentiment", label_column="review")
+    [problem] = info.value.problems
+    assert len(problem) < 700, problem
+    assert "'a long review of a film that goes on an…'" in problem and "… and 55 more]" in problem
+    assert problem.endswith("; 300 classes in 300 train rows: is label_column (training.label_column) a text column?")
+
+
+def test_rows_are_named_by_their_own_lines_after_a_text_spanning_lines(tmp_path):
+    """Before: a row's line was its place + 2, wrong after a quoted text of several lines or a blank line."""
+    train = 'sentence,label\n"a text\nover three\nlines",pos\n\nb,neg\nc,\n'
+    folder = _csv_pair(tmp_path / "d", train, "sentence,label\nx,pos\ny,neg\n")
+    with pytest.raises(DatasetError) as info:
+        load_task(folder)
+    assert info.value.problems == [f"{folder}/train.csv: column 'label' has 1 missing or non-finite label(s), line 7"]
+
+
+def test_a_stored_index_is_never_taken_for_a_row(tmp_path):
+    """A Parquet file written with an index of its own (``df.iloc[::2].to_parquet``, or a text index):
+    rows are named by their place in the file, never by the stored index (int() of a text crashed)."""
+    frame = pd.DataFrame({"sentence": ["a", "b", "c", "d"], "label": ["pos", "neg", None, "pos"]}, index=list("wxyz"))
+    folder = tmp_path / "d"
+    folder.mkdir()
+    frame.to_parquet(folder / "train.parquet")
+    frame.iloc[[0, 1]].to_parquet(folder / "validation.parquet")
+    with pytest.raises(DatasetError) as info:
+        load_task(str(folder))
+    assert info.value.problems == [
+        f"{folder}/train.parquet: column 'label' has 1 missing or non-finite label(s), row (0-based) 2"
+    ]

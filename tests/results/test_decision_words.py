@@ -1,0 +1,119 @@
+"""The decision's words, each valid on its own: a regression task's constant predictor, a fixed grid not
+all in, and no budget estimated from fewer trained pairs than any claim needs."""
+
+import pandas as pd
+import pytest
+
+from freezesweep.results.report import SweepRows, build_report, decisions
+from freezesweep.results.settle import MIN_PAIRS, SettleRule
+from freezesweep.results.store import ResultStore
+from tests.results.test_report import MAJORITY, _stored_fixed_grid, row
+
+
+def regression_row(k: int, seed: int, score: float, **extra) -> dict:
+    """An STS-B-like row: Pearson selected, the train mean's correlation (0) its constant baseline."""
+    return row(
+        k=k,
+        seed=seed,
+        acc=None,
+        majority_baseline=None,
+        select_metric="pearson",
+        best_val_score=score,
+        baseline_score=0.0,
+        best_val_pearson=score,
+        baseline_pearson=0.0,
+        collapsed=score == 0.0,
+        **extra,
+    )
+
+
+def test_the_regression_metrics_are_the_trial_packages():
+    """results/ keeps its own copy (it imports no trial code): the two must name the same metrics."""
+    from freezesweep.results.decision import REGRESSION_METRICS
+    from freezesweep.trials.metrics import REGRESSION_METRICS as TRIALS
+
+    assert REGRESSION_METRICS == TRIALS
+
+
+@pytest.mark.parametrize("seeds", [1, 3, 12])
+def test_a_regression_seed_at_the_constant_predictor_gave_one_value_not_one_class(tmp_path, seeds):
+    """A walk-through's STS-B: "the one seed of full fine-tuning predicted one class (the constant
+    predictor)", a class a regression has none of. 12 seeds show nothing is learned (its own sentence)."""
+    store = ResultStore(str(tmp_path), "s")
+    for seed in range(seeds):
+        for k in (0, 2):
+            store.write_row(regression_row(k, seed, 0.0))
+    (decision,) = build_report([SweepRows.from_store(store)]).decisions.to_dict("records")
+    said = decision["sentence"]
+    assert decision["metric"] == "pearson" and "class" not in said, said
+    assert "full fine-tuning predicted one value for every row (the constant predictor, no better than" in said
+    if seeds == 12:
+        assert said.startswith("d, n = 100: nothing learned at this size: full fine-tuning predicted one value")
+
+
+def test_a_classifier_at_the_constant_predictor_still_predicted_one_class(tmp_path):
+    store = ResultStore(str(tmp_path), "s")
+    for k in (0, 2):
+        store.write_row(row(k=k, seed=0, acc=MAJORITY))
+    (decision,) = build_report([SweepRows.from_store(store)]).decisions.to_dict("records")
+    assert "the one seed of full fine-tuning predicted one class (the constant predictor)" in decision["sentence"]
+
+
+def test_a_fixed_grid_not_all_in_is_not_said_to_be_running(tmp_path):
+    """A walk-through: after an interrupted launch, nothing running, "the grid is still running here (2 of
+    6 cells in)". Rows cannot tell the two apart: both are said, with what runs the rest."""
+    from freezesweep.orchestrator import api
+    from tests.results.test_report import ACC_100
+
+    cells, store = _stored_fixed_grid(tmp_path, 3)
+    for cfg in cells:
+        if cfg.seed < 2:
+            k, seed = cfg.frozen_layers, cfg.seed
+            store.write_row(row(k=k, seed=seed, acc=ACC_100[k][seed], trial_id=cfg.trial_id))
+    (sentence,) = api.decide("s", store=str(tmp_path)).frame["sentence"]
+    assert sentence.startswith(
+        "d, n = 100: the grid is not all in here yet (4 of 6 cells in: running now, or interrupted — "
+        "`freezesweep resume` runs the rest): a fixed grid is decided once"
+    ), sentence
+    assert "still running" not in sentence
+
+
+def _two_seed_store(tmp_path) -> ResultStore:
+    """Full fine-tuning well above the constant baseline on 2 seeds: too few to claim it learns."""
+    store = ResultStore(str(tmp_path), "s")
+    for k, accs in {0: [0.80, 0.86], 2: [0.79, 0.86]}.items():
+        for seed, acc in enumerate(accs):
+            store.write_row(row(k=k, seed=seed, acc=acc, cost=(1000, 1.0, 10.0)))
+    return store
+
+
+def test_no_budget_is_estimated_from_two_trained_seeds_of_a_fixed_grid(tmp_path):
+    """A walk-through: 2 seeds said "11 seeds per arm would decide it"; the settle sweep run at 11 needed
+    more than 100. A spread from fewer than MIN_PAIRS pairs is no basis for a number."""
+    (record,) = build_report([SweepRows.from_store(_two_seed_store(tmp_path))]).decisions.to_dict("records")
+    assert record["learned"] == "undecided" and pd.isna(record["decided_at_seeds"])
+    assert "seeds per arm would decide" not in record["sentence"]
+    assert "these seeds cannot say how many would, too few trained" in record["sentence"], record["sentence"]
+
+
+def test_no_budget_is_estimated_from_two_trained_seeds_of_a_settle_sweep(tmp_path):
+    """Its budget spent at 2 seeds: it says why there is no number, not "more than 100 would be needed"."""
+    rule = SettleRule(initial_seeds=2, max_seeds=2)
+    rows = SweepRows.from_store(_two_seed_store(tmp_path), rule=(rule, rule.looks, {}))
+    (record,) = decisions([rows]).to_dict("records")
+    assert record["learned"] == "undecided" and pd.isna(record["decided_at_seeds"])
+    said = record["sentence"]
+    assert f"an estimate from fewer than {MIN_PAIRS} trained pairs (2 here) would be a guess" in said, said
+    assert "more seeds than 100" not in said and "seeds per arm would decide" not in said
+
+
+def test_no_budget_for_a_depth_with_two_trained_pairs(tmp_path):
+    """Full fine-tuning learns on 3 seeds; the open depth trained on 2 of them (one failed): no number."""
+    store = ResultStore(str(tmp_path), "s")
+    for seed, (full, frozen) in enumerate([(0.80, 0.796), (0.85, 0.838), (0.90, None)]):
+        store.write_row(row(k=0, seed=seed, acc=full, cost=(1000, 1.0, 10.0)))
+        failed = {} if frozen else {"status": "failed", "error": "CUDA out of memory"}
+        store.write_row(row(k=2, seed=seed, acc=frozen, cost=(500, 1.0, 10.0), **failed))
+    (record,) = build_report([SweepRows.from_store(store)]).decisions.to_dict("records")
+    assert record["learned"] == "learned" and record["undecided"] == "k=2", record
+    assert pd.isna(record["decided_at_seeds"]) and "seeds per arm would decide" not in record["sentence"]
