@@ -385,8 +385,9 @@ def _print_work(planned) -> None:
     """The pending cells' price; in settle mode, that of its next round and of the whole budget left at
     most (what a report's open group quotes for a new settle sweep), at the same measured times."""
     settle = planned.budget is not None
-    if settle and not planned.pending:
-        console.print("work: none, the sweep is settled or at its budget", highlight=False)
+    if not planned.pending:  # "about 0 s of trials (… 0 of 0 pending cells priced …)" said nothing
+        done = "the sweep is settled or at its budget" if settle else "every cell of the grid is done"
+        console.print(f"work: none, {done}", highlight=False)
         return
     prices = [("work", planned.work, len(planned.pending), planned.priced_from, False)]
     if settle:

@@ -169,6 +169,9 @@ def test_plan_counts_cells_against_the_store_and_prices_the_rest_without_running
         in done.stdout.replace("\n", "")
     )
     assert "nothing was started" in done.stdout and _tree(tmp_path / "store") == before
+    shrunk = runner.invoke(app, ["plan", str(write_spec("planned", seeds=[0, 1], train_sizes=[24], frozen_layers=[0]))])
+    # a walk-through: "work: about 0 s of trials (… 0 of 0 pending cells priced by rows of their own kind)"
+    assert "2 done, 0 to run" in shrunk.stdout and "work: none, every cell of the grid is done" in shrunk.stdout
 
 
 def test_plan_prices_a_new_sweep_by_another_sweeps_rows_of_the_same_kind_and_protocol(
