@@ -742,13 +742,16 @@ def _seed_changes(stored: dict[str, Any], raw: dict[str, Any], store: ResultStor
     # (a walk-through removed k = 2 and the report's sequence went on past it)
     fixed = not old_settle and isinstance(raw.get("seeds"), list)
     dropped = sorted(set(stored.get("seeds") or []) - set(new_seeds)) if fixed else []
-    removed = _new_depths(raw, stored) if isinstance(raw.get("frozen_layers"), list) else []
+    removed = _removed_depths(stored, raw)
     if not (added or dropped or removed or _new_depths(stored, raw)):
         return []
     decided = decided_group(stored, store)
     if decided is None:
         return []
     group, deepest = decided
+    # a depth deeper than any decided group's deepest was in no sequence looked at: removed, it only
+    # shortens what is still to come, as one added there only extends it
+    removed = [k for k in removed if k == "all" or _sequence_order(k) <= _sequence_order(deepest)]
     inserted = [k for k in _new_depths(stored, raw) if _sequence_order(k) < _sequence_order(deepest)]
     looked = "has had a look" if old_settle else "may have been decided"
     at_every = "at every seed of its first look" if old_settle else "at every seed"
@@ -804,6 +807,15 @@ def _new_depths(stored: dict[str, Any], raw: dict[str, Any]) -> list[int]:
     new = raw.get("frozen_layers") if isinstance(raw.get("frozen_layers"), list) else []
     old = stored.get("frozen_layers") or []
     return sorted(k for k in new if isinstance(k, int) and not isinstance(k, bool) and k not in old)
+
+
+def _removed_depths(stored: dict[str, Any], raw: dict[str, Any]) -> list:
+    """The stored sweep's depths the new spec leaves out, ``all`` among them (a model's every layer: the
+    deepest of its sequence)."""
+    new = raw.get("frozen_layers")
+    if not isinstance(new, list):
+        return []
+    return [k for k in stored.get("frozen_layers") or [] if k not in new and (k == "all" or isinstance(k, int))]
 
 
 def _sequence_order(k: int) -> float:

@@ -35,6 +35,8 @@ from dataclasses import dataclass
 from types import SimpleNamespace
 from typing import Any
 
+import pandas as pd
+
 from freezesweep.orchestrator import local_files
 from freezesweep.orchestrator.local_files import Anchored, Shipment
 from freezesweep.orchestrator.checks import model_depths, stored_spec_mapping
@@ -44,6 +46,7 @@ from freezesweep.orchestrator.plan import (
     grid_size,
     eval_entries_per_dataset,
     hungriest_frozen_layers,
+    in_grid,
     launch_units,
     method_variants,
     rounds,
@@ -310,7 +313,7 @@ def run(
     with SweepLock(store.fs, store.sweep_dir, uri=store.uri) as lock:
         store.guard = lock.check  # a driver that lost the sweep to another stops writing, saying why
         sink = open_for_writing(store, sweep)
-        statuses = grid_statuses(sweep, store)  # rows of axis values since removed are no cells of it
+        statuses, every = grid_statuses(sweep, store)  # rows of axis values since removed are no cells of it
         done = final_of(statuses)
         unfinished = set(statuses) - done  # cells whose stored row a final one replaces
         total, settle = grid_size(sweep), sweep.spec.settle is not None
@@ -319,7 +322,7 @@ def run(
             return LaunchSummary(total, len(done), 0, 0, 0, sweep=sweep.name, store=sweep.spec.store, settle=settle)
         session.connect()  # before Tune reads its state back: the session decides where Ray runs
         storage = ray_storage(store, cluster=sweep.on_cluster)
-        recovered = recover_rows(storage, sink, sweep.name, done, unfinished)
+        recovered = recover_rows(storage, sink, sweep, final_of(every), set(every) - final_of(every))
         pending = peeked(c for c in pending if c.trial_id not in recovered)
         if pending is None:
             return LaunchSummary(
@@ -521,15 +524,19 @@ def retry_out_of_memory(launch: Launch, out_of_memory: list[TrialConfig]) -> int
 
 
 def recover_rows(
-    storage: RayStorage, sink: SpoolingWriter, sweep_name: str, done: set[str], unfinished: set[str]
+    storage: RayStorage, sink: SpoolingWriter, sweep: ResolvedSweep, stored: set[str], unfinished: set[str]
 ) -> set[str]:
     """Cells whose final result Ray's experiment state holds but the store does not (the driver died
-    between the two): written now instead of run again, as one file (``unfinished``: cells whose stored
-    row is not final, which these replace)."""
-    recovered = recover_from_ray(storage, sweep_name, done)
-    if recovered:
-        sink.write_rows([result_row(sweep_name, result) for result in recovered], replacing=unfinished)
-    return {result.trial_id for result in recovered}
+    between the two): written now instead of run again, as one file (``stored``: every final row's cell,
+    a value since removed from the grid's too, whose trials Ray's state also keeps; ``unfinished``: cells
+    whose stored row is not final, which these replace). Returned: the recovered cells of the grid now."""
+    recovered = recover_from_ray(storage, sweep.name, stored)
+    if not recovered:
+        return set()
+    rows = [result_row(sweep.name, result) for result in recovered]
+    sink.write_rows(rows, replacing=unfinished)
+    written = pd.DataFrame(rows)
+    return set(written.loc[in_grid(sweep, written), "trial_id"])
 
 
 def spool_dir(store: ResultStore) -> str:

@@ -173,8 +173,11 @@ def lost_folder_note(spec: SweepSpec, store: ResultStore, here: str | None = Non
     if folder is None or os.path.isdir(folder):
         return None
     here = os.path.abspath(here or os.getcwd())
+    from freezesweep.trials.hub import cached_hub_model
+
     relative = [p for p in _local_paths(spec) if not os.path.isabs(os.path.expanduser(p))]
     missing = [p for p in relative if not os.path.exists(os.path.join(here, os.path.expanduser(p)))]
+    missing = [p for p in missing if not cached_hub_model(p)]  # a hub model needs no folder (a review)
     if not missing:
         return None
     return (
@@ -233,12 +236,13 @@ def load_sweep(name: str, store_uri: str) -> ResolvedSweep:
 SETTLE_COLUMNS = ["trial_id", "status", "best_val_score", "baseline_score", "collapsed"]
 
 
-def grid_statuses(sweep: ResolvedSweep, store: ResultStore) -> dict[str, str]:
-    """trial_id → status of the stored rows that are cells of the grid now (``plan.in_grid``): a row of a
-    value removed from an axis is no cell done (a walk-through's launch said "22/18 ended")."""
+def grid_statuses(sweep: ResolvedSweep, store: ResultStore) -> tuple[dict[str, str], dict[str, str]]:
+    """trial_id → status of the stored rows that are cells of the grid now (``plan.in_grid``: a row of a
+    value removed from an axis is no cell done; a walk-through's launch said "22/18 ended"), and of every
+    stored row (none of which Ray's saved state may write again)."""
     rows = store.read_table(columns=["trial_id", "status", *GRID_AXES]).to_pandas()
     kept = rows[in_grid(sweep, rows)]
-    return dict(zip(kept["trial_id"], kept["status"]))
+    return dict(zip(kept["trial_id"], kept["status"])), dict(zip(rows["trial_id"], rows["status"]))
 
 
 def next_cells(sweep: ResolvedSweep, store: ResultStore, done: set[str]) -> Iterable[TrialConfig]:
@@ -280,12 +284,20 @@ def same_cells_note(spec: SweepSpec) -> str | None:
 
 def _cells_in_common(spec: SweepSpec, other: SweepSpec) -> int:
     """How many cells both grids hold: the product of their axes' common values where their protocols
-    are one (``auto`` precision taken as the other's, as a launch resolves it; select metrics aside)."""
+    are one on the datasets both have (``auto`` precision taken as the other's, as a launch resolves it;
+    each dataset's select metric, part of a cell's id, resolved as checks' ``_protocol_changes`` does)."""
+    common = [d for d in spec.datasets if d in other.datasets]
+    if not common:
+        return 0
     if spec.training.precision == "auto":
         spec = spec.model_copy(
             update={"training": spec.training.model_copy(update={"precision": other.training.precision})}
         )
-    if flatten(spec.protocol({})) != flatten(other.protocol({})):
+    try:
+        mine, theirs = (s.model_copy(update={"datasets": common}) for s in (spec, other))
+        if flatten(mine.protocol(select_metrics(mine))) != flatten(theirs.protocol(select_metrics(theirs))):
+            return 0
+    except (ValueError, OSError):  # a dataset not readable here: its cells are not known to be shared
         return 0
     arms = len(_arms_of(spec) & _arms_of(other))
     axes = [(s.models(), s.datasets, s.train_sizes, s.seed_values()) for s in (spec, other)]

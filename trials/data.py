@@ -771,7 +771,9 @@ def _read_file(path: Path) -> pd.DataFrame:
         # ValueErrors: each is said as its file's problem, beside every other problem, not as a traceback
         name, expected = _FORMATS[suffix]
         raise DatasetError(f"{path} cannot be read as {name} ({_reason(exc)}): {expected}") from exc
-    return frame.reset_index(drop=all(name is None for name in frame.index.names))
+    # a named index (a Parquet file's) is kept as a column, unless a column has its name already (a review)
+    named = [name for name in frame.index.names if name is not None]
+    return frame.reset_index(drop=not named or any(name in frame.columns for name in named))
 
 
 def _reason(exc: Exception) -> str:
@@ -793,14 +795,26 @@ def _read_csv(path: Path, sep: str) -> pd.DataFrame:
         raise ValueError(f"its header {frame.columns[0]!r} is one column; are its fields separated by {others[0]!r}?")
     if any(issubclass(w.category, pd.errors.ParserWarning) for w in caught):
         try:
+            records = [record for _, record in _records(path, sep) if record]
             lines = _lines_with_extra_fields(path, sep, len(frame.columns))
         except csv.Error as exc:  # the csv module's own limits (a field past 128 KiB): the lines unknown
             raise ValueError(f"more fields than its header's {len(frame.columns)} on some line ({exc})") from exc
+        if lines and _row_numbers_first(records, len(frame.columns)):
+            # an unlabelled index column first, as df.to_csv(index_label=False) and R's write.table(sep=",")
+            # write it: read as pandas reads it (its index), then dropped
+            return pd.read_csv(path, sep=sep, keep_default_na=False, encoding="utf-8-sig").reset_index(drop=True)
         if lines:
             more = f", … ({len(lines)} in all)" if len(lines) > SHOWN_ROWS else ""
             shown = ", ".join(map(str, lines[:SHOWN_ROWS])) + more
             raise ValueError(f"more fields than its header's {len(frame.columns)} on line(s) {shown}")
     return frame
+
+
+def _row_numbers_first(records: list[list[str]], fields: int) -> bool:
+    """Every row one field more than the header, the first a distinct whole number (a row number); any
+    other extra field is data past the header, refused (which column it belongs to cannot be known)."""
+    firsts = [record[0].strip() for record in records if len(record) == fields + 1]
+    return len(firsts) == len(records) > 0 and len(set(firsts)) == len(firsts) and all(f.isdigit() for f in firsts)
 
 
 def _lines_with_extra_fields(path: Path, sep: str, fields: int) -> list[int]:

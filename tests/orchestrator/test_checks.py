@@ -11,7 +11,7 @@ from tests.conftest import make_toy_pair_dataset
 
 from freezesweep.orchestrator.plan import build_grid
 from freezesweep.orchestrator.sweeps import resolve_here
-from freezesweep.orchestrator.checks import load_spec, validate
+from freezesweep.orchestrator.checks import _removed_depths, load_spec, validate
 from freezesweep.orchestrator.spec import SpecError
 from freezesweep.results.store import ResultStore
 
@@ -741,6 +741,10 @@ def test_seeds_or_depths_removed_once_a_group_may_be_decided_are_refused_a_train
     (seed,) = _problems(write_spec("shrunk", seeds=[0, 1]))
     assert seed.startswith("seeds: [2] removed") and "second look" in seed
     load_spec(write_spec("shrunk", seeds=three, train_sizes=[24]))  # another group's axis: accepted
+    # a review: a depth deeper than the decided deepest was in no sequence looked at; `all` is a depth too
+    _stored_fixed_grid(write_spec, "deeper", cells, seeds=three, frozen_layers=[0, 2, 4])
+    load_spec(write_spec("deeper", seeds=three, frozen_layers=[0, 2]))  # k = 4 has no rows: accepted
+    assert _removed_depths({"frozen_layers": [0, 2, "all"]}, {"frozen_layers": [0, 2]}) == ["all"]
     _stored_fixed_grid(write_spec, "young", [(24, 0, 0)], seeds=three)
     assert load_spec(write_spec("young", frozen_layers=[0], seeds=[0])).frozen_layers == [0]  # no look yet
 
@@ -870,7 +874,8 @@ def test_rows_outside_the_grid_now_are_no_cells_done_and_left_out_of_the_report(
     narrowed = write_spec("narrowed", seeds=[0, 1], train_sizes=[24])
     sweep = resolve_here(load_spec(narrowed))
     store.write_spec(narrowed.read_text())  # as a launch of the narrowed spec stores it
-    kept = grid_statuses(sweep, store)
+    kept, every = grid_statuses(sweep, store)
+    assert len(every) == 8  # every row is known, so that Ray's saved state writes none of them again
     assert sorted(kept) == sorted(f"narrowed-24-{k}-{s}" for k in (0, 2) for s in range(2))
     assert len(store.statuses()) == 8  # every row stays in the store
     rows = _sweep_rows("narrowed", raw["store"], None)
@@ -887,13 +892,13 @@ def test_rows_outside_the_grid_now_are_no_cells_done_and_left_out_of_the_report(
     assert in_grid(sweep, respelled).tolist() == [True, False]  # a row from before methods: a freeze row
 
 
-def test_a_new_sweep_that_holds_another_sweeps_cells_is_told_before_it_runs_them(write_spec):
+def test_a_new_sweep_that_holds_another_sweeps_cells_is_told_before_it_runs_them(write_spec, tmp_path):
     """A walk-through followed a report's "a new settle sweep …" under the default split_seed: its first round
     reran the other sweep's cells bit for bit (the same ids, the same scores), and nothing said so. `plan` and
     a launch say it now; another split_seed (fresh subsets and run seeds) says nothing."""
     from freezesweep.orchestrator import api
 
-    _stored_fixed_grid(write_spec, "first", [(24, 0, 0)], seeds=[0, 1, 2])
+    first = _stored_fixed_grid(write_spec, "first", [(24, 0, 0)], seeds=[0, 1, 2])
     settle = {"tolerance": 0.01, "initial_seeds": 3, "max_seeds": 5}
     note = api.plan(write_spec("again", seeds=[], settle=settle, train_sizes=[24])).note
     # 1 size x 2 depths x 3 seeds in common (the settle sweep's budget holds seeds 0-4)
@@ -902,3 +907,12 @@ def test_a_new_sweep_that_holds_another_sweeps_cells_is_told_before_it_runs_them
     assert api.plan(write_spec("fresh", seeds=[], settle=settle, train_sizes=[24], split_seed=7)).note is None
     longer = write_spec("longer", seeds=[0, 1, 2], training={"epochs": 3})  # another protocol: other cells
     assert "shares cells" not in (api.plan(longer).note or "")
+    # a review: a second dataset made the protocols differ (a column mapping per dataset), and another
+    # select metric (part of a cell's id) was taken for the same cells
+    import shutil
+
+    other = str(shutil.copytree(first["datasets"][0], tmp_path / "toy-copy"))
+    wider = write_spec("wider", seeds=[0, 1, 2], datasets=[first["datasets"][0], other], train_sizes=[24])
+    assert "(6 with sweep 'first')" in api.plan(wider).note  # the dataset both have: 1 size x 2 depths x 3 seeds
+    chosen = write_spec("chosen", seeds=[0, 1, 2], training={"select_metric": "f1"})
+    assert "shares cells" not in (api.plan(chosen).note or "")

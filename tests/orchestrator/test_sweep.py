@@ -135,6 +135,14 @@ def test_grow_by_one_depth_runs_only_new_cells(write_spec, tmp_path):
         load_spec(write_spec("grow", seeds=[0, 1], training={"learning_rate": 0.001}))
     assert {p.name: p.read_bytes() for p in store.glob("*.parquet")} == files
 
+    # Shrunk (k = 2 removed, a seed added: one seed decided nothing): Ray's saved state still holds the
+    # k = 2 trials, which are rows already; none is written again, nor counted as a cell of the grid (a
+    # review: the first draft "recovered" them, a second row each, and "22/18" came back)
+    shrunk = launch(load_spec(write_spec("grow", frozen_layers=[0, 1], seeds=[0, 1])), show_progress=False)
+    assert (shrunk.total, shrunk.already_ok, shrunk.recovered, shrunk.ran) == (8, 4, 0, 4)
+    ids = duckdb.sql(f"SELECT trial_id FROM read_parquet('{store}/*.parquet')").df()["trial_id"]
+    assert len(ids) == 10 and not ids.duplicated().any()
+
 
 def _drop_row(results: Path, trial_id: str) -> pd.DataFrame:
     """The row gone from whichever file holds it (as if the driver died before storing it); returns it."""

@@ -468,6 +468,12 @@ def test_fields_past_the_header_are_refused_by_their_lines(tmp_path):
     assert [p.split(": a comma")[0] for p in info.value.problems] == [
         f"{folder}/train.csv cannot be read as CSV (more fields than its header's 2 on line(s) 2, 3, 4)"
     ]
+    # a review: an unlabelled row-number column first (df.to_csv(index_label=False), R's write.table) read
+    # as pandas always read it, its numbers dropped
+    numbered = _csv_pair(
+        tmp_path / "n", "sentence,label\n0,fine,1\n1,great,1\n2,dull,0\n", "sentence,label\nx,1\ny,0\n"
+    )
+    assert load_task(numbered).train.texts == ("fine", "great", "dull")
     (tmp_path / "d" / "train.csv").write_text("sentence,label\nfine,1\ngreat, really,1\ndull,0\n")
     with pytest.raises(DatasetError) as info:
         load_task(folder)
@@ -576,3 +582,10 @@ def test_a_stored_index_is_never_taken_for_a_row(tmp_path):
     assert info.value.problems == [
         f"{folder}/train.parquet: column 'label' has 1 missing or non-finite label(s), row (0-based) 2"
     ]
+    # a review: an index named like a column ("cannot insert label, already exists") is dropped
+    named = frame.fillna("pos").rename_axis("label")
+    twin = tmp_path / "twin"
+    twin.mkdir()
+    named.to_parquet(twin / "train.parquet")
+    named.iloc[[0, 1]].to_parquet(twin / "validation.parquet")
+    assert load_task(str(twin)).train.texts == ("a", "b", "c", "d")
