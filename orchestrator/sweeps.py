@@ -301,8 +301,8 @@ def _cells_in_common(spec: SweepSpec, other: SweepSpec) -> int:
         return 0
     arms = len(_arms_of(spec) & _arms_of(other))
     axes = [(s.models(), s.datasets, s.train_sizes, s.seed_values()) for s in (spec, other)]
-    common = [len(set(mine) & set(theirs)) for mine, theirs in zip(*axes)]
-    return arms * math.prod(common)
+    shared = [len(set(a) & set(b)) for a, b in zip(*axes)]
+    return arms * math.prod(shared)
 
 
 def _arms_of(spec: SweepSpec) -> set[str]:
