@@ -339,7 +339,7 @@ class SweepLock:
 
 def store_notes(store: "ResultStore") -> list[str]:
     """What ``status`` says of a sweep's store beside its rows: a compaction that was interrupted (plain
-    readers of results/ miss rows until it is finished) and a lock whose holder is gone."""
+    readers of results/ miss rows until it is finished), a lock whose holder is gone, and one held now."""
     lock = SweepLock(store.fs, store.sweep_dir)  # reads the lock file only: never takes it
     holder = lock.holder()
     alive = holder is not None and not lock.is_stale(holder)
@@ -350,6 +350,8 @@ def store_notes(store: "ResultStore") -> list[str]:
             "resume or compact takes it over)"
         )
     pending = store.unfinished_compaction()
+    if alive and not pending:  # a walk-through's status mid-launch showed missing cells, not that they run
+        notes.append(f"note: the sweep is running now ({holder.describe()}): its missing cells may be under way")
     if pending and not alive:
         notes.append(
             f"note: an interrupted compaction holds {pending} row file(s) in {store.compacting_dir}, where "

@@ -220,6 +220,12 @@ def test_a_lock_whose_holder_is_gone_is_named(tmp_path):
     with SweepLock(store.fs, store.sweep_dir):
         assert not (tmp_path / "s" / "_lock.t.tmp").exists()  # the dead holder's temp file goes with its lock
     assert store_notes(store) == [] and not list((tmp_path / "s").glob("_lock.*.tmp"))
+    # a walk-through's status mid-launch showed missing cells, not that a launch holds the sweep: a live
+    # process (this test's parent) holds it, its heartbeat fresh
+    live = holder | {"pid": __import__("os").getppid(), "heartbeat_at": __import__("time").time()}
+    (tmp_path / "s" / "_lock.json").write_text(json.dumps(live))
+    [held] = store_notes(store)
+    assert held.startswith(f"note: the sweep is running now (pid {live['pid']} on host ")
 
 
 @pytest.mark.parametrize("damage", ["pages", "footer"])
