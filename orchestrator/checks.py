@@ -569,6 +569,23 @@ def few_seeds_note(spec: SweepSpec) -> str | None:
     )
 
 
+def schedule_note(spec: SweepSpec) -> str | None:
+    """Settings valid alone that together do less than they seem to (a walk-through's `warmup_epochs: 5`
+    and `eval_every_epochs: 2` beside `epochs: 1` passed without a word): said, not refused."""
+    training, said = spec.training, []
+    if training.warmup_epochs > training.epochs:
+        said.append(
+            f"training.warmup_epochs {training.warmup_epochs:g} is longer than epochs {training.epochs:g}: the "
+            "learning rate rises for the whole run and never reaches learning_rate (a linear warmup, as HF's)"
+        )
+    if training.eval_every_epochs > training.epochs:
+        said.append(
+            f"training.eval_every_epochs {training.eval_every_epochs:g} is longer than epochs {training.epochs:g}: "
+            "each trial is evaluated once, at its end (trials/train.py's schedule)"
+        )
+    return "; ".join(said) or None
+
+
 # ``gpus_per_trial: auto`` measures one trial on a whole GPU (trials/memory_probe.py): it needs one.
 _AUTO = "resources.gpus_per_trial: auto measures a trial's memory on a GPU"
 

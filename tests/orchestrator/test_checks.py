@@ -916,3 +916,14 @@ def test_a_new_sweep_that_holds_another_sweeps_cells_is_told_before_it_runs_them
     assert "(6 with sweep 'first')" in api.plan(wider).note  # the dataset both have: 1 size x 2 depths x 3 seeds
     chosen = write_spec("chosen", seeds=[0, 1, 2], training={"select_metric": "f1"})
     assert "shares cells" not in (api.plan(chosen).note or "")
+
+
+def test_settings_that_do_less_together_than_they_seem_are_said(write_spec):
+    """A walk-through: `warmup_epochs: 5` and `eval_every_epochs: 2` beside `epochs: 1` passed without a word."""
+    from freezesweep.orchestrator import api
+
+    note = api.plan(write_spec("odd", training={"epochs": 1, "warmup_epochs": 5, "eval_every_epochs": 2})).note
+    assert "training.warmup_epochs 5 is longer than epochs 1: the learning rate rises for the whole run" in note
+    assert "training.eval_every_epochs 2 is longer than epochs 1: each trial is evaluated once, at its end" in note
+    plain = write_spec("plain", seeds=[0, 1, 2], training={"epochs": 2, "warmup_epochs": 1})
+    assert api.plan(plain).note is None
