@@ -20,7 +20,7 @@ import pandas as pd
 
 from freezesweep.orchestrator.local_files import Anchored, Shipment
 from freezesweep.orchestrator.spec import SweepSpec
-from freezesweep.results.settle import FULL, decide, next_round, variant_label
+from freezesweep.results.settle import FULL, arm_labels, decide, next_round, variant_label
 from freezesweep.results.store import FINAL_STATUSES
 from freezesweep.trials.config import TrialConfig
 
@@ -111,9 +111,7 @@ def in_grid(sweep: ResolvedSweep, rows: pd.DataFrame) -> pd.Series:
         for model in spec.models()
         for v in method_variants(spec, model, sweep.model_layers)
     }
-    method = rows["method"].fillna("freeze") if "method" in rows else pd.Series("freeze", index=rows.index)
-    depth, rank = (rows[c] if c in rows else pd.Series(None, index=rows.index) for c in ("frozen_layers", "lora_rank"))
-    labels = [variant_label(m, k, r) for m, k, r in zip(method, depth, rank)]
+    labels = arm_labels(rows)
     any_model = {label for _, label in arms}  # a row without its model (a test's, an old writer's): any model's
     arm_in = [
         (m, label) in arms if isinstance(m, str) else label in any_model for m, label in zip(rows["model"], labels)

@@ -27,11 +27,9 @@ from freezesweep.trials.config import LATER_FIELDS, MACHINE_FIELDS, TrialConfig
 from freezesweep.trials.metrics import METRICS
 
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]*$"  # a sweep name is a folder name in the store
-# Each pattern a field must match, in words: pydantic's message quotes the regex (a walk-through's
-# "String should match pattern '^[A-Za-z0-9][A-Za-z0-9_.-]*$'")
-_PATTERN_WORDS = {
-    NAME_PATTERN: "a folder name in the store: letters, digits, '_', '.' and '-' only, starting with a letter or digit",
-}
+# NAME_PATTERN in words: pydantic's message quotes the regex (a walk-through's
+# "String should match pattern '^[A-Za-z0-9][A-Za-z0-9_.-]*$'"); the only pattern a field has
+_NAME_WORDS = "a folder name in the store: letters, digits, '_', '.' and '-' only, starting with a letter or digit"
 DEFAULT_STORE = "./sweeps"  # the store root when neither the spec nor the command names one
 
 
@@ -715,7 +713,7 @@ def _format_pydantic(err: Mapping[str, Any]) -> str:
         return f"{where}: unknown key" + (f" (did you mean {near[0]}?)" if near else "")
     message = err["msg"].removeprefix("Value error, ")
     if err["type"] == "string_pattern_mismatch":
-        message = _PATTERN_WORDS.get(err.get("ctx", {}).get("pattern"), message)
+        message = _NAME_WORDS if err.get("ctx", {}).get("pattern") == NAME_PATTERN else message
     if not err["loc"]:  # a check across keys: its message names them (the input is the whole spec)
         return message
     if err["type"] == "missing":  # its input is the mapping the key is missing from: nothing to show

@@ -21,6 +21,7 @@ import pandas as pd
 
 from freezesweep.results.query import BASELINE, SCORE, with_methods
 from freezesweep.results.settle import (
+    arm_labels,
     FINAL,
     FULL,
     LEARNED,
@@ -39,7 +40,6 @@ from freezesweep.results.settle import (
     open_arms,
     order,
     seeds_to_decide,
-    variant_label,
 )
 from freezesweep.results.stats import GROUP, TOLERANCE, largest_k_retaining
 
@@ -95,7 +95,7 @@ def decide(
     known — it is looked at once, when every planned cell of the group is in (a look at part of it would be
     one it was not paid for)."""
     layers = with_methods(rows)
-    layers = layers.assign(arm=_labels(layers))  # once: every helper below reads a group's arms
+    layers = layers.assign(arm=arm_labels(layers))  # once: every helper below reads a group's arms
     retaining = largest_k_retaining(retained).set_index(GROUP)["k_retaining_90"]
     many_sweeps = rows["sweep"].nunique() > 1
     records = []
@@ -154,14 +154,6 @@ def _rounds_left(group: pd.DataFrame, decision: GroupDecision, rule: SettleRule,
         return True
     seeds_done = _arms(group).groupby("arm")["seed"].agg(set).to_dict()
     return bool(next_round(decision, rule, [a for a in grid if a != FULL], seeds_done))
-
-
-def _labels(group: pd.DataFrame) -> list[str]:
-    """Each row's arm: "freeze k=2", "lora r=8", "probe" (rows from before methods: freeze)."""
-    return [
-        variant_label(m, k, r)
-        for m, k, r in zip(group["method"], group["frozen_layers"], group.get("lora_rank", [None] * len(group)))
-    ]
 
 
 def _planned_arms(ks: set[int] | None, others: set[str] | None) -> set[str]:

@@ -682,6 +682,15 @@ def variant_label(method: str, frozen_layers, lora_rank) -> str:
     return method
 
 
+def arm_labels(rows: pd.DataFrame) -> list[str]:
+    """Each row's arm by ``variant_label``; rows from before methods (no ``method``, or null) are the
+    freeze rows they are, and a missing axis column is null."""
+    absent = pd.Series(None, index=rows.index, dtype=object)
+    method = rows["method"].fillna("freeze") if "method" in rows else absent.fillna("freeze")
+    depth, rank = (rows[c] if c in rows else absent for c in ("frozen_layers", "lora_rank"))
+    return [variant_label(m, k, r) for m, k, r in zip(method, depth, rank)]
+
+
 # --- what to run next, and what would decide it ---------------------------------------------------
 def open_arms(decision: GroupDecision, arms: Collection[str], tolerance: float) -> list[str]:
     """The grid's arms (full fine-tuning aside) whose seeds could still change the advice: along the

@@ -795,11 +795,12 @@ def _read_csv(path: Path, sep: str) -> pd.DataFrame:
         raise ValueError(f"its header {frame.columns[0]!r} is one column; are its fields separated by {others[0]!r}?")
     if any(issubclass(w.category, pd.errors.ParserWarning) for w in caught):
         try:
-            records = [record for _, record in _records(path, sep) if record]
-            lines = _lines_with_extra_fields(path, sep, len(frame.columns))
+            numbered = [(line, record) for line, record in _records(path, sep) if record]  # read once
         except csv.Error as exc:  # the csv module's own limits (a field past 128 KiB): the lines unknown
             raise ValueError(f"more fields than its header's {len(frame.columns)} on some line ({exc})") from exc
-        if lines and _row_numbers_first(records, len(frame.columns)):
+        fields = len(frame.columns)
+        lines = [line for line, record in numbered if any(field.strip() for field in record[fields:])]
+        if lines and _row_numbers_first([record for _, record in numbered], fields):
             # an unlabelled index column first, as df.to_csv(index_label=False) and R's write.table(sep=",")
             # write it: read as pandas reads it (its index), then dropped
             return pd.read_csv(path, sep=sep, keep_default_na=False, encoding="utf-8-sig").reset_index(drop=True)
@@ -815,11 +816,6 @@ def _row_numbers_first(records: list[list[str]], fields: int) -> bool:
     other extra field is data past the header, refused (which column it belongs to cannot be known)."""
     firsts = [record[0].strip() for record in records if len(record) == fields + 1]
     return len(firsts) == len(records) > 0 and len(set(firsts)) == len(firsts) and all(f.isdigit() for f in firsts)
-
-
-def _lines_with_extra_fields(path: Path, sep: str, fields: int) -> list[int]:
-    """The lines of the records with a non-empty field past the header's ``fields``."""
-    return [line for line, record in _records(path, sep) if any(field.strip() for field in record[fields:])]
 
 
 def _load_from_hub(dataset: str) -> dict[str, pd.DataFrame]:

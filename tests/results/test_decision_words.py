@@ -7,24 +7,7 @@ import pytest
 from freezesweep.results.report import SweepRows, build_report, decisions
 from freezesweep.results.settle import MIN_PAIRS, SettleRule
 from freezesweep.results.store import ResultStore
-from tests.results.test_report import MAJORITY, _stored_fixed_grid, row
-
-
-def regression_row(k: int, seed: int, score: float, **extra) -> dict:
-    """An STS-B-like row: Pearson selected, the train mean's correlation (0) its constant baseline."""
-    return row(
-        k=k,
-        seed=seed,
-        acc=None,
-        majority_baseline=None,
-        select_metric="pearson",
-        best_val_score=score,
-        baseline_score=0.0,
-        best_val_pearson=score,
-        baseline_pearson=0.0,
-        collapsed=score == 0.0,
-        **extra,
-    )
+from tests.results.test_report import MAJORITY, _stored_fixed_grid, regression_row, row
 
 
 def test_the_regression_metrics_are_the_trial_packages():

@@ -48,6 +48,25 @@ def row(sweep="s", dataset="d", n=100, k=0, seed=0, acc=None, status="ok", cost=
     )
 
 
+def regression_row(k: int, seed: int, score: float, sweep="s", dataset="d", **extra) -> dict:
+    """An STS-B-like row: Pearson selected, the train mean's correlation (0) its constant baseline."""
+    return row(
+        sweep,
+        dataset=dataset,
+        k=k,
+        seed=seed,
+        acc=None,
+        majority_baseline=None,
+        select_metric="pearson",
+        best_val_score=score,
+        baseline_score=0.0,
+        best_val_pearson=score,
+        baseline_pearson=0.0,
+        collapsed=score == 0.0,
+        **extra,
+    )
+
+
 def known_rows(sweep="s") -> list[dict]:
     rows = [
         row(sweep, k=k, seed=seed, acc=acc, cost=COST_100[k])
@@ -454,21 +473,7 @@ def test_the_report_shows_each_rows_selected_metric(tmp_path):
     store = ResultStore(str(tmp_path / "store"), "sts")
     for k, scores in {0: [0.80, 0.85, 0.90], 3: [0.798, 0.847, 0.899]}.items():
         for seed, score in enumerate(scores):
-            store.write_row(
-                row(
-                    "sts",
-                    dataset="stsb",
-                    k=k,
-                    seed=seed,
-                    acc=None,
-                    majority_baseline=None,
-                    select_metric="pearson",
-                    best_val_score=score,
-                    baseline_score=0.0,
-                    best_val_pearson=score,
-                    cost=COST_100[k],
-                )
-            )
+            store.write_row(regression_row(k, seed, score, sweep="sts", dataset="stsb", cost=COST_100[k]))
     report = build_report([SweepRows.from_store(store)])
     (decision,) = report.decisions.to_dict("records")
     assert decision["metric"] == "pearson" and decision["frozen_layers"] == 3
