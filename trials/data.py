@@ -276,7 +276,9 @@ def _load_task(
         official_metrics=_official_metrics(dataset, regression),
         dropped=dropped,
         label_names=names,
-        notes=(note,) if (note := _label_note(dataset, labels["train"], regression)) else (),
+        notes=tuple(
+            n for n in (_label_note(dataset, labels["train"], regression), _overlap_note(dataset, splits)) if n
+        ),
     )
 
 
@@ -847,6 +849,25 @@ def _glue_cached() -> bool:
     except Exception:  # not cached, or a datasets without that factory: no cache to fall back to
         return False
     return True
+
+
+def _overlap_note(dataset: str, splits: dict[str, Split]) -> str | None:
+    """Validation rows whose text (and pair) train also holds: their scores measure recall as well as
+    what was learned (splits cut from one file that repeats rows, or one split copied as the other): said,
+    not refused. A GLUE task's split is its own (CoLA's validation shares 16 of its
+    1,043 sentences with its train)."""
+    if glue_task(dataset) is not None:
+        return None
+    train, val = splits["train"], splits["validation"]
+    seen = set(zip(train.texts, train.pairs or train.texts))
+    shared = sum(row in seen for row in zip(val.texts, val.pairs or val.texts))
+    if not shared:
+        return None
+    what = "text and pair" if val.pairs else "text"
+    return (
+        f"{shared:,} of {len(val):,} validation rows ({100 * shared / len(val):.3g} %) have a {what} the train file "
+        "also has: a trial whose train subset holds them scores them from memory as well as from what it learned"
+    )
 
 
 def describe_task(

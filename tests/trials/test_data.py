@@ -340,8 +340,8 @@ _WRITERS = {
 def test_float_labels_are_one_task_in_every_format_and_whole_ones_are_noted(tmp_path, fmt):
     """Before: labels 0.0/1.0 were a regression task from Parquet and CSV but classification from JSON(L)
     (pandas' JSON reader made whole floats ints), and neither said a word of it."""
-    frame = pd.DataFrame({"sentence": [f"row {i}" for i in range(8)], "label": [0.0, 1.0] * 4})
     for split in ("train", "validation"):
+        frame = pd.DataFrame({"sentence": [f"{split} row {i}" for i in range(8)], "label": [0.0, 1.0] * 4})
         _WRITERS[fmt](frame, tmp_path / f"{split}.{fmt}")
     assert b"1.0" in (tmp_path / f"train.{fmt}").read_bytes() or fmt == "parquet"
     shape = describe_task(str(tmp_path))
@@ -354,12 +354,28 @@ def test_float_labels_are_one_task_in_every_format_and_whole_ones_are_noted(tmp_
 
 def test_scores_that_are_not_all_whole_or_are_many_are_not_noted(tmp_path):
     for name, labels in (("halves", [0.0, 0.5, 1.0, 1.5] * 2), ("many", [float(i) for i in range(12)])):
-        frame = pd.DataFrame({"sentence": [f"row {i}" for i in range(len(labels))], "label": labels})
         for split in ("train", "validation"):
+            frame = pd.DataFrame({"sentence": [f"{split} row {i}" for i in range(len(labels))], "label": labels})
             (tmp_path / name).mkdir(exist_ok=True)
             frame.to_json(tmp_path / name / f"{split}.jsonl", orient="records", lines=True)
         shape = describe_task(str(tmp_path / name))
         assert shape.regression and shape.notes == (), name
+
+
+def test_validation_rows_the_train_file_also_has_are_noted(tmp_path):
+    """Before: one file given as both splits (or splits cut from a file that repeats rows) trained and
+    scored without a word; its scores were partly recall. A text alike with another pair is not the row."""
+    train = pd.DataFrame({"a": ["x", "y", "z", "w"], "b": ["1", "2", "3", "4"], "label": [0, 1, 0, 1]})
+    train.to_csv(tmp_path / "train.csv", index=False)
+    pd.concat([train.iloc[:2], train.iloc[2:].assign(b="new")]).to_csv(tmp_path / "validation.csv", index=False)
+    assert describe_task(str(tmp_path), text_column="a").notes == (
+        "4 of 4 validation rows (100 %) have a text the train file also has: a trial whose train subset holds "
+        "them scores them from memory as well as from what it learned",
+    )
+    assert describe_task(str(tmp_path), text_column="a", text_pair_column="b").notes == (
+        "2 of 4 validation rows (50 %) have a text and pair the train file also has: a trial whose train subset "
+        "holds them scores them from memory as well as from what it learned",
+    )
 
 
 def test_a_validation_file_under_another_name_is_named_with_what_to_do(tmp_path):
