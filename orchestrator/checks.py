@@ -13,12 +13,15 @@ them, so that commands reading a stored sweep (status, summary, report) start in
 
 from __future__ import annotations
 
+import copy
 import difflib
 import os
 import re
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Protocol
+
+from pydantic import ValidationError
 
 from freezesweep.orchestrator.spec import (
     COLUMN_KEYS,
@@ -715,13 +718,16 @@ def _protocol_changes(stored: dict[str, Any], raw: dict[str, Any]) -> list[str]:
     new_datasets = raw.get("datasets") if isinstance(raw.get("datasets"), list) else []
     common = [d for d in stored.get("datasets") or [] if d in new_datasets]
     try:
-        old, new = (
-            SweepSpec.model_validate({**s, "datasets": common or stored["datasets"]}) for s in (stored, overlay)
-        )
-        # nothing to compare select_metric on: leave it out, never resolve it from the data
-        old_protocol, new_protocol = (s.protocol(select_metrics(s) if common else {}) for s in (old, new))
+        old_protocol, new_protocol = _protocols(stored, overlay, common)
+    except ValidationError as exc:
+        # the new protocol's own problems are pydantic's to report; the changes of its valid values are
+        # said beside them, not only once they are mended (a changed rate beside a misspelt key: two rounds)
+        try:
+            old_protocol, new_protocol = _protocols(stored, _stored_where_invalid(overlay, stored, exc), common)
+        except Exception:
+            return []
     except Exception:
-        return []  # the new protocol's own problems are reported by pydantic
+        return []
     old_flat, new_flat = flatten(old_protocol), flatten(new_protocol)
     changed = sorted(k for k in old_flat.keys() | new_flat.keys() if old_flat.get(k) != new_flat.get(k))
     return [
@@ -729,6 +735,30 @@ def _protocol_changes(stored: dict[str, Any], raw: dict[str, Any]) -> list[str]:
         "with the old protocol (start a new sweep name to compare protocols)"
         for k in changed
     ]
+
+
+def _protocols(stored: dict[str, Any], overlay: dict[str, Any], common: list[str]) -> tuple[dict, dict]:
+    """The stored and the new protocol, each validated on the datasets both have (the stored ones where
+    none is common: then select_metric is left out, never resolved from the data)."""
+    old, new = (SweepSpec.model_validate({**s, "datasets": common or stored["datasets"]}) for s in (stored, overlay))
+    return old.protocol(select_metrics(old) if common else {}), new.protocol(select_metrics(new) if common else {})
+
+
+def _stored_where_invalid(overlay: dict[str, Any], stored: dict[str, Any], exc: ValidationError) -> dict[str, Any]:
+    """``overlay`` with each value pydantic refused replaced by the stored spec's (left out where that has
+    none): what is left of the new protocol is compared."""
+    fixed = copy.deepcopy(overlay)
+    for error in exc.errors():
+        *parents, leaf = error["loc"] or ("",)
+        holder, source = fixed, stored
+        for key in parents:
+            holder = holder.get(key) if isinstance(holder, dict) else None
+            source = source.get(key) if isinstance(source, dict) else None
+        if isinstance(holder, dict):
+            holder.pop(leaf, None)
+            if isinstance(source, dict) and leaf in source:
+                holder[leaf] = copy.deepcopy(source[leaf])
+    return fixed
 
 
 FRESH_SWEEP = (

@@ -461,6 +461,20 @@ def test_a_sweep_stored_before_select_metric_reads_as_accuracy(write_spec, tmp_p
     load_spec(write_spec("legacy", **{**axes, "datasets": ["glue/sst2"]}))  # SST-2's default is accuracy: accepted
 
 
+def test_a_protocol_change_is_named_beside_the_new_protocols_own_problems(write_spec):
+    """Before: a changed learning rate beside a mistyped epochs (or an unknown training key) was said only
+    once the epochs were mended: two rounds of errors for one spec."""
+    from freezesweep.results.store import ResultStore
+
+    raw = yaml.safe_load(write_spec("grown").read_text())
+    ResultStore(raw["store"], raw["name"]).write_spec(yaml.safe_dump(raw))  # a sweep with rows has its spec
+    changed = "training.learning_rate: changed from 0.003 to 0.001, but sweep 'grown' already has rows"
+    for bad in ({"epochs": "ten"}, {"epoch": 3}):
+        problems = _problems(write_spec("grown", training={"learning_rate": 0.001, **bad}))
+        assert len(problems) == 2 and problems[1].startswith(changed), problems
+        assert problems[0].startswith("training.epoch"), problems
+
+
 def test_sizes_below_the_classes_and_no_room_for_text_are_refused(write_spec):
     """Before: train_sizes [1] with two classes and max_seq_length 1 were accepted without a word."""
     problems = _problems(write_spec(train_sizes=[1, 24], training={"max_seq_length": 2}))
