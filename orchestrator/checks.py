@@ -750,7 +750,8 @@ def _stored_where_invalid(overlay: dict[str, Any], stored: dict[str, Any], exc: 
     fixed = copy.deepcopy(overlay)
     for error in exc.errors():
         *parents, leaf = error["loc"] or ("",)
-        holder, source = fixed, stored
+        holder: Any = fixed
+        source: Any = stored
         for key in parents:
             holder = holder.get(key) if isinstance(holder, dict) else None
             source = source.get(key) if isinstance(source, dict) else None
