@@ -317,43 +317,32 @@ def run(
         done = final_of(statuses)
         unfinished = set(statuses) - done  # cells whose stored row a final one replaces
         total, settle = grid_size(sweep), sweep.spec.settle is not None
+        ran_none = functools.partial(
+            LaunchSummary, total, len(done), 0, 0, 0, sweep=sweep.name, store=sweep.spec.store, settle=settle
+        )
         pending = peeked(next_cells(sweep, store, done))
         if pending is None:
-            return LaunchSummary(total, len(done), 0, 0, 0, sweep=sweep.name, store=sweep.spec.store, settle=settle)
+            return ran_none()
         session.connect()  # before Tune reads its state back: the session decides where Ray runs
         storage = ray_storage(store, cluster=sweep.on_cluster)
         recovered = recover_rows(storage, sink, sweep, final_of(every), set(every) - final_of(every))
         pending = peeked(c for c in pending if c.trial_id not in recovered)
         if pending is None:
-            return LaunchSummary(
-                total,
-                len(done),
-                0,
-                0,
-                0,
-                recovered=len(recovered),
-                sweep=sweep.name,
-                store=sweep.spec.store,
-                settle=settle,
-            )
+            return ran_none(recovered=len(recovered))
         notice = checkpoint_storage_warning(
             bool(sweep.spec.training.checkpoint_every_epochs), sweep.spec.store, storage, on_cluster=sweep.on_cluster
         )
         if notice:
             print(f"warning: {notice}", file=sys.stderr)
+        progress = SweepProgress(
+            total=total,
+            done=len(done | recovered),
+            enabled=show_progress,
+            models=len(sweep.spec.models()),
+            at_most=settle,
+        )
         writer = RowWriter(
-            sweep.name,
-            sink,
-            done | recovered,
-            SweepProgress(
-                total=total,
-                done=len(done | recovered),
-                enabled=show_progress,
-                models=len(sweep.spec.models()),
-                at_most=settle,
-            ),
-            on_row=row_tracker(sweep),
-            unfinished=unfinished - recovered,
+            sweep.name, sink, done | recovered, progress, on_row=row_tracker(sweep), unfinished=unfinished - recovered
         )
         retried = run_rounds(Launch(sweep, storage, writer, lock.raise_if_lost, faults, trainable), pending)
         flush_or_fail(sink)

@@ -403,17 +403,7 @@ def run_tune(
         outcomes.update(result.trial_id for result in results)
 
     tuner = tune.Tuner(
-        # with_parameters: what every trial may need goes to the object store once, not into each one's config
-        tune.with_resources(
-            tune.with_parameters(
-                trainable or tune_trainable,
-                cells=by_id,
-                shipment=sweep.shipment,
-                earlier=earlier,
-                width=sweep.array_width,
-            ),
-            {"cpu": resources.cpus_per_trial, "gpu": sweep.gpu_share},
-        ),
+        _with_cells(trainable or tune_trainable, sweep, by_id, earlier),
         tune_config=tune.TuneConfig(
             search_alg=CellSearcher(units),
             num_samples=len(units),
@@ -421,23 +411,16 @@ def run_tune(
             reuse_actors=True,  # one worker process runs many trials: imports, tokenizer and token cache stay warm
             trial_dirname_creator=trial_dirname,
         ),
-        run_config=tune.RunConfig(
-            name=experiment,
-            storage_path=storage.path,
-            storage_filesystem=storage.filesystem,
-            # A trial whose process or node dies is run again, from its last checkpoint when it has one
-            # (ray_checkpoints above); only the latest is kept, and none once the trial is over.
-            failure_config=tune.FailureConfig(max_failures=resources.max_failures),
-            checkpoint_config=tune.CheckpointConfig(num_to_keep=1),
-            callbacks=[
-                OutcomeCallback(
-                    sink,
-                    by_id,
-                    stop_if,
-                    trial_over=functools.partial(drop_checkpoints, storage, experiment) if checkpoints else None,
-                )
-            ],
-            verbose=0,
+        run_config=_run_config(
+            experiment,
+            storage,
+            resources.max_failures,
+            OutcomeCallback(
+                sink,
+                by_id,
+                stop_if,
+                trial_over=functools.partial(drop_checkpoints, storage, experiment) if checkpoints else None,
+            ),
         ),
     )
     try:
@@ -454,6 +437,31 @@ def run_tune(
             "every trial's outcome is kept",
             file=sys.stderr,
         )
+
+
+def _with_cells(trainable: Callable, sweep: ResolvedSweep, by_id: dict[str, dict], earlier: dict) -> Callable:
+    """``trainable`` with what every trial may need (the cells, the shipped files, earlier checkpoints)
+    in the object store once, not in each trial's config (``tune.with_parameters``), and the trial's
+    CPU and GPU share."""
+    return tune.with_resources(
+        tune.with_parameters(trainable, cells=by_id, shipment=sweep.shipment, earlier=earlier, width=sweep.array_width),
+        {"cpu": sweep.spec.resources.cpus_per_trial, "gpu": sweep.gpu_share},
+    )
+
+
+def _run_config(experiment: str, storage: RayStorage, max_failures: int, outcomes: OutcomeCallback) -> tune.RunConfig:
+    """Where the experiment's state goes, Ray's retries, and ``outcomes`` told of every trial's end."""
+    return tune.RunConfig(
+        name=experiment,
+        storage_path=storage.path,
+        storage_filesystem=storage.filesystem,
+        # A trial whose process or node dies is run again, from its last checkpoint when it has one
+        # (ray_checkpoints above); only the latest is kept, and none once the trial is over.
+        failure_config=tune.FailureConfig(max_failures=max_failures),
+        checkpoint_config=tune.CheckpointConfig(num_to_keep=1),
+        callbacks=[outcomes],
+        verbose=0,
+    )
 
 
 def _quiet_tune_defaults() -> None:

@@ -731,17 +731,7 @@ def build_array(
     stack = stack_model(model, names, min(width, len(cfgs)), "different" if own else "same")
     schedule = make_schedule(len(data.train_rows), common)
     graphed = not own and array_graphs_apply(cfgs, common, (device, precision), key, worker)
-    base = FitContext(
-        common,
-        precision,
-        device,
-        schedule,
-        data.batches,
-        on_eval=None,
-        feed=feed,
-        eval_labels=eval_labels(data.batches),  # on the host once per array, not at every evaluation
-        cuda_graphs=graphed,
-    )
+    base = _array_context(common, precision, device, schedule, data, feed, graphed)
     queue = collections.deque(cfgs)
     tokens = max(map(longest, datas.values())) if own else 0  # the slots' one batch shape: the longest row
 
@@ -774,6 +764,30 @@ def build_array(
         shared.buckets = length_buckets(batch_sizes(shared.stream.rows, shared.stream.orders, 0, base))
         shared.failures, shared.key = worker.graph_failures, key
     return ArrayRun(stack, members, base, reader, shared, finish, on_results, start, depths)
+
+
+def _array_context(
+    common: TrialConfig,
+    precision: PrecisionPlan,
+    device: torch.device,
+    schedule: Schedule,
+    data: TrialData,
+    feed,
+    graphed: bool,
+) -> FitContext:
+    """What every member's fit shares: the common config's schedule, the evaluation batches and their
+    labels (on the host once per array, not at every evaluation), the feed, CUDA graphs or not."""
+    return FitContext(
+        common,
+        precision,
+        device,
+        schedule,
+        data.batches,
+        on_eval=None,
+        feed=feed,
+        eval_labels=eval_labels(data.batches),
+        cuda_graphs=graphed,
+    )
 
 
 def eval_depths(cfgs: Sequence[TrialConfig], model: nn.Module, names: set[str], where: tuple) -> EvalDepths:

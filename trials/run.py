@@ -72,12 +72,7 @@ def run_trial(
     if cfg.method == "probe":
         return _probe_trial(cfg, model, data, plan, device, started)
     report, lora_targets = adapt(model, cfg)
-
-    fill_started = time.perf_counter()  # the caches' first fill in this worker: recorded on its own
-    eval_prefix = evaluation_prefix(cfg, model, data, plan, device)
-    train_prefix = _train_prefix(cfg, model, data, plan, device)
-    synchronize(device)
-    cache_fill_time_s = time.perf_counter() - fill_started
+    eval_prefix, train_prefix, cache_fill_time_s = _fill_caches(cfg, model, data, plan, device)
     reader, feed = feed_of(cfg, model, data, device, packed=train_prefix is None)
     graphed = graphs.cuda_graphs_apply(cfg, device, plan, train_prefix) and model_key(cfg, model) not in (
         data.worker.graph_failures
@@ -99,24 +94,24 @@ def run_trial(
         state = fit(model, data.train_tokens, data.task.train.labels[data.train_rows], data.pad_id, ctx)
     if state.cuda_graphs_failed:  # this worker's later trials of the model run eagerly from the start
         data.worker.graph_failures[model_key(cfg, model)] = state.cuda_graphs_failed
+    prefixes = (eval_prefix, train_prefix)
     result = trial_result(
-        cfg,
-        data,
-        report,
-        state,
-        device,
-        plan,
-        (eval_prefix, train_prefix),
-        wall_time_s=time.perf_counter() - started,
-        cache_fill_time_s=cache_fill_time_s,
+        cfg, data, report, state, device, plan, prefixes, time.perf_counter() - started, cache_fill_time_s
     )
-    return dataclasses.replace(
-        result,
-        lora_targets=lora_targets,
-        optimisations=optimisations_used(
-            eval_prefix, train_prefix, reader, feed, cuda_graphs=graphed and not state.cuda_graphs_failed
-        ),
-    )
+    used = optimisations_used(*prefixes, reader, feed, cuda_graphs=graphed and not state.cuda_graphs_failed)
+    return dataclasses.replace(result, lora_targets=lora_targets, optimisations=used)
+
+
+def _fill_caches(
+    cfg: TrialConfig, model, data: TrialData, plan: PrecisionPlan, device: torch.device
+) -> tuple[PrefixStates | None, TrainPrefix | None, float]:
+    """The evaluation and train prefix caches, and the seconds their fill took (a worker's first fill of
+    them is recorded on its own: ``cache_fill_time_s``)."""
+    fill_started = time.perf_counter()
+    eval_prefix = evaluation_prefix(cfg, model, data, plan, device)
+    train_prefix = _train_prefix(cfg, model, data, plan, device)
+    synchronize(device)
+    return eval_prefix, train_prefix, time.perf_counter() - fill_started
 
 
 def start_trial(cfg: TrialConfig) -> tuple[torch.device, PrecisionPlan]:
@@ -155,22 +150,7 @@ def _probe_trial(
     """Features of the frozen model (cached) → C by cross-validation on the train subset → the
     validation set scored once (trials/probe.py)."""
     task, layers = data.task, len(find_encoder_parts(model).layers)
-    fill_started = time.perf_counter()
-    val_states = eval_cache.prefix_states(
-        model, data.batches, plan, device, layers, _eval_key(cfg, data, plan, device, model), data.worker
-    )
-    train_states = train_prefix(
-        model,
-        data.train_tokens,
-        data.train_rows,
-        plan,
-        device,
-        layers,
-        _train_key(cfg, data, plan, device),
-        data.worker,
-    )
-    synchronize(device)
-    fill_s = time.perf_counter() - fill_started
+    val_states, train_states, fill_s = _probe_states(cfg, model, data, plan, device, layers)
     pooling = probe.resolve_pooling(
         cfg.probe_pooling, resolve_model_path(cfg.model_files()), is_decoder_only(model.config)
     )
@@ -197,17 +177,7 @@ def _probe_trial(
         trainable_params=fitted.trainable_params,
         total_params=sum(p.numel() for p in model.base_model.parameters()) + fitted.trainable_params,
     )
-    result = trial_result(
-        cfg,
-        data,
-        params,
-        state,
-        device,
-        plan,
-        (None, None),
-        wall_time_s=time.perf_counter() - started,
-        cache_fill_time_s=fill_s,
-    )
+    result = trial_result(cfg, data, params, state, device, plan, (None, None), time.perf_counter() - started, fill_s)
     return dataclasses.replace(
         result,
         probe_pooling=pooling,
@@ -216,6 +186,19 @@ def _probe_trial(
         eval_cached_layers=layers,
         train_cached_layers=layers,
     )
+
+
+def _probe_states(
+    cfg: TrialConfig, model, data: TrialData, plan: PrecisionPlan, device: torch.device, layers: int
+) -> tuple[PrefixStates, TrainPrefix, float]:
+    """Every layer's output for the validation rows and the train subset (the probe's features, cached
+    as the frozen prefixes are), and the seconds their fill took."""
+    fill_started = time.perf_counter()
+    eval_key, train_key = _eval_key(cfg, data, plan, device, model), _train_key(cfg, data, plan, device)
+    val_states = eval_cache.prefix_states(model, data.batches, plan, device, layers, eval_key, data.worker)
+    train_states = train_prefix(model, data.train_tokens, data.train_rows, plan, device, layers, train_key, data.worker)
+    synchronize(device)
+    return val_states, train_states, time.perf_counter() - fill_started
 
 
 def _probe_point(fitted: probe.ProbeFit, val_states, data: TrialData, pooling: str) -> EvalPoint:
