@@ -245,14 +245,22 @@ def plan(spec: SpecSource, *, store: str | None = None) -> Plan:
     from freezesweep.results.store import final_of
     from freezesweep.trials.placement import mps_here
 
-    from freezesweep.orchestrator.checks import data_notes, few_seeds_note, schedule_note, validate
+    from freezesweep.orchestrator.checks import data_notes, few_seeds_note, pair_notes, schedule_note, validate
 
+    quiet_libraries()  # as a launch: transformers' warnings of building the skeletons are not the user's
     raw, name = _raw_spec(spec, store, None)
     # the trials' machines are not here; a stored sweep of its name is compared with it, as a launch does
     spec = validate(raw, name, devices=False)
     sweep, precision_note = resolve_for_plan(spec)
     # what a launch will say of the data (rows empty_texts: drop leaves out; float labels read as scores)
-    notes = (*data_notes(spec), precision_note, few_seeds_note(spec), schedule_note(spec), same_cells_note(spec))
+    notes = (
+        *data_notes(spec),
+        *pair_notes(spec),
+        precision_note,
+        few_seeds_note(spec),
+        schedule_note(spec),
+        same_cells_note(spec),
+    )
     notes = tuple(n for n in notes if n)
     cells = build_grid(sweep)
     result_store = ResultStore(spec.store, spec.name)
@@ -516,7 +524,7 @@ def _working_folder(folder: str) -> Iterator[None]:
 
 
 def _launch(raw: Any, source: str, progress: bool) -> LaunchSummary:
-    from freezesweep.orchestrator.checks import data_notes, few_seeds_note, schedule_note, validate
+    from freezesweep.orchestrator.checks import data_notes, few_seeds_note, pair_notes, schedule_note, validate
     from freezesweep.orchestrator.launch import launch as run_launch
     from freezesweep.orchestrator.ray_session import RaySession
     from freezesweep.orchestrator.sweeps import same_cells_note
@@ -525,7 +533,13 @@ def _launch(raw: Any, source: str, progress: bool) -> LaunchSummary:
     session = RaySession(raw.get("address") if isinstance(raw, dict) else None)
     with sigterm_as_interrupt() as terminated:
         spec = validate(raw, source, cluster=session)
-        for note in [*data_notes(spec), few_seeds_note(spec), schedule_note(spec), same_cells_note(spec)]:
+        for note in [
+            *data_notes(spec),
+            *pair_notes(spec),
+            few_seeds_note(spec),
+            schedule_note(spec),
+            same_cells_note(spec),
+        ]:
             if note:
                 print(f"note: {note}", file=sys.stderr)
         if spec.cell_count() > LARGE_GRID:

@@ -192,10 +192,17 @@ def _model_problems(raw: dict[str, Any]) -> list[str]:
             continue
         problems += _checkpoint_problems(model, config, raw)
         problems += _sequence_problems(model, raw)
+        if getattr(config, "summary_type", None) == "last":
+            # XLNet's head reads position -1 whatever the padding (its tokenizer pads on the left); the
+            # trials pad on the right, so it would read padding for every shorter text (a walk-through)
+            problems.append(
+                f"model: {model}: its classifier reads the last position (summary_type 'last', as XLNet's), "
+                "which right-padded batches fill with padding: not supported (summary_type 'first' or 'mean' is)"
+            )
         too_deep = [k for k in _ints(raw.get("frozen_layers")) if layers is not None and k > layers]
         if too_deep and "freeze" in methods:
             problems.append(
-                f"frozen_layers: {too_deep} exceed the {layers} encoder layers of {model} "
+                f"frozen_layers: {too_deep} exceed the {layers} layers of {model} "
                 "('all' freezes every layer of each model)"
             )
         if "lora" in methods:
@@ -234,11 +241,19 @@ def structure_problems(raw: dict[str, Any]) -> list[str]:
         try:
             skeleton = build_skeleton(model)
         except Exception as exc:  # a config transformers cannot build a sequence classifier from
-            problems.append(f"model: {model}: cannot build a sequence classifier from its config: {exc}")
+            problems.append(f"model: {model}: cannot build a sequence classifier from its config: {_built(exc)}")
             continue
         found = model_structure_problems(skeleton, values, needs_layers=bool({"lora", "probe"} & set(methods)))
         problems += [f"model: {model}: {p}" for p in found]
     return problems
+
+
+def _built(exc: Exception) -> str:
+    """Why transformers built no classifier, without the list of every config class it has one for
+    (about 4 KB after "Model type should be one of": a walk-through's CodeGen)."""
+    text = str(exc).split("\nModel type should be one of", 1)[0]
+    unknown = re.match(r"Unrecognized configuration class <class '[\w.]*\.(\w+)'>", text)
+    return f"transformers has no sequence-classification class for {unknown[1]}" if unknown else text
 
 
 # What a pretrained checkpoint's weights are saved as (transformers' save_pretrained; sharded: an index).
@@ -348,15 +363,14 @@ def _position_offset(config: Any) -> int:
 
 def lora_problems(model: str, targets: list[str] | None) -> list[str]:
     """LoRA targets that do not exist in ``model``'s layers (its structure, built without weights)."""
-    import torch  # deferred with transformers: see the module docstring
-    from transformers import AutoModelForSequenceClassification
-
     from freezesweep.trials.freezing import FreezingError
     from freezesweep.trials.lora import LoraError, resolve_targets
-    from freezesweep.trials.model import load_model_config
+    from freezesweep.trials.model import build_skeleton
 
-    with torch.device("meta"):  # the module tree only: no memory, no weights read
-        skeleton = AutoModelForSequenceClassification.from_config(load_model_config(model))
+    try:
+        skeleton = build_skeleton(model)  # the module tree only: no memory, no weights read
+    except Exception:
+        return []  # no classifier from its config: structure_problems names it (a walk-through's traceback)
     try:
         resolve_targets(skeleton, tuple(targets) if targets else None)  # as the trial will
     except LoraError as exc:
@@ -546,6 +560,28 @@ def data_notes(spec: SweepSpec) -> list[str]:
             counts = " and ".join(f"{n} {split}" for split, n in dropped.items())
             notes.append(
                 f"{dataset}: dropped {counts} row(s) with an empty or missing text (training.empty_texts: drop)"
+            )
+    return notes
+
+
+def pair_notes(spec: SweepSpec) -> list[str]:
+    """Models whose tokenizer puts nothing between a pair's two texts (GPT-2's, Qwen's: no pair template),
+    beside pair datasets: the model reads the two as one text, as transformers' own pipelines and Trainer
+    would feed them (a walk-through's MRPC on GPT-2: said, not changed)."""
+    from freezesweep.trials.model import load_tokenizer  # transformers: see the module docstring
+
+    pairs = [
+        d
+        for d in spec.datasets
+        if column_for(spec.training.text_pair_column, d) or (d.startswith("glue/") and d[5:] in GLUE_PAIR_TASKS)
+    ]
+    notes = []
+    for model in spec.models() if pairs else []:
+        tokenizer = load_tokenizer(model)
+        if tokenizer.num_special_tokens_to_add(pair=True) == tokenizer.num_special_tokens_to_add(pair=False):
+            notes.append(
+                f"{model}: its tokenizer marks nowhere where a pair's second text starts ({', '.join(pairs)}): the "
+                "model reads the two as one text (to mark it, write the pair as one text column with a separator)"
             )
     return notes
 

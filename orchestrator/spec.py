@@ -186,7 +186,7 @@ class LoraSpec(_Strict):
         None,
         min_length=1,
         description="module names (or dotted suffixes) inside "
-        "each encoder layer; unset: the layer's attention projections",
+        "each layer of the stack; unset: the layer's attention projections",
     )
     learning_rate: Float | None = Field(
         None,

@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import json
+import logging
 import os
 import pickle
 import subprocess
@@ -267,6 +268,38 @@ def test_what_a_notebook_prints_stays_short(write_spec, tmp_path):
     big = fs.plan(big_spec)
     assert len(big.cells) == 8_000 and len(repr(big)) < 1500 and len(repr(big_spec)) < 1500
     assert "seeds=[2,000 values: 0, 1, …, 1999]" in repr(big_spec)
+
+
+def test_plan_prints_no_warning_of_transformers(write_spec, tmp_path, minilm_tokenizer):
+    """Before: plan of a checkpoint saved with a 3-class label map, on 2-class data, printed transformers'
+    "You passed `num_labels=2` which is incompatible to the `id2label` map of length `3`" (a walk-through):
+    the trial draws a head of the data's classes, as a launch (which said nothing) does."""
+    import transformers
+    from transformers import BertConfig
+
+    from tests.conftest import save_tiny
+
+    config = BertConfig(
+        vocab_size=len(minilm_tokenizer),
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        intermediate_size=64,
+        num_labels=3,
+    )
+    model = save_tiny(tmp_path / "three-labels", config, minilm_tokenizer)
+    # transformers' own handler writes to the stderr of its import, not one pytest captures: a handler here
+    records: list[logging.LogRecord] = []
+    handler = logging.Handler()
+    handler.emit = records.append
+    root = transformers.utils.logging.get_logger("transformers")
+    root.addHandler(handler)
+    try:
+        transformers.logging.set_verbosity_warning()  # as a fresh process has it (another test may quieten it)
+        fs.plan(write_spec(model=model))
+    finally:
+        root.removeHandler(handler)
+    assert not [r for r in records if "num_labels" in r.getMessage()]
 
 
 def test_an_interrupted_launch_says_so_where_the_caller_looks(write_spec, monkeypatch):

@@ -545,6 +545,12 @@ def trial_result(
     )
 
 
+# torch's words for a value past a reduced type's range ("value cannot be converted to type c10::BFloat16
+# without overflow"): a walk-through's DeBERTa (v1) failed so in every trial at precision auto (bf16),
+# transformers' attention filling its mask with float32's minimum
+OVERFLOW = "without overflow"
+
+
 def failed_result(
     cfg: TrialConfig,
     exc: BaseException,
@@ -557,6 +563,11 @@ def failed_result(
     (``trace``: a text traceback from elsewhere, e.g. Ray's, when ``exc`` crossed a process and
     lost its own); ``placement``: where it ran, when known."""
     status = "oom" if is_oom(exc) else "failed"
+    message = f"{type(exc).__name__}: {exc}"
+    if OVERFLOW in message and cfg.precision in ("bf16", "fp16"):
+        message += (
+            f" (under {cfg.precision} autocast: this model's code overflows {cfg.precision}; precision: fp32 runs it)"
+        )
     if trace:
         frames = "\n".join(trace.strip().splitlines()[-10:]) + "\n"
     else:
@@ -565,9 +576,10 @@ def failed_result(
         trial_id=cfg.trial_id,
         config=cfg,
         status=status,
-        error=f"{type(exc).__name__}: {exc}\n{frames}",
+        error=f"{message}\n{frames}",
         select_metric=cfg.select_metric,
         wall_time_s=wall_time_s,
+        precision=None if cfg.precision == "auto" else cfg.precision,
         versions=library_versions(),
         placement=placement or {},
     )

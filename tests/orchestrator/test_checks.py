@@ -25,7 +25,7 @@ def _problems(path) -> list[str]:
 BAD = {
     "unknown top-level key": ({"colour": "red"}, "colour: unknown key"),
     "unknown training key": ({"training": {"lr": 1}}, "training.lr: unknown key"),
-    "k above the model's layers": ({"frozen_layers": [0, 3]}, "[3] exceed the 2 encoder layers"),
+    "k above the model's layers": ({"frozen_layers": [0, 3]}, "[3] exceed the 2 layers"),
     "k below -1": ({"frozen_layers": [-2]}, "frozen layers must be >= -1"),
     "a tolerance every depth is within": ({"tolerance": 2}, "tolerance: Input should be less than 1"),
     "a settle tolerance every depth is within": (
@@ -475,6 +475,43 @@ def test_a_protocol_change_is_named_beside_the_new_protocols_own_problems(write_
         assert problems[0].startswith("training.epoch"), problems
 
 
+@pytest.mark.parametrize("methods", [["freeze"], ["lora"]])
+def test_a_model_type_without_a_sequence_classifier_is_one_short_problem(
+    write_spec, tmp_path, minilm_tokenizer, methods
+):
+    """Before (a walk-through's CodeGen): with LoRA a raw traceback (exit 1, no other problem named);
+    without, transformers' ~4 KB list of every config class it has a classifier for."""
+    from transformers import CodeGenConfig
+
+    from tests.conftest import save_tiny
+
+    config = CodeGenConfig(vocab_size=len(minilm_tokenizer), n_embd=32, n_layer=2, n_head=2, rotary_dim=8)
+    model = save_tiny(tmp_path / "codegen", config, minilm_tokenizer)
+    lora = {"lora_ranks": [2]} if methods == ["lora"] else {}
+    problems = _problems(write_spec(model=model, methods=methods, frozen_layers=[0], seeds=[0, 1], **lora))
+    assert (
+        f"model: {model}: cannot build a sequence classifier from its config: transformers has no "
+        "sequence-classification class for CodeGenConfig" in problems
+    ), problems
+    assert all(len(p) < 400 for p in problems), problems
+
+
+def test_a_head_that_reads_the_last_position_is_refused(write_spec, tmp_path, minilm_tokenizer):
+    """A walk-through: XLNet at frozen_layers 0 ran ok, its head reading right padding for shorter texts
+    (the same text scored differently padded and unpadded)."""
+    from transformers import XLNetConfig
+
+    from tests.conftest import save_tiny
+
+    config = XLNetConfig(vocab_size=len(minilm_tokenizer), d_model=32, n_layer=2, n_head=2, d_inner=64)
+    model = save_tiny(tmp_path / "xlnet", config, minilm_tokenizer)
+    problem = f"model: {model}: its classifier reads the last position (summary_type 'last', as XLNet's)"
+    assert any(p.startswith(problem) for p in _problems(write_spec(model=model, frozen_layers=[0]))), problem
+    config.summary_type = "mean"
+    mean = save_tiny(tmp_path / "xlnet-mean", config, minilm_tokenizer)
+    assert not any("summary_type" in p for p in _problems(write_spec(model=mean, frozen_layers=[0], seeds=[0, 0])))
+
+
 def test_sizes_below_the_classes_and_no_room_for_text_are_refused(write_spec):
     """Before: train_sizes [1] with two classes and max_seq_length 1 were accepted without a word."""
     problems = _problems(write_spec(train_sizes=[1, 24], training={"max_seq_length": 2}))
@@ -530,7 +567,7 @@ def test_dropped_empty_texts_are_counted_when_the_spec_says_drop(write_spec, tmp
         {"sentence": [f"row {i}" if i % 10 else "" for i in range(60)], "label": [i % 2 for i in range(60)]}
     )
     rows.to_csv(folder / "train.csv", index=False)
-    rows.to_csv(folder / "validation.csv", index=False)
+    rows.assign(sentence=rows["sentence"].str.replace("row", "other")).to_csv(folder / "validation.csv", index=False)
     assert any("6 empty or missing text(s)" in p for p in _problems(write_spec(datasets=[str(folder)])))
     spec = load_spec(write_spec(datasets=[str(folder)], training={"empty_texts": "drop"}))
     assert data_notes(spec) == [

@@ -62,7 +62,7 @@ def test_one_trial_takes_all_layers_and_a_sequence_length(tiny_bert, toy_dataset
     result = json.loads(done.stdout.strip().splitlines()[-1])
     assert result["config"]["frozen_layers"] == 2 and result["config"]["max_seq_length"] == 16  # tiny_bert: 2 layers
     too_deep = runner.invoke(app, [*args, "--frozen-layers", "3"])  # a diff review: accepted as the text "3"
-    assert too_deep.exit_code == 2 and "frozen_layers: [3] exceed the 2 encoder layers" in too_deep.stderr
+    assert too_deep.exit_code == 2 and "frozen_layers: [3] exceed the 2 layers" in too_deep.stderr
 
 
 def test_one_trial_on_a_gpu_machine_is_resolved_for_its_gpu(tiny_bert, toy_dataset, monkeypatch):

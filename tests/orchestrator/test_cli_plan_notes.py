@@ -42,3 +42,35 @@ def test_plan_says_float_labels_that_look_like_classes_are_read_as_scores(write_
     done = runner.invoke(app, ["plan", str(write_spec("floats", datasets=[str(folder)], train_sizes=[24]))])
     assert done.exit_code == 0, done.output
     assert f"note: {folder}: labels are floats that are all whole numbers" in done.stdout.replace("\n", "")
+
+
+def test_plan_says_a_tokenizer_marks_nothing_between_a_pairs_texts(write_spec, tmp_path, toy_pairs, tiny_bert):
+    """A walk-through: GPT-2 (a tokenizer without a pair template) on MRPC and STS-B glued each pair's texts
+    into one without a word; a BERT tokenizer's [SEP] marks it (no note)."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import GPT2Config, PreTrainedTokenizerFast
+
+    from tests.conftest import save_tiny
+
+    words = {
+        w
+        for text in pd.read_parquet(f"{toy_pairs}/train.parquet")[["sentence1", "sentence2"]].stack()
+        for w in text.split()
+    }
+    vocab = {w: i for i, w in enumerate(["<pad>", "<unk>", *sorted(words)])}
+    plain = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    plain.pre_tokenizer = pre_tokenizers.Whitespace()
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=plain, unk_token="<unk>", pad_token="<pad>", eos_token="<pad>")
+    config = GPT2Config(vocab_size=len(vocab), n_embd=32, n_layer=2, n_head=2, n_positions=128, pad_token_id=0)
+    gpt = save_tiny(tmp_path / "gpt", config, tokenizer)
+    columns = {"text_column": "sentence1", "text_pair_column": "sentence2"}
+    done = runner.invoke(
+        app,
+        ["plan", str(write_spec("pairs", models=[gpt, tiny_bert], model=None, datasets=[toy_pairs], training=columns))],
+    )
+    assert done.exit_code == 0, done.output
+    said = done.stdout.replace("\n", " ")
+    assert f"note: {gpt}: its tokenizer marks nowhere where a pair's second text starts ({toy_pairs})" in said, (
+        done.output
+    )
+    assert f"note: {tiny_bert}:" not in said

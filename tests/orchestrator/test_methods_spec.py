@@ -101,7 +101,7 @@ def test_every_method_problem_in_one_error(write_spec):
 def test_a_model_axis_checks_frozen_layers_per_model(write_spec, tiny_bert, tiny_roberta):
     problems = _problems(write_spec(model=None, models=[tiny_bert, tiny_roberta], frozen_layers=[0, 3]))
     assert problems == [
-        f"frozen_layers: [3] exceed the 2 encoder layers of {tiny_bert} ('all' freezes every layer of each model)"
+        f"frozen_layers: [3] exceed the 2 layers of {tiny_bert} ('all' freezes every layer of each model)"
     ]
     spec = load_spec(write_spec(model=None, models=[tiny_bert, tiny_roberta], frozen_layers=[0, "all"]))
     cells = build_grid(resolve_here(spec))

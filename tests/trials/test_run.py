@@ -156,6 +156,34 @@ def test_failures_become_rows(tiny_trial, monkeypatch, fault, status):
     assert row.status == status and "injected" in row.error and row.best_val_accuracy is None
 
 
+def test_a_model_that_overflows_bf16_fails_with_the_precision_to_change(tiny_trial, minilm_tokenizer, tmp_path):
+    """A walk-through: DeBERTa (v1) failed every trial at precision auto (bf16 here), transformers' attention
+    filling its mask with float32's minimum under autocast; the row said neither its precision nor what
+    runs it. (The same cell in fp32 is ok.)"""
+    from transformers import DebertaConfig
+
+    from tests.conftest import save_tiny
+
+    config = DebertaConfig(
+        vocab_size=len(minilm_tokenizer),
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        intermediate_size=64,
+        max_position_embeddings=128,
+    )
+    cell = dataclasses.replace(tiny_trial, model=save_tiny(tmp_path / "deberta", config, minilm_tokenizer), epochs=1)
+    assert run_trial(cell).status == "ok"
+    bf16 = dataclasses.replace(cell, precision="bf16")
+    with pytest.raises(RuntimeError) as info:
+        run_trial(bf16)
+    row = failed_result(bf16, info.value)
+    assert row.precision == "bf16"
+    assert row.error.splitlines()[0].endswith(
+        "without overflow (under bf16 autocast: this model's code overflows bf16; precision: fp32 runs it)"
+    ), row.error
+
+
 def test_unknown_config_keys_are_rejected(tiny_trial):
     data = tiny_trial.to_dict() | {"lr": 1}
     with pytest.raises(ValueError, match="unknown TrialConfig keys: lr"):
