@@ -704,7 +704,10 @@ def _store_problems(raw: dict[str, Any], against_stored: bool = True) -> list[st
     try:
         target = ResultStore(store, name)
         target.check_writable()
-        stored = stored_spec_mapping(target) if against_stored else None
+        # a spec stored by a launch that wrote no row (Ray did not start, or was interrupted first) binds
+        # nothing: the next launch stores its own (a walk-through's changed epochs were refused, "already
+        # has rows")
+        stored = stored_spec_mapping(target) if against_stored and target.row_files() else None
     except StoreError as exc:
         return [f"store: {exc}"]
     except SpecError as exc:  # a damaged spec.yaml: named with what to do, beside the other problems

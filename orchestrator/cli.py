@@ -240,7 +240,7 @@ def _run_launch(run: Callable[[], Any], sweep: Callable[[], str]) -> None:
     kept in the spool, 130 interrupted (Ctrl-C), 143 terminated (SIGTERM)."""
     try:  # seconds of Ray's and torch's imports: a Ctrl-C there exited 130 without a word (a walk-through)
         from freezesweep.orchestrator.launch import StoreUnavailable
-        from freezesweep.orchestrator.ray_session import RayUnreachable
+        from freezesweep.orchestrator.ray_session import RayStartFailed, RayUnreachable
         from freezesweep.orchestrator.spec import SpecError
         from freezesweep.results.lock import SweepLocked
     except KeyboardInterrupt:
@@ -252,7 +252,7 @@ def _run_launch(run: Callable[[], Any], sweep: Callable[[], str]) -> None:
         with api.sigterm_as_interrupt() as terminated, warnings.catch_warnings():  # also around validation
             warnings.simplefilter("ignore", api.UnfinishedCellsWarning)  # said below, with the command to run
             summary = run()
-    except (SweepLocked, SpecError, StoreError, RayUnreachable) as exc:
+    except (SweepLocked, SpecError, StoreError, RayUnreachable, RayStartFailed) as exc:
         _fail(exc)
     except StoreUnavailable as exc:
         _fail(exc, code=3)

@@ -70,6 +70,10 @@ class RayUnreachable(ConnectionError):
     pass
 
 
+class RayStartFailed(RuntimeError):
+    """``ray.init`` raised: Ray could not start (or join) here, for a reason of this machine's."""
+
+
 class TaskFailed(RuntimeError):
     """A probe task raised (its own exception's first line) or no node ran it in time."""
 
@@ -109,12 +113,18 @@ class RaySession:
                 runtime_env={"env_vars": env} if env else None,
                 **self.local_resources,
             )
-        except BaseException:
+        except BaseException as exc:
             # Ctrl-C while the embedded Ray starts: the processes it started so far go with it (its
             # dashboard and runtime-env agents were left orphaned for about a minute).
             with contextlib.suppress(Exception):  # the interrupt, not a failure to clean up, is what is said
                 ray.shutdown()
-            raise
+            if not isinstance(exc, Exception):
+                raise
+            # one line, not Ray's traceback (a walk-through's HOME that could not be written: Ray keeps a
+            # session token in ~/.ray)
+            where = f"join the cluster at {self.address}" if self.address else "start on this machine"
+            home = " (Ray keeps a session token in ~/.ray: HOME must be a folder it can write)"
+            raise RayStartFailed(f"Ray could not {where}: {first_line(exc)}{home * ('.ray' in str(exc))}") from exc
         if callable(on_term) and threading.current_thread() is threading.main_thread():
             signal.signal(signal.SIGTERM, on_term)  # ray.init replaces the process's own with sys.exit
         quiet_what_the_launch_says(logging.getLogger("ray"))

@@ -430,13 +430,22 @@ def test_shipped_configs_keep_their_metric(glue_dir, monkeypatch):
     assert {c.select_metric for c in build_grid(resolve_here(reference))} == {"accuracy"}
 
 
+def _stored_with_a_row(raw: dict) -> ResultStore:
+    """``raw`` stored as a launch stores its spec, with a row: a spec stored without one binds nothing."""
+    from freezesweep.orchestrator.rows import result_row
+    from tests.factories import trial_result
+
+    store = ResultStore(raw["store"], raw["name"])
+    store.write_spec(yaml.safe_dump(raw))
+    store.write_row(result_row(raw["name"], trial_result()))
+    return store
+
+
 def _store_legacy_spec(spec_path, tmp_path) -> str:
     """A spec.yaml as a launch before select_metric existed stored it: no such key."""
-    from freezesweep.results.store import ResultStore
-
     raw = yaml.safe_load(spec_path.read_text())
     raw["training"].pop("select_metric", None)
-    ResultStore(raw["store"], raw["name"]).write_spec(yaml.safe_dump(raw))
+    _stored_with_a_row(raw)
     return raw["store"]
 
 
@@ -461,13 +470,23 @@ def test_a_sweep_stored_before_select_metric_reads_as_accuracy(write_spec, tmp_p
     load_spec(write_spec("legacy", **{**axes, "datasets": ["glue/sst2"]}))  # SST-2's default is accuracy: accepted
 
 
+def test_a_spec_stored_without_rows_binds_nothing(write_spec):
+    """A walk-through: a launch whose Ray did not start (HOME unwritable) had stored its spec; the same
+    sweep with changed epochs was then refused, "already has rows with the old protocol"."""
+    raw = yaml.safe_load(write_spec("unrun").read_text())
+    ResultStore(raw["store"], raw["name"]).write_spec(yaml.safe_dump(raw))
+    load_spec(write_spec("unrun", training={"epochs": 3}))  # accepted: no row holds the old protocol
+    _stored_with_a_row(raw)
+    assert _problems(write_spec("unrun", training={"epochs": 3}))[0].startswith("training.epochs: changed from 2")
+
+
 def test_a_protocol_change_is_named_beside_the_new_protocols_own_problems(write_spec):
     """Before: a changed learning rate beside a mistyped epochs (or an unknown training key) was said only
     once the epochs were mended: two rounds of errors for one spec."""
     from freezesweep.results.store import ResultStore
 
     raw = yaml.safe_load(write_spec("grown").read_text())
-    ResultStore(raw["store"], raw["name"]).write_spec(yaml.safe_dump(raw))  # a sweep with rows has its spec
+    _stored_with_a_row(raw)
     changed = "training.learning_rate: changed from 0.003 to 0.001, but sweep 'grown' already has rows"
     for bad in ({"epochs": "ten"}, {"epoch": 3}):
         problems = _problems(write_spec("grown", training={"learning_rate": 0.001, **bad}))
@@ -658,7 +677,7 @@ def test_a_settle_sweeps_question_and_budget_are_refused_once_it_has_rows(write_
     stored spec rewritten; the intervals then shared by looks the old ones were not paid for)."""
     settle = {"tolerance": 0.01, "initial_seeds": 3, "max_seeds": 5, "seeds_per_round": 2}
     raw = yaml.safe_load(write_spec("asked", seeds=[], settle=settle).read_text())
-    ResultStore(raw["store"], "asked").write_spec(yaml.safe_dump(raw))  # as a launch stores it
+    _stored_with_a_row(raw)  # as a launch stores it
     problems = _problems(write_spec("asked", seeds=[], settle={**settle, "max_seeds": 9, "tolerance": 0.5}))
     assert [p.split(":")[0] for p in problems] == ["settle.tolerance", "settle.max_seeds"]
     assert (
