@@ -190,6 +190,10 @@ def _traced_structure(model_class: type, config_json: str, layers_name: str) -> 
     # Legacy constructors (XLNet's torch.FloatTensor) ignore the device context. In eval mode no
     # LayerDrop skips a layer.
     skeleton.to("meta").eval()
+    # No padding index, so that no check asks whether the ids hold padding (a meta tensor has no values);
+    # a config whose fields are typed strictly (transformers 5's ModernBERT decoder) keeps its own
+    with contextlib.suppress(Exception):
+        skeleton.config.pad_token_id = None
     return _trace(skeleton, layers_name)
 
 
@@ -231,8 +235,14 @@ def _run_hooked(skeleton: nn.Module, base: nn.Module, layers: nn.Module) -> tupl
         if id(module) not in in_layers and module is not base:
             handles.append(module.register_forward_pre_hook(lambda *_, n=name: seen(n)))
     try:
-        with torch.no_grad(), _fake_tensors():
-            base(**_trace_inputs())
+        try:  # meta tensors first: how every family ran before, on every transformers version
+            with torch.no_grad():
+                base(**_trace_inputs())
+        except Exception:  # a check on values (RoFormer's mask, a MoE's routing): fake tensors skip it
+            first_run.clear()
+            returned.clear()
+            with torch.no_grad(), _fake_tensors():
+                base(**_trace_inputs())
     except Exception as exc:  # a structure we cannot run: named, never a crash elsewhere
         cause = f"{type(exc).__name__}: {(str(exc).strip().splitlines() or [''])[0][:160]}"
         raise FreezingError(

@@ -93,7 +93,7 @@ def apply_lora(
 
     parts = find_encoder_parts(model)
     resolved = resolve_targets(model, targets)
-    encoder = {id(p) for p in parts.bottom} | {id(p) for p in parts.layers.parameters()}
+    encoder = {id(p) for p in parts.prefix(None)}  # what runs between layers (DeBERTa-v2's conv) too
     head = [p for p in model.parameters() if id(p) not in encoder]  # classifier (+ pooler): trained in full
     # Full module names, so nothing outside the encoder layers is adapted by a suffix that also fits it.
     by_module = {id(m): name for name, m in model.named_modules()}

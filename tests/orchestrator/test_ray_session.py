@@ -100,6 +100,33 @@ def test_an_interrupt_while_ray_starts_takes_what_it_started_down(monkeypatch):
     assert shut == [True]
 
 
+def test_ray_that_cannot_start_here_is_one_line_and_refuses_nothing_later(write_spec, tmp_path):
+    """A walk-through: HOME a folder Ray could not write (its session token goes to ~/.ray) gave Ray's chained
+    traceback, exit 1; the spec it had stored then refused the same sweep's changed epochs ("already has
+    rows")."""
+    import os
+
+    home = tmp_path / "home-is-a-file"
+    home.write_text("")
+    path = write_spec("homeless")
+    env = {**os.environ, "HOME": str(home)}
+    env.pop("RAY_ADDRESS", None)
+    done = subprocess.run(
+        [sys.executable, "-m", "freezesweep.orchestrator.cli", "launch", str(path)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+    )
+    assert done.returncode == 2, done.stderr[-2000:]
+    error = [line for line in done.stderr.splitlines() if line.startswith("freezesweep launch: error:")]
+    assert error and "Ray could not start on this machine: " in error[0], done.stderr[-2000:]
+    assert "Traceback" not in done.stderr
+    from freezesweep.orchestrator.checks import load_spec
+
+    load_spec(write_spec("homeless", training={"epochs": 3}))
+
+
 def test_a_ray_jobs_own_env_vars_are_not_forwarded_again():
     """Under `ray job submit --runtime-env-json`, ray.init refuses a key the job's runtime env already
     sets (the launch failed as "cannot reach the Ray cluster"); those reach every worker anyway."""

@@ -146,6 +146,17 @@ def test_a_module_run_between_two_layers_freezes_with_the_layer_before_it(k):
     assert conv_names <= prefix_names(model, k) if k >= 1 else not conv_names & prefix_names(model, k)
 
 
+def test_lora_keeps_a_module_run_between_layers_frozen():
+    """Before: the conv, no longer frozen with the embeddings, was trained in full under LoRA (the encoder
+    was the bottom and the layers only)."""
+    from freezesweep.trials.lora import apply_lora
+
+    model = _deberta_with_conv()
+    apply_lora(model, rank=2, alpha=4.0, dropout=0.0, targets=None)
+    assert _trainable(model.deberta.encoder.conv.parameters()) == {False}
+    assert _trainable(model.classifier.parameters()) == {True}
+
+
 def test_a_shared_inner_layer_is_refused_with_what_was_seen():
     """ALBERT with one group of two inner layers: its list has num_hidden_layers modules, but the group
     runs at every depth, so each inner layer ran twice."""
