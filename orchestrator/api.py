@@ -653,10 +653,15 @@ def _store(name: SweepRef, store: str | None) -> ResultStore:
 @contextlib.contextmanager
 def _launched_elsewhere(name: SweepRef, store: str | None) -> Iterator[None]:
     """A SweepSpec's sweep not in the store the spec names: ``fs.launch(spec, store=...)`` wrote it elsewhere,
-    and the spec still names its own store; said with what to pass."""
+    and the spec still names its own store; said with what to pass. A spec file's: not told to give it."""
     try:
         yield
     except SweepNotFound as exc:
+        if isinstance(name, (str, Path)) and os.path.isfile(name) and store is None:  # its spec file was given
+            from freezesweep.orchestrator.sweeps import no_such_sweep
+
+            sweep, root = located(name)
+            raise no_such_sweep(ResultStore(root, sweep), spec_file=str(name)) from None
         if not isinstance(name, SweepSpec) or store is not None:
             raise
         raise SweepNotFound(
@@ -1094,11 +1099,14 @@ def compact(name: SweepRef, *, store: str | None = None, on_note: Callable[[str]
     from freezesweep.results.lock import SweepLock
 
     result_store = _store(name, store)
-    with SweepLock(result_store.fs, result_store.sweep_dir, uri=result_store.uri) as lock:
-        result_store.guard = lock.check
-        for note in result_store.make_ready().notes():
-            on_note(note) if on_note else warnings.warn(note, UserWarning, stacklevel=2)
-        return result_store.compact()
+    try:
+        with SweepLock(result_store.fs, result_store.sweep_dir, uri=result_store.uri) as lock:
+            result_store.guard = lock.check
+            for note in result_store.make_ready().notes():
+                on_note(note) if on_note else warnings.warn(note, UserWarning, stacklevel=2)
+            return result_store.compact()
+    except OSError as exc:  # a read-only store (a walk-through's): its lock cannot be taken, said in one line
+        raise StoreError(f"cannot compact sweep {result_store.sweep!r} in {result_store.uri!r}: {exc}") from exc
 
 
 def export_mlflow(

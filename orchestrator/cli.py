@@ -520,7 +520,7 @@ def _print_frame(frame, fmt: OutputFormat, title: str) -> None:
     if fmt is OutputFormat.csv:
         print(nested_as_json(frame).to_csv(index=False), end="")
     elif fmt is OutputFormat.json:
-        print(frame.to_json(orient="records", default_handler=str))
+        print(_json_records(frame))
     else:
         table = Table(title=title)
         for column in frame.columns:
@@ -534,22 +534,31 @@ def _print_frame(frame, fmt: OutputFormat, title: str) -> None:
             console.print(f"({len(frame.columns)} columns: --format csv or json writes them whole)", highlight=False)
 
 
+def _plain(value: Any) -> Any:
+    """What json cannot write, at any depth: numpy's arrays and scalars, times (as ISO text)."""
+    import numpy as np
+
+    if isinstance(value, np.ndarray):
+        return value.tolist()
+    if isinstance(value, np.generic):
+        return value.item()
+    return value.isoformat() if hasattr(value, "isoformat") else str(value)
+
+
+def _json_records(frame) -> str:
+    """The rows as JSON records, each value as stored: floats to their last digit, times as ISO text (as
+    CSV writes them), null where missing. pandas' to_json cut floats to 10 digits, wrote times as epoch
+    milliseconds and '/' as '\\/' (a walk-through)."""
+    return json.dumps(frame.astype(object).where(frame.notna(), None).to_dict(orient="records"), default=_plain)
+
+
 def nested_as_json(frame):
     """A CSV cell holding a list or a mapping (a row's eval_curve) as JSON: Python's repr put single quotes,
     None and newlines in the field (a walk-through)."""
     import numpy as np
 
-    def plain(value):  # what json cannot write, at any depth: numpy's arrays and scalars
-        return (
-            value.tolist()
-            if isinstance(value, np.ndarray)
-            else value.item()
-            if isinstance(value, np.generic)
-            else str(value)
-        )
-
     nested = [c for c in frame.columns if frame[c].map(lambda v: isinstance(v, (np.ndarray, list, tuple, dict))).any()]
-    cells = {c: frame[c].map(lambda v: json.dumps(v, default=plain) if v is not None else None) for c in nested}
+    cells = {c: frame[c].map(lambda v: json.dumps(v, default=_plain) if v is not None else None) for c in nested}
     return frame.assign(**cells) if cells else frame
 
 

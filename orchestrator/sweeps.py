@@ -104,7 +104,7 @@ def load_sweep_spec(name: str, store_uri: str, semantic: bool = False) -> SweepS
     return spec
 
 
-def no_such_sweep(store: ResultStore, also: Sequence[str] = ()) -> SweepNotFound:
+def no_such_sweep(store: ResultStore, also: Sequence[str] = (), spec_file: str | None = None) -> SweepNotFound:
     """A name the store does not hold (and ``also``: more names asked of it together, that it lacks too):
     where it was looked for, what is there, and how to point the command at the store a spec named
     (``store:``; the default is only ./sweeps)."""
@@ -143,11 +143,15 @@ def no_such_sweep(store: ResultStore, also: Sequence[str] = ()) -> SweepNotFound
         else ""
     )
     python = "" if elsewhere else " (store=ROOT in Python)"
+    # given the spec file already (a walk-through was told to give it): the store is its `store:`
+    tail = (
+        f"the store is the one spec file {spec_file} names (its `store:`)"
+        if spec_file
+        else f"a sweep whose spec names another store (its `store:`) is read there: --store ROOT{python}, or give "
+        "its spec file in place of the name, which names both"
+    )
     return SweepNotFound(
-        f"no sweep named {' or '.join(map(repr, names))} in store {where}, {held}; {elsewhere}a sweep whose "
-        f"spec names another store (its `store:`) is read there: --store ROOT{python}, "
-        "or give its spec file in place of the name, which names both",
-        store.uri,
+        f"no sweep named {' or '.join(map(repr, names))} in store {where}, {held}; {elsewhere}{tail}", store.uri
     )
 
 

@@ -302,6 +302,24 @@ def test_plan_prints_no_warning_of_transformers(write_spec, tmp_path, minilm_tok
     assert not [r for r in records if "num_labels" in r.getMessage()]
 
 
+def test_compact_on_a_store_it_cannot_write_is_a_store_error(write_spec, monkeypatch):
+    """A walk-through's read-only store: `compact` was a raw OSError traceback from the lock file (the
+    readers, launch and resume said it in one line)."""
+    import errno
+
+    spec = _stored_spec_and_rows(write_spec)
+    real_open = os.open
+
+    def read_only(path, *args, **kwargs):
+        if str(path).endswith("_lock.json"):
+            raise OSError(errno.EROFS, "Read-only file system", str(path))
+        return real_open(path, *args, **kwargs)
+
+    monkeypatch.setattr(os, "open", read_only)
+    with pytest.raises(fs.StoreError, match=r"cannot compact sweep 'stored' in .*: \[Errno 30\] Read-only"):
+        fs.compact("stored", store=spec.store)
+
+
 def test_an_interrupted_launch_says_so_where_the_caller_looks(write_spec, monkeypatch):
     """Issue 36: fs.launch interrupted returned quietly (the CLI printed the resume hint): the summary's
     repr leads with it, and a warning says it with the call that goes on."""

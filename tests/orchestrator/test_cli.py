@@ -513,6 +513,9 @@ def test_a_relative_store_read_from_another_folder_says_it_is_the_current_folder
     assert f"in store './sweeps' ({tmp_path / 'elsewhere' / 'sweeps'})" in looked.stderr
     assert "a relative store is read from the current folder" in looked.stderr
     assert "run this where the sweep was launched" in looked.stderr
+    # given the spec file already, it is not told to give it (a second walk-through)
+    said = looked.stderr.replace("\n", "")
+    assert "in place of the name" not in said and f"the store is the one spec file {spec_path} names" in said
 
 
 def test_a_sweeps_own_folder_reads_as_the_sweep_and_as_a_store_says_so(write_spec, tmp_path):
@@ -566,6 +569,28 @@ def test_csv_cells_holding_lists_are_json():
     (first, second) = csv.DictReader(io.StringIO(nested_as_json(frame).to_csv(index=False)))
     assert json.loads(first["eval_curve"]) == [{"step": 7, "accuracy": 0.5, "pearson": None}]
     assert (second["eval_curve"], second["seed"]) == ("", "1")
+
+
+def test_query_as_json_writes_each_value_as_stored(write_spec, tmp_path):
+    """A walk-through: `query --format json` cut floats to 10 digits (0.6666666667), wrote finished_at as
+    epoch milliseconds where CSV writes ISO text, and every '/' as '\\/'."""
+    import pandas as pd
+
+    from freezesweep.orchestrator.rows import result_row
+    from freezesweep.results.store import ResultStore
+    from tests.factories import trial_result
+
+    store = ResultStore(str(tmp_path / "store"), "exact")
+    store.write_spec(write_spec("exact").read_text())
+    store.write_row(result_row("exact", trial_result(acc=2 / 3)))
+    every = "SELECT * FROM results"
+    done = runner.invoke(app, ["query", "exact", "--store", store.uri, "--sql", every, "--format", "json"])
+    assert done.exit_code == 0, done.output
+    [row] = json.loads(done.stdout)
+    stored = store.read().iloc[0]
+    assert row["best_val_accuracy"] == 2 / 3 and row["model"] == "m" and "\\/" not in done.stdout
+    assert pd.Timestamp(row["finished_at"]) == stored["finished_at"]
+    assert row["best_val_pearson"] is None and row["eval_curve"][1]["accuracy"] == 2 / 3
 
 
 def test_an_interrupted_launch_exits_130_whatever_comes_after(monkeypatch):
