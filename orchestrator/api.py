@@ -239,6 +239,12 @@ class Plan:
 def plan(spec: SpecSource, *, store: str | None = None) -> Plan:
     """The dry run: the grid's cells, which are done and which a launch would run now, and the work
     left as the store's measured trial times price it. Nothing starts, nothing is written."""
+    with _quiet_transformers():  # transformers' warnings of building the skeletons are not the user's
+        return _plan(spec, store)
+
+
+def _plan(spec: SpecSource, store: str | None) -> Plan:
+    """``plan``'s work, under its quietened libraries."""
     from freezesweep.orchestrator.plan import build_grid, round_count, settle_budget_left
     from freezesweep.orchestrator.sweeps import next_cells, resolve_for_plan, same_cells_note
     from freezesweep.results.query import status_table
@@ -247,7 +253,6 @@ def plan(spec: SpecSource, *, store: str | None = None) -> Plan:
 
     from freezesweep.orchestrator.checks import data_notes, few_seeds_note, pair_notes, schedule_note, validate
 
-    quiet_libraries()  # as a launch: transformers' warnings of building the skeletons are not the user's
     raw, name = _raw_spec(spec, store, None)
     # the trials' machines are not here; a stored sweep of its name is compared with it, as a launch does
     spec = validate(raw, name, devices=False)
@@ -555,6 +560,21 @@ def _launch(raw: Any, source: str, progress: bool) -> LaunchSummary:
     return summary_
 
 
+@contextlib.contextmanager
+def _quiet_transformers() -> Iterator[None]:
+    """``quiet_libraries`` for one call, the caller's settings given back after it (a notebook's own)."""
+    import transformers
+
+    verbosity, bars = transformers.logging.get_verbosity(), transformers.utils.logging.is_progress_bar_enabled()
+    quiet_libraries()
+    try:
+        yield
+    finally:
+        transformers.logging.set_verbosity(verbosity)
+        if bars:
+            transformers.utils.logging.enable_progress_bar()
+
+
 def quiet_libraries() -> None:
     """transformers' warnings and download bars would drown the progress lines."""
     import transformers
@@ -657,7 +677,8 @@ def _launched_elsewhere(name: SweepRef, store: str | None) -> Iterator[None]:
     try:
         yield
     except SweepNotFound as exc:
-        if isinstance(name, (str, Path)) and os.path.isfile(name) and store is None:  # its spec file was given
+        spec_file = isinstance(name, (str, Path)) and str(name).endswith((".yaml", ".yml")) and os.path.isfile(name)
+        if spec_file and store is None:  # its spec file was given: not told to give it
             from freezesweep.orchestrator.sweeps import no_such_sweep
 
             sweep, root = located(name)

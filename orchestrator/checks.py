@@ -679,11 +679,18 @@ def cluster_problems(cluster: ClusterView, cpus: float, gpus: float, auto: bool 
     try:
         nodes = cluster.nodes()
     except Exception as exc:  # unreachable cluster: one problem, named, instead of a traceback
-        from freezesweep.orchestrator.ray_session import ADDRESS_SOURCES, RayUnreachable, first_line, unreached_why
+        from freezesweep.orchestrator.ray_session import (
+            ADDRESS_SOURCES,
+            RayStartFailed,
+            RayUnreachable,
+            first_line,
+            unreached_why,
+        )
 
         # nothing listens there: its message says where to look; something does: most likely a token
         why = "" if isinstance(exc, RayUnreachable) else f"{unreached_why()} ({ADDRESS_SOURCES})"
-        return [f"address: cannot reach the Ray cluster at {cluster.address!r}: {first_line(exc)}{why}"]
+        cause = exc.__cause__ if isinstance(exc, RayStartFailed) and exc.__cause__ else exc  # said once
+        return [f"address: cannot reach the Ray cluster at {cluster.address!r}: {first_line(cause)}{why}"]
     if any(n.get("CPU", 0) >= cpus and n.get("GPU", 0) >= gpus for n in nodes):
         return []
     has = "; ".join(f"{n.get('CPU', 0):g} CPU, {n.get('GPU', 0):g} GPU" for n in nodes) or "no alive node"
@@ -704,10 +711,7 @@ def _store_problems(raw: dict[str, Any], against_stored: bool = True) -> list[st
     try:
         target = ResultStore(store, name)
         target.check_writable()
-        # a spec stored by a launch that wrote no row (Ray did not start, or was interrupted first) binds
-        # nothing: the next launch stores its own (a walk-through's changed epochs were refused, "already
-        # has rows")
-        stored = stored_spec_mapping(target) if against_stored and target.row_files() else None
+        stored = stored_spec_mapping(target) if against_stored else None
     except StoreError as exc:
         return [f"store: {exc}"]
     except SpecError as exc:  # a damaged spec.yaml: named with what to do, beside the other problems

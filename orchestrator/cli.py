@@ -534,22 +534,43 @@ def _print_frame(frame, fmt: OutputFormat, title: str) -> None:
             console.print(f"({len(frame.columns)} columns: --format csv or json writes them whole)", highlight=False)
 
 
-def _plain(value: Any) -> Any:
-    """What json cannot write, at any depth: numpy's arrays and scalars, times (as ISO text)."""
-    import numpy as np
+def _jsonable(value: Any) -> Any:
+    """``value`` as json writes it, at any depth: numpy's arrays and scalars as lists and numbers, times
+    as ISO text, missing and non-finite numbers as null (json would write NaN and Infinity, which no
+    strict reader takes: DuckDB's 1.0/0 is inf)."""
+    import math
 
-    if isinstance(value, np.ndarray):
-        return value.tolist()
+    import numpy as np
+    import pandas as pd
+
+    if isinstance(value, dict):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple, np.ndarray)):
+        return [_jsonable(v) for v in value]
     if isinstance(value, np.generic):
-        return value.item()
+        value = value.item()
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if value is None or isinstance(value, (str, int)):  # bool is an int
+        return value
+    if value is pd.NaT or value is pd.NA:
+        return None
     return value.isoformat() if hasattr(value, "isoformat") else str(value)
+
+
+JSON_CHUNK_ROWS = 1_000  # rows made Python objects at a time: a query's every row (and curve) never at once
 
 
 def _json_records(frame) -> str:
     """The rows as JSON records, each value as stored: floats to their last digit, times as ISO text (as
-    CSV writes them), null where missing. pandas' to_json cut floats to 10 digits, wrote times as epoch
-    milliseconds and '/' as '\\/' (a walk-through)."""
-    return json.dumps(frame.astype(object).where(frame.notna(), None).to_dict(orient="records"), default=_plain)
+    CSV writes them), null where missing or not finite. pandas' to_json cut floats to 10 digits, wrote
+    times as epoch milliseconds and '/' as '\\/' (a walk-through)."""
+    records = (
+        json.dumps(_jsonable(record), allow_nan=False)
+        for start in range(0, len(frame), JSON_CHUNK_ROWS)
+        for record in frame.iloc[start : start + JSON_CHUNK_ROWS].to_dict(orient="records")
+    )
+    return "[" + ", ".join(records) + "]"
 
 
 def nested_as_json(frame):
@@ -558,7 +579,7 @@ def nested_as_json(frame):
     import numpy as np
 
     nested = [c for c in frame.columns if frame[c].map(lambda v: isinstance(v, (np.ndarray, list, tuple, dict))).any()]
-    cells = {c: frame[c].map(lambda v: json.dumps(v, default=_plain) if v is not None else None) for c in nested}
+    cells = {c: frame[c].map(lambda v: json.dumps(_jsonable(v)) if v is not None else None) for c in nested}
     return frame.assign(**cells) if cells else frame
 
 

@@ -312,7 +312,7 @@ def run(
     store = ResultStore(sweep.spec.store, sweep.name, on_staged=faults.on_staged)
     with SweepLock(store.fs, store.sweep_dir, uri=store.uri) as lock:
         store.guard = lock.check  # a driver that lost the sweep to another stops writing, saying why
-        sink = open_for_writing(store, sweep)
+        sink = open_for_writing(store)
         statuses, every = grid_statuses(sweep, store)  # rows of axis values since removed are no cells of it
         done = final_of(statuses)
         unfinished = set(statuses) - done  # cells whose stored row a final one replaces
@@ -322,8 +322,10 @@ def run(
         )
         pending = peeked(next_cells(sweep, store, done))
         if pending is None:
+            store_spec(store, sweep)
             return ran_none()
         session.connect()  # before Tune reads its state back: the session decides where Ray runs
+        store_spec(store, sweep)
         storage = ray_storage(store, cluster=sweep.on_cluster)
         recovered = recover_rows(storage, sink, sweep, final_of(every), set(every) - final_of(every))
         pending = peeked(c for c in pending if c.trial_id not in recovered)
@@ -397,18 +399,23 @@ def run_rounds(launch: Launch, pending: Iterable[TrialConfig]) -> int:
     return retried
 
 
-def open_for_writing(store: ResultStore, sweep: ResolvedSweep) -> SpoolingWriter:
+def open_for_writing(store: ResultStore) -> SpoolingWriter:
     """The store made ready under the lock: a crash's staged leftovers removed and its compaction
     finished or undone, unreadable row files set aside (their cells run again), rows kept from a run
-    whose store went away written first (they count as done), the resolved spec stored (and the folder
-    its relative paths are read from)."""
+    whose store went away written first (they count as done)."""
     for note in store.make_ready().notes():
         print(note, file=sys.stderr)
     sink = SpoolingWriter(store, spool_dir(store))
     flush_or_fail(sink, announce=True)
-    store.write_spec(sweep.spec.to_yaml())
-    store.write_launch_folder(os.getcwd())  # the spec's relative paths are this folder's: resume reads them there
     return sink
+
+
+def store_spec(store: ResultStore, sweep: ResolvedSweep) -> None:
+    """The resolved spec stored, and the folder its relative paths are read from (resume reads them
+    there): once Ray has started, so that a launch whose Ray could not start stores none (a walk-through's
+    unwritable HOME left a spec that then refused the same sweep's changed protocol)."""
+    store.write_spec(sweep.spec.to_yaml())
+    store.write_launch_folder(os.getcwd())
 
 
 def run_cells(launch: Launch, pending: Iterable[TrialConfig]) -> int:

@@ -123,8 +123,9 @@ class RaySession:
             # one line, not Ray's traceback (a walk-through's HOME that could not be written: Ray keeps a
             # session token in ~/.ray)
             where = f"join the cluster at {self.address}" if self.address else "start on this machine"
-            home = " (Ray keeps a session token in ~/.ray: HOME must be a folder it can write)"
-            raise RayStartFailed(f"Ray could not {where}: {first_line(exc)}{home * ('.ray' in str(exc))}") from exc
+            in_home = isinstance(exc, OSError) and str(exc.filename or "").startswith(os.path.expanduser("~"))
+            home = " (Ray keeps a session token in ~/.ray: HOME must be a folder it can write)" * in_home
+            raise RayStartFailed(f"Ray could not {where}: {first_line(exc)}{home}") from exc
         if callable(on_term) and threading.current_thread() is threading.main_thread():
             signal.signal(signal.SIGTERM, on_term)  # ray.init replaces the process's own with sys.exit
         quiet_what_the_launch_says(logging.getLogger("ray"))

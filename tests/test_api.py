@@ -300,6 +300,7 @@ def test_plan_prints_no_warning_of_transformers(write_spec, tmp_path, minilm_tok
     finally:
         root.removeHandler(handler)
     assert not [r for r in records if "num_labels" in r.getMessage()]
+    assert transformers.logging.get_verbosity() == logging.WARNING  # the caller's own, given back (a review)
 
 
 def test_compact_on_a_store_it_cannot_write_is_a_store_error(write_spec, monkeypatch):

@@ -9,8 +9,10 @@ The structure is found, not listed per model (docs/models.md):
 - the layers are the one flat ``nn.ModuleList`` of the base model whose length is
   ``config.num_hidden_layers`` (``h`` on GPT-2, ``layers`` on Llama, ``encoder.layer`` on BERT);
 - the rest is placed by *running* the model: a skeleton of the same class and config is built on
-  the meta device (no memory, no weights) and run once on a few token ids as fake tensors (shapes
-  without values, which transformers' checks on values skip), with a hook on every module. A module
+  the meta device (no memory, no weights) and run once on a few token ids, with a hook on every
+  module: as meta tensors, or, where the model's code asks those for values (a mask's padding, a
+  mixture of experts' routing), as fake tensors (shapes without values, which transformers' checks
+  on values skip). A module
   outside the layers belongs to the "bottom" when it first runs before the first layer has returned,
   or never runs: the embeddings whatever their name (``wte``/``wpe``, ``embed_tokens``,
   ``word_embeddings``, OPT's ``project_in``, BLOOM's embedding norm) and what the layers share (MPNet's
@@ -284,8 +286,9 @@ def _check_each_layer_ran_once(model_name: str, layers_name: str, num_layers: in
             )
         if runs == 0:
             raise FreezingError(
-                f"layer {index} of {model_name}'s {layers_name} did not run in a forward pass: that list is not "
-                f"the layers the model runs, so 'the first k layers' names no prefix; {_WHAT_APPLIES}"
+                f"layer {index} of {model_name}'s {layers_name} was not seen running in a forward pass (not run, "
+                f"or called past its hooks, through .forward): 'the first k layers' cannot be told apart; "
+                f"{_WHAT_APPLIES}"
             )
     if returned != sorted(returned):
         raise FreezingError(

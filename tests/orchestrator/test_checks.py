@@ -431,7 +431,7 @@ def test_shipped_configs_keep_their_metric(glue_dir, monkeypatch):
 
 
 def _stored_with_a_row(raw: dict) -> ResultStore:
-    """``raw`` stored as a launch stores its spec, with a row: a spec stored without one binds nothing."""
+    """``raw`` stored as a launch stores its spec, with a row (of another cell)."""
     from freezesweep.orchestrator.rows import result_row
     from tests.factories import trial_result
 
@@ -470,20 +470,9 @@ def test_a_sweep_stored_before_select_metric_reads_as_accuracy(write_spec, tmp_p
     load_spec(write_spec("legacy", **{**axes, "datasets": ["glue/sst2"]}))  # SST-2's default is accuracy: accepted
 
 
-def test_a_spec_stored_without_rows_binds_nothing(write_spec):
-    """A walk-through: a launch whose Ray did not start (HOME unwritable) had stored its spec; the same
-    sweep with changed epochs was then refused, "already has rows with the old protocol"."""
-    raw = yaml.safe_load(write_spec("unrun").read_text())
-    ResultStore(raw["store"], raw["name"]).write_spec(yaml.safe_dump(raw))
-    load_spec(write_spec("unrun", training={"epochs": 3}))  # accepted: no row holds the old protocol
-    _stored_with_a_row(raw)
-    assert _problems(write_spec("unrun", training={"epochs": 3}))[0].startswith("training.epochs: changed from 2")
-
-
 def test_a_protocol_change_is_named_beside_the_new_protocols_own_problems(write_spec):
     """Before: a changed learning rate beside a mistyped epochs (or an unknown training key) was said only
     once the epochs were mended: two rounds of errors for one spec."""
-    from freezesweep.results.store import ResultStore
 
     raw = yaml.safe_load(write_spec("grown").read_text())
     _stored_with_a_row(raw)

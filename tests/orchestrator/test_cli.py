@@ -573,7 +573,7 @@ def test_csv_cells_holding_lists_are_json():
 
 def test_query_as_json_writes_each_value_as_stored(write_spec, tmp_path):
     """A walk-through: `query --format json` cut floats to 10 digits (0.6666666667), wrote finished_at as
-    epoch milliseconds where CSV writes ISO text, and every '/' as '\\/'."""
+    epoch milliseconds where CSV writes ISO text, and every '/' as '\\/'; non-finite values are null."""
     import pandas as pd
 
     from freezesweep.orchestrator.rows import result_row
@@ -583,7 +583,7 @@ def test_query_as_json_writes_each_value_as_stored(write_spec, tmp_path):
     store = ResultStore(str(tmp_path / "store"), "exact")
     store.write_spec(write_spec("exact").read_text())
     store.write_row(result_row("exact", trial_result(acc=2 / 3)))
-    every = "SELECT * FROM results"
+    every = "SELECT *, 'inf'::DOUBLE AS far, ['nan'::DOUBLE, 1.5] AS nested FROM results"
     done = runner.invoke(app, ["query", "exact", "--store", store.uri, "--sql", every, "--format", "json"])
     assert done.exit_code == 0, done.output
     [row] = json.loads(done.stdout)
@@ -591,6 +591,9 @@ def test_query_as_json_writes_each_value_as_stored(write_spec, tmp_path):
     assert row["best_val_accuracy"] == 2 / 3 and row["model"] == "m" and "\\/" not in done.stdout
     assert pd.Timestamp(row["finished_at"]) == stored["finished_at"]
     assert row["best_val_pearson"] is None and row["eval_curve"][1]["accuracy"] == 2 / 3
+    # strict JSON: no NaN or Infinity at any depth (the review: json writes them, no strict reader takes them)
+    assert (row["far"], row["nested"]) == (None, [None, 1.5])
+    json.loads(done.stdout, parse_constant=lambda name: pytest.fail(f"{name} in the JSON"))
 
 
 def test_an_interrupted_launch_exits_130_whatever_comes_after(monkeypatch):

@@ -100,7 +100,7 @@ def test_an_interrupt_while_ray_starts_takes_what_it_started_down(monkeypatch):
     assert shut == [True]
 
 
-def test_ray_that_cannot_start_here_is_one_line_and_refuses_nothing_later(write_spec, tmp_path):
+def test_ray_that_cannot_start_here_is_one_line_and_stores_no_spec(write_spec, tmp_path):
     """A walk-through: HOME a folder Ray could not write (its session token goes to ~/.ray) gave Ray's chained
     traceback, exit 1; the spec it had stored then refused the same sweep's changed epochs ("already has
     rows")."""
@@ -121,9 +121,12 @@ def test_ray_that_cannot_start_here_is_one_line_and_refuses_nothing_later(write_
     assert done.returncode == 2, done.stderr[-2000:]
     error = [line for line in done.stderr.splitlines() if line.startswith("freezesweep launch: error:")]
     assert error and "Ray could not start on this machine: " in error[0], done.stderr[-2000:]
+    assert error[0].endswith("(Ray keeps a session token in ~/.ray: HOME must be a folder it can write)")
     assert "Traceback" not in done.stderr
     from freezesweep.orchestrator.checks import load_spec
+    from freezesweep.results.store import ResultStore
 
+    assert ResultStore(str(tmp_path / "store"), "homeless").read_spec() is None
     load_spec(write_spec("homeless", training={"epochs": 3}))
 
 
