@@ -277,16 +277,9 @@ def test_plan_prints_no_warning_of_transformers(write_spec, tmp_path, minilm_tok
     import transformers
     from transformers import BertConfig
 
-    from tests.conftest import save_tiny
+    from tests.conftest import save_tiny, tiny_encoder
 
-    config = BertConfig(
-        vocab_size=len(minilm_tokenizer),
-        hidden_size=32,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        intermediate_size=64,
-        num_labels=3,
-    )
+    config = BertConfig(**tiny_encoder(minilm_tokenizer, num_labels=3))
     model = save_tiny(tmp_path / "three-labels", config, minilm_tokenizer)
     # transformers' own handler writes to the stderr of its import, not one pytest captures: a handler here
     records: list[logging.LogRecord] = []

@@ -10,6 +10,7 @@ from torch import nn
 
 from freezesweep.trials import freezing
 from freezesweep.trials.freezing import FreezingError, find_encoder_parts, freeze, prefix_names, structure_problems
+from tests.families import FAMILIES
 
 V, H, L = 100, 32, 2
 ENCODER = dict(vocab_size=V, hidden_size=H, num_hidden_layers=L, num_attention_heads=2, intermediate_size=64)
@@ -116,14 +117,7 @@ def test_a_config_whose_pad_id_cannot_be_none_is_traced():
 def _deberta_with_conv():
     return _model(
         tf.DebertaV2Config(
-            **ENCODER,
-            relative_attention=True,
-            pos_att_type=["p2c", "c2p"],
-            position_biased_input=False,
-            norm_rel_ebd="layer_norm",
-            share_att_key=True,
-            max_relative_positions=-1,
-            position_buckets=16,
+            **{**FAMILIES["deberta-v2"].options, **ENCODER},
             conv_kernel_size=3,  # encoder.conv runs after layer 0, inside the layer loop
         )
     )

@@ -162,16 +162,9 @@ def test_a_model_that_overflows_bf16_fails_with_the_precision_to_change(tiny_tri
     runs it. (The same cell in fp32 is ok.)"""
     from transformers import DebertaConfig
 
-    from tests.conftest import save_tiny
+    from tests.conftest import save_tiny, tiny_encoder
 
-    config = DebertaConfig(
-        vocab_size=len(minilm_tokenizer),
-        hidden_size=32,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        intermediate_size=64,
-        max_position_embeddings=128,
-    )
+    config = DebertaConfig(**tiny_encoder(minilm_tokenizer))
     cell = dataclasses.replace(tiny_trial, model=save_tiny(tmp_path / "deberta", config, minilm_tokenizer), epochs=1)
     assert run_trial(cell).status == "ok"
     bf16 = dataclasses.replace(cell, precision="bf16")
