@@ -185,8 +185,10 @@ def _traced_structure(model_class: type, config_json: str, layers_name: str) -> 
     if config is None:
         raise FreezingError(f"cannot rebuild {model_class.__name__} from its config")
     # A mixture of experts runs them as one batched matmul here: the default grouped matmul takes bf16
-    # alone on a skeleton, and the eager loop asks which experts the tokens chose (a value).
-    config._experts_implementation = "batched_mm"
+    # alone on a skeleton, and the eager loop asks which experts the tokens chose (a value). A
+    # transformers without that setting (or refusing it) keeps its own: the trace then says what failed.
+    with contextlib.suppress(Exception):
+        config._experts_implementation = "batched_mm"
     with torch.device("meta"):
         skeleton = model_class(config)
     # Legacy constructors (XLNet's torch.FloatTensor) ignore the device context. In eval mode no
