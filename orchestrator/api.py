@@ -696,8 +696,8 @@ def _warn_unreadable(result_store: ResultStore) -> None:
     if result_store.unreadable:
         warnings.warn(
             f"skipped {len(result_store.unreadable)} unreadable row file(s) (`freezesweep resume "
-            f"{result_store.sweep}{store_flag(result_store.uri)}` moves them aside and runs their cells again): "
-            + ", ".join(result_store.unreadable),
+            f"{result_store.sweep}{store_flag(result_store.uri)}`, fs.resume in Python, moves them aside and runs "
+            "their cells again): " + ", ".join(result_store.unreadable),
             UnreadableRowsWarning,
             stacklevel=3,
         )
@@ -1020,16 +1020,17 @@ def report(
 
 def _out_problem(out: Path) -> None:
     """The report's folder can be one: neither it nor the nearest existing folder above it is a file (a
-    walk-through: `--out README.md` was a NotADirectoryError traceback after reading every row)."""
+    walk-through: `--out README.md` was a NotADirectoryError traceback after reading every row). Named
+    as the folder, not the CLI's option: ``fs.report(..., out)`` has no ``--out`` (a second walk-through)."""
     existing = next(p for p in (out, *out.absolute().parents) if p.exists())
     if not existing.is_dir():
         what = "is a file" if existing == out else f"lies under the file {existing}"
-        raise SpecError([f"{what}: the report is a folder (index.html, report.md, figures/)"], f"--out {out}")
+        raise SpecError([f"{what}: the report is a folder (index.html, report.md, figures/)"], f"report folder {out}")
     try:  # a probe folder made and removed: os.access says yes to root where nothing can be made (/proc)
         os.rmdir(tempfile.mkdtemp(prefix=".freezesweep-probe-", dir=existing))
     except OSError as exc:
         raise SpecError(
-            [f"cannot make the report's folder in {existing} ({exc.strerror or exc})"], f"--out {out}"
+            [f"cannot make the report's folder in {existing} ({exc.strerror or exc})"], f"report folder {out}"
         ) from None
 
 

@@ -175,7 +175,7 @@ def test_a_report_names_every_sweep_it_cannot_find(tmp_path):
     assert "no sweep named 'nope1' in store" in str(caught.value) and "'theirs'" in str(caught.value)
     (tmp_path / "README.md").write_text("a file")
     for out in ("README.md", "README.md/report"):  # a walk-through: a traceback after every row was read
-        with pytest.raises(fs.SpecError, match="the report is a folder"):
+        with pytest.raises(fs.SpecError, match=f"(?s)^report folder {tmp_path / out}: .*the report is a folder"):
             fs.report(["nope1"], tmp_path / out, store=str(tmp_path))
     if os.path.isdir("/proc"):  # nothing can be made there, root or not (a walk-through: a traceback)
         with pytest.raises(fs.SpecError, match="cannot make the report's folder in /proc"):

@@ -243,6 +243,9 @@ def _load_task(
     where = {s: str(paths[s]) if paths else f"{dataset} {s} split (the hub)" for s in frames}
     problems = _column_problems({s: list(map(str, df.columns)) for s, df in frames.items()}, columns)
     if problems:
+        # every text column there (a column in two roles): its empty texts are told in the same error too
+        if all(c in df for df in frames.values() for c in (columns.text, columns.pair) if c):
+            problems += _texts(frames, columns, where, empty_texts)[2]
         problems += _row_problems(frames, where, {})
         if all(columns.label in df and len(df) for df in frames.values()):  # the labels', told in the same error
             problems += _labels_checked(dataset, frames, columns.label, where)[1]

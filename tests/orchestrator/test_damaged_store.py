@@ -49,6 +49,7 @@ def test_a_results_file_cut_in_half(write_spec, tmp_path):
     status = _cli("status", "cut", "--store", store)
     assert status.returncode == 0, status.stderr
     assert "warning: skipped 1 unreadable row file(s)" in status.stderr and cut in status.stderr
+    assert "`, fs.resume in Python, moves them aside" in status.stderr  # a notebook's words too
     assert "Traceback" not in status.stderr
     for command in (
         ["summary", "cut"],

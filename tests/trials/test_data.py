@@ -302,6 +302,16 @@ def test_one_column_in_two_roles_is_refused(tmp_path):
     ]
     with pytest.raises(DatasetError, match="'label' is both the text_column and the label_column"):
         load_task(folder, text_column="label")
+    # a second walk-through: the file's empty texts were said only once the roles were mended
+    (tmp_path / "d" / "train.csv").write_text("sentence,label\na,pos\n,neg\nb,neg\n")
+    with pytest.raises(DatasetError) as info:
+        load_task(folder, text_pair_column="sentence")
+    both, empty = info.value.problems
+    assert both.startswith("column 'sentence' is both the text_column and the text_pair_column")
+    assert empty == (
+        f"{folder}/train.csv: column 'sentence' has 1 empty or missing text(s), line 3 (training.empty_texts: "
+        "drop drops such rows)"
+    )
 
 
 def test_a_missing_column_hides_no_label_problem(tmp_path):
