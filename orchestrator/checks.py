@@ -301,9 +301,9 @@ def _sequence_problems(model: str, raw: dict[str, Any]) -> list[str]:
     if not isinstance(length, int) or isinstance(length, bool) or length <= 0:
         return []  # pydantic's to report
     tokenizer = load_tokenizer(model)
-    pair = bool(training.get("text_pair_column")) or any(
-        d.startswith("glue/") and d.split("/", 1)[1] in GLUE_PAIR_TASKS for d in _strs(raw.get("datasets"))
-    )
+    pair_column = training.get("text_pair_column")
+    pair_column = pair_column if isinstance(pair_column, (str, dict)) else None  # pydantic's to report
+    pair = any(_is_pair(d, pair_column) for d in _strs(raw.get("datasets")))
     special = tokenizer.num_special_tokens_to_add(pair=pair)
     if length <= special:
         return [
@@ -564,17 +564,19 @@ def data_notes(spec: SweepSpec) -> list[str]:
     return notes
 
 
+def _is_pair(dataset: str, text_pair_column: str | Mapping[str, str] | None) -> bool:
+    """Whether ``dataset``'s rows are two texts: a pair column named for it, or a GLUE pair task's own."""
+    glue_pair = dataset.startswith("glue/") and dataset.split("/", 1)[1] in GLUE_PAIR_TASKS
+    return glue_pair or bool(column_for(text_pair_column, dataset))
+
+
 def pair_notes(spec: SweepSpec) -> list[str]:
     """Models whose tokenizer puts nothing between a pair's two texts (GPT-2's, Qwen's: no pair template),
     beside pair datasets: the model reads the two as one text, as transformers' own pipelines and Trainer
     would feed them (a walk-through's MRPC on GPT-2: said, not changed)."""
     from freezesweep.trials.model import load_tokenizer  # transformers: see the module docstring
 
-    pairs = [
-        d
-        for d in spec.datasets
-        if column_for(spec.training.text_pair_column, d) or (d.startswith("glue/") and d[5:] in GLUE_PAIR_TASKS)
-    ]
+    pairs = [d for d in spec.datasets if _is_pair(d, spec.training.text_pair_column)]
     notes = []
     for model in spec.models() if pairs else []:
         tokenizer = load_tokenizer(model)

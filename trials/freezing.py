@@ -31,6 +31,7 @@ JetMoe decide on them).
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import functools
 import logging
@@ -206,24 +207,22 @@ def _trace(skeleton: nn.Module, layers_name: str) -> Structure:
     run) is the bottom, all of them the top, in between freezes with the layers before it."""
     base = getattr(skeleton, "base_model", skeleton)
     layers = base.get_submodule(layers_name)
-    first_run, returned = _run_hooked(skeleton, base, layers)
-    _check_each_layer_ran_once(type(skeleton).__name__, layers_name, len(layers), returned)
     in_layers = {id(m) for m in layers.modules()}
-    owners = [
-        name
-        for name, module in base.named_modules()
-        if id(module) not in in_layers and any(True for _ in module.parameters(recurse=False))
-    ]
+    outside = [(name, module) for name, module in base.named_modules() if id(module) not in in_layers]
+    first_run, returned = _run_hooked(skeleton, base, layers, outside)
+    _check_each_layer_ran_once(type(skeleton).__name__, layers_name, len(layers), returned)
+    owners = [name for name, module in outside if any(True for _ in module.parameters(recurse=False))]
     bottom = tuple(name for name in owners if first_run.get(name, 0) == 0)
     between = tuple((name, first_run[name]) for name in owners if 0 < first_run.get(name, 0) < len(layers))
     _check_input_embeddings(skeleton, base, bottom)
     return Structure(layers_name=layers_name, bottom_modules=bottom, between_modules=between)
 
 
-def _run_hooked(skeleton: nn.Module, base: nn.Module, layers: nn.Module) -> tuple[dict[str, int], list[int]]:
-    """Run ``base`` once; returns how many layers had returned when each module outside them first ran
+def _run_hooked(
+    skeleton: nn.Module, base: nn.Module, layers: nn.Module, outside: list[tuple[str, nn.Module]]
+) -> tuple[dict[str, int], list[int]]:
+    """Run ``base`` once; returns how many layers had returned when each module ``outside`` them first ran
     (by name), and the index of each layer as it returned, in order."""
-    in_layers = {id(m) for m in layers.modules()}
     first_run: dict[str, int] = {}
     returned: list[int] = []
 
@@ -235,8 +234,8 @@ def _run_hooked(skeleton: nn.Module, base: nn.Module, layers: nn.Module) -> tupl
         returned.append(index)
 
     handles = [layer.register_forward_hook(lambda *_, i=i: ran(i)) for i, layer in enumerate(layers)]
-    for name, module in base.named_modules():
-        if id(module) not in in_layers and module is not base:
+    for name, module in outside:
+        if module is not base:
             handles.append(module.register_forward_pre_hook(lambda *_, n=name: seen(n)))
     try:
         try:  # meta tensors first: how every family ran before, on every transformers version
@@ -279,8 +278,9 @@ def _fake_tensors() -> Iterator[None]:
 
 def _check_each_layer_ran_once(model_name: str, layers_name: str, num_layers: int, returned: list[int]) -> None:
     """'The first k layers' names a prefix only when each layer runs once, in the list's order."""
+    counts = collections.Counter(returned)
     for index in range(num_layers):
-        runs = returned.count(index)
+        runs = counts[index]
         if runs > 1:
             raise FreezingError(
                 f"layer {index} of {model_name}'s {layers_name} ran {runs} times in one forward pass: its layers "
