@@ -251,11 +251,12 @@ def _plan(spec: SpecSource, store: str | None) -> Plan:
     from freezesweep.results.store import final_of
     from freezesweep.trials.placement import mps_here
 
-    from freezesweep.orchestrator.checks import data_notes, few_seeds_note, pair_notes, schedule_note, validate
+    from freezesweep.orchestrator.checks import data_notes, few_seeds_note, pair_notes, schedule_note
+    from freezesweep.orchestrator.checks import store_write_note, validate
 
     raw, name = _raw_spec(spec, store, None)
     # the trials' machines are not here; a stored sweep of its name is compared with it, as a launch does
-    spec = validate(raw, name, devices=False)
+    spec = validate(raw, name, devices=False, writes=False)
     sweep, precision_note = resolve_for_plan(spec)
     # what a launch will say of the data (rows empty_texts: drop leaves out; float labels read as scores)
     notes = (
@@ -265,6 +266,7 @@ def _plan(spec: SpecSource, store: str | None) -> Plan:
         few_seeds_note(spec),
         schedule_note(spec),
         same_cells_note(spec),
+        store_write_note(spec),
     )
     notes = tuple(n for n in notes if n)
     cells = build_grid(sweep)

@@ -70,6 +70,7 @@ def validate(
     devices: bool = True,
     stored: bool = True,
     against_stored: bool = True,
+    writes: bool = True,
 ) -> SweepSpec:
     """A parsed YAML mapping as a SweepSpec; one SpecError naming every problem of both layers.
     ``semantic=False``: shapes and values only (a stored spec, for inspection); ``devices=False``: not
@@ -77,10 +78,11 @@ def validate(
     out, such as fp16 on CPU trials, is still checked); ``stored=False``: not the store and tracking it
     would write to (``freezesweep trial``: one cell, written nowhere); ``against_stored=False``: the
     store, but not the sweep of its name stored there (whose protocol, question and seeds a launch may
-    not change: a spec that only names what to read is not refused for differing from it)."""
+    not change: a spec that only names what to read is not refused for differing from it); ``writes=False``:
+    the store is read, not written (a dry run: ``store_write_note`` says what a launch would meet)."""
     spec, problems = parse(raw)
     if semantic and isinstance(raw, dict):
-        problems += semantic_problems(raw, cluster, devices, stored, against_stored)
+        problems += semantic_problems(raw, cluster, devices, stored, against_stored, writes)
     if problems:
         raise SpecError(problems, source)
     return spec
@@ -103,6 +105,7 @@ def semantic_problems(
     devices: bool = True,
     stored: bool = True,
     against_stored: bool = True,
+    writes: bool = True,
 ) -> list[str]:
     training = raw.get("training") if isinstance(raw.get("training"), dict) else {}
     resources = raw.get("resources") if isinstance(raw.get("resources"), dict) else {}
@@ -116,7 +119,7 @@ def semantic_problems(
     if devices:
         problems += _device_problems(resources.get("gpus_per_trial"), resources.get("cpus_per_trial"), cluster)
     if stored:
-        problems += _store_problems(raw, against_stored) + _tracking_problems(raw)
+        problems += _store_problems(raw, against_stored, writes) + _tracking_problems(raw)
     return problems
 
 
@@ -704,15 +707,16 @@ def cluster_problems(cluster: ClusterView, cpus: float, gpus: float, auto: bool 
     return [f"{needs}, but no node of the cluster at {cluster.address!r} has them (its nodes: {has})"]
 
 
-def _store_problems(raw: dict[str, Any], against_stored: bool = True) -> list[str]:
+def _store_problems(raw: dict[str, Any], against_stored: bool = True, writes: bool = True) -> list[str]:
     name, store = raw.get("name"), raw.get("store", DEFAULT_STORE)
     if not isinstance(store, str):
         return []  # pydantic reports it
     if not isinstance(name, str) or not re.match(NAME_PATTERN, name):
-        return _store_root_problems(store)  # the name is pydantic's to report; never a folder under it
+        return _store_root_problems(store) if writes else []  # the name is pydantic's; no folder under it
     try:
         target = ResultStore(store, name)
-        target.check_writable()
+        if writes:
+            target.check_writable()
         stored = stored_spec_mapping(target) if against_stored else None
     except StoreError as exc:
         return [f"store: {exc}"]
@@ -726,6 +730,16 @@ def _store_problems(raw: dict[str, Any], against_stored: bool = True) -> list[st
         + _tolerance_change(stored, raw, target)
         + _seed_changes(stored, raw, target)
     )
+
+
+def store_write_note(spec: SweepSpec) -> str | None:
+    """A store a dry run may read but a launch could not write (a colleague's results, a read-only mount):
+    said as a note where ``plan`` reads it, since reading is all a plan does."""
+    try:
+        ResultStore(spec.store, spec.name).check_writable()
+    except StoreError as exc:
+        return f"store: {exc}: plan only reads it; a launch from here would refuse it"
+    return None
 
 
 def stored_spec_mapping(store: ResultStore) -> dict[str, Any] | None:

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+import yaml
 
 import freezesweep as fs
 
@@ -312,6 +313,26 @@ def test_compact_on_a_store_it_cannot_write_is_a_store_error(write_spec, monkeyp
     monkeypatch.setattr(os, "open", read_only)
     with pytest.raises(fs.StoreError, match=r"cannot compact sweep 'stored' in .*: \[Errno 30\] Read-only"):
         fs.compact("stored", store=spec.store)
+
+
+def test_plan_reads_a_store_it_cannot_write_and_says_a_launch_would_refuse_it(write_spec, monkeypatch):
+    """A walk-through's read-only store (a colleague's results): `plan`, which only reads, refused it as a
+    problem; it plans it now, saying so in a note, while a launch's checks still refuse it."""
+    from freezesweep.orchestrator.checks import validate
+    from freezesweep.results.store import ResultStore
+
+    spec = _stored_spec_and_rows(write_spec)
+
+    def read_only(self):
+        raise fs.StoreError(f"cannot write to {self.uri!r}: [Errno 30] Read-only file system")
+
+    monkeypatch.setattr(ResultStore, "check_writable", read_only)
+    planned = fs.plan(write_spec("stored", seeds=[0, 1, 2]))
+    assert planned.done == len(planned.cells) and not planned.pending
+    assert [n for n in planned.notes if "plan only reads it; a launch from here would refuse it" in n]
+    with pytest.raises(fs.SpecError) as info:
+        validate(yaml.safe_load(spec.to_yaml()), devices=False)
+    assert any("Read-only file system" in p for p in info.value.problems), info.value.problems
 
 
 def test_an_interrupted_launch_says_so_where_the_caller_looks(write_spec, monkeypatch):
