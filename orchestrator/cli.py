@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import inspect
 import json
 import signal
 import sys
@@ -664,6 +665,18 @@ def export_mlflow(
         f"{done.unchanged} already in MLflow (experiment id {done.experiment_id} at {done.tracking_uri})",
         highlight=False,
     )
+
+
+def _one_line_summaries(*apps: typer.Typer) -> None:
+    """Each command's first docstring paragraph as one line in the command list: there typer's rich help
+    keeps every line break of the source (typer.rich_utils._make_command_help), cutting a summary mid-line;
+    its own page reflows it."""
+    for info in (info for group in apps for info in group.registered_commands):
+        doc = info.help or (info.callback.__doc__ if info.callback else None) or ""
+        info.short_help = info.short_help or " ".join(inspect.cleandoc(doc).split("\n\n")[0].split())
+
+
+_one_line_summaries(app, export_app)
 
 
 def main() -> None:  # python -m freezesweep.orchestrator.cli

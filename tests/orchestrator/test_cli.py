@@ -657,3 +657,22 @@ def test_a_table_too_wide_to_read_says_how_to_get_it_whole(capsys):
     assert "(20 columns: --format csv or json writes them whole)" in capsys.readouterr().out
     cli._print_frame(pd.DataFrame([range(3)], columns=["a", "b", "c"]), cli.OutputFormat.table, "t")
     assert "columns:" not in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("group", [[], ["export"]])
+def test_the_command_list_gives_each_summary_as_one_line(group):
+    """The command list kept every line break of a docstring's first paragraph (typer's rich help), so on a
+    wide terminal a summary still broke mid-sentence ("… under the same protocol); a settle" / "sweep's …")."""
+    import inspect
+
+    import typer
+
+    command = typer.main.get_command(app)
+    for name in group:
+        command = command.commands[name]
+    result = runner.invoke(app, [*group, "--help"], env={"COLUMNS": "400"})
+    assert result.exit_code == 0, result.output
+    lines = [" ".join(line.strip("│ ").split()) for line in result.output.splitlines()]
+    for name, sub in command.commands.items():
+        summary = " ".join(inspect.cleandoc(sub.callback.__doc__ or sub.help or "").split("\n\n")[0].split())
+        assert f"{name} {summary}" in lines, (name, summary)
