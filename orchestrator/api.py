@@ -1119,7 +1119,8 @@ def compact(name: SweepRef, *, store: str | None = None, on_note: Callable[[str]
     """Compact a sweep's final rows into one Parquet part (a launch also does it between rounds), under
     the sweep's lock; crash-safe. As a launch does first, it finishes an interrupted compaction and sets
     unreadable row files aside in ``_quarantine/``, each named to ``on_note`` (default: a warning).
-    Returns how many rows were compacted."""
+    Returns how many files were compacted (single-row files, files of rows written together, and parts an
+    earlier freezesweep wrote, rewritten in today's columns)."""
     from freezesweep.results.lock import SweepLock
 
     result_store = _store(name, store)

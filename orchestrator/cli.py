@@ -620,7 +620,7 @@ def compact(sweep: SweepArg, store: SweepStoreOpt = None) -> None:
         except SweepLocked as exc:
             _fail(exc)
     console.print(
-        f"sweep {api.located(sweep)[0]}: {compacted} row(s) compacted" + (" into one part" if compacted else ""),
+        f"sweep {api.located(sweep)[0]}: {compacted} row file(s) compacted" + (" into one part" if compacted else ""),
         highlight=False,
     )
 

@@ -571,8 +571,9 @@ class ResultStore:
 
     # --- compaction ------------------------------------------------------------------------------
     def compact(self) -> int:
-        """Final rows (FINAL_STATUSES) in single-row files and in files of rows written together into one
-        Parquet part; returns how many files it absorbed.
+        """Final rows (FINAL_STATUSES) in single-row files and in files of rows written together, and the
+        parts an earlier version wrote (``outdated_parts``), into one Parquet part; returns how many files
+        it absorbed.
         The caller holds the sweep's lock. Crash-safe, and never a row in two files of ``results/``:
         1. the part is written to _staging/; 2. the rows' files move to _compacting/<part>/ (a plain
         reader of results/ may miss them for that moment, never double them; freezesweep's readers read
@@ -582,7 +583,8 @@ class ResultStore:
         part_id = uuid.uuid4().hex[:16]
         staged = f"{self.staging_dir}/{PART_PREFIX}{part_id}.parquet"
         layout = self.layout()
-        absorbed = self._write_part([*layout.together, *layout.singles], staged)
+        # an earlier version's parts first: a cell in two files keeps its part's row, as readers do
+        absorbed = self._write_part([*self.outdated_parts(layout.parts), *layout.together, *layout.singles], staged)
         if not absorbed:
             return 0
         self._compaction_step("staged")
@@ -599,6 +601,23 @@ class ResultStore:
         self._compaction_step("committed")
         self.fs.delete_dir(folder)
         return len(absorbed)
+
+    def outdated_parts(self, parts: list[str]) -> list[str]:
+        """Parts an earlier freezesweep wrote, without some of today's columns: compaction rewrites them in
+        SCHEMA, since plain readers of results/ want one schema (DuckDB's and Polars' globs refuse a column
+        missing from a file; pandas keeps the first file's columns, silently). A footer that cannot be read
+        is left to quarantine."""
+        wanted = set(SCHEMA.names)
+        outdated = []
+        for path in parts:
+            try:
+                with self.fs.open_input_file(path) as f:
+                    names = set(pq.ParquetFile(f).schema_arrow.names)
+            except (OSError, pa.ArrowException):
+                continue
+            if names < wanted:
+                outdated.append(path)
+        return outdated
 
     def unfinished_compaction(self) -> int:
         """How many row files an interrupted compaction left in _compacting/ (0: none pending). Plain

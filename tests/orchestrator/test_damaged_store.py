@@ -123,7 +123,7 @@ def test_compact_names_and_sets_aside_an_unreadable_row_file(write_spec, tmp_pat
     good = store.read().sort_values("trial_id", ignore_index=True)
     done = CliRunner().invoke(app, ["compact", "s", "--store", store.uri])
     assert done.exit_code == 0, done.output
-    assert f"warning: {damaged} could not be read; moved to" in done.output and "5 row(s) compacted" in done.output
+    assert f"warning: {damaged} could not be read; moved to" in done.output and "5 row file(s) compacted" in done.output
     assert [p.name[:5] for p in results.iterdir()] == ["part-"]
     [aside] = Path(store.quarantine_dir).iterdir()
     assert aside.name.endswith(damaged.name)
@@ -149,7 +149,9 @@ def test_status_names_an_interrupted_compaction_and_compact_finishes_it(write_sp
     status = runner.invoke(app, ["status", "s", "--store", store.uri])
     assert status.exit_code == 0 and "an interrupted compaction holds 6 row file(s)" in status.output, status.output
     done = runner.invoke(app, ["compact", "s", "--store", store.uri])
-    assert "finished an interrupted compaction (6 row file(s)" in done.output and "6 row(s) compacted" in done.output
+    assert (
+        "finished an interrupted compaction (6 row file(s)" in done.output and "6 row file(s) compacted" in done.output
+    )
     assert "interrupted compaction" not in runner.invoke(app, ["status", "s", "--store", store.uri]).output
     assert len(pd.read_parquet(store.results_dir)) == 6
 

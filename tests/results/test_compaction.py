@@ -381,3 +381,40 @@ def test_a_driver_that_lost_the_sweep_while_staging_deletes_and_moves_nothing(tm
         store.write_rows([result_row("s", trial_result(seed)) for seed in (0, 1)], replacing={trial_result(0).trial_id})
     assert len(checks) == 2 and store.statuses() == {trial_result(0).trial_id: "failed"}
     assert not list((tmp_path / "s" / "_staging").iterdir())
+
+
+def _an_earlier_versions_part(tmp_path, dropped: tuple[str, ...]) -> ResultStore:
+    """A store whose part an earlier freezesweep wrote: the same rows without columns added since."""
+    store = _filled(tmp_path, ok=4, failed=0)
+    store.compact()
+    (part,) = (tmp_path / "s" / "results").glob("part-*.parquet")
+    pq.write_table(pq.read_table(part).drop_columns(list(dropped)), part)
+    return store
+
+
+def test_parts_of_an_earlier_version_are_rewritten_in_todays_columns(tmp_path):
+    """An upgrade walk-through: today's rows beside an earlier version's part left results/ in two schemas;
+    DuckDB's and Polars' globs refused the column the old part lacks, pandas dropped it from every row."""
+    dropped = ("collapsed", "baseline_rows", "optimisations", "gpu_mps")
+    store = _an_earlier_versions_part(tmp_path, dropped)
+    before = store.read().set_index("trial_id").drop(columns=list(dropped))
+    for seed in (4, 5):
+        store.write_row(result_row("s", trial_result(seed, acc=0.6)))
+    assert store.compact() == 3  # the old part and the two new rows' files
+    folder = tmp_path / "s" / "results"
+    (part,) = folder.glob("*.parquet")
+    assert pq.read_schema(part).names == list(store_module.SCHEMA.names)
+    assert len(pd.read_parquet(folder, columns=["trial_id", "collapsed"])) == 6
+    assert duckdb.sql(f"SELECT count(*) FROM read_parquet('{folder}/*.parquet') WHERE collapsed").fetchall() == [(0,)]
+    assert pl.read_parquet(f"{folder}/*.parquet").select("collapsed").height == 6
+    after = store.read().set_index("trial_id")
+    pd.testing.assert_frame_equal(after.loc[before.index, before.columns], before)
+    assert after.loc[before.index, "collapsed"].isna().all()  # what the old rows never said stays unsaid
+
+
+def test_compact_alone_brings_an_earlier_versions_part_to_todays_columns(tmp_path):
+    store = _an_earlier_versions_part(tmp_path, ("gpu_mps",))
+    assert store.compact() == 1
+    (part,) = (tmp_path / "s" / "results").glob("*.parquet")
+    assert "gpu_mps" in pq.read_schema(part).names and len(store.read()) == 4
+    assert store.compact() == 0  # today's part is left as it is
