@@ -837,17 +837,31 @@ def store_flag(store: str) -> str:
 
 def _compact_advice(result_store: ResultStore, statuses: dict[str, str]) -> list[str]:
     """Thousands of single-row files (a store from before compaction, rounds that never finished): every
-    read opens each of them; one `compact` makes them one part."""
+    read opens each of them; one `compact` makes them one part. Parts of an earlier version: it rewrites
+    them in today's columns."""
     from freezesweep.results.store import COMPACT_ADVICE_FILES
 
     singles = result_store.compactable(statuses)
-    if singles <= COMPACT_ADVICE_FILES:
-        return []
+    outdated = len(result_store.outdated_parts(result_store.layout().parts))
     where = store_flag(result_store.uri)
+    run = f"run `freezesweep compact {result_store.sweep}{where}`"
     return [
-        f"note: {singles:,} small files hold final rows (single-row files, or a trial array's rows), each opened by "
-        "every command: run "
-        f"`freezesweep compact {result_store.sweep}{where}` to put them into one Parquet part"
+        *(
+            [
+                f"note: {outdated:,} part(s) of results/ were written by an earlier freezesweep, without columns "
+                f"added since: plain readers of results/ meet two schemas; {run} to rewrite them in today's"
+            ]
+            if outdated
+            else []
+        ),
+        *(
+            [
+                f"note: {singles:,} small files hold final rows (single-row files, or a trial array's rows), each "
+                f"opened by every command: {run} to put them into one Parquet part"
+            ]
+            if singles > COMPACT_ADVICE_FILES
+            else []
+        ),
     ]
 
 

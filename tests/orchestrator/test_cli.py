@@ -290,6 +290,30 @@ def test_status_on_many_single_row_files_says_to_compact(write_spec, tmp_path, m
     assert "compact" not in runner.invoke(app, args).stderr  # the failed row's file alone: nothing to compact
 
 
+def test_status_on_a_part_of_an_earlier_version_says_to_compact_and_compact_rewrites_it(write_spec, tmp_path):
+    """An upgrade walk-through: plain readers met two schemas in results/ and nothing said why or what to do."""
+    import pyarrow.parquet as pq
+
+    from freezesweep.orchestrator.rows import result_row
+    from freezesweep.results import store as store_module
+    from freezesweep.trials.config import TrialResult
+
+    sweep = resolve_here(load_spec(write_spec("old")))
+    store = store_module.ResultStore(str(tmp_path / "store"), "old")
+    store.write_spec(sweep.spec.to_yaml())
+    for cell in build_grid(sweep)[:3]:
+        store.write_row(result_row("old", TrialResult(trial_id=cell.trial_id, config=cell, status="ok")))
+    store.compact()
+    (part,) = (tmp_path / "store" / "old" / "results").glob("part-*.parquet")
+    pq.write_table(pq.read_table(part).drop_columns(["gpu_mps", "optimisations"]), part)
+    args = ["status", "old", "--store", str(tmp_path / "store")]
+    said = runner.invoke(app, args).stderr.replace("\n", " ")
+    assert "note: 1 part(s) of results/ were written by an earlier freezesweep" in said, said
+    assert "`freezesweep compact old --store" in said
+    assert "1 row file(s) compacted" in runner.invoke(app, ["compact", *args[1:]]).stdout
+    assert "earlier freezesweep" not in runner.invoke(app, args).stderr
+
+
 def _settled_rows(write_spec, name: str, settle: dict):
     """A stored settle sweep of 3 seeds whose k = 2 differs from k = 0 by +0.004, +0.015, 0."""
     from freezesweep.results.store import ResultStore
