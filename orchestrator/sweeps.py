@@ -27,7 +27,7 @@ from freezesweep.orchestrator.plan import (
     settle_round,
 )
 from freezesweep.orchestrator.spec import SpecError, SweepNotFound, SweepSpec
-from freezesweep.results.store import ResultStore, StoreError
+from freezesweep.results.store import LAUNCH_FILE, ResultStore, StoreError
 from freezesweep.trials.config import TrialConfig
 from freezesweep.trials.data import resolve_data_dir
 
@@ -174,7 +174,7 @@ def lost_folder_note(spec: SweepSpec, store: ResultStore, here: str | None = Non
     here either: said before a resume reads them (a walk-through moved its project folder, and the model
     folder not found was read as a hub id: "We couldn't connect to 'https://huggingface.co'")."""
     folder = store.read_launch_folder()
-    if folder is None or os.path.isdir(folder):
+    if folder is not None and os.path.isdir(folder):
         return None
     here = os.path.abspath(here or os.getcwd())
     from freezesweep.trials.hub import cached_hub_model
@@ -184,8 +184,14 @@ def lost_folder_note(spec: SweepSpec, store: ResultStore, here: str | None = Non
     missing = [p for p in missing if not cached_hub_model(p)]  # a hub model needs no folder (a review)
     if not missing:
         return None
+    # a store an earlier version launched keeps no launch folder (an upgrade walk-through's resume)
+    launched = (
+        f"was launched in {folder}, which is gone"
+        if folder
+        else f"does not say which folder it was launched in ({LAUNCH_FILE} came after its launch)"
+    )
     return (
-        f"sweep {spec.name!r} was launched in {folder}, which is gone; its spec's relative paths are read from here "
+        f"sweep {spec.name!r} {launched}; its spec's relative paths are read from here "
         f"({here}), where {', '.join(missing)} {'are' if len(missing) > 1 else 'is'} not found (a model not found "
         "is read as a hub id): run the resume from the folder that holds them"
     )

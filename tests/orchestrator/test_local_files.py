@@ -294,6 +294,10 @@ def test_a_resume_whose_launch_folder_is_gone_says_where_the_paths_were_looked_f
     assert note.startswith(f"sweep 's' was launched in {tmp_path / 'moved-away'}, which is gone")
     assert f"({here}), where models/q is not found (a model not found is read as a hub id)" in note
     assert lost_folder_note(spec, SimpleNamespace(read_launch_folder=lambda: str(here)), here=str(here)) is None
+    # a store an earlier version launched keeps no launch folder: an upgrade walk-through's resume said nothing
+    unknown = lost_folder_note(spec, SimpleNamespace(read_launch_folder=lambda: None), here=str(here))
+    assert unknown.startswith("sweep 's' does not say which folder it was launched in (launched-from.txt came")
+    assert unknown.endswith("run the resume from the folder that holds them")
     hub = spec.model_copy(update={"model": "sentence-transformers/all-MiniLM-L6-v2"})  # a package ships it
     assert lost_folder_note(hub, gone, here=str(here)) is None  # a review: hub ids were listed as paths
     (here / "models" / "q").mkdir(parents=True)
