@@ -41,7 +41,7 @@ from freezesweep.results.settle import (
     order,
     seeds_to_decide,
 )
-from freezesweep.results.stats import GROUP, TOLERANCE, largest_k_retaining
+from freezesweep.results.stats import GROUP, TOLERANCE, confidence_pct, largest_k_retaining, upper_pct
 
 DECISION_COLUMNS = [
     *GROUP,
@@ -350,7 +350,8 @@ def _methods_within(record: dict, decision: GroupDecision, rule: SettleRule) -> 
     return "".join(
         f"; {_method_name(c.arm)} is shown within the {rule.tolerance:g} tolerance of full fine-tuning when it "
         f"trains ({_family(rule)}): {record['metric']} {c.score:.3f} vs {c.reference:.3f} on the same {c.pairs} "
-        f"seeds, paired difference {c.mean:+.3f} (its own one-sided bound {c.low:+.3f}){_collapses(c, _family(rule))}"
+        f"seeds, paired difference {c.mean:+.3f} (its own one-sided bound {c.low:+.3f}, at {confidence_pct(1 - c.level)} %, "
+        f"the level Holm's step held it to){_collapses(c, _family(rule))}"
         for c in _within_methods(decision)
     )
 
@@ -375,7 +376,7 @@ def _every_layer(decision: GroupDecision, rule: SettleRule) -> str:
 
 
 def _family(rule: SettleRule) -> str:
-    return f"{100 * rule.confidence:g} % family-wise"
+    return f"{confidence_pct(rule.confidence)} % family-wise"
 
 
 def _not_learned(
@@ -453,7 +454,7 @@ def _advice(record: dict, decision: GroupDecision, rule: SettleRule) -> str:
         f"fine-tuning when it trains ({_family(rule)}; {_sequence(decision)}): {record['metric']} "
         f"{record['score_k']:.3f} vs {record['score_0']:.3f} on the same {record['pairs']} seeds, paired difference "
         f"{record['mean_diff']:+.3f} (its own one-sided bound {record['ci_low']:+.3f}, at "
-        f"{100 * (1 - chosen.level):.1f} % unadjusted for choosing this depth){_collapses(chosen, _family(rule))}{saves}"
+        f"{confidence_pct(1 - chosen.level)} % unadjusted for choosing this depth){_collapses(chosen, _family(rule))}{saves}"
     )
 
 
@@ -470,7 +471,7 @@ def _collapses(c: Comparison, pct: str) -> str:
         return ""
     return (
         f"; {c.collapsed} of {c.seeds} seeds collapsed to the constant predictor or diverged (at most "
-        f"{100 * c.collapse_upper:.0f} % of seeds do, {pct})"
+        f"{upper_pct(c.collapse_upper)} % of seeds do, {pct})"
     )
 
 

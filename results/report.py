@@ -24,11 +24,13 @@ from freezesweep.results.reprs import short_repr
 from freezesweep.results.stats import (
     GROUP,
     TOLERANCE,
+    confidence_pct,
     costs,
     largest_k_retaining,
     method_comparison,
     paired_contrasts,
     retained_quality,
+    upper_pct,
 )
 from freezesweep.results.store import ResultStore
 
@@ -575,8 +577,10 @@ _RIGHT = (*_COUNTS, "collapsed")  # numbers held as text ("0/3"), right-aligned 
 def _format_for(column: str, values: pd.Series):
     if column.endswith("_pct"):
         return lambda v: f"{v:.1f} %"
-    if column == "collapse_upper" or column == "confidence":  # a share of seeds: as the sentence says it
-        return lambda v: f"{100 * v:.0f} %"
+    if column == "collapse_upper":  # a bound on a share of seeds: as the sentence says it, rounded up
+        return lambda v: f"{upper_pct(v)} %"
+    if column == "confidence":  # as the sentence says it: never above what it is
+        return lambda v: f"{confidence_pct(v)} %"
     if column.endswith("_s"):
         return lambda v: f"{v:,.1f} s"
     if column.endswith("_mb"):

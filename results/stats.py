@@ -42,6 +42,27 @@ def largest_k(ks) -> int | None:
     return max(ks, key=freeze_depth) if ks else None
 
 
+# --- percentages as printed: never more than was shown --------------------------------------------
+def confidence_pct(confidence: float) -> str:
+    """A confidence in %, never above what it is: exact where up to 3 decimals say it (97.25, 99.875),
+    else rounded down to one (0.97497 is 97.4 %: rounding to the nearest printed a spent last look's 97.5 %)."""
+    pct = 100 * confidence
+    for digits in range(4):
+        if abs(round(pct, digits) - pct) < 1e-9:
+            return f"{round(pct, digits):.{digits}f}"
+    return f"{math.floor(pct * 10) / 10:.1f}"
+
+
+def upper_pct(rate: float) -> str:
+    """An upper bound of a rate in whole %, rounded up (to the nearest could print less than the bound)."""
+    return f"{math.ceil(100 * rate - 1e-9):.0f}"
+
+
+def lower_pct(rate: float) -> str:
+    """A lower bound of a rate in whole %, rounded down."""
+    return f"{math.floor(100 * rate + 1e-9):.0f}"
+
+
 # --- intervals ----------------------------------------------------------------------------------
 def mean_interval(values) -> tuple[float, float, float]:
     """Mean and its Student-t CI. Seeds are few, so t, not a normal or a bootstrap, which would be

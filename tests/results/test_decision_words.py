@@ -100,3 +100,29 @@ def test_no_budget_for_a_depth_with_two_trained_pairs(tmp_path):
     (record,) = build_report([SweepRows.from_store(store)]).decisions.to_dict("records")
     assert record["learned"] == "learned" and record["undecided"] == "k=2", record
     assert pd.isna(record["decided_at_seeds"]) and "seeds per arm would decide" not in record["sentence"]
+
+
+@pytest.mark.parametrize(
+    ("confidence", "printed"),
+    [
+        (0.95, "95"),
+        (0.9725, "97.25"),
+        (0.9775, "97.75"),
+        (1 - 0.00125, "99.875"),
+        (0.974971, "97.4"),
+        (1 - 0.0275 * 0.0889, "99.7"),
+    ],
+)
+def test_a_confidence_is_never_printed_above_what_it_is(confidence, printed):
+    """An audit: 97.25 % printed "97.2 %" and 97.75 % "97.7 %" (round-half-even on a float), and a spent
+    last look's 0.97497 "97.5 %" (above it): exact where 3 decimals say it, else rounded down."""
+    from freezesweep.results.stats import confidence_pct
+
+    assert confidence_pct(confidence) == printed
+
+
+def test_rate_bounds_are_rounded_outward():
+    """An upper bound printed to the nearest % can say less than was shown (80.4 % as "at most 80 %")."""
+    from freezesweep.results.stats import lower_pct, upper_pct
+
+    assert (upper_pct(0.804), upper_pct(0.80), lower_pct(0.606), lower_pct(0.61)) == ("81", "80", "60", "61")
