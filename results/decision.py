@@ -24,6 +24,7 @@ from freezesweep.results.settle import (
     arm_labels,
     FINAL,
     FULL,
+    STUCK,
     LEARNED,
     MIN_PAIRS,
     NOT_TESTED,
@@ -313,9 +314,9 @@ def sentence(
     gain = decision.learned
     if gain.decision != LEARNED:
         return _not_learned(record, decision, rule, settle, budget_left) + f"{left_out}."
-    rest, methods = _others(record, decision, budget_left), _methods_within(record, decision, rule)
+    rest, methods = _others(record, decision, budget_left, settle), _methods_within(record, decision, rule)
     if record.get("frozen_layers") is None and settled:
-        return _or_methods(_every_layer(decision, rule), decision) + f"{rest}{methods}{left_out}."
+        return _or_methods(_every_layer(decision, rule, settle), decision) + f"{rest}{methods}{left_out}."
     if record.get("frozen_layers") is None:
         return _or_methods(
             f"fine-tune every layer: no k is shown within {rule.tolerance:g} of full fine-tuning at "
@@ -356,7 +357,7 @@ def _methods_within(record: dict, decision: GroupDecision, rule: SettleRule) -> 
     )
 
 
-def _every_layer(decision: GroupDecision, rule: SettleRule) -> str:
+def _every_layer(decision: GroupDecision, rule: SettleRule, settle: bool) -> str:
     """No depth within, and no seed would change that: a claim where the first depth is shown worse, else
     what stopped its seeds, an estimate (``results.settle.open_arms``: its own bound, or hopeless)."""
     first = next((c for c in decision.arms if c.arm == decision.stopped_at), None)
@@ -368,11 +369,17 @@ def _every_layer(decision: GroupDecision, rule: SettleRule) -> str:
             f"fine-tune every layer: freezing costs more than {rule.tolerance:g} here — the least frozen depth "
             f"({depth}) is shown worse than full fine-tuning by more than the tolerance ({_family(rule)})"
         )
-    why = first.why if first is not None and first.why else "it runs no more seeds"
+    fallback = "it runs no more seeds" if settle else "no seed could change that"
+    why = _estimate(first.why, settle) if first is not None and first.why else fallback
     return (
         f"fine-tune every layer: no k is shown within {rule.tolerance:g} of full fine-tuning, and the least "
         f"frozen depth ({depth}) is undecided ({why}; an estimate, not a claim)"
     )
+
+
+def _estimate(why: str, settle: bool) -> str:
+    """What stopped a depth's seeds, in its mode's words: a fixed grid was going to run none anyway."""
+    return why if settle else why.removesuffix(STUCK)
 
 
 def _family(rule: SettleRule) -> str:
@@ -543,13 +550,13 @@ def _pairs(decision: GroupDecision) -> str:
     return f"{counts[0]}" if len(counts) == 1 else f"{counts[0]}–{counts[-1]}"
 
 
-def _others(record: dict, decision: GroupDecision, budget_left: int | None = None) -> str:
+def _others(record: dict, decision: GroupDecision, budget_left: int | None = None, settle: bool = False) -> str:
     """The other arms in words: worse, undecided and not tested, the last two with their estimates (a depth
     whose seeds stopped, with why: ``results.settle``'s ``_stuck_why``)."""
 
     def listed(state: str) -> str:
         return ", ".join(
-            f"{_k(c.arm)} ({c.mean:+.3f} when trained{_stopped(c)})" if c.pairs else _k(c.arm)
+            f"{_k(c.arm)} ({c.mean:+.3f} when trained{_stopped(c, settle)})" if c.pairs else _k(c.arm)
             for c in decision.arms
             if c.decision == state
         )
@@ -568,9 +575,13 @@ def _others(record: dict, decision: GroupDecision, budget_left: int | None = Non
     return f" ({'; '.join(parts)})" if parts else ""
 
 
-def _stopped(c: Comparison) -> str:
-    """Why an undecided depth runs no more seeds (its own bound, or hopeless), where that is why."""
-    return f": {c.why}" if c.decision == UNDECIDED and c.why.endswith("it runs no more seeds") else ""
+def _stopped(c: Comparison, settle: bool) -> str:
+    """Why an undecided depth runs no more seeds (its own bound, or hopeless), where that is why: an
+    estimate at no level the claims pay for (a false one in about 1 % of fixed grids at the boundary: an
+    audit), said as one; a fixed grid's says nothing of seeds it was never going to run."""
+    if c.decision != UNDECIDED or not c.why.endswith(STUCK):
+        return ""
+    return f": {_estimate(c.why, settle)}; an estimate, not a claim"
 
 
 def _left_out(excluded: dict[str, int]) -> str:

@@ -66,6 +66,7 @@ WITHIN, WORSE, UNDECIDED, NOT_TESTED = "within", "worse", "undecided", "not test
 LEARNED, NOTHING_LEARNED = "learned", "nothing learned"
 COLUMNS = ["arm", "seed", "score", "baseline_score", "status", "collapsed"]  # collapsed: optional (derived)
 FINAL = ("ok", "diverged")  # a seed with one of these is looked at; others (failed, oom) run again
+STUCK = ": it runs no more seeds"  # how a depth's why ends where open_arms stops at it (settle mode's words)
 COLLAPSE_ATOL = 1e-9  # a score this near its constant baseline is the constant predictor's
 # shares of α (the module docstring): the sequence of "within" (learned first), Holm over "worse" and the
 # other methods' "within", "nothing learned" (Holm over its two claims), the collapse bounds; where the grid
@@ -718,11 +719,9 @@ def _stuck_why(c: Comparison, levels: Levels, tolerance: float) -> Comparison:
     if c.decision != UNDECIDED or not is_freeze(c.arm):
         return c
     if c.clears_worse:
-        return dataclasses.replace(c, why="worse by its own bound, not yet by Holm's: it runs no more seeds")
+        return dataclasses.replace(c, why="worse by its own bound, not yet by Holm's" + STUCK)
     if _hopeless(c, levels, tolerance):
-        return dataclasses.replace(
-            c, why=f"its seeds so far put it well below −{tolerance:g} when it trains: it runs no more seeds"
-        )
+        return dataclasses.replace(c, why=f"its seeds so far put it well below −{tolerance:g} when it trains{STUCK}")
     return c
 
 

@@ -126,3 +126,32 @@ def test_rate_bounds_are_rounded_outward():
     from freezesweep.results.stats import lower_pct, upper_pct
 
     assert (upper_pct(0.804), upper_pct(0.80), lower_pct(0.606), lower_pct(0.61)) == ("81", "80", "60", "61")
+
+
+def _stopped_depth(tmp_path) -> ResultStore:
+    """k = 2 within; k = 6 hopeless by its own bound (−0.05 ± 0.011 over 3 seeds), not worse by Holm's."""
+    store = ResultStore(str(tmp_path), "s")
+    x = 0.01117
+    for k, accs in {0: [0.80, 0.85, 0.90], 2: [0.801, 0.851, 0.899], 6: [0.75 - x, 0.80, 0.85 + x]}.items():
+        for seed, acc in enumerate(accs):
+            store.write_row(row(k=k, seed=seed, acc=acc, cost=(1000, 1.0, 10.0)))
+    return store
+
+
+@pytest.mark.parametrize("settle", [False, True])
+def test_a_depth_stopped_on_an_estimate_says_it_is_one_and_runs_seeds_only_in_settle_mode(tmp_path, settle):
+    """An audit: "(undecided: k=6 (… when trained: its seeds so far put it well below −0.01 when it trains:
+    it runs no more seeds))" beside the advice, at a level no claim pays for (false in about 1 % of fixed
+    grids at the boundary), printed as a fact — and in a fixed grid, which was never going to run more."""
+    from freezesweep.results.settle import SettleRule
+
+    rule = SettleRule(max_seeds=3)  # a settle sweep at its one look: the same numbers as the fixed grid's
+    rows = SweepRows.from_store(_stopped_depth(tmp_path), rule=(rule, rule.looks, {}) if settle else None)
+    (decision,) = decisions([rows]).to_dict("records")
+    assert decision["frozen_layers"] == 2 and decision["undecided"] == "k=6"
+    runs = ": it runs no more seeds" if settle else ""
+    assert (
+        f"(undecided: k=6 (-0.050 when trained: its seeds so far put it well below −0.01 when it trains{runs}; an "
+        "estimate, not a claim))"
+    ) in decision["sentence"], decision["sentence"]
+    assert settle or "runs no more seeds" not in decision["sentence"]
