@@ -41,8 +41,9 @@ from freezesweep.results.settle import (
     open_arms,
     order,
     seeds_to_decide,
+    trained_seeds,
 )
-from freezesweep.results.stats import GROUP, TOLERANCE, confidence_pct, largest_k_retaining, upper_pct
+from freezesweep.results.stats import GROUP, TOLERANCE, confidence_pct, largest_k_retaining, lower_pct, upper_pct
 
 DECISION_COLUMNS = [
     *GROUP,
@@ -124,6 +125,8 @@ def decide(
             records.append(_waiting(record, _prefix(key, many_sweeps) + running))
             continue
         record["k_retaining_90"] = retaining.get(key) if decision.learned.decision == LEARNED else None
+        if decision.learned.decision != LEARNED:  # not a column: the arms that trained, named as observations
+            record["trained_arms"] = trained_seeds(_arms(group))
         settled = not open_arms(decision, grid, rule.tolerance)
         said = sentence(record, decision, rule, (planned_ks or {}).get(key[0]), settle, settled, rounds_left)
         record["sentence"] = _prefix(key, many_sweeps) + said
@@ -313,7 +316,9 @@ def sentence(
         return f"no full fine-tuning (k = 0) runs to compare with ({why}), so no decision{left_out}."
     gain = decision.learned
     if gain.decision != LEARNED:
-        return _not_learned(record, decision, rule, settle, budget_left) + f"{left_out}."
+        # full fine-tuning's diverged seeds are counted in its sentence: "left out" names the others only
+        named = _left_out(decision.excluded, gain.diverged)
+        return _not_learned(record, decision, rule, settle, budget_left) + f"{named}."
     rest, methods = _others(record, decision, budget_left, settle), _methods_within(record, decision, rule)
     if record.get("frozen_layers") is None and settled:
         return _or_methods(_every_layer(decision, rule, settle), decision) + f"{rest}{methods}{left_out}."
@@ -392,16 +397,17 @@ def _not_learned(
     """Nothing learned, shown; or not yet shown that full fine-tuning learns: why, and what would show it."""
     gain, pct = decision.learned, _family(rule)
     if gain.decision == NOTHING_LEARNED and (gain.pairs == 0 or "collapses" in gain.why):
+        # the claim is full fine-tuning's collapse-or-diverge rate above 1/2: of it alone, each kind counted
         return (
-            f"nothing learned at this size: full fine-tuning {_one_answer(record['metric'])} on "
-            f"{gain.collapsed} of {gain.seeds} seeds (it does on at least {100 * gain.collapse_lower:.0f} % of "
-            f"seeds, {pct}); no freezing advice"
+            f"full fine-tuning did not learn at this size: it {_failed(gain, record['metric'])} ("
+            f"{'it does on' if not gain.diverged else 'one or the other on'} at least {lower_pct(gain.collapse_lower)} % "
+            f"of seeds, {pct}); {_NO_ADVICE}{_trained_arms(record)}"
         )
     if gain.decision == NOTHING_LEARNED:
         return (
-            f"nothing learned at this size: when it trains, full fine-tuning beats the constant baseline by "
+            f"full fine-tuning did not learn at this size: when it trains, it beats the constant baseline by "
             f"{gain.mean:+.3f} (at most {gain.high:+.3f}, {gain.pairs} seeds), not by more than {rule.tolerance:g} "
-            f"({pct}){_collapses(gain, pct)}; no freezing advice"
+            f"({pct}){_collapses(gain, pct)}; {_NO_ADVICE}{_trained_arms(record)}"
         )
     if gain.seeds and gain.collapsed == gain.seeds:
         needed = all_collapsed_to_show(decision, rule, settle)
@@ -414,8 +420,13 @@ def _not_learned(
             else f"a new grid of {needed} seeds, every seed at the constant predictor, would"
         )
         every, count = ("all", f"{gain.seeds} seeds") if gain.seeds > 1 else ("the", "one seed")
+        failed = (
+            _one_answer(record["metric"])
+            if not gain.diverged
+            else f"collapsed or diverged ({_failed(gain, record['metric'])})"
+        )
         return (
-            f"{every} {count} of full fine-tuning {_one_answer(record['metric'])}: nothing learned as "
+            f"{every} {count} of full fine-tuning {failed}: nothing learned as "
             f"far as {'they show' if gain.seeds > 1 else 'it shows'}, but {count} cannot show it at {pct} ({how}"
             f"{'' if budget_left else _NEW_SWEEP}); no freezing advice"
         )
@@ -425,6 +436,31 @@ def _not_learned(
         f"({trained}: {gain.why}){_collapses(gain, pct) if gain.collapsed else ''}; no freezing advice — "
         f"{_add_seeds(record, settle, rule.tolerance, _LEARNS, budget_left, rule.max_seeds)}"
     )
+
+
+_NO_ADVICE = "no freezing advice, since freezing is judged against full fine-tuning"
+
+
+def _failed(gain: Comparison, metric: str | None) -> str:
+    """Full fine-tuning's seeds that did not train, each kind counted apart: a diverged seed predicted
+    nothing (a walk-through's 6 diverged and 4 collapsed read "predicted one class on 10 of 10 seeds")."""
+    one = gain.collapsed - gain.diverged
+    if not gain.diverged:
+        return f"{_one_answer(metric)} on {one} of {gain.seeds} seeds"
+    if not one:
+        return f"diverged on {gain.diverged} of {gain.seeds} seeds"
+    return f"{_one_answer(metric)} on {one} of {gain.seeds} seeds and diverged on {gain.diverged}"
+
+
+def _trained_arms(record: dict) -> str:
+    """The arms that trained where full fine-tuning did not, with their trained seeds' mean: what was seen,
+    not a claim (nothing compares them with anything)."""
+    seen = [
+        f"{_k(arm)} trained on {trained} of {seeds} seeds, {record['metric']} {mean:.3f} on them"
+        for arm, (trained, seeds, mean) in sorted((record.get("trained_arms") or {}).items(), key=lambda a: order(a[0]))
+        if arm != FULL and trained
+    ]
+    return f" (observed, not claimed: {'; '.join(seen)})" if seen else ""
 
 
 def _one_answer(metric: str | None) -> str:
@@ -584,10 +620,13 @@ def _stopped(c: Comparison, settle: bool) -> str:
     return f": {_estimate(c.why, settle)}; an estimate, not a claim"
 
 
-def _left_out(excluded: dict[str, int]) -> str:
-    if not excluded:
+def _left_out(excluded: dict[str, int], named_diverged: int = 0) -> str:
+    """The rows no bound reads (failed, oom, diverged), less the diverged ones the sentence already counts."""
+    counts = {**excluded, "diverged": excluded.get("diverged", 0) - named_diverged}
+    counts = {status: n for status, n in counts.items() if n > 0}
+    if not counts:
         return ""
-    return " (left out: " + ", ".join(f"{n} {status}" for status, n in sorted(excluded.items())) + ")"
+    return " (left out: " + ", ".join(f"{n} {status}" for status, n in sorted(counts.items())) + ")"
 
 
 def _what(k: int) -> str:

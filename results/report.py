@@ -282,8 +282,8 @@ def _decision_section(report: Report, asked: set[float], many: bool) -> Section:
     how = (
         "How to read it: per dataset and train size, one answer: the largest k shown to be within the tolerance "
         f"({question}) of full fine-tuning (k = 0) in the "
-        "selected metric when it trains, with how many of its seeds collapsed to the constant predictor "
-        "(Collapsed seeds) and an exact bound on how often that happens (Collapse rate at most), and what "
+        "selected metric when it trains, with how many of its seeds collapsed to the constant predictor or "
+        "diverged (Collapsed seeds) and an exact bound on how often that happens (Collapse rate at most), and what "
         "freezing it saves against k = 0. How it is decided (results/settle.py, the settle-mode page): first, "
         "full fine-tuning must be shown to beat the constant baseline by more than the tolerance (learned); only "
         "then are the frozen depths tested, one at a time from the least frozen to the most frozen, each at the "

@@ -155,6 +155,7 @@ class Comparison:
     why: str = ""  # why undecided or not tested, or why nothing learned
     seeds: int = 0  # seeds looked at (trained or not): the collapse count's denominator
     collapsed: int = 0  # of them, where the arm (full fine-tuning, for "learned") collapsed or diverged
+    diverged: int = 0  # of those, the diverged ones (a sentence counts them apart from the constant predictor's)
     collapse_upper: float = math.nan  # exact one-sided upper bound of its collapse rate, at its level
     collapse_lower: float = math.nan  # the lower one (full fine-tuning's only: nothing learned)
     score: float = math.nan  # the arm's mean score over the trained pairs (full fine-tuning: over its trained seeds)
@@ -197,6 +198,7 @@ class _Seeds:
     trained: dict[int, float]
     every: dict[int, float]
     baseline: dict[int, float]
+    diverged: set[int] = field(default_factory=set)
 
 
 def _by_arm(group: pd.DataFrame) -> dict[str, _Seeds]:
@@ -212,6 +214,20 @@ def _by_arm(group: pd.DataFrame) -> dict[str, _Seeds]:
         seeds.trained[int(seed)] = s if t else math.nan
         seeds.every[int(seed)] = e
         seeds.baseline[int(seed)] = b
+    for arm, seed in zip(final["arm"][~ok], final["seed"][~ok]):
+        out[arm].diverged.add(int(seed))
+    return out
+
+
+def trained_seeds(group: pd.DataFrame) -> dict[str, tuple[int, int, float]]:
+    """Per arm, over its final seeds: how many trained (neither collapsed nor diverged), how many there are,
+    and the trained ones' mean score. Observations, no claim: where full fine-tuning did not learn, the
+    sentence names the arms that trained all the same (a walk-through's frozen depths at 0.85+ read
+    "nothing learned at this size")."""
+    out = {}
+    for arm, seeds in _by_arm(group.reindex(columns=COLUMNS)).items():
+        scores = [v for v in seeds.trained.values() if not math.isnan(v)]
+        out[arm] = (len(scores), len(seeds.trained), float(np.mean(scores)) if scores else math.nan)
     return out
 
 
@@ -329,6 +345,7 @@ class _Look:
     counts: tuple[int, ...] = ()  # the trained differences at each look of the schedule so far (nested)
     last: bool = False  # this look is the schedule's last of several
     all_counts: tuple[int, ...] = ()  # the same for ``all_diffs``
+    diverged: int = 0  # of ``collapsed``, the seeds that diverged
 
 
 def _counts(trained: list[int], schedule, look: int) -> tuple[bool, tuple[int, ...]]:
@@ -354,6 +371,7 @@ def _gain_look(full: _Seeds | None, schedule, weights) -> _Look:
         float(base.mean()) if trained else math.nan,
         counts,
         last,
+        diverged=sum(1 for s in seeds if s in full.diverged) if full else 0,
     )
 
 
@@ -380,6 +398,7 @@ def _pair_look(arm: _Seeds, full: _Seeds | None, schedule, weights) -> _Look:
         counts,
         last,
         _counts(where_full, schedule, look)[1],
+        sum(1 for s in seeds if s in arm.diverged),
     )
 
 
@@ -597,6 +616,7 @@ def _learned(gain: _Look, p: _Claims, shown: set[str], at: Mapping[str, float], 
         why,
         seeds=len(gain.seeds),
         collapsed=gain.collapsed,
+        diverged=gain.diverged,
         collapse_upper=upper,
         collapse_lower=lower,
         score=gain.score,
@@ -635,6 +655,7 @@ def _arm(
         why,
         seeds=len(look.seeds),
         collapsed=look.collapsed,
+        diverged=look.diverged,
         collapse_upper=upper,
         score=look.score,
         reference=look.reference,

@@ -1,6 +1,8 @@
 """The decision's words, each valid on its own: a regression task's constant predictor, a fixed grid not
 all in, and no budget estimated from fewer trained pairs than any claim needs."""
 
+import html
+
 import pandas as pd
 import pytest
 
@@ -29,9 +31,9 @@ def test_a_regression_seed_at_the_constant_predictor_gave_one_value_not_one_clas
     (decision,) = build_report([SweepRows.from_store(store)]).decisions.to_dict("records")
     said = decision["sentence"]
     assert decision["metric"] == "pearson" and "class" not in said, said
-    assert "full fine-tuning predicted one value for every row (the constant predictor, no better than" in said
+    assert "predicted one value for every row (the constant predictor, no better than" in said
     if seeds == 12:
-        assert said.startswith("d, n = 100: nothing learned at this size: full fine-tuning predicted one value")
+        assert said.startswith("d, n = 100: full fine-tuning did not learn at this size: it predicted one value")
 
 
 def test_a_classifier_at_the_constant_predictor_still_predicted_one_class(tmp_path):
@@ -100,6 +102,52 @@ def test_no_budget_for_a_depth_with_two_trained_pairs(tmp_path):
     (record,) = build_report([SweepRows.from_store(store)]).decisions.to_dict("records")
     assert record["learned"] == "learned" and record["undecided"] == "k=2", record
     assert pd.isna(record["decided_at_seeds"]) and "seeds per arm would decide" not in record["sentence"]
+
+
+def _full_fine_tuning_failed(tmp_path, diverged: int, collapsed: int) -> ResultStore:
+    """Full fine-tuning diverged on the first ``diverged`` seeds, at the constant predictor on the next
+    ``collapsed``; k = 2 and k = 4 trained on every seed (0.850 + 0.002 × seed); one k = 4 cell failed."""
+    store = ResultStore(str(tmp_path), "s")
+    for seed in range(diverged + collapsed):
+        gone = seed < diverged
+        store.write_row(row(k=0, seed=seed, acc=None if gone else MAJORITY, status="diverged" if gone else "ok"))
+        for k in (2, 4):
+            store.write_row(row(k=k, seed=seed, acc=0.85 + 0.002 * seed))
+    store.write_row(row(k=4, seed=diverged + collapsed, status="failed"))
+    return store
+
+
+def test_full_fine_tuning_that_did_not_learn_is_not_said_of_the_depths_that_did(tmp_path):
+    """An audit: full fine-tuning diverged on 6 seeds and predicted one class on 4, k = 2 and k = 4 trained
+    at 0.85+: "nothing learned at this size: full fine-tuning predicted one class (the constant predictor)
+    on 10 of 10 seeds (…); no freezing advice (left out: 6 diverged)" — the depths learned, 6 of the 10
+    predicted nothing, and the 6 were counted twice. The bound is of collapsing or diverging."""
+    from freezesweep.results.report import render_html, render_markdown
+
+    report = build_report([SweepRows.from_store(_full_fine_tuning_failed(tmp_path, 6, 4))])
+    (decision,) = report.decisions.to_dict("records")
+    assert decision["learned"] == "nothing learned" and decision["not_tested"] == "k=2, k=4"
+    assert decision["sentence"] == (
+        "d, n = 100: full fine-tuning did not learn at this size: it predicted one class (the constant predictor) "
+        "on 4 of 10 seeds and diverged on 6 (one or the other on at least 61 % of seeds, 95 % family-wise); no "
+        "freezing advice, since freezing is judged against full fine-tuning (observed, not claimed: k=2 trained on "
+        "10 of 10 seeds, accuracy 0.859 on them; k=4 trained on 10 of 10 seeds, accuracy 0.859 on them) (left out: "
+        "1 failed)."
+    )
+    # the report's pages say it as the frame does
+    assert html.escape(decision["sentence"]) in render_html("r", report)
+    assert decision["sentence"] in render_markdown("r", report)
+
+
+def test_full_fine_tuning_with_every_seed_failed_counts_each_kind(tmp_path):
+    """3 seeds cannot show it: the sentence before said all 3 "predicted one class", 2 of them diverged."""
+    (decision,) = decisions([SweepRows.from_store(_full_fine_tuning_failed(tmp_path, 2, 1))]).to_dict("records")
+    assert decision["sentence"].startswith(
+        "d, n = 100: all 3 seeds of full fine-tuning collapsed or diverged (predicted one class (the constant "
+        "predictor) on 1 of 3 seeds and diverged on 2): nothing learned as far as they show, but 3 seeds cannot "
+        "show it at 95 % family-wise"
+    ), decision["sentence"]
+    assert decision["sentence"].endswith("no freezing advice (left out: 1 failed).")
 
 
 @pytest.mark.parametrize(

@@ -195,7 +195,7 @@ def test_no_advice_from_identical_differences_or_where_nothing_is_learned(tmp_pa
     (decision,) = report.decisions.to_dict("records")
     assert decision["frozen_layers"] is None or pd.isna(decision["frozen_layers"])
     assert decision["learned"] == "nothing learned" and decision["sentence"].startswith(
-        "d, n = 50: nothing learned at this size: when it trains, full fine-tuning beats the constant baseline by +0.004"
+        "d, n = 50: full fine-tuning did not learn at this size: when it trains, it beats the constant baseline by +0.004"
     )
     assert "no freezing advice" in decision["sentence"] and report.retained.empty  # no ratio of two near-zero gains
 
