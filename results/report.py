@@ -294,8 +294,8 @@ def _decision_section(report: Report, asked: set[float], many: bool) -> Section:
         "Difference at least is the advised depth's own one-sided bound, at the sequence's level, unadjusted for "
         "choosing that depth (the claim is 'within'). No advice "
         "from fewer than 3 trained pairs or from identical differences. Where something is open, Seeds to "
-        "decide is the budget that would decide it if the spread stays as it is. The sections below are its "
-        "evidence. In fs.decide(…).frame and report.decisions, each column has the name index.html prints "
+        "decide is the budget that would decide it if the spread stays as it is. The sections below describe "
+        "the rows: their seeds and intervals are not the decision's (each section says which it reads). In fs.decide(…).frame and report.decisions, each column has the name index.html prints "
         "under its heading."
     )
     table = report.decisions[[c for c in DECISION_SHOWN if c in report.decisions]]
@@ -329,9 +329,10 @@ def _retained_section(report: Report, many: bool) -> Section:
     ]
     intro = (
         "Retained quality (score at k − baseline) / (score at k = 0 − baseline) on the paired seeds' means, with a "
-        "bootstrap 95 % CI (seeds resampled as pairs)."
+        f"bootstrap 95 % CI (seeds resampled as pairs). {_DESCRIPTIVE}"
     )
-    return Section("Retained quality", [intro, *lines], [_shown(report.retained, many)], "retained")
+    table = [_shown(report.retained, many)]
+    return Section("Retained quality", [intro, *lines], table, "retained", headers=DESCRIPTIVE_HEADERS)
 
 
 def _contrast_section(report: Report, tolerance: float, many: bool) -> Section:
@@ -339,11 +340,23 @@ def _contrast_section(report: Report, tolerance: float, many: bool) -> Section:
     how_much = _narrower_line(c["narrower_pct"]) if len(c) else "Too few paired seeds to compare CIs."
     intro = (
         f"Score at k − score at k = 0 per seed (seeds are paired: same head init and batch order), its mean and Student-t "
-        f"95 % CI; the shaded band is ±{tolerance:g}."
+        f"95 % CI; the shaded band is ±{tolerance:g}. {_DESCRIPTIVE} A depth's mean difference here can so differ "
+        "from its decision's (a seed that collapsed pulls it down here, and is counted apart there)."
     )
+    table = [_shown(report.contrasts, many)]
     return Section(
-        "Paired contrasts against full fine-tuning", [intro, how_much], [_shown(report.contrasts, many)], "contrasts"
+        "Paired contrasts against full fine-tuning", [intro, how_much], table, "contrasts", headers=DESCRIPTIVE_HEADERS
     )
+
+
+# What the contrasts and retained quality read, said where a reader sees their numbers (an audit found one
+# depth at −0.066 here and −0.023 in its decision, neither saying why): both are stats.py's, over ok rows
+_DESCRIPTIVE = (
+    "Descriptive, not the decision's numbers: every ok seed where both ran is in, a seed that collapsed to the "
+    "constant predictor at its score (diverged seeds are out), where the decision reads only the seeds where both "
+    "trained; each interval is for its depth alone, unadjusted for the other depths, methods and looks, where "
+    "the decision's claims are adjusted (family-wise)."
+)
 
 
 def _narrower_line(narrower_pct: pd.Series) -> str:
@@ -525,6 +538,13 @@ HEADERS: dict[str, str] = {
     "failed": "Failed",
     "missing": "Missing",
     "sentence": "Decision",
+}
+# The descriptive sections' (contrasts, retained quality): their seeds, collapses in, and their intervals unadjusted.
+DESCRIPTIVE_HEADERS = {
+    **HEADERS,
+    "pairs": "Paired ok seeds (collapses in)",
+    "ci_low": "95 % CI low, unadjusted",
+    "ci_high": "95 % CI high, unadjusted",
 }
 # The decision table's own words where a column means more there: the advice, and its bounds.
 DECISION_HEADERS = {

@@ -567,6 +567,26 @@ def test_a_method_shown_within_where_no_depth_is_leads_the_answer(tmp_path):
     )
 
 
+def test_the_descriptive_sections_say_which_seeds_they_read_and_that_their_intervals_are_unadjusted(store_rows):
+    """An audit: the contrasts (collapses at their scores, diverged seeds out, two-sided 95 % per depth)
+    gave one depth −0.066 beside its decision's −0.023 (trained pairs only), neither saying why."""
+    from freezesweep.results.report import render_html
+
+    report = build_report([SweepRows.from_store(store_rows)])
+    page = render_html("r", report)
+    for title in ("Paired contrasts against full fine-tuning", "Retained quality"):
+        section = next(s for s in report.sections if s.title == title)
+        assert "Descriptive, not the decision's numbers" in section.paragraphs[0]
+        assert (
+            "a seed that collapsed to the constant predictor at its score (diverged seeds are out)"
+            in (section.paragraphs[0])
+        )
+        assert "unadjusted for the other depths, methods and looks" in section.paragraphs[0]
+        assert html.escape(section.paragraphs[0]) in page
+    for heading in ("Paired ok seeds (collapses in)", "95 % CI low, unadjusted"):
+        assert html.escape(heading.replace(" %", "\u00a0%")) in page  # a heading's "95 %" never breaks
+
+
 def test_summary_shows_methods_and_their_own_axes():
     from freezesweep.results.query import summary
 
