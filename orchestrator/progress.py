@@ -142,6 +142,7 @@ class SweepProgress:
                 f"started: {self.done}/{self.total} done, {to_run}; a line as each trial ends, a progress line at "
                 f"least every {_duration(self.summary_every_s)}"
             )
+        if self.mode == "lines" and self._timer is None:  # each settle round enters again: its timer too
             self._stop.clear()
             self._timer = threading.Thread(target=self._run_timer, name="freezesweep-progress", daemon=True)
             self._timer.start()

@@ -110,6 +110,17 @@ def test_the_started_line_comes_once_though_each_settle_round_enters_again():
     assert sum(line.startswith("started:") for line in out.getvalue().splitlines()) == 1
 
 
+def test_every_settle_round_keeps_its_periodic_lines_and_ends_with_one():
+    """An AVX2 walk-through's demo: from its second round on, no progress line came for minutes (the timer
+    started once, with the started: line) and no round ended with one."""
+    out = io.StringIO()
+    progress = SweepProgress(total=2, done=0, out=out, terminal=False, summary_every_s=3600)
+    for _ in range(3):  # three rounds
+        with progress:
+            assert progress._timer is not None and progress._timer.is_alive()
+    assert sum(line.startswith("progress:") for line in out.getvalue().splitlines()) == 3
+
+
 def test_a_sweep_of_several_models_names_each_lines_model():
     """A walk-through: two models' lines read alike (`trial 1/8: glue/sst2 n=50 k=-1 s=0` and `trial 5/8: …`)."""
     import dataclasses
