@@ -428,11 +428,14 @@ def _print_price(
     rest_words = f"; the other {rest:,} by their model, dataset and train size, else every measured row" if rest else ""
     about, kind = ("at most about", "cells not done of the open groups") if upper_bound else ("about", "pending cells")
     until = ", were every open group to run to settle.max_seeds (each stops once decided)" if upper_bound else ""
+    # fewer cells than slots run one a slot (an AVX2 walk-through's one-cell round was priced at half its time)
+    at_once = min(planned.trials_at_once, cells)
+    slots = "" if at_once == planned.trials_at_once else f" of {planned.trials_at_once}"
     console.print(
         f"{what}: {about} {_hours(estimate.trial_s)} of trials{until} (from {estimate.measured_rows:,} measured rows"
         f"{elsewhere}: {estimate.measured_cells:,} of {cells:,} {kind} priced by rows of their own kind{rest_words}); "
-        f"{about} {_hours(estimate.trial_s / planned.trials_at_once)} at "
-        f"{planned.trials_at_once} trials at once (this machine's cores, or max_concurrent_trials)",
+        f"{about} {_hours(estimate.trial_s / at_once)} at {at_once}{slots} trial(s) at once (this machine's cores, or "
+        "max_concurrent_trials)",
         highlight=False,
     )
 

@@ -165,9 +165,13 @@ def test_plan_counts_cells_against_the_store_and_prices_the_rest_without_running
     # pending: (24, k=2, s=1) priced at its own kind's 30 s; the 4 cells of n = 48 at the median of all, 20 s
     assert (
         "work: about 2 min of trials (from 3 measured rows: 1 of 5 pending cells priced by rows of their own kind; "
-        "the other 4 by their model, dataset and train size, else every measured row); about 55 s at 2 trials at once"
+        "the other 4 by their model, dataset and train size, else every measured row); about 55 s at 2 trial(s) at once"
         in done.stdout.replace("\n", "")
     )
+    # one cell left takes one slot: an AVX2 walk-through's one-cell round was priced at half its time
+    one = runner.invoke(app, ["plan", str(write_spec("planned", seeds=[0, 1], train_sizes=[24]))])
+    assert "1 of 1 pending cells priced" in one.stdout.replace("\n", "")
+    assert "about 30 s at 1 of 2 trial(s) at once" in one.stdout.replace("\n", ""), one.stdout
     assert "nothing was started" in done.stdout and _tree(tmp_path / "store") == before
     shrunk = runner.invoke(app, ["plan", str(write_spec("planned", seeds=[0, 1], train_sizes=[24], frozen_layers=[0]))])
     # a walk-through: "work: about 0 s of trials (… 0 of 0 pending cells priced by rows of their own kind)"
