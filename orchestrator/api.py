@@ -246,7 +246,7 @@ def plan(spec: SpecSource, *, store: str | None = None) -> Plan:
 def _plan(spec: SpecSource, store: str | None) -> Plan:
     """``plan``'s work, under its quietened libraries."""
     from freezesweep.orchestrator.plan import build_grid, round_count, settle_budget_left
-    from freezesweep.orchestrator.sweeps import next_cells, resolve_for_plan, same_cells_note
+    from freezesweep.orchestrator.sweeps import cpu_precision_note, next_cells, resolve_for_plan, same_cells_note
     from freezesweep.results.query import status_table
     from freezesweep.results.store import final_of
     from freezesweep.trials.placement import mps_here
@@ -263,6 +263,7 @@ def _plan(spec: SpecSource, store: str | None) -> Plan:
         *data_notes(spec),
         *pair_notes(spec),
         precision_note,
+        cpu_precision_note(spec),
         few_seeds_note(spec),
         schedule_note(spec),
         same_cells_note(spec),
@@ -534,7 +535,7 @@ def _launch(raw: Any, source: str, progress: bool) -> LaunchSummary:
     from freezesweep.orchestrator.checks import data_notes, few_seeds_note, pair_notes, schedule_note, validate
     from freezesweep.orchestrator.launch import launch as run_launch
     from freezesweep.orchestrator.ray_session import RaySession
-    from freezesweep.orchestrator.sweeps import same_cells_note
+    from freezesweep.orchestrator.sweeps import cpu_precision_note, same_cells_note
 
     quiet_libraries()
     session = RaySession(raw.get("address") if isinstance(raw, dict) else None)
@@ -543,6 +544,7 @@ def _launch(raw: Any, source: str, progress: bool) -> LaunchSummary:
         for note in [
             *data_notes(spec),
             *pair_notes(spec),
+            cpu_precision_note(spec),
             few_seeds_note(spec),
             schedule_note(spec),
             same_cells_note(spec),

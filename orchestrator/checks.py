@@ -647,7 +647,10 @@ def _local_cpus() -> int:
 def _precision_problems(precision: Any, gpus_per_trial: Any) -> list[str]:
     """What the spec itself rules out wherever it runs (so ``plan``, which skips the devices, says it too)."""
     if precision == "fp16" and _gpu_share(gpus_per_trial) <= 0:
-        return ["training.precision: fp16 needs GPU trials (resources.gpus_per_trial > 0); use bf16 or auto on CPU"]
+        return [
+            "training.precision: fp16 needs GPU trials (resources.gpus_per_trial > 0); on CPU use auto (bf16 where "
+            "the CPU has it natively, else fp32)"
+        ]
     return []
 
 

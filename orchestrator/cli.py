@@ -104,6 +104,7 @@ def trial(
     options would run (its trial_id too), every problem of them named at once, before it starts."""
     api.quiet_libraries()
     from freezesweep.trials.run import failed_result, run_trial
+    from freezesweep.trials.precision import cpu_precision_note
 
     training = {
         "epochs": epochs,
@@ -134,6 +135,9 @@ def trial(
         cfg = trial_cell(one_cell)
     except (SpecError, ValueError) as exc:  # pydantic's ValidationError is a ValueError
         _fail(exc)
+    note = cpu_precision_note(training.get("precision") or "auto") if cfg.gpus_per_trial == 0 else None
+    if note:
+        err_console.print(f"note: {note}", highlight=False)
     try:
         result = run_trial(cfg)
     except Exception as exc:  # the same row a sweep would store, and a failing exit code

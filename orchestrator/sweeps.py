@@ -80,6 +80,16 @@ def resolve_for_plan(spec: SweepSpec) -> tuple[ResolvedSweep, str | None]:
         )
 
 
+def cpu_precision_note(spec: SweepSpec) -> str | None:
+    """CPU trials on this machine (no cluster: its nodes' CPUs are not this one's): what ``auto`` runs, or
+    bf16 asked for where it is emulated (an AVX2 walk-through's bf16 ran 3–9× slower, said nowhere)."""
+    if spec.address or os.environ.get("RAY_ADDRESS") or gpu_request(spec) > 0:
+        return None
+    from freezesweep.trials.precision import cpu_precision_note as note  # torch: deferred, as below
+
+    return note(spec.training.precision)
+
+
 def precision_here(spec: SweepSpec) -> str:
     if spec.training.precision != "auto":
         return spec.training.precision

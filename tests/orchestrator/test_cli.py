@@ -704,3 +704,21 @@ def test_the_command_list_gives_each_summary_as_one_line(group):
     for name, sub in command.commands.items():
         summary = " ".join(inspect.cleandoc(sub.callback.__doc__ or sub.help or "").split("\n\n")[0].split())
         assert f"{name} {summary}" in lines, (name, summary)
+
+
+def test_plan_says_what_precision_cpu_trials_run_here(write_spec, monkeypatch):
+    """An AVX2 walk-through: bf16 asked for on a CPU that emulates it ran 3-9x slower, said nowhere; auto's
+    choice was in the rows alone. A cluster's trials run on its nodes' CPUs: nothing said of this one's."""
+    from freezesweep.orchestrator.sweeps import cpu_precision_note
+    from freezesweep.trials import precision
+
+    monkeypatch.setattr(precision, "cpu_has_native_bf16", lambda: False)
+    done = runner.invoke(app, ["plan", str(write_spec("emulated", training={"precision": "bf16"}))])
+    assert done.exit_code == 0, done.output
+    said = " ".join(done.stdout.split())
+    assert "note: precision bf16 on CPU trials: this machine's CPU has no native bf16" in said
+    assert "auto runs fp32 here" in said
+    auto = load_spec(write_spec("auto", training={"precision": "auto"}))
+    assert cpu_precision_note(auto).startswith("precision auto runs fp32 on this machine's CPU")
+    assert cpu_precision_note(auto.model_copy(update={"address": "ray://head:10001"})) is None
+    assert cpu_precision_note(load_spec(write_spec("fp32", training={"precision": "fp32"}))) is None
