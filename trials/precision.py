@@ -125,7 +125,7 @@ def cpu_precision_note(precision: str) -> str | None:
         return None if native else f"precision bf16 on CPU trials: {EMULATED_BF16}; auto runs fp32 here"
     if native:
         return "precision auto runs bf16 on this machine's CPU (it has native bf16)"
-    return f"precision auto runs fp32 on this machine's CPU: {EMULATED_BF16}"
+    return "precision auto runs fp32 on this machine's CPU (no native bf16 there: emulated, bf16 runs several times slower)"
 
 
 def resolve_precision(precision: str, device: torch.device) -> PrecisionPlan:
