@@ -851,7 +851,8 @@ def _compact_advice(result_store: ResultStore, statuses: dict[str, str]) -> list
         *(
             [
                 f"note: {outdated:,} part(s) of results/ were written by an earlier freezesweep, without columns "
-                f"added since: plain readers of results/ meet two schemas; {run} to rewrite them in today's"
+                "added since (plain readers' globs refuse a column one file lacks, once today's rows are beside "
+                f"them): {run} to rewrite them in today's"
             ]
             if outdated
             else []

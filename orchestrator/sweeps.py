@@ -189,7 +189,11 @@ def lost_folder_note(spec: SweepSpec, store: ResultStore, here: str | None = Non
     here = os.path.abspath(here or os.getcwd())
     from freezesweep.trials.hub import cached_hub_model
 
-    relative = [p for p in _local_paths(spec) if not os.path.isabs(os.path.expanduser(p))]
+    # with no launch folder kept, a model named like a hub id is one (not cached here, it downloads): only
+    # a model that can only be a folder is looked for (a review: google-bert/bert-base-uncased was listed)
+    models = spec.models() if folder else [m for m in spec.models() if _only_a_folder(m)]
+    paths = [p for p in _local_paths(spec) if p not in spec.models() or p in models]
+    relative = [p for p in paths if not os.path.isabs(os.path.expanduser(p))]
     missing = [p for p in relative if not os.path.exists(os.path.join(here, os.path.expanduser(p)))]
     missing = [p for p in missing if not cached_hub_model(p)]  # a hub model needs no folder (a review)
     if not missing:
@@ -205,6 +209,11 @@ def lost_folder_note(spec: SweepSpec, store: ResultStore, here: str | None = Non
         f"({here}), where {', '.join(missing)} {'are' if len(missing) > 1 else 'is'} not found (a model not found "
         "is read as a hub id): run the resume from the folder that holds them"
     )
+
+
+def _only_a_folder(model: str) -> bool:
+    """A model name no hub id can be (``./model``, ``~/m``, ``a/b/c``): hub ids are ``name`` or ``org/name``."""
+    return model.startswith((".", "~")) or model.replace(os.sep, "/").count("/") > 1
 
 
 def _local_paths(spec: SweepSpec) -> list[str]:

@@ -374,7 +374,7 @@ def _every_layer(decision: GroupDecision, rule: SettleRule, settle: bool) -> str
             f"fine-tune every layer: freezing costs more than {rule.tolerance:g} here — the least frozen depth "
             f"({depth}) is shown worse than full fine-tuning by more than the tolerance ({_family(rule)})"
         )
-    fallback = "it runs no more seeds" if settle else "no seed could change that"
+    fallback = "it runs no more seeds" if settle else "the grid ran its seeds"
     why = _estimate(first.why, settle) if first is not None and first.why else fallback
     return (
         f"fine-tune every layer: no k is shown within {rule.tolerance:g} of full fine-tuning, and the least "

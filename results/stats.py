@@ -45,7 +45,7 @@ def largest_k(ks) -> int | None:
 # --- percentages as printed: never more than was shown --------------------------------------------
 def confidence_pct(confidence: float) -> str:
     """A confidence in %, never above what it is: exact where up to 3 decimals say it (97.25, 99.875),
-    else rounded down to one (0.97497 is 97.4 %: rounding to the nearest printed a spent last look's 97.5 %)."""
+    else rounded down to one (≈ 0.97497 is 97.4 %: rounding to the nearest printed a spent last look's 97.5 %)."""
     pct = 100 * confidence
     for digits in range(4):
         if abs(round(pct, digits) - pct) < 1e-9:

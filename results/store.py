@@ -432,8 +432,13 @@ class ResultStore:
         """The sweep's rows (only ``columns``; None: all), each cell once. A file that cannot be read is
         skipped and named in ``self.unreadable`` (its cell reads as missing; ``resume`` runs it again)."""
         wanted = list(SCHEMA.names) if columns is None else list(dict.fromkeys(["trial_id", *columns]))
-        unreadable: list[str] = []
-        batches = [batch for _, batch in self.read_batches(self.row_files(), wanted, unreadable)]
+        for _ in range(2):
+            unreadable: list[str] = []
+            batches = [batch for _, batch in self.read_batches(self.row_files(), wanted, unreadable)]
+            # listed, then gone: a compaction moved it (into _compacting/, or deleted it at its commit); read
+            # the new listing once rather than call its rows missing (a review's reader beside a launch)
+            if not any(self.fs.get_file_info(p).type == pafs.FileType.NotFound for p in unreadable):
+                break
         self.unreadable = unreadable
         table = pa.concat_tables(batches) if batches else _empty(wanted)
         table = _first_of_each_cell(table)
@@ -571,20 +576,27 @@ class ResultStore:
 
     # --- compaction ------------------------------------------------------------------------------
     def compact(self) -> int:
-        """Final rows (FINAL_STATUSES) in single-row files and in files of rows written together, and the
-        parts an earlier version wrote (``outdated_parts``), into one Parquet part; returns how many files
-        it absorbed.
-        The caller holds the sweep's lock. Crash-safe, and never a row in two files of ``results/``:
-        1. the part is written to _staging/; 2. the rows' files move to _compacting/<part>/ (a plain
-        reader of results/ may miss them for that moment, never double them; freezesweep's readers read
-        them there); 3. the part moves into results/ (the commit); 4. _compacting/<part>/ is deleted.
-        ``recover_compaction`` finishes or undoes an interrupted one."""
+        """Final rows (FINAL_STATUSES) in single-row files and in files of rows written together into one
+        Parquet part, and each part an earlier version wrote (``outdated_parts``) into a part of today's
+        columns; returns how many files it absorbed. The caller holds the sweep's lock. Crash-safe, and
+        never a row in two files of ``results/``: 1. the part is written to _staging/; 2. the rows' files
+        move to _compacting/<part>/ (a plain reader of results/ may miss them for that moment, never double
+        them; freezesweep's readers read them there); 3. the part moves into results/ (the commit);
+        4. _compacting/<part>/ is deleted. ``recover_compaction`` finishes or undoes an interrupted one."""
         self.recover_compaction()
+        upgraded = 0
+        for old in self.outdated_parts(self.layout().parts):  # one at a time: memory holds a row group
+            upgraded += self._commit_part(lambda staged, old=old: self._write_upgraded(old, staged))
+        layout = self.layout()
+        return upgraded + self._commit_part(
+            lambda staged: self._write_part([*layout.together, *layout.singles], staged)
+        )
+
+    def _commit_part(self, write: Callable[[str], list[str]]) -> int:
+        """Steps 1–4 of ``compact`` for one new part: ``write`` stages it and returns the files it absorbs."""
         part_id = uuid.uuid4().hex[:16]
         staged = f"{self.staging_dir}/{PART_PREFIX}{part_id}.parquet"
-        layout = self.layout()
-        # an earlier version's parts first: a cell in two files keeps its part's row, as readers do
-        absorbed = self._write_part([*self.outdated_parts(layout.parts), *layout.together, *layout.singles], staged)
+        absorbed = write(staged)
         if not absorbed:
             return 0
         self._compaction_step("staged")
@@ -601,6 +613,17 @@ class ResultStore:
         self._compaction_step("committed")
         self.fs.delete_dir(folder)
         return len(absorbed)
+
+    def _write_upgraded(self, old: str, staged: str) -> list[str]:
+        """An earlier version's part, row group by row group, in today's columns (the new ones null)."""
+        self.fs.create_dir(self.staging_dir, recursive=True)
+        with self.fs.open_input_file(old) as f, self.fs.open_output_stream(staged) as sink:
+            parquet = pq.ParquetFile(f)
+            present = [c for c in SCHEMA.names if c in set(parquet.schema_arrow.names)]
+            with pq.ParquetWriter(sink, SCHEMA) as writer:
+                for group in range(parquet.num_row_groups):
+                    writer.write_table(_conformed(parquet.read_row_group(group, columns=present), list(SCHEMA.names)))
+        return [old]
 
     def outdated_parts(self, parts: list[str]) -> list[str]:
         """Parts an earlier freezesweep wrote, without some of today's columns: compaction rewrites them in

@@ -295,9 +295,12 @@ def test_a_resume_whose_launch_folder_is_gone_says_where_the_paths_were_looked_f
     assert f"({here}), where models/q is not found (a model not found is read as a hub id)" in note
     assert lost_folder_note(spec, SimpleNamespace(read_launch_folder=lambda: str(here)), here=str(here)) is None
     # a store an earlier version launched keeps no launch folder: an upgrade walk-through's resume said nothing
-    unknown = lost_folder_note(spec, SimpleNamespace(read_launch_folder=lambda: None), here=str(here))
-    assert unknown.startswith("sweep 's' does not say which folder it was launched in (launched-from.txt came")
-    assert unknown.endswith("run the resume from the folder that holds them")
+    unknown = SimpleNamespace(read_launch_folder=lambda: None)
+    said = lost_folder_note(spec.model_copy(update={"model": "./models/q"}), unknown, here=str(here))
+    assert said.startswith("sweep 's' does not say which folder it was launched in (launched-from.txt came")
+    assert said.endswith("run the resume from the folder that holds them")
+    # there, a name a hub id could be is one, downloaded where it is not cached (a review)
+    assert lost_folder_note(spec.model_copy(update={"model": "org-x/not-cached"}), unknown, here=str(here)) is None
     hub = spec.model_copy(update={"model": "sentence-transformers/all-MiniLM-L6-v2"})  # a package ships it
     assert lost_folder_note(hub, gone, here=str(here)) is None  # a review: hub ids were listed as paths
     (here / "models" / "q").mkdir(parents=True)
