@@ -955,11 +955,13 @@ def decided_group(stored: dict[str, Any], store: ResultStore) -> tuple[str, int]
     if not isinstance(settle, dict) and len(seeds) < MIN_PAIRS:
         return None  # a fixed grid's one look at fewer paired seeds shows no claim (results/settle.py)
     decided = []
+    several = rows["model"].nunique() > 1  # one model needs no naming; several, each by its last path part
     for (model, dataset, size), group in rows.groupby(["model", "dataset", "train_size"]):
         by_depth = group.groupby(group["frozen_layers"].astype(int))["seed"].agg(lambda s: set(s.astype(int)))
         complete = [k for k, done in by_depth.items() if seeds <= done]
         if 0 in complete and len(complete) > 1:
-            decided.append((f"{model} · {dataset}, n = {int(size)}", max(by_depth.index, key=_sequence_order)))
+            named = f"{model.rstrip('/').rsplit('/', 1)[-1]} · " if several else ""
+            decided.append((f"{named}{dataset}, n = {int(size)}", max(by_depth.index, key=_sequence_order)))
     # the deepest of every decided group's deepest: a depth below any one's is inserted into its sequence
     return max(decided, key=lambda found: _sequence_order(found[1]), default=None)
 

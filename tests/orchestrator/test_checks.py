@@ -730,6 +730,7 @@ def test_seeds_added_to_a_fixed_grid_once_a_group_is_complete_are_refused(write_
     (problem,) = _problems(write_spec("fixed", seeds=[0, 1, 2, 3]))
     assert problem.startswith("seeds: [3] added, but sweep 'fixed' already has rows and its group ")
     assert f"{raw['datasets'][0]}, n = 24 may have been decided" in problem and "second look" in problem
+    assert raw["model"] not in problem  # an upgrade walk-through: one model's full path named the group
     assert "another split_seed" in problem  # a new name alone would rerun the rows already seen
     (many,) = _problems(write_spec("fixed", seeds=list(range(50))))
     assert many.startswith("seeds: 47 (3, …, 49) added")  # not 47 numbers

@@ -55,10 +55,8 @@ def test_final_rows_become_one_part_that_every_reader_reads_once(tmp_path):
     assert store.statuses()[trial_result(6).trial_id] == "ok" and len(store.read()) == 8
 
 
-@pytest.mark.parametrize("step", ["staged", "half absorbed", "absorbed", "committed"])
-def test_a_compaction_killed_at_any_step_loses_nothing_and_doubles_nothing(tmp_path, step):
-    store = _filled(tmp_path)
-    expected = store.read().sort_values("trial_id", ignore_index=True)
+def _killed_compacting(store: ResultStore, step: str) -> None:
+    """A compaction killed at ``step`` (the process gone: nothing after it runs)."""
 
     def die(at: str) -> None:
         if at == step:
@@ -68,6 +66,13 @@ def test_a_compaction_killed_at_any_step_loses_nothing_and_doubles_nothing(tmp_p
     with pytest.raises(SystemExit):
         store.compact()
     store.on_compaction_step = None
+
+
+@pytest.mark.parametrize("step", ["staged", "half absorbed", "absorbed", "committed"])
+def test_a_compaction_killed_at_any_step_loses_nothing_and_doubles_nothing(tmp_path, step):
+    store = _filled(tmp_path)
+    expected = store.read().sort_values("trial_id", ignore_index=True)
+    _killed_compacting(store, step)
     folder = tmp_path / "s" / "results"
     plain = _each_reader(folder)
     assert len(set(plain.values())) == 1 and plain["pandas"] <= 8  # a plain reader may miss rows, never doubles
@@ -427,15 +432,7 @@ def test_an_upgrade_killed_at_any_step_loses_nothing_and_doubles_nothing(tmp_pat
     store = _an_earlier_versions_part(tmp_path, ("gpu_mps",))
     store.write_row(result_row("s", trial_result(4, acc=0.6)))
     expected = store.read().sort_values("trial_id", ignore_index=True)
-
-    def die(at: str) -> None:
-        if at == step:
-            raise SystemExit(f"killed at {at}")
-
-    store.on_compaction_step = die
-    with pytest.raises(SystemExit):
-        store.compact()
-    store.on_compaction_step = None
+    _killed_compacting(store, step)
     assert len(pd.read_parquet(tmp_path / "s" / "results", columns=["trial_id"])) <= 5  # may miss, never doubles
     pd.testing.assert_frame_equal(store.read().sort_values("trial_id", ignore_index=True), expected)
     store.recover_compaction()
