@@ -317,8 +317,14 @@ def sentence(
     gain = decision.learned
     if gain.decision != LEARNED:
         # full fine-tuning's diverged seeds are counted in its sentence: "left out" names the others only
-        named = _left_out(decision.excluded, gain.diverged)
-        return _not_learned(record, decision, rule, settle, budget_left) + f"{named}."
+        said, named = (
+            _not_learned(record, decision, rule, settle, budget_left),
+            _left_out(decision.excluded, gain.diverged),
+        )
+        seen = _trained_arms(record)
+        if named and seen and said.endswith(seen):  # one parenthesis: "(observed, …; left out: 1 failed)"
+            return f"{said[:-1]}; {named.strip()[1:]}."
+        return f"{said}{named}."
     rest, methods = _others(record, decision, budget_left, settle), _methods_within(record, decision, rule)
     if record.get("frozen_layers") is None and settled:
         return _or_methods(_every_layer(decision, rule, settle), decision) + f"{rest}{methods}{left_out}."

@@ -131,7 +131,7 @@ def test_full_fine_tuning_that_did_not_learn_is_not_said_of_the_depths_that_did(
         "d, n = 100: full fine-tuning did not learn at this size: it predicted one class (the constant predictor) "
         "on 4 of 10 seeds and diverged on 6 (one or the other on at least 61 % of seeds, 95 % family-wise); no "
         "freezing advice, since freezing is judged against full fine-tuning (observed, not claimed: k=2 trained on "
-        "10 of 10 seeds, accuracy 0.859 on them; k=4 trained on 10 of 10 seeds, accuracy 0.859 on them) (left out: "
+        "10 of 10 seeds, accuracy 0.859 on them; k=4 trained on 10 of 10 seeds, accuracy 0.859 on them; left out: "
         "1 failed)."
     )
     # the report's pages say it as the frame does
