@@ -135,7 +135,7 @@ def trial(
         cfg = trial_cell(one_cell)
     except (SpecError, ValueError) as exc:  # pydantic's ValidationError is a ValueError
         _fail(exc)
-    note = cpu_precision_note(training.get("precision") or "auto") if cfg.gpus_per_trial == 0 else None
+    note = cpu_precision_note(precision or "auto") if cfg.gpus_per_trial == 0 else None
     if note:
         err_console.print(f"note: {note}", highlight=False)
     try:

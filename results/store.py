@@ -22,6 +22,7 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import tempfile
 import uuid
@@ -586,7 +587,7 @@ class ResultStore:
         self.recover_compaction()
         upgraded = 0
         for old in self.outdated_parts(self.layout().parts):  # one at a time: memory holds a row group
-            upgraded += self._commit_part(lambda staged, old=old: self._write_upgraded(old, staged))
+            upgraded += self._commit_part(functools.partial(self._write_upgraded, old))
         layout = self.layout()
         return upgraded + self._commit_part(
             lambda staged: self._write_part([*layout.together, *layout.singles], staged)
