@@ -274,6 +274,7 @@ class ResultStore:
         self.quarantine_dir = f"{self.sweep_dir}/{QUARANTINE_DIR}"
         self.unreadable: list[str] = []  # row files the last read skipped
         self.on_compaction_step: Callable[[str], None] | None = None  # tests: a crash at each step
+        self._current_parts: set[str] = set()  # parts whose footer has today's columns (a part never changes)
 
     # --- the spec -------------------------------------------------------------------------------
     def read_spec(self) -> str | None:
@@ -633,7 +634,8 @@ class ResultStore:
         is left to quarantine."""
         wanted = set(SCHEMA.names)
         outdated = []
-        for path in parts:
+        # each footer read once per store object: a launch compacts every round, a part never changes
+        for path in (p for p in parts if p not in self._current_parts):
             try:
                 with self.fs.open_input_file(path) as f:
                     names = set(pq.ParquetFile(f).schema_arrow.names)
@@ -641,6 +643,8 @@ class ResultStore:
                 continue
             if names < wanted:
                 outdated.append(path)
+            else:
+                self._current_parts.add(path)
         return outdated
 
     def unfinished_compaction(self) -> int:
