@@ -246,30 +246,19 @@ def plan(spec: SpecSource, *, store: str | None = None) -> Plan:
 def _plan(spec: SpecSource, store: str | None) -> Plan:
     """``plan``'s work, under its quietened libraries."""
     from freezesweep.orchestrator.plan import build_grid, round_count, settle_budget_left
-    from freezesweep.orchestrator.sweeps import cpu_precision_note, next_cells, resolve_for_plan, same_cells_note
+    from freezesweep.orchestrator.sweeps import next_cells, resolve_for_plan
     from freezesweep.results.query import status_table
     from freezesweep.results.store import final_of
     from freezesweep.trials.placement import mps_here
 
-    from freezesweep.orchestrator.checks import data_notes, few_seeds_note, pair_notes, schedule_note
     from freezesweep.orchestrator.checks import store_write_note, validate
 
     raw, name = _raw_spec(spec, store, None)
     # the trials' machines are not here; a stored sweep of its name is compared with it, as a launch does
     spec = validate(raw, name, devices=False, writes=False)
     sweep, precision_note = resolve_for_plan(spec)
-    # what a launch will say of the data (rows empty_texts: drop leaves out; float labels read as scores)
-    notes = (
-        *data_notes(spec),
-        *pair_notes(spec),
-        precision_note,
-        cpu_precision_note(spec),
-        few_seeds_note(spec),
-        schedule_note(spec),
-        same_cells_note(spec),
-        store_write_note(spec),
-    )
-    notes = tuple(n for n in notes if n)
+    # what a launch will say too (_spec_notes), and a store this dry run may read but not write
+    notes = tuple(n for n in (precision_note, *_spec_notes(spec), store_write_note(spec)) if n)
     cells = build_grid(sweep)
     result_store = ResultStore(spec.store, spec.name)
     rows = result_store.read_table(columns=["trial_id", "status", "wall_time_s"]).to_pandas()
@@ -531,26 +520,34 @@ def _working_folder(folder: str) -> Iterator[None]:
                 os.environ[name] = value
 
 
+def _spec_notes(spec: SweepSpec) -> list[str]:
+    """What ``plan`` and ``launch`` both say of a valid spec before anything runs: the data (rows
+    empty_texts: drop leaves out; float labels read as scores), pairs, precision here, seeds, schedule."""
+    from freezesweep.orchestrator.checks import data_notes, few_seeds_note, pair_notes, schedule_note
+    from freezesweep.orchestrator.sweeps import cpu_precision_note, same_cells_note
+
+    notes = [
+        *data_notes(spec),
+        *pair_notes(spec),
+        cpu_precision_note(spec),
+        few_seeds_note(spec),
+        schedule_note(spec),
+        same_cells_note(spec),
+    ]
+    return [n for n in notes if n]
+
+
 def _launch(raw: Any, source: str, progress: bool) -> LaunchSummary:
-    from freezesweep.orchestrator.checks import data_notes, few_seeds_note, pair_notes, schedule_note, validate
+    from freezesweep.orchestrator.checks import validate
     from freezesweep.orchestrator.launch import launch as run_launch
     from freezesweep.orchestrator.ray_session import RaySession
-    from freezesweep.orchestrator.sweeps import cpu_precision_note, same_cells_note
 
     quiet_libraries()
     session = RaySession(raw.get("address") if isinstance(raw, dict) else None)
     with sigterm_as_interrupt() as terminated:
         spec = validate(raw, source, cluster=session)
-        for note in [
-            *data_notes(spec),
-            *pair_notes(spec),
-            cpu_precision_note(spec),
-            few_seeds_note(spec),
-            schedule_note(spec),
-            same_cells_note(spec),
-        ]:
-            if note:
-                print(f"note: {note}", file=sys.stderr)
+        for note in _spec_notes(spec):
+            print(f"note: {note}", file=sys.stderr)
         if spec.cell_count() > LARGE_GRID:
             print(
                 f"a large grid: {spec.cell_count():,} cells ({spec.cell_count_words()}), run in rounds of "
