@@ -24,6 +24,9 @@ Scenarios (--scenarios, default all):
                seeds (every seed: 0.005 below; where full fine-tuning trains: 0.04 below)
   collapse-6   6 arms 0.01 above full fine-tuning when they train, each seed collapsing 0.3 to the
                baseline with probability 0.1 (mean: 0.02 below)
+  near-collapse 6 arms 0.003 below full fine-tuning when they train, each seed falling a few rows off the
+               baseline (0.511-0.535 against 0.509) with probability 0.1: by a rule that counts those seeds
+               as trained, each arm's trained mean is 0.036 below
   ties         every trial the constant predictor (every score exactly the baseline)
   boundary-6   6 arms exactly at −tolerance in mean (normal), full fine-tuning far above the baseline
   boundary-24  the same with 24 arms
@@ -84,8 +87,33 @@ class Truth:
 class World:
     arms: list[str]  # full fine-tuning first
     baseline: float
-    truth: Truth
+    truth: object  # (rule module) -> Truth: the claims' words say which seeds trained, and rules differ
     draw: object  # (rng, seeds) -> {arm: scores}
+
+
+def trained_by(module):
+    """The seeds a rule counts as trained: above its collapse margin (results/settle.py collapse_margin: a
+    tenth of the way to a perfect score), or, in rules before it, any seed not exactly at the baseline."""
+    margin = getattr(module, "collapse_margin", None)
+    if margin is None:
+        return lambda values, base: ~np.isclose(values, base, atol=1e-9)
+    return lambda values, base: values - base > margin(base)
+
+
+def sampled_truth(arms: list[str], baseline: float, scores: dict, trained) -> Truth:
+    """The truth of a world whose draws fall near its baseline, where a rule's margin splits its normal
+    seeds: each quantity of Truth over a large draw (400,000 seeds: its error ~1e-4 at a spread of 0.02)."""
+    ok = {a: trained(scores[a], baseline) for a in arms}
+    full, full_ok = scores[FULL], ok[FULL]
+    collapse = {a: 1 - float(ok[a].mean()) for a in arms}
+    trained_diff = {FULL: float(full[full_ok].mean() - baseline) if full_ok.any() else 0.0}
+    mean_diff, worse_diff = {FULL: float(full.mean() - baseline)}, {}
+    for arm in arms[1:]:
+        diff, both = scores[arm] - full, full_ok & ok[arm]
+        trained_diff[arm] = float(diff[both].mean()) if both.any() else 0.0
+        mean_diff[arm] = float(diff.mean())
+        worse_diff[arm] = float(diff[full_ok].mean()) if full_ok.any() else 0.0
+    return Truth(collapse, trained_diff, mean_diff, worse_diff)
 
 
 def normal_world(
@@ -94,8 +122,10 @@ def normal_world(
     baseline: float,
     rho: float,
     collapse: dict[str, float] | None = None,
+    near: tuple[float, float] | None = None,
 ) -> World:
-    """Normal luck paired across arms (correlation rho); a seed collapses to the baseline with its arm's probability."""
+    """Normal luck paired across arms (correlation rho); a seed collapses to the baseline with its arm's
+    probability (with ``near``, to a score drawn uniformly between the two: a few rows off the baseline)."""
     collapse = collapse or {arm: 0.0 for arm in means}
     arms = [FULL, *sorted(a for a in means if a != FULL)]
 
@@ -105,16 +135,25 @@ def normal_world(
         for arm in arms:
             luck = np.sqrt(rho) * shared + np.sqrt(1 - rho) * rng.standard_normal(seeds)
             values = means[arm] + spreads[arm] * luck
-            scores[arm] = np.where(rng.random(seeds) < collapse[arm], baseline, values)
+            fallen = baseline if near is None else rng.uniform(*near, seeds)
+            scores[arm] = np.where(rng.random(seeds) < collapse[arm], fallen, values)
         return scores
 
     with_collapse = {a: (1 - collapse[a]) * means[a] + collapse[a] * baseline for a in arms}
-    truth = Truth(
+    exact = Truth(
         dict(collapse),
         {a: means[a] - (baseline if a == FULL else means[FULL]) for a in arms},
         {a: with_collapse[a] - (baseline if a == FULL else with_collapse[FULL]) for a in arms},
         {a: with_collapse[a] - means[FULL] for a in arms},  # collapses drawn apart from full fine-tuning's
     )
+
+    @functools.cache
+    def truth(module) -> Truth:
+        trained = trained_by(module)
+        if near is None and all(trained(np.array([means[a] - 6 * spreads[a]]), baseline)[0] for a in arms):
+            return exact  # no normal seed near the margin: only the drawn collapses fall below it
+        return sampled_truth(arms, baseline, draw(np.random.default_rng(0), 400_000), trained)
+
     return World(arms, baseline, truth, draw)
 
 
@@ -140,7 +179,16 @@ def reference_world(cells: pd.DataFrame, baseline: float, rho: float) -> World:
         return {arm: values[arm][np.where(rng.random(seeds) < rho, shared, rng.integers(0, 5, seeds))] for arm in arms}
 
     weights = rho * np.eye(5) / 5 + (1 - rho) / 25  # joint law of (full's rank, the arm's rank)
-    trained = {arm: ~np.isclose(values[arm], baseline, atol=1e-9) for arm in arms}
+
+    @functools.cache
+    def truth(module) -> Truth:
+        return _reference_truth(values, arms, baseline, weights, trained_by(module))
+
+    return World(arms, baseline, truth, draw)
+
+
+def _reference_truth(values: dict, arms: list[str], baseline: float, weights: np.ndarray, rule) -> Truth:
+    trained = {arm: rule(values[arm], baseline) for arm in arms}
     collapse = {arm: 1 - trained[arm].mean() for arm in arms}
     trained_diff, mean_diff, worse_diff = {}, {}, {}
     full = values[FULL]
@@ -153,7 +201,7 @@ def reference_world(cells: pd.DataFrame, baseline: float, rho: float) -> World:
         mean_diff[arm] = float(values[arm].mean() - full.mean())
         where_full = weights * trained[FULL][:, None]
         worse_diff[arm] = float((where_full * diff).sum() / where_full.sum()) if where_full.sum() else 0.0
-    return World(arms, baseline, Truth(collapse, trained_diff, mean_diff, worse_diff), draw)
+    return Truth(collapse, trained_diff, mean_diff, worse_diff)
 
 
 def scenario_worlds(name: str, reference: pd.DataFrame, args) -> list[World]:
@@ -174,6 +222,10 @@ def scenario_worlds(name: str, reference: pd.DataFrame, args) -> list[World]:
         means = {FULL: 0.85, **{f"freeze k={k}": 0.86 for k in range(1, 7)}}
         collapse = {FULL: 0.0, **{a: 0.1 for a in means if a != FULL}}
         return [normal_world(means, dict.fromkeys(means, 0.01), 0.56, args.rho, collapse)]
+    if name == "near-collapse":  # an audit's: a rule that misses a near miss claims "within" for an arm far below
+        means = {FULL: 0.88, **{f"freeze k={k}": 0.877 for k in range(1, 7)}}
+        collapse = {FULL: 0.0, **{a: 0.1 for a in means if a != FULL}}
+        return [normal_world(means, dict.fromkeys(means, 0.01), 0.509, args.rho, collapse, near=(0.511, 0.535))]
     if name == "ties":
         means = {FULL: 0.509, **{f"freeze k={k}": 0.509 for k in (2, 4, 8)}}
         return [normal_world(means, dict.fromkeys(means, 0.02), 0.509, args.rho, dict.fromkeys(means, 1.0))]
@@ -301,7 +353,7 @@ def simulate(job: tuple) -> list[dict]:
                         "scenario": name,
                         "rule": rule_label,
                         "trials": share,
-                        **judge(d, world.truth, tolerance, world.arms[1:], rule_module),
+                        **judge(d, world.truth(rule_module), tolerance, world.arms[1:], rule_module),
                     }
                     for rule_label, d, share, rule_module in runs
                 ]
@@ -351,6 +403,7 @@ SCENARIOS = [
     "normal",
     "collapse",
     "collapse-6",
+    "near-collapse",
     "full-collapse",
     "ties",
     "boundary-6",

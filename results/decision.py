@@ -21,6 +21,7 @@ import pandas as pd
 
 from freezesweep.results.query import BASELINE, SCORE, with_methods
 from freezesweep.results.settle import (
+    COLLAPSE_SHARE,
     arm_labels,
     FINAL,
     FULL,
@@ -363,7 +364,7 @@ def _methods_within(record: dict, decision: GroupDecision, rule: SettleRule) -> 
         f"; {_method_name(c.arm)} is shown within the {rule.tolerance:g} tolerance of full fine-tuning when it "
         f"trains ({_family(rule)}): {record['metric']} {c.score:.3f} vs {c.reference:.3f} on the same {c.pairs} "
         f"seeds, paired difference {c.mean:+.3f} (its own one-sided bound {c.low:+.3f}, at {confidence_pct(1 - c.level)} %, "
-        f"the level Holm's step held it to){_collapses(c, _family(rule))}"
+        f"the level Holm's step held it to){_collapses(c, _family(rule), record['metric'])}"
         for c in _within_methods(decision)
     )
 
@@ -413,24 +414,20 @@ def _not_learned(
         return (
             f"full fine-tuning did not learn at this size: when it trains, it beats the constant baseline by "
             f"{gain.mean:+.3f} (at most {gain.high:+.3f}, {gain.pairs} seeds), not by more than {rule.tolerance:g} "
-            f"({pct}){_collapses(gain, pct)}; {_NO_ADVICE}{_trained_arms(record)}"
+            f"({pct}){_collapses(gain, pct, record['metric'])}; {_NO_ADVICE}{_trained_arms(record)}"
         )
     if gain.seeds and gain.collapsed == gain.seeds:
         needed = all_collapsed_to_show(decision, rule, settle)
         budget_left = budget_left if budget_left and needed <= budget_left else None  # else its rounds cannot
         how = (
-            f"{needed} seeds, every one at the constant predictor, would; {_rounds_go_on(budget_left)}"
+            f"{needed} seeds, every one collapsed, would; {_rounds_go_on(budget_left)}"
             if budget_left
-            else f"a new settle sweep with settle.max_seeds {needed}, every seed at the constant predictor, would"
+            else f"a new settle sweep with settle.max_seeds {needed}, every seed collapsed, would"
             if settle
-            else f"a new grid of {needed} seeds, every seed at the constant predictor, would"
+            else f"a new grid of {needed} seeds, every seed collapsed, would"
         )
         every, count = ("all", f"{gain.seeds} seeds") if gain.seeds > 1 else ("the", "one seed")
-        failed = (
-            _one_answer(record["metric"])
-            if not gain.diverged
-            else f"collapsed or diverged ({_failed(gain, record['metric'])})"
-        )
+        failed = _all_failed(gain, record["metric"])
         return (
             f"{every} {count} of full fine-tuning {failed}: nothing learned as "
             f"far as {'they show' if gain.seeds > 1 else 'it shows'}, but {count} cannot show it at {pct} ({how}"
@@ -439,7 +436,7 @@ def _not_learned(
     trained = f"{gain.pairs} trained seed{'s' if gain.pairs != 1 else ''}"
     return (
         f"not yet shown that full fine-tuning beats the constant baseline by more than {rule.tolerance:g} here "
-        f"({trained}: {gain.why}){_collapses(gain, pct) if gain.collapsed else ''}; no freezing advice — "
+        f"({trained}: {gain.why}){_collapses(gain, pct, record['metric']) if gain.collapsed else ''}; no freezing advice — "
         f"{_add_seeds(record, settle, rule.tolerance, _LEARNS, budget_left, rule.max_seeds)}"
     )
 
@@ -470,15 +467,44 @@ def _trained_arms(record: dict) -> str:
 
 
 def _one_answer(metric: str | None) -> str:
-    """What a seed at the constant predictor gave, in the task's words: a classifier one class, a regression
-    one value for every row (its correlation then the train mean's, 0: trials/metrics.py)."""
+    """What a collapsed seed did, in the task's words (settle.COLLAPSE_SHARE): the constant predictor is a
+    classifier's majority class, a regression's train mean (its correlation 0: trials/metrics.py)."""
+    return f"collapsed ({_collapse_def(metric)})"
+
+
+def _collapse_def(metric: str | None) -> str:
+    """A collapse in words (trials/run.py collapsed, settle.COLLAPSE_SHARE): one answer everywhere, which may
+    score above the line (a minority class answered everywhere: F1 2p / (1 + p)), or a score below it."""
     if metric in REGRESSION_METRICS:
-        return "predicted one value for every row (the constant predictor, no better than the train mean)"
-    return "predicted one class (the constant predictor)"
+        one, constant = "one value", "the constant predictor's (the train mean's)"
+    else:
+        one, constant = "one class", "the constant predictor's"
+    return f"answered {one} everywhere, or scored at most {COLLAPSE_SHARE * 100:g} % of the way from {constant} score to a perfect one"
+
+
+def _all_failed(gain: Comparison, metric: str | None) -> str:
+    """Every seed of full fine-tuning collapsed or diverged: each kind counted where both happened."""
+    one = gain.collapsed - gain.diverged
+    if not gain.diverged:
+        return _one_answer(metric)
+    if not one:
+        return "diverged"
+    return f"collapsed or diverged ({one} collapsed, {_collapse_def(metric)}; {gain.diverged} diverged)"
+
+
+def _full_collapses(learned: Comparison, pct: str) -> str:
+    """Beside advice: full fine-tuning's own collapses, where it had any (the gate reads only its trained seeds,
+    each of which beats the baseline by the collapse line; its bound is paid with the arms')."""
+    if not learned.collapsed:
+        return ""
+    return (
+        f"; full fine-tuning collapsed or diverged on {learned.collapsed} of {learned.seeds} seeds (at most "
+        f"{upper_pct(learned.collapse_upper)} % of seeds do, {pct})"
+    )
 
 
 def all_collapsed_to_show(decision: GroupDecision, rule: SettleRule, settle: bool) -> int:
-    """The fewest seeds, every one at the constant predictor, that show full fine-tuning collapses on most
+    """The fewest seeds, every one collapsed, that show full fine-tuning collapses on most
     seeds at the group's level for "nothing learned" (Holm's first step of its two claims, at a new
     budget's last look)."""
     first_step = decision.levels.nothing / 2
@@ -503,7 +529,8 @@ def _advice(record: dict, decision: GroupDecision, rule: SettleRule) -> str:
         f"fine-tuning when it trains ({_family(rule)}; {_sequence(decision)}): {record['metric']} "
         f"{record['score_k']:.3f} vs {record['score_0']:.3f} on the same {record['pairs']} seeds, paired difference "
         f"{record['mean_diff']:+.3f} (its own one-sided bound {record['ci_low']:+.3f}, at "
-        f"{confidence_pct(1 - chosen.level)} % unadjusted for choosing this depth){_collapses(chosen, _family(rule))}{saves}"
+        f"{confidence_pct(1 - chosen.level)} % unadjusted for choosing this depth)"
+        f"{_collapses(chosen, _family(rule), record['metric'])}{_full_collapses(decision.learned, _family(rule))}{saves}"
     )
 
 
@@ -514,12 +541,12 @@ def _sequence(decision: GroupDecision) -> str:
     return walked + (f", stopped at {_k(decision.stopped_at)}" if decision.stopped_at else ", none left")
 
 
-def _collapses(c: Comparison, pct: str) -> str:
+def _collapses(c: Comparison, pct: str, metric: str | None) -> str:
     """Stability beside quality: the seeds that did not train, and the bound on how often that happens."""
     if not c.seeds:
         return ""
     return (
-        f"; {c.collapsed} of {c.seeds} seeds collapsed to the constant predictor or diverged (at most "
+        f"; {c.collapsed} of {c.seeds} seeds {_one_answer(metric)} or diverged (at most "
         f"{upper_pct(c.collapse_upper)} % of seeds do, {pct})"
     )
 

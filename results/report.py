@@ -18,7 +18,7 @@ import pandas as pd
 
 from freezesweep.results import figures
 from freezesweep.results.decision import decide
-from freezesweep.results.settle import LEARNED, SettleRule, variant_label
+from freezesweep.results.settle import COLLAPSE_SHARE, LEARNED, SettleRule, variant_label
 from freezesweep.results.query import CELL_KEYS, freeze_rows, read_rows, summary, whole_split_rows, with_methods
 from freezesweep.results.reprs import short_repr
 from freezesweep.results.stats import (
@@ -282,7 +282,10 @@ def _decision_section(report: Report, asked: set[float], many: bool) -> Section:
     how = (
         "How to read it: per dataset and train size, one answer: the largest k shown to be within the tolerance "
         f"({question}) of full fine-tuning (k = 0) in the "
-        "selected metric when it trains, with how many of its seeds collapsed to the constant predictor or "
+        "selected metric when it trains (a Student-t bound over the seeds where both trained: it assumes their paired "
+        "differences roughly normal), with how many of its seeds collapsed (answered one "
+        "class everywhere, or scored at most "
+        f"{COLLAPSE_SHARE * 100:g} % of the way from the constant predictor's score to a perfect one) or "
         "diverged (Collapsed seeds) and an exact bound on how often that happens (Collapse rate at most), and what "
         "freezing it saves against k = 0. How it is decided (results/settle.py, the settle-mode page): first, "
         "full fine-tuning must be shown to beat the constant baseline by more than the tolerance (learned); only "
@@ -352,8 +355,8 @@ def _contrast_section(report: Report, tolerance: float, many: bool) -> Section:
 # What the contrasts and retained quality read, said where a reader sees their numbers (an audit found one
 # depth at −0.066 here and −0.023 in its decision, neither saying why): both are stats.py's, over ok rows
 _DESCRIPTIVE = (
-    "Descriptive, not the decision's numbers: every ok seed where both ran is in, a seed that collapsed to the "
-    "constant predictor at its score (diverged seeds are out), where the decision reads only the seeds where both "
+    "Descriptive, not the decision's numbers: every ok seed where both ran is in, a seed that collapsed at its "
+    "score (diverged seeds are out), where the decision reads only the seeds where both "
     "trained; each interval is for its depth alone, unadjusted for the other depths, methods and looks, where "
     "the decision's claims are adjusted (family-wise)."
 )

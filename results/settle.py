@@ -7,7 +7,8 @@ same seed shares head initialisation and batch order: trials/config.py), and ful
 the constant baseline (the majority class, the mean score), which says whether anything is learned at all.
 
 Two claims per arm, because fine-tuning's seeds are not normal: a seed either trains, or it collapses
-(its best evaluation scores exactly the constant baseline of the rows it was evaluated on) or diverges
+(its best evaluation comes at most COLLAPSE_SHARE of the way from the constant baseline's score on the rows
+it was evaluated on to a perfect score: the constant predictor and its near misses) or diverges
 (Mosbach et al. 2021, "On the Stability of Fine-tuning BERT"; Dodge et al. 2020). So quality is decided
 on the seeds where both sides trained (a Student-t bound of the mean paired difference: "within the
 tolerance of full fine-tuning when it trains"), and stability is counted on every seed looked at, with
@@ -68,6 +69,13 @@ COLUMNS = ["arm", "seed", "score", "baseline_score", "status", "collapsed"]  # c
 FINAL = ("ok", "diverged")  # a seed with one of these is looked at; others (failed, oom) run again
 STUCK = ": it runs no more seeds"  # how a depth's why ends where open_arms stops at it (settle mode's words)
 COLLAPSE_ATOL = 1e-9  # a score this near its constant baseline is the constant predictor's
+# A seed collapsed where its best score came at most this share of the way from the constant baseline's score to
+# a perfect one (every metric here tops out at 1): the constant predictor, and its near misses. Mosbach et al.
+# 2021 count a run failed at the majority baseline; the reference study's table has the near misses too (SST-2
+# n = 50, k = 8: median 0.511; n = 100, k = 12: up to 0.535, where trained seeds reach 0.7-0.9). Counted as
+# trained, one such seed breaks the normal bound of "within when it trains" (an audit's simulation: a false
+# "within" in 33-60 % of sweeps where 5-10 % of an arm's seeds missed by a few rows). trials/run.py's rule is this one.
+COLLAPSE_SHARE = 0.1
 # shares of α (the module docstring): the sequence of "within" (learned first), Holm over "worse" and the
 # other methods' "within", "nothing learned" (Holm over its two claims), the collapse bounds; where the grid
 # has LoRA ranks or the probe, OTHERS_SHARE moves from the sequence's share to Holm's, for their "within"
@@ -206,7 +214,7 @@ def _by_arm(group: pd.DataFrame) -> dict[str, _Seeds]:
     ok = (final["status"] == "ok").to_numpy()
     score, base = final["score"].to_numpy(dtype=float), final["baseline_score"].to_numpy(dtype=float)
     recorded = final["collapsed"].astype("boolean").fillna(False).to_numpy(dtype=bool)
-    trained = ok & ~recorded & ~(np.abs(score - base) <= COLLAPSE_ATOL)
+    trained = ok & ~recorded & ~(score - base <= collapse_margin(base))
     looked = np.where(ok, score, base)  # diverged: no better than the constant predictor
     out: dict[str, _Seeds] = {}
     for arm, seed, t, s, e, b in zip(final["arm"], final["seed"], trained, score, looked, base):
@@ -217,6 +225,12 @@ def _by_arm(group: pd.DataFrame) -> dict[str, _Seeds]:
     for arm, seed in zip(final["arm"][~ok], final["seed"][~ok]):
         out[arm].diverged.add(int(seed))
     return out
+
+
+def collapse_margin(baseline):
+    """How far above its constant baseline a best score must be to count as trained: more than COLLAPSE_SHARE
+    of the way to a perfect score (at a perfect baseline nothing is above it: every score there collapsed)."""
+    return np.maximum(COLLAPSE_SHARE * (1.0 - np.asarray(baseline, dtype=float)), COLLAPSE_ATOL)
 
 
 def trained_seeds(group: pd.DataFrame) -> dict[str, tuple[int, int, float]]:
@@ -599,7 +613,7 @@ def _learned(gain: _Look, p: _Claims, shown: set[str], at: Mapping[str, float], 
     lower, _ = collapse_bounds(gain.collapsed, len(gain.seeds), at["nothing: collapse"])
     _, upper = collapse_bounds(gain.collapsed, len(gain.seeds), levels.stability * gain.weight)
     if "nothing: collapse" in shown:  # shown: it collapses on most seeds (every seed at the baseline is such a fact)
-        decision, why = NOTHING_LEARNED, "full fine-tuning collapses to the constant predictor on most seeds"
+        decision, why = NOTHING_LEARNED, "full fine-tuning collapses on most seeds"
     elif p.holds("learned", levels.within):
         decision, why = LEARNED, ""
     elif "nothing: gain" in shown:

@@ -118,9 +118,10 @@ SCHEMA = pa.schema(
         ("best_val_score", pa.float64()),
         ("final_val_score", pa.float64()),
         ("baseline_score", pa.float64()),
-        # the best evaluation is the constant predictor's (one prediction for every evaluated row, or exactly the
-        # constant baseline's score): a collapsed fine-tune, counted apart by settle mode (results/settle.py);
-        # rows stored before it read null
+        # the best evaluation is the constant predictor's or a near miss (one prediction for every evaluated row,
+        # or a score at most a tenth of the way from the constant baseline's to a perfect one): a collapsed
+        # fine-tune, counted apart by settle mode (results/settle.py: it applies the score test to every row,
+        # also to those stored before 2026-11-28 under exactly the baseline's score); older rows read null
         ("collapsed", pa.bool_()),
         # The rows the baseline columns and the collapse test were computed on: EVALUATED_ROWS (the rows the
         # scores were: the max_eval_examples sample where one was drawn). Null on rows without a baseline and

@@ -287,8 +287,9 @@ class TrialResult:
     # The constant baseline (the evaluated rows' majority class / the train mean) on exactly the rows the scores
     # are computed on (``baseline_rows``: EVALUATED_ROWS; the max_eval_examples sample where one is drawn).
     baseline_score: float | None = None  # that metric of the constant baseline
-    # the best evaluation is the constant predictor's: one prediction for every evaluated row, or exactly the
-    # constant baseline's score (None: no evaluation)
+    # the best evaluation is the constant predictor's or a near miss of it: one prediction for every evaluated
+    # row, or a score at most a tenth of the way from the constant baseline's to a perfect one (run.collapsed;
+    # None: no evaluation)
     collapsed: bool | None = None
     best_val_metrics: dict[str, float] = field(default_factory=dict)  # every metric at the best evaluation
     baseline_metrics: dict[str, float] = field(default_factory=dict)  # every metric of the constant baseline

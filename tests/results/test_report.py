@@ -138,8 +138,9 @@ def test_decision_sentences_and_table(store_rows):
         "d, n = 100: freeze the embeddings and the first 3 layers (k = 3) — shown within the 0.01 tolerance of full "
         "fine-tuning when it trains (95 % family-wise; tested from the least frozen depth: k=-1, k=3 within, stopped "
         "at k=6): accuracy 0.848 vs 0.850 on the same 3 seeds, paired difference -0.002 (its own one-sided bound "
-        f"{-0.002 - half:.3f}, at 97.25 % unadjusted for choosing this depth); 0 of 3 seeds collapsed to the constant "
-        f"predictor or diverged (at most {math.ceil(100 * (1 - (0.05 * 0.05 / 4) ** (1 / 3)))} % of seeds do, 95 % family-wise); it trains with 75 % fewer "
+        f"{-0.002 - half:.3f}, at 97.25 % unadjusted for choosing this depth); 0 of 3 seeds collapsed (answered one class "
+        "everywhere, or scored at most "
+        f"10 % of the way from the constant predictor's score to a perfect one) or diverged (at most {math.ceil(100 * (1 - (0.05 * 0.05 / 4) ** (1 / 3)))} % of seeds do, 95 % family-wise); it trains with 75 % fewer "
         "trainable parameters, 40 % less train time and 25 % less peak memory (undecided: k=6 (-0.050 when trained); "
         "7 seeds per arm would decide what is open) (left out: 1 failed)."
     )
@@ -186,7 +187,9 @@ def test_a_looser_tolerance_asks_full_fine_tuning_to_beat_the_baseline_by_more(s
 
 def test_no_advice_from_identical_differences_or_where_nothing_is_learned(tmp_path):
     """The demo's n = 50 before: both runs at the majority class (0.516 and 0.520 against 0.509) and two
-    identical differences gave "freeze the embeddings and the first 6 layers (95 % CI +0.004 to +0.004)"."""
+    identical differences gave "freeze the embeddings and the first 6 layers (95 % CI +0.004 to +0.004)".
+    Seeds this near the baseline collapsed (a tenth of the way to a perfect score is 0.558): not trained
+    seeds whose gain is below the tolerance, as an audit found such seeds break the bound's normality."""
     store = ResultStore(str(tmp_path), "demo")
     for k, accs in {0: [0.516, 0.512, 0.515, 0.511, 0.513], 6: [0.520, 0.516, 0.519, 0.515, 0.517]}.items():
         for seed, acc in enumerate(accs):  # k = 6 is 0.004 above k = 0 at every seed: zero spread
@@ -194,8 +197,10 @@ def test_no_advice_from_identical_differences_or_where_nothing_is_learned(tmp_pa
     report = build_report([SweepRows.from_store(store)])
     (decision,) = report.decisions.to_dict("records")
     assert decision["frozen_layers"] is None or pd.isna(decision["frozen_layers"])
-    assert decision["learned"] == "nothing learned" and decision["sentence"].startswith(
-        "d, n = 50: full fine-tuning did not learn at this size: when it trains, it beats the constant baseline by +0.004"
+    assert decision["learned"] == "undecided" and decision["sentence"].startswith(
+        "d, n = 50: all 5 seeds of full fine-tuning collapsed (answered one class everywhere, or scored at most "
+        "10 % of the way from the constant "
+        "predictor's score to a perfect one): nothing learned as far as they show, but 5 seeds cannot show it"
     )
     assert "no freezing advice" in decision["sentence"] and report.retained.empty  # no ratio of two near-zero gains
 
@@ -577,10 +582,7 @@ def test_the_descriptive_sections_say_which_seeds_they_read_and_that_their_inter
     for title in ("Paired contrasts against full fine-tuning", "Retained quality"):
         section = next(s for s in report.sections if s.title == title)
         assert "Descriptive, not the decision's numbers" in section.paragraphs[0]
-        assert (
-            "a seed that collapsed to the constant predictor at its score (diverged seeds are out)"
-            in (section.paragraphs[0])
-        )
+        assert "a seed that collapsed at its score (diverged seeds are out)" in (section.paragraphs[0])
         assert "unadjusted for the other depths, methods and looks" in section.paragraphs[0]
         assert html.escape(section.paragraphs[0]) in page
     for heading in ("Paired ok seeds (collapses in)", "95 % CI low, unadjusted"):
@@ -623,7 +625,8 @@ def test_the_sentence_pairs_paired_numbers_and_says_the_collapses(tmp_path):
     assert decision["collapsed"] == "1/4" and decision["pairs"] == 3
     assert (
         "on the same 3 seeds" in decision["sentence"]
-        and "1 of 4 seeds collapsed to the constant predictor" in decision["sentence"]
+        and "1 of 4 seeds collapsed (answered one class everywhere, or scored at most 10 % of the way"
+        in decision["sentence"]
     )
 
 
@@ -769,14 +772,13 @@ def test_full_fine_tuning_at_the_constant_predictor_on_every_seed_is_said_in_goo
     said = "the one seed" if seeds == 1 else f"all {seeds} seeds"
     shows = "it shows, but one seed" if seeds == 1 else f"they show, but {seeds} seeds"
     assert decision["sentence"].startswith(
-        f"d, n = 100: {said} of full fine-tuning predicted one class (the constant predictor): nothing learned as "
+        f"d, n = 100: {said} of full fine-tuning collapsed (answered one class everywhere, or scored at most "
+        "10 % of the way from the constant "
+        f"predictor's score to a perfect one): nothing learned as "
         f"far as {shows} cannot show it at 95 % family-wise (a new grid of "
     )
     # a walk-through: the fixed grid's hint, alone of them, did not say its seeds must be new ones
-    assert (
-        "seeds, every seed at the constant predictor, would, under a new name and another split_seed"
-        in (decision["sentence"])
-    )
+    assert "seeds, every seed collapsed, would, under a new name and another split_seed" in (decision["sentence"])
 
 
 def test_an_open_settle_group_with_rounds_left_says_to_go_on_not_to_start_anew(tmp_path):
