@@ -327,12 +327,13 @@ def sentence(
             return f"{said[:-1]}; {named.strip()[1:]}."
         return f"{said}{named}."
     rest, methods = _others(record, decision, budget_left, settle), _methods_within(record, decision, rule)
+    full = _full_collapses(gain, _family(rule))
     if record.get("frozen_layers") is None and settled:
-        return _or_methods(_every_layer(decision, rule, settle), decision) + f"{rest}{methods}{left_out}."
+        return _or_methods(_every_layer(decision, rule, settle), decision) + f"{full}{rest}{methods}{left_out}."
     if record.get("frozen_layers") is None:
         return _or_methods(
             f"fine-tune every layer: no k is shown within {rule.tolerance:g} of full fine-tuning at "
-            f"{_pairs(decision)} trained pairs{rest}; {_add_seeds(record, settle, rule.tolerance, budget_left=budget_left, over=rule.max_seeds)}"
+            f"{_pairs(decision)} trained pairs{full}{rest}; {_add_seeds(record, settle, rule.tolerance, budget_left=budget_left, over=rule.max_seeds)}"
             f"{methods}{left_out}.",
             decision,
         )
@@ -493,8 +494,9 @@ def _all_failed(gain: Comparison, metric: str | None) -> str:
 
 
 def _full_collapses(learned: Comparison, pct: str) -> str:
-    """Beside advice: full fine-tuning's own collapses, where it had any (the gate reads only its trained seeds,
-    each of which beats the baseline by the collapse line; its bound is paid with the arms')."""
+    """Beside the answer where full fine-tuning learned: its own collapses, where it had any (the gate reads
+    only its trained seeds, each of which beats the baseline by the collapse line; its bound is paid with
+    the arms')."""
     if not learned.collapsed:
         return ""
     return (

@@ -229,3 +229,16 @@ def test_advice_where_full_fine_tuning_collapsed_on_some_seeds_says_so(tmp_path)
     assert decision["learned"] == "learned" and decision["frozen_layers"] == 2, decision["sentence"]
     assert "on the same 3 seeds" in decision["sentence"]
     assert "; full fine-tuning collapsed or diverged on 7 of 10 seeds (at most " in decision["sentence"]
+
+
+def test_no_depth_within_where_full_fine_tuning_collapsed_on_some_seeds_says_so_too(tmp_path):
+    """As beside advice: "fine-tune every layer" where full fine-tuning itself collapsed on 7 of 10 seeds."""
+    store = ResultStore(str(tmp_path), "s")
+    full = [0.51, 0.52, 0.53, 0.86, 0.51, 0.87, 0.52, 0.88, 0.51, 0.53]
+    for seed, acc in enumerate(full):
+        store.write_row(row(k=0, seed=seed, acc=acc))
+        store.write_row(row(k=2, seed=seed, acc=acc - 0.1 + 0.01 * (seed % 3)))
+    (decision,) = decisions([SweepRows.from_store(store)]).to_dict("records")
+    said = decision["sentence"]
+    assert decision["learned"] == "learned" and said.startswith("d, n = 100: fine-tune every layer"), said
+    assert "; full fine-tuning collapsed or diverged on 7 of 10 seeds (at most " in said
