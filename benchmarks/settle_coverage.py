@@ -6,13 +6,15 @@ it is answered or its budget is spent, and the same draws are decided by fixed g
 
 - wrong: any claim the truth contradicts, in the claim's own words (family-wise); the nominal bound is
   1 − confidence. Today's rule claims means; the rule with collapses claims "within" and "learned" when a
-  seed trains (the mean paired difference of trained seeds), "worse" in mean where full fine-tuning trains
-  (the arm's collapses in; rules before it: over every seed), and bounds
-  each arm's collapse rate;
+  seed trains (the mean paired difference of trained seeds), "worse" when it trains or in mean where full
+  fine-tuning trains (the arm's collapses in; rules before 2026-11-29 only the latter, and before it over every
+  seed), and bounds each arm's collapse rate;
 - false within: an arm said within the tolerance that is not (in the rule's own words); "within, mean
   worse": said within while its mean with collapses is below −tolerance (what "when it trains" excludes,
   and the collapse count says);
-- answered: nothing learned, or learned with every arm decided; trials: the share of the budget's grid.
+- answered: nothing learned, or learned with every arm decided; trials: the share of the budget's grid;
+- worse shown: of the arms worse than full fine-tuning by more than the tolerance when they train or in mean
+  where it trains (the truth), the share shown worse (a rate over every such arm of every group).
 
 Scenarios (--scenarios, default all):
   reference    five values per reference cell (benchmarks/reference/roberta_base_blog.csv) matching its
@@ -27,6 +29,9 @@ Scenarios (--scenarios, default all):
   near-collapse 6 arms 0.003 below full fine-tuning when they train, each seed falling a few rows off the
                baseline (0.511-0.535 against 0.509) with probability 0.1: by a rule that counts those seeds
                as trained, each arm's trained mean is 0.036 below
+  worse-collapse 6 arms 0.06 below full fine-tuning when they train, each seed collapsing to the baseline
+               with probability 0.1 (an audit's: the collapse's left skew hid "worse" from the mean's bound)
+  mostly-collapse 6 arms 0.02 below full fine-tuning when they train, collapsing with probability 0.7
   ties         every trial the constant predictor (every score exactly the baseline)
   boundary-6   6 arms exactly at −tolerance in mean (normal), full fine-tuning far above the baseline
   boundary-24  the same with 24 arms
@@ -226,6 +231,11 @@ def scenario_worlds(name: str, reference: pd.DataFrame, args) -> list[World]:
         means = {FULL: 0.88, **{f"freeze k={k}": 0.877 for k in range(1, 7)}}
         collapse = {FULL: 0.0, **{a: 0.1 for a in means if a != FULL}}
         return [normal_world(means, dict.fromkeys(means, 0.01), 0.509, args.rho, collapse, near=(0.511, 0.535))]
+    if name in ("worse-collapse", "mostly-collapse"):
+        below, p = (0.06, 0.1) if name == "worse-collapse" else (0.02, 0.7)
+        means = {FULL: 0.85, **{f"freeze k={k}": 0.85 - below for k in range(1, 7)}}
+        collapse = {FULL: 0.0, **{a: p for a in means if a != FULL}}
+        return [normal_world(means, dict.fromkeys(means, 0.02), 0.509, args.rho, collapse)]
     if name == "ties":
         means = {FULL: 0.509, **{f"freeze k={k}": 0.509 for k in (2, 4, 8)}}
         return [normal_world(means, dict.fromkeys(means, 0.02), 0.509, args.rho, dict.fromkeys(means, 1.0))]
@@ -279,11 +289,13 @@ def _grid(module, world: World) -> dict:
 
 def judge(decision, truth: Truth, tolerance: float, arms: list[str], module=current) -> dict:
     """Each claim against the truth, in its own words: a rule with collapse counts (Comparison.
-    collapse_upper) claims quality when trained and collapse bounds; today's claims means. "Worse": over the
-    seeds where full fine-tuning trains from 2682cfd on, over every seed before it."""
+    collapse_upper) claims quality when trained and collapse bounds; today's claims means. "Worse": when it
+    trains or in mean where full fine-tuning trains (a rule with Comparison.high_worse), from 2682cfd on only
+    the latter, over every seed before it."""
     stable = hasattr(decision.learned, "collapse_upper")
     worse_truth = truth.worse_diff if _worse_where_full_trains(module) else truth.mean_diff
     diffs = truth.trained_diff if stable else truth.mean_diff
+    truly_worse = [a for a in arms if diffs[a] < -tolerance or worse_truth[a] < -tolerance]
     learned, wrong = decision.learned, False
     if learned.decision == current.LEARNED:
         wrong |= diffs[FULL] <= (tolerance if stable else 0.0)
@@ -295,6 +307,8 @@ def judge(decision, truth: Truth, tolerance: float, arms: list[str], module=curr
         if c.decision == current.WITHIN:
             false_within |= diffs[c.arm] < -tolerance
             mean_worse |= truth.mean_diff[c.arm] < -tolerance
+        elif c.decision == current.WORSE and hasattr(c, "high_worse"):  # when it trains, or in mean
+            wrong |= diffs[c.arm] >= -tolerance and worse_truth[c.arm] >= -tolerance
         elif c.decision == current.WORSE:  # with the arm's collapses (the rule's words)
             wrong |= worse_truth[c.arm] >= -tolerance
         if stable and c.seeds:
@@ -306,6 +320,8 @@ def judge(decision, truth: Truth, tolerance: float, arms: list[str], module=curr
         "false_within": false_within,
         "within_mean_worse": mean_worse,
         "answered": _answered(decision, arms, tolerance),
+        "worse_arms": len(truly_worse),
+        "worse_shown": sum(c.decision == current.WORSE for c in decision.arms if c.arm in truly_worse),
     }
 
 
@@ -411,6 +427,8 @@ SCENARIOS = [
     "nothing-0",
     "nothing-tol",
     "non-monotone",
+    "worse-collapse",  # last, as scenarios added later: a scenario's draws follow its place in the list
+    "mostly-collapse",
 ]
 
 
@@ -442,8 +460,11 @@ def main() -> None:
             within_mean_worse=("within_mean_worse", "mean"),
             answered=("answered", "mean"),
             trials=("trials", "mean"),
+            worse_arms=("worse_arms", "sum"),
+            worse_shown=("worse_shown", "sum"),
         )
     )
+    table["worse_shown"] = table.pop("worse_shown") / table.pop("worse_arms")  # NaN: no arm worse
     print(
         f"at least {args.groups} groups per scenario; confidence {args.confidence} (wrong must stay ≤ "
         f"{1 - args.confidence:.3f}; Monte Carlo error of a rate p: sqrt(p(1 − p) / groups), 0.011 at 0.05 and 400), "

@@ -4,8 +4,9 @@ the trials? (issue 22, 4b)
 Two launches of one sweep on the real model and data: first in settle mode (rounds of seeds only where a
 comparison is undecided, results/settle.py), timed, its decisions taken as the rule takes them (one-sided
 bounds valid over every look the budget allows, on the seeds that trained; "collapsed": seeds at the
-constant baseline or diverged, of those looked at; "worse bound": the upper bound over every seed, which
-decides "worse"); then the same sweep as a fixed grid of ``max_seeds`` seeds for
+constant baseline or diverged, of those looked at; "worse bound": the lesser of the two upper bounds that
+decide "worse", over the pairs where both trained and in mean with the arm's collapses, each at its share
+of Holm's level); then the same sweep as a fixed grid of ``max_seeds`` seeds for
 every arm, which reuses the settle run's trials (the same cells: ids are content hashes) and runs the
 rest, its decisions taken once at the end (one look). Prints both side by side per (train size, arm)
 with the trials each needed.
@@ -23,6 +24,7 @@ from __future__ import annotations
 import argparse
 import time
 
+import numpy as np
 import pandas as pd
 
 from freezesweep.orchestrator.checks import validate
@@ -121,7 +123,7 @@ def decisions(rows: pd.DataFrame, rule: SettleRule, looks: int | None, arms: lis
                     "pairs": c.pairs,
                     "interval": f"[{c.low:+.3f}, {c.high:+.3f}]",
                     "collapsed": f"{c.collapsed}/{c.seeds}",
-                    "worse bound": "—" if c.arm == "learned" else f"{c.high_all:+.3f}",  # every seed's upper
+                    "worse bound": "—" if c.arm == "learned" else f"{np.fmin(c.high_worse, c.high_all):+.3f}",
                     "trials": int(trials.get(arm, 0)),
                     "advice": decision.advice or "none",
                 }

@@ -380,7 +380,8 @@ def _every_layer(decision: GroupDecision, rule: SettleRule, settle: bool) -> str
     if first is not None and first.decision == WORSE:
         return (
             f"fine-tune every layer: freezing costs more than {rule.tolerance:g} here — the least frozen depth "
-            f"({depth}) is shown worse than full fine-tuning by more than the tolerance ({_family(rule)})"
+            f"({depth}) is shown worse than full fine-tuning by more than the tolerance, when it trains or in mean "
+            f"with its collapses ({_family(rule)})"
         )
     fallback = "it runs no more seeds" if settle else "the grid ran its seeds"
     why = _estimate(first.why, settle) if first is not None and first.why else fallback

@@ -653,8 +653,8 @@ def test_a_group_where_freezing_is_shown_to_cost_says_to_fine_tune_every_layer(t
     assert decision["worse"] == "k=2" and pd.isna(decision["frozen_layers"])
     assert decision["sentence"] == (
         "d, n = 100: fine-tune every layer: freezing costs more than 0.01 here — the least frozen depth (k=2) is "
-        "shown worse than full fine-tuning by more than the tolerance (95 % family-wise) (worse than full "
-        "fine-tuning: k=2)."
+        "shown worse than full fine-tuning by more than the tolerance, when it trains or in mean with its collapses "
+        "(95 % family-wise) (worse than full fine-tuning: k=2)."
     )
 
 

@@ -78,7 +78,8 @@ def test_the_looks_of_a_budget_and_their_weights():
 def test_a_sequence_stopped_by_its_first_undecided_depth_decides_as_computed_by_hand():
     """k = −1 within; k = 2 straddles the boundary, so the sequence stops there: k = 4, within by its own
     bound, is not tested (its estimate is kept), and the advice is k = −1. "Worse" is Holm's over the four
-    depths: k = 6 at its first step, 0.1 α / 4. One look: each at its full level."""
+    depths: k = 6 at its first step, 0.1 α / 4, its trained pairs' bound at 1/10 of it, its mean's at 9/10.
+    One look: each at its full level."""
     diffs = {
         "freeze k=-1": [0.002, -0.001, 0.003, 0.000, 0.001],
         "freeze k=2": [0.01, -0.03, 0.02, -0.02, 0.0],
@@ -95,8 +96,10 @@ def test_a_sequence_stopped_by_its_first_undecided_depth_decides_as_computed_by_
     k4 = arms["freeze k=4"]
     assert k4.clears and k4.decision == NOT_TESTED and "stopped at freeze k=2" in k4.why
     assert k4.mean == pytest.approx(0.001)  # its estimate, reported beside "not tested"
-    assert arms["freeze k=6"].decision == WORSE
-    assert arms["freeze k=6"].high_all == pytest.approx(-_lower(-np.array(diffs["freeze k=6"]), WORSE_LEVEL / 4))
+    k6 = arms["freeze k=6"]
+    assert k6.decision == WORSE
+    assert k6.high_worse == pytest.approx(-_lower(-np.array(diffs["freeze k=6"]), 0.1 * WORSE_LEVEL / 4))
+    assert k6.high_all == pytest.approx(-_lower(-np.array(diffs["freeze k=6"]), 0.9 * WORSE_LEVEL / 4))
     assert (result.advice, result.stopped_at) == ("freeze k=-1", "freeze k=2")
     # more seeds go to k = 2 only: k = 4 already clears, k = 6 is shown worse
     assert open_arms(result, list(diffs), RULE.tolerance) == ["freeze k=2"]
@@ -126,6 +129,38 @@ def test_holm_steps_down_where_bonferroni_would_stop():
     assert 0.0009 > 0.005 / 6  # Bonferroni over the six would not have shown b
     none, stopped = holm({"a": 0.01, "b": 0.02}, 0.005, 4)
     assert none == set() and stopped == pytest.approx({"a": 0.005 / 4, "b": 0.005 / 4})
+
+
+def test_a_claim_tested_by_two_bounds_is_shown_where_one_clears_its_share():
+    """Holm 1979 over claims, one of them ("w") tested by two p-values at 4/5 and 1/5 of its step's level (a
+    weighted Bonferroni test): at the first step of three (0.005 / 3) w's first test fails its 4/5 and its
+    second clears its 1/5; then "a" at 0.005 / 2. Each test is held to its share of the step's level."""
+    tests = {"w": {"w1": 0.8, "w2": 0.2}}
+    shown, held = holm({"w1": 0.002, "w2": 0.0003, "a": 0.0024}, 0.005, 3, tests=tests)
+    assert shown == {"w", "a"} and held == pytest.approx({"w1": 0.8 * 0.005 / 3, "w2": 0.2 * 0.005 / 3, "a": 0.0025})
+    neither, held = holm({"w1": 0.002, "w2": 0.0004, "a": 0.0024}, 0.005, 3, tests=tests)
+    assert neither == set() and held["w2"] == pytest.approx(0.2 * 0.005 / 3)  # 0.0004 > 0.00033: stops there
+    with pytest.raises(ValueError, match="a family of 1 claims cannot hold 2"):
+        holm({"w1": 0.001, "w2": 0.9, "a": 0.9}, 0.05, 1, tests=tests)
+
+
+def test_worse_when_it_trains_is_shown_through_a_collapse_and_in_mean_where_it_mostly_collapses():
+    """Ten seeds, one look. k = 2 is 0.06 below full fine-tuning when it trains and collapses once: its
+    collapse (−0.36) widens the mean's bound past −0.01 (alone, as before 2026-11-29, it was undecided), the
+    trained pairs' bound does not. k = 4 collapses on 8 of 10: two trained pairs say nothing, the mean says
+    worse."""
+    full = [0.85, 0.87, 0.86, 0.84, 0.88, 0.85, 0.86, 0.87, 0.84, 0.86]
+    shift = [0.01, -0.01, 0.0, 0.005, -0.005, 0.01, -0.01, 0.0, 0.005, -0.005]
+    k2 = [f - 0.06 + d for f, d in zip(full, shift)]
+    k2[3] = 0.5  # a collapse, at the baseline
+    k4 = [0.5] * 8 + [full[8] - 0.02, full[9] - 0.02]
+    scores = {FULL: full, "freeze k=2": k2, "freeze k=4": k4}
+    arms = {c.arm: c for c in decide(_rows(scores, baseline=0.5), RULE, looks=1).arms}
+    assert arms["freeze k=2"].decision == WORSE
+    assert arms["freeze k=2"].high_all > -0.01 > arms["freeze k=2"].high_worse
+    assert -_lower(-np.array([a - f for a, f in zip(k2, full)]), WORSE_LEVEL / 2) > -0.01  # the mean's at the whole
+    assert arms["freeze k=4"].decision == WORSE
+    assert arms["freeze k=4"].pairs == 2 and arms["freeze k=4"].high_all < -0.01
 
 
 def test_other_methods_and_worse_are_decided_by_holm_over_their_claims():
@@ -425,13 +460,14 @@ def test_the_last_looks_level_keeps_the_claims_error_within_its_level():
 
 def test_worse_at_the_last_look_spends_what_its_earlier_looks_left_too():
     """Holm's claims spend the last look as the sequence's do: one arm, so "worse" is Holm's only claim, at
-    0.1 α; a t between Bonferroni's critical value and the spent one is worse only so, and its upper bound
-    is at the spent level."""
+    0.1 α, its mean's bound at 9/10 of it; a t between Bonferroni's critical value and the spent one is worse
+    only so, and that bound is at the spent level; its trained pairs' (the same differences: no collapse) is
+    at 1/10 of 0.1 α, spent too, and alone would not show it."""
     from freezesweep.results.settle import last_look_level
 
-    spent = last_look_level((3, 5, 7, 9), WORSE_LEVEL, RULE.look_weights)
-    bonferroni = WORSE_LEVEL * RULE.look_weights[-1]
-    assert bonferroni * 1.05 < spent < WORSE_LEVEL
+    spent = last_look_level((3, 5, 7, 9), 0.9 * WORSE_LEVEL, RULE.look_weights)
+    bonferroni = 0.9 * WORSE_LEVEL * RULE.look_weights[-1]
+    assert bonferroni * 1.03 < spent < 0.9 * WORSE_LEVEL
     between = (stats.t.ppf(1 - bonferroni, 8) + stats.t.ppf(1 - spent, 8)) / 2
     z = np.array([-1.5, -1.0, -0.5, 0.0, 0.0, 0.0, 0.5, 1.0, 1.5])
     diffs = -0.01 - between * 0.01 / 3 + 0.01 * (z - z.mean()) / z.std(ddof=1)  # t = −between, sd 0.01
@@ -439,6 +475,8 @@ def test_worse_at_the_last_look_spends_what_its_earlier_looks_left_too():
     (k2,) = decide(_rows({FULL: list(full), "freeze k=2": list(full + diffs)}, 0.4), RULE).arms
     assert k2.decision == WORSE and k2.clears_worse
     assert k2.high_all == pytest.approx(-_lower(-diffs, spent)) and -_lower(-diffs, bonferroni) > -0.01 > k2.high_all
+    tenth = last_look_level((3, 5, 7, 9), 0.1 * WORSE_LEVEL, RULE.look_weights)
+    assert k2.high_worse == pytest.approx(-_lower(-diffs, tenth)) and k2.high_worse > -0.01
     (fixed,) = decide(_rows({FULL: list(full), "freeze k=2": list(full + diffs)}, 0.4), RULE, looks=1).arms
     assert fixed.decision == WORSE  # one look, at the whole level: no looks to pay for
 
