@@ -293,7 +293,7 @@ def _decision_section(report: Report, asked: set[float], many: bool) -> Section:
         "full level, and the sequence stops at the first depth not shown within — the advice is the last depth "
         "shown within before it, the deeper ones are not tested (their estimates are given). 'Worse' (more than "
         "the tolerance below full fine-tuning when it trains, or in mean with its collapses where full fine-tuning "
-        "trained: the sentence says which) and 'nothing learned' are Holm's step-down claims; every look a settle sweep took is paid for, most of the "
+        "trained: one claim, shown by either bound) and 'nothing learned' are Holm's step-down claims; every look a settle sweep took is paid for, most of the "
         "error on its last look. Every claim of a group holds together at the stated confidence (family-wise); "
         "Difference at least is the advised depth's own one-sided bound, at the sequence's level, unadjusted for "
         "choosing that depth (the claim is 'within'). No advice "

@@ -86,11 +86,11 @@ WITHIN_SHARE, HOLM_SHARE, NOTHING_SHARE, STABILITY_SHARE = 0.55, 0.1, 0.3, 0.05
 OTHERS_SHARE = 0.1
 # "Worse" (when it trains, or in mean) is shown where either bound clears its share of the claim's level. The
 # mean's t bound alone is conservative under the left skew of the arm's collapses (an audit: its size 0-0.0002
-# where Holm's first step charged 0.00083): it left an arm 0.06 below full fine-tuning when it trains with a
-# tenth of its seeds collapsing undecided in 67 % of 10-seed grids; a tenth of the level on the trained pairs'
-# bound (exact under the t bound's own assumption) shows it in 87 %, for under a point of the reference cells'
-# "worse" and 3 where arms collapse on 7 of 10 seeds (the mean's bound decides those); 0.2-0.8 of the level
-# cost 1-36 points there (benchmarks/settle_coverage.py; docs/settle.md, "Measured").
+# where Holm's first step charged 0.00083): of arms 0.06 below full fine-tuning when they train with a tenth of
+# their seeds collapsing, 10-seed grids showed 33 % worse; a tenth of the level on the trained pairs' bound
+# (exact under the t bound's own assumption) shows 87 %, for under a point of the reference cells' "worse" and
+# 3 where arms collapse on 7 of 10 seeds (the mean's bound decides those); 0.2-0.8 of the level cost 0.4-36
+# points there (benchmarks/settle_coverage.py; docs/settle.md, "Measured").
 WORSE_SHARES = {"worse when trained": 0.1, "worse in mean": 0.9}
 LAST_LOOK = 0.7  # the last look's weight; the earlier ones share the rest (SettleRule.look_weights)
 OBF_Z = 2.0  # the earlier looks' shape: O'Brien–Fleming's boundary z·sqrt(n_last / n) (docs/settle.md)
@@ -330,10 +330,17 @@ def holm(
     step-down is valid for tests nested so, each of its size (closed testing with Bonferroni intersections;
     Marcus, Peritz & Gabriel 1976)."""
     claims = {name: dict(shares) for name, shares in (tests or {}).items()}
-    grouped = {test for shares in claims.values() for test in shares}
+    grouped = [test for shares in claims.values() for test in shares]
     claims.update({name: {name: 1.0} for name in pvalues if name not in grouped})
-    if family < len(claims):
-        raise ValueError(f"a family of {family} claims cannot hold {len(claims)}")
+    problems = [
+        f"claim {name!r}: its tests' shares must be positive and sum to at most 1"
+        for name, shares in claims.items()
+        if not (min(shares.values(), default=0) > 0 and sum(shares.values()) <= 1 + 1e-12)
+    ]
+    problems += [f"test {t!r} is in more than one claim" for t in sorted(set(grouped)) if grouped.count(t) > 1]
+    problems += [f"a family of {family} claims cannot hold {len(claims)}"] if family < len(claims) else []
+    if problems:
+        raise ValueError("; ".join(problems))
     ladder = [alpha / (family - step) for step in range(family)]
 
     def bars_of(test: str, share: float) -> list[float]:  # a bar that is not a number shows nothing
@@ -846,9 +853,12 @@ def seeds_to_decide(c: Comparison, rule: SettleRule, levels: Levels, most: int =
     decide ``c`` if its mean, its spread and its share of trained seeds stayed as they are: what to ask
     ``freezesweep plan`` to price. The claim that would decide it is the one its mean points to: "within"
     and "learned" at the sequence's level, "worse", "nothing learned" and the other methods' claims at
-    Holm's first step (the most they could be asked to pass), at Bonferroni's share of the new budget's last
-    look (less than it will be tested at: ``last_look_level``, so the budget errs larger). None: undecidable
-    so (its mean on the boundary, too few pairs) or above ``most``."""
+    Holm's first step (the most they could be asked to pass; "worse" by the trained pairs' spread, at the
+    mean's share where the arm has not collapsed, there the same differences, else the trained pairs' share:
+    for an arm that mostly collapses, whose mean's bound decides it, the budget errs larger or is None), at
+    Bonferroni's share of the new budget's last look (less than it will be tested at: ``last_look_level``,
+    so the budget errs larger). None: undecidable so (its mean on the boundary, too few pairs) or above
+    ``most``."""
     from scipy import special
 
     if c.pairs < 2 or math.isnan(c.low) or c.seeds == 0 or not c.level > 0:

@@ -142,6 +142,8 @@ def test_a_claim_tested_by_two_bounds_is_shown_where_one_clears_its_share():
     assert neither == set() and held["w2"] == pytest.approx(0.2 * 0.005 / 3)  # 0.0004 > 0.00033: stops there
     with pytest.raises(ValueError, match="a family of 1 claims cannot hold 2"):
         holm({"w1": 0.001, "w2": 0.9, "a": 0.9}, 0.05, 1, tests=tests)
+    with pytest.raises(ValueError, match="'v'.*sum to at most 1.*'w1' is in more than one claim"):
+        holm({"w1": 0.001}, 0.05, 3, tests={**tests, "v": {"w1": 0.5, "v2": 0.6}})
 
 
 def test_worse_when_it_trains_is_shown_through_a_collapse_and_in_mean_where_it_mostly_collapses():
@@ -184,7 +186,9 @@ def test_other_methods_and_worse_are_decided_by_holm_over_their_claims():
         "worse probe": p(probe, False),
         "worse k=2": p(lora, False),
     }
-    shown, _ = holm(claims, 0.2 * ALPHA, 5)
+    worse = {f"worse {a}": {f"worse {a}": 0.9, f"trained {a}": 0.1} for a in ("lora", "probe", "k=2")}
+    claims |= {f"trained {a}": claims[f"worse {a}"] for a in ("lora", "probe", "k=2")}  # no collapse: the same
+    shown, _ = holm(claims, 0.2 * ALPHA, 5, tests=worse)
     assert shown == {"within lora", "worse probe"}
     assert arms["lora r=8"].decision == WITHIN and arms["probe"].decision == WORSE
     assert result.advice == "freeze k=2"  # advice comes from the depths only
@@ -462,7 +466,8 @@ def test_worse_at_the_last_look_spends_what_its_earlier_looks_left_too():
     """Holm's claims spend the last look as the sequence's do: one arm, so "worse" is Holm's only claim, at
     0.1 α, its mean's bound at 9/10 of it; a t between Bonferroni's critical value and the spent one is worse
     only so, and that bound is at the spent level; its trained pairs' (the same differences: no collapse) is
-    at 1/10 of 0.1 α, spent too, and alone would not show it."""
+    at 1/10 of 0.1 α, a level too small for the simulation's margin to spend (Bonferroni's), and alone would
+    not show it."""
     from freezesweep.results.settle import last_look_level
 
     spent = last_look_level((3, 5, 7, 9), 0.9 * WORSE_LEVEL, RULE.look_weights)
@@ -476,6 +481,7 @@ def test_worse_at_the_last_look_spends_what_its_earlier_looks_left_too():
     assert k2.decision == WORSE and k2.clears_worse
     assert k2.high_all == pytest.approx(-_lower(-diffs, spent)) and -_lower(-diffs, bonferroni) > -0.01 > k2.high_all
     tenth = last_look_level((3, 5, 7, 9), 0.1 * WORSE_LEVEL, RULE.look_weights)
+    assert tenth == pytest.approx(0.1 * WORSE_LEVEL * RULE.look_weights[-1])
     assert k2.high_worse == pytest.approx(-_lower(-diffs, tenth)) and k2.high_worse > -0.01
     (fixed,) = decide(_rows({FULL: list(full), "freeze k=2": list(full + diffs)}, 0.4), RULE, looks=1).arms
     assert fixed.decision == WORSE  # one look, at the whole level: no looks to pay for

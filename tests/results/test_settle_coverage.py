@@ -118,6 +118,33 @@ def test_the_family_wise_error_stays_within_its_level(coverage, means):
     assert rate <= 0.05 + 2.5 * np.sqrt(0.05 * 0.95 / 250)
 
 
+def test_worse_is_wrong_only_where_the_arm_is_worse_neither_when_it_trains_nor_in_mean(coverage):
+    """ "Worse" is one claim, when it trains or in mean where full fine-tuning trains: the judge calls it
+    wrong only where both truths are at or above −tolerance, and counts it among the arms truly worse."""
+    import dataclasses
+
+    from freezesweep.results.settle import WORSE, Comparison, GroupDecision
+
+    arms = ["freeze k=2", "freeze k=4"]
+    learned = Comparison("learned", 5, 0.3, 0.2, 0.4, "learned", seeds=5, collapse_upper=1.0)
+    shown = Comparison("freeze k=2", 5, -0.05, -0.1, 0.0, WORSE, seeds=5, collapse_upper=1.0)
+    decision = GroupDecision(learned, (shown, dataclasses.replace(shown, arm="freeze k=4", decision="undecided")), 5)
+
+    def truth(trained: float, in_mean: float):
+        return coverage.Truth(
+            collapse=dict.fromkeys(["freeze k=0", *arms], 0.0),
+            trained_diff={"freeze k=0": 0.3, "freeze k=2": trained, "freeze k=4": 0.0},
+            mean_diff={"freeze k=0": 0.3, "freeze k=2": in_mean, "freeze k=4": 0.0},
+            worse_diff={"freeze k=2": in_mean, "freeze k=4": -0.05},
+        )
+
+    for trained, in_mean, wrong in ((-0.05, 0.0, False), (0.0, -0.05, False), (0.0, 0.0, True)):
+        judged = coverage.judge(decision, truth(trained, in_mean), 0.01, arms)
+        assert judged["wrong"] == wrong
+    judged = coverage.judge(decision, truth(-0.05, 0.0), 0.01, arms)
+    assert (judged["worse_arms"], judged["worse_shown"]) == (2, 1)  # k=4 is worse in mean, not shown
+
+
 def test_a_sequence_stopped_by_a_worse_depth_is_right_where_quality_is_not_monotone(coverage):
     """k = 4 worse, k = 6 within: the sequence stops at k = 4 (well below the boundary, it runs no more
     seeds, nor do the depths behind it); k = 6 and k = 8 are not tested, and the advice is k = 2."""
