@@ -58,6 +58,7 @@ import dataclasses
 import functools
 import itertools
 import math
+from collections import Counter
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -337,7 +338,7 @@ def holm(
         for name, shares in claims.items()
         if not (min(shares.values(), default=0) > 0 and sum(shares.values()) <= 1 + 1e-12)
     ]
-    problems += [f"test {t!r} is in more than one claim" for t in sorted(set(grouped)) if grouped.count(t) > 1]
+    problems += [f"test {t!r} is in more than one claim" for t, n in sorted(Counter(grouped).items()) if n > 1]
     problems += [f"a family of {family} claims cannot hold {len(claims)}"] if family < len(claims) else []
     if problems:
         raise ValueError("; ".join(problems))
