@@ -6,7 +6,8 @@ schedule), the earlier looks at the level × their weights, the last at ``last_l
 with its own fixed seed). Here standard normal samples exactly at the boundary (the least favourable
 null, the t bound's own assumption) are drawn with another seed, and the chance that *any* look crosses
 is counted per level: the sequence's (0.55 α), "nothing learned"'s (0.3 α over 2, 0.3 α) and Holm's over
-"worse" (0.1 α over 7, over 4, 0.1 α), on the default schedule and on uneven counts (a collapse at some
+"worse" (0.1 α over 7, over 4, 0.1 α, and nine and one tenth of each: the two bounds that test
+"worse", ``settle.WORSE_SHARES``), on the default schedule and on uneven counts (a collapse at some
 look moves a look's count).
 
     python benchmarks/last_look_validity.py [--paths 4000000]
@@ -27,7 +28,10 @@ from scipy import special
 from freezesweep.results import settle
 
 ALPHA = 0.05
-LEVELS = [0.1 * ALPHA / 7, 0.1 * ALPHA / 4, 0.1 * ALPHA, 0.15 * ALPHA, 0.3 * ALPHA, 0.55 * ALPHA]
+HOLM = [0.1 * ALPHA / 7, 0.1 * ALPHA / 4, 0.1 * ALPHA]  # Holm's steps: the first of 7 and of 4 claims, the last
+# "worse" is one claim tested by two bounds at their shares of its Holm level (settle.WORSE_SHARES)
+SHARES = sorted({share * a for share in settle.WORSE_SHARES.values() for a in HOLM})
+LEVELS = sorted({*HOLM, *SHARES, 0.15 * ALPHA, 0.3 * ALPHA, 0.55 * ALPHA})
 COUNTS = [(3, 5, 7, 9, 10), (2, 4, 5, 7, 8), (3, 4, 6, 8, 9), (3, 5, 7)]
 CHUNK = 200_000
 
@@ -57,7 +61,7 @@ def main() -> None:
         start = time.perf_counter()
         for a, (spent, bonferroni) in crossings(counts, args.paths, rng).items():
             se = math.sqrt(spent / args.paths) / a
-            print(f"{counts} level {a:.5f}: spent {spent / a:.3f} of it (SE {se:.3f}), Bonferroni {bonferroni / a:.3f}")
+            print(f"{counts} level {a:.2e}: spent {spent / a:.3f} of it (SE {se:.3f}), Bonferroni {bonferroni / a:.3f}")
         print(f"  {time.perf_counter() - start:.0f} s", flush=True)
 
 

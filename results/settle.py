@@ -183,6 +183,8 @@ class Comparison:
     mean_all: float = math.nan  # the mean paired difference where full fine-tuning trained, the arm's collapses in
     high_all: float = math.nan  # its upper bound at its share of Holm's level for "worse"
     high_worse: float = math.nan  # the trained pairs' upper bound at theirs ("worse" where either is below −tolerance)
+    pairs_all: int = 0  # the differences ``mean_all`` is over (seeds where full fine-tuning trained)
+    level_all: float = math.nan  # the one-sided level ``high_all`` was computed at
     level: float = math.nan  # the one-sided level its quality bounds were computed at (this look's)
     clears: bool = False  # its own "within" bound clears the boundary (a claim once its sequence reaches it)
     clears_worse: bool = False  # one of its own "worse" bounds does (high_worse or high_all below −tolerance)
@@ -711,6 +713,8 @@ def _arm(
         mean_all=mean_all,
         high_all=high_all,
         high_worse=high_worse,
+        pairs_all=len(look.all_diffs),
+        level_all=at[in_mean],
         level=within_level,
         clears=within_level > 0 and p.p[within] <= within_level,
         clears_worse=any(at[c] > 0 and p.p[c] <= at[c] for c in (trained, in_mean)),
@@ -788,9 +792,7 @@ def open_arms(decision: GroupDecision, arms: Collection[str], tolerance: float) 
 def _stuck_why(c: Comparison, levels: Levels, tolerance: float) -> Comparison:
     """An undecided depth that runs no more seeds (``open_arms``) says so, with why."""
     if c.decision != UNDECIDED or not is_freeze(c.arm):
-        return c
-    if c.clears_worse:
-        return dataclasses.replace(c, why="worse by its own bound, not yet by Holm's" + STUCK)
+        return c  # one that clears "worse" is worse (its bound is Holm's held level): never undecided
     if _hopeless(c, levels, tolerance):
         return dataclasses.replace(c, why=f"its seeds so far put it well below −{tolerance:g} when it trains{STUCK}")
     return c
@@ -851,22 +853,18 @@ def _next_seeds(done: set[int], rule: SettleRule) -> list[int]:
 
 def seeds_to_decide(c: Comparison, rule: SettleRule, levels: Levels, most: int = 100) -> int | None:
     """The smallest budget (max_seeds of a new sweep, its looks and claims paid anew) whose last look would
-    decide ``c`` if its mean, its spread and its share of trained seeds stayed as they are: what to ask
-    ``freezesweep plan`` to price. The claim that would decide it is the one its mean points to: "within"
-    and "learned" at the sequence's level, "worse", "nothing learned" and the other methods' claims at
-    Holm's first step (the most they could be asked to pass; "worse" by the trained pairs' spread, at the
-    mean's share where the arm has not collapsed, there the same differences, else the trained pairs' share:
-    for an arm that mostly collapses, whose mean's bound decides it, the budget errs larger or is None), at
-    Bonferroni's share of the new budget's last look (less than it will be tested at: ``last_look_level``,
-    so the budget errs larger). None: undecidable so (its mean on the boundary, too few pairs) or above
-    ``most``."""
+    decide ``c`` if its means, their spreads and its share of trained seeds stayed as they are: what to ask
+    ``freezesweep plan`` to price. The claims that could decide it are those its means point to: "within"
+    and "learned" at the sequence's level; "worse" (its trained pairs' mean and, for an arm, its mean with
+    its collapses: either bound shows it, each at its share), "nothing learned" and the other methods'
+    claims at Holm's first step (the most they could be asked to pass); each at Bonferroni's share of the
+    new budget's last look (less than it will be tested at: ``last_look_level``, so the budget errs larger).
+    None: undecidable so (its means on the boundary, too few pairs) or above ``most``."""
     from scipy import special
 
     if c.pairs < 2 or math.isnan(c.low) or c.seeds == 0 or not c.level > 0:
         return None
-    spread = (c.mean - c.low) / special.stdtrit(c.pairs - 1, 1 - c.level) * math.sqrt(c.pairs)
     boundary = rule.tolerance if c.arm == "learned" else -rule.tolerance
-    gap = abs(c.mean - boundary)
     first_step = levels.holm / max(levels.holm_family, 1)  # Holm's first step
     if c.arm == "learned":
         base = levels.within if c.mean > boundary else levels.nothing / 2  # learned / nothing learned (Holm's first)
@@ -874,15 +872,31 @@ def seeds_to_decide(c: Comparison, rule: SettleRule, levels: Levels, most: int =
         base = levels.within  # within: the sequence's level
     elif c.mean > boundary:
         base = first_step  # another method's within
-    else:  # worse: with no collapse its mean's bound is over these differences, else only the trained pairs' is
-        base = WORSE_SHARES["worse in mean" if c.collapsed == 0 else "worse when trained"] * first_step
-    if not spread > 0 or gap == 0:
+    else:
+        base = WORSE_SHARES["worse when trained"] * first_step
+    spread = (c.mean - c.low) / special.stdtrit(c.pairs - 1, 1 - c.level) * math.sqrt(c.pairs)
+    candidates = [(c.mean, spread, c.pairs, base)]
+    if c.arm != "learned" and c.pairs_all >= 2 and c.level_all > 0 and c.mean_all < boundary:
+        spread_all = (c.high_all - c.mean_all) / special.stdtrit(c.pairs_all - 1, 1 - c.level_all)
+        candidates.append(
+            (c.mean_all, spread_all * math.sqrt(c.pairs_all), c.pairs_all, WORSE_SHARES["worse in mean"] * first_step)
+        )
+    budgets = [_budget(abs(m - boundary), sd, n / c.seeds, b, rule, most) for m, sd, n, b in candidates]
+    return min((b for b in budgets if b is not None), default=None)
+
+
+def _budget(gap: float, spread: float, share: float, base: float, rule: SettleRule, most: int) -> int | None:
+    """The smallest budget whose last look's one-sided bound, at ``base`` × its look weight, clears ``gap``
+    with this ``spread`` (a difference's standard deviation) over ``share`` of its seeds."""
+    from scipy import special
+
+    if not spread > 0 or gap == 0 or math.isnan(gap):
         return None
     for budget in range(max(rule.max_seeds, rule.initial_seeds) + 1, most + 1):
-        trained = budget * c.pairs / c.seeds
+        n = budget * share
         # Bonferroni's last look, not last_look_level: simulating each candidate budget made a report of 100
         # open groups 7× slower (a diff review), for a budget about a tenth smaller; an estimate either way
         level = base * dataclasses.replace(rule, max_seeds=budget).look_weights[-1]
-        if trained >= 2 and special.stdtrit(trained - 1, 1 - level) * spread / math.sqrt(trained) < gap:
+        if n >= 2 and special.stdtrit(n - 1, 1 - level) * spread / math.sqrt(n) < gap:
             return budget
     return None

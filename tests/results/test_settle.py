@@ -401,6 +401,27 @@ def test_the_budget_that_would_decide_uses_the_new_last_looks_level():
     assert budget - 1 <= RULE.max_seeds or stats.t.ppf(1 - smaller, budget - 2) * spread / math.sqrt(budget - 1) >= gap
 
 
+def test_the_budget_for_an_arm_that_mostly_collapses_is_priced_by_its_mean_too():
+    """Two of five seeds collapsed, the trained pairs 0.012 below on average: their bound alone would not
+    show "worse" within 100 seeds; the mean with the collapses (−0.15, where full fine-tuning trained)
+    would, at its share of Holm's first step (0.9), at the budget returned and not one seed before it."""
+    full = [0.85, 0.87, 0.86, 0.84, 0.88]
+    arm = [0.5, 0.5, full[2] - 0.012, full[3] - 0.003, full[4] - 0.02]
+    result = decide(_rows({FULL: full, "freeze k=2": arm}), RULE)
+    [k2] = result.arms
+    assert k2.decision == UNDECIDED and (k2.pairs, k2.pairs_all, k2.collapsed) == (3, 5, 2)
+    budget = seeds_to_decide(k2, RULE, result.levels)
+    assert budget is not None and budget > RULE.max_seeds
+    diffs = np.array(arm) - np.array(full)
+
+    def clears(n: int) -> bool:  # every seed looked at (full fine-tuning trained on all 5): n differences
+        level = 0.9 * result.levels.holm / result.levels.holm_family
+        level *= dataclasses.replace(RULE, max_seeds=n).look_weights[-1]
+        return stats.t.ppf(1 - level, n - 1) * diffs.std(ddof=1) / math.sqrt(n) < -0.01 - diffs.mean()
+
+    assert clears(budget) and not clears(budget - 1)
+
+
 def test_a_gap_in_the_seeds_holds_the_look_at_the_count_before_it():
     """Seed 3 failed, seeds 0–2 and 4–5 in: five seeds, but not seeds 0–4; a look at 5 now and another
     at 5 once seed 3 is in would be two looks at one count (only one was paid for). It stays at 3."""
