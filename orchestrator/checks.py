@@ -133,7 +133,9 @@ def _tracking_problems(raw: dict[str, Any]) -> list[str]:
     tracking = raw.get("tracking") if isinstance(raw.get("tracking"), dict) else {}
     uri = tracking.get("mlflow")
     if uri and importlib.util.find_spec("mlflow") is None:
-        return ["tracking.mlflow: MLflow is not installed (pip install 'freezesweep[mlflow]')"]
+        return [
+            "tracking.mlflow: MLflow is not installed (pip install -e '.[mlflow]' in a checkout, or 'freezesweep[mlflow]')"
+        ]
     folder = folder_store_problem(uri) if isinstance(uri, str) and uri else None
     return [f"tracking.mlflow: {folder}"] if folder else []
 

@@ -662,7 +662,9 @@ def export_mlflow(
         except (SpecError, StoreError):  # no such sweep, no such store: the command's own error, not MLflow's
             raise
         except ImportError as exc:
-            _fail(f"MLflow is not installed ({exc}): pip install 'freezesweep[mlflow]'")
+            _fail(
+                f"MLflow is not installed ({exc}): pip install -e '.[mlflow]' in a checkout, or 'freezesweep[mlflow]'"
+            )
         except TrackingError as exc:  # a folder, or no server answering: found out before any row
             _fail(f"nothing exported: {exc}")
         except Exception as exc:  # the server refusing, or gone mid-way: said plainly, no traceback

@@ -19,7 +19,16 @@ from typing import Annotated, Any, Literal, get_args
 
 import numpy as np
 import yaml
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    TypeAdapter,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from freezesweep.results.settle import SettleRule
 from freezesweep.results.stats import TOLERANCE
@@ -400,48 +409,14 @@ class SweepSpec(_Strict):
 
     @model_validator(mode="after")
     def _across_keys(self) -> "SweepSpec":
-        """Every problem across keys in one message (pydantic stops at the first after-validator that
-        raises: seeds + settle was said, then tolerance + settle on the next run): the methods' axes, seeds
-        or settle, and the grid's size."""
-        problems = self._method_axes() + self._seeds_or_settle() + self._grid_size()
+        """Every problem across keys in one error (pydantic stops at the first after-validator that raises:
+        seeds + settle was said, then tolerance + settle on the next run): the methods' axes, seeds or
+        settle, and the grid's size; one line each (``parse`` splits them). Where a key fails on its own,
+        pydantic runs none of this: ``parse`` asks ``across_keys`` of the keys that passed."""
+        problems = across_keys({name: getattr(self, name) for name in type(self).model_fields}) + self._grid_size()
         if problems:
-            raise ValueError("; ".join(problems))
+            raise ValueError(ACROSS_KEYS_SEPARATOR.join(problems))
         return self
-
-    def _method_axes(self) -> list[str]:
-        """A method's axis is given exactly when the method is swept (no axis crossed with a method it
-        does not apply to)."""
-        problems = [
-            f"{axis} is empty, but methods has {method}"
-            for method, axis in METHOD_AXES.items()
-            if method in self.methods and not getattr(self, axis)
-        ]
-        problems += [
-            f"{axis} is set, but methods has no {method}"
-            for method, axis in METHOD_AXES.items()
-            if method not in self.methods and getattr(self, axis)
-        ]
-        problems += [  # (a stored spec names every setting: as the defaults, they are no one's choice)
-            f"{method} is set, but methods has no {method}: its settings would change nothing"
-            for method in ("lora", "probe")
-            if method not in self.methods and getattr(self, method) != type(getattr(self, method))()
-        ]
-        return problems
-
-    def _seeds_or_settle(self) -> list[str]:
-        problems = []
-        if self.settle is None and not self.seeds:
-            problems.append("seeds: give at least one seed, or a settle section (settle mode chooses them)")
-        if self.settle is not None and self.seeds:
-            problems.append(
-                "seeds and settle both given: settle mode chooses the seeds (0, 1, … up to "
-                "settle.max_seeds); drop seeds"
-            )
-        if self.settle is not None and self.tolerance is not None:
-            problems.append("tolerance and settle both given: a settle sweep asks settle.tolerance; drop tolerance")
-        if self.settle is not None and not ("freeze" in self.methods and 0 in self.frozen_layers):
-            problems.append("settle compares every arm with full fine-tuning: frozen_layers must hold 0")
-        return problems
 
     def __repr_args__(self):
         """A notebook prints a spec: an axis of thousands of values is shown by its length and ends."""
@@ -546,6 +521,76 @@ def method_fields(method: str, lora: LoraSpec | None = None, probe: ProbeSpec | 
     return {}
 
 
+ACROSS_KEYS_SEPARATOR = "\n"  # between the problems of one check across keys (a problem is one line)
+
+
+def across_keys(values: Mapping[str, Any]) -> list[str]:
+    """The problems across keys of a spec's values by field (the methods' axes, seeds or settle); a check
+    whose keys are not all in ``values`` (a key that failed on its own) is not made."""
+    checks = (
+        (_method_axes, {"methods", "frozen_layers", "lora_ranks", "lora", "probe"}),
+        (_seeds_or_settle, {"settle", "seeds", "tolerance", "methods", "frozen_layers"}),
+    )
+    return [problem for check, keys in checks if keys <= values.keys() for problem in check(values)]
+
+
+def _method_axes(v: Mapping[str, Any]) -> list[str]:
+    """A method's axis is given exactly when the method is swept (no axis crossed with a method it does
+    not apply to)."""
+    methods = v["methods"]
+    problems = [
+        f"{axis} is empty, but methods has {m}" for m, axis in METHOD_AXES.items() if m in methods and not v[axis]
+    ]
+    problems += [
+        f"{axis} is set, but methods has no {m}" for m, axis in METHOD_AXES.items() if m not in methods and v[axis]
+    ]
+    problems += [  # (a stored spec names every setting: as the defaults, they are no one's choice)
+        f"{m} is set, but methods has no {m}: its settings would change nothing"
+        for m in ("lora", "probe")
+        if m not in methods and v[m] != type(v[m])()
+    ]
+    return problems
+
+
+def _seeds_or_settle(v: Mapping[str, Any]) -> list[str]:
+    settle, seeds = v["settle"], v["seeds"]
+    problems = []
+    if settle is None and not seeds:
+        problems.append("seeds: give at least one seed, or a settle section (settle mode chooses them)")
+    if settle is not None and seeds:
+        problems.append(
+            "seeds and settle both given: settle mode chooses the seeds (0, 1, … up to settle.max_seeds); drop seeds"
+        )
+    if settle is not None and v["tolerance"] is not None:
+        problems.append("tolerance and settle both given: a settle sweep asks settle.tolerance; drop tolerance")
+    if settle is not None and not ("freeze" in v["methods"] and 0 in v["frozen_layers"]):
+        problems.append("settle compares every arm with full fine-tuning: frozen_layers must hold 0")
+    return problems
+
+
+def _passed_keys(raw: dict[str, Any], errors: list[Any]) -> dict[str, Any]:
+    """The spec's fields that passed on their own, as pydantic made them (a default where not given):
+    what ``across_keys`` can check beside the fields' own errors."""
+    failed = {err["loc"][0] for err in errors if err["loc"]}
+    try:
+        given = spec_aliases(dict(raw))
+    except Exception:  # an alias of the wrong shape: its own error says so
+        return {}
+    values: dict[str, Any] = {}
+    for name, field in SweepSpec.model_fields.items():
+        if name in failed or (name not in given and field.is_required()):
+            continue
+        try:
+            values[name] = (
+                TypeAdapter(field.annotation).validate_python(given[name])
+                if name in given
+                else field.get_default(call_default_factory=True)
+            )
+        except ValidationError:
+            continue
+    return values
+
+
 def spec_aliases(raw: Any) -> Any:
     """Spellings a spec may use: ``models:`` for a list of models, and ``training.method`` (specs
     written before the methods axis, stored ones included) for ``methods: [that one]`` (and
@@ -573,7 +618,10 @@ def parse(raw: Any) -> tuple[SweepSpec | None, list[str]]:
         return SweepSpec.model_validate(raw), []
     except ValidationError as exc:
         errors = exc.errors()
-        return None, [_format_pydantic(err) for err in errors] + _ranges_unchecked(raw, errors)
+        problems = [line for err in errors for line in _format_pydantic(err).split(ACROSS_KEYS_SEPARATOR)]
+        if all(err["loc"] for err in errors):  # a key failed on its own: the checks across keys did not run
+            problems += across_keys(_passed_keys(raw, errors))
+        return None, problems + _ranges_unchecked(raw, errors)
 
 
 def _ranges_unchecked(raw: dict[str, Any], errors: list[Any]) -> list[str]:

@@ -117,7 +117,7 @@ def decide(
         rounds_left = settle and _rounds_left(group, decision, rule, grid)
         open_ones = _open_comparisons(decision, new, grid)
         # a settle group its own rounds go on with is priced by no new sweep (report's budget_prices)
-        record["decided_at_seeds"] = None if rounds_left else _budget_to_decide(open_ones, new, decision)
+        record["decided_at_seeds"] = _decided_at(decision, rule, settle, rounds_left, open_ones, new)
         # not a column: the sentence's, to say why no budget is given (DataFrame drops it below)
         record["fewest_pairs"] = min((c.pairs for c in open_ones), default=None)
         planned = _planned_arms((planned_ks or {}).get(key[0]), (planned_others or {}).get(key[0]))
@@ -149,6 +149,24 @@ def _grid_arms(group: pd.DataFrame, arms: Mapping[str, Sequence[str]] | None) ->
     if arms and len(models) == 1:
         own |= set(arms.get(next(iter(models)), ()))
     return sorted(own, key=order)
+
+
+def _decided_at(
+    decision: GroupDecision,
+    rule: SettleRule,
+    settle: bool,
+    rounds_left: bool,
+    open_ones: Sequence[Comparison],
+    new: SettleRule,
+) -> int | None:
+    """The budget the sentence names (``decided_at_seeds``): where every seed of full fine-tuning collapsed,
+    the seeds, every one collapsed, that would show nothing learned (the sentence's; its rounds where they
+    reach it); else the seeds per arm that would decide what is open, unless its own rounds go on."""
+    gain = decision.learned
+    if gain.decision == UNDECIDED and gain.seeds and gain.collapsed == gain.seeds:
+        needed = all_collapsed_to_show(decision, rule, settle)
+        return None if rounds_left and needed <= rule.max_seeds else needed
+    return None if rounds_left else _budget_to_decide(open_ones, new, decision)
 
 
 def _rounds_left(group: pd.DataFrame, decision: GroupDecision, rule: SettleRule, grid: Sequence[str]) -> bool:

@@ -15,7 +15,6 @@ import warnings
 
 import numpy as np
 import pandas as pd
-from scipy import stats
 
 from freezesweep.results.query import BASELINE, SCORE, cell_means, ok_rows, paired_by_seed
 from freezesweep.results.settle import variant_label
@@ -67,6 +66,8 @@ def lower_pct(rate: float) -> str:
 def mean_interval(values) -> tuple[float, float, float]:
     """Mean and its Student-t CI. Seeds are few, so t, not a normal or a bootstrap, which would be
     far too narrow with 2–5 values; fewer than two values give no interval."""
+    from scipy import stats  # deferred: the spec (and so every trial worker) imports this module
+
     values = np.asarray(values, dtype=float)
     mean = float(values.mean()) if len(values) else NAN
     if len(values) < 2:
@@ -80,6 +81,8 @@ def mean_interval(values) -> tuple[float, float, float]:
 
 def welch_interval(a, b) -> tuple[float, float]:
     """CI of mean(a) − mean(b) as if the runs were independent (Welch): the unpaired comparison."""
+    from scipy import stats
+
     if min(len(a), len(b)) < 2:
         return NAN, NAN
     with warnings.catch_warnings():  # identical values: scipy warns and returns nan, which we keep
@@ -164,6 +167,8 @@ def retained_quality(rows: pd.DataFrame) -> pd.DataFrame:
 
 
 def _bootstrap_retained(score_k: np.ndarray, score_0: np.ndarray, baseline: float) -> tuple[float, float]:
+    from scipy import stats
+
     if len(score_k) < 2:
         return NAN, NAN
     with warnings.catch_warnings():  # all-equal seeds: a degenerate (zero-width) interval is the answer

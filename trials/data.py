@@ -794,10 +794,14 @@ def _read_csv(path: Path, sep: str) -> pd.DataFrame:
     then drops that field, with a warning: harmless where it is empty, refused where it holds data."""
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", pd.errors.ParserWarning)
-        frame = pd.read_csv(path, sep=sep, keep_default_na=False, index_col=False, encoding="utf-8-sig")
-    others = [other for other in ("\t", ";", ",", "|") if other != sep and other in str(frame.columns[0])]
-    if len(frame.columns) == 1 and others:  # one column is never a dataset: the fields are separated otherwise
-        raise ValueError(f"its header {frame.columns[0]!r} is one column; are its fields separated by {others[0]!r}?")
+        try:
+            frame = pd.read_csv(path, sep=sep, keep_default_na=False, index_col=False, encoding="utf-8-sig")
+        except pd.errors.ParserError:  # a row with more fields than a one-column header: its texts hold ``sep``
+            with open(path, encoding="utf-8-sig") as f:
+                _one_column(f.readline().rstrip("\r\n"), sep)
+            raise
+    if len(frame.columns) == 1:
+        _one_column(str(frame.columns[0]), sep)
     if any(issubclass(w.category, pd.errors.ParserWarning) for w in caught):
         try:
             numbered = [(line, record) for line, record in _records(path, sep) if record]  # read once
@@ -814,6 +818,13 @@ def _read_csv(path: Path, sep: str) -> pd.DataFrame:
             shown = ", ".join(map(str, lines[:SHOWN_ROWS])) + more
             raise ValueError(f"more fields than its header's {len(frame.columns)} on line(s) {shown}")
     return frame
+
+
+def _one_column(header: str, sep: str) -> None:
+    """A header of one column is never a dataset's: where another separator is in it, say so."""
+    others = [other for other in ("\t", ";", ",", "|") if other != sep and other in header]
+    if sep not in header and others:
+        raise ValueError(f"its header {header!r} is one column; are its fields separated by {others[0]!r}?")
 
 
 def _row_numbers_first(records: list[list[str]], fields: int) -> bool:

@@ -779,6 +779,8 @@ def test_full_fine_tuning_at_the_constant_predictor_on_every_seed_is_said_in_goo
     )
     # a walk-through: the fixed grid's hint, alone of them, did not say its seeds must be new ones
     assert "seeds, every seed collapsed, would, under a new name and another split_seed" in (decision["sentence"])
+    # the budget it names is the table's too (a docs walk-through: the sentence said 8, "Seeds to decide" –)
+    assert f"(a new grid of {decision['decided_at_seeds']} seeds, every seed collapsed" in decision["sentence"]
 
 
 def test_an_open_settle_group_with_rounds_left_says_to_go_on_not_to_start_anew(tmp_path):

@@ -424,6 +424,11 @@ UNREADABLE = {  # a walk-through's files: each was a raw traceback (exit 1) that
         b"sentence;label\ngreat, really great;1\nawful, just awful;0\n",
         "CSV (its header 'sentence;label' is one column; are its fields separated by ';'?)",
     ),
+    "semicolons, texts with several commas": (  # pandas' "Expected 1 fields in line 3, saw 4" before (a docs walk)
+        "csv",
+        b"sentence;label\ngreat, really, truly great;1\nawful, just, so awful;0\n",
+        "CSV (its header 'sentence;label' is one column; are its fields separated by ';'?)",
+    ),
     "stray fields": ("csv", b"sentence,label\ngreat,1\nawful,0,x,y\n", "CSV (Error tokenizing data. C error: Expected"),
     "tabs in a .csv": (
         "csv",
