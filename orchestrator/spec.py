@@ -525,46 +525,42 @@ ACROSS_KEYS_SEPARATOR = "\n"  # between the problems of one check across keys (a
 
 
 def across_keys(values: Mapping[str, Any]) -> list[str]:
-    """The problems across keys of a spec's values by field (the methods' axes, seeds or settle); a check
-    whose keys are not all in ``values`` (a key that failed on its own) is not made."""
-    checks = (
-        (_method_axes, {"methods", "frozen_layers", "lora_ranks", "lora", "probe"}),
-        (_seeds_or_settle, {"settle", "seeds", "tolerance", "methods", "frozen_layers"}),
-    )
-    return [problem for check, keys in checks if keys <= values.keys() for problem in check(values)]
+    """The problems across keys of a spec's values by field (the methods' axes, seeds or settle); a rule
+    that reads a key not in ``values`` (one that failed on its own) is not asked."""
+    return _method_axes(values) + _seeds_or_settle(values)
 
 
 def _method_axes(v: Mapping[str, Any]) -> list[str]:
     """A method's axis is given exactly when the method is swept (no axis crossed with a method it does
     not apply to)."""
-    methods = v["methods"]
-    problems = [
-        f"{axis} is empty, but methods has {m}" for m, axis in METHOD_AXES.items() if m in methods and not v[axis]
-    ]
-    problems += [
-        f"{axis} is set, but methods has no {m}" for m, axis in METHOD_AXES.items() if m not in methods and v[axis]
-    ]
+    if "methods" not in v:
+        return []
+    methods, axes = v["methods"], {m: axis for m, axis in METHOD_AXES.items() if axis in v}
+    problems = [f"{axis} is empty, but methods has {m}" for m, axis in axes.items() if m in methods and not v[axis]]
+    problems += [f"{axis} is set, but methods has no {m}" for m, axis in axes.items() if m not in methods and v[axis]]
     problems += [  # (a stored spec names every setting: as the defaults, they are no one's choice)
-        f"{m} is set, but methods has no {m}: its settings would change nothing"
-        for m in ("lora", "probe")
-        if m not in methods and v[m] != type(v[m])()
+        f"{method} is set, but methods has no {method}: its settings would change nothing"
+        for method in ("lora", "probe")
+        if method in v and method not in methods and v[method] != type(v[method])()
     ]
     return problems
 
 
 def _seeds_or_settle(v: Mapping[str, Any]) -> list[str]:
-    settle, seeds = v["settle"], v["seeds"]
-    problems = []
-    if settle is None and not seeds:
+    if "settle" not in v:
+        return []
+    settle, problems = v["settle"], []
+    if "seeds" in v and settle is None and not v["seeds"]:
         problems.append("seeds: give at least one seed, or a settle section (settle mode chooses them)")
-    if settle is not None and seeds:
+    if "seeds" in v and settle is not None and v["seeds"]:
         problems.append(
             "seeds and settle both given: settle mode chooses the seeds (0, 1, … up to settle.max_seeds); drop seeds"
         )
-    if settle is not None and v["tolerance"] is not None:
+    if "tolerance" in v and settle is not None and v["tolerance"] is not None:
         problems.append("tolerance and settle both given: a settle sweep asks settle.tolerance; drop tolerance")
-    if settle is not None and not ("freeze" in v["methods"] and 0 in v["frozen_layers"]):
-        problems.append("settle compares every arm with full fine-tuning: frozen_layers must hold 0")
+    if {"methods", "frozen_layers"} <= v.keys() and settle is not None:
+        if not ("freeze" in v["methods"] and 0 in v["frozen_layers"]):
+            problems.append("settle compares every arm with full fine-tuning: frozen_layers must hold 0")
     return problems
 
 

@@ -259,3 +259,6 @@ def test_problems_across_keys_are_named_beside_a_keys_own():
     assert problems[0].startswith("seeds.0: ") and problems[1:] == ["lora_ranks is set, but methods has no lora"]
     _, problems = parse({**MINIMAL, "methods": ["lora", "prob"], "lora_ranks": [8]})
     assert len(problems) == 1 and problems[0].startswith("methods.1: ")  # methods failed: nothing said of its axes
+    # a rule is left out alone: probe's settings failed, the axes' rule still speaks
+    _, problems = parse({**MINIMAL, "probe": {"folds": 1}, "lora_ranks": [8]})
+    assert problems[0].startswith("probe.folds: ") and problems[1:] == ["lora_ranks is set, but methods has no lora"]
