@@ -6,7 +6,7 @@ schedule), the earlier looks at the level × their weights, the last at ``last_l
 with its own fixed seed). Here standard normal samples exactly at the boundary (the least favourable
 null, the t bound's own assumption) are drawn with another seed, and the chance that *any* look crosses
 is counted per level: the sequence's (0.55 α), "nothing learned"'s (0.3 α over 2, 0.3 α) and Holm's over
-"worse" (0.1 α over 7, over 4, 0.1 α, and nine and one tenth of each: the two bounds that test
+"worse" (0.1 α over 7, over 4, 0.1 α, and nine tenths and one tenth of each: the two bounds that test
 "worse", ``settle.WORSE_SHARES``), on the default schedule and on uneven counts (a collapse at some
 look moves a look's count).
 

@@ -565,9 +565,13 @@ def _seeds_or_settle(v: Mapping[str, Any]) -> list[str]:
 
 
 def _passed_keys(raw: dict[str, Any], errors: list[Any]) -> dict[str, Any]:
-    """The spec's fields that passed on their own, as pydantic made them (a default where not given):
-    what ``across_keys`` can check beside the fields' own errors."""
+    """The spec's fields that passed on their own, as pydantic made them (a default where not given, and
+    not misspelt: an unknown key's near match is that key, given): what ``across_keys`` can check beside
+    the fields' own errors."""
     failed = {err["loc"][0] for err in errors if err["loc"]}
+    misspelt = [str(err["loc"][0]) for err in errors if err["type"] == "extra_forbidden" and len(err["loc"]) == 1]
+    for key in misspelt:  # `frozen_layer:` is frozen_layers given, not frozen_layers' default
+        failed.update(difflib.get_close_matches(key, _known_keys(()), n=1, cutoff=0.75))
     try:
         given = spec_aliases(dict(raw))
     except Exception:  # an alias of the wrong shape: its own error says so

@@ -164,7 +164,7 @@ def _decided_at(
     reach it); else the seeds per arm that would decide what is open, unless its own rounds go on."""
     gain = decision.learned
     if gain.decision == UNDECIDED and gain.seeds and gain.collapsed == gain.seeds:
-        needed = all_collapsed_to_show(decision, rule, settle)
+        needed = all_collapsed_to_show(decision, rule)
         return None if rounds_left and needed <= rule.max_seeds else needed
     return None if rounds_left else _budget_to_decide(open_ones, new, decision)
 
@@ -293,10 +293,8 @@ def _open_comparisons(decision: GroupDecision, rule: SettleRule, arms: Sequence[
 def _budget_to_decide(open_ones: Sequence[Comparison], rule: SettleRule, decision: GroupDecision) -> int | None:
     """The seeds per arm that would decide ``open_ones`` if the means and spreads stay as they are (None:
     no such budget up to 100 seeds, nothing open, or fewer than MIN_PAIRS trained pairs to estimate from)."""
-    if any(c.pairs < MIN_PAIRS for c in open_ones):
-        # no advice from too few seeds: a walk-through's 2 seeds said 11, and the settle sweep run at 11
-        # needed more than 100 (a spread from two seeds is one difference's)
-        return None
+    # no advice from too few seeds (seeds_to_decide: a spread from fewer than MIN_PAIRS differences gives
+    # none): a walk-through's 2 seeds said 11, and the settle sweep run at 11 needed more than 100
     needed = [seeds_to_decide(c, rule, decision.levels) for c in open_ones]
     return None if not needed or None in needed else max(needed)
 
@@ -437,7 +435,7 @@ def _not_learned(
             f"({pct}){_collapses(gain, pct, record['metric'])}; {_NO_ADVICE}{_trained_arms(record)}"
         )
     if gain.seeds and gain.collapsed == gain.seeds:
-        needed = all_collapsed_to_show(decision, rule, settle)
+        needed = all_collapsed_to_show(decision, rule)
         budget_left = budget_left if budget_left and needed <= budget_left else None  # else its rounds cannot
         how = (
             f"{needed} seeds, every one collapsed, would; {_rounds_go_on(budget_left)}"
@@ -524,13 +522,13 @@ def _full_collapses(learned: Comparison, pct: str) -> str:
     )
 
 
-def all_collapsed_to_show(decision: GroupDecision, rule: SettleRule, settle: bool) -> int:
+def all_collapsed_to_show(decision: GroupDecision, rule: SettleRule) -> int:
     """The fewest seeds, every one collapsed, that show full fine-tuning collapses on most
     seeds at the group's level for "nothing learned" (Holm's first step of its two claims, at a new
-    budget's last look)."""
+    settle budget's last look: what the report prices; a fixed grid of as many, read once, shows it too)."""
     first_step = decision.levels.nothing / 2
     for seeds in range(max(rule.initial_seeds, 1), 200):
-        weight = dataclasses.replace(rule, max_seeds=seeds).look_weights[-1] if settle else 1.0
+        weight = dataclasses.replace(rule, max_seeds=seeds).look_weights[-1]
         if 0.5**seeds <= first_step * weight:
             return seeds
     return 200

@@ -859,10 +859,11 @@ def seeds_to_decide(c: Comparison, rule: SettleRule, levels: Levels, most: int =
     its collapses: either bound shows it, each at its share), "nothing learned" and the other methods'
     claims at Holm's first step (the most they could be asked to pass); each at Bonferroni's share of the
     new budget's last look (less than it will be tested at: ``last_look_level``, so the budget errs larger).
-    None: undecidable so (its means on the boundary, too few pairs) or above ``most``."""
+    None: undecidable so (its means on the boundary, fewer than MIN_PAIRS differences to estimate a
+    spread from) or above ``most``."""
     from scipy import special
 
-    if c.pairs < 2 or math.isnan(c.low) or c.seeds == 0 or not c.level > 0:
+    if c.seeds == 0:
         return None
     boundary = rule.tolerance if c.arm == "learned" else -rule.tolerance
     first_step = levels.holm / max(levels.holm_family, 1)  # Holm's first step
@@ -874,9 +875,11 @@ def seeds_to_decide(c: Comparison, rule: SettleRule, levels: Levels, most: int =
         base = first_step  # another method's within
     else:
         base = WORSE_SHARES["worse when trained"] * first_step
-    spread = (c.mean - c.low) / special.stdtrit(c.pairs - 1, 1 - c.level) * math.sqrt(c.pairs)
-    candidates = [(c.mean, spread, c.pairs, base)]
-    if c.arm != "learned" and c.pairs_all >= 2 and c.level_all > 0 and c.mean_all < boundary:
+    candidates = []
+    if c.pairs >= MIN_PAIRS and not math.isnan(c.low) and c.level > 0:
+        spread = (c.mean - c.low) / special.stdtrit(c.pairs - 1, 1 - c.level) * math.sqrt(c.pairs)
+        candidates.append((c.mean, spread, c.pairs, base))
+    if c.arm != "learned" and c.pairs_all >= MIN_PAIRS and c.level_all > 0 and c.mean_all < boundary:
         spread_all = (c.high_all - c.mean_all) / special.stdtrit(c.pairs_all - 1, 1 - c.level_all)
         candidates.append(
             (c.mean_all, spread_all * math.sqrt(c.pairs_all), c.pairs_all, WORSE_SHARES["worse in mean"] * first_step)

@@ -262,3 +262,8 @@ def test_problems_across_keys_are_named_beside_a_keys_own():
     # a rule is left out alone: probe's settings failed, the axes' rule still speaks
     _, problems = parse({**MINIMAL, "probe": {"folds": 1}, "lora_ranks": [8]})
     assert problems[0].startswith("probe.folds: ") and problems[1:] == ["lora_ranks is set, but methods has no lora"]
+    # a misspelt key is that key given: no rule speaks of the default standing in for it (a diff review)
+    without = {k: v for k, v in MINIMAL.items() if k != "frozen_layers"}
+    assert parse({**without, "frozen_layer": [0, 2], "settle": {}, "seeds": []})[1] == [
+        "frozen_layer: unknown key (did you mean frozen_layers?)"
+    ]

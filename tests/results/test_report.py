@@ -931,3 +931,19 @@ def test_a_single_model_sweep_names_its_model_too(tmp_path, store_rows):
         assert set(frame["sweep"]) == {"s"} and list(frame.columns[:2]) == ["sweep", "model"]
         assert all(s.startswith("d, n = ") for s in frame["sentence"])
         assert {d.model for d in Decisions.of(frame)} == {model}
+
+
+def test_an_arm_that_mostly_collapses_is_given_the_budget_its_mean_would_decide_at(tmp_path):
+    """k = 2 collapsed on 3 of 5 seeds, its 2 trained pairs 0.012 below: too few pairs to price "worse when it
+    trains", but its mean with the collapses (about 0.2 below, where full fine-tuning trained on all 5) prices
+    it. Before: no budget (fewer than 3 trained pairs gave none, whatever the mean said)."""
+    store = ResultStore(str(tmp_path), "s")
+    full = [0.85, 0.87, 0.86, 0.84, 0.88]
+    arm = [MAJORITY, MAJORITY, MAJORITY, full[3] - 0.012, full[4] - 0.012]
+    for seed, (f, a) in enumerate(zip(full, arm)):
+        store.write_row(row(k=0, seed=seed, acc=f))
+        store.write_row(row(k=2, seed=seed, acc=a))
+    (decision,) = decisions([SweepRows.from_store(store)]).to_dict("records")
+    assert decision["learned"] == "learned" and decision["undecided"] == "k=2"
+    assert decision["decided_at_seeds"] > 5
+    assert f"{decision['decided_at_seeds']} seeds per arm would decide" in decision["sentence"]
