@@ -162,8 +162,7 @@ def _decided_at(
     """The budget the sentence names (``decided_at_seeds``): where every seed of full fine-tuning collapsed,
     the seeds, every one collapsed, that would show nothing learned (the sentence's; its rounds where they
     reach it); else the seeds per arm that would decide what is open, unless its own rounds go on."""
-    gain = decision.learned
-    if gain.decision == UNDECIDED and gain.seeds and gain.collapsed == gain.seeds:
+    if _every_seed_collapsed(decision.learned):
         needed = all_collapsed_to_show(decision, rule)
         return None if rounds_left and needed <= rule.max_seeds else needed
     return None if rounds_left else _budget_to_decide(open_ones, new, decision)
@@ -434,7 +433,7 @@ def _not_learned(
             f"{gain.mean:+.3f} (at most {gain.high:+.3f}, {gain.pairs} seeds), not by more than {rule.tolerance:g} "
             f"({pct}){_collapses(gain, pct, record['metric'])}; {_NO_ADVICE}{_trained_arms(record)}"
         )
-    if gain.seeds and gain.collapsed == gain.seeds:
+    if _every_seed_collapsed(gain):
         needed = all_collapsed_to_show(decision, rule)
         budget_left = budget_left if budget_left and needed <= budget_left else None  # else its rounds cannot
         how = (
@@ -520,6 +519,12 @@ def _full_collapses(learned: Comparison, pct: str) -> str:
         f"; full fine-tuning collapsed or diverged on {learned.collapsed} of {learned.seeds} seeds (at most "
         f"{upper_pct(learned.collapse_upper)} % of seeds do, {pct})"
     )
+
+
+def _every_seed_collapsed(gain: Comparison) -> bool:
+    """Full fine-tuning collapsed or diverged on every seed looked at, too few to show it learns nothing:
+    the sentence's case and the table's budget for it (``all_collapsed_to_show``), one test for both."""
+    return gain.decision == UNDECIDED and bool(gain.seeds) and gain.collapsed == gain.seeds
 
 
 def all_collapsed_to_show(decision: GroupDecision, rule: SettleRule) -> int:
