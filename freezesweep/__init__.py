@@ -81,9 +81,9 @@ _EXPORTS = {
         "freezesweep.orchestrator.api",
     ),
     **dict.fromkeys(["SweepSpec", "SpecError", "SweepNotFound"], "freezesweep.orchestrator.spec"),
-    **dict.fromkeys(["LaunchSummary", "StoreUnavailable"], "freezesweep.orchestrator.launch"),
+    "LaunchSummary": "freezesweep.orchestrator.launch",
     "SweepLocked": "freezesweep.results.lock",
-    "StoreError": "freezesweep.results.store",
+    **dict.fromkeys(["StoreError", "StoreUnavailable"], "freezesweep.results.store"),
     "TrackingError": "freezesweep.results.mlflow_export",
     "Report": "freezesweep.results.report",
 }
@@ -151,12 +151,12 @@ if _TYPE_CHECKING:  # what type checkers, IDEs and the API reference see
         status,
         summary,
     )
-    from freezesweep.orchestrator.launch import LaunchSummary, StoreUnavailable
+    from freezesweep.orchestrator.launch import LaunchSummary
     from freezesweep.orchestrator.spec import SpecError, SweepNotFound, SweepSpec
     from freezesweep.results.lock import SweepLocked
     from freezesweep.results.report import Report
     from freezesweep.results.mlflow_export import TrackingError
-    from freezesweep.results.store import StoreError
+    from freezesweep.results.store import StoreError, StoreUnavailable
 
 
 def __getattr__(name: str):

@@ -539,13 +539,15 @@ def _spec_notes(spec: SweepSpec) -> list[str]:
 
 def _launch(raw: Any, source: str, progress: bool) -> LaunchSummary:
     from freezesweep.orchestrator.checks import validate
-    from freezesweep.orchestrator.launch import launch as run_launch
     from freezesweep.orchestrator.ray_session import RaySession
 
     quiet_libraries()
     session = RaySession(raw.get("address") if isinstance(raw, dict) else None)
     with sigterm_as_interrupt() as terminated:
         spec = validate(raw, source, cluster=session)
+        # the launcher's imports (Ray Tune, the trial's code: seconds) once the spec is known good
+        from freezesweep.orchestrator.launch import launch as run_launch
+
         for note in _spec_notes(spec):
             print(f"note: {note}", file=sys.stderr)
         if spec.cell_count() > LARGE_GRID:

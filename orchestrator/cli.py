@@ -243,11 +243,11 @@ def _fail(exc: Exception | str, code: int = 2) -> None:
 def _run_launch(run: Callable[[], Any], sweep: Callable[[], str]) -> None:
     """A launch or resume through the API; exit codes: 0 done, 1 some cells failed, 2 refused, 3 rows
     kept in the spool, 130 interrupted (Ctrl-C), 143 terminated (SIGTERM)."""
-    try:  # seconds of Ray's and torch's imports: a Ctrl-C there exited 130 without a word (a walk-through)
-        from freezesweep.orchestrator.launch import StoreUnavailable
+    try:  # a second of Ray's import: a Ctrl-C there exited 130 without a word (a walk-through)
         from freezesweep.orchestrator.ray_session import RayStartFailed, RayUnreachable
         from freezesweep.orchestrator.spec import SpecError
         from freezesweep.results.lock import SweepLocked
+        from freezesweep.results.store import StoreUnavailable
     except KeyboardInterrupt:
         err_console.print("interrupted before anything started: nothing was written", highlight=False)
         exit_interrupted(130)

@@ -67,7 +67,7 @@ from freezesweep.orchestrator.spec import DEFAULT_STORE, SpecError, SweepSpec
 from freezesweep.orchestrator.sweeps import OLD_SWEEP, grid_statuses, next_cells, precision_here, resolve_spec
 from freezesweep.orchestrator.tune_adapter import recover_from_ray, run_tune
 from freezesweep.results.lock import SweepLock
-from freezesweep.results.store import FINAL_STATUSES, ResultStore, SpoolingWriter, final_of
+from freezesweep.results.store import FINAL_STATUSES, ResultStore, SpoolingWriter, StoreUnavailable, final_of
 from freezesweep.trials.array import array_key
 from freezesweep.trials.config import TrialConfig, TrialResult
 from freezesweep.trials.memory_probe import describe
@@ -114,10 +114,6 @@ class LaunchSummary:
     def __repr__(self) -> str:  # the outcome first: an interrupted launch says so where a notebook prints it
         fields = ", ".join(f"{f.name}={getattr(self, f.name)!r}" for f in dataclasses.fields(self))
         return f"LaunchSummary(outcome={self.outcome!r}, {fields})"
-
-
-class StoreUnavailable(RuntimeError):
-    pass
 
 
 def launch(spec: SweepSpec, show_progress: bool = True, session: RaySession | None = None) -> LaunchSummary:

@@ -18,7 +18,7 @@ import signal
 import socket
 import threading
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
 import ray
@@ -26,8 +26,9 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from freezesweep.orchestrator.local_files import Anchored, NodeNeeds, Shipment, node_lacks, pack
 from freezesweep.orchestrator.spec import SweepSpec
-from freezesweep.trials.memory_probe import MemoryProbe, probe as probe_memory
-from freezesweep.trials.precision import auto_precision
+
+if TYPE_CHECKING:  # torch: imported where a probe runs, not by every CLI command that may meet Ray
+    from freezesweep.trials.memory_probe import MemoryProbe
 
 # Environment a trial reads, forwarded to workers on other nodes (local workers inherit it anyway)...
 _FORWARDED_ENV_PREFIXES = ("FREEZESWEEP_", "HF_", "TRANSFORMERS_")
@@ -280,6 +281,8 @@ def trial_device_task(device_type: str) -> tuple[str, str]:
     machine without one, or torch without CUDA: cluster/local-cluster.sh's fake GPUs) is the CPU."""
     import torch
 
+    from freezesweep.trials.precision import auto_precision
+
     if device_type == "cuda" and not torch.cuda.is_available():
         device_type = "cpu"
     return device_type, auto_precision(device_type)
@@ -287,4 +290,6 @@ def trial_device_task(device_type: str) -> tuple[str, str]:
 
 def memory_probe_task(model: str, shipment: Shipment | Anchored | None = None, **shape: Any) -> MemoryProbe:
     """One trial of this shape measured on the GPU Ray gave this task (trials/memory_probe.py)."""
+    from freezesweep.trials.memory_probe import probe as probe_memory
+
     return probe_memory(model=shipment.model_files(model, fetch=ray.get) if shipment else model, **shape)

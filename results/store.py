@@ -808,6 +808,11 @@ def _first_of_each_cell(table: pa.Table) -> pa.Table:
     return table.filter(pa.array(~seen))
 
 
+class StoreUnavailable(RuntimeError):
+    """Finished rows could not reach the store: they wait in the local spool (``SpoolingWriter``), and the
+    next launch or resume writes them first."""
+
+
 class SpoolingWriter:
     """Rows go to the store; while the store is unreachable they wait in a local spool folder and
     are flushed, oldest first, at the next write, the end of the launch, or the next launch. A

@@ -642,7 +642,8 @@ def test_an_interrupted_launch_exits_130_whatever_comes_after(monkeypatch):
 
 
 def test_an_interrupt_while_the_launch_imports_says_nothing_was_written(write_spec, monkeypatch):
-    """A walk-through: Ctrl-C in a launch's first seconds (Ray's and torch's imports) exited 130 silently."""
+    """A walk-through: Ctrl-C in a launch's first seconds (Ray's and torch's imports) exited 130 silently.
+    The CLI imports Ray's errors before it starts; the launcher's own imports wait for a valid spec."""
     import atexit
     import sys
     import types
@@ -651,11 +652,40 @@ def test_an_interrupt_while_the_launch_imports_says_nothing_was_written(write_sp
         def __getattr__(self, name):
             raise KeyboardInterrupt
 
-    monkeypatch.setitem(sys.modules, "freezesweep.orchestrator.launch", Interrupted("launch"))
+    monkeypatch.setitem(sys.modules, "freezesweep.orchestrator.ray_session", Interrupted("ray_session"))
     monkeypatch.setattr(atexit, "register", lambda *call: None)
     done = runner.invoke(app, ["launch", str(write_spec("early"))])
     assert done.exit_code == 130
     assert "interrupted before anything started: nothing was written" in done.stderr
+
+
+HEAVY = ("torch", "transformers", "ray.tune", "freezesweep.orchestrator.launch")
+
+
+@pytest.mark.parametrize("sweep", ["garbled", "nosuch"])
+def test_a_resume_refused_is_said_before_the_launchers_imports(sweep, tmp_path):
+    """A walk-through: `resume` of a sweep whose spec.yaml was damaged took 16 s on 2 cores to say so (the
+    launcher's torch, transformers and Ray Tune imports came first); a sweep that does not exist likewise.
+    Now each is said before them (the stored spec is read first; Ray's own import, about a second, is the
+    CLI's)."""
+    import subprocess
+    import sys
+
+    store = tmp_path / "store"
+    if sweep == "garbled":
+        (store / sweep).mkdir(parents=True)
+        (store / sweep / "spec.yaml").write_bytes(b"name: [\x00\xff garbage : : {")
+    code = (
+        "import sys\nfrom typer.testing import CliRunner\nfrom freezesweep.orchestrator.cli import app\n"
+        f"done = CliRunner().invoke(app, ['resume', {sweep!r}, '--store', {str(store)!r}])\n"
+        f"print(done.exit_code, [m for m in {HEAVY!r} if m in sys.modules])\nprint(done.stderr)"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    code_and_modules, said = done.stdout.split("\n", 1)
+    assert code_and_modules == "2 []", (done.stdout, done.stderr[-2000:])
+    assert (
+        "freezesweep resume: error:" in said and {"garbled": "damaged", "nosuch": "no sweep"}[sweep] in said.lower()
+    ), said
 
 
 def test_a_launch_with_failed_cells_says_how_to_run_them_again_in_its_store(capsys):

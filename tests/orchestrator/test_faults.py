@@ -122,6 +122,7 @@ def test_driver_killed_at_five_moments(write_spec, tmp_path):
     print("kills survived:", log)
 
 
+@pytest.mark.slow  # launches through Ray, several Tune fits, a minute or two on 2 cores: `make test-slow` (docs/testing.md)
 def test_second_launch_is_refused_while_running(write_spec, tmp_path):
     path = write_spec(
         "locked", train_sizes=[24, 48, 96], training={"epochs": 12}, resources={"max_concurrent_trials": 1}
@@ -147,6 +148,7 @@ def test_second_launch_is_refused_while_running(write_spec, tmp_path):
     _check_store(path)
 
 
+@pytest.mark.slow  # launches through Ray, several Tune fits, a minute or two on 2 cores: `make test-slow` (docs/testing.md)
 def test_dying_trials_are_retried_failing_ones_become_rows(write_spec, tmp_path, monkeypatch, caplog):
     monkeypatch.setenv("FREEZESWEEP_FAULT_DIR", str(tmp_path / "faults"))
     monkeypatch.setenv(
@@ -186,6 +188,7 @@ def test_dying_trials_are_retried_failing_ones_become_rows(write_spec, tmp_path,
     _check_store(path)
 
 
+@pytest.mark.slow  # launches through Ray, several Tune fits, a minute or two on 2 cores: `make test-slow` (docs/testing.md)
 def test_oom_while_sharing_a_gpu_is_retried_once_with_twice_the_share(write_spec, tmp_path, monkeypatch):
     """Four trials per (fake) GPU: one cell fits at half a GPU, one fits nowhere. Each is run once more
     at twice the share; one row per cell at the end, the retries' rows marked with the share they ran
@@ -240,6 +243,7 @@ def test_oom_while_sharing_a_gpu_is_retried_once_with_twice_the_share(write_spec
         ray.shutdown()
 
 
+@pytest.mark.slow  # launches through Ray, several Tune fits, a minute or two on 2 cores: `make test-slow` (docs/testing.md)
 def test_trial_killed_after_its_checkpoint_resumes_from_it(write_spec, tmp_path, monkeypatch):
     """checkpoint_every_epochs in a sweep: the process dies after the checkpoint at step 3; Ray's retry
     continues from it (Ray's copy: a retry may run on another node) and ends exactly where an

@@ -190,6 +190,7 @@ def test_driver_folders_are_not_forwarded_to_workers(monkeypatch):
     assert not {"FREEZESWEEP_CACHE_DIR", "FREEZESWEEP_DATA_DIR", "HF_HOME"} & set(forwarded)
 
 
+@pytest.mark.slow  # launches through Ray, several Tune fits, a minute or two on 2 cores: `make test-slow` (docs/testing.md)
 def test_a_shipping_sweep_reads_the_nodes_copies_and_rows_name_the_specs_paths(
     local_ray, write_spec, tmp_path, toy_dataset, tiny_bert
 ):
@@ -218,6 +219,7 @@ def test_a_shipping_sweep_reads_the_nodes_copies_and_rows_name_the_specs_paths(
     assert any(_tree(c) == _tree(Path(tiny_bert)) for c in copies)
 
 
+@pytest.mark.slow  # launches through Ray, several Tune fits, a minute or two on 2 cores: `make test-slow` (docs/testing.md)
 def test_relative_paths_are_read_from_the_drivers_working_directory(
     local_ray, write_spec, tmp_path, toy_dataset, tiny_bert, monkeypatch
 ):

@@ -22,6 +22,7 @@ def test_rows_round_trip_on_s3(s3):
     assert trial_result(0).trial_id in ok_ids(store)
 
 
+@pytest.mark.slow  # launches through Ray, several Tune fits, a minute or two on 2 cores: `make test-slow` (docs/testing.md)
 def test_unreachable_store_spools_and_flushes(s3, tmp_path):
     store = ResultStore(s3.uri, "flaky")
     sink = SpoolingWriter(store, str(tmp_path / "spool"))
@@ -65,6 +66,7 @@ def test_sweep_on_s3_survives_the_store_going_away(s3, write_spec, monkeypatch):
     ray.shutdown()
 
 
+@pytest.mark.slow  # launches through Ray, several Tune fits, a minute or two on 2 cores: `make test-slow` (docs/testing.md)
 def test_sweep_whose_lock_is_taken_over_stops_writing(s3, write_spec, monkeypatch):
     """Another driver takes the sweep over (this one was presumed dead) after the first stored row:
     the next row is not written to the store, and the launch ends saying why."""
