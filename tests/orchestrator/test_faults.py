@@ -148,6 +148,30 @@ def test_second_launch_is_refused_while_running(write_spec, tmp_path):
     _check_store(path)
 
 
+def test_trials_that_die_crash_or_run_out_of_memory_become_rows(write_spec, tmp_path, monkeypatch):
+    """Failures inside a trial become rows with a status, through Tune, in one launch of the default suite
+    (no retries: what Ray's retries do is the next test's, in `make test-slow`)."""
+    monkeypatch.setenv("FREEZESWEEP_FAULT_DIR", str(tmp_path / "faults"))
+    monkeypatch.setenv(
+        "FREEZESWEEP_FAULT",
+        "exit@1:train_size=24,frozen_layers=0;crash@1:train_size=48,frozen_layers=0;oom@1:train_size=48,frozen_layers=2",
+    )
+    import ray
+
+    ray.shutdown()  # workers must start with the fault switch in their environment
+    try:
+        summary = launch(load_spec(write_spec("failing", resources={"max_failures": 0})), show_progress=False)
+    finally:
+        ray.shutdown()  # and the next test's without it
+    assert (summary.ran, summary.ok, summary.failed) == (4, 1, 3)
+    rows = pd.read_parquet(tmp_path / "store" / "failing" / "results").set_index(["train_size", "frozen_layers"])
+    assert len(rows) == 4 and (rows["attempts"] == 1).all()
+    assert rows.loc[(24, 2), "status"] == "ok"
+    assert rows.loc[(24, 0), "status"] == "failed" and rows.loc[(24, 0), "error"]  # its process died
+    assert rows.loc[(48, 0), "status"] == "failed" and "RuntimeError: injected crash" in rows.loc[(48, 0), "error"]
+    assert rows.loc[(48, 2), "status"] == "oom" and "out of memory" in rows.loc[(48, 2), "error"]
+
+
 @pytest.mark.slow  # launches through Ray, several Tune fits, a minute or two on 2 cores: `make test-slow` (docs/testing.md)
 def test_dying_trials_are_retried_failing_ones_become_rows(write_spec, tmp_path, monkeypatch, caplog):
     monkeypatch.setenv("FREEZESWEEP_FAULT_DIR", str(tmp_path / "faults"))

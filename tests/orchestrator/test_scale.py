@@ -64,7 +64,7 @@ def test_five_thousand_cells_each_exactly_once(write_spec, tmp_path):
     assert len(_rows(path)) == 5000
 
 
-@pytest.mark.slow  # ~2 min on 2 cores; the default suite's kill tests (test_faults, test_sweep) cover one round
+@pytest.mark.slow  # ~2 min on 2 cores; the default suite's kill test (test_sweep's) covers one round
 def test_driver_killed_between_rounds_and_inside_one_then_resumed(write_spec, tmp_path):
     path = _spec(write_spec, "rounds", seeds=75, trials_per_round=100, key="cells_per_round")  # 3 rounds of 100 cells
     results = tmp_path / "store" / "rounds" / "results"

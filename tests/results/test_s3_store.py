@@ -4,7 +4,8 @@ import pytest
 
 from tests.conftest import ok_ids
 
-from freezesweep.orchestrator.launch import StoreUnavailable, launch, spool_dir
+from freezesweep.orchestrator.launch import launch, spool_dir
+from freezesweep.results.store import StoreUnavailable
 from freezesweep.orchestrator.checks import load_spec
 from freezesweep.orchestrator.rows import result_row
 from freezesweep.results.lock import LockLost
@@ -22,7 +23,6 @@ def test_rows_round_trip_on_s3(s3):
     assert trial_result(0).trial_id in ok_ids(store)
 
 
-@pytest.mark.slow  # launches through Ray, several Tune fits, a minute or two on 2 cores: `make test-slow` (docs/testing.md)
 def test_unreachable_store_spools_and_flushes(s3, tmp_path):
     store = ResultStore(s3.uri, "flaky")
     sink = SpoolingWriter(store, str(tmp_path / "spool"))
