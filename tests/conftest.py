@@ -347,6 +347,13 @@ def mlflow_server(tmp_path_factory):
 
 
 # --- a sweep's stored rows, however they are laid out (single-row files or compacted parts) ---------
+# The default suite's Ray sweeps are one of each kind: every Ray Tune run, and every retry of a dead trial,
+# starts its trial processes afresh, ~13 s of imports each on 2 cores (torch, transformers, Ray Tune). The
+# others (retries, trial arrays through Ray, Ctrl-C, resume from elsewhere, ...) wait for `make test-slow`
+# (docs/testing.md), which CI runs too.
+ray_sweeps = pytest.mark.slow
+
+
 def count_rows(results_dir: Path) -> int:
     """Rows in a results folder now (files a compaction moves away meanwhile are skipped)."""
     import pyarrow.parquet as pq

@@ -9,7 +9,7 @@ from freezesweep.orchestrator.checks import load_spec
 from freezesweep.orchestrator.launch import launch
 from freezesweep.orchestrator.plan import build_grid
 from freezesweep.orchestrator.sweeps import resolve_here
-from tests.conftest import killed_launch
+from tests.conftest import killed_launch, ray_sweeps
 
 ON = {"trial_array": True}  # these cells run on a CPU, where auto trains them alone
 
@@ -62,7 +62,7 @@ def _rows(spec_path) -> pd.DataFrame:
     return rows.set_index("trial_id")
 
 
-@pytest.mark.slow  # launches through Ray, several Tune fits, a minute or two on 2 cores: `make test-slow` (docs/testing.md)
+@ray_sweeps
 def test_one_tune_trial_per_array_and_the_rows_of_single_trials(write_spec, tune_trials, files_written):
     """Each array is one Tune trial and its rows one file (the driver's work per cell divided by the
     width); the rows are the single trials' rows."""
@@ -95,7 +95,7 @@ def test_one_tune_trial_per_array_and_the_rows_of_single_trials(write_spec, tune
         assert row["best_val_score"] == pytest.approx(single["best_val_score"], abs=1e-9)
 
 
-@pytest.mark.slow  # launches through Ray, several Tune fits, a minute or two on 2 cores: `make test-slow` (docs/testing.md)
+@ray_sweeps
 def test_rounds_keep_an_arrays_members_together(write_spec, tune_trials):
     """The grid's order puts an array's members as far apart as it has seeds (n, k, then seed): rounds
     cut in that order (2 cells a round: k = 0 of both seeds, then k = 2) split every array into cells
@@ -111,7 +111,7 @@ def test_rounds_keep_an_arrays_members_together(write_spec, tune_trials):
     assert all("trial_array" in o for o in _rows(path)["optimisations"])
 
 
-@pytest.mark.slow  # launches through Ray, several Tune fits, a minute or two on 2 cores: `make test-slow` (docs/testing.md)
+@ray_sweeps
 def test_a_crashing_member_retries_its_array_and_every_cell_gets_one_row(write_spec, tmp_path, monkeypatch):
     import ray
 
@@ -128,7 +128,7 @@ def test_a_crashing_member_retries_its_array_and_every_cell_gets_one_row(write_s
     ray.shutdown()
 
 
-@pytest.mark.slow  # launches through Ray, several Tune fits, a minute or two on 2 cores: `make test-slow` (docs/testing.md)
+@ray_sweeps
 def test_a_member_that_always_crashes_fails_alone_and_its_array_mates_end_ok(write_spec, tmp_path, monkeypatch):
     """Before: one member's crash failed every member of its array, each row naming the crashing
     member's error (a new user's walk-through on a local cluster). Ray's retries of the array spent,
@@ -149,7 +149,7 @@ def test_a_member_that_always_crashes_fails_alone_and_its_array_mates_end_ok(wri
     ray.shutdown()
 
 
-@pytest.mark.slow  # launches through Ray, several Tune fits, a minute or two on 2 cores: `make test-slow` (docs/testing.md)
+@ray_sweeps
 def test_resume_runs_only_the_missing_members_of_a_half_finished_array(write_spec, tmp_path, tune_trials):
     """One array of slots (n = 24 and 48, k = 0 and 2): the n = 24 members end first and their rows land
     as one file; the driver dies writing the n = 48 members' file. Resume runs those two, as one

@@ -18,7 +18,7 @@ from freezesweep.orchestrator.sweeps import resolve_here
 from freezesweep.orchestrator.launch import launch
 from freezesweep.orchestrator.checks import load_spec
 from freezesweep.orchestrator.spec import SpecError
-from tests.conftest import count_rows
+from tests.conftest import count_rows, ray_sweeps
 
 CLI = [sys.executable, "-m", "freezesweep.orchestrator.cli"]
 
@@ -122,7 +122,7 @@ def test_driver_killed_at_five_moments(write_spec, tmp_path):
     print("kills survived:", log)
 
 
-@pytest.mark.slow  # launches through Ray, several Tune fits, a minute or two on 2 cores: `make test-slow` (docs/testing.md)
+@ray_sweeps
 def test_second_launch_is_refused_while_running(write_spec, tmp_path):
     path = write_spec(
         "locked", train_sizes=[24, 48, 96], training={"epochs": 12}, resources={"max_concurrent_trials": 1}
@@ -172,7 +172,7 @@ def test_trials_that_die_crash_or_run_out_of_memory_become_rows(write_spec, tmp_
     assert rows.loc[(48, 2), "status"] == "oom" and "out of memory" in rows.loc[(48, 2), "error"]
 
 
-@pytest.mark.slow  # launches through Ray, several Tune fits, a minute or two on 2 cores: `make test-slow` (docs/testing.md)
+@ray_sweeps
 def test_dying_trials_are_retried_failing_ones_become_rows(write_spec, tmp_path, monkeypatch, caplog):
     monkeypatch.setenv("FREEZESWEEP_FAULT_DIR", str(tmp_path / "faults"))
     monkeypatch.setenv(
@@ -212,7 +212,7 @@ def test_dying_trials_are_retried_failing_ones_become_rows(write_spec, tmp_path,
     _check_store(path)
 
 
-@pytest.mark.slow  # launches through Ray, several Tune fits, a minute or two on 2 cores: `make test-slow` (docs/testing.md)
+@ray_sweeps
 def test_oom_while_sharing_a_gpu_is_retried_once_with_twice_the_share(write_spec, tmp_path, monkeypatch):
     """Four trials per (fake) GPU: one cell fits at half a GPU, one fits nowhere. Each is run once more
     at twice the share; one row per cell at the end, the retries' rows marked with the share they ran
@@ -267,7 +267,7 @@ def test_oom_while_sharing_a_gpu_is_retried_once_with_twice_the_share(write_spec
         ray.shutdown()
 
 
-@pytest.mark.slow  # launches through Ray, several Tune fits, a minute or two on 2 cores: `make test-slow` (docs/testing.md)
+@ray_sweeps
 def test_trial_killed_after_its_checkpoint_resumes_from_it(write_spec, tmp_path, monkeypatch):
     """checkpoint_every_epochs in a sweep: the process dies after the checkpoint at step 3; Ray's retry
     continues from it (Ray's copy: a retry may run on another node) and ends exactly where an

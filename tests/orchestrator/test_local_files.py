@@ -14,7 +14,7 @@ from freezesweep.orchestrator.sweeps import resolve_here
 from freezesweep.orchestrator.checks import load_spec
 from freezesweep.orchestrator.ray_session import RaySession
 from freezesweep.orchestrator.spec import SpecError
-from tests.conftest import make_toy_dataset, make_toy_pair_dataset
+from tests.conftest import make_toy_dataset, make_toy_pair_dataset, ray_sweeps
 from freezesweep.trials.data import DatasetError, load_task
 
 
@@ -190,7 +190,7 @@ def test_driver_folders_are_not_forwarded_to_workers(monkeypatch):
     assert not {"FREEZESWEEP_CACHE_DIR", "FREEZESWEEP_DATA_DIR", "HF_HOME"} & set(forwarded)
 
 
-@pytest.mark.slow  # launches through Ray, several Tune fits, a minute or two on 2 cores: `make test-slow` (docs/testing.md)
+@ray_sweeps
 def test_a_shipping_sweep_reads_the_nodes_copies_and_rows_name_the_specs_paths(
     local_ray, write_spec, tmp_path, toy_dataset, tiny_bert
 ):
@@ -219,7 +219,7 @@ def test_a_shipping_sweep_reads_the_nodes_copies_and_rows_name_the_specs_paths(
     assert any(_tree(c) == _tree(Path(tiny_bert)) for c in copies)
 
 
-@pytest.mark.slow  # launches through Ray, several Tune fits, a minute or two on 2 cores: `make test-slow` (docs/testing.md)
+@ray_sweeps
 def test_relative_paths_are_read_from_the_drivers_working_directory(
     local_ray, write_spec, tmp_path, toy_dataset, tiny_bert, monkeypatch
 ):

@@ -20,7 +20,7 @@ from freezesweep.orchestrator.ray_session import RaySession
 from freezesweep.orchestrator.ray_storage import ray_storage
 from freezesweep.orchestrator.sweeps import resolve_here
 from freezesweep.results.store import ResultStore
-from tests.conftest import REPO, count_rows, rows_by_id
+from tests.conftest import REPO, count_rows, ray_sweeps, rows_by_id
 
 DRIVER = [sys.executable, str(REPO / "benchmarks" / "scale.py"), "--driver"]
 
@@ -101,7 +101,7 @@ class _FirstStart(Exception):
     """Ends the run once a trial has started: what came before it is all the test reads."""
 
 
-@pytest.mark.slow  # launches through Ray, several Tune fits, a minute or two on 2 cores: `make test-slow` (docs/testing.md)
+@ray_sweeps
 def test_many_trials_wait_for_a_place_at_once(write_spec, tmp_path, monkeypatch):
     """Tune is handed every cell of the round before the first trial starts, not one per started trial
     (its default for a custom Searcher): one at a time, a cluster fills one worker start-up at a time

@@ -19,7 +19,7 @@ from freezesweep.orchestrator.sweeps import resolve_here
 from freezesweep.orchestrator.launch import launch
 from freezesweep.orchestrator.checks import load_spec
 from freezesweep.orchestrator.spec import SpecError
-from tests.conftest import count_rows, rows_by_id
+from tests.conftest import count_rows, ray_sweeps, rows_by_id
 
 CLI = [sys.executable, "-m", "freezesweep.orchestrator.cli"]
 
@@ -82,7 +82,7 @@ def test_kill_driver_then_resume_runs_each_cell_once(write_spec, tmp_path):
     assert {tid: row for tid, row in rows_by_id(results_dir).items() if tid in before} == before
 
 
-@pytest.mark.slow  # launches through Ray, several Tune fits, a minute or two on 2 cores: `make test-slow` (docs/testing.md)
+@ray_sweeps
 def test_grow_by_one_depth_runs_only_new_cells(write_spec, tmp_path):
     first = launch(load_spec(write_spec("grow", frozen_layers=[0, 1])), show_progress=False)
     assert (first.total, first.ran, first.ok) == (4, 4, 4)
@@ -220,7 +220,7 @@ def _launch_until_rows(write_spec, tmp_path, name: str, rows: int):
     return path, results, driver
 
 
-@pytest.mark.slow  # launches through Ray, several Tune fits, a minute or two on 2 cores: `make test-slow` (docs/testing.md)
+@ray_sweeps
 def test_ctrl_c_stops_cleanly_and_says_what_is_left(write_spec, tmp_path):
     path, results, driver = _launch_until_rows(write_spec, tmp_path, "interrupted", rows=2)
     driver.send_signal(signal.SIGINT)
@@ -259,7 +259,7 @@ def test_sigterm_stops_like_ctrl_c(write_spec, tmp_path):
     assert not alive, [p.info if hasattr(p, "info") else p for p in alive]
 
 
-@pytest.mark.slow  # launches through Ray, several Tune fits, a minute or two on 2 cores: `make test-slow` (docs/testing.md)
+@ray_sweeps
 def test_resume_from_another_folder_reads_relative_paths_from_the_launch_folder(
     tiny_bert, toy_dataset, tmp_path, monkeypatch, capsys
 ):

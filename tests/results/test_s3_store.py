@@ -2,7 +2,7 @@
 
 import pytest
 
-from tests.conftest import ok_ids
+from tests.conftest import ok_ids, ray_sweeps
 
 from freezesweep.orchestrator.launch import launch, spool_dir
 from freezesweep.results.store import StoreUnavailable
@@ -66,7 +66,7 @@ def test_sweep_on_s3_survives_the_store_going_away(s3, write_spec, monkeypatch):
     ray.shutdown()
 
 
-@pytest.mark.slow  # launches through Ray, several Tune fits, a minute or two on 2 cores: `make test-slow` (docs/testing.md)
+@ray_sweeps
 def test_sweep_whose_lock_is_taken_over_stops_writing(s3, write_spec, monkeypatch):
     """Another driver takes the sweep over (this one was presumed dead) after the first stored row:
     the next row is not written to the store, and the launch ends saying why."""
