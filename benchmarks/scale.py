@@ -227,10 +227,11 @@ def drive(path: Path, out: Path, stop_after: int | None) -> None:
 
     class CountingRowWriter(launching.RowWriter):
         def write_all(self, results, attempts, oom_retry=False):
-            super().write_all(results, attempts, oom_retry)
+            rows = super().write_all(results, attempts, oom_retry)
             marks.extend([(time.perf_counter(), time.process_time())] * len(results))
             if stop_after and len(marks) >= stop_after:  # again for rows that land while it stops
                 os.kill(os.getpid(), signal.SIGINT)  # Tune stops as on Ctrl-C
+            return rows
 
     launching.RowWriter = CountingRowWriter
     session = RaySession(num_cpus=2)

@@ -790,12 +790,12 @@ def _counted_cells(
     """The cells a sweep's rows are counted against: its grid (``cells``, where the caller built it); in
     settle mode, the cells it ran and its next round (an arm decided early never runs the budget's other seeds)."""
     from freezesweep.orchestrator.plan import build_grid, settle_scope
-    from freezesweep.orchestrator.sweeps import SETTLE_COLUMNS
+    from freezesweep.orchestrator.sweeps import settle_rows
 
     cells = build_grid(sweep) if cells is None else cells
     if sweep.spec.settle is None:
         return cells
-    return settle_scope(sweep, cells, result_store.read_table(columns=SETTLE_COLUMNS).to_pandas())
+    return settle_scope(sweep, cells, settle_rows(result_store))
 
 
 @dataclass(frozen=True, eq=False)  # DataFrames have no single truth value to compare by

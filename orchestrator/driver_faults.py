@@ -1,7 +1,8 @@
 """The driver's fault switch, for tests (trial faults live in ``trials/faults.py``):
 - ``FREEZESWEEP_DRIVER_FAULT=kill-in-write@N`` leaves the N-th row file this driver writes half-written
   in the store's staging folder and SIGKILLs the driver, as a power cut in the middle of a write would;
-- ``kill-after-round@N`` SIGKILLs it once its N-th round of cells is over, before the next one starts.
+- ``kill-after-round@N`` SIGKILLs it once its N-th round of cells is over, before the next one starts (a
+  round: a Tune run, or in settle mode a group's cells whose rows are all in, before its next ones go out).
 
 Read once per launch (``from_env``) and counted by the object the store calls once per write
 (``on_staged``) and the launch once per round (``on_round_end``): production writes each file whole.

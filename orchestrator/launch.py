@@ -64,7 +64,15 @@ from freezesweep.orchestrator.ray_session import (
 from freezesweep.orchestrator.ray_storage import RayStorage, checkpoint_storage_warning, ray_storage, store_cache_dir
 from freezesweep.orchestrator.rows import result_row
 from freezesweep.orchestrator.spec import DEFAULT_STORE, SpecError, SweepSpec
-from freezesweep.orchestrator.sweeps import OLD_SWEEP, grid_statuses, next_cells, precision_here, resolve_spec
+from freezesweep.orchestrator.settle_feed import SettleFeed
+from freezesweep.orchestrator.sweeps import (
+    OLD_SWEEP,
+    grid_statuses,
+    next_cells,
+    precision_here,
+    resolve_spec,
+    settle_rows,
+)
 from freezesweep.orchestrator.tune_adapter import recover_from_ray, run_tune
 from freezesweep.results.lock import SweepLock
 from freezesweep.results.store import FINAL_STATUSES, ResultStore, SpoolingWriter, StoreUnavailable, final_of
@@ -301,9 +309,15 @@ def hungriest_depth(spec: SweepSpec, model_layers: Mapping[str, int]) -> int:
 
 # --- run: the store is the source of truth --------------------------------------------------------
 def run(
-    sweep: ResolvedSweep, session: RaySession, show_progress: bool = True, trainable: Callable | None = None
+    sweep: ResolvedSweep,
+    session: RaySession,
+    show_progress: bool = True,
+    trainable: Callable | None = None,
+    feed: bool = True,
 ) -> LaunchSummary:
-    """``trainable``: what each trial runs (None: the real one; benchmarks/scale.py passes an instant one)."""
+    """``trainable``: what each trial runs (None: the real one; benchmarks/scale.py passes an instant one).
+    ``feed``: settle mode's groups go on within a Tune run (False: one run a round, as until 2026-11-29;
+    benchmarks/settle_rounds.py measures both)."""
     faults = DriverFaults.from_env()
     store = ResultStore(sweep.spec.store, sweep.name, on_staged=faults.on_staged)
     with SweepLock(store.fs, store.sweep_dir, uri=store.uri) as lock:
@@ -342,7 +356,7 @@ def run(
         writer = RowWriter(
             sweep.name, sink, done | recovered, progress, on_row=row_tracker(sweep), unfinished=unfinished - recovered
         )
-        retried = run_rounds(Launch(sweep, storage, writer, lock.raise_if_lost, faults, trainable), pending)
+        retried = run_rounds(Launch(sweep, storage, writer, lock.raise_if_lost, faults, trainable, feed), pending)
         flush_or_fail(sink)
     return LaunchSummary(
         total,
@@ -378,13 +392,15 @@ class Launch:
     stop_if: Callable[[], None]  # raises when the sweep's lock was lost: Tune stops
     faults: DriverFaults  # the driver's fault switch (tests)
     trainable: Callable | None = None  # what each trial runs (None: the real one)
+    feed: bool = True  # settle mode: a group's next cells join the running Tune run (False: a run a round)
 
 
 def run_rounds(launch: Launch, pending: Iterable[TrialConfig]) -> int:
     """The pending cells; in settle mode, then each next round the rows call for, until it is settled,
-    at its budget, or interrupted (a cell without an outcome: ``resume`` goes on from the store). A cell
-    runs once per launch: one that failed waits for the next launch. Returns how many ran again with
-    twice the GPU share."""
+    at its budget, or interrupted (a cell without an outcome: ``resume`` goes on from the store): within
+    the same Tune run as its rows come in (``settle_feed``), here for the groups that run left (a cell
+    failed, ran out of memory, or the run was full). A cell runs once per launch: one that failed waits
+    for the next launch. Returns how many ran again with twice the GPU share."""
     writer = launch.writer
     retried = run_cells(launch, pending)
     while launch.sweep.spec.settle is not None and not writer.planned - set(writer.outcomes):
@@ -422,21 +438,29 @@ def run_cells(launch: Launch, pending: Iterable[TrialConfig]) -> int:
     sweep, writer = launch.sweep, launch.writer
     out_of_memory: list[TrialConfig] = []
     in_failed_arrays: list[TrialConfig] = []
+    chunks = list(rounds(launch_units(pending, sweep), sweep.spec.resources.trials_per_round))
     with writer.progress:
         try:
-            for round_units in rounds(launch_units(pending, sweep), sweep.spec.resources.trials_per_round):
+            for number, round_units in enumerate(chunks, 1):
                 cells = [c for unit in round_units for c in unit]
                 writer.planned |= {c.trial_id for c in cells}
+                # Settle mode: the last run goes on with each group's next cells as its rows come in. Only
+                # the last: a group with cells in a later run would go on before they ran (run twice).
+                feed = settle_feed(launch, round_units) if number == len(chunks) else None
                 run_tune(
                     sweep,
                     cells,
                     launch.storage,
-                    writer.write_all,
+                    writer.write_all if feed is None else feed.sink(writer.write_all),
                     experiment=sweep.name,
                     stop_if=launch.stop_if,
                     trainable=launch.trainable,
                     units=round_units,  # grouped once, above
+                    feed=feed,
                 )
+                round_units = round_units + (feed.added if feed is not None else [])
+                cells = [c for unit in round_units for c in unit]
+                writer.planned |= {c.trial_id for c in cells}
                 if not writer.has_outcomes(cells):
                     return 0
                 out_of_memory += [c for c in cells if writer.outcomes[c.trial_id] == "oom"]
@@ -454,6 +478,28 @@ def run_cells(launch: Launch, pending: Iterable[TrialConfig]) -> int:
         except Exception:
             launch.stop_if()  # Tune wraps what a callback raised in a TuneError: say why, plainly
             raise
+
+
+def settle_feed(launch: Launch, first: list[list[TrialConfig]]) -> SettleFeed | None:
+    """Settle mode's next cells for a run that starts with ``first`` (orchestrator/settle_feed.py); None
+    for a fixed grid, where the launch asked for one Tune run a round (``Launch.feed``: the benchmark's
+    switch), or where the store does not hold every row the launch wrote (spooled: the store unreachable
+    for the moment; the rounds then read the store after each run, as they did before the feed)."""
+    sweep, writer = launch.sweep, launch.writer
+    if sweep.spec.settle is None or not launch.feed or writer.sink.pending():
+        return None
+    try:
+        stored = settle_rows(writer.sink.store)
+    except OSError:
+        return None
+    return SettleFeed(
+        sweep,
+        stored,
+        first,
+        ran=lambda trial_id: trial_id in writer.outcomes or trial_id in writer.final_ids,
+        on_step=launch.faults.on_round_end,
+        limit=sweep.spec.resources.trials_per_round,
+    )
 
 
 def compact(store: ResultStore) -> None:
@@ -602,13 +648,13 @@ class RowWriter:
     def write(self, result: TrialResult, attempts: int, oom_retry: bool = False) -> None:
         self.write_all([result], attempts, oom_retry)
 
-    def write_all(self, results: list[TrialResult], attempts: int, oom_retry: bool = False) -> None:
+    def write_all(self, results: list[TrialResult], attempts: int, oom_retry: bool = False) -> list[dict]:
         """Outcomes that arrived together (an array's members over at one step): their final rows go
-        to the store as one file (``ResultStore.write_rows``)."""
+        to the store as one file (``ResultStore.write_rows``). Returns the rows written."""
         results = [r for r in results if r.trial_id not in self.final_ids]  # a final row is never overwritten
         rows = [result_row(self.sweep, r, attempts=attempts, oom_retry=oom_retry) for r in results]
         if not rows:
-            return
+            return rows
         self.sink.write_rows(rows, replacing=self.unfinished)
         for result, row in zip(results, rows):
             if self.on_row is not None:
@@ -617,3 +663,4 @@ class RowWriter:
             self.outcomes[result.trial_id] = result.status
             (self.final_ids if result.status in FINAL_STATUSES else self.unfinished).add(result.trial_id)
             self.progress.advance(result, replaces=replaced)
+        return rows

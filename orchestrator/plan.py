@@ -321,13 +321,23 @@ def settle_round(sweep: ResolvedSweep, cells: list[TrialConfig], rows: pd.DataFr
     rule = sweep.spec.settle.rule()
     by_id = {c.trial_id: c for c in cells}
     stored = rows[rows["trial_id"].isin(by_id)]
+    wanted: list[TrialConfig] = []
+    for members in settle_groups(cells).values():
+        wanted += group_round(members, stored, rule)
+    return list(dict.fromkeys(wanted))
+
+
+def settle_group(cell: TrialConfig) -> tuple:
+    """The settle group a cell belongs to: its model, dataset and train size (each decided on its own rows)."""
+    return (cell.model, cell.dataset, cell.train_size)
+
+
+def settle_groups(cells: Iterable[TrialConfig]) -> dict[tuple, list[TrialConfig]]:
+    """The cells by settle group, in the grid's order."""
     groups: dict[tuple, list[TrialConfig]] = {}
     for cell in cells:
-        groups.setdefault((cell.model, cell.dataset, cell.train_size), []).append(cell)
-    wanted: list[TrialConfig] = []
-    for members in groups.values():
-        wanted += _group_round(members, stored, rule)
-    return list(dict.fromkeys(wanted))
+        groups.setdefault(settle_group(cell), []).append(cell)
+    return groups
 
 
 def settle_scope(sweep: ResolvedSweep, cells: list[TrialConfig], rows: pd.DataFrame) -> list[TrialConfig]:
@@ -342,8 +352,8 @@ def settle_budget_left(cells: list[TrialConfig], pending: list[TrialConfig], don
     (model, dataset, train size) its next round (``pending``) runs in. A group with no cell in it is
     settled or at its budget and runs no more; an open one stops once it is decided, so its rounds run
     this at most, most often far less. Linear in the grid."""
-    open_groups = {(c.model, c.dataset, c.train_size) for c in pending}
-    return [c for c in cells if c.trial_id not in done and (c.model, c.dataset, c.train_size) in open_groups]
+    open_groups = {settle_group(c) for c in pending}
+    return [c for c in cells if c.trial_id not in done and settle_group(c) in open_groups]
 
 
 def sweep_arms(sweep: ResolvedSweep) -> dict[str, tuple[str, ...]]:
@@ -364,7 +374,9 @@ def sweep_arms(sweep: ResolvedSweep) -> dict[str, tuple[str, ...]]:
     }
 
 
-def _group_round(members: list[TrialConfig], stored: pd.DataFrame, rule) -> list[TrialConfig]:
+def group_round(members: list[TrialConfig], stored: pd.DataFrame, rule) -> list[TrialConfig]:
+    """One settle group's next cells (``settle_round``'s per group), from its stored rows: those the rule
+    asks for and those whose row is not final."""
     ids = {c.trial_id: c for c in members}
     mine = stored[stored["trial_id"].isin(ids)]
     arms = pd.DataFrame(

@@ -14,7 +14,7 @@ import difflib
 import math
 import os
 from collections.abc import Iterable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from freezesweep.orchestrator.checks import flatten, model_depths, select_metrics, stored_spec_mapping, validate
 from freezesweep.orchestrator.plan import (
@@ -30,6 +30,9 @@ from freezesweep.orchestrator.spec import SpecError, SweepNotFound, SweepSpec
 from freezesweep.results.store import LAUNCH_FILE, ResultStore, StoreError
 from freezesweep.trials.config import TrialConfig
 from freezesweep.trials.data import resolve_data_dir
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 # A stored spec with precision "auto" was written before ids named the resolved precision and before
 # the reference schedule and paired seeds: its rows cannot be continued under the same ids.
@@ -280,8 +283,12 @@ def next_cells(sweep: ResolvedSweep, store: ResultStore, done: set[str]) -> Iter
     built); in settle mode, the next round the stored rows call for (orchestrator/plan.py settle_round)."""
     if sweep.spec.settle is None:
         return (c for c in iter_grid(sweep) if c.trial_id not in done)
-    rows = store.read_table(columns=SETTLE_COLUMNS).to_pandas()
-    return [c for c in settle_round(sweep, build_grid(sweep), rows) if c.trial_id not in done]
+    return [c for c in settle_round(sweep, build_grid(sweep), settle_rows(store)) if c.trial_id not in done]
+
+
+def settle_rows(store: ResultStore) -> pd.DataFrame:
+    """The stored rows' columns settle mode's rounds read (``SETTLE_COLUMNS``)."""
+    return store.read_table(columns=SETTLE_COLUMNS).to_pandas()
 
 
 def same_cells_note(spec: SweepSpec) -> str | None:

@@ -31,7 +31,7 @@ import shutil
 import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import ray
 import transformers
@@ -49,9 +49,12 @@ from freezesweep.trials.run import failed_result, run_trial_or_oom
 
 # Where each finished or finally failed cell's outcome goes (the launch's row writer), with the number
 # of attempts Ray made.
-OutcomeSink = Callable[[list[TrialResult], int], None]  # outcomes that arrived together, the attempt they are
+OutcomeSink = Callable[[list[TrialResult], int], object]  # outcomes that arrived together, the attempt they are
 
 CELL_KEY = "cell"  # a trial's config in Tune: the cell's trial_id only (the cells travel once, by id)
+# ... except cells a run adds as it goes (settle mode's next seeds, orchestrator/settle_feed.py): their
+# fields travel in the trial's config, by trial_id (the object store's copy was made when the run began)
+FIELDS_KEY = "cell_fields"
 ARRAY_SEPARATOR = "+"  # a trial array's config: its members' trial_ids joined (hex ids never hold it)
 # A report's final rows: one row's dict (a single trial), or a list of them (a trial array's members
 # that became final at one step: one report, so the driver pays its per-report work once for them).
@@ -68,11 +71,16 @@ def trial_config_from_ray(config: dict, cells: dict[str, dict]) -> TrialConfig:
 
 def trial_configs_from_ray(config: dict, cells: dict[str, dict]) -> list[TrialConfig]:
     """The cells a Tune trial runs: one, or the members of a trial array (trials/array.py), whose ids
-    its config joins with ``ARRAY_SEPARATOR``; ``cells`` holds each id's fields."""
-    unknown = sorted(set(config) - {CELL_KEY})
+    its config joins with ``ARRAY_SEPARATOR``; ``cells`` holds each id's fields, or the config does
+    (``FIELDS_KEY``: a cell added to a run as it went)."""
+    unknown = sorted(set(config) - {CELL_KEY, FIELDS_KEY})
     if unknown:
         raise ValueError(f"unknown keys in Ray trial config: {', '.join(unknown)}")
-    return [TrialConfig.from_dict(cells[trial_id]) for trial_id in config[CELL_KEY].split(ARRAY_SEPARATOR)]
+    carried = config.get(FIELDS_KEY) or {}
+    return [
+        TrialConfig.from_dict(carried[trial_id] if trial_id in carried else cells[trial_id])
+        for trial_id in config[CELL_KEY].split(ARRAY_SEPARATOR)
+    ]
 
 
 def unit_id(cells: list[TrialConfig]) -> str:
@@ -342,25 +350,58 @@ def _trial_error(trial) -> tuple[BaseException, str | None]:
 
 
 # --- driver side: one Tune experiment over a list of cells -----------------------------------------
+class Feed(Protocol):
+    """Where a run's further cells come from once its first ones are handed out (settle mode's next
+    seeds: orchestrator/settle_feed.py)."""
+
+    def more(self) -> list[list[TrialConfig]] | None:
+        """Further units (one Ray trial each); None: none yet, outcomes still to come; []: none, ever."""
+
+    def over(self, unit: list[TrialConfig]) -> None:
+        """A unit's Ray trial is over (its outcomes, if any, were handed to the run's sink before)."""
+
+
 class CellSearcher(Searcher):
     """Hands Tune the cells one at a time (a trial array's members as one trial) through Tune's
     extension point for where trials come from (``ray.tune.search.Searcher``), so the driver's work
     per trial does not grow with the number of cells: one ``grid_search`` over the cells made Tune
     deep-copy the whole list for every trial it generated (ray/tune/search/variant_generator.py,
-    ``_grid_search_generator``)."""
+    ``_grid_search_generator``). ``feed``: the run's further cells once these are handed out (their
+    fields travel in the trial's config, ``FIELDS_KEY``); without one the run ends with ``units``."""
 
-    def __init__(self, units: list[list[TrialConfig]]):
+    def __init__(self, units: list[list[TrialConfig]], feed: Feed | None = None):
         super().__init__()
         self._ids, self._next = [unit_id(unit) for unit in units], 0
+        self._feed, self._shipped = feed, len(units)  # the units whose cells are in the object store
+        self._by_id = {unit_id(unit): unit for unit in units} if feed is not None else {}
+        self._units: dict[str, list[TrialConfig]] = {}  # with a feed: Tune's trial id -> the unit it runs
+        self.added: set[str] = set()  # the cells the feed added
 
     def suggest(self, trial_id: str) -> dict | str | None:
         if self._next >= len(self._ids):
-            return Searcher.FINISHED
+            further = self._feed.more() if self._feed is not None else []
+            if not further:
+                return None if further is None else Searcher.FINISHED
+            self._ids += [unit_id(unit) for unit in further]
+            self._by_id.update({unit_id(unit): unit for unit in further})
+            self.added.update(c.trial_id for unit in further for c in unit)
         self._next += 1
-        return {CELL_KEY: self._ids[self._next - 1]}
+        config: dict[str, Any] = {CELL_KEY: self._ids[self._next - 1]}
+        if self._feed is not None:
+            unit = self._units[trial_id] = self._by_id.pop(config[CELL_KEY])
+            if self._next > self._shipped:  # added as the run went
+                config[FIELDS_KEY] = {c.trial_id: c.to_dict() for c in unit}
+        return config
+
+    def __getstate__(self) -> dict:
+        # Tune pickles its search algorithm into tuner.pkl: the live feed (the launch's rows) stays out.
+        return {**self.__dict__, "_feed": None, "_by_id": {}, "_units": {}, "added": set()}
 
     def on_trial_complete(self, trial_id: str, result: dict | None = None, error: bool = False) -> None:
-        """Outcomes reach the store through OutcomeCallback; the next cell does not depend on them."""
+        """Outcomes reach the store through OutcomeCallback; the feed, if any, is told the trial is over."""
+        unit = self._units.pop(trial_id, None)
+        if unit is not None and self._feed is not None:
+            self._feed.over(unit)
 
     def save(self, checkpoint_path: str) -> None:
         """Tune's snapshots keep the position only: the store, not Ray's state, says what is left."""
@@ -384,11 +425,13 @@ def run_tune(
     stop_if: Callable[[], None] | None = None,
     trainable: Callable = None,
     units: list[list[TrialConfig]] | None = None,
+    feed: Feed | None = None,
 ) -> None:
     """Run ``cells`` as the Tune experiment ``experiment`` in ``storage`` (Ray connected), each outcome
     to ``on_outcome``. ``stop_if`` is called at every step of Tune's loop: what it raises ends the run.
     ``trainable``: what a trial runs (``tune_trainable``; benchmarks/scale.py measures Tune alone with
-    an instant one). ``units``: ``cells`` grouped as ``group_cells`` groups them, when the caller has."""
+    an instant one). ``units``: ``cells`` grouped as ``group_cells`` groups them, when the caller has.
+    ``feed``: further units the run takes as it goes (``CellSearcher``)."""
     _quiet_tune_defaults()
     resources = sweep.spec.resources
     checkpoints = bool(sweep.spec.training.checkpoint_every_epochs)
@@ -402,11 +445,12 @@ def run_tune(
         on_outcome(results, attempts)
         outcomes.update(result.trial_id for result in results)
 
+    searcher = CellSearcher(units, feed)
     tuner = tune.Tuner(
         _with_cells(trainable or tune_trainable, sweep, by_id, earlier),
         tune_config=tune.TuneConfig(
-            search_alg=CellSearcher(units),
-            num_samples=len(units),
+            search_alg=searcher,
+            num_samples=len(units) if feed is None else -1,  # -1: until the feed has no more
             max_concurrent_trials=resources.max_concurrent_trials,
             reuse_actors=True,  # one worker process runs many trials: imports, tokenizer and token cache stay warm
             trial_dirname_creator=trial_dirname,
@@ -430,7 +474,7 @@ def run_tune(
         # not use): a remote store gone by then fails that read, though every outcome has reached the
         # spool already. The launch's flush then says what is kept where, as it does for rows.
         # Any other OSError (storage unreachable from the start, a spool write failing) propagates.
-        if not (storage.shared and {c.trial_id for c in cells} <= outcomes):
+        if not (storage.shared and {c.trial_id for c in cells} | searcher.added <= outcomes):
             raise
         print(
             f"warning: Ray could not read its state back from {storage.path} after the last trial ({exc}); "

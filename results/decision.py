@@ -171,7 +171,7 @@ def _decided_at(
 def _rounds_left(group: pd.DataFrame, decision: GroupDecision, rule: SettleRule, grid: Sequence[str]) -> bool:
     """A settle group its own rounds would run more seeds for (read mid-run, or after a launch that
     stopped): a row to run again (failed, oom), or the next round a resume would run (``next_round``, as
-    orchestrator/plan.py's ``_group_round`` asks them)."""
+    orchestrator/plan.py's ``group_round`` asks them)."""
     if not group["status"].isin(FINAL).all():
         return True
     seeds_done = _arms(group).groupby("arm")["seed"].agg(set).to_dict()

@@ -132,9 +132,9 @@ def test_a_settle_sweeps_budget_left_is_its_open_groups_cells_not_done():
     """What `plan` prices as the most a settle sweep may still run: a group with no cell in the next round
     is settled (or at its budget) and runs no more; an open group's cells with a final row are done."""
     from freezesweep.orchestrator.plan import settle_budget_left
+    from freezesweep.orchestrator.plan import settle_group as group
 
     cells = build_grid(_sweep(seeds=[], settle={"max_seeds": 4}))
-    group = lambda c: (c.model, c.dataset, c.train_size)  # noqa: E731
     groups = list(dict.fromkeys(map(group, cells)))
     open_one, settled = groups[0], groups[1]
     done = {c.trial_id for c in cells if group(c) in (open_one, settled) and c.seed < 3}

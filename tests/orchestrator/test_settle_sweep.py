@@ -10,13 +10,14 @@ import yaml
 
 from freezesweep.orchestrator.checks import load_spec
 from freezesweep.orchestrator.spec import SpecError
+from freezesweep.orchestrator import tune_adapter
 from freezesweep.orchestrator.launch import launch
 from freezesweep.orchestrator.plan import build_grid, sweep_arms
 from freezesweep.orchestrator.sweeps import resolve_here
 from freezesweep.results.query import read_rows
 from freezesweep.results.report import SweepRows, build_report
 from freezesweep.results.store import ResultStore
-from tests.conftest import killed_launch
+from tests.conftest import REPO, killed_launch
 
 CLI = [sys.executable, "-m", "freezesweep.orchestrator.cli"]
 # Two settle sweeps of a dozen tiny trials each and a killed driver: about 5 minutes on 2 cores.
@@ -60,9 +61,14 @@ def _runs(store: ResultStore) -> pd.DataFrame:
     return rows
 
 
-def test_a_settle_sweep_killed_between_rounds_resumes_to_the_same_decisions(write_spec, tmp_path):
+def test_a_settle_sweep_killed_between_rounds_resumes_to_the_same_decisions(write_spec, tmp_path, monkeypatch):
+    from freezesweep.orchestrator import launch as launching
+
+    runs = []
+    monkeypatch.setattr(launching, "run_tune", lambda *a, **k: runs.append(tune_adapter.run_tune(*a, **k)))
     whole = load_spec(_settle_spec(write_spec, "whole", learned_first=False))
     summary = launch(whole, show_progress=False)
+    assert len(runs) == 1  # its rounds within one Tune run: each next seed as the rows came in (settle_feed.py)
     store = ResultStore(whole.store, "whole")
     rows = _runs(store)
     grid = {c.trial_id for c in build_grid(resolve_here(whole))}
@@ -108,3 +114,30 @@ def test_a_grown_budget_is_refused_and_learned_first_runs_full_fine_tuning_alone
     )
     spec = yaml.safe_load((tmp_path / "store" / "grown" / "spec.yaml").read_text())
     assert spec["settle"]["max_seeds"] == 3 and spec["seeds"] == []
+
+
+def test_groups_go_on_at_their_own_pace_in_one_tune_run_and_run_the_cells_of_round_after_round():
+    """benchmarks/settle_rounds.py, shrunk: two groups (n = 24, 96) through Ray both ways, a run a round and
+    one fed run; it exits 1 where they ran different cells. Some arms are decided before the budget, so
+    the groups' rounds differ (the cells compared are not simply every cell)."""
+    import re
+
+    import ray
+
+    ray.shutdown()  # the benchmark starts its own: one Ray on the machine at a time
+    command = [
+        str(REPO / "benchmarks" / "settle_rounds.py"),
+        "--train-sizes",
+        "24",
+        "96",
+        "--max-seeds",
+        "5",
+        "--s-per-row",
+        "0.002",
+    ]
+    done = subprocess.run([sys.executable, *command], cwd=REPO, capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stderr[-3000:]
+    ways = dict(re.findall(r"(one run, fed|a run a round): +[\d.]+ s, (\d+ Tune run\(s\), \d+ cells)", done.stdout))
+    fed, rounds = ways["one run, fed"], ways["a run a round"]
+    assert fed.startswith("1 Tune run(s)") and not rounds.startswith("1 ")
+    assert fed.split(", ")[1] == rounds.split(", ")[1] != "30 cells"  # 2 groups × 3 arms × 5 seeds: the budget

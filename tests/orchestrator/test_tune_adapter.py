@@ -248,3 +248,41 @@ def test_nothing_is_recovered_from_a_state_ray_never_wrote(tmp_path):
     (tmp_path / "store" / "s" / "_ray" / "s").mkdir(parents=True)
     (tmp_path / "store" / "s" / "_ray" / "s" / "tuner.pkl").write_bytes(b"not a pickle")  # corrupt: re-run
     assert tune_adapter.recover_from_ray(storage, "s", {"a"}) == []
+
+
+def test_a_fed_run_hands_out_the_feeds_cells_with_their_fields_and_tells_it_each_trial_is_over(write_spec):
+    """CellSearcher with a feed (settle mode's next cells): the first units by id (their fields are in the
+    object store), the ones added as the run went with their fields in the trial's config; None while
+    the feed waits, Tune's FINISHED once it has no more; the feed told of each trial that is over, and
+    left out of what Tune pickles (tuner.pkl)."""
+    import pickle
+    import threading
+
+    cells = build_grid(resolve_here(load_spec(write_spec("fed", seeds=[0, 1]), semantic=False)))
+    first, later = [[c] for c in cells[:2]], [[c] for c in cells[2:]]
+
+    ended = []
+
+    class Feed:
+        lock = threading.Lock()  # something a live feed holds that pickles not
+        answers = [None, later, None, []]
+
+        def more(self):
+            return self.answers.pop(0)
+
+        def over(self, unit):
+            ended.append(unit)
+
+    searcher = tune_adapter.CellSearcher(first, Feed())
+    configs = [searcher.suggest(f"t{i}") for i in range(2)]
+    assert configs == [{tune_adapter.CELL_KEY: c.trial_id} for [c] in first]
+    assert searcher.suggest("t2") is None  # the feed waits for rows
+    added = [searcher.suggest(f"t{i}") for i in range(2, 2 + len(later))]
+    assert [tune_adapter.trial_config_from_ray(config, {}) for config in added] == [c for [c] in later]
+    assert searcher.suggest("tx") is None and searcher.suggest("ty") == tune_adapter.Searcher.FINISHED
+    searcher.on_trial_complete("t2")
+    searcher.on_trial_complete("t0", error=True)
+    assert ended == [later[0], first[0]]
+    assert pickle.loads(pickle.dumps(searcher))._feed is None
+    with pytest.raises(ValueError, match="unknown keys in Ray trial config: other"):
+        tune_adapter.trial_configs_from_ray({**added[0], "other": 1}, {})
