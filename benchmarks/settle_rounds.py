@@ -55,11 +55,14 @@ def sleeping_trainable(config: dict, cells: dict, shipment=None, earlier=None, w
 
 def cell_score(cfg) -> float:
     """0.85 less what freezing costs at this size (the smallest sizes little, the largest much), and a
-    seed's spread of 0.002: the same every run."""
+    seed's spread of 0.002: the same every run. The spread is drawn from the cell's axes, not its
+    trial_id, which hashes the model's folder (a new temporary one each run): with it, whether an arm was
+    decided at its first look changed from run to run."""
     import random
 
     cost_per_layer = 0.002 * (cfg.train_size // 24) ** 2
-    return 0.85 - cost_per_layer * cfg.frozen_layers + random.Random(cfg.trial_id).gauss(0, 0.002)
+    spread = random.Random(f"{cfg.train_size}-{cfg.frozen_layers}-{cfg.seed}").gauss(0, 0.002)
+    return 0.85 - cost_per_layer * cfg.frozen_layers + spread
 
 
 def write_spec(folder: Path, name: str, model: str, data: str, args: argparse.Namespace) -> Path:

@@ -119,7 +119,8 @@ def test_a_grown_budget_is_refused_and_learned_first_runs_full_fine_tuning_alone
 def test_groups_go_on_at_their_own_pace_in_one_tune_run_and_run_the_cells_of_round_after_round():
     """benchmarks/settle_rounds.py, shrunk: two groups (n = 24, 96) through Ray both ways, a run a round and
     one fed run; it exits 1 where they ran different cells. Some arms are decided before the budget, so
-    the groups' rounds differ (the cells compared are not simply every cell)."""
+    the groups' rounds differ (the cells compared are not simply every cell). The trials' scores are drawn
+    from the cells' axes, so which those are is the same every run (n = 24 takes a second round)."""
     import re
 
     import ray
