@@ -11,12 +11,14 @@ run pays again for every slot). Under rounds, a round waits for its slowest grou
     python benchmarks/settle_rounds.py [--train-sizes 24 48 96 192] [--s-per-row 0.01] [--max-seeds 6]
 
 Prints each way's wall time from the launch's start (Ray already up) to its end, its Tune runs, the cells
-it ran (the same in both: checked), and the ratio. Exits 1 where the two ran different cells.
+it ran (the same in both: checked), the trial processes it started (each pays the imports), and the ratio.
+Exits 1 where the two ran different cells.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import tempfile
 import time
@@ -28,17 +30,18 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from scale import instant_row, make_inputs  # noqa: E402  (the instant trial's row and the tiny inputs)
 
 SECONDS_PER_ROW_ENV = "SETTLE_ROUNDS_S_PER_ROW"  # read by the trial in Ray's workers (they inherit the env)
+PROCESSES_ENV = "SETTLE_ROUNDS_PROCESSES"  # a folder where each trial process leaves a file named by its pid
 
 
 def sleeping_trainable(config: dict, cells: dict, shipment=None, earlier=None, width=None) -> None:
     """A single trial (trial arrays are off): a sleep as long as its train size says, then the instant
     trial's report with the cell's score (``cell_score``) over a constant baseline of 0.5."""
     import dataclasses
-    import os
 
     from freezesweep.orchestrator.tune_adapter import ray_placement, report_result, trial_config_from_ray
 
     cfg = trial_config_from_ray(config, cells)
+    (Path(os.environ[PROCESSES_ENV]) / str(os.getpid())).touch()
     time.sleep(float(os.environ[SECONDS_PER_ROW_ENV]) * cfg.train_size)
     placement, score = ray_placement(), cell_score(cfg)
     row = dataclasses.replace(
@@ -98,6 +101,8 @@ def measure(path: Path, feed: bool, session) -> dict:
         return run_tune(*args, **kwargs)
 
     launching.run_tune = counted
+    processes = Path(os.environ[PROCESSES_ENV])
+    before = set(processes.iterdir())  # the other way's: Tune stops its trial processes when its run ends
     try:
         spec = load_spec(path)
         started = time.perf_counter()
@@ -114,7 +119,12 @@ def measure(path: Path, feed: bool, session) -> dict:
     rows = read_rows(ResultStore(spec.store, spec.name), columns=["train_size", "frozen_layers", "seed", "status"])
     cells = sorted(zip(rows["train_size"], rows["frozen_layers"], rows["seed"]))
     assert summary.ran == len(rows) and set(rows["status"]) == {"ok"}, (summary, rows["status"].value_counts())
-    return {"wall_s": wall_s, "tune_runs": len(runs), "cells": cells}
+    return {
+        "wall_s": wall_s,
+        "tune_runs": len(runs),
+        "cells": cells,
+        "processes": len(set(processes.iterdir()) - before),
+    }
 
 
 def main() -> None:
@@ -123,13 +133,13 @@ def main() -> None:
     parser.add_argument("--s-per-row", type=float, default=0.01, help="the trial's sleep per training row")
     parser.add_argument("--max-seeds", type=int, default=6)
     args = parser.parse_args()
-    import os
-
     os.environ[SECONDS_PER_ROW_ENV] = str(args.s_per_row)
     from freezesweep.orchestrator.ray_session import RaySession
 
     folder = Path(tempfile.mkdtemp(prefix="freezesweep-settle-rounds-"))
     model, data = make_inputs(folder)
+    (folder / "pids").mkdir()
+    os.environ[PROCESSES_ENV] = str(folder / "pids")  # before Ray starts: its workers inherit the env it had
     session = RaySession(num_cpus=2)  # started once, before either launch: the launches are timed, not Ray's start
     session.connect()
     measured = {}
@@ -138,7 +148,7 @@ def main() -> None:
         m = measured[feed]
         print(
             f"{'one run, fed' if feed else 'a run a round':>14}: {m['wall_s']:6.1f} s, {m['tune_runs']} Tune run(s), "
-            f"{len(m['cells'])} cells",
+            f"{len(m['cells'])} cells, {m['processes']} trial processes",
             flush=True,
         )
     if measured[False]["cells"] != measured[True]["cells"]:

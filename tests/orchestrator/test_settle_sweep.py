@@ -138,7 +138,12 @@ def test_groups_go_on_at_their_own_pace_in_one_tune_run_and_run_the_cells_of_rou
     ]
     done = subprocess.run([sys.executable, *command], cwd=REPO, capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stderr[-3000:]
-    ways = dict(re.findall(r"(one run, fed|a run a round): +[\d.]+ s, (\d+ Tune run\(s\), \d+ cells)", done.stdout))
-    fed, rounds = ways["one run, fed"], ways["a run a round"]
-    assert fed.startswith("1 Tune run(s)") and not rounds.startswith("1 ")
-    assert fed.split(", ")[1] == rounds.split(", ")[1] != "30 cells"  # 2 groups × 3 arms × 5 seeds: the budget
+    found = re.findall(
+        r"(one run, fed|a run a round): +[\d.]+ s, (\d+) Tune run\(s\), (\d+) cells, (\d+) trial", done.stdout
+    )
+    ways = {way: tuple(map(int, counts)) for way, *counts in found}
+    (fed_runs, fed_cells, fed_processes), (runs, cells, processes) = ways["one run, fed"], ways["a run a round"]
+    assert fed_runs == 1 < runs
+    assert fed_cells == cells != 30  # 2 groups × 3 arms × 5 seeds: the budget
+    # a new Tune run starts its trial processes afresh (each slot's at least: 2 a run); the fed run keeps its own
+    assert fed_processes < processes
