@@ -16,7 +16,8 @@
 #                                             # trial array with CUDA graphs (benchmarks/step_profile.py;
 #                                             # GPU_CHECK_PROFILE_GRAPHS=both adds the single trial's graphs,
 #                                             # GPU_CHECK_PROFILE_ARRAY_GRAPHS=both the array's eager row);
-#                                             # then eager with PyTorch's cuDNN attention kept, to compare
+#                                             # GPU_CHECK_PROFILE_CUDNN=1: then eager with PyTorch's cuDNN
+#                                             # attention kept, to compare
 #     bash benchmarks/gpu_check.sh grid       # the 70-cell grid, 8 trial processes on the GPU, CUDA graphs
 #     bash benchmarks/gpu_check.sh arrays     # the same grid as trial arrays (7 members, 4 processes), CUDA graphs
 #     bash benchmarks/gpu_check.sh graphs     # the grid's 8 processes with CUDA graphs (not in `all`)
@@ -91,7 +92,8 @@ EOF
 
 # The parts' sizes: the GPU's, or a smoke run's on a CPU (seconds).
 if [ -n "$SMOKE" ]; then
-  DEVICE=cpu STEPS=2 WARMUP=1 PROFILE_N=50 PROFILE_EVAL=16 GRAPHS=off ARRAY_GRAPHS=off SIZES=(50) DEPTHS=(0 2)
+  # The array's profile row as the GPU run names it (its graphs step aside on a CPU: it runs eagerly)
+  DEVICE=cpu STEPS=2 WARMUP=1 PROFILE_N=50 PROFILE_EVAL=16 GRAPHS=off ARRAY_GRAPHS=on SIZES=(50) DEPTHS=(0 2)
   DATASETS=(glue/sst2)
   EPOCHS=1 WORKERS=2 ARRAY_WORKERS=1 WIDTH=2 EVAL=(--max-eval-examples 32)
   LIMITS=(tests=400 profile=400 grid=400 arrays=400 graphs=400)  # a minute or two in all on an idle CPU; caps for a busy one
@@ -105,7 +107,9 @@ else
   # 350 s with the start; each a `timeout`. On the H100 (docs/speed.md) the tests took 48 s and the profile
   # was cut at 75 s; the 8-process grid fits no share (the H200 took 158 s) and a cut part still prints
   # its progress, so the profile and the arrays get more.
-  LIMITS=(tests=60 profile=90 grid=95 arrays=105 graphs=95)  # graphs: not in `all`
+  # On the H200 (2026-11-29, docs/speed.md) the tests took 51 s and the profile's two rows 115 s, so the
+  # profile gets the most; the full grids took 114 s (8 processes) and 125 s (arrays) with their start.
+  LIMITS=(tests=60 profile=120 grid=80 arrays=90 graphs=95)  # graphs: not in `all`
 fi
 if [ -n "${GPU_CHECK_LIMITS:-}" ]; then  # e.g. "profile=150 arrays=130": a part run alone on a longer lease
   read -ra LIMITS <<< "$GPU_CHECK_LIMITS ${LIMITS[*]}"  # the first of a name wins (limit)
@@ -175,8 +179,10 @@ profile() {
     --warmup-steps "$WARMUP" --train-size "$PROFILE_N" --frozen-layers 0 --cuda-graphs "$GRAPHS" --array-cuda-graphs "$ARRAY_GRAPHS" "${array[@]}" \
     --eval-examples "$PROFILE_EVAL" \
     --json "$LOGS/profile.json"
-  # Then the single trial with cuDNN attention kept, against the eager row above (trials turn it off:
-  # trials/model.py attention_kernels): the two 1st-shapes figures say what the switch saves (issue 35).
+  # GPU_CHECK_PROFILE_CUDNN=1: then the single trial with cuDNN attention kept, against the eager row above
+  # (trials turn it off: trials/model.py attention_kernels): the two 1st-shapes figures say what the switch
+  # saves (issue 35). Not by default: `all`'s profile has room for its two rows only.
+  [ "${GPU_CHECK_PROFILE_CUDNN:-0}" = 1 ] || return 0
   "$PY" benchmarks/step_profile.py --model "$CARRY/bert-base-random" --device "$DEVICE" --steps "$STEPS" \
     --warmup-steps "$WARMUP" --train-size "$PROFILE_N" --frozen-layers 0 --cuda-graphs off --cudnn-attention on \
     --eval-examples "$PROFILE_EVAL"
@@ -218,13 +224,19 @@ mps_start() {
   elif ! command -v nvidia-cuda-mps-control >/dev/null; then echo "CUDA MPS: off (no nvidia-cuda-mps-control here)"
   elif ! { mkdir -p "$CUDA_MPS_PIPE_DIRECTORY" "$CUDA_MPS_LOG_DIRECTORY" && nvidia-cuda-mps-control -d; }; then
     echo "CUDA MPS: off (its daemon did not start)"
-  elif probe=$(mps_probe wait) && [ "${probe##* }" = True ] &&
-       timeout 60 "$PY" -c "import torch; torch.ones(1, device='cuda').sum().item()"; then
-    MPS_STARTED=1; echo "CUDA MPS: on (started for this check; pipe directory $CUDA_MPS_PIPE_DIRECTORY)"
+  elif ! { probe=$(mps_probe wait) && [ "${probe##* }" = True ]; }; then
+    mps_off "its daemon started, but its control socket in $CUDA_MPS_PIPE_DIRECTORY took no connection in 5 s"
+  elif ! timeout 60 "$PY" -c "import torch; torch.ones(1, device='cuda').sum().item()"; then
+    mps_off "its daemon started, but a CUDA process could not be its client"
   else
-    echo quit | nvidia-cuda-mps-control >/dev/null 2>&1 || true  # the daemon started here, but no client ran
-    echo "CUDA MPS: off (its daemon started, but a CUDA process could not be its client)"
+    MPS_STARTED=1; echo "CUDA MPS: on (started for this check; pipe directory $CUDA_MPS_PIPE_DIRECTORY)"
   fi
+}
+
+mps_off() {  # REASON: a daemon this check started, ended, and why it was no use, with the end of its log
+  echo quit | nvidia-cuda-mps-control >/dev/null 2>&1 || true
+  echo "CUDA MPS: off ($1); the end of its control.log:"
+  tail -n 8 "$CUDA_MPS_LOG_DIRECTORY/control.log" 2>&1 | sed 's/^/  /' || true
 }
 
 mps_stop() { if [ -n "${MPS_STARTED:-}" ]; then echo quit | nvidia-cuda-mps-control || true; MPS_STARTED=; fi; }

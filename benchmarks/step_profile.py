@@ -25,6 +25,7 @@ wall time.
 from __future__ import annotations
 
 import argparse
+import collections
 import dataclasses
 import importlib.resources
 import importlib.util
@@ -41,6 +42,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # `python bench
 
 ARRAY_MODULE = "freezesweep.trials.array"
 ARRAY_DEPTHS = (-1, 0, 2, 4, 8, 10, 12)  # the GPU grid's frozen depths: the members of a 7-wide array
+TOP = 6  # kernels named per row: where a step's device time goes (what a fused array step should shrink)
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -190,7 +192,8 @@ def timed(run, cfgs) -> Run:
     )
 
 
-def counted(run, cfgs) -> Run:
+def counted(run, cfgs) -> tuple[Run, collections.Counter]:
+    """The run's counts, and its device time by kernel name (µs; on a CPU, aten operators' own CPU time)."""
     import torch
     from torch.autograd import DeviceType
     from torch.profiler import ProfilerActivity, profile
@@ -205,12 +208,22 @@ def counted(run, cfgs) -> Run:
             torch.cuda.synchronize()
     events = prof.events()
     on_device = [e for e in events if e.device_type == DeviceType.CUDA]
+    by_name: collections.Counter = collections.Counter()
+    for e in on_device if cuda else (e for e in events if e.name.startswith("aten::")):
+        by_name[e.name] += e.time_range.elapsed_us() if cuda else e.self_cpu_time_total
     return Run(
         kernels=len(on_device) if cuda else sum(1 for e in events if e.name.startswith("aten::")),
         launches=sum(1 for e in events if "LaunchKernel" in e.name) if cuda else None,
         busy_ms=sum(e.time_range.elapsed_us() for e in on_device) / 1000 if cuda else None,
         syncs=len(spy.detected() if cuda else spy.syncs()),  # on a GPU: the syncs torch's detector saw
-    )
+    ), by_name
+
+
+def top_kernels(long: collections.Counter, short: collections.Counter, steps: int, count: int = TOP) -> list:
+    """The ``count`` kernels (or aten operators) that took the most device time per step, as
+    ``[name, ms per step]``: the long run's less the short run's, over its extra steps."""
+    per_step = {name: (long[name] - short.get(name, 0)) / steps / 1000 for name in long}
+    return [[name, ms] for name, ms in sorted(per_step.items(), key=lambda kv: -kv[1])[:count]]
 
 
 def per_step(args, run, make) -> dict:
@@ -223,7 +236,8 @@ def per_step(args, run, make) -> dict:
     cold = timed(run, long)  # its first meeting with the long run's shapes, timed
     long_run = timed(run, long)
     time_diff = long_run - timed(run, short)
-    count_diff = counted(run, long) - counted(run, short)
+    (long_counts, long_by), (short_counts, short_by) = counted(run, long), counted(run, short)
+    count_diff = long_counts - short_counts
     figures = {
         name: (value / args.steps if value is not None else None)
         for name, value in dataclasses.asdict(time_diff).items()
@@ -234,6 +248,7 @@ def per_step(args, run, make) -> dict:
     )
     figures["first_shapes_ms"] = (cold.wall_ms - long_run.wall_ms) / args.steps
     figures["peak_mib"] = long_run.peak_mib
+    figures["top_kernels"] = top_kernels(long_by, short_by, args.steps)
     return figures
 
 
@@ -345,9 +360,11 @@ def footnotes(rows: dict, args) -> None:
         "in a warm worker, before and after it met them)"
     )
     for name, f in rows.items():
-        if name.startswith("array of"):
-            members = int(name.split()[-1])
-            print(f"{name}: {f['wall_ms'] / members:.1f} ms of wall time per member-step")
+        top = ", ".join(f"{kernel[:60]} {ms:.2f}" for kernel, ms in f.get("top_kernels") or ())
+        print(f"{name}: the most {'busy' if args.device == 'cuda' else 'CPU'} ms a step: {top}")
+    for name, f in rows.items():
+        if name.startswith("array of"):  # "array of 7" or "array of 7, CUDA graphs"
+            print(f"{name}: {f['wall_ms'] / args.array:.1f} ms of wall time per member-step")
 
 
 if __name__ == "__main__":

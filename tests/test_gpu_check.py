@@ -64,6 +64,10 @@ def test_the_smoke_mode_runs_every_part(tmp_path):
     profile = json.loads((out / "profile.json").read_text())["per_step"]
     assert "single trial" in profile  # (CUDA graphs step aside on a CPU: their row is the GPU run's)
     assert profile["single trial"]["syncs"] == 0 and profile["single trial"]["wall_ms"] > 0
+    assert "array of 2, CUDA graphs" in profile  # the GPU run's row name; its footnote reads the width
+    log = (out / "profile.log").read_text()
+    assert "array of 2, CUDA graphs: " in log and "single trial: the most CPU ms a step: aten::" in log
+    assert all(ms > 0 for _, ms in profile["single trial"]["top_kernels"])  # where the step's time goes
     grid = json.loads((out / "grid.json").read_text())
     assert len(grid["freezesweep"]["cells"]) == 2  # glue/sst2, n = 50, k in {0, 2}
     _, planned = _plan(GPU_CHECK_SMOKE="1")

@@ -610,14 +610,27 @@ def padded(stream: DeviceStream, rows: int, tokens: int, pad_id: int) -> tuple[B
 
 
 def mask_as(mask: torch.Tensor, form: str) -> torch.Tensor:
-    """The padding mask ``[width, rows, tokens]`` as the model takes it batched: as it is ("2d": the
-    decoders and DeBERTa build theirs without asking its values), or additive ``[width, rows, 1, 1,
-    tokens]`` ("4d": BERT's mask-building branches on the values, which ``vmap`` refuses)."""
+    """The padding mask ``[width, rows, tokens]`` (or one for all, ``[rows, tokens]``) as the model takes
+    it batched: as it is ("2d": the decoders and DeBERTa build theirs without asking its values), or
+    additive ``[width, rows, 1, 1, tokens]`` ("4d": BERT's mask-building branches on the values, which
+    ``vmap`` refuses)."""
     if form == "2d":
         return mask
     return torch.zeros(mask.shape, device=mask.device).masked_fill(mask == 0, torch.finfo(torch.float32).min)[
-        :, :, None, None, :
+        ..., None, None, :
     ]
+
+
+class AdditiveMaskFeed(PaddedFeed):
+    """A padded feed that hands the model its padding mask additive and 4-D (``mask_as``'s "4d", one
+    mask for every member), so that none of the model's own mask building runs in the step: a CUDA graph
+    captures it. transformers 5.17's eager mask makes a host tensor, which a capture refuses (a padded
+    array's capture failed so on an H200, 2026-11-29: docs/speed.md). Only where the model gives the
+    same logits so (``slots_mask_form``: "4d")."""
+
+    def logits(self, model: nn.Module, batch: Batch) -> torch.Tensor:
+        inputs = batch.model_inputs()
+        return model(**inputs | {"attention_mask": mask_as(inputs["attention_mask"], "4d")}).logits
 
 
 # --- the array's run -------------------------------------------------------------------------------
@@ -759,7 +772,10 @@ def build_array(
     if own:
         streams = OwnStreams(first.batch_size, tokens, mask)
         return ArrayRun(stack, members, base, reader, streams, finish, on_results, start, depths)
-    shared = SharedStream(device_stream(data, first, schedule, device), feed, data.pad_id)
+    stream_feed = (
+        graph_feed(model, check_batch(data, device), data.pad_id, (reader, feed), key, worker) if graphed else feed
+    )
+    shared = SharedStream(device_stream(data, first, schedule, device), stream_feed, data.pad_id)
     if graphed:
         shared.buckets = length_buckets(batch_sizes(shared.stream.rows, shared.stream.orders, 0, base))
         shared.failures, shared.key = worker.graph_failures, key
@@ -826,6 +842,17 @@ def array_graphs_apply(
         and graphs.cuda_graphs_apply(common, device, precision, None)
         and key not in worker.graph_failures
     )
+
+
+def graph_feed(model: nn.Module, check: Batch, pad_id: int, feeding, key: FeedKey, worker: WorkerState):
+    """The feed a graphed array on one stream captures: ``AdditiveMaskFeed`` for a padded one where the
+    model takes a 4-D additive mask to the same logits, else the feed as it is."""
+    reader, feed = feeding
+    if type(feed) is not PaddedFeed:
+        return feed
+    with first_token.narrowed(model, reader):
+        form = slots_mask_form(model, check, pad_id, key, worker)
+    return AdditiveMaskFeed() if form == "4d" else feed
 
 
 def qualifies(

@@ -120,9 +120,13 @@ def test_a_graphed_array_trains_as_the_eager_one(still_bert, toy_dataset, monkey
         _cell(still_bert, toy_dataset, frozen_layers=k, device=device, pack_training=packed, trial_array=True)
         for k in (-1, 0, 2)
     ]
+    masks = _masks_in_captures(monkeypatch, captures)
     eager = array.run_array(cells)
     graphed = array.run_array([dataclasses.replace(c, cuda_graphs=True) for c in cells])
     assert 2 <= len(captures) <= 2 * graphs.BUCKETS and {len(c.labels) for c in captures} == {16, 8}
+    # what the model got in a capture: a padded feed's mask prebuilt (transformers' own mask building
+    # made a host tensor that a capture refused: an H200, transformers 5.17); a packed one's is
+    assert masks and set(masks) == {4}
     for g, e in zip(graphed, eager):
         assert {"trial_array", "cuda_graphs"} <= set(g.optimisations) and "cuda_graphs" not in e.optimisations
         assert ("packed_training" in g.optimisations) == packed
@@ -130,6 +134,23 @@ def test_a_graphed_array_trains_as_the_eager_one(still_bert, toy_dataset, monkey
         assert [p.loss for p in g.eval_curve] == pytest.approx([p.loss for p in e.eval_curve], rel=1e-4)
         assert g.best_val_accuracy == e.best_val_accuracy
     assert len({tuple(p.loss for p in g.eval_curve) for g in graphed}) == 3  # each member its own update
+
+
+def _masks_in_captures(monkeypatch, captures: list) -> list[int]:
+    """The attention mask's rank that BERT's forward gets while a capture (its first run) is under way."""
+    from transformers.models.bert import modeling_bert
+
+    ranks: list[int] = []
+    forward, seen = modeling_bert.BertModel.forward, [0]
+
+    def spied(self, *args, **kwargs):
+        if len(captures) > seen[0]:  # a capture began since the last forward: this one runs in it
+            seen[0] = len(captures)
+            ranks.append(kwargs["attention_mask"].dim())
+        return forward(self, *args, **kwargs)
+
+    monkeypatch.setattr(modeling_bert.BertModel, "forward", spied)
+    return ranks
 
 
 def test_a_graphed_array_captures_again_when_a_member_leaves(still_bert, toy_dataset, monkeypatch):
@@ -175,13 +196,15 @@ def _failing_capture(fail_at: int, calls: list, device: str = "cpu"):
     """A capture whose ``fail_at``-th call fails as one that meets a host sync does: on a GPU a real
     capture of a step that reads its loss on the host, on the CPU a stand-in that raises the same."""
 
+    real = graphs.run_eagerly if device == "cpu" else graphs.capture  # bound now: the test patches the name
+
     def capture(step, warm, inputs, shared):
         calls.append(len(inputs.labels))
         if len(calls) != fail_at:
-            return (graphs.run_eagerly if device == "cpu" else graphs.capture)(step, warm, inputs, shared)
+            return real(step, warm, inputs, shared)
         if device == "cpu":
             raise RuntimeError("CUDA error: operation not permitted when stream is capturing")
-        return graphs.capture(lambda batch: step(batch).sum().item(), warm, inputs, shared)
+        return real(lambda batch: step(batch).sum().item(), warm, inputs, shared)
 
     return capture
 
