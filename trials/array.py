@@ -612,8 +612,8 @@ def padded(stream: DeviceStream, rows: int, tokens: int, pad_id: int) -> tuple[B
 def mask_as(mask: torch.Tensor, form: str) -> torch.Tensor:
     """The padding mask ``[width, rows, tokens]`` (or one for all, ``[rows, tokens]``) as the model takes
     it batched: as it is ("2d": the decoders and DeBERTa build theirs without asking its values), or
-    additive ``[width, rows, 1, 1, tokens]`` ("4d": BERT's mask-building branches on the values, which
-    ``vmap`` refuses)."""
+    additive ``[width, rows, 1, 1, tokens]`` (``[rows, 1, 1, tokens]``) ("4d": BERT's mask-building
+    branches on the values, which ``vmap`` refuses)."""
     if form == "2d":
         return mask
     return torch.zeros(mask.shape, device=mask.device).masked_fill(mask == 0, torch.finfo(torch.float32).min)[

@@ -125,7 +125,7 @@ def test_a_graphed_array_trains_as_the_eager_one(still_bert, toy_dataset, monkey
     graphed = array.run_array([dataclasses.replace(c, cuda_graphs=True) for c in cells])
     assert 2 <= len(captures) <= 2 * graphs.BUCKETS and {len(c.labels) for c in captures} == {16, 8}
     # what the model got in a capture: a padded feed's mask prebuilt (transformers' own mask building
-    # made a host tensor that a capture refused: an H200, transformers 5.17); a packed one's is
+    # made a host tensor that a capture refused: an H200, transformers 5.17); a packed batch's is 4-D already
     assert masks and set(masks) == {4}
     for g, e in zip(graphed, eager):
         assert {"trial_array", "cuda_graphs"} <= set(g.optimisations) and "cuda_graphs" not in e.optimisations
