@@ -734,7 +734,8 @@ def build_array(
     common = dataclasses.replace(first, frozen_layers=min(c.frozen_layers for c in cfgs))  # what all freeze
     reader, feed = feed_of(common, model, data, device, packed=not own)
     key = model_key(first, model)
-    mask = qualifies(model, check_batch(data, device), data.pad_id, (reader, feed), key, own, worker)
+    check = check_batch(data, device)  # the rows the model's checks run on (qualifies, graph_feed)
+    mask = qualifies(model, check, data.pad_id, (reader, feed), key, own, worker)
     if mask is None:
         return None
     datas = {first.train_size: data} | {c.train_size: trial_data(c, device, worker) for c in cfgs[1:] if own}
@@ -772,9 +773,7 @@ def build_array(
     if own:
         streams = OwnStreams(first.batch_size, tokens, mask)
         return ArrayRun(stack, members, base, reader, streams, finish, on_results, start, depths)
-    stream_feed = (
-        graph_feed(model, check_batch(data, device), data.pad_id, (reader, feed), key, worker) if graphed else feed
-    )
+    stream_feed = graph_feed(model, check, data.pad_id, (reader, feed), key, worker) if graphed else feed
     shared = SharedStream(device_stream(data, first, schedule, device), stream_feed, data.pad_id)
     if graphed:
         shared.buckets = length_buckets(batch_sizes(shared.stream.rows, shared.stream.orders, 0, base))
