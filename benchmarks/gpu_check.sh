@@ -26,6 +26,9 @@
 #   `all` first starts the CUDA MPS control daemon where the machine has it, as the cluster recipes do
 #   (GPU_CHECK_MPS=0: not), and says in check.log whether a CUDA process here is an MPS client.
 #     bash benchmarks/gpu_check.sh baseline   # HF Trainer vs freezesweep on a subset of the same cells
+#     bash benchmarks/gpu_check.sh reference  # the 350-trial grid (the 70 cells x 5 seeds) as trial arrays
+#                                             # (GPU_CHECK_REFERENCE_ARRAYS=0: in 8 processes); not in `all`:
+#                                             # a device call of its own (at most 9 minutes)
 #     bash benchmarks/gpu_check.sh probe      # gpus_per_trial auto's measurement alone
 #   GPU_CHECK_GRID_ARGS="--eval-batch-size 256" bash benchmarks/gpu_check.sh grid   # a grid part with more options
 #   GPU_CHECK_WORKERS=16 bash benchmarks/gpu_check.sh grid    # more trial processes (GPU_CHECK_ARRAY_WORKERS: arrays')
@@ -96,7 +99,7 @@ if [ -n "$SMOKE" ]; then
   DEVICE=cpu STEPS=2 WARMUP=1 PROFILE_N=50 PROFILE_EVAL=16 GRAPHS=off ARRAY_GRAPHS=on SIZES=(50) DEPTHS=(0 2)
   DATASETS=(glue/sst2)
   EPOCHS=1 WORKERS=2 ARRAY_WORKERS=1 WIDTH=2 EVAL=(--max-eval-examples 32)
-  LIMITS=(tests=400 profile=400 grid=400 arrays=400 graphs=400)  # a minute or two in all on an idle CPU; caps for a busy one
+  LIMITS=(tests=400 profile=400 grid=400 arrays=400 graphs=400 reference=400)  # a minute or two in all on an idle CPU; caps for a busy one
 else
   # CUDA graphs' step was measured on the H100 (docs/speed.md): the profile's time goes to the array's row
   DEVICE=cuda STEPS=30 WARMUP=5 PROFILE_N=1000 PROFILE_EVAL=256 GRAPHS=${GPU_CHECK_PROFILE_GRAPHS:-off}
@@ -109,7 +112,8 @@ else
   # its progress, so the profile and the arrays get more.
   # On the H200 (2026-11-29, docs/speed.md) the tests took 51 s and the profile's two rows 115 s, so the
   # profile gets the most; the full grids took 114 s (8 processes) and 125 s (arrays) with their start.
-  LIMITS=(tests=60 profile=120 grid=80 arrays=90 graphs=95)  # graphs: not in `all`
+  # The tests get 15 s more from the grids (2026-11-30: five CUDA tests of graphed evaluations added).
+  LIMITS=(tests=75 profile=120 grid=70 arrays=85 graphs=95 reference=540)  # graphs, reference: not in `all`
 fi
 if [ -n "${GPU_CHECK_LIMITS:-}" ]; then  # e.g. "profile=150 arrays=130": a part run alone on a longer lease
   read -ra LIMITS <<< "$GPU_CHECK_LIMITS ${LIMITS[*]}"  # the first of a name wins (limit)
@@ -247,6 +251,16 @@ arrays() {
   "$PY" benchmarks/grid_speed.py "${GRID[@]}" --workers "$ARRAY_WORKERS" --arrays "$WIDTH" --out "$LOGS/arrays.json"
 }
 
+reference() {  # the reference study's 350 trials (5 seeds), against its goal of 4 minutes on one H200 (issue 35)
+  local seeds=(0 1 2 3 4); [ -z "$SMOKE" ] || seeds=(0 1)
+  if [ "${GPU_CHECK_REFERENCE_ARRAYS:-1}" != 0 ] && has_arrays; then
+    "$PY" benchmarks/grid_speed.py "${GRID[@]}" --seeds "${seeds[@]}" --workers "$ARRAY_WORKERS" --arrays "$WIDTH" \
+      --out "$LOGS/reference.json"
+  else
+    "$PY" benchmarks/grid_speed.py "${GRID[@]}" --seeds "${seeds[@]}" --workers "$WORKERS" --out "$LOGS/reference.json"
+  fi
+}
+
 case "${1:-}" in
 prepare)
   prepare
@@ -274,7 +288,7 @@ all)
     exit "$failed"  # (this block is a subshell: with pipefail its status is the script's)
   } 2>&1 | tee "$LOGS/check.log"
   ;;
-tests|profile|grid|arrays|graphs)
+tests|profile|grid|arrays|graphs|reference)
   environment
   TAIL=200 part "$1"  # its status the script's (set -e)
   ;;
@@ -302,7 +316,7 @@ probe)
   done
   ;;
 *)
-  echo "usage: bash benchmarks/gpu_check.sh prepare|plan|all|tests|profile|grid|arrays|graphs|baseline|probe" >&2
+  echo "usage: bash benchmarks/gpu_check.sh prepare|plan|all|tests|profile|grid|arrays|graphs|reference|baseline|probe" >&2
   exit 2
   ;;
 esac

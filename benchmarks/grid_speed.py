@@ -237,15 +237,17 @@ def _through_processes(cells, args) -> list[dict]:
 
 
 def _said(rows: list[dict]) -> str:
-    """A finished unit in a few words: its cells, its slowest member's wall time, what it ran with."""
-    first, config = rows[0], rows[0]["config"]
+    """A finished unit in a few words: its cells, its slowest member's wall time, what it ran with (an
+    array: what any member did, in order of first use)."""
+    config = rows[0]["config"]
     cells = f"{config['dataset']} n={config['train_size']} k=" + ",".join(
         str(r["config"]["frozen_layers"]) for r in rows
     )
     wall = max(r.get("wall_time_s") or 0.0 for r in rows)
     statuses = collections.Counter(r["status"] for r in rows)  # an array's members can end differently
     said = ", ".join(f"{n} {s}" if len(rows) > 1 else s for s, n in statuses.items())
-    return f"{cells} in {wall:.1f} s ({said}; {', '.join(first.get('optimisations') or ()) or '-'})"
+    used = dict.fromkeys(name for r in rows for name in r.get("optimisations") or ())
+    return f"{cells} in {wall:.1f} s ({said}; {', '.join(used) or '-'})"
 
 
 def _work(unit) -> float:

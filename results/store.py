@@ -156,8 +156,9 @@ SCHEMA = pa.schema(
         ("eval_cached_layers", pa.int64()),
         ("train_cached_layers", pa.int64()),
         ("cache_fill_time_s", pa.float64()),
-        # What the trial used of eval_cache, train_cache, narrowed_last_layer, packed_training (each only
-        # where its check showed it exact for the model); null on rows stored before the column.
+        # What the trial used of eval_cache, train_cache, narrowed_last_layer, packed_training, cuda_graphs,
+        # eval_graphs, trial_array (each only where its check showed it exact for the model); null on rows
+        # stored before the column.
         ("optimisations", pa.list_(pa.string())),
         ("n_train", pa.int64()),
         ("n_eval", pa.int64()),

@@ -72,6 +72,14 @@ def test_the_smoke_mode_runs_every_part(tmp_path):
     assert len(grid["freezesweep"]["cells"]) == 2  # glue/sst2, n = 50, k in {0, 2}
     _, planned = _plan(GPU_CHECK_SMOKE="1")
     assert {p.name for p in out.iterdir()} <= set(planned)
+    # the reference part, a device call of its own: its grid's seeds as trial arrays
+    (apart := tmp_path / "reference").mkdir()
+    done = subprocess.run(
+        ["bash", str(SCRIPT), "reference"], env={**env, "OUT": str(apart)}, capture_output=True, text=True, cwd=REPO
+    )
+    assert done.returncode == 0, done.stdout[-2000:]
+    reference = json.loads((apart / "reference.json").read_text())["freezesweep+trial arrays"]
+    assert len(reference["cells"]) == 4 and "4 of 4 rows ran in trial arrays" in done.stdout  # 2 seeds x k in {0, 2}
 
 
 def _refused(carry_mode: str | None, smoke: str, tmp_path, part: str = "all") -> subprocess.CompletedProcess:

@@ -97,22 +97,25 @@ from freezesweep.trials.config import EvalPoint, TrialConfig, TrialResult
 from freezesweep.trials.eval_cache import PrefixStates, eval_mode, starting_at
 from freezesweep.trials.evaluate import eval_labels, task_loss
 from freezesweep.trials.freezing import FreezeReport, find_encoder_parts, prefix_names
-from freezesweep.trials.graphs import StepGraphs, length_buckets
+from freezesweep.trials.graphs import EvalGraphs, StepGraphs, length_buckets
 from freezesweep.trials.metrics import compute_metrics, constant
 from freezesweep.trials.model import eager_attention
 from freezesweep.trials.oom import catch_oom, is_oom
-from freezesweep.trials.packing import PackedFeed, PaddedFeed
+from freezesweep.trials.packing import AdditiveMaskFeed, PackedFeed, PaddedFeed, mask_as, widened
 from freezesweep.trials.precision import PrecisionPlan, resolve_config, resolve_precision, synchronize, trial_device
 from freezesweep.trials.run import (
     TrialData,
     adapt,
     check_batch,
+    evaluation_feed_of,
+    evaluation_graphed,
     evaluation_prefix,
     feed_of,
     free_memory,
     initial_model,
     model_key,
     optimisations_used,
+    prebuilt_mask,
     run_trial,
     run_trial_or_oom,
     seeded_weights,
@@ -263,13 +266,20 @@ class Stack:
         return vmap(member, randomness=self.randomness)(self.tensors, inputs)
 
     def starting_at(
-        self, layer: int, slots: Sequence[int] | None = None, skip: frozenset[str] = frozenset()
+        self,
+        layer: int,
+        slots: Sequence[int] | None = None,
+        skip: frozenset[str] = frozenset(),
+        index: torch.Tensor | None = None,
     ) -> dict[str, torch.Tensor]:
         """The stacked parameters named as in the layer list ``[injector, layer_k, …]`` (eval cache):
         ``slots``' slices only (a view where they follow each other; default: every slot), without
-        ``skip`` (the frozen prefix the injector stands in for: the model's own weights run there)."""
+        ``skip`` (the frozen prefix the injector stands in for: the model's own weights run there).
+        ``index``: ``slots`` on the device already (a CUDA graph's capture copies nothing from the host)."""
         pattern = re.compile(rf"^{re.escape(self.layers_path)}\.(\d+)\.")
-        pick: slice | list[int] = slice(None) if slots is None else list(slots)
+        pick: slice | list[int] | torch.Tensor = (
+            slice(None) if slots is None else list(slots) if index is None else index
+        )
         if slots is not None and list(slots) == list(range(slots[0], slots[-1] + 1)):
             pick = slice(slots[0], slots[-1] + 1)  # a view, no copy
 
@@ -499,14 +509,22 @@ def evaluate_array(
     device: torch.device,
     groups: Sequence[EvalGroup] | None = None,
     labels: np.ndarray | None = None,
+    feed: PaddedFeed | None = None,
+    eval_graphs: EvalGraphs | None = None,
 ) -> dict[int, tuple[dict[str, float], float, bool]]:
     """Each grouped slot's (metrics, mean loss, whether every row got one prediction) over the
     validation batches, as trials/evaluate.py computes one trial's: the members in one pass per batch
-    for each group (default: one group of every slot, uncached)."""
+    for each group (default: one group of every slot, uncached); ``feed`` and ``eval_graphs`` as
+    there, a graph per group."""
     slots: list[int] = []
     sums, predicted = [], []  # (put together on the device: no index tensor from the host)
     for group in groups or (EvalGroup(tuple(range(stack.width))),):
-        group_sums, predictions = _evaluate_group(stack, batches, plan, device, group)
+        run = functools.partial(_evaluate_group, stack, batches, plan, device, group, feed or PaddedFeed())
+        if eval_graphs is None:
+            group_sums, predictions = run()
+        else:  # one graph per group (its slots, from its depth), its device index made once with it
+            key = (group.slots, group.prefix and group.prefix.layer)
+            group_sums, predictions = eval_graphs(key, run, functools.partial(slot_index, group.slots, device))
         slots += group.slots
         sums.append(group_sums)
         predicted.append(predictions)
@@ -521,11 +539,18 @@ def evaluate_array(
 
 
 def _evaluate_group(
-    stack: Stack, batches: list[Batch], plan: PrecisionPlan, device: torch.device, group: EvalGroup
+    stack: Stack,
+    batches: list[Batch],
+    plan: PrecisionPlan,
+    device: torch.device,
+    group: EvalGroup,
+    feed: PaddedFeed,
+    index: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """One group's loss sums ``[slots]`` and predictions ``[slots, rows]`` over the batches."""
+    """One group's loss sums ``[slots]`` and predictions ``[slots, rows]`` over the batches, on the
+    device (``index``: its slots there, where a CUDA graph captures the pass)."""
     prefix = group.prefix
-    tensors = stack.starting_at(prefix.layer if prefix else 0, group.slots, group.skip)
+    tensors = stack.starting_at(prefix.layer if prefix else 0, group.slots, group.skip, index)
     loss_sums, predicted = torch.zeros(len(group.slots), dtype=torch.float64, device=device), []
     with (
         eval_mode(stack.model),
@@ -534,11 +559,17 @@ def _evaluate_group(
         for i, batch in enumerate(batches):
             if injector is not None:
                 injector.states = prefix.states[i]  # type: ignore[union-attr]  # set with the injector
-            with plan.autocast():
-                logits = stack.logits(PaddedFeed(), batch, tensors).float()
+            with plan.autocast(cache=False):  # (a capture outlives no cast weight: trials/graphs.py)
+                logits = stack.logits(feed, batch, tensors).float()
             loss_sums += vmap(functools.partial(task_loss, reduction="sum"), in_dims=(0, None))(logits, batch.labels)
             predicted.append(logits.squeeze(-1) if batch.labels.is_floating_point() else logits.argmax(-1))
     return loss_sums, torch.cat(predicted, dim=1)
+
+
+def slot_index(slots: Sequence[int], device: torch.device) -> tuple[torch.Tensor | None]:
+    """(``slots`` as a device index,), or (None,) where they follow each other (a view picks them)."""
+    following = list(slots) == list(range(slots[0], slots[-1] + 1))
+    return (None if following else torch.tensor(list(slots), device=device),)
 
 
 # --- how batches reach the slots: one stream for all, or one per slot ----------------------------------
@@ -609,30 +640,6 @@ def padded(stream: DeviceStream, rows: int, tokens: int, pad_id: int) -> tuple[B
     return batch, (torch.arange(rows, device=device) < real).float()
 
 
-def mask_as(mask: torch.Tensor, form: str) -> torch.Tensor:
-    """The padding mask ``[width, rows, tokens]`` (or one for all, ``[rows, tokens]``) as the model takes
-    it batched: as it is ("2d": the decoders and DeBERTa build theirs without asking its values), or
-    additive ``[width, rows, 1, 1, tokens]`` (``[rows, 1, 1, tokens]``) ("4d": BERT's mask-building
-    branches on the values, which ``vmap`` refuses)."""
-    if form == "2d":
-        return mask
-    return torch.zeros(mask.shape, device=mask.device).masked_fill(mask == 0, torch.finfo(torch.float32).min)[
-        ..., None, None, :
-    ]
-
-
-class AdditiveMaskFeed(PaddedFeed):
-    """A padded feed that hands the model its padding mask additive and 4-D (``mask_as``'s "4d", one
-    mask for every member), so that none of the model's own mask building runs in the step: a CUDA graph
-    captures it. transformers 5.17's eager mask makes a host tensor, which a capture refuses (a padded
-    array's capture failed so on an H200, 2026-11-29: docs/speed.md). Only where the model gives the
-    same logits so (``slots_mask_form``: "4d")."""
-
-    def logits(self, model: nn.Module, batch: Batch) -> torch.Tensor:
-        inputs = batch.model_inputs()
-        return model(**inputs | {"attention_mask": mask_as(inputs["attention_mask"], "4d")}).logits
-
-
 # --- the array's run -------------------------------------------------------------------------------
 @dataclass
 class Plan:
@@ -657,6 +664,7 @@ class ArrayRun:
     refill: Callable[[int], Member | None] = lambda slot: None  # the next cell for a free slot (slots)
     eval_depths: EvalDepths = EvalDepths({})  # where each member is evaluated from
     results: dict[str, TrialResult] = field(default_factory=dict)
+    eval_graphs: EvalGraphs | None = None  # its evaluations as CUDA graphs (an array on one stream)
 
 
 def run_array(
@@ -746,6 +754,7 @@ def build_array(
     schedule = make_schedule(len(data.train_rows), common)
     graphed = not own and array_graphs_apply(cfgs, common, (device, precision), key, worker)
     base = _array_context(common, precision, device, schedule, data, feed, graphed)
+    base, eval_graphs = array_evaluation(base, model, (check, data.pad_id, reader), key, worker)
     queue = collections.deque(cfgs)
     tokens = max(map(longest, datas.values())) if own else 0  # the slots' one batch shape: the longest row
 
@@ -766,8 +775,14 @@ def build_array(
             m.cfg, m.data, m.report, m.state, device, precision, (prefix, None), wall_s, depths.fill_s
         )
         # (a capture that failed in this array put the model among the worker's graph failures)
-        used = optimisations_used(prefix, None, reader, feed, cuda_graphs=graphed and key not in worker.graph_failures)
+        on = graphed and key not in worker.graph_failures
+        used = optimisations_used(prefix, None, reader, feed, cuda_graphs=on, eval_graphs=evaluated_graphed())
         return dataclasses.replace(result, optimisations=(*used, OPTIMISATION))
+
+    def evaluated_graphed() -> bool:  # (a failed capture: this worker's later arrays evaluate eagerly)
+        if eval_graphs is not None and eval_graphs.failed:
+            worker.graph_failures[(key, "evaluation")] = eval_graphs.failed
+        return bool(eval_graphs and eval_graphs.graphs)  # (none where a capture failed)
 
     members = [start(slot, started) for slot in range(stack.width)]
     if own:
@@ -778,7 +793,7 @@ def build_array(
     if graphed:
         shared.buckets = length_buckets(batch_sizes(shared.stream.rows, shared.stream.orders, 0, base))
         shared.failures, shared.key = worker.graph_failures, key
-    return ArrayRun(stack, members, base, reader, shared, finish, on_results, start, depths)
+    return ArrayRun(stack, members, base, reader, shared, finish, on_results, start, depths, eval_graphs=eval_graphs)
 
 
 def _array_context(
@@ -803,6 +818,20 @@ def _array_context(
         eval_labels=eval_labels(data.batches),
         cuda_graphs=graphed,
     )
+
+
+def array_evaluation(
+    base: FitContext, model: nn.Module, check: tuple, key: FeedKey, worker: WorkerState
+) -> tuple[FitContext, EvalGraphs | None]:
+    """The array's evaluations as CUDA graphs where its step is graphed (``evaluation_graphed``, as a
+    single trial's), and how they feed the model (``prebuilt_mask``, ``evaluation_feed_of``: on
+    ``check``'s rows); else as they were."""
+    eval_graphed = evaluation_graphed(base.cuda_graphs, base.device, key, worker)
+    if not prebuilt_mask(eval_graphed, base.device, base.plan):
+        return base, None
+    batch, pad_id, reader = check
+    feed = evaluation_feed_of(model, batch, pad_id, key, worker, reader)
+    return dataclasses.replace(base, eval_graphs=eval_graphed, eval_feed=feed), EvalGraphs() if eval_graphed else None
 
 
 def eval_depths(cfgs: Sequence[TrialConfig], model: nn.Module, names: set[str], where: tuple) -> EvalDepths:
@@ -968,7 +997,8 @@ def _evaluate_members(run: ArrayRun, due: list[Member]) -> None:
     base = run.base
     started = time.perf_counter()
     groups = run.eval_depths.groups(due)
-    outcomes = evaluate_array(run.stack, base.eval_batches, base.plan, base.device, groups, base.eval_labels)
+    where = (base.eval_batches, base.plan, base.device)
+    outcomes = evaluate_array(run.stack, *where, groups, base.eval_labels, base.eval_feed, run.eval_graphs)
     eval_s = (time.perf_counter() - started) / len(due)
     for member in due:
         metrics, loss, one_prediction = outcomes[member.slot]
@@ -1083,7 +1113,7 @@ def _mask_form(model: nn.Module, batch: Batch, pad_id: int) -> str | None:
     flipped = dataclasses.replace(
         batch, **{n: getattr(batch, n).flip(0) for n in names if getattr(batch, n) is not None}
     )
-    slots = [_wider(b, tokens, pad_id) for b in (batch, flipped)]
+    slots = [widened(b, tokens, pad_id) for b in (batch, flipped)]
     stack = Stack(model, {n: p.detach().expand(2, *p.shape).clone() for n, p in model.named_parameters()}, "")
     with eval_mode(model), torch.no_grad():
         plain = [model(**b.model_inputs()).logits for b in slots]
@@ -1101,20 +1131,6 @@ def _mask_form(model: nn.Module, batch: Batch, pad_id: int) -> str | None:
             if all(first_token.logits_agree(a, b) for a, b in zip(plain, logits)):
                 return form
     return None
-
-
-def _wider(batch: Batch, tokens: int, pad_id: int) -> Batch:
-    """``batch`` padded on the right (masked) to ``tokens`` tokens, as a slot's batch is."""
-
-    def grown(t: torch.Tensor | None, value: int) -> torch.Tensor | None:
-        return None if t is None else torch.nn.functional.pad(t, (0, tokens - t.shape[1]), value=value)
-
-    return Batch(
-        grown(batch.input_ids, pad_id),
-        grown(batch.attention_mask, 0),
-        batch.labels,
-        token_type_ids=grown(batch.token_type_ids, 0),
-    )
 
 
 def _gap(single: torch.Tensor | None, stacked: torch.Tensor | None) -> str:

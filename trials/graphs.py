@@ -1,5 +1,6 @@
 """The training step as CUDA graphs, one per (rows, length bucket): opt-in (``cuda_graphs``), and off
-by default until a GPU has measured what it gives (issue 35.4).
+by default until a GPU has measured what it gives (issue 35.4); with it, each evaluation as one graph
+(``EvalGraphs``, at the end).
 
 A small model's step on a GPU is about a thousand kernel launches (gpu notes: a BERT-base step at batch
 16 is ~0.2 ms of arithmetic and ~70 ms of launching); a captured graph launches them all in one call.
@@ -209,3 +210,67 @@ def capture_error(exc: BaseException) -> str:
 
 def _clone(value):
     return value.clone() if isinstance(value, torch.Tensor) else value
+
+
+# --- evaluations as graphs -------------------------------------------------------------------------
+# An evaluation is the same computation every time: the validation batches, on the device from the
+# trial's start, through weights the optimizer updates in place. On a GPU an eager one is a few hundred
+# kernel launches per batch (a trial array's: per batch and depth group), which the host issues one by
+# one: on an H200 an array's evaluations took 36 % of its trial time (docs/speed.md, 2026-11-29).
+def evaluation_graphs_apply(graphed: bool, device: torch.device) -> bool:
+    """Whether evaluations run as CUDA graphs: where the training step does (``cuda_graphs_apply``), on a GPU."""
+    return graphed and device.type == "cuda"
+
+
+def capture_evaluation(run: Callable[[], tuple[torch.Tensor, ...]], shared: dict):
+    """``run()`` captured as a CUDA graph after a warm-up run on the capture stream: (replay, its outputs)."""
+    return capture(lambda _: run(), lambda _: run(), None, shared)
+
+
+def evaluate_eagerly(run: Callable[[], tuple[torch.Tensor, ...]], shared: dict):
+    """``capture_evaluation``'s stand-in where there is no GPU (tests): ``run()`` at each replay, into
+    the same static outputs."""
+    outputs = tuple(torch.zeros_like(t) for t in run())
+
+    def replay() -> None:
+        for static, new in zip(outputs, run()):
+            static.copy_(new)
+
+    return replay, outputs
+
+
+class EvalGraphs:
+    """Evaluations as CUDA graphs: each ``key``'s evaluation (``run()``: every validation batch through
+    the model, its device outputs) captured at its first time and replayed at the later ones. The
+    captured run reads what it reads where it is, so a replay sees the weights as they are now; it reads
+    nothing on the host (a capture refuses a host sync or a host-to-device copy, so the model gets its
+    padding mask prebuilt where it can: trials/packing.py ``evaluation_feed``). A capture that fails
+    is not a failed trial: that evaluation and every later one run eagerly, and ``failed`` says why.
+    The graphs share one memory pool: one replays at a time, and its outputs are copied at once."""
+
+    def __init__(self) -> None:
+        self.graphs: dict = {}
+        self.shared: dict = {}  # the captures' memory pool and stream
+        self.failed: str | None = None
+
+    def __call__(self, key, run: Callable[..., tuple[torch.Tensor, ...]], inputs: Callable[[], tuple] = tuple):
+        """``run(*inputs())``'s outputs, replayed from ``key``'s graph; ``inputs`` makes what the run
+        reads from the host (an index, say), once per graph: kept with it, as the replays read it."""
+        if self.failed is not None:
+            return run(*inputs())
+        graph = self.graphs.get(key)
+        if graph is None:
+            held = inputs()
+            try:
+                graph = self.graphs[key] = (*capture_evaluation(lambda: run(*held), self.shared), held)
+            except RuntimeError as exc:
+                if is_oom(exc):
+                    raise  # the trial's, as any step's (trials/oom.py)
+                self.failed = capture_error(exc)
+                log.warning("an evaluation's CUDA graph capture failed, evaluations run eagerly: %s", self.failed)
+                self.graphs.clear()
+                self.shared.clear()
+                return run(*held)
+        replay, outputs, _ = graph
+        replay()
+        return tuple(output.clone() for output in outputs)  # the next replay overwrites them

@@ -196,3 +196,68 @@ def _packing_agrees(model: nn.Module, batch: Batch) -> bool:
                 raise
             return False
     return first_token.logits_agree(padded, unpadded)
+
+
+# --- the padding mask prebuilt (CUDA graphs) --------------------------------------------------------
+def mask_as(mask: torch.Tensor, form: str) -> torch.Tensor:
+    """The padding mask ``[width, rows, tokens]`` (or one for all, ``[rows, tokens]``) as the model takes
+    it batched: as it is ("2d": the decoders and DeBERTa build theirs without asking its values), or
+    additive ``[width, rows, 1, 1, tokens]`` (``[rows, 1, 1, tokens]``) ("4d": BERT's mask-building
+    branches on the values, which ``vmap`` refuses)."""
+    if form == "2d":
+        return mask
+    return torch.zeros(mask.shape, device=mask.device).masked_fill(mask == 0, torch.finfo(torch.float32).min)[
+        ..., None, None, :
+    ]
+
+
+class AdditiveMaskFeed(PaddedFeed):
+    """A padded feed that hands the model its padding mask additive and 4-D (``mask_as``'s "4d", one
+    mask for every member), so that none of the model's own mask building runs in the step: a CUDA graph
+    captures it. transformers 5.17's eager mask makes a host tensor, which a capture refuses (a padded
+    array's capture failed so on an H200, 2026-11-29: docs/speed.md). Only where the model gives the
+    same logits so (an array's ``slots_mask_form`` "4d", an evaluation's ``evaluation_feed``)."""
+
+    def logits(self, model: nn.Module, batch: Batch) -> torch.Tensor:
+        inputs = batch.model_inputs()
+        return model(**inputs | {"attention_mask": mask_as(inputs["attention_mask"], "4d")}).logits
+
+
+def widened(batch: Batch, tokens: int, pad_id: int) -> Batch:
+    """``batch`` padded on the right (masked) to ``tokens`` tokens, as a slot's batch is, or to
+    show that a check's batch is masked."""
+
+    def grown(t: torch.Tensor | None, value: int) -> torch.Tensor | None:
+        return None if t is None else torch.nn.functional.pad(t, (0, tokens - t.shape[1]), value=value)
+
+    return Batch(
+        grown(batch.input_ids, pad_id),
+        grown(batch.attention_mask, 0),
+        batch.labels,
+        token_type_ids=grown(batch.token_type_ids, 0),
+    )
+
+
+def evaluation_feed(model: nn.Module, batch: Batch, pad_id: int, key: FeedKey, verdicts: dict) -> PaddedFeed:
+    """How a graphed evaluation feeds the model its padded batches: ``AdditiveMaskFeed`` where the model
+    gives the same logits on ``batch`` padded wider (in fp32, in eval mode) with its mask prebuilt as
+    with the plain mask, else as they are. transformers' own mask building reads the mask on the host
+    (SDPA's ``padding_mask.all()``, a sync per batch) or makes a host tensor (5.17's eager mask): a
+    capture refuses both. Measured once per ``key`` into ``verdicts`` (the worker's)."""
+    verdict = (key, "additive_mask")
+    if verdict not in verdicts:
+        verdicts[verdict] = _additive_mask_agrees(model, widened(batch, batch.input_ids.shape[1] + 1, pad_id))
+    return AdditiveMaskFeed() if verdicts[verdict] else PaddedFeed()
+
+
+@torch.no_grad()
+def _additive_mask_agrees(model: nn.Module, batch: Batch) -> bool:
+    with eval_mode(model):
+        plain = model(**batch.model_inputs()).logits
+        try:
+            prebuilt = AdditiveMaskFeed().logits(model, batch)
+        except Exception as exc:  # a model that takes no 4-D mask: its evaluations feed the plain one
+            if is_oom(exc):
+                raise
+            return False
+    return first_token.logits_agree(plain, prebuilt)

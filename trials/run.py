@@ -43,7 +43,7 @@ from freezesweep.trials.model import (
     set_padding,
 )
 from freezesweep.trials.oom import catch_oom, is_oom
-from freezesweep.trials.packing import PackedFeed, PaddedFeed, training_feed
+from freezesweep.trials.packing import PackedFeed, PaddedFeed, evaluation_feed, training_feed
 from freezesweep.trials.placement import where
 from freezesweep.trials.precision import PrecisionPlan, resolve_config, resolve_precision, synchronize, trial_device
 from freezesweep.trials.subsets import indices_digest, stratified_order, subset_indices
@@ -77,6 +77,7 @@ def run_trial(
     graphed = graphs.cuda_graphs_apply(cfg, device, plan, train_prefix) and model_key(cfg, model) not in (
         data.worker.graph_failures
     )
+    eval_graphed, eval_feed = _evaluation(cfg, model, data, (device, plan), reader, graphed)
     ctx = FitContext(
         cfg=cfg,
         plan=plan,
@@ -89,16 +90,21 @@ def run_trial(
         feed=feed,
         on_checkpoint=on_checkpoint or (lambda path: None),
         cuda_graphs=graphed,
+        eval_graphs=eval_graphed,
+        eval_feed=eval_feed,
     )
     with first_token.narrowed(model, reader):
         state = fit(model, data.train_tokens, data.task.train.labels[data.train_rows], data.pad_id, ctx)
     if state.cuda_graphs_failed:  # this worker's later trials of the model run eagerly from the start
         data.worker.graph_failures[model_key(cfg, model)] = state.cuda_graphs_failed
+    if state.eval_graphs_failed:  # and its evaluations
+        data.worker.graph_failures[(model_key(cfg, model), "evaluation")] = state.eval_graphs_failed
     prefixes = (eval_prefix, train_prefix)
     result = trial_result(
         cfg, data, report, state, device, plan, prefixes, time.perf_counter() - started, cache_fill_time_s
     )
-    used = optimisations_used(*prefixes, reader, feed, cuda_graphs=graphed and not state.cuda_graphs_failed)
+    graphed = graphed and not state.cuda_graphs_failed
+    used = optimisations_used(*prefixes, reader, feed, cuda_graphs=graphed, eval_graphs=state.eval_graphs)
     return dataclasses.replace(result, lora_targets=lora_targets, optimisations=used)
 
 
@@ -132,6 +138,7 @@ def optimisations_used(
     reader: Reader | None,
     feed: PaddedFeed | PackedFeed,
     cuda_graphs: bool = False,
+    eval_graphs: bool = False,
 ) -> tuple[str, ...]:
     """What the row says the trial used (each one decided by its own check, the rest stepped aside)."""
     used = {
@@ -140,6 +147,7 @@ def optimisations_used(
         "narrowed_last_layer": reader is not None,
         "packed_training": isinstance(feed, PackedFeed),
         "cuda_graphs": cuda_graphs,
+        "eval_graphs": eval_graphs,
     }
     return tuple(name for name, on in used.items() if on)
 
@@ -374,6 +382,40 @@ def feed_of(
         cfg.pack_training and packed,
         narrow_evaluation=not every_layer_frozen,
     )
+
+
+def evaluation_graphed(graphed: bool, device: torch.device, key: FeedKey, worker: WorkerState) -> bool:
+    """Evaluations as CUDA graphs where the step is graphed on a GPU, unless this worker saw a capture of
+    the model's evaluation fail."""
+    return graphs.evaluation_graphs_apply(graphed, device) and (key, "evaluation") not in worker.graph_failures
+
+
+def prebuilt_mask(eval_graphed: bool, device: torch.device, plan: PrecisionPlan) -> bool:
+    """Whether evaluations hand the model its padding mask prebuilt (where exact: ``evaluation_feed_of``):
+    graphed ones (a capture refuses the model's own mask building), and every other on a GPU but fp16's:
+    transformers' own mask building reads the mask on the host once per batch (SDPA's
+    ``padding_mask.all()``), a sync the host waits on. fp16 keeps the model's own (the prebuilt mask turns
+    -inf in fp16: not yet run on a GPU); a CPU too (a sync there costs nothing)."""
+    return eval_graphed or (device.type == "cuda" and plan.name != "fp16")
+
+
+def evaluation_feed_of(model, check: Batch, pad_id: int, key: FeedKey, worker: WorkerState, reader) -> PaddedFeed:
+    """How evaluations feed the model where ``prebuilt_mask`` holds (trials/packing.py ``evaluation_feed``),
+    checked on ``check``'s rows as they evaluate: on the last layer narrowed where it will be."""
+    with first_token.narrowed(model, reader):
+        return evaluation_feed(model, check, pad_id, key, worker.feed_verdicts)
+
+
+def _evaluation(
+    cfg: TrialConfig, model, data: TrialData, where: tuple, reader, graphed: bool
+) -> tuple[bool, PaddedFeed]:
+    """A trial's evaluations: as CUDA graphs or not, and how they feed the model."""
+    device, plan = where
+    key = model_key(cfg, model)
+    eval_graphed = evaluation_graphed(graphed, device, key, data.worker)
+    if not prebuilt_mask(eval_graphed, device, plan):
+        return eval_graphed, PaddedFeed()
+    return eval_graphed, evaluation_feed_of(model, check_batch(data, device), data.pad_id, key, data.worker, reader)
 
 
 def model_key(cfg: TrialConfig, model) -> FeedKey:

@@ -1,6 +1,6 @@
 """Host syncs, counted: the calls that make the host wait for the device (``.item()``, ``float(t)``,
 ``bool(t)``, ``.cpu()``, ``.tolist()``, ``nonzero``, boolean-mask indexing, ``torch.equal`` …), and copies
-between host and device.
+between host and device (an index from a list included).
 
 On a GPU each such call stalls the host until every queued kernel has run, so a step loop with one in
 it can never run ahead of the device: it launches, waits, launches. The training loop keeps them to
@@ -18,6 +18,7 @@ import sys
 import warnings
 from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 
 # Tensor methods that read a device value on the host (each a device-to-host copy the host waits for).
@@ -57,7 +58,7 @@ class HostSyncs:
             self._wrap(torch.Tensor, name, f"Tensor.{name}")
         for name in _TORCH_READS:
             self._wrap(torch, name, f"torch.{name}")
-        self._wrap(torch.Tensor, "__getitem__", "boolean-mask indexing", only=_boolean_index)
+        self._wrap(torch.Tensor, "__getitem__", "indexing", only=_index_read)
         self._wrap(torch.Tensor, "to", "copy between host and device", only=_crosses_devices)
         self._wrap(torch.Tensor, "copy_", "copy between host and device", only=_copy_crosses_devices)
         for name in ("tensor", "as_tensor", "from_numpy"):  # host data becoming a tensor: a copy to come
@@ -94,8 +95,9 @@ class HostSyncs:
         spy = self
 
         def wrapper(*args, **kwargs):
-            if spy._depth == 0 and (only is None or only(args, kwargs)):
-                spy.events.append(label)
+            said = label if only is None else only(args, kwargs)
+            if spy._depth == 0 and said:
+                spy.events.append(said if isinstance(said, str) else label)
             spy._depth += 1
             try:
                 return original(*args, **kwargs)
@@ -116,10 +118,14 @@ class HostSyncs:
                     self._wrap(module, name, "synchronize")
 
 
-def _boolean_index(args, kwargs) -> bool:
+def _index_read(args, kwargs) -> str | None:
+    """A boolean mask (the result's shape is read on the host), or a list or array (made a tensor on
+    the host, then copied to the device; a CUDA graph's capture refuses it)."""
     index = args[1] if len(args) > 1 else None
     items = index if isinstance(index, tuple) else (index,)
-    return any(isinstance(i, torch.Tensor) and i.dtype == torch.bool for i in items)
+    if any(isinstance(i, torch.Tensor) and i.dtype == torch.bool for i in items):
+        return "boolean-mask indexing"
+    return "index from host data" if any(isinstance(i, (list, np.ndarray)) for i in items) else None
 
 
 def _device_of(value) -> torch.device | None:

@@ -26,7 +26,7 @@ from transformers import get_linear_schedule_with_warmup
 from freezesweep.trials import faults
 from freezesweep.trials.config import EvalPoint, TrialConfig
 from freezesweep.trials.eval_cache import PrefixStates
-from freezesweep.trials.graphs import StepGraphs, length_buckets
+from freezesweep.trials.graphs import EvalGraphs, StepGraphs, length_buckets
 from freezesweep.trials.evaluate import eval_labels, evaluate, task_loss
 from freezesweep.trials.packing import Packed, PackedFeed, PaddedFeed
 from freezesweep.trials.precision import PrecisionPlan, synchronize
@@ -97,6 +97,8 @@ class FitState:
     nonfinite_step: int | torch.Tensor = -1
     diverged_at_step: int | None = None
     cuda_graphs_failed: str | None = None  # why a graph capture failed (trials/graphs.py): eager from then on
+    eval_graphs: bool = False  # whether its evaluations ran as CUDA graphs (trials/graphs.py ``EvalGraphs``)
+    eval_graphs_failed: str | None = None  # why an evaluation's capture failed: eager evaluations from then on
 
 
 @dataclass(frozen=True)
@@ -115,6 +117,8 @@ class FitContext:
     # retry on another machine finds it (the Ray adapter hands it to Ray).
     on_checkpoint: Callable[[Path], None] = lambda path: None
     cuda_graphs: bool = False  # the step as CUDA graphs (opt-in; trials/graphs.py cuda_graphs_apply decides)
+    eval_graphs: bool = False  # each evaluation as one CUDA graph (trials/graphs.py evaluation_graphs_apply)
+    eval_feed: PaddedFeed = PaddedFeed()  # how evaluation batches reach the model (graphed: trials/packing.py)
 
 
 def fit(model: nn.Module, train_ids: Tokens, train_labels: np.ndarray, pad_id: int, ctx: FitContext) -> FitState:
@@ -138,6 +142,7 @@ def fit(model: nn.Module, train_ids: Tokens, train_labels: np.ndarray, pad_id: i
         step = graphed(
             step, model, optimizer, scheduler, params, ctx, batch_sizes(rows, orders, state.step, ctx), pad_id
         )
+    eval_graphs = EvalGraphs() if ctx.eval_graphs else None
     model.train()
     segment_started = time.perf_counter()  # train time is counted per segment between evaluations
     while state.step < schedule.total_steps and state.diverged_at_step is None:
@@ -149,13 +154,15 @@ def fit(model: nn.Module, train_ids: Tokens, train_labels: np.ndarray, pad_id: i
             synchronize(ctx.device)  # queued GPU work belongs to training, not to what follows
             state.train_time_s += time.perf_counter() - segment_started
             if state.step in schedule.eval_steps:
-                _evaluate_into(model, state, ctx)
+                _evaluate_into(model, state, ctx, eval_graphs)
             if state.step in schedule.checkpoint_steps:
                 _save(model, optimizer, scheduler, scaler, orders, state, ctx)
             segment_started = time.perf_counter()
     synchronize(ctx.device)  # steps after the last evaluation are training time too, up to the last one
     state.train_time_s += time.perf_counter() - segment_started
     state.cuda_graphs_failed = getattr(step, "failed", None)
+    state.eval_graphs_failed = eval_graphs.failed if eval_graphs else None
+    state.eval_graphs = bool(eval_graphs and eval_graphs.graphs)  # (none where a capture failed)
     _discard_checkpoint(cfg)  # finished: a retry of this cell has nothing to resume
     return state
 
@@ -337,13 +344,13 @@ def optimizer_step(optimizer: torch.optim.Optimizer, scaler: torch.amp.GradScale
     return scaler.get_scale() >= scale
 
 
-def _evaluate_into(model: nn.Module, state: FitState, ctx: FitContext) -> None:
+def _evaluate_into(model: nn.Module, state: FitState, ctx: FitContext, graphs: EvalGraphs | None = None) -> None:
     """One evaluation into the curve; a non-finite train or validation loss ends the fit instead
     (``diverged_at_step``: the first non-finite train step, else this one): no best evaluation is
     ever taken from a non-finite one, and its metrics never enter the curve."""
     started = time.perf_counter()
     metrics, loss, one_prediction = evaluate(
-        model, ctx.eval_batches, ctx.plan, ctx.device, ctx.eval_prefix, ctx.eval_labels
+        model, ctx.eval_batches, ctx.plan, ctx.device, ctx.eval_prefix, ctx.eval_labels, ctx.eval_feed, graphs
     )
     record_evaluation(state, ctx, metrics, loss, time.perf_counter() - started, one_prediction)
 

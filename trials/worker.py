@@ -134,7 +134,8 @@ class WorkerState:
         default_factory=lambda: Lru(MAX_TRAIN_ENTRIES, MAX_TRAIN_MIB * 2**20, rows_bytes)
     )
     train_exact: dict = field(default_factory=dict)  # PrefixKey -> the cached training path gives the model's logits
-    feed_verdicts: dict = field(default_factory=dict)  # FeedKey -> (narrowing exact, packing exact)
+    # FeedKey -> (narrowing exact, packing exact); (FeedKey, "additive_mask") -> a prebuilt mask exact
+    feed_verdicts: dict = field(default_factory=dict)
     array_verdicts: dict = field(default_factory=dict)  # (FeedKey, feed) -> a trial array gives the model's numbers
     graph_failures: dict = field(default_factory=dict)  # FeedKey -> why a CUDA graph capture failed (eager since)
     token_splits: Lru = field(default_factory=lambda: Lru(MAX_TOKEN_SPLITS))  # cache file -> Tokens

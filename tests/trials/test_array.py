@@ -490,9 +490,9 @@ def test_a_slot_is_evaluated_at_its_own_steps_only(tiny_trial, quiet_bert, monke
     ]
     evaluated, group = [], arrays._evaluate_group
 
-    def counted(stack, batches, plan, device, g):
+    def counted(stack, batches, plan, device, g, *rest):
         evaluated.append(len(g.slots))
-        return group(stack, batches, plan, device, g)
+        return group(stack, batches, plan, device, g, *rest)
 
     monkeypatch.setattr(arrays, "_evaluate_group", counted)
     results = run_array(cells, width=2)

@@ -283,3 +283,130 @@ class TrialConfigDefaults:
     from freezesweep.trials.config import TrialConfig
 
     cuda_graphs = TrialConfig.__dataclass_fields__["cuda_graphs"].default
+
+
+# --- evaluations as graphs ---------------------------------------------------------------------------
+def _evaluations_graphed(monkeypatch, device: str, on: bool, captures: list) -> None:
+    """Steps as graphs (on the CPU with the capture stood in for), evaluations too where ``on``; each
+    evaluation's capture appended to ``captures`` with what its run read on the host (on the CPU: the
+    stand-in runs it under the spy; on a GPU a run that reads the host fails its real capture)."""
+    from freezesweep.trials.syncs import HostSyncs
+
+    real = graphs.evaluate_eagerly if device == "cpu" else graphs.capture_evaluation
+    if device == "cpu":
+        monkeypatch.setattr(graphs, "capture", graphs.run_eagerly)
+    monkeypatch.setattr(graphs, "cuda_graphs_apply", lambda cfg, *_: cfg.cuda_graphs)
+    monkeypatch.setattr(graphs, "evaluation_graphs_apply", lambda graphed, device: graphed and on)
+
+    def capture(run, shared):
+        with HostSyncs() as spy:
+            made = real(run, shared)
+        captures.append(spy.syncs() if device == "cpu" else [])
+        return made
+
+    monkeypatch.setattr(graphs, "capture_evaluation", capture)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("frozen", [0, 2], ids=["from-the-embeddings", "from-the-eval-cache"])
+def test_a_graphed_trials_evaluations_are_its_eager_ones(still_bert, toy_dataset, monkeypatch, device, frozen):
+    """A trial's evaluations as one CUDA graph (with its step's): captured once, at the first, and
+    replayed at every later one, reading the weights as the steps left them; the same curve as the
+    trial evaluated eagerly. Nothing in the captured run reads the host (a capture refuses it): the
+    padding mask comes prebuilt (trials/packing.py ``evaluation_feed``)."""
+    captures: list = []
+    _evaluations_graphed(monkeypatch, device, False, captures)
+    cfg = _cell(still_bert, toy_dataset, frozen_layers=frozen, device=device, cuda_graphs=True)
+    eager = run.run_trial(cfg)
+    _evaluations_graphed(monkeypatch, device, True, captures)
+    graphed = run.run_trial(cfg)
+    assert "eval_graphs" in graphed.optimisations and "eval_graphs" not in eager.optimisations
+    assert "cuda_graphs" in graphed.optimisations and ("eval_cache" in graphed.optimisations) == (frozen == 2)
+    assert len(graphed.eval_curve) >= 3 and captures == [[]]  # one capture, no host read in it
+    assert [p.step for p in graphed.eval_curve] == [p.step for p in eager.eval_curve]
+    assert [p.loss for p in graphed.eval_curve] == pytest.approx([p.loss for p in eager.eval_curve], rel=1e-6)
+    assert [p.accuracy for p in graphed.eval_curve] == [p.accuracy for p in eager.eval_curve]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_a_graphed_arrays_evaluations_are_its_eager_ones(still_bert, toy_dataset, monkeypatch, device):
+    """A trial array on one stream: a graph per evaluation group (here the depths from the embeddings,
+    slots 0 and 2, picked by a device index, and k = 2 from its cache, slot 1), each captured once;
+    every member's curve the array's evaluated eagerly."""
+    from freezesweep.trials import array
+
+    captures: list = []
+    _evaluations_graphed(monkeypatch, device, False, captures)
+    cells = [
+        _cell(still_bert, toy_dataset, frozen_layers=k, device=device, trial_array=True, cuda_graphs=True)
+        for k in (-1, 2, 0)
+    ]
+    eager = array.run_array(cells)
+    _evaluations_graphed(monkeypatch, device, True, captures)
+    graphed = array.run_array(cells)
+    assert captures == [[], []]  # two groups, each captured once, no host read in either
+    for g, e in zip(graphed, eager):
+        assert {"trial_array", "cuda_graphs", "eval_graphs"} <= set(g.optimisations)
+        assert "eval_graphs" not in e.optimisations and len(g.eval_curve) >= 3
+        assert [p.loss for p in g.eval_curve] == pytest.approx([p.loss for p in e.eval_curve], rel=1e-6)
+        assert [p.accuracy for p in g.eval_curve] == [p.accuracy for p in e.eval_curve]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("as_array", [False, True], ids=["trial", "array"])
+def test_a_failed_capture_of_an_evaluation_goes_on_eagerly(still_bert, toy_dataset, monkeypatch, device, as_array):
+    """An evaluation whose capture fails is evaluated eagerly, and every later one: the same curve, a
+    row without ``eval_graphs`` (its step's graphs stay); the worker keeps the verdict, and its later
+    trials of the model capture no evaluation."""
+    from freezesweep.trials import array
+
+    captures: list = []
+    _evaluations_graphed(monkeypatch, device, True, captures)
+    real, calls = graphs.capture_evaluation, []
+
+    def failing(run, shared):  # as one that reads the host: a real capture of such a run on a GPU
+        calls.append(1)
+        if device == "cpu":
+            raise RuntimeError("CUDA error: operation not permitted when stream is capturing")
+        return real(lambda: (run()[0].cpu(), *run()[1:]), shared)
+
+    cells = [
+        _cell(still_bert, toy_dataset, frozen_layers=k, device=device, trial_array=as_array, cuda_graphs=True)
+        for k in ((-1, 0) if as_array else (0,))
+    ]
+    trials = (
+        (lambda cs, worker: array.run_array(cs, worker=worker))
+        if as_array
+        else (lambda cs, worker: [run.run_trial(c, worker=worker) for c in cs])
+    )
+    monkeypatch.setattr(graphs, "evaluation_graphs_apply", lambda graphed, device: False)
+    eager = trials(cells, WorkerState())
+    monkeypatch.setattr(graphs, "evaluation_graphs_apply", lambda graphed, device: graphed)
+    monkeypatch.setattr(graphs, "capture_evaluation", failing)
+    worker = WorkerState()
+    fell_back = trials(cells, worker)
+    assert len(calls) == 1
+    for f, e in zip(fell_back, eager):
+        assert f.status == "ok" and "eval_graphs" not in f.optimisations and "cuda_graphs" in f.optimisations
+        assert [p.loss for p in f.eval_curve] == pytest.approx([p.loss for p in e.eval_curve], rel=1e-6)
+    (failure,) = [why for key, why in worker.graph_failures.items() if key[-1] == "evaluation"]
+    assert "operation not permitted" in failure
+    later = trials([dataclasses.replace(c, seed=1) for c in cells], worker)
+    assert len(calls) == 1 and all("eval_graphs" not in r.optimisations for r in later)
+
+
+def test_evaluations_get_the_padding_mask_prebuilt_where_graphed_or_on_a_gpu_but_fp16():
+    """Where a sync per evaluation batch costs (a GPU) or a capture refuses it (graphed); fp16 keeps the
+    model's own mask building (the prebuilt mask turns -inf there), a CPU too (a sync costs nothing)."""
+    from freezesweep.trials.precision import PrecisionPlan
+    from freezesweep.trials.run import prebuilt_mask
+
+    cuda, cpu = torch.device("cuda"), torch.device("cpu")
+    assert prebuilt_mask(False, cuda, PrecisionPlan("bf16", "cuda")) and prebuilt_mask(
+        False, cuda, PrecisionPlan("fp32", "cuda")
+    )
+    assert not prebuilt_mask(False, cuda, PrecisionPlan("fp16", "cuda"))
+    assert not prebuilt_mask(False, cpu, PrecisionPlan("fp32", "cpu")) and not prebuilt_mask(
+        False, cpu, PrecisionPlan("bf16", "cpu")
+    )
+    assert prebuilt_mask(True, cpu, PrecisionPlan("fp32", "cpu"))  # (graphed: the tests' stand-in on a CPU)

@@ -12,7 +12,19 @@ from freezesweep.trials.worker import WorkerState
 from freezesweep.trials import first_token
 from freezesweep.trials.data import load_task
 from freezesweep.trials.model import load_tokenizer
-from freezesweep.trials.packing import PackedFeed, PaddedFeed, pack, position_offset, training_feed
+from freezesweep.trials import packing
+from freezesweep.trials.eval_cache import eval_mode
+from freezesweep.trials.packing import (
+    AdditiveMaskFeed,
+    PackedFeed,
+    PaddedFeed,
+    evaluation_feed,
+    pack,
+    position_offset,
+    training_feed,
+    widened,
+)
+from freezesweep.trials.syncs import HostSyncs
 from freezesweep.trials.run import initial_model, run_trial
 from freezesweep.trials.tokens import collate, tokenize_split
 
@@ -131,3 +143,32 @@ def test_a_trial_trains_the_same_packed_and_narrowed_as_padded_and_full(tiny_tri
         [loss for _, loss in fast.train_loss_curve], [loss for _, loss in plain.train_loss_curve], rtol=1e-4
     )
     assert fast.eval_curve[-1].loss < fast.eval_curve[0].loss  # it learned: the comparison is not of two no-ops
+
+
+@pytest.mark.parametrize("model_fixture", ["tiny_bert", "tiny_roberta"])
+@pytest.mark.parametrize("attention", ["eager", "sdpa"])
+def test_a_graphed_evaluation_gets_its_padding_mask_prebuilt_where_exact(
+    request, tiny_trial, tmp_path, model_fixture, attention, worker, monkeypatch
+):
+    """A CUDA graph's capture refuses what transformers' own mask building does with a padded batch
+    (SDPA's ``padding_mask.all()``: a host sync per batch; 5.17's eager mask: a host tensor), so a
+    graphed evaluation hands the model its mask prebuilt, additive and 4-D: where the model gives the
+    same logits so, on rows padded wider than the check's. A mask the model reads otherwise: the plain feed."""
+    model, batch = _model_and_batch(
+        dataclasses.replace(tiny_trial, model=request.getfixturevalue(model_fixture)), tmp_path
+    )
+    model.set_attn_implementation(attention)
+    pad_id = load_tokenizer(tiny_trial.model).pad_token_id
+    feed = evaluation_feed(model, batch, pad_id, ("test", model_fixture, attention), worker.feed_verdicts)
+    assert type(feed) is AdditiveMaskFeed
+    wide = widened(batch, batch.input_ids.shape[1] + 5, pad_id)
+    with torch.no_grad(), eval_mode(model), HostSyncs() as syncs:
+        plain = model(**wide.model_inputs()).logits
+        syncs.mark("prebuilt")
+        prebuilt = feed.logits(model, wide)
+    torch.testing.assert_close(prebuilt, plain, rtol=1e-5, atol=1e-6)
+    assert syncs.events[syncs.events.index("mark:prebuilt") + 1 :] == []  # nothing read on the host
+    if attention == "sdpa":  # the plain mask was read on the host, as a capture refuses
+        assert "Tensor.__bool__" in syncs.events[: syncs.events.index("mark:prebuilt")]
+    monkeypatch.setattr(packing, "mask_as", lambda mask, form: torch.zeros(mask.shape)[..., None, None, :])
+    assert type(evaluation_feed(model, batch, pad_id, ("test", "unmasked"), {})) is PaddedFeed

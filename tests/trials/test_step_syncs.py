@@ -222,10 +222,13 @@ def _spied(spy: HostSyncs, fit, run) -> None:
 
 
 def _graphs_on(monkeypatch, device: str, on: bool) -> None:
-    """CUDA graphs where asked for; on the CPU, their path with the capture stood in for."""
+    """CUDA graphs where asked for, the step's and the evaluations'; on the CPU, their path with the
+    captures stood in for."""
     if on and device == "cpu":
         monkeypatch.setattr(graphs, "cuda_graphs_apply", lambda cfg, *_: cfg.cuda_graphs)
         monkeypatch.setattr(graphs, "capture", graphs.run_eagerly)
+        monkeypatch.setattr(graphs, "evaluation_graphs_apply", lambda graphed, device: graphed)
+        monkeypatch.setattr(graphs, "capture_evaluation", graphs.evaluate_eagerly)
 
 
 @pytest.mark.parametrize(
