@@ -776,13 +776,9 @@ def build_array(
         )
         # (a capture that failed in this array put the model among the worker's graph failures)
         on = graphed and key not in worker.graph_failures
-        used = optimisations_used(prefix, None, reader, feed, cuda_graphs=on, eval_graphs=evaluated_graphed())
+        evaluated = evaluated_graphed(eval_graphs, key, worker)
+        used = optimisations_used(prefix, None, reader, feed, cuda_graphs=on, eval_graphs=evaluated)
         return dataclasses.replace(result, optimisations=(*used, OPTIMISATION))
-
-    def evaluated_graphed() -> bool:  # (a failed capture: this worker's later arrays evaluate eagerly)
-        if eval_graphs is not None and eval_graphs.failed:
-            worker.graph_failures[(key, "evaluation")] = eval_graphs.failed
-        return bool(eval_graphs and eval_graphs.graphs)  # (none where a capture failed)
 
     members = [start(slot, started) for slot in range(stack.width)]
     if own:
@@ -832,6 +828,14 @@ def array_evaluation(
     batch, pad_id, reader = check
     feed = evaluation_feed_of(model, batch, pad_id, key, worker, reader)
     return dataclasses.replace(base, eval_graphs=eval_graphed, eval_feed=feed), EvalGraphs() if eval_graphed else None
+
+
+def evaluated_graphed(eval_graphs: EvalGraphs | None, key: FeedKey, worker: WorkerState) -> bool:
+    """Whether the array's evaluations ran as CUDA graphs; a capture that failed is kept in the worker
+    (its later arrays of the model evaluate eagerly)."""
+    if eval_graphs is not None and eval_graphs.failed:
+        worker.graph_failures[(key, "evaluation")] = eval_graphs.failed
+    return bool(eval_graphs and eval_graphs.graphs)  # (none where a capture failed)
 
 
 def eval_depths(cfgs: Sequence[TrialConfig], model: nn.Module, names: set[str], where: tuple) -> EvalDepths:

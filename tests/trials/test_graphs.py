@@ -286,6 +286,11 @@ class TrialConfigDefaults:
 
 
 # --- evaluations as graphs ---------------------------------------------------------------------------
+# One trial's curve evaluated two ways: to float rounding on a CPU (the prebuilt mask against the model's
+# own); on a GPU its two runs' backward kernels need not repeat bit for bit (atomics)
+_ROUNDING = {"cpu": 1e-6, "cuda": 1e-4}
+
+
 def _evaluations_graphed(monkeypatch, device: str, on: bool, captures: list) -> None:
     """Steps as graphs (on the CPU with the capture stood in for), evaluations too where ``on``; each
     evaluation's capture appended to ``captures`` with what its run read on the host (on the CPU: the
@@ -321,11 +326,16 @@ def test_a_graphed_trials_evaluations_are_its_eager_ones(still_bert, toy_dataset
     _evaluations_graphed(monkeypatch, device, True, captures)
     graphed = run.run_trial(cfg)
     assert "eval_graphs" in graphed.optimisations and "eval_graphs" not in eager.optimisations
-    assert "cuda_graphs" in graphed.optimisations and ("eval_cache" in graphed.optimisations) == (frozen == 2)
+    assert "cuda_graphs" in graphed.optimisations
+    assert ("eval_cache" in graphed.optimisations) == ("eval_cache" in eager.optimisations)
+    assert device != "cpu" or ("eval_cache" in graphed.optimisations) == (frozen == 2)  # (a GPU's: as exact)
     assert len(graphed.eval_curve) >= 3 and captures == [[]]  # one capture, no host read in it
     assert [p.step for p in graphed.eval_curve] == [p.step for p in eager.eval_curve]
-    assert [p.loss for p in graphed.eval_curve] == pytest.approx([p.loss for p in eager.eval_curve], rel=1e-6)
-    assert [p.accuracy for p in graphed.eval_curve] == [p.accuracy for p in eager.eval_curve]
+    assert [p.loss for p in graphed.eval_curve] == pytest.approx(
+        [p.loss for p in eager.eval_curve], rel=_ROUNDING[device]
+    )
+    assert graphed.best_val_accuracy == eager.best_val_accuracy
+    assert device != "cpu" or [p.accuracy for p in graphed.eval_curve] == [p.accuracy for p in eager.eval_curve]
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -344,12 +354,15 @@ def test_a_graphed_arrays_evaluations_are_its_eager_ones(still_bert, toy_dataset
     eager = array.run_array(cells)
     _evaluations_graphed(monkeypatch, device, True, captures)
     graphed = array.run_array(cells)
-    assert captures == [[], []]  # two groups, each captured once, no host read in either
+    cached = "eval_cache" in eager[1].optimisations  # k = 2 (on a CPU: always; a GPU's: where exact)
+    assert device != "cpu" or cached
+    assert captures == [[]] * (1 + cached)  # a group per depth evaluated, each captured once, no host read in it
     for g, e in zip(graphed, eager):
         assert {"trial_array", "cuda_graphs", "eval_graphs"} <= set(g.optimisations)
         assert "eval_graphs" not in e.optimisations and len(g.eval_curve) >= 3
-        assert [p.loss for p in g.eval_curve] == pytest.approx([p.loss for p in e.eval_curve], rel=1e-6)
-        assert [p.accuracy for p in g.eval_curve] == [p.accuracy for p in e.eval_curve]
+        assert [p.loss for p in g.eval_curve] == pytest.approx([p.loss for p in e.eval_curve], rel=_ROUNDING[device])
+        assert g.best_val_accuracy == e.best_val_accuracy
+        assert device != "cpu" or [p.accuracy for p in g.eval_curve] == [p.accuracy for p in e.eval_curve]
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -388,7 +401,7 @@ def test_a_failed_capture_of_an_evaluation_goes_on_eagerly(still_bert, toy_datas
     assert len(calls) == 1
     for f, e in zip(fell_back, eager):
         assert f.status == "ok" and "eval_graphs" not in f.optimisations and "cuda_graphs" in f.optimisations
-        assert [p.loss for p in f.eval_curve] == pytest.approx([p.loss for p in e.eval_curve], rel=1e-6)
+        assert [p.loss for p in f.eval_curve] == pytest.approx([p.loss for p in e.eval_curve], rel=_ROUNDING[device])
     (failure,) = [why for key, why in worker.graph_failures.items() if key[-1] == "evaluation"]
     assert "operation not permitted" in failure
     later = trials([dataclasses.replace(c, seed=1) for c in cells], worker)
