@@ -198,7 +198,7 @@ def _packing_agrees(model: nn.Module, batch: Batch) -> bool:
     return first_token.logits_agree(padded, unpadded)
 
 
-# --- the padding mask prebuilt (CUDA graphs) --------------------------------------------------------
+# --- the padding mask prebuilt (CUDA graphs, a GPU's evaluations) ------------------------------------
 def mask_as(mask: torch.Tensor, form: str) -> torch.Tensor:
     """The padding mask ``[width, rows, tokens]`` (or one for all, ``[rows, tokens]``) as the model takes
     it batched: as it is ("2d": the decoders and DeBERTa build theirs without asking its values), or
@@ -239,11 +239,12 @@ def widened(batch: Batch, tokens: int, pad_id: int) -> Batch:
 
 
 def evaluation_feed(model: nn.Module, batch: Batch, pad_id: int, key: FeedKey, verdicts: dict) -> PaddedFeed:
-    """How a graphed evaluation feeds the model its padded batches: ``AdditiveMaskFeed`` where the model
-    gives the same logits on ``batch`` padded wider (in fp32, in eval mode) with its mask prebuilt as
-    with the plain mask, else as they are. transformers' own mask building reads the mask on the host
-    (SDPA's ``padding_mask.all()``, a sync per batch) or makes a host tensor (5.17's eager mask): a
-    capture refuses both. Measured once per ``key`` into ``verdicts`` (the worker's)."""
+    """How an evaluation that gets its mask prebuilt (trials/run.py ``prebuilt_mask``: a graphed one, or
+    one on a GPU) feeds the model its padded batches: ``AdditiveMaskFeed`` where the model gives the
+    same logits on ``batch`` padded wider (in fp32, in eval mode) with its mask prebuilt as with the
+    plain mask, else as they are. transformers' own mask building reads the mask on the host (SDPA's
+    ``padding_mask.all()``, a sync per batch) or makes a host tensor (5.17's eager mask): a capture
+    refuses both. Measured once per ``key`` into ``verdicts`` (the worker's), on ``batch``'s device."""
     verdict = (key, "additive_mask")
     if verdict not in verdicts:
         verdicts[verdict] = _additive_mask_agrees(model, widened(batch, batch.input_ids.shape[1] + 1, pad_id))
