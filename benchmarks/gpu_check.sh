@@ -21,6 +21,10 @@
 #     bash benchmarks/gpu_check.sh grid       # the 70-cell grid, 8 trial processes on the GPU, CUDA graphs
 #     bash benchmarks/gpu_check.sh arrays     # the same grid as trial arrays (7 members, 4 processes), CUDA graphs
 #     bash benchmarks/gpu_check.sh graphs     # the grid's 8 processes with CUDA graphs (not in `all`)
+#     bash benchmarks/gpu_check.sh slots      # the grid's cells pooled per task into one array of 35 slots
+#                                             # (every train size and depth at once), its step one CUDA
+#                                             # graph, 2 processes (not in `all`; GPU_CHECK_SLOTS_WIDTH,
+#                                             # GPU_CHECK_SLOTS_SEEDS="0 1 2 3 4": the reference's 350 cells)
 #   The grid parts run their steps as CUDA graphs (the best grid measured so far, docs/speed.md);
 #   GPU_CHECK_GRAPHS=0: eagerly.
 #   `all` first starts the CUDA MPS control daemon where the machine has it, as the cluster recipes do
@@ -99,7 +103,8 @@ if [ -n "$SMOKE" ]; then
   DEVICE=cpu STEPS=2 WARMUP=1 PROFILE_N=50 PROFILE_EVAL=16 GRAPHS=off ARRAY_GRAPHS=on SIZES=(50) DEPTHS=(0 2)
   DATASETS=(glue/sst2)
   EPOCHS=1 WORKERS=2 ARRAY_WORKERS=1 WIDTH=2 EVAL=(--max-eval-examples 32)
-  LIMITS=(tests=400 profile=400 grid=400 arrays=400 graphs=400 reference=400)  # a minute or two in all on an idle CPU; caps for a busy one
+  SLOTS_WIDTH=${GPU_CHECK_SLOTS_WIDTH:-5} SLOTS_SEEDS=(${GPU_CHECK_SLOTS_SEEDS:-0 1})  # 2 seeds' arrays of 2 pool
+  LIMITS=(tests=400 profile=400 grid=400 arrays=400 graphs=400 reference=400 slots=400)  # a minute or two in all on an idle CPU; caps for a busy one
 else
   # CUDA graphs' step was measured on the H100 (docs/speed.md): the profile's time goes to the array's row
   DEVICE=cuda STEPS=30 WARMUP=5 PROFILE_N=1000 PROFILE_EVAL=256 GRAPHS=${GPU_CHECK_PROFILE_GRAPHS:-off}
@@ -112,8 +117,12 @@ else
   # its progress, so the profile and the arrays get more.
   # On the H200 (2026-11-29, docs/speed.md) the tests took 51 s and the profile's two rows 115 s, so the
   # profile gets the most; the full grids took 114 s (8 processes) and 125 s (arrays) with their start.
-  # The tests get 15 s more from the grids (2026-11-30: five CUDA tests of graphed evaluations added).
-  LIMITS=(tests=75 profile=120 grid=70 arrays=85 graphs=95 reference=540)  # graphs, reference: not in `all`
+  # The tests get 15 s more from the grids (2026-11-30: five CUDA tests of graphed evaluations added),
+  # then 5 s more from the 8-process grid (later that day: graphed slots' CUDA test).
+  # Slots: 35 = 5 train sizes x 7 depths, a task's whole grid at once (arrays under half the width pool
+  # into slots: trials/array.py group_cells); the slots' step is one CUDA graph (new 2026-11-30, never yet on a GPU)
+  SLOTS_WIDTH=${GPU_CHECK_SLOTS_WIDTH:-35} SLOTS_SEEDS=(${GPU_CHECK_SLOTS_SEEDS:-0})
+  LIMITS=(tests=80 profile=120 grid=65 arrays=85 graphs=95 reference=540 slots=300)  # the last 3: not in `all`
 fi
 if [ -n "${GPU_CHECK_LIMITS:-}" ]; then  # e.g. "profile=150 arrays=130": a part run alone on a longer lease
   read -ra LIMITS <<< "$GPU_CHECK_LIMITS ${LIMITS[*]}"  # the first of a name wins (limit)
@@ -251,6 +260,13 @@ arrays() {
   "$PY" benchmarks/grid_speed.py "${GRID[@]}" --workers "$ARRAY_WORKERS" --arrays "$WIDTH" --out "$LOGS/arrays.json"
 }
 
+slots() {  # a task's cells as one array of slots (trials/array.py OwnStreams), one process per task
+  if ! has_arrays; then
+    echo "skipped: freezesweep.trials.array is not in this checkout (issue 35.1)"; return 0; fi
+  "$PY" benchmarks/grid_speed.py "${GRID[@]}" --seeds "${SLOTS_SEEDS[@]}" --workers "${#DATASETS[@]}" \
+    --arrays "$SLOTS_WIDTH" --out "$LOGS/slots.json"
+}
+
 reference() {  # the reference study's 350 trials (5 seeds), against its goal of 4 minutes on one H200 (issue 35)
   local seeds=(0 1 2 3 4); [ -z "$SMOKE" ] || seeds=(0 1)
   if [ "${GPU_CHECK_REFERENCE_ARRAYS:-1}" != 0 ] && has_arrays; then
@@ -288,7 +304,7 @@ all)
     exit "$failed"  # (this block is a subshell: with pipefail its status is the script's)
   } 2>&1 | tee "$LOGS/check.log"
   ;;
-tests|profile|grid|arrays|graphs|reference)
+tests|profile|grid|arrays|graphs|reference|slots)
   environment
   TAIL=200 part "$1"  # its status the script's (set -e)
   ;;
@@ -316,7 +332,7 @@ probe)
   done
   ;;
 *)
-  echo "usage: bash benchmarks/gpu_check.sh prepare|plan|all|tests|profile|grid|arrays|graphs|reference|baseline|probe" >&2
+  echo "usage: bash benchmarks/gpu_check.sh prepare|plan|all|tests|profile|grid|arrays|graphs|reference|slots|baseline|probe" >&2
   exit 2
   ;;
 esac

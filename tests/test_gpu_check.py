@@ -80,6 +80,13 @@ def test_the_smoke_mode_runs_every_part(tmp_path):
     assert done.returncode == 0, done.stdout[-2000:]
     reference = json.loads((apart / "reference.json").read_text())["freezesweep+trial arrays"]
     assert len(reference["cells"]) == 4 and "4 of 4 rows ran in trial arrays" in done.stdout  # 2 seeds x k in {0, 2}
+    # the slots part, another: the two seeds' arrays of 2 pooled into one array of slots
+    (apart := tmp_path / "slots").mkdir()
+    done = subprocess.run(
+        ["bash", str(SCRIPT), "slots"], env={**env, "OUT": str(apart)}, capture_output=True, text=True, cwd=REPO
+    )
+    assert done.returncode == 0, done.stdout[-2000:]
+    assert "glue/sst2 n=50 k=0,2,0,2 in" in done.stdout and "4 of 4 rows ran in trial arrays" in done.stdout
 
 
 def _refused(carry_mode: str | None, smoke: str, tmp_path, part: str = "all") -> subprocess.CompletedProcess:

@@ -137,6 +137,7 @@ from freezesweep.trials.train import (
     count_step,
     epoch_orders,
     make_schedule,
+    optimizer_again,
     optimizer_for,
     optimizer_step,
     record_evaluation,
@@ -335,15 +336,28 @@ class Member:
 
 
 def new_member(
-    stack: Stack, slot: int, cfg: TrialConfig, plan: Plan, data: TrialData, base: FitContext, own_tokens: int = 0
+    stack: Stack,
+    slot: int,
+    cfg: TrialConfig,
+    plan: Plan,
+    data: TrialData,
+    base: FitContext,
+    own_tokens: int = 0,
+    before: Member | None = None,
 ) -> Member:
     """``cfg`` in ``slot``: its trainable slices (``plan``: what each cell trains), its optimizer and
     schedule over them, its batches when it draws its own (``own_tokens``: the slots' batch width;
-    0: the array's shared stream)."""
+    0: the array's shared stream). ``before``: the member that held the slot; where it trained the
+    same slices, its leaves and optimizer are taken over, the optimizer as new (``optimizer_again``):
+    a CUDA graph of the slots' update stays valid (``OwnStreams``)."""
     report, trains = plan.adapted[cfg.trial_id]
-    leaves = {n: t.detach()[slot].requires_grad_() for n, t in stack.tensors.items() if n in trains}
     schedule = make_schedule(len(data.train_rows), cfg)
-    optimizer, scheduler = optimizer_for(list(leaves.values()), cfg, schedule, base.device, base.cuda_graphs)
+    if before is not None and set(before.leaves) == trains:
+        leaves = before.leaves
+        optimizer, scheduler = optimizer_again(before.optimizer, schedule)
+    else:
+        leaves = {n: t.detach()[slot].requires_grad_() for n, t in stack.tensors.items() if n in trains}
+        optimizer, scheduler = optimizer_for(list(leaves.values()), cfg, schedule, base.device, base.cuda_graphs)
     ctx = dataclasses.replace(base, cfg=cfg, schedule=schedule, on_eval=functools.partial(plan.on_eval, cfg))
     stream = device_stream(data, cfg, schedule, base.device, own_tokens) if own_tokens else None
     return Member(cfg, slot, report, leaves, optimizer, scheduler, ctx, data, stream, scaler=base.plan.grad_scaler())
@@ -393,11 +407,15 @@ def array_losses(stack: Stack, batch, plan: PrecisionPlan, feed, autocast_cache:
 def own_step(stack: Stack, members: Sequence[Member], inputs: dict, labels, weights, plan: PrecisionPlan):
     """``array_step`` with every slot on its own batch (``inputs``, ``labels``, row ``weights``: each
     ``[width, rows, ...]``; a row of weight 0 pads a short batch and counts nowhere)."""
-    with plan.autocast():
+    return update(stack, members, own_losses(stack, inputs, labels, weights, plan))
+
+
+def own_losses(stack: Stack, inputs: dict, labels, weights, plan: PrecisionPlan, autocast_cache: bool = True):
+    """Every slot's loss on its own batch, ``[width]`` (``autocast_cache``: as ``array_losses``')."""
+    with plan.autocast(cache=autocast_cache):
         logits = stack.own_logits(inputs)
     rows = vmap(functools.partial(task_loss, reduction="none"))(logits, labels)
-    losses = torch.where(weights > 0, rows, 0.0).sum(1) / weights.sum(1).clamp(min=1)
-    return update(stack, members, losses)
+    return torch.where(weights > 0, rows, 0.0).sum(1) / weights.sum(1).clamp(min=1)
 
 
 def update(stack: Stack, members: Sequence[Member], losses: torch.Tensor) -> torch.Tensor:
@@ -432,35 +450,77 @@ def array_graphs(stack: Stack, active: list[Member], stream: SharedStream, plan:
     without AdamW. Made for one set of members: one that leaves is in these graphs' updates, so the
     others' graphs are captured again (``SharedStream``)."""
     feed = stream.feed
+    return members_graphs(
+        stack,
+        active,
+        lambda batch: array_losses(stack, batch, plan, feed, autocast_cache=False),
+        lambda batch: array_step(stack, active, batch, plan, feed),
+        lambda: active,
+        buckets=stream.buckets,
+        pad_id=stream.pad_id,
+    )
+
+
+def slot_graphs(stack: Stack, held: dict[int, Member], streams: OwnStreams, plan: PrecisionPlan) -> StepGraphs:
+    """The slots' step as one CUDA graph (their batches are one shape: ``OwnStreams``): every slot's
+    update, its member's or, in a slot left free, its last member's (``held``). A free slot trains
+    copies of another's rows at weight 0: its slices are nobody's, and its next cell loads its own
+    initial weights over them (``load_initial``). Captured once for a set of slot optimizers: a cell
+    that takes a slot and trains its slices takes over its optimizer (``new_member``), so the graph
+    stays valid; another set is captured again. The schedules of the members in the slots now are
+    stepped after each replay (``streams.current``)."""
+    return members_graphs(
+        stack,
+        list(held.values()),  # (a successor shares its leaves, optimizer and clipping norm)
+        lambda batch: own_losses(stack, batch.inputs(), batch.labels, batch.weights, plan, autocast_cache=False),
+        lambda batch: own_step(stack, streams.current, batch.inputs(), batch.labels, batch.weights, plan),
+        lambda: streams.current,
+        buckets=(),
+        pad_id=0,
+        fit=lambda batch: ("slots", batch),  # one shape: the slots' rows and tokens
+    )
+
+
+def members_graphs(
+    stack: Stack,
+    members: list[Member],
+    losses_of: Callable,
+    eager: Callable,
+    scheduled: Callable[[], list[Member]],
+    **shapes,
+) -> StepGraphs:
+    """``members``' update on ``losses_of(batch)`` (every slot's loss) as CUDA graphs (``StepGraphs``,
+    ``shapes`` its buckets, pad id and fit): captured, every member's clipping and capturable AdamW;
+    its warm-up the same without AdamW; ``eager`` the step until AdamW's state exists; after a replay
+    the schedules of ``scheduled()``'s members."""
 
     def backward(batch) -> torch.Tensor:
-        losses = array_losses(stack, batch, plan, feed, autocast_cache=False)
+        losses = losses_of(batch)
         losses.sum().backward()
-        for member in active:
+        for member in members:
             clip_member(stack, member)
         return losses.detach().double()
 
     def graphed_update(batch) -> torch.Tensor:
         losses = backward(batch)
-        for member in active:
+        for member in members:
             member.optimizer.step()
         return losses
 
     def reset() -> None:
-        for member in active:
+        for member in members:
             member.optimizer.zero_grad(set_to_none=True)
         for tensor in stack.tensors.values():
             tensor.grad = None
 
     return StepGraphs(
-        lambda batch: array_step(stack, active, batch, plan, feed),
+        eager,
         step=graphed_update,
         warm=backward,
-        after=lambda: [member.scheduler.step() for member in active],
+        after=lambda: [member.scheduler.step() for member in scheduled()],
         reset=reset,
-        ready=lambda: all(member.optimizer.state for member in active),  # an eager step made AdamW's state
-        buckets=stream.buckets,
-        pad_id=stream.pad_id,
+        ready=lambda: all(member.optimizer.state for member in members),  # an eager step made AdamW's state
+        **shapes,
     )
 
 
@@ -606,29 +666,71 @@ class SharedStream:
 
 
 @dataclass
+class SlotBatch:
+    """Every slot's batch, ``[width, rows, ...]`` each; ``weights``: a row's weight (0: padding)."""
+
+    input_ids: torch.Tensor
+    attention_mask: torch.Tensor
+    token_type_ids: torch.Tensor | None
+    labels: torch.Tensor
+    weights: torch.Tensor
+
+    def inputs(self) -> dict[str, torch.Tensor]:
+        names = ("input_ids", "attention_mask", "token_type_ids")
+        return {name: value for name in names if (value := getattr(self, name)) is not None}
+
+
+@dataclass
 class OwnStreams:
     """Every slot on its own member's next batch (slots across seeds and train sizes), padded to one
     shape for all (``rows`` rows of ``tokens`` tokens: the longest row of any queued cell's subset), so
     that no slot's numbers depend on what the others hold; a free slot trains a copy of another's batch
-    with weight 0 (its slices step nowhere). ``mask``: how the padding mask is given (``mask_form``)."""
+    with weight 0 (eager, its slices step nowhere; graphed, its last member's update runs on them:
+    ``slot_graphs``). ``mask``: how the padding mask is given (``mask_form``).
+    ``graphed``: the step as one CUDA graph (``slot_graphs``), captured again when a slot's optimizer
+    changes; a failed capture, eager from then on (``failures``, the worker's, under ``key``)."""
 
     rows: int
     tokens: int
     mask: str
+    graphed: bool = False
+    failures: dict = field(default_factory=dict)
+    key: FeedKey | None = None
+    current: list[Member] = field(default_factory=list)  # the members in the slots at this step
+    held: dict[int, Member] = field(default_factory=dict)  # each slot's member, or its last (graphed)
+    graphs: dict[tuple, StepGraphs] = field(default_factory=dict)  # the slots' optimizers -> their graph
 
     def __call__(self, run: ArrayRun, active: list[Member]) -> torch.Tensor:
+        batch = self.batch(run.stack.width, active)
+        if not self.graphed or self.key in self.failures:
+            return own_step(run.stack, active, batch.inputs(), batch.labels, batch.weights, run.base.plan)
+        self.current = active
+        self.held.update((member.slot, member) for member in active)
+        optimizers = tuple((slot, id(member.optimizer)) for slot, member in sorted(self.held.items()))
+        if optimizers not in self.graphs:
+            self.graphs.clear()  # (they hold the members they captured alive)
+            self.graphs[optimizers] = slot_graphs(run.stack, dict(self.held), self, run.base.plan)
+        step = self.graphs[optimizers]
+        losses = step(batch)
+        if step.failed:
+            self.failures[self.key] = step.failed
+            self.graphs.clear()
+        return losses
+
+    def batch(self, width: int, active: list[Member]) -> SlotBatch:
+        """Each slot's next batch (a free slot: another's rows at weight 0), gathered on the device."""
         own = {m.slot: padded(m.stream, self.rows, self.tokens, m.data.pad_id) for m in active if m.stream}
         filler = next(iter(own.values()))
-        slots = [own.get(slot, (filler[0], torch.zeros_like(filler[1]))) for slot in range(run.stack.width)]
-        batches, weights = [b for b, _ in slots], torch.stack([w for _, w in slots])
-        inputs = {
-            name: torch.stack([getattr(b, name) for b in batches])
-            for name in ("input_ids", "attention_mask", "token_type_ids")
-            if getattr(batches[0], name) is not None
-        }
-        inputs["attention_mask"] = mask_as(inputs["attention_mask"], self.mask)
-        labels = torch.stack([b.labels for b in batches])
-        return own_step(run.stack, active, inputs, labels, weights, run.base.plan)
+        slots = [own.get(slot, (filler[0], torch.zeros_like(filler[1]))) for slot in range(width)]
+        batches = [b for b, _ in slots]
+        types = None if batches[0].token_type_ids is None else torch.stack([b.token_type_ids for b in batches])
+        return SlotBatch(
+            torch.stack([b.input_ids for b in batches]),
+            mask_as(torch.stack([b.attention_mask for b in batches]), self.mask),
+            types,
+            torch.stack([b.labels for b in batches]),
+            torch.stack([w for _, w in slots]),
+        )
 
 
 def padded(stream: DeviceStream, rows: int, tokens: int, pad_id: int) -> tuple[Batch, torch.Tensor]:
@@ -663,7 +765,7 @@ class ArrayRun:
     step: Callable[[ArrayRun, list[Member]], torch.Tensor]  # SharedStream or OwnStreams
     finish: Callable[[Member], TrialResult]
     on_results: Results
-    refill: Callable[[int], Member | None] = lambda slot: None  # the next cell for a free slot (slots)
+    refill: Callable[[int, Member], Member | None] = lambda slot, before: None  # a free slot's next cell (slots)
     eval_depths: EvalDepths = EvalDepths({})  # where each member is evaluated from
     results: dict[str, TrialResult] = field(default_factory=dict)
     eval_graphs: EvalGraphs | None = None  # its evaluations as CUDA graphs (an array on one stream)
@@ -754,19 +856,19 @@ def build_array(
     depths = eval_depths(cfgs, model, names, (data, precision, device))
     stack = stack_model(model, names, min(width, len(cfgs)), "different" if own else "same")
     schedule = make_schedule(len(data.train_rows), common)
-    graphed = not own and array_graphs_apply(cfgs, common, (device, precision), key, worker)
+    graphed = array_graphs_apply(cfgs, common, (device, precision), key, worker)
     base = _array_context(common, precision, device, schedule, data, feed, graphed)
-    base, eval_graphs = array_evaluation(base, model, (check, data.pad_id, reader), key, worker)
+    base, eval_graphs = array_evaluation(base, model, (check, data.pad_id, reader), key, worker, own)
     queue = collections.deque(cfgs)
     tokens = max(map(longest, datas.values())) if own else 0  # the slots' one batch shape: the longest row
 
-    def start(slot: int, entered: float | None = None) -> Member | None:
+    def start(slot: int, before: Member | None = None, entered: float | None = None) -> Member | None:
         if not queue:
             return None
-        cfg = queue.popleft()
+        cfg = next_cell(queue, before, plan) if graphed else queue.popleft()
         if own:
             load_initial(stack, slot, cfg, datas[cfg.train_size], worker)
-        member = new_member(stack, slot, cfg, plan, datas[cfg.train_size], base, tokens)
+        member = new_member(stack, slot, cfg, plan, datas[cfg.train_size], base, tokens, before if graphed else None)
         member.entered = entered or member.entered
         return member
 
@@ -782,9 +884,9 @@ def build_array(
         used = optimisations_used(prefix, None, reader, feed, cuda_graphs=on, eval_graphs=evaluated)
         return dataclasses.replace(result, optimisations=(*used, OPTIMISATION))
 
-    members = [start(slot, started) for slot in range(stack.width)]
+    members = [start(slot, None, started) for slot in range(stack.width)]
     if own:
-        streams = OwnStreams(first.batch_size, tokens, mask)
+        streams = OwnStreams(first.batch_size, tokens, mask, graphed, worker.graph_failures, key)
         return ArrayRun(stack, members, base, reader, streams, finish, on_results, start, depths)
     stream_feed = graph_feed(model, check, data.pad_id, (reader, feed), key, worker) if graphed else feed
     shared = SharedStream(device_stream(data, first, schedule, device), stream_feed, data.pad_id)
@@ -819,12 +921,13 @@ def _array_context(
 
 
 def array_evaluation(
-    base: FitContext, model: nn.Module, check: tuple, key: FeedKey, worker: WorkerState
+    base: FitContext, model: nn.Module, check: tuple, key: FeedKey, worker: WorkerState, own: bool = False
 ) -> tuple[FitContext, EvalGraphs | None]:
     """The array's evaluations as CUDA graphs where its step is graphed (``evaluation_graphed``, as a
-    single trial's), and how they feed the model (``prebuilt_mask``, ``evaluation_feed_of``: on
-    ``check``'s rows); else as they were."""
-    eval_graphed = evaluation_graphed(base.cuda_graphs, base.device, key, worker)
+    single trial's) on one stream, and how they feed the model (``prebuilt_mask``,
+    ``evaluation_feed_of``: on ``check``'s rows); else as they were. Slots (``own``) evaluate eagerly:
+    their members fall due apart, and a graph per set of slots due would be many captures."""
+    eval_graphed = not own and evaluation_graphed(base.cuda_graphs, base.device, key, worker)
     if not prebuilt_mask(eval_graphed, base.device, base.plan):
         return base, None
     batch, pad_id, reader = check
@@ -867,9 +970,8 @@ def eval_depths(cfgs: Sequence[TrialConfig], model: nn.Module, names: set[str], 
 def array_graphs_apply(
     cfgs: Sequence[TrialConfig], common: TrialConfig, where: tuple, key: FeedKey, worker: WorkerState
 ) -> bool:
-    """CUDA graphs for an array on one stream where every member asks for them (slots' batches are one
-    shape, but their members come and go: not captured yet), unless this worker saw a capture of the
-    model fail."""
+    """CUDA graphs for an array where every member asks for them (on one stream, over its length
+    buckets; slots, their one shape: ``OwnStreams``), unless this worker saw a capture of the model fail."""
     device, precision = where
     return (
         all(c.cuda_graphs for c in cfgs)
@@ -887,6 +989,20 @@ def graph_feed(model: nn.Module, check: Batch, pad_id: int, feeding, key: FeedKe
     with first_token.narrowed(model, reader):
         form = slots_mask_form(model, check, pad_id, key, worker)
     return AdditiveMaskFeed() if form == "4d" else feed
+
+
+def next_cell(queue: collections.deque, before: Member | None, plan: Plan) -> TrialConfig:
+    """The queue's first cell that trains what ``before`` (the slot's last member) trained, else its
+    first: taking over that slot's optimizer, it keeps the slots' CUDA graph (``new_member``). A
+    member's numbers do not depend on the order (each slot draws its own batches), its dropout draws
+    aside (the array's, whatever the order). Linear in the queue."""
+    if before is not None:
+        trains = plan.adapted[before.cfg.trial_id][1]
+        for i, cfg in enumerate(queue):
+            if plan.adapted[cfg.trial_id][1] == trains:
+                del queue[i]
+                return cfg
+    return queue.popleft()
 
 
 def qualifies(
@@ -987,7 +1103,7 @@ def _evaluate_and_rotate(run: ArrayRun, active: list[Member], segment_started: f
         return active
     _finished(run, leaving)  # their rows, together, before the next cells take their slots
     staying = [m for m in active if m not in leaving]
-    return staying + [m for m in (run.refill(m.slot) for m in leaving) if m is not None]
+    return staying + [m for m in (run.refill(m.slot, m) for m in leaving) if m is not None]
 
 
 def _share(members: list[Member], name: str, seconds: float) -> None:

@@ -129,7 +129,7 @@ def run_eagerly(
 
 @dataclass
 class _Graph:
-    inputs: Batch | Packed  # the static batch each replay reads: a new batch is copied into it
+    inputs: Batch | Packed  # the static batch each replay reads (a new one is copied into it): ``fit``'s
     replay: Callable[[], None]
     loss: torch.Tensor  # the static loss each replay writes
 
@@ -140,22 +140,29 @@ class StepGraphs:
     without the schedule (forward, backward, clipping, the optimizer), ``warm`` the same without the
     optimizer (weights untouched), ``after`` what follows each replay (the schedule), ``reset`` drops
     the gradients' references around a capture. ``capture``: how a graph is made (``run_eagerly``
-    stands in on a CPU)."""
+    stands in on a CPU). ``fit``: a batch's graph key and the batch as that graph takes it, or None
+    (eager); default: its (rows, length bucket), padded to the bucket."""
 
-    def __init__(self, eager, step, warm, after, reset, ready, buckets: tuple[int, ...], pad_id: int, capture=None):
+    def __init__(
+        self, eager, step, warm, after, reset, ready, buckets: tuple[int, ...], pad_id: int, capture=None, fit=None
+    ):
         self.eager, self.step, self.warm, self.after, self.reset, self.ready = eager, step, warm, after, reset, ready
         self.buckets, self.pad_id = buckets, pad_id
         self.capture = capture
-        self.graphs: dict[tuple[int, int], _Graph] = {}
+        self.fit = fit or self._bucketed
+        self.graphs: dict[object, _Graph] = {}
         self.shared: dict = {}  # what the captures share (a CUDA memory pool and stream)
         self.failed: str | None = None  # why a capture failed: every step from then on is eager
 
-    def __call__(self, batch: Batch | Packed) -> torch.Tensor:
+    def _bucketed(self, batch: Batch | Packed) -> tuple[tuple[int, int], Batch | Packed] | None:
         bucket = bucket_for(batch.input_ids.shape[1], self.buckets)
-        if self.failed or bucket is None or not self.ready():
+        return None if bucket is None else ((len(batch.labels), bucket), padded_to(batch, bucket, self.pad_id))
+
+    def __call__(self, batch) -> torch.Tensor:
+        fitted = None if self.failed or not self.ready() else self.fit(batch)
+        if fitted is None:
             return self.eager(batch)
-        key = (len(batch.labels), bucket)
-        padded = padded_to(batch, bucket, self.pad_id)
+        key, padded = fitted
         graph = self.graphs.get(key)
         if graph is None:
             graph = self._capture_or_none(padded)

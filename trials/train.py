@@ -191,6 +191,19 @@ def optimizer_for(
     return optimizer, get_linear_schedule_with_warmup(optimizer, schedule.warmup_steps, schedule.total_steps)
 
 
+def optimizer_again(optimizer: torch.optim.AdamW, schedule: Schedule) -> tuple:
+    """``optimizer`` as a new one over the same parameters (a trial array's slot taken by its next
+    cell, trials/array.py), and a new schedule for it: its state zeroed in place, as a new AdamW's
+    first step makes it (step 0, moments 0), so that a CUDA graph that captured its update stays
+    valid; the schedule starts from the learning rate it was made with (``initial_lr``, kept)."""
+    with torch.no_grad():
+        for state in optimizer.state.values():
+            for value in state.values():
+                if isinstance(value, torch.Tensor):
+                    value.zero_()
+    return optimizer, get_linear_schedule_with_warmup(optimizer, schedule.warmup_steps, schedule.total_steps)
+
+
 def make_optimizer(params, cfg: TrialConfig, device: torch.device, capturable: bool = False) -> torch.optim.AdamW:
     """Fused AdamW (CPU and CUDA since torch 2.4): one vectorised kernel instead of a Python loop of
     per-tensor ops, the same update rule; what HF Trainer uses too (optim "adamw_torch_fused"). Measured

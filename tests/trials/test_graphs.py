@@ -3,6 +3,7 @@ it): the buckets and the static-shape padding on any device, the whole graphed f
 capture stood in for (the same static inputs and steps, replayed), the real capture on a GPU."""
 
 import dataclasses
+import functools
 
 import numpy as np
 import pytest
@@ -167,18 +168,11 @@ def test_a_graphed_array_captures_again_when_a_member_leaves(still_bert, toy_dat
         for k in (-1, 0, 2)
     ]
     clean = array.run_array(cells)
-    made, clip, clips, captured = [], array.clip_member, [], array.array_graphs
+    made, captured = [], array.array_graphs
     monkeypatch.setattr(
         array, "array_graphs", lambda stack, active, *rest: made.append(len(active)) or captured(stack, active, *rest)
     )
-
-    def poisoned(stack, member):  # k = 0's gradients turn NaN at its fifth clipping (a replay's)
-        clips.append(member.cfg.frozen_layers)
-        clip(stack, member)
-        if member.cfg.frozen_layers == 0 and clips.count(0) == 5:
-            stack.tensors["classifier.weight"].grad[member.slot].fill_(float("nan"))
-
-    monkeypatch.setattr(array, "clip_member", poisoned)
+    _poison(monkeypatch, array, depth=0, at_clipping=5)  # (a replay's)
     results = array.run_array(cells)
     diverged = next(r for r in results if r.config.frozen_layers == 0)
     assert diverged.status == "diverged"
@@ -190,6 +184,19 @@ def test_a_graphed_array_captures_again_when_a_member_leaves(still_bert, toy_dat
             # otherwise (one run in seven differed at 1e-7 after another test's imports)
             assert a.status == "ok" and len(a.eval_curve) == len(b.eval_curve)
             assert [p.loss for p in a.eval_curve] == pytest.approx([p.loss for p in b.eval_curve], rel=1e-6)
+
+
+def _poison(monkeypatch, array, depth: int, at_clipping: int) -> None:
+    """The member of ``depth``'s gradients turn NaN at its ``at_clipping``-th clipping."""
+    clip, clips = array.clip_member, []
+
+    def poisoned(stack, member):
+        clips.append(member.cfg.frozen_layers)
+        clip(stack, member)
+        if member.cfg.frozen_layers == depth and clips.count(depth) == at_clipping:
+            stack.tensors["classifier.weight"].grad[member.slot].fill_(float("nan"))
+
+    monkeypatch.setattr(array, "clip_member", poisoned)
 
 
 def _failing_capture(fail_at: int, calls: list, device: str = "cpu"):
@@ -423,3 +430,112 @@ def test_evaluations_get_the_padding_mask_prebuilt_where_graphed_or_on_a_gpu_but
         False, cpu, PrecisionPlan("bf16", "cpu")
     )
     assert prebuilt_mask(True, cpu, PrecisionPlan("fp32", "cpu"))  # (graphed: the tests' stand-in on a CPU)
+
+
+# --- slots (an array whose members draw their own batches) as one graph ---------------------------------
+def _slot_cells(still_bert: str, toy_dataset: str, device: str = "cpu") -> list:
+    """Four cells through two slots, in an order where taking the queue's first would change a slot's
+    depth: k = 2's short cell ends first (6 steps against 9), and the queue's next is a k = 0 one."""
+    cell = functools.partial(_cell, still_bert, toy_dataset, trial_array=True, device=device)
+    return [
+        cell(train_size=40, seed=0, frozen_layers=0),
+        cell(train_size=24, seed=0, frozen_layers=2),
+        cell(train_size=40, seed=1, frozen_layers=0),
+        cell(train_size=24, seed=1, frozen_layers=2),
+    ]
+
+
+def _counting(monkeypatch, module, name: str) -> list:
+    made, real = [], getattr(module, name)
+    monkeypatch.setattr(module, name, lambda *a, **kw: made.append(a) or real(*a, **kw))
+    return made
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_graphed_slots_train_as_the_eager_ones(still_bert, toy_dataset, monkeypatch, device):
+    """Slots across seeds and train sizes as one CUDA graph (CPU: the capture stood in for; a GPU's is
+    real): captured once, kept through every refill (the queue's next cell of a slot's depth takes it, and its
+    optimizer, zeroed as new) and through a slot left free at the end (its last member's update stays
+    in the graph, at weight 0). Without dropout each member follows the eager slots' curve to float
+    rounding, whatever order the cells took the slots in."""
+    from freezesweep.trials import array
+
+    monkeypatch.setattr(graphs, "capture", graphs.run_eagerly if device == "cpu" else graphs.capture)
+    monkeypatch.setattr(graphs, "cuda_graphs_apply", lambda cfg, *_: cfg.cuda_graphs)
+    cells = _slot_cells(still_bert, toy_dataset, device)
+    eager = array.run_array(cells, width=2)
+    captures = _counting(monkeypatch, graphs, "capture")
+    made, again = _counting(monkeypatch, array, "optimizer_for"), _counting(monkeypatch, array, "optimizer_again")
+    graphed = array.run_array([dataclasses.replace(c, cuda_graphs=True) for c in cells], width=2)
+    assert len(captures) == 1 and len(made) == 2 and len(again) == len(cells) - 2
+    for g, e in zip(graphed, eager):
+        assert g.status == e.status == "ok" and {"cuda_graphs", "trial_array"} <= set(g.optimisations)
+        assert "cuda_graphs" not in e.optimisations
+        assert [p.step for p in g.eval_curve] == [p.step for p in e.eval_curve]
+        assert [p.loss for p in g.eval_curve] == pytest.approx([p.loss for p in e.eval_curve], rel=1e-4)
+
+
+def test_a_slots_optimizer_taken_over_is_a_new_ones():
+    """``optimizer_again``: the state a new AdamW's first step makes (a taken-over slot's next step is
+    its new cell's first), its schedule from the first learning rate again."""
+    from freezesweep.trials.config import TrialConfig
+    from freezesweep.trials.train import Schedule, optimizer_again, optimizer_for
+
+    cfg = TrialConfig(dataset="d", model="m", train_size=8, frozen_layers=0, weight_decay=0.1)
+    schedule = Schedule(2, 10, 0, frozenset({5, 10}), frozenset())
+    fresh, used = torch.nn.Parameter(torch.ones(3)), torch.nn.Parameter(torch.ones(3))
+    optimizers = []
+    for param, steps in ((fresh, 1), (used, 4)):
+        optimizer, scheduler = optimizer_for([param], cfg, schedule)
+        for i in range(steps):
+            param.grad = torch.full_like(param, 0.5 + i)
+            optimizer.step()
+            scheduler.step()
+        optimizers.append(optimizer)
+    assert not torch.equal(used, fresh)
+    optimizer, _ = optimizer_again(optimizers[1], schedule)
+    assert optimizer.param_groups[0]["lr"] == pytest.approx(cfg.learning_rate)  # the schedule's step 0
+    with torch.no_grad():
+        used.fill_(1.0)
+    used.grad = torch.full_like(used, 0.5)
+    optimizer.step()
+    assert torch.equal(used, fresh)
+
+
+def test_a_diverged_slot_stays_in_the_graph_and_leaks_nothing(still_bert, toy_dataset, monkeypatch):
+    """A member whose gradients turn NaN inside a replay diverges and leaves with its row; its slot,
+    left free, stays in the graph with its NaN slices (nothing is captured again), and the other
+    member's numbers are those of the run where nobody diverged."""
+    from freezesweep.trials import array
+
+    monkeypatch.setattr(graphs, "capture", graphs.run_eagerly)
+    monkeypatch.setattr(graphs, "cuda_graphs_apply", lambda cfg, *_: cfg.cuda_graphs)
+    cells = [
+        _cell(still_bert, toy_dataset, seed=s, frozen_layers=k, trial_array=True, cuda_graphs=True)
+        for s, k in ((0, 0), (1, 2))
+    ]
+    clean = array.run_array(cells, width=2)
+    captures = _counting(monkeypatch, graphs, "capture")
+    _poison(monkeypatch, array, depth=2, at_clipping=3)  # (a replay's)
+    kept, diverged = array.run_array(cells, width=2)
+    assert diverged.status == "diverged" and kept.status == "ok" and len(captures) == 1
+    assert [p.loss for p in kept.eval_curve] == pytest.approx([p.loss for p in clean[0].eval_curve], rel=1e-6)
+    losses, expected = [loss for _, loss in kept.train_loss_curve], [loss for _, loss in clean[0].train_loss_curve]
+    assert losses == pytest.approx(expected, rel=1e-6)
+
+
+def test_slots_whose_capture_fails_go_on_eagerly(still_bert, toy_dataset, monkeypatch):
+    """A failed capture of the slots' step: every member goes on eagerly, along the eager slots'
+    curves, its row without ``cuda_graphs``; the worker keeps the verdict."""
+    from freezesweep.trials import array
+
+    calls: list = []
+    monkeypatch.setattr(graphs, "capture", _failing_capture(1, calls))
+    monkeypatch.setattr(graphs, "cuda_graphs_apply", lambda cfg, *_: cfg.cuda_graphs)
+    cells, worker = _slot_cells(still_bert, toy_dataset), WorkerState()
+    eager = array.run_array(cells, width=2, worker=worker)
+    fell_back = array.run_array([dataclasses.replace(c, cuda_graphs=True) for c in cells], width=2, worker=worker)
+    assert len(calls) == 1 and len(worker.graph_failures) == 1
+    for f, e in zip(fell_back, eager):
+        assert f.status == "ok" and "cuda_graphs" not in f.optimisations and "trial_array" in f.optimisations
+        assert [p.loss for p in f.eval_curve] == pytest.approx([p.loss for p in e.eval_curve], rel=1e-4)

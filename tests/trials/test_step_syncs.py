@@ -171,7 +171,9 @@ def test_no_host_sync_between_evaluations(tiny_trial, monkeypatch, device, cuda_
 
 
 @pytest.mark.parametrize(
-    "slots,cuda_graphs", [(False, False), (True, False), (False, True)], ids=["one-stream", "slots", "graphed"]
+    "slots,cuda_graphs",
+    [(False, False), (True, False), (False, True), (True, True)],
+    ids=["one-stream", "slots", "graphed", "graphed-slots"],
 )
 @pytest.mark.parametrize("device", DEVICES)
 def test_no_host_sync_between_an_arrays_evaluations(tiny_trial, monkeypatch, device, slots, cuda_graphs):
@@ -179,7 +181,7 @@ def test_no_host_sync_between_an_arrays_evaluations(tiny_trial, monkeypatch, dev
     depths of one seed, packed; slots: each its own, padded to the slots' one shape, a short last batch
     repeated), every member's clipping, AdamW step and loss count read nothing back between
     evaluations. A member's end (its row; in slots the next cell's start) counts as an evaluation.
-    Graphed: one stream's step as CUDA graphs (the capture stood in for on the CPU)."""
+    Graphed: the step as CUDA graphs, one stream's or the slots' (the capture stood in for on the CPU)."""
     _graphs_on(monkeypatch, device, cuda_graphs)
     base = dataclasses.replace(
         tiny_trial, train_size=40, epochs=2.5, device=device, trial_array=True, cuda_graphs=cuda_graphs
