@@ -21,9 +21,9 @@
 #     bash benchmarks/gpu_check.sh grid       # the 70-cell grid, 8 trial processes on the GPU, CUDA graphs
 #     bash benchmarks/gpu_check.sh arrays     # the same grid as trial arrays (7 members, 4 processes), CUDA graphs
 #     bash benchmarks/gpu_check.sh graphs     # the grid's 8 processes with CUDA graphs (not in `all`)
-#     bash benchmarks/gpu_check.sh slots      # the grid's cells pooled per task into one array of 35 slots
-#                                             # (every train size and depth at once), its step one CUDA
-#                                             # graph, 2 processes (not in `all`; GPU_CHECK_SLOTS_WIDTH,
+#     bash benchmarks/gpu_check.sh slots      # the grid's cells pooled per task into one array of 18 slots
+#                                             # (refilled as members finish), its step one CUDA graph,
+#                                             # 2 processes (not in `all`; GPU_CHECK_SLOTS_WIDTH,
 #                                             # GPU_CHECK_SLOTS_SEEDS="0 1 2 3 4": the reference's 350 cells)
 #   The grid parts run their steps as CUDA graphs (the best grid measured so far, docs/speed.md);
 #   GPU_CHECK_GRAPHS=0: eagerly.
@@ -119,9 +119,12 @@ else
   # profile gets the most; the full grids took 114 s (8 processes) and 125 s (arrays) with their start.
   # The tests get 15 s more from the grids (2026-11-30: five CUDA tests of graphed evaluations added),
   # then 5 s more from the 8-process grid (later that day: graphed slots' CUDA test).
-  # Slots: 35 = 5 train sizes x 7 depths, a task's whole grid at once (arrays under half the width pool
-  # into slots: trials/array.py group_cells); the slots' step is one CUDA graph (new 2026-11-30, never yet on a GPU)
-  SLOTS_WIDTH=${GPU_CHECK_SLOTS_WIDTH:-35} SLOTS_SEEDS=(${GPU_CHECK_SLOTS_SEEDS:-0})
+  # Slots: a task's 35 cells through 18 slots (arrays under half the width pool into slots:
+  # trials/array.py group_cells); the slots' step is one CUDA graph (new 2026-11-30, never yet on a GPU).
+  # 18, not 35: each slot stacks every weight any depth trains (BERT-base's encoder: ~1.1 GB a slot with
+  # its gradients and AdamW's state), and the graph's pool holds a second step's activations; 2 processes
+  # of 35 would need ~130 GB by that count, of 18 about 70
+  SLOTS_WIDTH=${GPU_CHECK_SLOTS_WIDTH:-18} SLOTS_SEEDS=(${GPU_CHECK_SLOTS_SEEDS:-0})
   LIMITS=(tests=80 profile=120 grid=65 arrays=85 graphs=95 reference=540 slots=300)  # the last 3: not in `all`
 fi
 if [ -n "${GPU_CHECK_LIMITS:-}" ]; then  # e.g. "profile=150 arrays=130": a part run alone on a longer lease
