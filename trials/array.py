@@ -66,7 +66,8 @@ others go on in distribution, no longer bit for bit). A GPU runs an array's step
 array of 7 calls ~2.6x a single step's operators: benchmarks/step_profile.py on a CPU); replayed, the
 launches go. Its evaluations too: one graph per group of slots evaluated from one depth (trials/graphs.py
 ``EvalGraphs``; slots not next to each other picked by an index made on the device before the capture).
-Slots run eagerly.
+Slots capture their step as one graph (``slot_graphs``: a cell taking a slot of its depth takes over its
+optimizer, so the graph stays) and evaluate eagerly.
 
 Which cells qualify is decided before any trial: ``array_key`` from the config (the freeze method,
 bf16 or fp32 — one GradScaler would skip every member's step when one member overflows in fp16 — no
