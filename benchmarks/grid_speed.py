@@ -4,6 +4,7 @@ freezesweep, same cells, same machine, one invocation.
     python benchmarks/grid_speed.py                       # the CPU grid: real SST-2, MiniLM-L6, 16 cells
     python benchmarks/grid_speed.py --train-cache         # + the opt-in training cache, its accuracy effect
     python benchmarks/grid_speed.py --engine local --skip-baseline --arrays 8 --singles-too   # arrays beside singles
+    python benchmarks/grid_speed.py --engine local --skip-baseline --arrays 8 --unpacked-too  # packed slots beside padded
     python benchmarks/grid_speed.py --engine local --workers 4 --device cuda ...   # no Ray (the GPU check)
 
 Prints the wall time of each side, the ratio, trials per hour, per-trial fixed overhead (a trial's
@@ -64,6 +65,11 @@ def parse_args(argv=None) -> argparse.Namespace:
     )
     parser.add_argument(
         "--singles-too", action="store_true", help="with --arrays, the single trials too, side by side in one run"
+    )
+    parser.add_argument(
+        "--unpacked-too",
+        action="store_true",
+        help="with --arrays, the arrays again with packing off (slots padded to one shape), side by side in one run",
     )
     parser.add_argument("--engine", choices=["ray", "local"], default="ray")
     parser.add_argument("--workers", type=int, default=None, help="local engine: trials at once (default: CPUs)")
@@ -240,9 +246,8 @@ def _said(rows: list[dict]) -> str:
     """A finished unit in a few words: its cells, its slowest member's wall time, what it ran with (an
     array: what any member did, in order of first use)."""
     config = rows[0]["config"]
-    cells = f"{config['dataset']} n={config['train_size']} k=" + ",".join(
-        str(r["config"]["frozen_layers"]) for r in rows
-    )
+    sizes = ",".join(dict.fromkeys(str(r["config"]["train_size"]) for r in rows))  # slots: every train size
+    cells = f"{config['dataset']} n={sizes} k=" + ",".join(str(r["config"]["frozen_layers"]) for r in rows)
     wall = max(r.get("wall_time_s") or 0.0 for r in rows)
     statuses = collections.Counter(r["status"] for r in rows)  # an array's members can end differently
     said = ", ".join(f"{n} {s}" if len(rows) > 1 else s for s, n in statuses.items())
@@ -353,6 +358,9 @@ def main(argv=None) -> None:
         sides["freezesweep"] = run_freezesweep(singles, args)
     if args.arrays:
         sides["freezesweep+trial arrays"] = run_freezesweep([replace(c, trial_array=True) for c in cells], args)
+    if args.arrays and args.unpacked_too:
+        unpacked = [replace(c, trial_array=True, pack_training=False) for c in cells]
+        sides["freezesweep+arrays unpacked"] = run_freezesweep(unpacked, args)
     if args.train_cache:
         cached_cells = grid(args, train_cache=True)
         wall, rows = run_freezesweep(cached_cells, args)

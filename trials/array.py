@@ -48,7 +48,10 @@ Slots (continuous batching, as LLM servers batch requests: Orca, OSDI 2022; vLLM
 one model and task with other seeds or train sizes take turns in an array of ``width`` slots; when a
 member is over its row is given and the next cell takes its slot with its own initial weights,
 subset, batches, schedule and optimizer. Each slot then draws its own batch, so inputs are batched
-too: padded to one shape for the whole run (the longest row of any queued cell's subset), and its
+too, in one shape for the whole run: packed where the model qualifies (each slot's rows in one row of
+its real tokens, as a single trial's, ``packed_slots_agree``; the width is the most tokens any step
+of any queued cell packs, ``packed_tokens``: on SST-2 ~3x fewer positions than padding), else padded
+(the longest row of any queued cell's subset), and its
 dropout draws are its own but the array's stream, not its single trial's (``randomness=
 "different"``): without dropout a slot gives its single trial's numbers to float rounding, with it
 the same distribution. A padding mask is batched as the model's code takes it under ``vmap``
@@ -100,11 +103,12 @@ from freezesweep.trials.config import EvalPoint, TrialConfig, TrialResult
 from freezesweep.trials.eval_cache import PrefixStates, eval_mode, starting_at
 from freezesweep.trials.evaluate import eval_labels, task_loss
 from freezesweep.trials.freezing import FreezeReport, find_encoder_parts, prefix_names
-from freezesweep.trials.graphs import EvalGraphs, StepGraphs, length_buckets
+from freezesweep.trials.graphs import MULTIPLE, EvalGraphs, StepGraphs, length_buckets, padded_to
 from freezesweep.trials.metrics import compute_metrics, constant
 from freezesweep.trials.model import eager_attention
 from freezesweep.trials.oom import catch_oom, is_oom
-from freezesweep.trials.packing import AdditiveMaskFeed, PackedFeed, PaddedFeed, mask_as, widened
+from freezesweep.trials.first_token import Reader
+from freezesweep.trials.packing import AdditiveMaskFeed, Packed, PackedFeed, PaddedFeed, mask_as, packed_mask, widened
 from freezesweep.trials.precision import PrecisionPlan, resolve_config, resolve_precision, synchronize, trial_device
 from freezesweep.trials.run import (
     TrialData,
@@ -260,12 +264,23 @@ class Stack:
 
         return vmap(member, randomness=self.randomness)(self.tensors if tensors is None else tensors)
 
-    def own_logits(self, inputs: dict[str, torch.Tensor]) -> torch.Tensor:
-        """Every member's logits on its own inputs (each ``[width, ...]``: slots, ``OwnStreams``)."""
+    def own_logits(self, inputs: dict[str, torch.Tensor], reader: Reader | None = None) -> torch.Tensor:
+        """Every member's logits on its own inputs (each ``[width, ...]``: slots, ``OwnStreams``); packed
+        ones (``PackedSlots``) with their sequences' ids, the mask made from them here, and where each
+        sequence starts, for ``reader`` (the narrowed last layer, trials/first_token.py)."""
         model = self.model
 
         def member(params: dict[str, torch.Tensor], inputs: dict[str, torch.Tensor]) -> torch.Tensor:
-            return functional_call(model, params, (), inputs).logits
+            inputs = dict(inputs)
+            first_tokens, sequence = inputs.pop("first_tokens", None), inputs.pop("sequence", None)
+            if sequence is None:
+                return functional_call(model, params, (), inputs).logits
+            assert reader is not None, "a packed batch's head reads its sequences' first tokens"
+            reader.rows = first_tokens
+            try:
+                return functional_call(model, params, (), inputs | {"attention_mask": packed_mask(sequence)}).logits
+            finally:
+                reader.rows = None  # evaluation batches are padded: position 0 again
 
         return vmap(member, randomness=self.randomness)(self.tensors, inputs)
 
@@ -386,9 +401,29 @@ def device_stream(
     data: TrialData, cfg: TrialConfig, schedule: Schedule, device: torch.device, width: int = 0
 ) -> DeviceStream:
     """``cfg``'s batches (``width``: the widest batch its slot is padded to)."""
-    generator = torch.Generator().manual_seed(cfg.derived_seed)
     rows = device_rows(data.train_tokens, data.task.train.labels[data.train_rows], device, width)
-    return DeviceStream(rows, epoch_orders(len(rows), schedule, FitState(), generator, device), cfg.batch_size)
+    return DeviceStream(rows, cell_orders(cfg, len(rows), schedule, device), cfg.batch_size)
+
+
+def cell_orders(cfg: TrialConfig, n_rows: int, schedule: Schedule, device: torch.device) -> EpochOrders:
+    """The epochs' orders ``cfg``'s fit draws, from its seed (trials/train.py ``fit``'s own draws)."""
+    return epoch_orders(n_rows, schedule, FitState(), torch.Generator().manual_seed(cfg.derived_seed), device)
+
+
+def packed_tokens(cfgs: Sequence[TrialConfig], datas: dict[int, TrialData]) -> int:
+    """Packed slots' one width: the most real tokens any batch of any of ``cfgs`` holds (their orders
+    drawn as their streams draw them), up to a multiple of 8. A function of the queue alone, not of
+    which cells share a step: no slot's shape, so none of its numbers, depends on its neighbours."""
+    most = 1
+    for cfg in cfgs:
+        data = datas[cfg.train_size]
+        lengths = np.array([len(row) for row in data.train_tokens.input_ids], dtype=np.int64)
+        schedule = make_schedule(len(lengths), cfg)
+        orders = cell_orders(cfg, len(lengths), schedule, torch.device("cpu")).host
+        starts = np.arange(0, orders.shape[1], cfg.batch_size)
+        if orders.size:
+            most = max(most, int(np.add.reduceat(lengths[orders], starts, axis=1).max()))
+    return -(-most // MULTIPLE) * MULTIPLE
 
 
 # --- one step, one evaluation ------------------------------------------------------------------------
@@ -405,18 +440,20 @@ def array_losses(stack: Stack, batch, plan: PrecisionPlan, feed, autocast_cache:
     return vmap(task_loss, in_dims=(0, None))(logits, batch.labels)
 
 
-def own_step(stack: Stack, members: Sequence[Member], inputs: dict, labels, weights, plan: PrecisionPlan):
-    """``array_step`` with every slot on its own batch (``inputs``, ``labels``, row ``weights``: each
-    ``[width, rows, ...]``; a row of weight 0 pads a short batch and counts nowhere)."""
-    return update(stack, members, own_losses(stack, inputs, labels, weights, plan))
+def own_step(stack: Stack, members: Sequence[Member], batch, plan: PrecisionPlan, reader: Reader | None = None):
+    """``array_step`` with every slot on its own batch (``SlotBatch`` or ``PackedSlots``: inputs,
+    labels and row weights, each ``[width, rows, ...]``; a row of weight 0 pads a short batch and
+    counts nowhere)."""
+    return update(stack, members, own_losses(stack, batch, plan, reader))
 
 
-def own_losses(stack: Stack, inputs: dict, labels, weights, plan: PrecisionPlan, autocast_cache: bool = True):
-    """Every slot's loss on its own batch, ``[width]`` (``autocast_cache``: as ``array_losses``')."""
+def own_losses(stack: Stack, batch, plan: PrecisionPlan, reader: Reader | None = None, autocast_cache: bool = True):
+    """Every slot's loss on its own batch, ``[width]`` (``reader``: a packed batch's, ``own_logits``;
+    ``autocast_cache``: as ``array_losses``')."""
     with plan.autocast(cache=autocast_cache):
-        logits = stack.own_logits(inputs)
-    rows = vmap(functools.partial(task_loss, reduction="none"))(logits, labels)
-    return torch.where(weights > 0, rows, 0.0).sum(1) / weights.sum(1).clamp(min=1)
+        logits = stack.own_logits(batch.inputs(), reader)
+    rows = vmap(functools.partial(task_loss, reduction="none"))(logits, batch.labels)
+    return torch.where(batch.weights > 0, rows, 0.0).sum(1) / batch.weights.sum(1).clamp(min=1)
 
 
 def update(stack: Stack, members: Sequence[Member], losses: torch.Tensor) -> torch.Tensor:
@@ -470,15 +507,16 @@ def slot_graphs(stack: Stack, held: dict[int, Member], streams: OwnStreams, plan
     that takes a slot and trains its slices takes over its optimizer (``new_member``), so the graph
     stays valid; another set is captured again. The schedules of the members in the slots now are
     stepped after each replay (``streams.current``)."""
+    reader = streams.reader
     return members_graphs(
         stack,
         list(held.values()),  # (a successor shares its leaves, optimizer and clipping norm)
-        lambda batch: own_losses(stack, batch.inputs(), batch.labels, batch.weights, plan, autocast_cache=False),
-        lambda batch: own_step(stack, streams.current, batch.inputs(), batch.labels, batch.weights, plan),
+        lambda batch: own_losses(stack, batch, plan, reader, autocast_cache=False),
+        lambda batch: own_step(stack, streams.current, batch, plan, reader),
         lambda: streams.current,
         buckets=(),
         pad_id=0,
-        fit=lambda batch: ("slots", batch),  # one shape: the slots' rows and tokens
+        fit=lambda batch: ("slots", batch),  # one shape: the slots' rows and tokens (``OwnStreams``)
     )
 
 
@@ -682,18 +720,41 @@ class SlotBatch:
 
 
 @dataclass
+class PackedSlots:
+    """Every slot's batch packed (trials/packing.py ``Packed``), one row of ``tokens`` tokens each: its
+    rows' real tokens, then tokens of a sequence of their own (id -1) up to the slots' width;
+    ``first_tokens``, ``labels``, ``weights``: ``[width, rows]`` (a short batch's extra rows repeat its
+    rows at weight 0)."""
+
+    input_ids: torch.Tensor  # [width, 1, tokens]
+    position_ids: torch.Tensor  # [width, 1, tokens]
+    sequence: torch.Tensor  # [width, tokens]: each token's row in its slot's batch
+    first_tokens: torch.Tensor  # [width, rows]
+    token_type_ids: torch.Tensor | None
+    labels: torch.Tensor
+    weights: torch.Tensor
+
+    def inputs(self) -> dict[str, torch.Tensor]:
+        names = ("input_ids", "position_ids", "sequence", "first_tokens", "token_type_ids")
+        return {name: value for name in names if (value := getattr(self, name)) is not None}
+
+
+@dataclass
 class OwnStreams:
-    """Every slot on its own member's next batch (slots across seeds and train sizes), padded to one
-    shape for all (``rows`` rows of ``tokens`` tokens: the longest row of any queued cell's subset), so
-    that no slot's numbers depend on what the others hold; a free slot trains a copy of another's batch
-    with weight 0 (eager, its slices step nowhere; graphed, its last member's update runs on them:
-    ``slot_graphs``). ``mask``: how the padding mask is given (``mask_form``).
+    """Every slot on its own member's next batch (slots across seeds and train sizes), in one shape
+    for all: ``rows`` rows, packed (``feed``: ``PackedSlots``, ``tokens`` tokens a slot:
+    ``packed_tokens``) or padded (``SlotBatch``, ``tokens`` tokens a row: the longest row of any queued
+    cell's subset), so that no slot's numbers depend on what the others hold; a free slot trains a copy
+    of another's batch with weight 0 (eager, its slices step nowhere; graphed, its last member's update
+    runs on them: ``slot_graphs``). ``mask``: how the padding mask is given (``mask_form``).
     ``graphed``: the step as one CUDA graph (``slot_graphs``), captured again when a slot's optimizer
     changes; a failed capture, eager from then on (``failures``, the worker's, under ``key``)."""
 
     rows: int
     tokens: int
     mask: str
+    feed: PackedFeed | None = None  # packed, its reader the head's (None: padded)
+    pad_id: int = 0
     graphed: bool = False
     failures: dict = field(default_factory=dict)
     key: FeedKey | None = None
@@ -701,10 +762,14 @@ class OwnStreams:
     held: dict[int, Member] = field(default_factory=dict)  # each slot's member, or its last (graphed)
     graphs: dict[tuple, StepGraphs] = field(default_factory=dict)  # the slots' optimizers -> their graph
 
+    @property
+    def reader(self) -> Reader | None:
+        return None if self.feed is None else self.feed.reader
+
     def __call__(self, run: ArrayRun, active: list[Member]) -> torch.Tensor:
-        batch = self.batch(run.stack.width, active)
+        batch = self.batch(run.stack.width, active) if self.feed is None else self.packed(run.stack.width, active)
         if not self.graphed or self.key in self.failures:
-            return own_step(run.stack, active, batch.inputs(), batch.labels, batch.weights, run.base.plan)
+            return own_step(run.stack, active, batch, run.base.plan, self.reader)
         self.current = active
         self.held.update((member.slot, member) for member in active)
         optimizers = tuple((slot, id(member.optimizer)) for slot, member in sorted(self.held.items()))
@@ -732,6 +797,38 @@ class OwnStreams:
             torch.stack([b.labels for b in batches]),
             torch.stack([w for _, w in slots]),
         )
+
+    def packed(self, width: int, active: list[Member]) -> PackedSlots:
+        """Each slot's next batch packed (a free slot: another's at weight 0), gathered on the device."""
+        assert self.feed is not None
+        feed = self.feed
+        own = {m.slot: packed_slot(m.stream, self.rows, self.tokens, feed, m.data.pad_id) for m in active if m.stream}
+        filler = next(iter(own.values()))
+        slots = [own.get(slot, (filler[0], torch.zeros_like(filler[1]))) for slot in range(width)]
+        return stacked_slots([p for p, _ in slots], torch.stack([w for _, w in slots]))
+
+
+def stacked_slots(packs: Sequence[Packed], weights: torch.Tensor) -> PackedSlots:
+    """The slots' packed batches (each one row of the same width) as one ``PackedSlots``."""
+    names = ("input_ids", "position_ids", "sequence", "first_tokens", "token_type_ids", "labels")
+    fields = {n: None if getattr(packs[0], n) is None else torch.stack([getattr(p, n) for p in packs]) for n in names}
+    return PackedSlots(**fields, weights=weights)
+
+
+def packed_slot(
+    stream: DeviceStream, rows: int, tokens: int, feed: PackedFeed, pad_id: int
+) -> tuple[Packed, torch.Tensor]:
+    """The stream's next batch packed into one row of ``tokens`` tokens (``padded_to``), gathered on the
+    device (a short batch's first tokens and labels repeat to ``rows``, weight 0), and its rows' weights."""
+    positions, on_device = stream.next()
+    real = len(positions)
+    packed = padded_to(feed.gather(stream.rows, positions, on_device, pad_id), tokens, pad_id)
+    index = torch.arange(rows, device=on_device.device)
+    if real < rows:  # the epoch's last batch: its rows again (no host data)
+        packed = dataclasses.replace(
+            packed, first_tokens=packed.first_tokens[index % real], labels=packed.labels[index % real]
+        )
+    return packed, (index < real).float()
 
 
 def padded(stream: DeviceStream, rows: int, tokens: int, pad_id: int) -> tuple[Batch, torch.Tensor]:
@@ -845,13 +942,16 @@ def build_array(
     model = eager_attention(trial_model(first, data, device))  # vmap draws its dropout (trials/model.py)
     own = len({(c.seed, c.train_size) for c in cfgs}) > 1 or len(cfgs) > width  # slots: a stream each
     common = dataclasses.replace(first, frozen_layers=min(c.frozen_layers for c in cfgs))  # what all freeze
-    reader, feed = feed_of(common, model, data, device, packed=not own)
+    reader, feed = feed_of(common, model, data, device, packed=True)
     key = model_key(first, model)
     check = check_batch(data, device)  # the rows the model's checks run on (qualifies, graph_feed)
+    if own and not packed_slots_agree(model, check, data.pad_id, feed, key, worker):
+        feed = PaddedFeed()  # slots padded (a packed feed the model's vmapped forward does not take so)
     mask = qualifies(model, check, data.pad_id, (reader, feed), key, own, worker)
     if mask is None:
         return None
     datas = {first.train_size: data} | {c.train_size: trial_data(c, device, worker) for c in cfgs[1:] if own}
+    packed = own and isinstance(feed, PackedFeed)
     differ = differing(model, cfgs, worker) if own else set()
     names = plan_members(model, cfgs, plan) | differ
     depths = eval_depths(cfgs, model, names, (data, precision, device))
@@ -861,7 +961,8 @@ def build_array(
     base = _array_context(common, precision, device, schedule, data, feed, graphed)
     base, eval_graphs = array_evaluation(base, model, (check, data.pad_id, reader), key, worker, own)
     queue = collections.deque(cfgs)
-    tokens = max(map(longest, datas.values())) if own else 0  # the slots' one batch shape: the longest row
+    # the slots' one batch shape: the most tokens a packed batch holds, or the longest row
+    tokens = (packed_tokens(cfgs, datas) if packed else max(map(longest, datas.values()))) if own else 0
 
     def start(slot: int, before: Member | None = None, entered: float | None = None) -> Member | None:
         if not queue:
@@ -887,7 +988,8 @@ def build_array(
 
     members = [start(slot, None, started) for slot in range(stack.width)]
     if own:
-        streams = OwnStreams(first.batch_size, tokens, mask, graphed, worker.graph_failures, key)
+        own_feed = feed if isinstance(feed, PackedFeed) else None
+        streams = OwnStreams(first.batch_size, tokens, mask, own_feed, data.pad_id, graphed, worker.graph_failures, key)
         return ArrayRun(stack, members, base, reader, streams, finish, on_results, start, depths)
     stream_feed = graph_feed(model, check, data.pad_id, (reader, feed), key, worker) if graphed else feed
     shared = SharedStream(device_stream(data, first, schedule, device), stream_feed, data.pad_id)
@@ -1232,12 +1334,8 @@ def slots_mask_form(model: nn.Module, batch: Batch, pad_id: int, key: FeedKey, w
 
 def _mask_form(model: nn.Module, batch: Batch, pad_id: int) -> str | None:
     tokens = batch.input_ids.shape[1] + 1
-    names = ("input_ids", "attention_mask", "labels", "token_type_ids")
-    flipped = dataclasses.replace(
-        batch, **{n: getattr(batch, n).flip(0) for n in names if getattr(batch, n) is not None}
-    )
-    slots = [widened(b, tokens, pad_id) for b in (batch, flipped)]
-    stack = Stack(model, {n: p.detach().expand(2, *p.shape).clone() for n, p in model.named_parameters()}, "")
+    slots = [widened(b, tokens, pad_id) for b in (batch, _flipped(batch))]
+    stack = _two_copies(model)
     with eval_mode(model), torch.no_grad():
         plain = [model(**b.model_inputs()).logits for b in slots]
         for form in ("2d", "4d"):
@@ -1254,6 +1352,49 @@ def _mask_form(model: nn.Module, batch: Batch, pad_id: int) -> str | None:
             if all(first_token.logits_agree(a, b) for a, b in zip(plain, logits)):
                 return form
     return None
+
+
+def packed_slots_agree(model: nn.Module, batch: Batch, pad_id: int, feed, key: FeedKey, worker: WorkerState) -> bool:
+    """Whether slots train packed (``PackedSlots``): ``feed`` packs (the model qualified for packing and
+    the narrowed last layer, trials/packing.py ``training_feed``) and two slots on ``batch``'s rows in
+    two orders, packed to one width, give the plain model's logits on each (fp32, eval mode: a batched
+    mask from the sequences' ids, batched first tokens for the head). Kept in the worker per model and
+    class; a "no" pads the slots."""
+    if not isinstance(feed, PackedFeed):
+        return False
+    verdict = (key, "packed slots")
+    if verdict not in worker.array_verdicts:
+        worker.array_verdicts[verdict] = _packed_slots_agree(model, batch, pad_id, feed.offset)
+        if not worker.array_verdicts[verdict]:
+            log.warning("%s takes no packed batch per slot: its slots are padded", key.model)
+    return worker.array_verdicts[verdict]
+
+
+def _packed_slots_agree(model: nn.Module, batch: Batch, pad_id: int, offset: int) -> bool:
+    feed = PackedFeed(Reader(), offset)  # (narrowed in evaluation too: the check runs in eval mode)
+    packs = [feed.prepare(b.to(torch.device("cpu"))).to(batch.input_ids.device) for b in (batch, _flipped(batch))]
+    tokens = max(p.input_ids.shape[1] for p in packs) + 3  # tokens of no row's too
+    packs = [padded_to(p, tokens, pad_id) for p in packs]
+    slots = stacked_slots(packs, torch.ones(2, len(batch.labels), device=batch.input_ids.device))
+    with eval_mode(model), torch.no_grad(), first_token.narrowed(model, feed.reader):
+        plain = [feed.logits(model, p) for p in packs]
+        try:
+            logits = _two_copies(model).own_logits(slots.inputs(), feed.reader)
+        except Exception as exc:  # a model whose vmapped forward refuses these inputs: padded slots
+            if is_oom(exc):
+                raise
+            return False
+    return all(first_token.logits_agree(a, b) for a, b in zip(plain, logits))
+
+
+def _flipped(batch: Batch) -> Batch:
+    """``batch``'s rows in the reverse order."""
+    names = ("input_ids", "attention_mask", "labels", "token_type_ids")
+    return dataclasses.replace(batch, **{n: getattr(batch, n).flip(0) for n in names if getattr(batch, n) is not None})
+
+
+def _two_copies(model: nn.Module) -> Stack:
+    return Stack(model, {n: p.detach().expand(2, *p.shape).clone() for n, p in model.named_parameters()}, "")
 
 
 def _gap(single: torch.Tensor | None, stacked: torch.Tensor | None) -> str:

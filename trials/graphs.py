@@ -32,6 +32,7 @@ import dataclasses
 import logging
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from typing import TypeVar
 
 import numpy as np
 import torch
@@ -66,7 +67,10 @@ def bucket_for(size: int, buckets: tuple[int, ...]) -> int | None:
     return next((b for b in buckets if b >= size), None)
 
 
-def padded_to(batch: Batch | Packed, size: int, pad_id: int) -> Batch | Packed:
+Fed = TypeVar("Fed", Batch, Packed)
+
+
+def padded_to(batch: Fed, size: int, pad_id: int) -> Fed:
     """``batch`` with ``size`` columns: a packed row's extra tokens are a sequence of their own (id -1:
     only they attend to each other, at the first row's starting position), a padded batch's are masked."""
     extra = size - batch.input_ids.shape[1]
@@ -154,7 +158,7 @@ class StepGraphs:
         self.shared: dict = {}  # what the captures share (a CUDA memory pool and stream)
         self.failed: str | None = None  # why a capture failed: every step from then on is eager
 
-    def _bucketed(self, batch: Batch | Packed) -> tuple[tuple[int, int], Batch | Packed] | None:
+    def _bucketed(self, batch: Fed) -> tuple[tuple[int, int], Fed] | None:
         bucket = bucket_for(batch.input_ids.shape[1], self.buckets)
         return None if bucket is None else ((len(batch.labels), bucket), padded_to(batch, bucket, self.pad_id))
 

@@ -58,14 +58,23 @@ class Packed:
         )
 
     def model_inputs(self) -> dict[str, torch.Tensor]:
-        # Additive, as the model's own masks for eager attention are (SDPA takes it too): 0 within a
-        # sequence, the float minimum across sequences.
-        same = self.sequence[:, None] == self.sequence[None, :]
-        mask = torch.zeros(same.shape, device=same.device).masked_fill_(~same, torch.finfo(torch.float32).min)
-        inputs = {"input_ids": self.input_ids, "position_ids": self.position_ids, "attention_mask": mask[None, None]}
+        inputs = {
+            "input_ids": self.input_ids,
+            "position_ids": self.position_ids,
+            "attention_mask": packed_mask(self.sequence),
+        }
         if self.token_type_ids is not None:
             inputs["token_type_ids"] = self.token_type_ids
         return inputs
+
+
+def packed_mask(sequence: torch.Tensor) -> torch.Tensor:
+    """A packed row's attention mask, ``[1, 1, tokens, tokens]``, from each token's sequence id:
+    additive, as the model's own masks for eager attention are (SDPA takes it too), 0 within a
+    sequence, the float minimum across sequences. Out of place, so that ``vmap`` takes batched ids
+    (packed slots: trials/array.py ``PackedSlots``)."""
+    same = sequence[:, None] == sequence[None, :]
+    return torch.where(same, 0.0, torch.finfo(torch.float32).min)[None, None]
 
 
 def pack(batch: Batch, position_offset: int) -> Packed:

@@ -18,7 +18,7 @@ from freezesweep.trials.packing import PaddedFeed
 from freezesweep.trials.run import adapt, check_batch, run_trial, trial_data, trial_model
 from freezesweep.trials.train import make_schedule, optimizer_for, train_step
 from freezesweep.trials.worker import WorkerState
-from tests.conftest import lacking
+from tests.conftest import lacking, make_toy_dataset
 
 DEPTHS = (-1, 0, 1, 2)  # tiny_bert has 2 layers: embeddings only, nothing, one layer, every layer
 
@@ -185,16 +185,15 @@ def _width(batched: torch.Tensor) -> int:
     return torch._C._functorch.get_unwrapped(batched).shape[torch._C._functorch.maybe_get_bdim(batched)]
 
 
-def assert_same_as_singles(array_results, single_results, atol=1e-5, slots=False):
+def assert_same_as_singles(array_results, single_results, atol=1e-5):
     """Each member's row is its single trial's, the evaluation cache at its own depth too
-    (``EvalDepths``); on one stream with the same optimisations (slots are padded, never packed)."""
+    (``EvalDepths``), with the same optimisations (slots packed where their single trials are)."""
     for a, s in zip(array_results, single_results):
         assert a.trial_id == s.trial_id and a.status == s.status == "ok"
         assert "trial_array" in a.optimisations and "trial_array" not in s.optimisations
         assert a.eval_cached_layers == s.eval_cached_layers
         assert ("eval_cache" in a.optimisations) == ("eval_cache" in s.optimisations)
-        if not slots:
-            assert a.optimisations == (*s.optimisations, "trial_array")
+        assert a.optimisations == (*s.optimisations, "trial_array")
         assert [p.step for p in a.eval_curve] == [p.step for p in s.eval_curve]
         assert a.best_step == s.best_step and a.train_indices == s.train_indices
         for p, q in zip(a.eval_curve, s.eval_curve):
@@ -466,18 +465,80 @@ def quiet_bert(tmp_path_factory, minilm_tokenizer) -> str:
     return save_family(tmp_path_factory.mktemp("quiet-bert"), FAMILIES["bert"], minilm_tokenizer)
 
 
-def test_slots_across_seeds_and_train_sizes_give_each_single_trials_row(tiny_trial, quiet_bert):
+@pytest.fixture(scope="module")
+def varied_dataset(tmp_path_factory) -> str:
+    """The toy task with 0 to 11 more words a sentence: batches of unequal token counts."""
+    import random
+
+    import pandas as pd
+
+    folder, rng = make_toy_dataset(tmp_path_factory.mktemp("varied")), random.Random(7)
+    for split in ("train", "validation"):
+        frame = pd.read_csv(folder / f"{split}.csv")
+        frame["sentence"] = [text + " really" * rng.randrange(12) for text in frame["sentence"]]
+        frame.to_csv(folder / f"{split}.csv", index=False)
+    return str(folder)
+
+
+@pytest.mark.parametrize("pack", [True, False])
+def test_slots_across_seeds_and_train_sizes_give_each_single_trials_row(
+    tiny_trial, quiet_bert, varied_dataset, pack, monkeypatch
+):
+    """Packed (each slot's rows in one row of its real tokens) or padded, every slot trains as its single
+    trial; packed, the slots' one width is the most real tokens a slot held at any step, up to a
+    multiple of 8 (not the longest row times the rows, the padded slots' shape)."""
+    cell = functools.partial(dataclasses.replace, tiny_trial, dataset=varied_dataset, model=quiet_bert)
     cells = [
-        dataclasses.replace(tiny_trial, model=quiet_bert, train_size=n, seed=s, frozen_layers=k)
+        cell(train_size=n, seed=s, frozen_layers=k, pack_training=pack)
         for n in (24, 48)
         for s in (0, 1)
         for k in (0, 2)
     ]
+    batches, own_step = [], arrays.own_step
+    monkeypatch.setattr(
+        arrays,
+        "own_step",
+        lambda stack, active, batch, *rest: batches.append(batch) or own_step(stack, active, batch, *rest),
+    )
     finished = []
     results = run_array(cells, on_results=finished.extend, width=3)  # 8 cells through 3 slots
-    assert_same_as_singles(results, [run_trial(c) for c in cells], slots=True)
+    assert_same_as_singles(results, [run_trial(c) for c in cells])
+    assert all(("packed_training" in r.optimisations) == pack for r in results)
     assert sorted(r.trial_id for r in finished) == sorted(c.trial_id for c in cells)
     assert {len(r.eval_curve) for r in results} == {4, 3}  # each on its own schedule (n = 24, n = 48)
+    assert {type(b).__name__ for b in batches} == {"PackedSlots" if pack else "SlotBatch"}
+    if pack:
+        widths = {b.input_ids.shape[-1] for b in batches}
+        held = max(int(((b.sequence >= 0) & (b.weights.sum(1) > 0)[:, None]).sum(1).max()) for b in batches)
+        assert widths == {-(-held // 8) * 8}
+        padded_width = 16 * max(
+            len(r) for c in cells for r in trial_data(c, torch.device("cpu"), WorkerState()).train_tokens.input_ids
+        )
+        assert held < padded_width
+
+
+@pytest.mark.parametrize("family,packs", [("bert", True), ("roberta", True), ("llama", False)])
+def test_which_families_train_their_slots_packed(family, packs, tmp_path, minilm_tokenizer, tiny_trial):
+    """Packed slots where the model packs and its vmapped forward takes a batched mask and first tokens
+    (RoBERTa: its positions after the padding index); a decoder (its head reads the last token) pads."""
+    from tests.families import FAMILIES, save_family
+
+    model = save_family(tmp_path / family, FAMILIES[family], minilm_tokenizer)
+    cfg = dataclasses.replace(tiny_trial, model=model)
+    data = trial_data(cfg, torch.device("cpu"), WorkerState())
+    net = trial_model(cfg, data, torch.device("cpu"))
+    worker, key = WorkerState(), arrays.FeedKey(model, type(net).__qualname__)
+    _, feed = arrays.feed_of(cfg, net, data, torch.device("cpu"), packed=True)
+    check = check_batch(data, torch.device("cpu"))
+    assert arrays.packed_slots_agree(net, check, data.pad_id, feed, key, worker) is packs
+
+
+def test_slots_whose_model_takes_no_packed_batch_train_padded(tiny_trial, quiet_bert, monkeypatch):
+    monkeypatch.setattr(arrays, "_packed_slots_agree", lambda *args: False)
+    cells = [dataclasses.replace(tiny_trial, model=quiet_bert, seed=s) for s in (0, 1)]
+    results = run_array(cells, width=2)
+    assert all("packed_training" not in r.optimisations and "trial_array" in r.optimisations for r in results)
+    assert_same_as_singles(results, [run_trial(dataclasses.replace(c, pack_training=False)) for c in cells])
 
 
 def test_a_slot_is_evaluated_at_its_own_steps_only(tiny_trial, quiet_bert, monkeypatch):
@@ -497,7 +558,7 @@ def test_a_slot_is_evaluated_at_its_own_steps_only(tiny_trial, quiet_bert, monke
     monkeypatch.setattr(arrays, "_evaluate_group", counted)
     results = run_array(cells, width=2)
     assert sum(evaluated) == sum(len(r.eval_curve) for r in results)
-    assert_same_as_singles(results, [run_trial(c) for c in cells], slots=True)
+    assert_same_as_singles(results, [run_trial(c) for c in cells])
 
 
 @pytest.mark.parametrize("init", ["random", "lacking"])
@@ -534,12 +595,14 @@ def test_slots_of_another_random_init_evaluate_from_the_embeddings(
         assert [p.loss for p in a.eval_curve] == pytest.approx([p.loss for p in s.eval_curve], abs=1e-5)
 
 
-def test_a_refilled_slot_leaves_the_others_bit_unchanged(tiny_trial):
+@pytest.mark.parametrize("pack", [True, False])
+def test_a_refilled_slot_leaves_the_others_bit_unchanged(tiny_trial, varied_dataset, pack):
     """The long member's numbers (dropout on) are the same whether its neighbour's slot stays empty
-    after the short member or the next cell takes it."""
+    after the short member or the next cell takes it, packed or padded."""
+    tiny_trial = dataclasses.replace(tiny_trial, dataset=varied_dataset, pack_training=pack)
     long = dataclasses.replace(tiny_trial, train_size=48, frozen_layers=0)  # 6 steps
     short = dataclasses.replace(tiny_trial, train_size=24, frozen_layers=2, seed=1)  # 4 steps
-    refill = dataclasses.replace(short, seed=2)  # the same subset (only its seed differs): the same padding
+    refill = dataclasses.replace(short, frozen_layers=0)  # its subset and batches: the queue's shape stays
     alone = run_array([long, short], width=2)[0]
     beside = run_array([long, short, refill], width=2)
     assert (beside[0].eval_curve, beside[0].train_loss_curve) == (alone.eval_curve, alone.train_loss_curve)

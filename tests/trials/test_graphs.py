@@ -433,10 +433,10 @@ def test_evaluations_get_the_padding_mask_prebuilt_where_graphed_or_on_a_gpu_but
 
 
 # --- slots (an array whose members draw their own batches) as one graph ---------------------------------
-def _slot_cells(still_bert: str, toy_dataset: str, device: str = "cpu") -> list:
+def _slot_cells(still_bert: str, toy_dataset: str, device: str = "cpu", pack: bool = True) -> list:
     """Four cells through two slots, in an order where taking the queue's first would change a slot's
     depth: k = 2's short cell ends first (6 steps against 9), and the queue's next is a k = 0 one."""
-    cell = functools.partial(_cell, still_bert, toy_dataset, trial_array=True, device=device)
+    cell = functools.partial(_cell, still_bert, toy_dataset, trial_array=True, device=device, pack_training=pack)
     return [
         cell(train_size=40, seed=0, frozen_layers=0),
         cell(train_size=24, seed=0, frozen_layers=2),
@@ -451,18 +451,19 @@ def _counting(monkeypatch, module, name: str) -> list:
     return made
 
 
+@pytest.mark.parametrize("pack", [True, False])
 @pytest.mark.parametrize("device", DEVICES)
-def test_graphed_slots_train_as_the_eager_ones(still_bert, toy_dataset, monkeypatch, device):
+def test_graphed_slots_train_as_the_eager_ones(still_bert, toy_dataset, monkeypatch, device, pack):
     """Slots across seeds and train sizes as one CUDA graph (CPU: the capture stood in for; a GPU's is
     real): captured once, kept through every refill (the queue's next cell of a slot's depth takes it, and its
     optimizer, zeroed as new) and through a slot left free at the end (its last member's update stays
     in the graph, at weight 0). Without dropout each member follows the eager slots' curve to float
-    rounding, whatever order the cells took the slots in."""
+    rounding, whatever order the cells took the slots in. Packed slots and padded ones."""
     from freezesweep.trials import array
 
     monkeypatch.setattr(graphs, "capture", graphs.run_eagerly if device == "cpu" else graphs.capture)
     monkeypatch.setattr(graphs, "cuda_graphs_apply", lambda cfg, *_: cfg.cuda_graphs)
-    cells = _slot_cells(still_bert, toy_dataset, device)
+    cells = _slot_cells(still_bert, toy_dataset, device, pack)
     eager = array.run_array(cells, width=2)
     captures = _counting(monkeypatch, graphs, "capture")
     made, again = _counting(monkeypatch, array, "optimizer_for"), _counting(monkeypatch, array, "optimizer_again")
@@ -470,7 +471,7 @@ def test_graphed_slots_train_as_the_eager_ones(still_bert, toy_dataset, monkeypa
     assert len(captures) == 1 and len(made) == 2 and len(again) == len(cells) - 2
     for g, e in zip(graphed, eager):
         assert g.status == e.status == "ok" and {"cuda_graphs", "trial_array"} <= set(g.optimisations)
-        assert "cuda_graphs" not in e.optimisations
+        assert "cuda_graphs" not in e.optimisations and ("packed_training" in g.optimisations) == pack
         assert [p.step for p in g.eval_curve] == [p.step for p in e.eval_curve]
         assert [p.loss for p in g.eval_curve] == pytest.approx([p.loss for p in e.eval_curve], rel=1e-4)
 
