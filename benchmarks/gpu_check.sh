@@ -125,7 +125,7 @@ else
   # its gradients and AdamW's state), and the graph's pool holds a second step's activations; 2 processes
   # of 35 would need ~130 GB by that count, of 18 about 70
   SLOTS_WIDTH=${GPU_CHECK_SLOTS_WIDTH:-18} SLOTS_SEEDS=(${GPU_CHECK_SLOTS_SEEDS:-0})
-  LIMITS=(tests=80 profile=120 grid=65 arrays=85 graphs=95 reference=540 slots=300)  # the last 3: not in `all`
+  LIMITS=(tests=85 profile=120 grid=65 arrays=80 graphs=95 reference=540 slots=300)  # the last 3: not in `all`
 fi
 if [ -n "${GPU_CHECK_LIMITS:-}" ]; then  # e.g. "profile=150 arrays=130": a part run alone on a longer lease
   read -ra LIMITS <<< "$GPU_CHECK_LIMITS ${LIMITS[*]}"  # the first of a name wins (limit)

@@ -70,7 +70,9 @@ array of 7 calls ~2.6x a single step's operators: benchmarks/step_profile.py on 
 launches go. Its evaluations too: one graph per group of slots evaluated from one depth (trials/graphs.py
 ``EvalGraphs``; slots not next to each other picked by an index made on the device before the capture).
 Slots capture their step as one graph (``slot_graphs``: a cell taking a slot of its depth takes over its
-optimizer, so the graph stays) and evaluate eagerly.
+optimizer, so the graph stays), and their evaluations as a graph per slot and depth (``EvalDepths.groups``
+``apart``: a member replays the graph its slot's earlier member of its depth captured, reading the
+slot's weights as they are now).
 
 Which cells qualify is decided before any trial: ``array_key`` from the config (the freeze method,
 bf16 or fp32 — one GradScaler would skip every member's step when one member overflows in fp16 — no
@@ -589,16 +591,22 @@ class EvalDepths:
         cached = self.prefixes.get(cfg.frozen_layers) if self.seed in (None, cfg.derived_seed) else None
         return cached[0] if cached else None
 
-    def groups(self, members: Sequence[Member]) -> tuple[EvalGroup, ...]:
+    def groups(self, members: Sequence[Member], apart: bool = False) -> tuple[EvalGroup, ...]:
         """``members`` (those due an evaluation) in one pass per cached depth, the rest in one pass from
-        the embeddings: per member the layers its single trial runs, and no slot that is not due."""
+        the embeddings: per member the layers its single trial runs, and no slot that is not due.
+        ``apart``: a pass per member (graphed slots: each slot's evaluations from its depth are one
+        graph, however its neighbours fall due; a graph per set of slots due would be many captures)."""
         by_depth: dict[int | None, list[int]] = {}
         for member in sorted(members, key=lambda m: m.slot):
             depth = member.cfg.frozen_layers if self.prefix(member.cfg) is not None else None
             by_depth.setdefault(depth, []).append(member.slot)
         uncached = by_depth.pop(None, [])
-        return (EvalGroup(tuple(uncached)),) * bool(uncached) + tuple(
-            EvalGroup(tuple(slots), *self.prefixes[depth]) for depth, slots in sorted(by_depth.items())
+        passes = [(None, tuple(uncached))] * bool(uncached) + [(d, tuple(s)) for d, s in sorted(by_depth.items())]
+        if apart:
+            passes = [(depth, (slot,)) for depth, slots in passes for slot in slots]
+        return tuple(
+            EvalGroup(slots, *self.prefixes[depth]) if depth is not None else EvalGroup(slots)
+            for depth, slots in passes
         )
 
 
@@ -866,7 +874,7 @@ class ArrayRun:
     refill: Callable[[int, Member], Member | None] = lambda slot, before: None  # a free slot's next cell (slots)
     eval_depths: EvalDepths = EvalDepths({})  # where each member is evaluated from
     results: dict[str, TrialResult] = field(default_factory=dict)
-    eval_graphs: EvalGraphs | None = None  # its evaluations as CUDA graphs (an array on one stream)
+    eval_graphs: EvalGraphs | None = None  # its evaluations as CUDA graphs
 
 
 def run_array(
@@ -959,7 +967,7 @@ def build_array(
     schedule = make_schedule(len(data.train_rows), common)
     graphed = array_graphs_apply(cfgs, common, (device, precision), key, worker)
     base = _array_context(common, precision, device, schedule, data, feed, graphed)
-    base, eval_graphs = array_evaluation(base, model, (check, data.pad_id, reader), key, worker, own)
+    base, eval_graphs = array_evaluation(base, model, (check, data.pad_id, reader), key, worker)
     queue = collections.deque(cfgs)
     # the slots' one batch shape: the most tokens a packed batch holds, or the longest row
     tokens = (packed_tokens(cfgs, datas) if packed else max(map(longest, datas.values()))) if own else 0
@@ -990,7 +998,9 @@ def build_array(
     if own:
         own_feed = feed if isinstance(feed, PackedFeed) else None
         streams = OwnStreams(first.batch_size, tokens, mask, own_feed, data.pad_id, graphed, worker.graph_failures, key)
-        return ArrayRun(stack, members, base, reader, streams, finish, on_results, start, depths)
+        return ArrayRun(
+            stack, members, base, reader, streams, finish, on_results, start, depths, eval_graphs=eval_graphs
+        )
     stream_feed = graph_feed(model, check, data.pad_id, (reader, feed), key, worker) if graphed else feed
     shared = SharedStream(device_stream(data, first, schedule, device), stream_feed, data.pad_id)
     if graphed:
@@ -1024,13 +1034,12 @@ def _array_context(
 
 
 def array_evaluation(
-    base: FitContext, model: nn.Module, check: tuple, key: FeedKey, worker: WorkerState, own: bool = False
+    base: FitContext, model: nn.Module, check: tuple, key: FeedKey, worker: WorkerState
 ) -> tuple[FitContext, EvalGraphs | None]:
     """The array's evaluations as CUDA graphs where its step is graphed (``evaluation_graphed``, as a
-    single trial's) on one stream, and how they feed the model (``prebuilt_mask``,
-    ``evaluation_feed_of``: on ``check``'s rows); else as they were. Slots (``own``) evaluate eagerly:
-    their members fall due apart, and a graph per set of slots due would be many captures."""
-    eval_graphed = not own and evaluation_graphed(base.cuda_graphs, base.device, key, worker)
+    single trial's; slots, a graph per slot and depth: ``EvalDepths.groups``), and how they feed the
+    model (``prebuilt_mask``, ``evaluation_feed_of``: on ``check``'s rows); else as they were."""
+    eval_graphed = evaluation_graphed(base.cuda_graphs, base.device, key, worker)
     if not prebuilt_mask(eval_graphed, base.device, base.plan):
         return base, None
     batch, pad_id, reader = check
@@ -1221,7 +1230,8 @@ def _evaluate_members(run: ArrayRun, due: list[Member]) -> None:
     into its state (a diverged one is marked so)."""
     base = run.base
     started = time.perf_counter()
-    groups = run.eval_depths.groups(due)
+    graphed = run.eval_graphs is not None and run.eval_graphs.failed is None  # (a failed capture: eager)
+    groups = run.eval_depths.groups(due, apart=graphed and isinstance(run.step, OwnStreams))
     where = (base.eval_batches, base.plan, base.device)
     outcomes = evaluate_array(run.stack, *where, groups, base.eval_labels, base.eval_feed, run.eval_graphs)
     eval_s = (time.perf_counter() - started) / len(due)
