@@ -109,7 +109,6 @@ from freezesweep.trials.graphs import MULTIPLE, EvalGraphs, StepGraphs, length_b
 from freezesweep.trials.metrics import compute_metrics, constant
 from freezesweep.trials.model import eager_attention
 from freezesweep.trials.oom import catch_oom, is_oom
-from freezesweep.trials.first_token import Reader
 from freezesweep.trials.packing import AdditiveMaskFeed, Packed, PackedFeed, PaddedFeed, mask_as, packed_mask, widened
 from freezesweep.trials.precision import PrecisionPlan, resolve_config, resolve_precision, synchronize, trial_device
 from freezesweep.trials.run import (
@@ -266,7 +265,7 @@ class Stack:
 
         return vmap(member, randomness=self.randomness)(self.tensors if tensors is None else tensors)
 
-    def own_logits(self, inputs: dict[str, torch.Tensor], reader: Reader | None = None) -> torch.Tensor:
+    def own_logits(self, inputs: dict[str, torch.Tensor], reader: first_token.Reader | None = None) -> torch.Tensor:
         """Every member's logits on its own inputs (each ``[width, ...]``: slots, ``OwnStreams``); packed
         ones (``PackedSlots``) with their sequences' ids, the mask made from them here, and where each
         sequence starts, for ``reader`` (the narrowed last layer, trials/first_token.py)."""
@@ -442,14 +441,18 @@ def array_losses(stack: Stack, batch, plan: PrecisionPlan, feed, autocast_cache:
     return vmap(task_loss, in_dims=(0, None))(logits, batch.labels)
 
 
-def own_step(stack: Stack, members: Sequence[Member], batch, plan: PrecisionPlan, reader: Reader | None = None):
+def own_step(
+    stack: Stack, members: Sequence[Member], batch, plan: PrecisionPlan, reader: first_token.Reader | None = None
+):
     """``array_step`` with every slot on its own batch (``SlotBatch`` or ``PackedSlots``: inputs,
     labels and row weights, each ``[width, rows, ...]``; a row of weight 0 pads a short batch and
     counts nowhere)."""
     return update(stack, members, own_losses(stack, batch, plan, reader))
 
 
-def own_losses(stack: Stack, batch, plan: PrecisionPlan, reader: Reader | None = None, autocast_cache: bool = True):
+def own_losses(
+    stack: Stack, batch, plan: PrecisionPlan, reader: first_token.Reader | None = None, autocast_cache: bool = True
+):
     """Every slot's loss on its own batch, ``[width]`` (``reader``: a packed batch's, ``own_logits``;
     ``autocast_cache``: as ``array_losses``')."""
     with plan.autocast(cache=autocast_cache):
@@ -771,7 +774,7 @@ class OwnStreams:
     graphs: dict[tuple, StepGraphs] = field(default_factory=dict)  # the slots' optimizers -> their graph
 
     @property
-    def reader(self) -> Reader | None:
+    def reader(self) -> first_token.Reader | None:
         return None if self.feed is None else self.feed.reader
 
     def __call__(self, run: ArrayRun, active: list[Member]) -> torch.Tensor:
@@ -1381,7 +1384,7 @@ def packed_slots_agree(model: nn.Module, batch: Batch, pad_id: int, feed, key: F
 
 
 def _packed_slots_agree(model: nn.Module, batch: Batch, pad_id: int, offset: int) -> bool:
-    feed = PackedFeed(Reader(), offset)  # (narrowed in evaluation too: the check runs in eval mode)
+    feed = PackedFeed(first_token.Reader(), offset)  # (narrowed in evaluation too: the check runs in eval mode)
     packs = [feed.prepare(b.to(torch.device("cpu"))).to(batch.input_ids.device) for b in (batch, _flipped(batch))]
     tokens = max(p.input_ids.shape[1] for p in packs) + 3  # tokens of no row's too
     packs = [padded_to(p, tokens, pad_id) for p in packs]
