@@ -38,6 +38,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from freezesweep.trials import cpu_graphs
 from freezesweep.trials.oom import is_oom
 from freezesweep.trials.packing import Packed
 from freezesweep.trials.tokens import Batch
@@ -122,13 +123,14 @@ def capture(
     return graph.replay, loss
 
 
-def run_eagerly(
+def capture_on_cpu(
     step: Callable, warm: Callable, inputs: Batch | Packed, shared: dict
 ) -> tuple[Callable[[], None], torch.Tensor]:
-    """``capture``'s stand-in where there is no GPU (tests): the same static inputs, the same step,
-    run when replayed."""
-    loss = torch.zeros_like(warm(inputs))  # the step's loss: a trial's one, an array's one per member
-    return lambda: loss.copy_(step(inputs)), loss
+    """``capture``'s stand-in where there is no GPU (tests): warmed up, then recorded with a CUDA
+    graph's contract (trials/cpu_graphs.py: a replay runs the recorded operators on the captured
+    tensors, no Python; the capture itself updates nothing; a host read in it fails)."""
+    warm(inputs)
+    return cpu_graphs.record(lambda: step(inputs))
 
 
 @dataclass
@@ -143,7 +145,7 @@ class StepGraphs:
     batch a bucket holds, once ``ready()`` (the optimizer's state exists): ``step`` is the update
     without the schedule (forward, backward, clipping, the optimizer), ``warm`` the same without the
     optimizer (weights untouched), ``after`` what follows each replay (the schedule), ``reset`` drops
-    the gradients' references around a capture. ``capture``: how a graph is made (``run_eagerly``
+    the gradients' references around a capture. ``capture``: how a graph is made (``capture_on_cpu``
     stands in on a CPU). ``fit``: a batch's graph key and the batch as that graph takes it, or None
     (eager); default: its (rows, length bucket), padded to the bucket."""
 
@@ -238,16 +240,11 @@ def capture_evaluation(run: Callable[[], tuple[torch.Tensor, ...]], shared: dict
     return capture(lambda _: run(), lambda _: run(), None, shared)
 
 
-def evaluate_eagerly(run: Callable[[], tuple[torch.Tensor, ...]], shared: dict):
-    """``capture_evaluation``'s stand-in where there is no GPU (tests): ``run()`` at each replay, into
-    the same static outputs."""
-    outputs = tuple(torch.zeros_like(t) for t in run())
-
-    def replay() -> None:
-        for static, new in zip(outputs, run()):
-            static.copy_(new)
-
-    return replay, outputs
+def capture_evaluation_on_cpu(run: Callable[[], tuple[torch.Tensor, ...]], shared: dict):
+    """``capture_evaluation``'s stand-in where there is no GPU (tests): warmed up, then recorded
+    (``capture_on_cpu``'s contract)."""
+    run()
+    return cpu_graphs.record(run)
 
 
 class EvalGraphs:

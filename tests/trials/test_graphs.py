@@ -1,6 +1,7 @@
 """The training step as CUDA graphs over length buckets (issue 35.4; opt-in, off until a GPU measured
 it): the buckets and the static-shape padding on any device, the whole graphed fit on the CPU with the
-capture stood in for (the same static inputs and steps, replayed), the real capture on a GPU."""
+capture stood in for (trials/cpu_graphs.py: recorded operators replayed on the captured tensors, no
+Python, as a real replay), the real capture on a GPU."""
 
 import dataclasses
 import functools
@@ -81,7 +82,7 @@ def test_a_graphed_fit_trains_as_the_eager_one(still_bert, toy_dataset, monkeypa
     change the matrix shapes only). On the CPU the capture is stood in for; on a GPU it is real."""
 
     captures = []
-    real = graphs.run_eagerly if device == "cpu" else graphs.capture
+    real = graphs.capture_on_cpu if device == "cpu" else graphs.capture
     monkeypatch.setattr(
         graphs,
         "capture",
@@ -110,7 +111,7 @@ def test_a_graphed_array_trains_as_the_eager_one(still_bert, toy_dataset, monkey
     from freezesweep.trials import array
 
     captures = []
-    real = graphs.run_eagerly if device == "cpu" else graphs.capture
+    real = graphs.capture_on_cpu if device == "cpu" else graphs.capture
     monkeypatch.setattr(
         graphs,
         "capture",
@@ -156,12 +157,10 @@ def _masks_in_captures(monkeypatch, captures: list) -> list[int]:
 
 def test_a_graphed_array_captures_again_when_a_member_leaves(still_bert, toy_dataset, monkeypatch):
     """A member that diverges leaves with its row; the graphs held its update, so the others' are
-    captured again without it, and their curves are the clean graphed run's. CPU only: the capture
-    stood in for runs the step's Python at each replay, where the poison below is put in (a real
-    replay runs no Python)."""
+    captured again without it, and their curves are the clean graphed run's."""
     from freezesweep.trials import array
 
-    monkeypatch.setattr(graphs, "capture", graphs.run_eagerly)
+    monkeypatch.setattr(graphs, "capture", graphs.capture_on_cpu)
     monkeypatch.setattr(graphs, "cuda_graphs_apply", lambda cfg, *_: cfg.cuda_graphs)
     cells = [
         _cell(still_bert, toy_dataset, frozen_layers=k, epochs=4, trial_array=True, cuda_graphs=True)
@@ -172,7 +171,7 @@ def test_a_graphed_array_captures_again_when_a_member_leaves(still_bert, toy_dat
     monkeypatch.setattr(
         array, "array_graphs", lambda stack, active, *rest: made.append(len(active)) or captured(stack, active, *rest)
     )
-    _poison(monkeypatch, array, depth=0, at_clipping=5)  # (a replay's)
+    _poison(monkeypatch, array, depth=0, after_steps=4)  # (a replay's)
     results = array.run_array(cells)
     diverged = next(r for r in results if r.config.frozen_layers == 0)
     assert diverged.status == "diverged"
@@ -186,24 +185,28 @@ def test_a_graphed_array_captures_again_when_a_member_leaves(still_bert, toy_dat
             assert [p.loss for p in a.eval_curve] == pytest.approx([p.loss for p in b.eval_curve], rel=1e-6)
 
 
-def _poison(monkeypatch, array, depth: int, at_clipping: int) -> None:
-    """The member of ``depth``'s gradients turn NaN at its ``at_clipping``-th clipping."""
-    clip, clips = array.clip_member, []
+def _poison(monkeypatch, array, depth: int, after_steps: int) -> None:
+    """The weights of the member of ``depth`` turn NaN after its ``after_steps``-th step, in place and
+    outside any graph (as a diverging update leaves them): its next replay's loss and gradients are
+    NaN, inside the graph, which goes on replaying the other members' updates beside it."""
+    for stream in (array.SharedStream, array.OwnStreams):
 
-    def poisoned(stack, member):
-        clips.append(member.cfg.frozen_layers)
-        clip(stack, member)
-        if member.cfg.frozen_layers == depth and clips.count(depth) == at_clipping:
-            stack.tensors["classifier.weight"].grad[member.slot].fill_(float("nan"))
+        def poisoned(self, run, active, step=stream.__call__):
+            losses = step(self, run, active)
+            for member in active:
+                if member.cfg.frozen_layers == depth and member.state.step + 1 == after_steps:
+                    with torch.no_grad():
+                        run.stack.tensors["classifier.weight"][member.slot].fill_(float("nan"))
+            return losses
 
-    monkeypatch.setattr(array, "clip_member", poisoned)
+        monkeypatch.setattr(stream, "__call__", poisoned)
 
 
 def _failing_capture(fail_at: int, calls: list, device: str = "cpu"):
     """A capture whose ``fail_at``-th call fails as one that meets a host sync does: on a GPU a real
     capture of a step that reads its loss on the host, on the CPU a stand-in that raises the same."""
 
-    real = graphs.run_eagerly if device == "cpu" else graphs.capture  # bound now: the test patches the name
+    real = graphs.capture_on_cpu if device == "cpu" else graphs.capture  # bound now: the test patches the name
 
     def capture(step, warm, inputs, shared):
         calls.append(len(inputs.labels))
@@ -301,12 +304,12 @@ _ROUNDING = {"cpu": 1e-6, "cuda": 1e-4}
 def _evaluations_graphed(monkeypatch, device: str, on: bool, captures: list) -> None:
     """Steps as graphs (on the CPU with the capture stood in for), evaluations too where ``on``; each
     evaluation's capture appended to ``captures`` with what its run read on the host (on the CPU: the
-    stand-in runs it under the spy; on a GPU a run that reads the host fails its real capture)."""
+    stand-in records it under the spy, and fails as a real capture where the run reads the host)."""
     from freezesweep.trials.syncs import HostSyncs
 
-    real = graphs.evaluate_eagerly if device == "cpu" else graphs.capture_evaluation
+    real = graphs.capture_evaluation_on_cpu if device == "cpu" else graphs.capture_evaluation
     if device == "cpu":
-        monkeypatch.setattr(graphs, "capture", graphs.run_eagerly)
+        monkeypatch.setattr(graphs, "capture", graphs.capture_on_cpu)
     monkeypatch.setattr(graphs, "cuda_graphs_apply", lambda cfg, *_: cfg.cuda_graphs)
     monkeypatch.setattr(graphs, "evaluation_graphs_apply", lambda graphed, device: graphed and on)
 
@@ -463,7 +466,7 @@ def test_graphed_slots_train_as_the_eager_ones(still_bert, toy_dataset, monkeypa
     rounding, whatever order the cells took the slots in. Packed slots and padded ones."""
     from freezesweep.trials import array
 
-    monkeypatch.setattr(graphs, "capture", graphs.run_eagerly if device == "cpu" else graphs.capture)
+    monkeypatch.setattr(graphs, "capture", graphs.capture_on_cpu if device == "cpu" else graphs.capture)
     monkeypatch.setattr(graphs, "cuda_graphs_apply", lambda cfg, *_: cfg.cuda_graphs)
     cells = _slot_cells(still_bert, toy_dataset, device, pack)
     eager = array.run_array(cells, width=2)
@@ -478,7 +481,7 @@ def test_graphed_slots_train_as_the_eager_ones(still_bert, toy_dataset, monkeypa
         assert [p.loss for p in g.eval_curve] == pytest.approx([p.loss for p in e.eval_curve], rel=1e-4)
 
 
-# (the capture count's case is the CPU's; a GPU's replays show they read each later member's weights)
+# (refilled: the GPU's case; the CPU's recorded replays read each later member's weights as a GPU's do)
 @pytest.mark.parametrize(
     "device, order",
     [("cpu", "refilled"), ("cpu", "due-together"), pytest.param(*CUDA.values, "refilled", marks=CUDA.marks)],
@@ -536,12 +539,12 @@ def test_a_slots_optimizer_taken_over_is_a_new_ones():
 
 
 def test_a_diverged_slot_stays_in_the_graph_and_leaks_nothing(still_bert, toy_dataset, monkeypatch):
-    """A member whose gradients turn NaN inside a replay diverges and leaves with its row; its slot,
-    left free, stays in the graph with its NaN slices (nothing is captured again), and the other
+    """A member whose loss and gradients turn NaN inside a replay diverges and leaves with its row; its
+    slot, left free, stays in the graph with its NaN slices (nothing is captured again), and the other
     member's numbers are those of the run where nobody diverged."""
     from freezesweep.trials import array
 
-    monkeypatch.setattr(graphs, "capture", graphs.run_eagerly)
+    monkeypatch.setattr(graphs, "capture", graphs.capture_on_cpu)
     monkeypatch.setattr(graphs, "cuda_graphs_apply", lambda cfg, *_: cfg.cuda_graphs)
     cells = [
         _cell(still_bert, toy_dataset, seed=s, frozen_layers=k, trial_array=True, cuda_graphs=True)
@@ -549,7 +552,7 @@ def test_a_diverged_slot_stays_in_the_graph_and_leaks_nothing(still_bert, toy_da
     ]
     clean = array.run_array(cells, width=2)
     captures = _counting(monkeypatch, graphs, "capture")
-    _poison(monkeypatch, array, depth=2, at_clipping=3)  # (a replay's)
+    _poison(monkeypatch, array, depth=2, after_steps=2)  # (a replay's)
     kept, diverged = array.run_array(cells, width=2)
     assert diverged.status == "diverged" and kept.status == "ok" and len(captures) == 1
     assert [p.loss for p in kept.eval_curve] == pytest.approx([p.loss for p in clean[0].eval_curve], rel=1e-6)

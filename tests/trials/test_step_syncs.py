@@ -161,7 +161,7 @@ def test_no_host_sync_between_evaluations(tiny_trial, monkeypatch, device, cuda_
     """The packed feed (the BERT family's): not one sync point between evaluations, the model's forward
     included; on a GPU torch's own detector sees none either. 40 rows at batch 16 for 2.5 epochs: 8 steps,
     evaluations every 2, epoch boundaries inside intervals without one. Graphed: the CUDA graphs'
-    path (on the CPU with the capture stood in for, trials/graphs.py ``run_eagerly``)."""
+    path (on the CPU with the capture stood in for, trials/graphs.py ``capture_on_cpu``)."""
     _graphs_on(monkeypatch, device, cuda_graphs)
     cfg = dataclasses.replace(tiny_trial, train_size=40, epochs=2.5, device=device, cuda_graphs=cuda_graphs)
     events = _spied_trial(cfg, monkeypatch)
@@ -228,9 +228,9 @@ def _graphs_on(monkeypatch, device: str, on: bool) -> None:
     captures stood in for."""
     if on and device == "cpu":
         monkeypatch.setattr(graphs, "cuda_graphs_apply", lambda cfg, *_: cfg.cuda_graphs)
-        monkeypatch.setattr(graphs, "capture", graphs.run_eagerly)
+        monkeypatch.setattr(graphs, "capture", graphs.capture_on_cpu)
         monkeypatch.setattr(graphs, "evaluation_graphs_apply", lambda graphed, device: graphed)
-        monkeypatch.setattr(graphs, "capture_evaluation", graphs.evaluate_eagerly)
+        monkeypatch.setattr(graphs, "capture_evaluation", graphs.capture_evaluation_on_cpu)
 
 
 @pytest.mark.parametrize(
