@@ -99,7 +99,10 @@ EOF
 
 # The parts' sizes: the GPU's, or a smoke run's on a CPU (seconds).
 if [ -n "$SMOKE" ]; then
-  # The array's profile row as the GPU run names it (its graphs step aside on a CPU: it runs eagerly)
+  # A rehearsal: the parts' CUDA graphs recorded and replayed on the CPU (trials/graphs.py CPU_GRAPHS), so
+  # the graphed paths the GPU runs take (steps, evaluations, arrays, slots) run end to end here too.
+  # The array's profile row as the GPU run names it.
+  export FREEZESWEEP_CPU_GRAPHS=1
   DEVICE=cpu STEPS=2 WARMUP=1 PROFILE_N=50 PROFILE_EVAL=16 GRAPHS=off ARRAY_GRAPHS=on SIZES=(50) DEPTHS=(0 2)
   DATASETS=(glue/sst2)
   EPOCHS=1 WORKERS=2 ARRAY_WORKERS=1 WIDTH=2 EVAL=(--max-eval-examples 32)
@@ -155,7 +158,7 @@ environment() {
   GRID=(--model "$CARRY/bert-base-random" --model-init random --datasets "${DATASETS[@]}" --device "$DEVICE"
         --engine local --eval-batch-size 512 --train-sizes "${SIZES[@]}" --frozen-layers "${DEPTHS[@]}"
         --seeds 0 --epochs "$EPOCHS" --skip-baseline "${EVAL[@]}")
-  if [ "${GPU_CHECK_GRAPHS:-1}" != 0 ]; then GRID+=(--cuda-graphs); fi  # no effect on a CPU (smoke)
+  if [ "${GPU_CHECK_GRAPHS:-1}" != 0 ]; then GRID+=(--cuda-graphs); fi  # (smoke: recorded on the CPU)
   read -ra EXTRA <<< "${GPU_CHECK_GRID_ARGS:-}"  # e.g. "--cuda-graphs": the grid parts with a setting changed
   GRID+=("${EXTRA[@]}")
 }

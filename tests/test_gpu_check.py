@@ -42,8 +42,9 @@ def test_the_check_fits_one_short_device_run():
 @pytest.mark.timeout(1800)  # each part is capped at 400 s by the script itself (a busy CPU)
 def test_the_smoke_mode_runs_every_part(tmp_path):
     """GPU_CHECK_SMOKE=1: prepare (a toy task where no GLUE files are at hand) and every part of `all`
-    on the CPU; it says whether MPS was on, each part ends on its own, the step profile finds no host sync in the step, the grid
-    writes its rows, and only the planned files are written."""
+    on the CPU, its CUDA graphs recorded and replayed there (a rehearsal); it says whether MPS was on, each
+    part ends on its own, the step profile finds no host sync in the step, the grid writes its rows, and
+    only the planned files are written."""
     out, carry = tmp_path / "out", tmp_path / "carry"
     out.mkdir()
     env = {
@@ -70,6 +71,9 @@ def test_the_smoke_mode_runs_every_part(tmp_path):
     assert all(ms > 0 for _, ms in profile["single trial"]["top_kernels"])  # where the step's time goes
     grid = json.loads((out / "grid.json").read_text())
     assert len(grid["freezesweep"]["cells"]) == 2  # glue/sst2, n = 50, k in {0, 2}
+    # a rehearsal: the grid parts' CUDA graphs ran, recorded on the CPU (their units' lines say what ran)
+    for part in ("grid", "arrays"):
+        assert "cuda_graphs" in (text := (out / f"{part}.log").read_text()) and "eval_graphs" in text, text[-2000:]
     _, planned = _plan(GPU_CHECK_SMOKE="1")
     assert {p.name for p in out.iterdir()} <= set(planned)
     # the reference part, a device call of its own: its grid's seeds as trial arrays
@@ -87,6 +91,7 @@ def test_the_smoke_mode_runs_every_part(tmp_path):
     )
     assert done.returncode == 0, done.stdout[-2000:]
     assert "glue/sst2 n=50 k=0,2,0,2 in" in done.stdout and "4 of 4 rows ran in trial arrays" in done.stdout
+    assert "cuda_graphs" in done.stdout and "eval_graphs" in done.stdout  # the slots' graphs, recorded
 
 
 def _refused(carry_mode: str | None, smoke: str, tmp_path, part: str = "all") -> subprocess.CompletedProcess:

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import os
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import TypeVar
@@ -49,10 +50,27 @@ BUCKETS = 4  # graphs per row count: captures cost one step's launches each, and
 MULTIPLE = 8  # bucket sizes in multiples of 8 tokens (tensor-core friendly shapes)
 
 
+# FREEZESWEEP_CPU_GRAPHS=1 on a machine without CUDA: a CPU trial with ``cuda_graphs`` records and replays
+# its graphs (trials/cpu_graphs.py), so the graphed paths run end to end in worker processes where there
+# is no GPU (the GPU check's smoke mode rehearses the GPU's commands so). A rehearsal: slower, never faster.
+CPU_GRAPHS = "FREEZESWEEP_CPU_GRAPHS"
+
+
+def rehearsal() -> bool:
+    """Whether graphs run recorded on this machine's CPU (``CPU_GRAPHS``; never where CUDA is)."""
+    return os.environ.get(CPU_GRAPHS) == "1" and not torch.cuda.is_available()
+
+
+def graphs_run_on(device: torch.device) -> bool:
+    """Where graphs run: a GPU; a CPU in a rehearsal."""
+    return device.type == "cuda" or (device.type == "cpu" and rehearsal())
+
+
 def cuda_graphs_apply(cfg, device: torch.device, plan, train_prefix) -> bool:
-    """Whether this trial's steps run as CUDA graphs: asked for, on a GPU, without fp16's loss scaling
-    and without the opt-in training cache (its states are gathered per step on the host)."""
-    return bool(cfg.cuda_graphs) and device.type == "cuda" and plan.name != "fp16" and train_prefix is None
+    """Whether this trial's steps run as CUDA graphs: asked for, on a GPU (``graphs_run_on``), without
+    fp16's loss scaling and without the opt-in training cache (its states are gathered per step on the
+    host)."""
+    return bool(cfg.cuda_graphs) and graphs_run_on(device) and plan.name != "fp16" and train_prefix is None
 
 
 def length_buckets(sizes: Iterable[int], count: int = BUCKETS, multiple: int = MULTIPLE) -> tuple[int, ...]:
@@ -102,7 +120,10 @@ def capture(
     """``step(inputs)`` captured as a CUDA graph (after ``warm(inputs)`` on the capture stream, which
     initialises what the libraries set up lazily): (replay, the loss it writes). A trial's graphs share
     one memory pool and capture stream (``shared``): they replay one at a time, and nothing one of them
-    writes is read after another replays (the loss is copied at once, the gradients used within)."""
+    writes is read after another replays (the loss is copied at once, the gradients used within). In a
+    rehearsal, recorded on the CPU (``capture_on_cpu``)."""
+    if rehearsal():
+        return capture_on_cpu(step, warm, inputs, shared)
     stream = shared.setdefault("stream", torch.cuda.Stream())
     pool = shared.setdefault("pool", torch.cuda.graph_pool_handle())
     stream.wait_stream(torch.cuda.current_stream())
@@ -126,7 +147,7 @@ def capture(
 def capture_on_cpu(
     step: Callable, warm: Callable, inputs: Batch | Packed, shared: dict
 ) -> tuple[Callable[[], None], torch.Tensor]:
-    """``capture``'s stand-in where there is no GPU (tests): warmed up, then recorded with a CUDA
+    """``capture``'s stand-in where there is no GPU (tests, a rehearsal): warmed up, then recorded with a CUDA
     graph's contract (trials/cpu_graphs.py: a replay runs the recorded operators on the captured
     tensors, no Python; the capture itself updates nothing; a host read in it fails)."""
     warm(inputs)
@@ -231,12 +252,14 @@ def _clone(value):
 # kernel launches per batch (a trial array's: per batch and depth group), which the host issues one by
 # one: on an H200 an array's evaluations took 36 % of its trial time (docs/speed.md, 2026-11-29).
 def evaluation_graphs_apply(graphed: bool, device: torch.device) -> bool:
-    """Whether evaluations run as CUDA graphs: where the training step does (``cuda_graphs_apply``), on a GPU."""
-    return graphed and device.type == "cuda"
+    """Whether evaluations run as CUDA graphs: where the training step does (``cuda_graphs_apply``), on a
+    GPU (``graphs_run_on``)."""
+    return graphed and graphs_run_on(device)
 
 
 def capture_evaluation(run: Callable[[], tuple[torch.Tensor, ...]], shared: dict):
-    """``run()`` captured as a CUDA graph after a warm-up run on the capture stream: (replay, its outputs)."""
+    """``run()`` captured as a CUDA graph after a warm-up run on the capture stream: (replay, its outputs);
+    in a rehearsal, recorded on the CPU."""
     return capture(lambda _: run(), lambda _: run(), None, shared)
 
 

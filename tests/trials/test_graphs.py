@@ -289,6 +289,23 @@ def test_fp16_and_the_training_cache_step_aside(tiny_trial):
     assert TrialConfigDefaults.cuda_graphs is False
 
 
+@pytest.mark.skipif(torch.cuda.is_available(), reason="a rehearsal is for machines without CUDA")
+def test_a_rehearsal_runs_the_graphed_path_on_the_cpu(still_bert, toy_dataset, monkeypatch):
+    """FREEZESWEEP_CPU_GRAPHS=1 where there is no GPU: a CPU trial asked for CUDA graphs runs its steps
+    and evaluations as recorded graphs, nothing patched, its row saying so, and follows the eager trial;
+    without it, the CPU runs it eagerly."""
+    cfg = _cell(still_bert, toy_dataset, frozen_layers=0)
+    eager = run.run_trial(cfg)
+    unset = run.run_trial(dataclasses.replace(cfg, cuda_graphs=True))
+    assert "cuda_graphs" not in unset.optimisations and "eval_graphs" not in unset.optimisations
+    monkeypatch.setenv(graphs.CPU_GRAPHS, "1")
+    recorded = _counting(monkeypatch, graphs.cpu_graphs, "record")
+    rehearsed = run.run_trial(dataclasses.replace(cfg, cuda_graphs=True))
+    assert {"cuda_graphs", "eval_graphs"} <= set(rehearsed.optimisations)
+    assert len(recorded) >= 3  # the steps' two row counts, and the evaluation
+    assert [p.loss for p in rehearsed.eval_curve] == pytest.approx([p.loss for p in eager.eval_curve], rel=1e-4)
+
+
 class TrialConfigDefaults:
     from freezesweep.trials.config import TrialConfig
 
