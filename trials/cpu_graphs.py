@@ -45,9 +45,8 @@ _HOST_READS = frozenset(
         torch.ops.aten.lift_fresh.default,  # torch.tensor(3.0): host data made a (device) tensor
     }
 )
-REFUSED = (
-    "operation not permitted when stream is capturing"  # a CUDA capture's words (cudaErrorStreamCaptureUnsupported)
-)
+# what a CUDA capture says of them (cudaErrorStreamCaptureUnsupported)
+REFUSED = "operation not permitted when stream is capturing"
 
 
 @dataclass
@@ -126,7 +125,7 @@ def record(run: Callable[[], Any]) -> tuple[Callable[[], None], Any]:
     replay overwrites). The capture leaves every tensor that existed before it as it was; each replay
     runs the recorded operators on the recorded tensors (writing each allocated output into the
     tensor the capture allocated, so later operators read it), without autograd and without Python."""
-    recording = _Recording()
+    recording, inference = _Recording(), torch.is_inference_mode_enabled()
     with recording, _capturing():
         outputs = run()
     with torch.no_grad():
@@ -134,8 +133,8 @@ def record(run: Callable[[], Any]) -> tuple[Callable[[], None], Any]:
             tensor.copy_(value)
     ops = recording.ops
 
-    def replay() -> None:
-        with torch.no_grad():
+    def replay() -> None:  # in the capture's inference mode: its outputs are inference tensors, or not
+        with torch.inference_mode(inference), torch.no_grad():
             for op in ops:
                 for kept, new in zip(op.fresh, _tensors(op.func(*op.args, **op.kwargs))):
                     if kept is not None:

@@ -264,10 +264,8 @@ def capture_evaluation(run: Callable[[], tuple[torch.Tensor, ...]], shared: dict
 
 
 def capture_evaluation_on_cpu(run: Callable[[], tuple[torch.Tensor, ...]], shared: dict):
-    """``capture_evaluation``'s stand-in where there is no GPU (tests): warmed up, then recorded
-    (``capture_on_cpu``'s contract)."""
-    run()
-    return cpu_graphs.record(run)
+    """``capture_evaluation``'s stand-in where there is no GPU (tests): ``capture_on_cpu``'s."""
+    return capture_on_cpu(lambda _: run(), lambda _: run(), None, shared)
 
 
 class EvalGraphs:

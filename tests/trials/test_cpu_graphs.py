@@ -111,7 +111,7 @@ def test_an_operator_that_may_alias_but_copied_is_refreshed_at_each_replay():
         w = w.clone()
         replay, (a, b, c) = record(lambda: (w.t().contiguous() * 1, w.to(torch.float64) * 1, w.t().reshape(6) * 1))
         w.mul_(-1)
-        replay()
+    replay()  # (outside inference mode: the replay runs in its capture's)
     assert torch.equal(a, -torch.arange(6.0).reshape(2, 3).t())
     assert b.dtype == torch.float64 and b.sum().item() == -15.0 and c.sum().item() == -15.0
 
