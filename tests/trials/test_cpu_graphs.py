@@ -22,8 +22,9 @@ def _data() -> tuple[torch.Tensor, torch.Tensor]:
     return torch.randn(16, 4, generator=generator), torch.randint(0, 2, (16,), generator=generator)
 
 
-def _step(model, optimizer, x, y, lr=None):
-    """Forward, backward, clipping and a fused, capturable AdamW step (its learning rate a tensor)."""
+def _step(model, optimizer, x, y):
+    """Forward, backward, clipping and an AdamW step (``_trained_pair``'s: fused, capturable, its learning
+    rate a tensor)."""
     loss = F.cross_entropy(model(x), y)
     loss.backward()
     torch.nn.utils.clip_grad_norm_(model.parameters(), 0.05, foreach=True)
@@ -136,9 +137,8 @@ def test_members_under_vmap_replay_as_they_step_eagerly():
                 value.sub_(0.1 * grad)
         return total.detach()
 
-    eager = {n: v.detach().clone() for n, v in params.items()}
     params = {n: v.detach().clone().requires_grad_() for n, v in params.items()}
-    eager = {n: v.requires_grad_() for n, v in eager.items()}
+    eager = {n: v.detach().clone().requires_grad_() for n, v in params.items()}
     replay, out = record(lambda: step(params))
     for _ in range(2):
         replay()
