@@ -13,25 +13,29 @@ is ``lift_fresh`` here. ``record`` keeps all four: it records at the dispatcher
 run as kernels, the backward's included), puts back every tensor that existed before the capture and
 that the capture wrote, refuses a host read with the message a CUDA capture gives, and answers
 ``torch.cuda.is_current_stream_capturing()`` as a capture does (libraries leave their host reads out
-then). A graphed path whose CPU test passes with it can still fail on a GPU for the reasons below,
-but no longer for these.
+then). A graphed path whose CPU test passes with it can still fail on a GPU for what it does not model
+(below), but no longer for these.
 
-What it does not model: memory. A real graph's intermediates live in its pool and the tensors it read
-must outlive it; here the recording holds every tensor it met, so a tensor freed after its capture
-is still read as it was (a GPU would read freed memory). Random draws are drawn anew at each replay,
+Memory, in part: a real graph holds what it allocated (its pool) but only the addresses of what it read
+from outside, which must outlive it. The recording holds those tensors as a graph does, by their memory
+only, so a replay after the program let that memory go fails, naming the tensor, where a GPU would read
+freed memory (a view the program dropped is fine while its memory lives). What it does not model is the
+reuse of freed memory by another of the program's tensors. Random draws are drawn anew at each replay,
 as a graph's generator offsets advance.
 """
 
 from __future__ import annotations
 
 import contextlib
+import weakref
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_flatten
+from torch.multiprocessing.reductions import StorageWeakRef
+from torch.utils._pytree import tree_flatten, tree_unflatten
 
 # Operators a CUDA capture refuses: a device value read on the host, a result whose shape is the data's,
 # and host data becoming a tensor (a copy to the device).
@@ -55,6 +59,53 @@ class _Op:
     args: tuple
     kwargs: dict
     fresh: list[torch.Tensor | None]  # each tensor output the op allocated (None: a view or an argument)
+
+
+@dataclass(frozen=True)
+class _Outside:
+    """A tensor the capture read but did not make, held as a graph holds it: by its memory."""
+
+    tensor: weakref.ref
+    memory: StorageWeakRef
+    dtype: torch.dtype
+    offset: int
+    shape: torch.Size
+    stride: tuple[int, ...]
+
+    @classmethod
+    def of(cls, tensor: torch.Tensor) -> "_Outside":
+        memory = StorageWeakRef(tensor.untyped_storage())
+        return cls(weakref.ref(tensor), memory, tensor.dtype, tensor.storage_offset(), tensor.shape, tensor.stride())
+
+    def get(self) -> torch.Tensor:
+        """The tensor; where the program dropped it but not its memory, a view as it was on that memory."""
+        tensor = self.tensor()
+        if tensor is not None:
+            return tensor
+        if self.memory.expired():
+            raise RuntimeError(
+                f"a replay reads a tensor freed since its capture ({tuple(self.shape)}, {self.dtype}): a CUDA "
+                "graph would read freed memory; keep what a graph reads alive as long as the graph"
+            )
+        storage = torch.UntypedStorage._new_with_weak_ptr(self.memory.cdata)
+        return torch.empty(0, dtype=self.dtype, device=storage.device).set_(
+            storage, self.offset, self.shape, self.stride
+        )
+
+
+@dataclass
+class _Held:
+    """An operator as a replay runs it: its arguments' leaves (tensors from outside as ``_Outside``)."""
+
+    func: Any
+    leaves: list
+    spec: Any
+    fresh: list[torch.Tensor | None]
+
+    def run(self) -> list[torch.Tensor]:
+        leaves = [leaf.get() if isinstance(leaf, _Outside) else leaf for leaf in self.leaves]
+        args, kwargs = tree_unflatten(leaves, self.spec)
+        return _tensors(self.func(*args, **kwargs))
 
 
 def _tensors(value) -> list[torch.Tensor]:
@@ -87,6 +138,8 @@ class _Recording(TorchDispatchMode):
         self.made: set[int] = set()  # the storages the capture allocated
         self.before: list[tuple[torch.Tensor, torch.Tensor]] = []  # (a tensor the capture wrote, its value then)
         self.kept: set[tuple] = set()
+        self.outside: dict[int, torch.Tensor] = {}  # the tensors first met as arguments (by id)
+        self.inside: dict[int, torch.Tensor] = {}  # those first met as results: the graph's own
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
@@ -94,11 +147,27 @@ class _Recording(TorchDispatchMode):
             raise RuntimeError(f"CUDA error: {REFUSED} ({func} in a capture)")
         for tensor in _written(func, args, kwargs):
             self._keep(tensor)
+        for tensor in _tensors((args, kwargs)):
+            if id(tensor) not in self.inside:
+                self.outside.setdefault(id(tensor), tensor)
         out = func(*args, **kwargs)
+        for tensor in _tensors(out):
+            if id(tensor) not in self.outside:
+                self.inside.setdefault(id(tensor), tensor)
         fresh = _fresh(args, kwargs, out)
         self.made.update(t.untyped_storage().data_ptr() for t in fresh if t is not None)
         self.ops.append(_Op(func, args, kwargs, fresh))
         return out
+
+    def held(self) -> list[_Held]:
+        """The operators as a replay runs them: what came from outside held by its memory only."""
+        handles = {key: _Outside.of(tensor) for key, tensor in self.outside.items()}
+        held = []
+        for op in self.ops:
+            leaves, spec = tree_flatten((op.args, op.kwargs))
+            leaves = [handles.get(id(leaf), leaf) if isinstance(leaf, torch.Tensor) else leaf for leaf in leaves]
+            held.append(_Held(op.func, leaves, spec, op.fresh))
+        return held
 
     def _keep(self, tensor: torch.Tensor) -> None:
         """``tensor``'s value before the capture writes it, where it existed before the capture."""
@@ -131,12 +200,13 @@ def record(run: Callable[[], Any]) -> tuple[Callable[[], None], Any]:
     with torch.no_grad():
         for tensor, value in reversed(recording.before):  # the latest first: overlapping views end as they began
             tensor.copy_(value)
-    ops = recording.ops
+    ops = recording.held()
+    del recording  # (it held what came from outside strongly)
 
     def replay() -> None:  # in the capture's inference mode: its outputs are inference tensors, or not
         with torch.inference_mode(inference), torch.no_grad():
             for op in ops:
-                for kept, new in zip(op.fresh, _tensors(op.func(*op.args, **op.kwargs))):
+                for kept, new in zip(op.fresh, op.run()):
                     if kept is not None:
                         kept.copy_(new)
 

@@ -79,9 +79,27 @@ def test_a_replay_runs_no_python_so_what_python_held_at_the_capture_stays():
     weights["w"].add_(1.0)  # in place: the replay reads it
     replay()
     assert out.tolist() == [4.0, 4.0, 4.0]  # (1 + 1) x 2: the new weight, the old scale
-    weights["w"] = torch.full((3,), 10.0)  # swapped: the replay still reads the one it met
+    met, weights["w"] = weights["w"], torch.full((3,), 10.0)  # swapped: the replay still reads the one it met
     replay()
-    assert out.tolist() == [4.0, 4.0, 4.0]
+    assert out.tolist() == [4.0, 4.0, 4.0] and met.tolist() == [2.0, 2.0, 2.0]  # (kept alive: next test)
+
+
+def test_a_replay_of_a_tensor_the_program_let_go_fails():
+    """A graph holds only the memory of what it read from outside: once the program drops a tensor
+    and every view of its memory, a GPU's replay reads freed memory; here it fails, naming it. A view
+    the program dropped while keeping its memory alive is read as it was."""
+    base = torch.arange(6.0)
+    batch = {"rows": base[2:5], "scale": torch.full((3,), 2.0)}  # a view, and a tensor of its own
+    replay, (out,) = record(lambda: (batch["rows"] * batch["scale"],))
+    del batch["rows"]  # its memory lives on in base
+    base.add_(1.0)
+    replay()
+    assert out.tolist() == [6.0, 8.0, 10.0]
+    del batch["scale"]  # its memory with it
+    with pytest.raises(
+        RuntimeError, match=r"a replay reads a tensor freed since its capture \(\(3,\), torch.float32\)"
+    ):
+        replay()
 
 
 @pytest.mark.parametrize(
