@@ -259,13 +259,9 @@ def evaluation_graphs_apply(graphed: bool, device: torch.device) -> bool:
 
 def capture_evaluation(run: Callable[[], tuple[torch.Tensor, ...]], shared: dict):
     """``run()`` captured as a CUDA graph after a warm-up run on the capture stream: (replay, its outputs);
-    in a rehearsal, recorded on the CPU."""
+    in a rehearsal, recorded on the CPU. Through ``capture``, so a stand-in for it (``capture_on_cpu``)
+    stands in here too."""
     return capture(lambda _: run(), lambda _: run(), None, shared)
-
-
-def capture_evaluation_on_cpu(run: Callable[[], tuple[torch.Tensor, ...]], shared: dict):
-    """``capture_evaluation``'s stand-in where there is no GPU (tests): ``capture_on_cpu``'s."""
-    return capture_on_cpu(lambda _: run(), lambda _: run(), None, shared)
 
 
 class EvalGraphs:

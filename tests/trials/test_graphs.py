@@ -318,13 +318,17 @@ class TrialConfigDefaults:
 _ROUNDING = {"cpu": 1e-6, "cuda": 1e-4}
 
 
+_CAPTURE_EVALUATION = graphs.capture_evaluation
+
+
 def _evaluations_graphed(monkeypatch, device: str, on: bool, captures: list) -> None:
     """Steps as graphs (on the CPU with the capture stood in for), evaluations too where ``on``; each
     evaluation's capture appended to ``captures`` with what its run read on the host (on the CPU: the
     stand-in records it under the spy, and fails as a real capture where the run reads the host)."""
     from freezesweep.trials.syncs import HostSyncs
 
-    real = graphs.capture_evaluation_on_cpu if device == "cpu" else graphs.capture_evaluation
+    # the real one (on the CPU it captures through the stand-in), never the spy an earlier call left
+    real = _CAPTURE_EVALUATION
     if device == "cpu":
         monkeypatch.setattr(graphs, "capture", graphs.capture_on_cpu)
     monkeypatch.setattr(graphs, "cuda_graphs_apply", lambda cfg, *_: cfg.cuda_graphs)

@@ -230,7 +230,6 @@ def _graphs_on(monkeypatch, device: str, on: bool) -> None:
         monkeypatch.setattr(graphs, "cuda_graphs_apply", lambda cfg, *_: cfg.cuda_graphs)
         monkeypatch.setattr(graphs, "capture", graphs.capture_on_cpu)
         monkeypatch.setattr(graphs, "evaluation_graphs_apply", lambda graphed, device: graphed)
-        monkeypatch.setattr(graphs, "capture_evaluation", graphs.capture_evaluation_on_cpu)
 
 
 @pytest.mark.parametrize(
