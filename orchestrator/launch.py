@@ -358,20 +358,27 @@ def run(
         )
         retried = run_rounds(Launch(sweep, storage, writer, lock.raise_if_lost, faults, trainable, feed), pending)
         flush_or_fail(sink)
+    return ran_summary(sweep, (total, len(done), len(recovered)), writer, retried)
+
+
+def ran_summary(sweep: ResolvedSweep, counts: tuple[int, int, int], writer: RowWriter, retried: int) -> LaunchSummary:
+    """What a launch that ran trials did: ``counts`` are the grid's cells, those done before it and
+    those recovered from an earlier driver's trials; ``writer`` saw every outcome of this one."""
+    total, done, recovered = counts
     return LaunchSummary(
         total,
-        len(done),
+        done,
         len(writer.outcomes),
         writer.ok,
         writer.failed,
         writer.diverged,
-        recovered=len(recovered),
+        recovered=recovered,
         unfinished=len(writer.planned - set(writer.outcomes)),
         oom_retried=retried,
         gpu_packing=sweep.gpu_packing,
         sweep=sweep.name,
         store=sweep.spec.store,
-        settle=settle,
+        settle=sweep.spec.settle is not None,
     )
 
 

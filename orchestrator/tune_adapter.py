@@ -467,14 +467,19 @@ def run_tune(
             ),
         ),
     )
+    fit_keeping_outcomes(tuner, storage, lambda: {c.trial_id for c in cells} | searcher.added <= outcomes)
+
+
+def fit_keeping_outcomes(tuner: tune.Tuner, storage: RayStorage, all_out: Callable[[], bool]) -> None:
+    """``tuner.fit()``. Once the trials are over Ray reads its experiment state back (a result grid the
+    launch does not use): a remote store gone by then fails that read, though every outcome has reached
+    the spool already (``all_out()``), so that failure is a warning. The launch's flush then says what is
+    kept where, as it does for rows. Any other OSError (storage unreachable from the start, a spool
+    write failing) propagates."""
     try:
         tuner.fit()
     except OSError as exc:
-        # Once the trials are over Ray reads its experiment state back (a result grid the launch does
-        # not use): a remote store gone by then fails that read, though every outcome has reached the
-        # spool already. The launch's flush then says what is kept where, as it does for rows.
-        # Any other OSError (storage unreachable from the start, a spool write failing) propagates.
-        if not (storage.shared and {c.trial_id for c in cells} | searcher.added <= outcomes):
+        if not (storage.shared and all_out()):
             raise
         print(
             f"warning: Ray could not read its state back from {storage.path} after the last trial ({exc}); "
