@@ -23,11 +23,12 @@ import signal
 import sys
 import tempfile
 import threading
+import time
 import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Union
+from typing import TYPE_CHECKING, Any, NoReturn, Union
 
 import pandas as pd
 
@@ -245,7 +246,7 @@ def plan(spec: SpecSource, *, store: str | None = None) -> Plan:
 
 def _plan(spec: SpecSource, store: str | None) -> Plan:
     """``plan``'s work, under its quietened libraries."""
-    from freezesweep.orchestrator.plan import build_grid, round_count, settle_budget_left
+    from freezesweep.orchestrator.plan import build_grid, grid_size_words, round_count, settle_budget_left
     from freezesweep.orchestrator.sweeps import next_cells, resolve_for_plan
     from freezesweep.results.query import status_table
     from freezesweep.results.store import final_of
@@ -283,7 +284,7 @@ def _plan(spec: SpecSource, store: str | None) -> Plan:
         priced_from,
         at_once,
         notes,
-        spec.cell_count_words() + _one_depth(spec, sweep.model_layers),
+        grid_size_words(sweep) + _one_depth(spec, sweep.model_layers),
         mps_here(),
         budget,
         budget_work,
@@ -399,10 +400,12 @@ def _measured_in_other_sweeps(
 
 # --- launch and resume -----------------------------------------------------------------------------
 @contextlib.contextmanager
-def sigterm_as_interrupt() -> Iterator[list[int]]:
+def sigterm_as_interrupt(goes_on: Callable[[], str] | None = None) -> Iterator[list[int]]:
     """SIGTERM (a scheduler or ``kill`` stopping the driver) handled like Ctrl-C: Tune stops its trials,
-    the lock is released, Ray shuts down on the way out. Yields the signals received. Only the main
-    thread may set a handler: elsewhere (a notebook's worker thread) SIGTERM keeps its own."""
+    the lock is released, Ray shuts down on the way out. Where the same signal stopped this machine's
+    Ray too, the driver ends at once (``end_without_ray``; ``goes_on()``: what continues the sweep).
+    Yields the signals received. Only the main thread may set a handler: elsewhere (a notebook's worker
+    thread) SIGTERM keeps its own."""
     if _RECEIVED:  # nested (the CLI's around the API's): one handler, one list
         yield _RECEIVED[-1]
         return
@@ -413,6 +416,8 @@ def sigterm_as_interrupt() -> Iterator[list[int]]:
 
     def on_term(signum, frame) -> None:
         received.append(signum)
+        if embedded_ray_stopped(RAY_STOP_WAIT_S):
+            end_without_ray(goes_on)
         signal.raise_signal(signal.SIGINT)  # Tune's graceful stop while it runs; KeyboardInterrupt elsewhere
 
     previous = signal.signal(signal.SIGTERM, on_term)
@@ -425,6 +430,67 @@ def sigterm_as_interrupt() -> Iterator[list[int]]:
 
 
 _RECEIVED: list[list[int]] = []  # the signals list of the handler installed now, if any
+# How long a SIGTERM's handler waits to see whether the signal stopped this machine's Ray too: sent to a
+# process group or cgroup, it reaches Ray's processes at the same moment, and they end within milliseconds.
+RAY_STOP_WAIT_S = 2.0
+_RAY_PROCESSES = ("gcs_server", "raylet")  # what an embedded Ray runs as this process's children
+
+
+def embedded_ray_stopped(wait_s: float) -> bool:
+    """Whether the Ray this process started (its GCS server or raylet, children of this process; none on
+    a cluster) has ended, or ends within ``wait_s``. A SIGTERM sent to the driver's process group (a
+    terminal's ``timeout``, ``kill -TERM -PGID``) or cgroup (systemd, a batch scheduler's job stop)
+    reaches them too: Ray blocks only SIGINT in the processes it starts
+    (ray/_private/services.py ``start_ray_process``), so they end."""
+    import psutil
+
+    ours = [child for child in psutil.Process().children() if _name(child) in _RAY_PROCESSES]
+    deadline = time.monotonic() + wait_s
+    while ours:
+        if not all(map(_running, ours)):
+            return True
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.02)  # polled: a child's end sends no signal this handler can wait on
+    return False
+
+
+def _name(process) -> str:
+    import psutil
+
+    try:
+        return process.name()
+    except psutil.Error:
+        return ""
+
+
+def _running(process) -> bool:
+    import psutil
+
+    try:
+        return process.status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:  # gone, and reaped
+        return False
+
+
+def end_without_ray(goes_on: Callable[[], str] | None) -> NoReturn:
+    """End the driver now, with 143, where SIGTERM stopped its Ray too. Tune cannot stop its trials
+    without Ray, and Ray's core would end the process a minute later with 1 and "Failed to connect to
+    GCS" (a walk-through's `timeout -s TERM`), leaving the lock behind. Nothing is lost by ending: each
+    finished trial's row was written as it came (or waits in the local spool), and `resume` runs the rest.
+    The sweep's lock is released, so a resume elsewhere need not wait for it to go stale."""
+    from freezesweep.results.lock import release_held
+
+    names = release_held()
+    hint = goes_on() if goes_on else f"`freezesweep resume {' '.join(names) or 'NAME'}` runs the cells not finished"
+    print(
+        f"stopped by SIGTERM, which stopped this machine's Ray as well (sent to the whole process group): "
+        f"every finished trial's row is in the store; {hint}",
+        file=sys.stderr,
+        flush=True,
+    )
+    sys.stdout.flush()
+    os._exit(143)  # no unwinding: every step of Tune's or Ray's way out would wait on the Ray that is gone
 
 
 def launch(
@@ -1085,8 +1151,8 @@ def budget_prices(decisions: pd.DataFrame, names: SweepRef | Sequence[SweepRef],
     (``decided_at_seeds``), priced as ``plan`` prices pending cells (the store's measured trial times)."""
     from freezesweep.orchestrator.plan import build_grid
 
-    lines = []
-    for name in _each_once(names, store):
+    lines, each = [], _each_once(names, store)
+    for name in each:
         resolved, result_store = _stored_sweep(name, store)
         asked = decisions[(decisions["sweep"] == result_store.sweep) & decisions["decided_at_seeds"].notna()]
         if asked.empty:
@@ -1094,7 +1160,7 @@ def budget_prices(decisions: pd.DataFrame, names: SweepRef | Sequence[SweepRef],
         rows = result_store.read_table(columns=["trial_id", "status", "wall_time_s"]).to_pandas()
         measured = _measured(build_grid(resolved), rows)
         for _, group in asked.iterrows():
-            lines.append(_budget_price(resolved, group, measured))
+            lines.append(_budget_price(resolved, group, measured, many=len(each) > 1))
     return lines
 
 
@@ -1109,7 +1175,8 @@ def _group_cells(cells: list[TrialConfig], group: pd.Series) -> list[TrialConfig
     ]
 
 
-def _budget_price(resolved: ResolvedSweep, group: pd.Series, measured: dict[tuple, list[float]]) -> str:
+def _budget_price(resolved: ResolvedSweep, group: pd.Series, measured: dict[tuple, list[float]], many: bool) -> str:
+    """``many``: several sweeps reported, each line named by its sweep as their decisions are."""
     from freezesweep.orchestrator.plan import build_grid, estimate_work
 
     from freezesweep.orchestrator.spec import SettleSpec
@@ -1124,8 +1191,9 @@ def _budget_price(resolved: ResolvedSweep, group: pd.Series, measured: dict[tupl
     cost = "" if estimate is None else f", about {estimate.trial_s / 3600:,.2f} trial-hours at the measured times"
     several = len(resolved.spec.models()) > 1  # a decision per model: each priced on its own
     model, size = (f"{group['model']} · ", "size and model") if several else ("", "size")
+    sweep = f"{resolved.spec.name} · " if many else ""
     return (
-        f"{model}{group['dataset']}, n = {group['train_size']}: a new settle sweep with settle.max_seeds {budget} "
+        f"{sweep}{model}{group['dataset']}, n = {group['train_size']}: a new settle sweep with settle.max_seeds {budget} "
         f"runs at most {len(cells):,} trials for this {size}{cost} (`freezesweep plan` on its spec prices the whole "
         "sweep)"
     )

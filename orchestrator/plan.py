@@ -97,6 +97,16 @@ def grid_size(sweep: ResolvedSweep) -> int:
     return per_model * len(spec.datasets) * len(spec.train_sizes) * len(spec.seed_values())
 
 
+def grid_size_words(sweep: ResolvedSweep) -> str:
+    """``grid_size`` as its axes' product (``SweepSpec.cell_count_words``), each model's variants as
+    ``build_grid`` makes them: 'all' and the same k listed are one (a walk-through: [0, 6, all] on a 6-layer
+    model and 3 seeds read "6 cells (… × 3 variants × 3 seeds)")."""
+    spec = sweep.spec
+    return spec.cell_count_words(
+        {model: len(method_variants(spec, model, sweep.model_layers)) for model in spec.models()}
+    )
+
+
 # a cell's axes as its row stores them: the protocol is the sweep's one (orchestrator/checks.py refuses a change)
 GRID_AXES = ["model", "dataset", "train_size", "method", "frozen_layers", "lora_rank", "seed"]
 

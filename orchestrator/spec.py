@@ -455,16 +455,19 @@ class SweepSpec(_Strict):
             len(self.models()) * len(self.datasets) * len(self.train_sizes) * self.variants() * len(self.seed_values())
         )
 
-    def cell_count_words(self) -> str:
-        """E.g. "1 model × 2 datasets × 5 train sizes × 7 variants × 30,000 seeds"."""
-        counts = (
-            (len(self.models()), "model"),
-            (len(self.datasets), "dataset"),
-            (len(self.train_sizes), "train size"),
-            (self.variants(), "variant"),
-            (len(self.seed_values()), "seed"),
-        )
-        return " × ".join(f"{n:,} {word}{'' if n == 1 else 's'}" for n, word in counts)
+    def cell_count_words(self, variants: Mapping[str, int] | None = None) -> str:
+        """E.g. "1 model × 2 datasets × 5 train sizes × 7 variants × 30,000 seeds". ``variants``: each model's
+        count where its depth is known (orchestrator/plan.py ``grid_size_words``); models of unequal counts
+        are one factor, their sum ("5 model variants (a: 3, b: 2)"), so the factors multiply to the grid."""
+        per_model = variants or dict.fromkeys(self.models(), self.variants())
+        rest = ((len(self.datasets), "dataset"), (len(self.train_sizes), "train size"))
+        seeds = (len(self.seed_values()), "seed")
+        if len(set(per_model.values())) == 1:
+            return _product_words(
+                ((len(per_model), "model"), *rest, (next(iter(per_model.values())), "variant"), seeds)
+            )
+        each = ", ".join(f"{model}: {n:,}" for model, n in per_model.items())
+        return f"{sum(per_model.values()):,} model variants ({each}) × {_product_words((*rest, seeds))}"
 
     def protocol(self, select_metrics: Mapping[str, str]) -> dict[str, Any]:
         """What makes rows comparable: changing any of it on an existing sweep is refused. How the work
@@ -507,6 +510,10 @@ class _LongAxis:
     def __repr__(self) -> str:
         v = self.values
         return f"[{len(v):,} values: {v[0]!r}, {v[1]!r}, …, {v[-1]!r}]"
+
+
+def _product_words(counts: tuple[tuple[int, str], ...]) -> str:
+    return " × ".join(f"{n:,} {word}{'' if n == 1 else 's'}" for n, word in counts)
 
 
 def method_fields(method: str, lora: LoraSpec | None = None, probe: ProbeSpec | None = None) -> dict[str, Any]:

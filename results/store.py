@@ -592,9 +592,20 @@ class ResultStore:
         for old in self.outdated_parts(self.layout().parts):  # one at a time: memory holds a row group
             upgraded += self._commit_part(functools.partial(self._write_upgraded, old))
         layout = self.layout()
-        return upgraded + self._commit_part(
+        compacted = upgraded + self._commit_part(
             lambda staged: self._write_part([*layout.together, *layout.singles], staged)
         )
+        self._drop_empty_compacting()
+        return compacted
+
+    def _drop_empty_compacting(self) -> None:
+        """_compacting/ once every part is committed: an empty folder left in the sweep's folder reads as an
+        interrupted compaction (a walk-through). One with anything in it is recovery's, left as it is; an
+        object store lists no folder without objects under it, bar a marker its filesystem made."""
+        if self.fs.get_file_info(self.compacting_dir).type != pafs.FileType.Directory:
+            return
+        if not self.fs.get_file_info(pafs.FileSelector(self.compacting_dir, allow_not_found=True)):
+            self.fs.delete_dir(self.compacting_dir)
 
     def _commit_part(self, write: Callable[[str], list[str]]) -> int:
         """Steps 1–4 of ``compact`` for one new part: ``write`` stages it and returns the files it absorbs."""

@@ -482,3 +482,71 @@ def test_a_resume_run_from_the_launch_folder_keeps_the_callers_relative_environm
         assert os.getcwd() == str(tmp_path / "launched")
         assert os.environ["FREEZESWEEP_CACHE_DIR"] == str(tmp_path / ".cache")
     assert os.getcwd() == str(tmp_path) and os.environ["FREEZESWEEP_CACHE_DIR"] == ".cache"
+
+
+# --- SIGTERM that stopped this machine's Ray too -------------------------------------------------------
+def _named_child(tmp_path, name: str) -> subprocess.Popen:
+    """A child process of this one whose name (what ``ps`` shows) is ``name``, as Ray's GCS server's is."""
+    import shutil
+
+    program = tmp_path / name
+    shutil.copy(shutil.which("sleep"), program)
+    return subprocess.Popen([str(program), "60"])
+
+
+def test_embedded_ray_is_seen_stopped_when_its_processes_end(tmp_path):
+    from freezesweep.orchestrator.api import embedded_ray_stopped
+
+    assert not embedded_ray_stopped(0.0)  # no Ray of this process: nothing stopped
+    gcs = _named_child(tmp_path, "gcs_server")
+    other = _named_child(tmp_path, "not_ray")
+    try:
+        assert not embedded_ray_stopped(0.2)  # running, for as long as it waits
+        other.kill()
+        other.wait()
+        assert not embedded_ray_stopped(0.0)  # another child's end is not Ray's
+        gcs.kill()  # not reaped: a zombie, as Ray leaves its ended children until it polls them
+        assert embedded_ray_stopped(10.0)
+    finally:
+        gcs.kill()
+        gcs.wait()
+
+
+def test_sigterm_that_stopped_ray_too_ends_the_driver_at_once_releasing_its_lock(tmp_path, monkeypatch, capsys):
+    """Before: a SIGTERM sent to the driver's process group (``timeout``, a scheduler's stop) stopped Ray's
+    processes with it; Tune's graceful stop then waited on Ray for a minute and Ray's core ended the
+    process with 1, the lock left behind (a walk-through). Now the driver ends with 143 at once."""
+    import signal
+
+    import pyarrow.fs as pafs
+
+    from freezesweep.orchestrator import api
+    from freezesweep.results.lock import SweepLock
+
+    def exit_(code):
+        raise SystemExit(code)
+
+    monkeypatch.setattr(api, "embedded_ray_stopped", lambda wait_s: True)
+    monkeypatch.setattr(api.os, "_exit", exit_)
+    lock, before = SweepLock(pafs.LocalFileSystem(), str(tmp_path / "mine")).acquire(), signal.getsignal(signal.SIGTERM)
+    with pytest.raises(SystemExit) as ended:
+        with api.sigterm_as_interrupt(goes_on=lambda: "`freezesweep resume mine` continues the sweep"):
+            signal.raise_signal(signal.SIGTERM)
+    assert ended.value.code == 143
+    assert lock.holder() is None and not (tmp_path / "mine" / "_lock.json").exists()
+    err = capsys.readouterr().err
+    assert "stopped by SIGTERM, which stopped this machine's Ray as well" in err
+    assert "`freezesweep resume mine` continues the sweep" in err
+    assert signal.getsignal(signal.SIGTERM) is before  # the caller's handler was put back on the way out
+
+
+def test_sigterm_with_ray_running_is_a_graceful_interrupt(monkeypatch):
+    import signal
+
+    from freezesweep.orchestrator import api
+
+    monkeypatch.setattr(api, "embedded_ray_stopped", lambda wait_s: False)
+    with pytest.raises(KeyboardInterrupt):
+        with api.sigterm_as_interrupt() as received:
+            signal.raise_signal(signal.SIGTERM)
+    assert received == [signal.SIGTERM]

@@ -2,6 +2,8 @@
 defaults, and every error names the command that was run."""
 
 import json
+import math
+import re
 
 import pytest
 from typer.testing import CliRunner
@@ -498,6 +500,9 @@ def test_plan_says_where_all_and_a_listed_depth_are_one_cell(write_spec, tiny_be
     done = runner.invoke(app, ["plan", str(write_spec("same", train_sizes=[24], frozen_layers=[0, 2, "all"]))])
     assert done.exit_code == 0, done.output
     assert f"one cell per depth ({tiny_bert}: all is k = 2, also listed)" in done.stdout.replace("\n", "")
+    # its factors multiply to its cells (before: "× 3 variants ×", one more than the grid's 2)
+    cells, factors = re.search(r"(\d+) cells \(([^;)]*)", done.stdout.replace("\n", "")).groups()
+    assert math.prod(int(f.split()[0]) for f in factors.split(" × ")) == int(cells), factors
     plain = runner.invoke(app, ["plan", str(write_spec("plain", train_sizes=[24], frozen_layers=[0, "all"]))])
     assert "one cell per depth" not in plain.stdout
 

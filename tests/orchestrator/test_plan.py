@@ -1,12 +1,14 @@
 """orchestrator/plan.py: the grid is a pure, deterministic function of a resolved sweep."""
 
 import dataclasses
+import math
 
 import pytest
 
 from freezesweep.orchestrator.plan import (
     ResolvedSweep,
     build_grid,
+    grid_size_words,
     hungriest_frozen_layers,
     launch_units,
     round_count,
@@ -47,6 +49,23 @@ def test_the_grid_reads_nothing_and_is_deterministic():
     assert a == {0, 6, 2}
     assert {c.dataset: c.select_metric for c in cells} == {"/nowhere/d": "accuracy", "glue/cola": "matthews"}
     assert [(c.seed, c.train_size) for c in cells[:4]] == [(0, 10), (1, 10), (0, 10), (1, 10)]  # seed innermost
+
+
+def _product(words: str) -> int:
+    """The product of a size's factors ("1 model × 2 variants × 3 seeds": 6), each factor's leading count."""
+    counts = [int(factor.split()[0].replace(",", "")) for factor in words.split(" × ")]
+    return math.prod(counts)
+
+
+def test_the_grid_size_words_multiply_to_its_cells():
+    """A walk-through: [0, 6, all] on a 6-layer model and 3 seeds read "6 cells (… × 3 variants × 3 seeds)"."""
+    one = _sweep(model="/nowhere/a", methods=["freeze"], lora_ranks=[], frozen_layers=[0, 6, "all"], seeds=[0, 1, 2])
+    assert len(build_grid(one)) == _product(grid_size_words(one)) == 2 * 2 * 2 * 3
+    assert "× 2 variants ×" in grid_size_words(one)
+    # models of unequal counts (b: 'all' is its listed 2): one factor, their sum, each named
+    both = _sweep()
+    assert grid_size_words(both).startswith("9 model variants (/nowhere/a: 5, /nowhere/b: 4) × ")
+    assert len(build_grid(both)) == _product(grid_size_words(both))
 
 
 def test_an_unresolved_sweep_is_refused():

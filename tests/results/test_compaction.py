@@ -84,6 +84,17 @@ def test_a_compaction_killed_at_any_step_loses_nothing_and_doubles_nothing(tmp_p
     assert _each_reader(folder)["duckdb"] == 8
 
 
+def test_a_finished_compaction_leaves_no_compacting_folder(tmp_path):
+    """A walk-through: every compaction left an empty _compacting/ in the sweep's folder. An interrupted
+    one's files stay there for recovery, which the next compaction finishes, folder and all."""
+    store = _filled(tmp_path)
+    _killed_compacting(store, "absorbed")
+    assert list((tmp_path / "s" / "_compacting").rglob("*.parquet"))
+    assert store.compact() == 6
+    assert not (tmp_path / "s" / "_compacting").exists()
+    assert store.compact() == 0 and not (tmp_path / "s" / "_compacting").exists()
+
+
 def test_a_store_from_before_compaction_is_read_and_compacted(tmp_path):
     """One file per cell, as every store was before: read as it is, then compacted to one part."""
     store = _filled(tmp_path, ok=40, failed=0)

@@ -741,6 +741,24 @@ def test_a_fixed_grid_answers_the_tolerance_its_spec_asked_and_no_other(tmp_path
     assert (both["s"], both["t"]) == (f"s · {sentence}", f"t · {default}")
 
 
+def test_several_sweeps_price_each_open_group_under_its_sweeps_name(tmp_path):
+    """A walk-through: `report s3 s4` named each decision "s3 · glue/sst2, n = 40: …" and its price
+    "glue/sst2, n = 40: a new settle sweep …", whose sweep a reader could not tell."""
+    from freezesweep.orchestrator import api
+
+    for name in ("s", "t"):
+        cells, store = _stored_fixed_grid(tmp_path, 3, name, tolerance=0.001)
+        for cfg in cells:
+            k, seed = cfg.frozen_layers, cfg.seed
+            store.write_row(row(name, k=k, seed=seed, acc=ACC_100[k][seed], trial_id=cfg.trial_id, wall_time_s=5.0))
+    decisions = api.decide(["s", "t"], store=str(tmp_path)).frame
+    lines = api.budget_prices(decisions, ["s", "t"], str(tmp_path))
+    assert [line.split(": ")[0] for line in lines] == ["s · d, n = 100", "t · d, n = 100"]
+    assert [s.split(": ")[0] for s in decisions["sentence"]] == ["s · d, n = 100", "t · d, n = 100"]
+    (alone,) = api.budget_prices(decisions[decisions["sweep"] == "s"], "s", str(tmp_path))
+    assert alone.startswith("d, n = 100: a new settle sweep")  # one sweep: as before
+
+
 def test_an_open_fixed_grid_group_is_priced_as_the_settle_sweep_it_asks_for(tmp_path):
     """Before: only a settle sweep's open group was priced; a fixed grid's said "`freezesweep plan` prices it"
     and the report printed no price (docs/report.md says the CLI prices it)."""

@@ -23,6 +23,18 @@ def test_rows_round_trip_on_s3(s3):
     assert trial_result(0).trial_id in ok_ids(store)
 
 
+def test_a_compaction_on_s3_leaves_no_compacting_marker(s3):
+    """An object store has no empty folders, but its filesystem keeps a marker object for one."""
+    import pyarrow.fs as pafs
+
+    store = ResultStore(s3.uri, "remote")
+    for seed in range(3):
+        store.write_row(result_row("remote", trial_result(seed)))
+    assert store.compact() == 3
+    assert store.fs.get_file_info(store.compacting_dir).type == pafs.FileType.NotFound
+    assert len(store.read()) == 3
+
+
 def test_unreachable_store_spools_and_flushes(s3, tmp_path):
     store = ResultStore(s3.uri, "flaky")
     sink = SpoolingWriter(store, str(tmp_path / "spool"))
