@@ -32,10 +32,10 @@ from freezesweep.orchestrator.spec import (
     SweepSpec,
     as_int,
     column_for,
+    named_models,
     parse,
     read_stored_spec,
     read_yaml,
-    spec_aliases,
 )
 from freezesweep.results.settle import MIN_PAIRS
 from freezesweep.results.stats import TOLERANCE
@@ -179,11 +179,7 @@ def _model_problems(raw: dict[str, Any]) -> list[str]:
     targets exist in its layers."""
     from freezesweep.trials.model import ModelError, load_model_config  # transformers: see the module docstring
 
-    try:
-        models = spec_aliases(raw).get("model")
-    except ValueError:
-        return []  # model and models both given: pydantic reports it
-    models = [models] if isinstance(models, str) else _strs(models)
+    models = named_models(raw)  # model and models both given: each checked, beside that problem
     methods = _strs(raw.get("methods")) or ["freeze"]
     lora = raw.get("lora") if isinstance(raw.get("lora"), dict) else {}
     targets = lora.get("targets") if isinstance(lora.get("targets"), list) else None
@@ -229,11 +225,7 @@ def structure_problems(raw: dict[str, Any]) -> list[str]:
     from freezesweep.trials.freezing import structure_problems as model_structure_problems
     from freezesweep.trials.model import ModelError, build_skeleton, load_model_config
 
-    try:
-        models = spec_aliases(raw).get("model")
-    except ValueError:
-        return []  # pydantic reports it
-    models = [models] if isinstance(models, str) else _strs(models)
+    models = named_models(raw)
     methods = _strs(raw.get("methods")) or ["freeze"]
     frozen = raw.get("frozen_layers") if isinstance(raw.get("frozen_layers"), list) else []
     problems = []

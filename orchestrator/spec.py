@@ -79,14 +79,17 @@ Float = Annotated[float, BeforeValidator(_not_a_boolean)]
 
 
 def _a_depth(value: Any) -> Any:
-    """A frozen depth: an integer or ``all``; any other text is one problem, not one per member of the union."""
+    """A frozen depth: an integer or ``all``; anything else (``All``, 2.5) is one problem, not one per member
+    of the union. A whole float (2.0) is the integer, as pydantic reads it."""
     value = _not_a_boolean(value)
-    if isinstance(value, str) and value != "all":
-        try:
-            return int(value)
-        except ValueError:
-            raise ValueError("a depth is an integer (-1 embeddings only, 0 nothing, k layers) or all") from None
-    return value
+    if isinstance(value, str) and value == "all":
+        return value
+    if isinstance(value, (float, np.floating)) and float(value).is_integer():
+        return int(value)
+    number = as_int(value)
+    if number is None:
+        raise ValueError("a depth is an integer (-1 embeddings only, 0 nothing, k layers) or all")
+    return number
 
 
 Depth = Annotated[int | Literal["all"], BeforeValidator(_a_depth)]
@@ -243,10 +246,9 @@ class SettleSpec(_Strict):
 
     @model_validator(mode="after")
     def _budget(self) -> "SettleSpec":
-        if self.max_seeds < self.initial_seeds:
-            raise ValueError(
-                f"settle.max_seeds ({self.max_seeds}) is below settle.initial_seeds ({self.initial_seeds})"
-            )
+        problems = settle_budget(vars(self))
+        if problems:
+            raise ValueError(problems[0])
         return self
 
     def rule(self) -> SettleRule:
@@ -389,14 +391,7 @@ class SweepSpec(_Strict):
     @field_validator("model", mode="before")
     @classmethod
     def _models(cls, value: Any) -> Any:
-        # One message, not pydantic's one per member of the union
-        if not (isinstance(value, str) or (isinstance(value, list) and all(isinstance(v, str) for v in value))):
-            raise ValueError("should be a model name (hub id or folder) or a list of them")
-        if isinstance(value, list):
-            if not value:
-                raise ValueError("the list of models is empty")
-            _unique(value)
-        return value
+        return _model_names(value)
 
     @field_validator("train_sizes", "frozen_layers", "lora_ranks", "seeds")
     @classmethod
@@ -528,6 +523,25 @@ def method_fields(method: str, lora: LoraSpec | None = None, probe: ProbeSpec | 
     return {}
 
 
+def _model_names(value: Any) -> Any:
+    """``model:`` (or ``models:``) checked: one message, not pydantic's one per member of the union."""
+    if not (isinstance(value, str) or (isinstance(value, list) and all(isinstance(v, str) for v in value))):
+        raise ValueError("should be a model name (hub id or folder) or a list of them")
+    if isinstance(value, list):
+        if not value:
+            raise ValueError("the list of models is empty")
+        _unique(value)
+    return value
+
+
+def settle_budget(settle: Mapping[str, Any]) -> list[str]:
+    """settle's rule across its own keys (``settle``: its values by field); not asked when either key is
+    absent (one that failed on its own: its default would be a budget nobody gave)."""
+    if not {"initial_seeds", "max_seeds"} <= settle.keys() or settle["max_seeds"] >= settle["initial_seeds"]:
+        return []
+    return [f"settle.max_seeds ({settle['max_seeds']}) is below settle.initial_seeds ({settle['initial_seeds']})"]
+
+
 ACROSS_KEYS_SEPARATOR = "\n"  # between the problems of one check across keys (a problem is one line)
 
 
@@ -575,16 +589,37 @@ def _passed_keys(raw: dict[str, Any], errors: list[Any]) -> dict[str, Any]:
     """The spec's fields that passed on their own, as pydantic made them (a default where not given, and
     not misspelt: an unknown key's near match is that key, given): what ``across_keys`` can check beside
     the fields' own errors."""
-    failed = {err["loc"][0] for err in errors if err["loc"]}
-    misspelt = [str(err["loc"][0]) for err in errors if err["type"] == "extra_forbidden" and len(err["loc"]) == 1]
-    for key in misspelt:  # `frozen_layer:` is frozen_layers given, not frozen_layers' default
-        failed.update(difflib.get_close_matches(key, _known_keys(()), n=1, cutoff=0.75))
     try:
         given = spec_aliases(dict(raw))
     except Exception:  # an alias of the wrong shape: its own error says so
         return {}
+    failed = _failed_keys(errors, ())
+    values = _passed_fields(SweepSpec, given, failed)
+    for name, field in SweepSpec.model_fields.items():  # a section that failed is still given (settle + seeds)
+        section = _section_of(field.annotation)
+        if name in failed and section and isinstance(given.get(name), dict):
+            values[name] = section.model_construct(
+                **_passed_fields(section, given[name], _failed_keys(errors, (name,)))
+            )
+    return values
+
+
+def _failed_keys(errors: list[Any], loc: tuple) -> set[str]:
+    """The keys of the mapping at ``loc`` that failed on their own, a misspelt key's near match among them
+    (`frozen_layer:` is frozen_layers given, not frozen_layers' default)."""
+    failed = {
+        str(err["loc"][len(loc)]) for err in errors if len(err["loc"]) > len(loc) and err["loc"][: len(loc)] == loc
+    }
+    for err in errors:
+        if err["type"] == "extra_forbidden" and len(err["loc"]) == len(loc) + 1 and err["loc"][:-1] == loc:
+            failed.update(difflib.get_close_matches(str(err["loc"][-1]), _known_keys(loc), n=1, cutoff=0.75))
+    return failed
+
+
+def _passed_fields(model: type[BaseModel], given: dict[str, Any], failed: set[str]) -> dict[str, Any]:
+    """``model``'s fields not in ``failed``, as pydantic makes them (a default where not given)."""
     values: dict[str, Any] = {}
-    for name, field in SweepSpec.model_fields.items():
+    for name, field in model.model_fields.items():
         if name in failed or (name not in given and field.is_required()):
             continue
         try:
@@ -598,6 +633,11 @@ def _passed_keys(raw: dict[str, Any], errors: list[Any]) -> dict[str, Any]:
     return values
 
 
+def _section_of(annotation: Any) -> type[BaseModel] | None:
+    """The section a field holds (``settle: SettleSpec | None``: SettleSpec), else None."""
+    return next((t for t in (annotation, *get_args(annotation)) if _is_section(t)), None)
+
+
 def spec_aliases(raw: Any) -> Any:
     """Spellings a spec may use: ``models:`` for a list of models, and ``training.method`` (specs
     written before the methods axis, stored ones included) for ``methods: [that one]`` (and
@@ -607,7 +647,7 @@ def spec_aliases(raw: Any) -> Any:
     raw = dict(raw)
     if "models" in raw:
         if raw.get("model") is not None:
-            raise ValueError("give model or models, not both")
+            raise ValueError(MODEL_AND_MODELS)
         raw["model"] = raw.pop("models")
     training = raw.get("training")
     if isinstance(training, dict) and "method" in training:
@@ -621,14 +661,52 @@ def parse(raw: Any) -> tuple[SweepSpec | None, list[str]]:
     None when there are any). What needs the model, data, store or cluster: orchestrator/checks.py."""
     if not isinstance(raw, dict):
         return None, [f"the spec must be a mapping of keys, got {type(raw).__name__}"]
+    raw, problems = _one_model_key(raw)
     try:
-        return SweepSpec.model_validate(raw), []
+        spec = SweepSpec.model_validate(raw)
     except ValidationError as exc:
         errors = exc.errors()
-        problems = [line for err in errors for line in _format_pydantic(err).split(ACROSS_KEYS_SEPARATOR)]
+        problems += [line for err in errors for line in _format_pydantic(err).split(ACROSS_KEYS_SEPARATOR)]
         if all(err["loc"] for err in errors):  # a key failed on its own: the checks across keys did not run
             problems += across_keys(_passed_keys(raw, errors))
-        return None, problems + _ranges_unchecked(raw, errors)
+        return None, problems + _settle_unchecked(raw, errors) + _ranges_unchecked(raw, errors)
+    return (None, problems) if problems else (spec, [])
+
+
+MODEL_AND_MODELS = "give model or models, not both"
+
+
+def named_models(raw: dict[str, Any]) -> list[str]:
+    """The model names of ``model:`` and of ``models:``, both where both are given (one problem: the checks
+    that load a model speak of every name meanwhile); other shapes are pydantic's to report."""
+    names: list[str] = []
+    for value in (raw.get("model"), raw.get("models")):
+        names += [v for v in (value if isinstance(value, list) else [value]) if isinstance(v, str)]
+    return list(dict.fromkeys(names))
+
+
+def _one_model_key(raw: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
+    """``model:`` and ``models:`` both given: that problem, and the spec without ``models:`` for the rest
+    (``spec_aliases`` refuses the pair, before pydantic has checked any key: it was the only problem said).
+    ``models:``'s own problem is named too; checks.py checks the models of both keys."""
+    if "models" not in raw or raw.get("model") is None:
+        return raw, []
+    problems = [MODEL_AND_MODELS]
+    try:
+        _model_names(raw["models"])
+    except ValueError as exc:
+        problems.append(
+            _format_pydantic({"loc": ("models",), "type": "value_error", "msg": str(exc), "input": raw["models"]})
+        )
+    return {k: v for k, v in raw.items() if k != "models"}, problems
+
+
+def _settle_unchecked(raw: dict[str, Any], errors: list[Any]) -> list[str]:
+    """settle's budget where a key of settle failed on its own (pydantic then runs no check of settle's)."""
+    settle, failed = raw.get("settle"), _failed_keys(errors, ("settle",))
+    if not isinstance(settle, dict) or not failed:
+        return []
+    return settle_budget(_passed_fields(SettleSpec, settle, failed))
 
 
 def _ranges_unchecked(raw: dict[str, Any], errors: list[Any]) -> list[str]:

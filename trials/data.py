@@ -247,8 +247,11 @@ def _load_task(
         if all(c in df for df in frames.values() for c in (columns.text, columns.pair) if c):
             problems += _texts(frames, columns, where, empty_texts)[2]
         problems += _row_problems(frames, where, {})
-        if all(columns.label in df and len(df) for df in frames.values()):  # the labels', told in the same error
-            problems += _labels_checked(dataset, frames, columns.label, where)[1]
+        # the labels of each split that has them, told in the same error: a label column missing from one
+        # split hid the other's label problems until it was mended (a walk-through); no rows is said above
+        labelled = {s: df for s, df in frames.items() if columns.label in df and len(df)}
+        if labelled:
+            problems += _labels_checked(dataset, labelled, columns.label, where)[1]
         raise DatasetError(f"dataset {dataset!r}: " + "; ".join(problems), problems, _row_counts(frames))
     frames, dropped, problems = _texts(frames, columns, where, empty_texts)
     problems += _row_problems(frames, where, dropped)
@@ -489,13 +492,16 @@ def _label_problems(labels: dict[str, pd.Series], column: str, where: dict[str, 
             )
     if regression:
         return problems + _score_problems(labels, column, where)
+    if "train" not in labels:  # only validation has the label column: no train classes to hold it against
+        return problems + _spelling_problems(labels, column, where)
     train = set(labels["train"].dropna())
-    unseen = (labels["validation"].notna() & ~labels["validation"].isin(train)).to_numpy()
+    validation = labels.get("validation", pd.Series(dtype=object))  # none: its label column is missing
+    unseen = (validation.notna() & ~validation.isin(train)).to_numpy()
     if unseen.any():
-        names = sorted(set(labels["validation"][unseen]), key=str)
+        names = sorted(set(validation[unseen]), key=str)
         problems.append(
             f"{where['validation']}: column {column!r} holds label(s) {shown_values(names)} that the train split "
-            f"never has, {_rows_words(where['validation'], labels['validation'].index.to_numpy()[unseen])}"
+            f"never has, {_rows_words(where['validation'], validation.index.to_numpy()[unseen])}"
             + label_column_hint(_class_counts(labels["train"]))
         )
     if len(train) < 2:
@@ -587,19 +593,27 @@ def _column_problems(split_columns: dict[str, list[str]], columns: Columns) -> l
     for role, column in columns.named().items():
         lacking = [split for split, names in split_columns.items() if column not in names]
         if lacking:
-            names = split_columns[lacking[0]]
             problems.append(
                 f"no column {column!r} (training.{role} in a spec, --{role.replace('_', '-')} for a trial) in the "
-                f"{' and '.join(lacking)} split (columns: {', '.join(names)})"
+                f"{' and '.join(lacking)} split ({_columns_words({s: split_columns[s] for s in lacking})})"
             )
     return problems
+
+
+def _columns_words(split_columns: dict[str, list[str]]) -> str:
+    """The columns the splits lacking one have: once where they are the same, else each split's own (a
+    walk-through: validation's misspelled `lable` was hidden behind train's columns)."""
+    if len({tuple(names) for names in split_columns.values()}) == 1:
+        return f"columns: {', '.join(next(iter(split_columns.values())))}"
+    return "; ".join(f"{split} columns: {', '.join(names)}" for split, names in split_columns.items())
 
 
 def _label_shape(dataset: str, label_column: str, float_labels: dict[str, bool]) -> tuple[bool, list[str]]:
     """(regression?, problems): a GLUE task's shape is known; a local file is a regression task
     when its train labels are floats. Float labels on a classification task are an error."""
     glue = glue_task(dataset)
-    regression = glue.num_labels == 1 if glue else float_labels["train"]
+    # without train's labels (its label column missing, said apart) validation's are the only ones to go by
+    regression = glue.num_labels == 1 if glue else float_labels.get("train", any(float_labels.values()))
     floats = [split for split, is_float in float_labels.items() if is_float]
     if regression or not floats:
         return regression, []

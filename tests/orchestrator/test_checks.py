@@ -987,3 +987,40 @@ def test_settings_that_do_less_together_than_they_seem_are_said(write_spec):
     assert "training.eval_every_epochs 2 is longer than epochs 1: each trial is evaluated once, at its end" in note
     plain = write_spec("plain", seeds=[0, 1, 2], training={"epochs": 2, "warmup_epochs": 1})
     assert api.plan(plain).note is None
+
+
+def test_model_and_models_both_given_is_named_beside_every_other_problem(write_spec, tiny_bert):
+    """A walk-through: `model:` and `models:` both given was the one problem said ("1 problem(s)"); with
+    `models:` deleted the same file said six more. Now all at once, the rest checked with `model:`'s name
+    (no "model: Field required" for a model that was given)."""
+    problems = _problems(
+        write_spec(
+            models=[tiny_bert],
+            train_sizes=[40.5],
+            frozen_layers=[0, 2.5],
+            methods=["freeze", "lora"],
+            training={"batch_size": 0, "max_seq_length": 2},
+        )
+    )
+    assert [p.split(":")[0] for p in problems] == [
+        "give model or models, not both",
+        "train_sizes.0",
+        "frozen_layers.1",
+        "training.batch_size",
+        "lora_ranks is empty, but methods has lora",
+        "training.max_seq_length",
+    ], problems
+    assert "leaves no room for text" in problems[-1]
+
+
+def test_settle_problems_are_named_beside_its_own_keys_and_the_others(write_spec):
+    """A walk-through: settle's unknown key was the one problem said, then (fixed) its budget below its
+    initial seeds, and only then seeds + settle and tolerance + settle: three rounds of fixes for four."""
+    settle = {"tolerance": 0.02, "initial_seeds": 5, "max_seeds": 3, "confidnce": 0.9}
+    problems = _problems(write_spec(seeds=[0, 1], tolerance=0.02, settle=settle))
+    assert problems == [
+        "settle.confidnce: unknown key (did you mean confidence?)",
+        "seeds and settle both given: settle mode chooses the seeds (0, 1, … up to settle.max_seeds); drop seeds",
+        "tolerance and settle both given: a settle sweep asks settle.tolerance; drop tolerance",
+        "settle.max_seeds (3) is below settle.initial_seeds (5)",
+    ]

@@ -10,7 +10,7 @@ from typer.testing import CliRunner
 from freezesweep.orchestrator.checks import load_spec
 from freezesweep.orchestrator.cli import app
 from freezesweep.orchestrator.spec import SpecError
-from freezesweep.trials.data import load_task
+from freezesweep.trials.data import DatasetError, load_task
 from freezesweep.trials.probe import MIN_FOLD_ROWS, ProbeError, _folds
 from freezesweep.trials.subsets import subset_indices
 
@@ -128,3 +128,67 @@ def test_the_probes_own_error_names_a_class_as_the_files_write_it():
         _folds(np.array([0] * 5 + [1]), False, 5, 0, ("good", "meh"))
     with pytest.raises(ProbeError, match=r"\(class 0: 5, class 1: 1\)"):  # no names given: the ids
         _folds(np.array([0] * 5 + [1]), False, 5, 0)
+
+
+def _misspelled_label_column(tmp_path) -> str:
+    """The walk-through's `mydata/bad`: train has an empty label (line 22) and `Pos`, `pos ` beside
+    `pos`; validation's label column is misspelled `lable`."""
+    labels = ["pos" if i % 2 else "neg" for i in range(25)]
+    labels[3], labels[5], labels[20] = "Pos", "pos ", ""
+    folder = tmp_path / "bad"
+    folder.mkdir()
+    (folder / "train.csv").write_text("sentence,label\n" + "".join(f"s{i},{v}\n" for i, v in enumerate(labels)))
+    (folder / "validation.csv").write_text("sentence,lable\nx,pos\ny,neg\n")
+    return str(folder)
+
+
+def test_a_split_lacking_the_label_column_hides_no_label_problem_of_the_other(write_spec, tmp_path):
+    """Before: only validation's missing `label` column was said; train's empty label and its labels
+    spelled three ways came only once validation's header was mended."""
+    folder = _misspelled_label_column(tmp_path)
+    problems = _problems(write_spec(datasets=[folder]))
+    assert problems[0] == (
+        f"datasets: {folder}: no column 'label' (training.label_column in a spec, --label-column for a trial) "
+        "in the validation split (columns: sentence, lable)"
+    )
+    assert f"datasets: {folder}: {folder}/train.csv: column 'label' has 1 missing or non-finite label(s), line 22" in (
+        problems
+    )
+    [spellings] = [p for p in problems if "differ only in case or whitespace" in p]
+    assert "'Pos' (1 row: " in spellings and "'pos ' (1 row: " in spellings and "'pos' (10 rows)" in spellings
+    # validation's labels, unread, are not said to be unseen by train
+    assert not any("never has" in p for p in problems)
+
+
+def test_a_missing_column_names_each_splits_own_columns(tmp_path):
+    """Before: `label_column: review` said "(columns: sentence, label)" for both splits, though
+    validation's are `sentence, lable`."""
+    folder = _misspelled_label_column(tmp_path)
+    with pytest.raises(DatasetError) as info:
+        load_task(folder, label_column="review")
+    assert info.value.problems[0] == (
+        "no column 'review' (training.label_column in a spec, --label-column for a trial) in the train and "
+        "validation split (train columns: sentence, label; validation columns: sentence, lable)"
+    )
+
+
+def test_a_train_split_lacking_the_label_column_hides_no_label_problem_of_validation(tmp_path):
+    """The other way round: validation's own label problems are said beside train's missing column; what
+    needs train's labels (unseen labels, too few classes) waits for it."""
+    folder = tmp_path / "bad"
+    folder.mkdir()
+    (folder / "train.csv").write_text("sentence,lable\na,pos\nb,neg\n")
+    (folder / "validation.csv").write_text("sentence,label\nx,pos\ny,\nz,Pos\nw,pos\n")
+    with pytest.raises(DatasetError) as info:
+        load_task(str(folder))
+    missing, empty, spellings = info.value.problems
+    assert missing.endswith("in the train split (columns: sentence, lable)")
+    assert empty == f"{folder}/validation.csv: column 'label' has 1 missing or non-finite label(s), line 3"
+    assert spellings.startswith(f"label column 'label': 'Pos' (1 row: {folder}/validation.csv line 4), 'pos' (2 rows)")
+    # scores too: validation's floats are the only labels to go by
+    (folder / "validation.csv").write_text("sentence,label\nx,0.5\ny,\nz,0.25\n")
+    with pytest.raises(DatasetError) as info:
+        load_task(str(folder))
+    assert info.value.problems[1:] == [
+        f"{folder}/validation.csv: column 'label' has 1 missing or non-finite score(s), line 3"
+    ]

@@ -267,3 +267,42 @@ def test_problems_across_keys_are_named_beside_a_keys_own():
     assert parse({**without, "frozen_layer": [0, 2], "settle": {}, "seeds": []})[1] == [
         "frozen_layer: unknown key (did you mean frozen_layers?)"
     ]
+
+
+def test_a_failed_settle_section_is_still_settle_given():
+    """A walk-through: settle's own problem (its budget below its initial seeds, an unknown key) hid seeds +
+    settle and tolerance + settle, and an unknown key hid the budget: pydantic runs no check of a model
+    whose field failed. Both layers of checks speak now; a budget key that failed is not compared."""
+    both = {"seeds": [0, 1], "tolerance": 0.02}
+    _, problems = parse({**MINIMAL, **both, "settle": {"initial_seeds": 5, "max_seeds": 3}})
+    assert [p.split(" (")[0] for p in problems] == [
+        "settle: settle.max_seeds",
+        "seeds and settle both given: settle mode chooses the seeds",
+        "tolerance and settle both given: a settle sweep asks settle.tolerance; drop tolerance",
+    ]
+    _, problems = parse({**MINIMAL, "seeds": [], "settle": {"initial_seeds": 12, "max_seeds": "x"}})
+    assert len(problems) == 1 and problems[0].startswith("settle.max_seeds: ")  # not "(10) is below"
+    _, problems = parse({**MINIMAL, "seeds": [], "settle": {"initial_seeds": 12, "max_seed": 4}})
+    assert problems == ["settle.max_seed: unknown key (did you mean max_seeds?)"]
+
+
+def test_model_and_models_both_given_leaves_the_rest_checked():
+    _, problems = parse({**MINIMAL, "models": ["a"], "seeds": [0, 0], "lora_ranks": [4]})
+    assert [p.split(" [")[0] for p in problems] == [
+        "give model or models, not both",
+        "seeds: duplicate values",
+        "lora_ranks is set, but methods has no lora",
+    ]
+    _, problems = parse({**MINIMAL, "models": 5})  # models' own problem too, named by its key
+    assert problems == [
+        "give model or models, not both",
+        "models: should be a model name (hub id or folder) or a list of them (got 5)",
+    ]
+
+
+def test_a_fractional_depth_is_one_problem():
+    """Before: `frozen_layers: [0, 2.5]` was two problems, one per member of the union (`….int: …` and
+    `….literal['all']: Input should be 'all'`), where `All` was one sentence."""
+    _, problems = parse({**MINIMAL, "frozen_layers": [0, 2.5, 2.0, "All"]})
+    depth = "a depth is an integer (-1 embeddings only, 0 nothing, k layers) or all"
+    assert problems == [f"frozen_layers.1: {depth} (got 2.5)", f"frozen_layers.3: {depth} (got 'All')"]
