@@ -23,12 +23,11 @@ import signal
 import sys
 import tempfile
 import threading
-import time
 import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, NoReturn, Union
+from typing import TYPE_CHECKING, Any, Union
 
 import pandas as pd
 
@@ -400,12 +399,10 @@ def _measured_in_other_sweeps(
 
 # --- launch and resume -----------------------------------------------------------------------------
 @contextlib.contextmanager
-def sigterm_as_interrupt(goes_on: Callable[[], str] | None = None) -> Iterator[list[int]]:
+def sigterm_as_interrupt() -> Iterator[list[int]]:
     """SIGTERM (a scheduler or ``kill`` stopping the driver) handled like Ctrl-C: Tune stops its trials,
-    the lock is released, Ray shuts down on the way out. Where the same signal stopped this machine's
-    Ray too, the driver ends at once (``end_without_ray``; ``goes_on()``: what continues the sweep).
-    Yields the signals received. Only the main thread may set a handler: elsewhere (a notebook's worker
-    thread) SIGTERM keeps its own."""
+    the lock is released, Ray shuts down on the way out. Yields the signals received. Only the main
+    thread may set a handler: elsewhere (a notebook's worker thread) SIGTERM keeps its own."""
     if _RECEIVED:  # nested (the CLI's around the API's): one handler, one list
         yield _RECEIVED[-1]
         return
@@ -416,8 +413,6 @@ def sigterm_as_interrupt(goes_on: Callable[[], str] | None = None) -> Iterator[l
 
     def on_term(signum, frame) -> None:
         received.append(signum)
-        if embedded_ray_stopped(RAY_STOP_WAIT_S):
-            end_without_ray(goes_on)
         signal.raise_signal(signal.SIGINT)  # Tune's graceful stop while it runs; KeyboardInterrupt elsewhere
 
     previous = signal.signal(signal.SIGTERM, on_term)
@@ -430,67 +425,6 @@ def sigterm_as_interrupt(goes_on: Callable[[], str] | None = None) -> Iterator[l
 
 
 _RECEIVED: list[list[int]] = []  # the signals list of the handler installed now, if any
-# How long a SIGTERM's handler waits to see whether the signal stopped this machine's Ray too: sent to a
-# process group or cgroup, it reaches Ray's processes at the same moment, and they end within milliseconds.
-RAY_STOP_WAIT_S = 2.0
-_RAY_PROCESSES = ("gcs_server", "raylet")  # what an embedded Ray runs as this process's children
-
-
-def embedded_ray_stopped(wait_s: float) -> bool:
-    """Whether the Ray this process started (its GCS server or raylet, children of this process; none on
-    a cluster) has ended, or ends within ``wait_s``. A SIGTERM sent to the driver's process group (a
-    terminal's ``timeout``, ``kill -TERM -PGID``) or cgroup (systemd, a batch scheduler's job stop)
-    reaches them too: Ray blocks only SIGINT in the processes it starts
-    (ray/_private/services.py ``start_ray_process``), so they end."""
-    import psutil
-
-    ours = [child for child in psutil.Process().children() if _name(child) in _RAY_PROCESSES]
-    deadline = time.monotonic() + wait_s
-    while ours:
-        if not all(map(_running, ours)):
-            return True
-        if time.monotonic() >= deadline:
-            return False
-        time.sleep(0.02)  # polled: a child's end sends no signal this handler can wait on
-    return False
-
-
-def _name(process) -> str:
-    import psutil
-
-    try:
-        return process.name()
-    except psutil.Error:
-        return ""
-
-
-def _running(process) -> bool:
-    import psutil
-
-    try:
-        return process.status() != psutil.STATUS_ZOMBIE
-    except psutil.Error:  # gone, and reaped
-        return False
-
-
-def end_without_ray(goes_on: Callable[[], str] | None) -> NoReturn:
-    """End the driver now, with 143, where SIGTERM stopped its Ray too. Tune cannot stop its trials
-    without Ray, and Ray's core would end the process a minute later with 1 and "Failed to connect to
-    GCS" (a walk-through's `timeout -s TERM`), leaving the lock behind. Nothing is lost by ending: each
-    finished trial's row was written as it came (or waits in the local spool), and `resume` runs the rest.
-    The sweep's lock is released, so a resume elsewhere need not wait for it to go stale."""
-    from freezesweep.results.lock import release_held
-
-    names = release_held()
-    hint = goes_on() if goes_on else f"`freezesweep resume {' '.join(names) or 'NAME'}` runs the cells not finished"
-    print(
-        f"stopped by SIGTERM, which stopped this machine's Ray as well (sent to the whole process group): "
-        f"every finished trial's row is in the store; {hint}",
-        file=sys.stderr,
-        flush=True,
-    )
-    sys.stdout.flush()
-    os._exit(143)  # no unwinding: every step of Tune's or Ray's way out would wait on the Ray that is gone
 
 
 def launch(

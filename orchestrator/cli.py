@@ -254,7 +254,7 @@ def _run_launch(run: Callable[[], Any], sweep: Callable[[], str]) -> None:
 
     terminated = []
     try:
-        with api.sigterm_as_interrupt(goes_on=sweep) as terminated, warnings.catch_warnings():  # also around validation
+        with api.sigterm_as_interrupt() as terminated, warnings.catch_warnings():  # also around validation
             warnings.simplefilter("ignore", api.UnfinishedCellsWarning)  # said below, with the command to run
             summary = run()
     except (SweepLocked, SpecError, StoreError, RayUnreachable, RayStartFailed) as exc:

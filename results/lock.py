@@ -155,18 +155,6 @@ class _Lost(Exception):
     pass
 
 
-_HELD: list[SweepLock] = []  # the locks this process holds now, oldest first
-
-
-def release_held() -> list[str]:
-    """Every lock this process holds released, for a driver that ends without unwinding (its Ray was
-    stopped under it: orchestrator/api.py ``sigterm_as_interrupt``); the names of their sweeps."""
-    names = [lock.sweep_dir.rstrip("/").rsplit("/", 1)[-1] for lock in _HELD]
-    for lock in reversed(list(_HELD)):
-        lock.release()
-    return names
-
-
 class SweepLock:
     """``uri``: the store's URI, which says how to reach an ``s3://`` store for conditional writes."""
 
@@ -193,12 +181,9 @@ class SweepLock:
             self._remove_leftovers()
         self._beat = threading.Thread(target=self._heartbeat, daemon=True, name="sweep-lock-heartbeat")
         self._beat.start()
-        _HELD.append(self)
         return self
 
     def release(self) -> None:
-        if self in _HELD:
-            _HELD.remove(self)
         self._stop.set()
         if self._beat is not None:  # a beat in flight must not write the lock again after it is deleted
             self._beat.join(timeout=30)

@@ -115,18 +115,3 @@ def test_heartbeat_notices_a_takeover(tmp_path):
         lock.raise_if_lost()
     assert json.loads((tmp_path / "sweep" / "_lock.json").read_text())["token"] == "t"
     lock.release()
-
-
-def test_release_held_releases_every_lock_this_process_holds_and_none_it_released(tmp_path):
-    """For a driver that ends without unwinding (SIGTERM stopped its Ray too): its locks go with it, so a
-    resume elsewhere need not wait for them to go stale."""
-    from freezesweep.results.lock import release_held
-
-    first = SweepLock(pafs.LocalFileSystem(), str(tmp_path / "one")).acquire()
-    second = SweepLock(pafs.LocalFileSystem(), str(tmp_path / "two")).acquire()
-    gone = SweepLock(pafs.LocalFileSystem(), str(tmp_path / "three")).acquire()
-    gone.release()
-    assert release_held() == ["one", "two"]
-    assert not (tmp_path / "one" / "_lock.json").exists() and not (tmp_path / "two" / "_lock.json").exists()
-    assert first.holder() is None and second.holder() is None
-    assert release_held() == []
